@@ -1,0 +1,148 @@
+"""Build this rank's model chunks (Megatron-Core GPTModel) for a ModelShape and a ParallelPlan.
+
+Every pipeline rank gets its own TransformerConfig so that each stage can recompute a different
+number of layers ('block' method); the pipeline layout (``--pipeline-model-parallel-layout``) places
+uneven stages and virtual stages. The local spec is used on CPU; the Transformer Engine spec when TE
+is importable on CUDA (unless told otherwise).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from capture_megatron.config import ModelShape, ParallelPlan
+from capture_megatron.megatron import cpu_compat
+from capture_megatron.megatron.norms import LocalNorm
+
+TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    """How the model is built beyond its shape and plan."""
+
+    transformer_impl: str = "auto"
+    """local, transformer_engine, or auto (TE when importable and CUDA is in use)."""
+    init_method_std: float = 0.02
+    """Standard deviation of the normal weight initialisation (--init-method-std)."""
+    seed: int = 1234
+    """Seed of the partition-independent weight initialisation (--seed)."""
+    layernorm_epsilon: float = 1e-5
+    """Norm epsilon (--norm-epsilon)."""
+    rotary_base: int = 10000
+    """RoPE base (--rotary-base)."""
+
+
+def te_available() -> bool:
+    """True when Transformer Engine imports and a CUDA device is usable."""
+    if not torch.cuda.is_available():
+        return False
+    try:
+        import transformer_engine  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def resolve_impl(requested: str) -> str:
+    """The transformer implementation that will really be used ('local' or 'transformer_engine')."""
+    if requested == "auto":
+        return "transformer_engine" if te_available() else "local"
+    if requested == "transformer_engine" and not te_available():
+        from capture_megatron.errors import CaptureError
+        raise CaptureError("--transformer-impl transformer_engine: Transformer Engine is not importable "
+                           "or CUDA is absent; use --transformer-impl local")
+    return requested
+
+
+def transformer_config(shape: ModelShape, plan: ParallelPlan, pp_rank: int,
+                       opts: BuildOptions = BuildOptions()):
+    """Megatron TransformerConfig of one pipeline rank (recompute differs per rank)."""
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    dtype = TORCH_DTYPES[shape.dtype]
+    n_recompute = plan.recompute.layers_on(pp_rank)
+    full = plan.recompute.granularity == "full" and n_recompute > 0
+    granularity = "full" if full else ("selective" if plan.recompute.granularity == "selective" else None)
+    on_cpu = cpu_compat.active_device() is not None
+    return TransformerConfig(
+        num_layers=shape.num_layers, hidden_size=shape.hidden_size,
+        num_attention_heads=shape.num_attention_heads, num_query_groups=shape.groups,
+        ffn_hidden_size=shape.ffn, kv_channels=shape.head_dim,
+        tensor_model_parallel_size=plan.tp, pipeline_model_parallel_size=plan.pp,
+        virtual_pipeline_model_parallel_size=plan.vpp if plan.vpp > 1 else None,
+        context_parallel_size=plan.cp, sequence_parallel=plan.sequence_parallel,
+        pipeline_model_parallel_layout=plan.layout if plan.pp > 1 else None,
+        params_dtype=dtype, pipeline_dtype=dtype, bf16=shape.dtype == "bf16", fp16=shape.dtype == "fp16",
+        gated_linear_unit=shape.swiglu, activation_func=F.silu if shape.swiglu else F.gelu,
+        normalization=shape.normalization, layernorm_epsilon=opts.layernorm_epsilon,
+        add_bias_linear=shape.add_bias_linear, hidden_dropout=shape.hidden_dropout,
+        attention_dropout=shape.attention_dropout, init_method_std=opts.init_method_std,
+        perform_initialization=False, use_cpu_initialization=on_cpu,
+        gradient_accumulation_fusion=False, masked_softmax_fusion=not on_cpu and shape.dtype != "fp32",
+        bias_activation_fusion=False, bias_dropout_fusion=False, apply_rope_fusion=False,
+        persist_layer_norm=False, batch_p2p_comm=False, deallocate_pipeline_outputs=True,
+        recompute_granularity=granularity, recompute_method=plan.recompute.method if full else None,
+        recompute_num_layers=n_recompute if full else None,
+    )
+
+
+def layer_spec(shape: ModelShape, impl: str):
+    """The ModuleSpec of one transformer layer for the resolved implementation.
+
+    The local spec's norms are replaced by LocalNorm (same torch modules, but usable with SP).
+    """
+    from megatron.core.models.gpt import gpt_layer_specs as specs
+
+    if impl == "transformer_engine":
+        return specs.get_gpt_layer_with_transformer_engine_spec(normalization=shape.normalization)
+    spec = specs.get_gpt_layer_local_spec(normalization=shape.normalization)
+    return dataclasses.replace(spec, submodules=dataclasses.replace(
+        spec.submodules, input_layernorm=LocalNorm, pre_mlp_layernorm=LocalNorm))
+
+
+def block_spec(config, spec, impl: str, vp_stage: int | None):
+    """TransformerBlockSubmodules of one model chunk: its layers and the final norm."""
+    from megatron.core.transformer.transformer_block import (
+        TransformerBlockSubmodules, get_num_layers_to_build)
+
+    n = get_num_layers_to_build(config, vp_stage=vp_stage)
+    if impl == "transformer_engine":
+        from megatron.core.extensions.transformer_engine import TENorm
+        return TransformerBlockSubmodules(layer_specs=[spec] * n, layer_norm=TENorm)
+    return TransformerBlockSubmodules(layer_specs=[spec] * n, layer_norm=LocalNorm)
+
+
+def build_chunks(shape: ModelShape, plan: ParallelPlan, opts: BuildOptions = BuildOptions(),
+                 impl: str | None = None) -> list:
+    """This rank's model chunks (one per virtual stage), unwrapped GPTModels with initialised weights.
+
+    Needs torch.distributed and megatron's parallel_state initialised for `plan`.
+    """
+    from megatron.core import parallel_state as ps
+    from megatron.core.models.gpt import GPTModel
+
+    impl = impl or resolve_impl(opts.transformer_impl)
+    pp_rank = ps.get_pipeline_model_parallel_rank()
+    config = transformer_config(shape, plan, pp_rank, opts)
+    spec = layer_spec(shape, impl)
+    chunks = []
+    for vp in range(plan.vpp):
+        vp_stage = vp if plan.vpp > 1 else None
+        model = GPTModel(
+            config=config, transformer_layer_spec=block_spec(config, spec, impl, vp_stage), vocab_size=shape.padded_vocab(plan.tp),
+            max_sequence_length=shape.max_positions,
+            pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
+            post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
+            share_embeddings_and_output_weights=not shape.untie_embeddings_and_output_weights,
+            position_embedding_type=shape.position_embedding_type, rotary_base=opts.rotary_base,
+            vp_stage=vp_stage,
+        )
+        chunks.append(model)
+    from capture_megatron.megatron.init import init_weights
+    for model in chunks:
+        init_weights(model, shape, opts)
+    return chunks

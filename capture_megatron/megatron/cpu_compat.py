@@ -1,0 +1,162 @@
+"""Run megatron-core 0.16.1 on a machine without CUDA (CPU, or the meta/fake device for profiling).
+
+Applied only when CUDA is absent (``apply()`` is a no-op on a GPU machine unless forced to a device).
+Nothing in site-packages is edited; every patch is made at run time and names the Megatron call
+sites it serves:
+
+1. ``torch.cuda.current_device`` returns the host device ("cpu" or "meta"). Served call sites:
+   ``distributed/param_and_grad_buffer.py`` (grad buffers), ``utils.GlobalMemoryBuffer`` (attention
+   and SP scratch), ``models/common/embeddings/rotary_pos_embedding.py`` (inv_freq),
+   ``transformer/transformer_layer.py`` and ``optimizer/grad_scaler.py``.
+2. RNG: ``tensor_parallel/random.py`` keeps per-name *CUDA* generator states (attention dropout always
+   forks 'model-parallel-rng'; ``CheckpointFunction`` saves and restores them for recompute).
+   ``CpuRNGStatesTracker`` keeps the same named states as CPU generator states, and the module's
+   ``_get_cuda_rng_state`` / ``_set_cuda_rng_state`` helpers read and write the CPU generator.
+3. ``CudaDeviceMode`` (a ``TorchFunctionMode``) rewrites ``device="cuda"`` arguments to the host
+   device. Served call sites: ``pipeline_parallel/schedules.py`` (total_num_tokens),
+   ``optimizer/optimizer.py`` (found_inf, _scale_one), ``optimizer/grad_scaler.py``,
+   ``optimizer/clip_grads.py`` (norms), ``transformer/utils.get_default_causal_mask``,
+   ``dist_checkpointing/exchange_utils.py`` and ``strategies/state_dict_saver.py``.
+4. The same mode answers ``Tensor.type()`` with the CUDA type string (``clip_grads.py`` asserts
+   'torch.cuda.FloatTensor'; ``optimizer.py`` / ``distrib_optimizer.py`` dispatch on it) and makes
+   ``Tensor.cuda()`` an identity (``language_module.py`` moves tied embeddings before all-reduce).
+5. ``torch.cuda.synchronize`` / ``empty_cache`` become no-ops (p2p_communication, DDP, checkpoint
+   strategies call them unconditionally).
+
+Settings that are not patches but are required for correct results on gloo (enforced by the model
+builder): ``batch_p2p_comm=False`` (PP+VPP gives wrong gradients otherwise), no CUDA-only fusions
+(gradient_accumulation_fusion, masked_softmax_fusion, apply_rope_fusion, bias fusions).
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+_STATE = {"device": None, "mode": None}
+_CUDA_TYPES = {
+    torch.float32: "torch.cuda.FloatTensor",
+    torch.float16: "torch.cuda.HalfTensor",
+    torch.bfloat16: "torch.cuda.BFloat16Tensor",
+    torch.int64: "torch.cuda.LongTensor",
+    torch.int32: "torch.cuda.IntTensor",
+    torch.bool: "torch.cuda.BoolTensor",
+    torch.uint8: "torch.cuda.ByteTensor",
+}
+
+
+def _is_cuda(device) -> bool:
+    if isinstance(device, str):
+        return device.startswith("cuda")
+    if isinstance(device, torch.device):
+        return device.type == "cuda"
+    return False
+
+
+class CudaDeviceMode(TorchFunctionMode):
+    """Redirects CUDA device arguments, ``Tensor.cuda()`` and ``Tensor.type()`` to the host device."""
+
+    def __init__(self, device: str):
+        super().__init__()
+        self.device = torch.device(device)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.Tensor.cuda:
+            return args[0]
+        if func is torch.Tensor.type and len(args) == 1 and not kwargs:
+            return _CUDA_TYPES.get(args[0].dtype, func(*args))
+        if "device" in kwargs and _is_cuda(kwargs["device"]):
+            kwargs = dict(kwargs, device=self.device)
+        if func in (torch.Tensor.to, torch.empty_like) and args and len(args) > 1 and _is_cuda(args[1]):
+            args = (args[0], self.device) + tuple(args[2:])
+        return func(*args, **kwargs)
+
+
+class CpuRNGStatesTracker:
+    """Megatron's CudaRNGStatesTracker, keeping its named states as CPU generator states."""
+
+    def __init__(self, *args, **kwargs):
+        self.reset()
+
+    def is_initialized(self) -> bool:
+        """Whether a state was added or set."""
+        return self._is_initialized
+
+    def reset(self) -> None:
+        """Drop every named state."""
+        self._is_initialized = False
+        self.states_: dict[str, torch.Tensor] = {}
+        self.seeds_: set[int] = set()
+
+    def get_states(self) -> dict:
+        """A shallow copy of the named states."""
+        return dict(self.states_)
+
+    def set_states(self, states: dict) -> None:
+        """Replace the named states."""
+        self._is_initialized = True
+        self.states_ = states
+
+    def add(self, name: str, seed: int) -> None:
+        """Track a new generator state seeded with `seed`."""
+        self._is_initialized = True
+        if seed in self.seeds_:
+            raise Exception(f"seed {seed} already exists")
+        if name in self.states_:
+            raise Exception(f"rng state {name} already exists")
+        self.seeds_.add(seed)
+        orig = torch.get_rng_state()
+        torch.manual_seed(seed)
+        self.states_[name] = torch.get_rng_state()
+        torch.set_rng_state(orig)
+
+    @contextlib.contextmanager
+    def fork(self, name: str = "model-parallel-rng"):
+        """Run the block with the named state, then store it back and restore the previous state."""
+        if name not in self.states_:
+            raise Exception(f"rng state {name} is not added")
+        orig = torch.get_rng_state()
+        torch.set_rng_state(self.states_[name])
+        try:
+            yield
+        finally:
+            self.states_[name] = torch.get_rng_state()
+            torch.set_rng_state(orig)
+
+
+def _install_rng() -> None:
+    from megatron.core.tensor_parallel import random as mrandom
+
+    mrandom._get_cuda_rng_state = lambda *a, **k: torch.get_rng_state()
+    mrandom._set_cuda_rng_state = lambda state, *a, **k: torch.set_rng_state(state)
+    mrandom._CUDA_RNG_STATE_TRACKER = CpuRNGStatesTracker()
+    mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
+    torch.cuda.manual_seed = lambda seed: None
+    torch.cuda.manual_seed_all = lambda seed: None
+
+
+def needed() -> bool:
+    """True when this process has no usable CUDA device."""
+    return not torch.cuda.is_available()
+
+
+def active_device() -> str | None:
+    """The host device the patches redirect to, or None when they are not applied."""
+    return _STATE["device"]
+
+
+def apply(device: str = "cpu") -> None:
+    """Patch torch/megatron for `device` ("cpu" or "meta"); idempotent; no-op when CUDA is usable."""
+    if _STATE["device"] == device or (device == "cpu" and not needed()):
+        return
+    if _STATE["mode"] is not None:
+        _STATE["mode"].__exit__(None, None, None)
+    torch.cuda.current_device = lambda: device
+    torch.cuda.synchronize = lambda *a, **k: None
+    torch.cuda.empty_cache = lambda: None
+    _install_rng()
+    mode = CudaDeviceMode(device)
+    mode.__enter__()
+    _STATE.update(device=device, mode=mode)

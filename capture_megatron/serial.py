@@ -1,0 +1,68 @@
+"""Exact JSON round-trip for the frozen dataclasses that pass between stages."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def to_plain(obj: Any) -> Any:
+    """Turn a (nested) dataclass into JSON-ready lists, dicts and scalars (field order kept)."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, (list, tuple)):
+        return [to_plain(v) for v in obj]
+    if isinstance(obj, dict):
+        return {str(k): to_plain(v) for k, v in obj.items()}
+    return obj
+
+
+def _build(tp: Any, value: Any) -> Any:
+    """Rebuild `value` as type `tp` (dataclass, tuple[...], Optional, dict, scalar)."""
+    origin = typing.get_origin(tp)
+    if value is None:
+        return None
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return _build(args[0], value) if len(args) == 1 else value
+    if dataclasses.is_dataclass(tp):
+        return from_plain(tp, value)
+    if origin is tuple:
+        args = typing.get_args(tp)
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_build(args[0], v) for v in value)
+        return tuple(_build(a, v) for a, v in zip(args, value))
+    if origin is dict:
+        kt, vt = typing.get_args(tp)
+        return {_build(kt, k): _build(vt, v) for k, v in value.items()}
+    if tp is float and isinstance(value, int):
+        return float(value)
+    return value
+
+
+def from_plain(cls: type[T], data: dict) -> T:
+    """Rebuild dataclass `cls` from `to_plain` output; unknown keys are an error."""
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls) if f.init}
+    unknown = set(data) - names - {f.name for f in dataclasses.fields(cls)}
+    if unknown:
+        raise ValueError(f"{cls.__name__}: unknown fields {sorted(unknown)}")
+    kwargs = {k: _build(hints[k], v) for k, v in data.items() if k in names}
+    return cls(**kwargs)
+
+
+class JsonMixin:
+    """Adds to_json()/from_json() that round-trip a frozen dataclass exactly."""
+
+    def to_json(self) -> str:
+        """This object as a JSON string."""
+        return json.dumps(to_plain(self), sort_keys=False)
+
+    @classmethod
+    def from_json(cls: type[T], text: str) -> T:
+        """Rebuild an object written by to_json()."""
+        return from_plain(cls, json.loads(text))
