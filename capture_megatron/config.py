@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass
 
 from capture_megatron.errors import require
+from capture_megatron.layout import format_layout
 from capture_megatron.serial import JsonMixin
 
 GIB = 1 << 30
@@ -225,10 +226,7 @@ class ParallelPlan(JsonMixin):
     @property
     def layout(self) -> str:
         """Megatron's --pipeline-model-parallel-layout for this partition (E, t, L; '|' between stages)."""
-        stages = ["t" * n for n in self.layers_per_stage]
-        stages[0] = "E" + stages[0]
-        stages[-1] = stages[-1] + "L"
-        return "|".join(stages)
+        return format_layout(self.layers_per_stage)
 
     def replace(self, **changes) -> "ParallelPlan":
         """A copy with some fields changed (validated again)."""

@@ -8,32 +8,16 @@ is importable on CUDA (unless told otherwise).
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from capture_megatron.config import ModelShape, ParallelPlan
 from capture_megatron.megatron import cpu_compat
+from capture_megatron.megatron.builder_options import BuildOptions
 from capture_megatron.megatron.norms import LocalNorm
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-@dataclass(frozen=True)
-class BuildOptions:
-    """How the model is built beyond its shape and plan."""
-
-    transformer_impl: str = "auto"
-    """local, transformer_engine, or auto (TE when importable and CUDA is in use)."""
-    init_method_std: float = 0.02
-    """Standard deviation of the normal weight initialisation (--init-method-std)."""
-    seed: int = 1234
-    """Seed of the partition-independent weight initialisation (--seed)."""
-    layernorm_epsilon: float = 1e-5
-    """Norm epsilon (--norm-epsilon)."""
-    rotary_base: int = 10000
-    """RoPE base (--rotary-base)."""
 
 
 def te_available() -> bool:
@@ -81,7 +65,10 @@ def transformer_config(shape: ModelShape, plan: ParallelPlan, pp_rank: int,
         normalization=shape.normalization, layernorm_epsilon=opts.layernorm_epsilon,
         add_bias_linear=shape.add_bias_linear, hidden_dropout=shape.hidden_dropout,
         attention_dropout=shape.attention_dropout, init_method_std=opts.init_method_std,
-        perform_initialization=False, use_cpu_initialization=on_cpu,
+        # perform_initialization must stay True: Megatron's linear layers only mark their weights
+        # tensor-parallel (partition_dim, for grad norms and SP) in that path; init_weights then
+        # overwrites the values with the partition-independent ones.
+        perform_initialization=True, use_cpu_initialization=False,
         gradient_accumulation_fusion=False, masked_softmax_fusion=not on_cpu and shape.dtype != "fp32",
         bias_activation_fusion=False, bias_dropout_fusion=False, apply_rope_fusion=False,
         persist_layer_norm=False, batch_p2p_comm=False, deallocate_pipeline_outputs=True,

@@ -130,8 +130,8 @@ class RunOptions(JsonMixin):
     """Overlap DP gradient reduce-scatter/all-reduce with backward (--overlap-grad-reduce)."""
     overlap_param_gather: bool = False
     """Overlap the distributed optimizer's param all-gather with forward (--overlap-param-gather)."""
-    exit_after_iters: int = 0
-    """Test hook: stop (as if killed) after this many iterations of this run; 0 runs to the end."""
+    exit_interval: int = 0
+    """Exit (after saving when --save is set) once the iteration is a multiple of this (--exit-interval)."""
 
     def __post_init__(self) -> None:
         p = []

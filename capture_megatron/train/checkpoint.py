@@ -1,0 +1,166 @@
+"""Atomic, reshardable checkpoints with megatron.core.dist_checkpointing (torch_dist format).
+
+Layout of --save DIR (Megatron-LM's): ``iter_0000003/`` per checkpoint and
+``latest_checkpointed_iteration.txt`` naming the newest complete one. A save writes into
+``iter_0000003.partial/``; only when every rank has finished does rank 0 rename it and then replace
+the tracker file atomically (write + fsync + os.replace). A run killed during a save therefore leaves
+the previous checkpoint as the loadable one (a stale .partial directory is removed by the next save).
+Model weights and optimizer state are saved fully reshardable (the distributed optimizer with
+'fully_reshardable'), so a checkpoint loads under another TP / PP / VPP / layout / DP.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import time
+
+import torch
+
+from capture_megatron.config import ModelShape, ParallelPlan
+from capture_megatron.errors import CaptureError
+from capture_megatron.train.options import CheckpointOptions
+
+TRACKER = "latest_checkpointed_iteration.txt"
+PAUSE_ENV = "CAPTURE_MEGATRON_TEST_SAVE_PAUSE"
+"""Test hook: seconds to sleep after the shards are written and before the checkpoint is published."""
+
+
+def iteration_dir(root: str, iteration: int) -> str:
+    """Directory of one checkpoint."""
+    return os.path.join(root, f"iter_{iteration:07d}")
+
+
+def latest_iteration(root: str) -> int | None:
+    """Iteration named by the tracker file, or None when there is no complete checkpoint."""
+    path = os.path.join(root, TRACKER)
+    if not os.path.isfile(path):
+        return None
+    text = open(path).read().strip()
+    if not text.isdigit() or not os.path.isdir(iteration_dir(root, int(text))):
+        raise CaptureError(f"--load {root}: {TRACKER} says {text!r} but no such checkpoint directory exists")
+    return int(text)
+
+
+def _metadata(plan: ParallelPlan) -> dict:
+    from megatron.core import parallel_state as ps
+
+    meta = {"singleton_local_shards": False, "chained_optim_avoid_prefix": True,
+            "dp_cp_group": ps.get_data_parallel_group(with_context_parallel=True)}
+    if plan.distributed_optimizer:
+        meta["distrib_optim_sharding_type"] = "fully_reshardable"
+    return meta
+
+
+def _rng_object(plan: ParallelPlan):
+    """This rank's RNG states as a ShardedObject indexed (pp_rank, tp_rank), replicated over DP."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.dist_checkpointing.mapping import ShardedObject
+    from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+
+    state = {"torch": torch.get_rng_state(), "tracker": get_cuda_rng_tracker().get_states(),
+             "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None}
+    return ShardedObject("rng_state", state, (plan.pp, plan.tp),
+                         (ps.get_pipeline_model_parallel_rank(), ps.get_tensor_model_parallel_rank()),
+                         replica_id=ps.get_data_parallel_rank())
+
+
+def _sharded_state(trainer, plan: ParallelPlan, with_optim: bool, with_rng: bool, loading: bool) -> dict:
+    meta = _metadata(plan)
+    state = {}
+    for i, chunk in enumerate(trainer.model):
+        state["model" if len(trainer.model) == 1 else f"model{i}"] = chunk.sharded_state_dict(metadata=meta)
+    if with_optim:
+        state["optimizer"] = trainer.optimizer.sharded_state_dict(state, is_loading=loading, metadata=meta)
+        state["opt_param_scheduler"] = trainer.scheduler.state_dict()
+    if with_rng:
+        state["rng_state"] = _rng_object(plan)
+    return state
+
+
+def _publish(root: str, partial: str, final: str, iteration: int) -> None:
+    """Rank 0: rename the finished checkpoint into place, then atomically point the tracker at it."""
+    os.rename(partial, final)
+    tmp = os.path.join(root, TRACKER + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(str(iteration))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, os.path.join(root, TRACKER))
+    fd = os.open(root, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_checkpoint(root: str, iteration: int, trainer, shape: ModelShape, plan: ParallelPlan,
+                    consumed_samples: int) -> str:
+    """Save an atomic checkpoint of iteration `iteration`; returns its directory."""
+    from megatron.core import dist_checkpointing
+
+    final, partial = iteration_dir(root, iteration), iteration_dir(root, iteration) + ".partial"
+    if os.path.isdir(final):
+        return final
+    rank0 = torch.distributed.get_rank() == 0
+    if rank0:
+        os.makedirs(root, exist_ok=True)
+        for stale in glob.glob(os.path.join(root, "iter_*.partial")):
+            shutil.rmtree(stale, ignore_errors=True)
+        os.makedirs(partial)
+    torch.distributed.barrier()
+    state = _sharded_state(trainer, plan, with_optim=True, with_rng=True, loading=False)
+    state.update(iteration=iteration, consumed_samples=consumed_samples, checkpoint_version=3.0,
+                 shape=shape.to_json(), plan=plan.to_json())
+    dist_checkpointing.save(state, partial, content_metadata=_content_metadata(plan))
+    pause = float(os.environ.get(PAUSE_ENV, "0") or 0)
+    if pause:
+        time.sleep(pause)
+    torch.distributed.barrier()
+    if rank0:
+        _publish(root, partial, final, iteration)
+    torch.distributed.barrier()
+    return final
+
+
+def _content_metadata(plan: ParallelPlan) -> dict:
+    meta = _metadata(plan)
+    meta.pop("dp_cp_group")
+    return meta
+
+
+def load_checkpoint(opts: CheckpointOptions, trainer, plan: ParallelPlan) -> tuple[int, int]:
+    """Resume from the newest complete checkpoint in opts.load; returns (iteration, consumed_samples)."""
+    from megatron.core import dist_checkpointing
+
+    iteration = latest_iteration(opts.load)
+    if iteration is None:
+        if opts.exit_on_missing_checkpoint:
+            raise CaptureError(f"--load {opts.load}: no checkpoint found ({TRACKER} missing)")
+        return 0, 0
+    path = iteration_dir(opts.load, iteration)
+    common = dist_checkpointing.load_common_state_dict(path)
+    saved = ParallelPlan.from_json(common["plan"])
+    with_optim = not (opts.no_load_optim or opts.finetune)
+    with_rng = not (opts.no_load_rng or opts.finetune) and (saved.pp, saved.tp) == (plan.pp, plan.tp)
+    state = _sharded_state(trainer, plan, with_optim=with_optim, with_rng=with_rng, loading=True)
+    loaded = dist_checkpointing.load(state, path)
+    for i, chunk in enumerate(trainer.model):
+        chunk.load_state_dict(loaded["model" if len(trainer.model) == 1 else f"model{i}"], strict=True)
+    if with_optim:
+        trainer.optimizer.load_state_dict(loaded["optimizer"])
+        trainer.scheduler.load_state_dict(loaded["opt_param_scheduler"])
+    if with_rng:
+        _restore_rng(loaded["rng_state"])
+    if opts.finetune:
+        return 0, 0
+    return int(common["iteration"]), int(common["consumed_samples"])
+
+
+def _restore_rng(state: dict) -> None:
+    from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+
+    torch.set_rng_state(state["torch"])
+    if state.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+    get_cuda_rng_tracker().set_states(state["tracker"])

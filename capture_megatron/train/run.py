@@ -1,0 +1,119 @@
+"""A whole training run on one rank: set up, resume, iterate, checkpoint, report memory."""
+from __future__ import annotations
+
+import torch
+
+from capture_megatron.megatron import cpu_compat
+from capture_megatron.train.dist_env import DistEnv, init_distributed, is_logging_rank
+from capture_megatron.train.report import MemoryReport, RankMemory
+
+
+class PeakWindow:
+    """The meter's peak over training iterations only: checkpoint saves are excluded."""
+
+    def __init__(self, meter):
+        self.meter = meter
+        self.carried = 0
+
+    def pause(self) -> None:
+        """Remember the peak so far (call before a save)."""
+        self.carried = max(self.carried, self.meter.peak())
+
+    def resume(self) -> None:
+        """Forget what the save allocated (call after it)."""
+        self.meter.reset_peak()
+
+    def peak(self) -> int:
+        """Peak over the iterations so far."""
+        return max(self.carried, self.meter.peak())
+
+
+def _layers_held(trainer) -> tuple[int, ...]:
+    """Global 1-based numbers of the transformer layers in this rank's chunks."""
+    from megatron.core.transformer.transformer_layer import TransformerLayer
+
+    return tuple(sorted(m.layer_number for chunk in trainer.model for m in chunk.modules()
+                        if isinstance(m, TransformerLayer)))
+
+
+def _gather_report(cfg, device: str, impl: str, mine: RankMemory, stats: list) -> MemoryReport:
+    ranks = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(ranks, mine)
+    return MemoryReport(device=device, transformer_impl=impl, shape=cfg.shape, plan=cfg.plan,
+                        ranks=tuple(ranks), iterations=tuple(stats))
+
+
+def print_peaks(report: MemoryReport) -> None:
+    """Per-rank measured peak table on the console."""
+    print(f"measured peak memory per rank ({report.device}, {report.transformer_impl} spec):")
+    print("  rank  pp  tp  dp  layers       peak MiB")
+    for r in report.ranks:
+        held = f"{r.layers[0]}-{r.layers[-1]}" if r.layers else "-"
+        print(f"  {r.rank:4d} {r.pp_rank:3d} {r.tp_rank:3d} {r.dp_rank:3d}  {held:10s} {r.peak_bytes / 2**20:10.2f}")
+
+
+def _checkpoint_hook(cfg, trainer, window: PeakWindow, start_consumed: int, start_iter: int):
+    from capture_megatron.train.checkpoint import save_checkpoint
+
+    saved = set()
+
+    def on_step(it: int) -> bool:
+        interval, exit_iv = cfg.checkpoint.save_interval, cfg.run.exit_interval
+        exiting = bool(exit_iv and it % exit_iv == 0)
+        due = interval and it % interval == 0
+        if cfg.checkpoint.save and (due or exiting or it == cfg.run.train_iters) and it not in saved:
+            window.pause()
+            consumed = start_consumed + (it - start_iter) * cfg.plan.global_batch_size
+            path = save_checkpoint(cfg.checkpoint.save, it, trainer, cfg.shape, cfg.plan, consumed)
+            window.resume()
+            saved.add(it)
+            if is_logging_rank():
+                print(f"saved checkpoint {path}", flush=True)
+        return exiting
+    return on_step
+
+
+def run_training(cfg, env: DistEnv) -> MemoryReport:
+    """Train `cfg` on this rank; rank 0 writes cfg.run.memory_report. Returns the gathered report."""
+    from megatron.core import parallel_state as ps
+
+    from capture_megatron.memory.meter import make_meter
+    from capture_megatron.megatron.builder import resolve_impl
+    from capture_megatron.pretrain_gpt import describe
+    from capture_megatron.train.checkpoint import load_checkpoint
+    from capture_megatron.train.data import build_train_iterators
+    from capture_megatron.train.loop import run_iterations
+    from capture_megatron.train.trainer import build_trainer, init_parallel_state
+
+    init_distributed(env, cfg.run.distributed_backend)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    cpu_compat.apply("cpu")
+    meter = make_meter(device)
+    impl = resolve_impl(cfg.build.transformer_impl)
+    if is_logging_rank():
+        print(describe(cfg, env) + f" | {impl} spec on {device}", flush=True)
+    init_parallel_state(cfg.plan, cfg.run.seed)
+    trainer = build_trainer(cfg.shape, cfg.plan, cfg.optim, cfg.run, cfg.build, impl)
+    start, consumed = load_checkpoint(cfg.checkpoint, trainer, cfg.plan) if cfg.checkpoint.load else (0, 0)
+    iterators = build_train_iterators(
+        cfg.data, cfg.shape.seq_length, cfg.plan.micro_batch_size, cfg.plan.global_batch_size,
+        cfg.run.train_iters, ps.get_data_parallel_rank(), cfg.plan.dp, cfg.run.seed, consumed, cfg.plan.vpp)
+    setup_bytes = meter.current()
+    meter.reset_peak()
+    window = PeakWindow(meter)
+    stats = run_iterations(trainer, iterators, cfg.shape, cfg.plan, start, cfg.run.train_iters,
+                           cfg.run.log_interval, _checkpoint_hook(cfg, trainer, window, consumed, start),
+                           progress=cfg.run.progress)
+    mine = RankMemory(rank=env.rank, tp_rank=ps.get_tensor_model_parallel_rank(),
+                      pp_rank=ps.get_pipeline_model_parallel_rank(), dp_rank=ps.get_data_parallel_rank(),
+                      peak_bytes=int(window.peak()), layers=_layers_held(trainer), setup_bytes=int(setup_bytes),
+                      reserved_bytes=int(meter.reserved()) if hasattr(meter, "reserved") else 0)
+    report = _gather_report(cfg, device, impl, mine, stats)
+    if is_logging_rank():
+        print_peaks(report)
+        if cfg.run.memory_report:
+            report.write(cfg.run.memory_report)
+    torch.distributed.barrier()
+    ps.destroy_model_parallel()
+    torch.distributed.destroy_process_group()
+    return report

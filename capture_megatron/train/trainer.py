@@ -1,0 +1,120 @@
+"""Set up a training process the way Megatron-LM does: parallel state, seeds, model, DDP, optimizer.
+
+The model chunks are megatron-core GPTModels (builder.build_chunks), wrapped in Float16Module for
+bf16/fp16 and in megatron-core's DistributedDataParallel; the optimizer is get_megatron_optimizer
+(Adam; --use-distributed-optimizer shards it over DP) with OptimizerParamScheduler.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from capture_megatron.config import ModelShape, ParallelPlan
+from capture_megatron.megatron.builder import TORCH_DTYPES, BuildOptions, build_chunks
+from capture_megatron.train.options import OptimOptions, RunOptions
+
+
+@dataclass
+class Trainer:
+    """The live objects of one training process (mutable: they train)."""
+
+    model: list
+    """DDP-wrapped model chunks of this rank, one per virtual stage."""
+    optimizer: object
+    """Megatron optimizer (possibly distributed)."""
+    scheduler: object
+    """OptimizerParamScheduler (sample-based steps, like Megatron-LM)."""
+    config: object
+    """The TransformerConfig shared by this rank's chunks (hooks for the schedules are set on it)."""
+
+
+def init_parallel_state(plan: ParallelPlan, seed: int) -> None:
+    """megatron parallel_state for `plan` and Megatron-LM's seeding (seed + 100 * pp_rank)."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+    ps.initialize_model_parallel(
+        tensor_model_parallel_size=plan.tp, pipeline_model_parallel_size=plan.pp,
+        virtual_pipeline_model_parallel_size=plan.vpp if plan.vpp > 1 else None,
+        context_parallel_size=plan.cp)
+    rank_seed = seed + 100 * ps.get_pipeline_model_parallel_rank()
+    random.seed(rank_seed)
+    np.random.seed(rank_seed)
+    torch.manual_seed(rank_seed)
+    model_parallel_cuda_manual_seed(rank_seed)
+
+
+def wrap_model(chunks: list, shape: ModelShape, plan: ParallelPlan, run: RunOptions) -> list:
+    """Float16Module (bf16/fp16) and megatron DDP around each chunk, then broadcast over DP."""
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.transformer.module import Float16Module
+
+    ddp_config = DistributedDataParallelConfig(
+        grad_reduce_in_fp32=shape.dtype == "bf16", overlap_grad_reduce=run.overlap_grad_reduce,
+        overlap_param_gather=run.overlap_param_gather, use_distributed_optimizer=plan.distributed_optimizer,
+        check_for_nan_in_grad=True)
+    wrapped = []
+    for i, chunk in enumerate(chunks):
+        config = chunk.config
+        module = Float16Module(config, chunk) if shape.dtype != "fp32" else chunk
+        ddp = DistributedDataParallel(config=config, ddp_config=ddp_config, module=module,
+                                      disable_bucketing=i > 0)
+        ddp.broadcast_params()
+        wrapped.append(ddp)
+    return wrapped
+
+
+def make_optimizer(model: list, shape: ModelShape, plan: ParallelPlan, optim: OptimOptions,
+                   train_iters: int):
+    """get_megatron_optimizer + OptimizerParamScheduler as Megatron-LM configures them."""
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+    config = OptimizerConfig(
+        optimizer="adam", lr=optim.lr, min_lr=optim.min_lr, weight_decay=optim.weight_decay,
+        adam_beta1=optim.adam_beta1, adam_beta2=optim.adam_beta2, adam_eps=optim.adam_eps,
+        clip_grad=optim.clip_grad, bf16=shape.dtype == "bf16", fp16=shape.dtype == "fp16",
+        params_dtype=TORCH_DTYPES[shape.dtype], initial_loss_scale=optim.initial_loss_scale,
+        use_distributed_optimizer=plan.distributed_optimizer)
+    optimizer = get_megatron_optimizer(config, model)
+    gbs = plan.global_batch_size
+    decay_iters = optim.lr_decay_iters or train_iters
+    scheduler = OptimizerParamScheduler(
+        optimizer, init_lr=0.0 if optim.lr_warmup_iters else optim.lr, max_lr=optim.lr,
+        min_lr=optim.min_lr, lr_warmup_steps=optim.lr_warmup_iters * gbs,
+        lr_decay_steps=decay_iters * gbs, lr_decay_style=optim.lr_decay_style,
+        start_wd=optim.weight_decay, end_wd=optim.weight_decay, wd_incr_steps=decay_iters * gbs,
+        wd_incr_style="constant", wsd_decay_steps=decay_iters * gbs if optim.lr_decay_style == "WSD" else None,
+        lr_wsd_decay_style="linear" if optim.lr_decay_style == "WSD" else None)
+    return optimizer, scheduler
+
+
+def set_schedule_hooks(model: list, optimizer, run: RunOptions) -> object:
+    """The TransformerConfig hooks Megatron-LM's train() sets before training."""
+    from megatron.core.distributed import finalize_model_grads
+    from megatron.core.utils import get_model_config
+
+    config = get_model_config(model[0])
+    config.grad_scale_func = optimizer.scale_loss
+    config.timers = None
+    config.finalize_model_grads_func = finalize_model_grads
+    if run.overlap_grad_reduce:
+        no_sync = [m.no_sync for m in model]
+        config.no_sync_func = no_sync[0] if len(model) == 1 else no_sync
+    if run.overlap_param_gather:
+        sync = [m.start_param_sync for m in model]
+        config.param_sync_func = sync[0] if len(model) == 1 else sync
+    return config
+
+
+def build_trainer(shape: ModelShape, plan: ParallelPlan, optim: OptimOptions, run: RunOptions,
+                  build: BuildOptions, impl: str) -> Trainer:
+    """Everything a rank needs to run train steps (parallel state must be initialised)."""
+    chunks = build_chunks(shape, plan, build, impl=impl)
+    model = wrap_model(chunks, shape, plan, run)
+    optimizer, scheduler = make_optimizer(model, shape, plan, optim, run.train_iters)
+    config = set_schedule_hooks(model, optimizer, run)
+    return Trainer(model=model, optimizer=optimizer, scheduler=scheduler, config=config)
