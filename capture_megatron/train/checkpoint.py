@@ -19,6 +19,7 @@ import torch
 
 from capture_megatron.config import ModelShape, ParallelPlan
 from capture_megatron.errors import CaptureError
+from capture_megatron.megatron import ckpt_fixes
 from capture_megatron.train.options import CheckpointOptions
 
 TRACKER = "latest_checkpointed_iteration.txt"
@@ -65,11 +66,20 @@ def _rng_object(plan: ParallelPlan):
                          replica_id=ps.get_data_parallel_rank())
 
 
+def _model_key(i: int, n: int) -> str:
+    return "model" if n == 1 else f"model{i}"
+
+
 def _sharded_state(trainer, plan: ParallelPlan, with_optim: bool, with_rng: bool, loading: bool) -> dict:
+    """Megatron-LM's checkpoint structure, built on the unwrapped GPTModels (no DDP/Float16 prefixes)."""
+    from megatron.core.utils import unwrap_model
+
+    ckpt_fixes.apply()
     meta = _metadata(plan)
     state = {}
-    for i, chunk in enumerate(trainer.model):
-        state["model" if len(trainer.model) == 1 else f"model{i}"] = chunk.sharded_state_dict(metadata=meta)
+    chunks = unwrap_model(trainer.model)
+    for i, chunk in enumerate(chunks):
+        state[_model_key(i, len(chunks))] = chunk.sharded_state_dict(metadata=meta)
     if with_optim:
         state["optimizer"] = trainer.optimizer.sharded_state_dict(state, is_loading=loading, metadata=meta)
         state["opt_param_scheduler"] = trainer.scheduler.state_dict()
@@ -132,6 +142,7 @@ def _content_metadata(plan: ParallelPlan) -> dict:
 def load_checkpoint(opts: CheckpointOptions, trainer, plan: ParallelPlan) -> tuple[int, int]:
     """Resume from the newest complete checkpoint in opts.load; returns (iteration, consumed_samples)."""
     from megatron.core import dist_checkpointing
+    from megatron.core.utils import unwrap_model
 
     iteration = latest_iteration(opts.load)
     if iteration is None:
@@ -143,18 +154,43 @@ def load_checkpoint(opts: CheckpointOptions, trainer, plan: ParallelPlan) -> tup
     saved = ParallelPlan.from_json(common["plan"])
     with_optim = not (opts.no_load_optim or opts.finetune)
     with_rng = not (opts.no_load_rng or opts.finetune) and (saved.pp, saved.tp) == (plan.pp, plan.tp)
+    if saved.distributed_optimizer != plan.distributed_optimizer and with_optim:
+        raise CaptureError(f"--load {path}: the checkpoint was saved {'with' if saved.distributed_optimizer else 'without'}"
+                           f" --use-distributed-optimizer and this run is {'with' if plan.distributed_optimizer else 'without'}"
+                           " it; megatron-core cannot convert optimizer state between the two: match the flag, "
+                           "or load weights only with --no-load-optim")
+    if with_optim:
+        _allocate_distributed_optimizer_state(trainer.optimizer)
     state = _sharded_state(trainer, plan, with_optim=with_optim, with_rng=with_rng, loading=True)
     loaded = dist_checkpointing.load(state, path)
-    for i, chunk in enumerate(trainer.model):
-        chunk.load_state_dict(loaded["model" if len(trainer.model) == 1 else f"model{i}"], strict=True)
+    chunks = unwrap_model(trainer.model)
+    for i, chunk in enumerate(chunks):
+        chunk.load_state_dict(loaded[_model_key(i, len(chunks))], strict=True)
     if with_optim:
         trainer.optimizer.load_state_dict(loaded["optimizer"])
+        ckpt_fixes.untie_adam_steps(trainer.optimizer)
         trainer.scheduler.load_state_dict(loaded["opt_param_scheduler"])
     if with_rng:
         _restore_rng(loaded["rng_state"])
     if opts.finetune:
         return 0, 0
     return int(common["iteration"]), int(common["consumed_samples"])
+
+
+def _allocate_distributed_optimizer_state(optimizer) -> None:
+    """Give an untouched DistributedOptimizer its Adam state before loading into it.
+
+    Without Apex/Transformer Engine, megatron-core 0.16.1's DistributedOptimizer.state_dict() reads
+    the 'step' of every allocated Adam state and asserts there is exactly one value; a fresh optimizer
+    has none, so building the sharded state dict for loading fails. Megatron's own
+    _init_optimizer_states_with_dummy_values (one zero-gradient step) allocates it; every value it
+    touches is then overwritten by the checkpoint.
+    """
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+        if isinstance(opt, DistributedOptimizer) and not opt.optimizer.state:
+            opt._init_optimizer_states_with_dummy_values()
 
 
 def _restore_rng(state: dict) -> None:
