@@ -57,11 +57,11 @@ def _checkpoint_hook(cfg, trainer, window: PeakWindow, start_consumed: int, star
 
     saved = set()
 
-    def on_step(it: int) -> bool:
+    def on_step(it: int, final: bool = False) -> bool:
         interval, exit_iv = cfg.checkpoint.save_interval, cfg.run.exit_interval
         exiting = bool(exit_iv and it % exit_iv == 0)
         due = interval and it % interval == 0
-        if cfg.checkpoint.save and (due or exiting or it == cfg.run.train_iters) and it not in saved:
+        if cfg.checkpoint.save and (due or exiting or final or it == cfg.run.train_iters) and it not in saved:
             window.pause()
             consumed = start_consumed + (it - start_iter) * cfg.plan.global_batch_size
             path = save_checkpoint(cfg.checkpoint.save, it, trainer, cfg.shape, cfg.plan, consumed)
@@ -101,9 +101,11 @@ def run_training(cfg, env: DistEnv) -> MemoryReport:
     setup_bytes = meter.current()
     meter.reset_peak()
     window = PeakWindow(meter)
+    hook = _checkpoint_hook(cfg, trainer, window, consumed, start)
     stats = run_iterations(trainer, iterators, cfg.shape, cfg.plan, start, cfg.run.train_iters,
-                           cfg.run.log_interval, _checkpoint_hook(cfg, trainer, window, consumed, start),
-                           progress=cfg.run.progress)
+                           cfg.run.log_interval, hook, progress=cfg.run.progress)
+    if start > 0 and not stats:
+        hook(start, final=True)  # nothing left to train: re-save the loaded state under this plan
     mine = RankMemory(rank=env.rank, tp_rank=ps.get_tensor_model_parallel_rank(),
                       pp_rank=ps.get_pipeline_model_parallel_rank(), dp_rank=ps.get_data_parallel_rank(),
                       peak_bytes=int(window.peak()), layers=_layers_held(trainer), setup_bytes=int(setup_bytes),

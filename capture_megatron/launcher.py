@@ -1,0 +1,62 @@
+"""Launch `capture_megatron.pretrain_gpt` under torchrun, after validating the flags for the job size.
+
+`capture-megatron train <Megatron flags> --nproc N` checks every flag for a job of N processes
+(heads vs TP, world size vs TP x PP, batch divisibility, layout, data paths) before any process
+starts, so bad input is one clear paragraph with exit code 2 — never a torchrun traceback — then
+runs `torchrun --standalone --nproc-per-node N -m capture_megatron.pretrain_gpt ...`.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+
+from capture_megatron.errors import CaptureError
+
+
+def torchrun_command(nproc: int, train_args: list[str], standalone: bool = True) -> list[str]:
+    """The torchrun command line that runs pretrain_gpt with `train_args` on one node."""
+    cmd = [sys.executable, "-m", "torch.distributed.run"]
+    if standalone:
+        cmd.append("--standalone")
+    return cmd + ["--nproc-per-node", str(nproc), "--max-restarts", "0",
+                  "-m", "capture_megatron.pretrain_gpt", *train_args]
+
+
+def validate(nproc: int, train_args: list[str]):
+    """Parse `train_args` as pretrain_gpt would for `nproc` processes (CaptureError on bad input)."""
+    if nproc < 1:
+        raise CaptureError(f"--nproc {nproc} must be at least 1")
+    from capture_megatron.pretrain_gpt import parse_config
+
+    return parse_config(train_args, nproc)
+
+
+def run_torchrun(nproc: int, train_args: list[str], timeout: float | None = None,
+                 env: dict | None = None) -> int:
+    """Validate, then run torchrun in the foreground; returns its exit code."""
+    validate(nproc, train_args)
+    full_env = dict(os.environ, **(env or {}))
+    full_env.setdefault("OMP_NUM_THREADS", "1")
+    try:
+        return subprocess.run(torchrun_command(nproc, train_args), env=full_env, timeout=timeout).returncode
+    except subprocess.TimeoutExpired:
+        raise CaptureError(f"training did not finish within {timeout:.0f} s")
+
+
+def main(argv: list[str]) -> int:
+    """`capture-megatron train`: --nproc N plus pretrain_gpt's Megatron flags."""
+    parser = argparse.ArgumentParser(prog="capture-megatron train", add_help=False)
+    parser.add_argument("--nproc", type=int, default=1, help="processes on this node (torchrun)")
+    parser.add_argument("-h", "--help", action="store_true")
+    ns, rest = parser.parse_known_args(argv)
+    if ns.help:
+        from capture_megatron.pretrain_gpt import build_parser
+        print("usage: capture-megatron train --nproc N <Megatron flags>\n")
+        build_parser("capture-megatron train").print_help()
+        return 0
+    rc = run_torchrun(ns.nproc, rest)
+    if rc != 0:
+        print(f"capture-megatron train: torchrun exited with code {rc}", file=sys.stderr)
+    return rc
