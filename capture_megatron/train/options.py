@@ -76,9 +76,14 @@ class DataOptions(JsonMixin):
     """Mask the loss at end-of-document tokens (--eod-mask-loss)."""
     data_cache_path: str = ""
     """Where GPTDataset writes its index caches (--data-cache-path); default beside the data."""
+    mock_vocab_size: int = 0
+    """With --mock-data: token ids are drawn below this (set it to --vocab-size, as Megatron-LM's
+    NullTokenizer does); 0: the tokenizer's vocabulary (ByteTokenizer: 257). Ignored for real data."""
 
     def __post_init__(self) -> None:
         p = []
+        if self.mock_vocab_size < 0 or self.mock_vocab_size == 1:
+            p.append(f"mock vocabulary {self.mock_vocab_size} must be 0 (the tokenizer's) or at least 2")
         if self.mock_data and self.data_path:
             p.append("give either --mock-data or --data-path, not both")
         if not self.mock_data and not self.data_path:

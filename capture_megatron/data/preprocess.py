@@ -1,0 +1,290 @@
+"""`capture-megatron preprocess`: text or JSON lines -> Megatron's indexed dataset (.bin/.idx).
+
+Modelled on Megatron-LM's tools/preprocess_data.py and writing the same files, so the result also
+trains under Megatron-LM: `<output-prefix>_<key>_document.bin/.idx` per JSON key (`--json-keys text`
+by default), one document per JSON line (a list of strings gives one sequence per sentence, as
+Megatron's), token dtype uint16 when the vocabulary is under 65,500, else int32 (Megatron's
+`DType.optimal_dtype`). Differences from Megatron-LM: `--append-eod` is ON by default (turn it off
+with `--no-append-eod`), since a GPT must see where documents end; a `.txt`/`.md` input is read as
+plain text whose blank-line-separated paragraphs are the documents; documents that tokenize to
+nothing are skipped. Files are written under temporary names and renamed at the end, so an error
+never leaves half a dataset behind.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import sys
+import warnings
+from dataclasses import dataclass
+
+from capture_megatron.data.tokenizers import TOKENIZER_TYPES, TokenizerOptions
+from capture_megatron.errors import CaptureError
+
+TEXT_SUFFIXES = (".txt", ".text", ".md")
+"""Inputs with these suffixes are plain text (paragraphs = documents); anything else is JSON lines."""
+
+PROGRESS_MIN_BYTES = 1 << 20
+"""Inputs at least this large show a tqdm progress bar."""
+
+BATCH_DOCS = 256
+"""Documents tokenized per batch (per pool.map call when --workers > 1)."""
+
+
+@dataclass(frozen=True)
+class PreprocessResult:
+    """What one preprocess run wrote."""
+
+    prefixes: tuple[str, ...]
+    """Dataset prefixes written (one per JSON key), for --data-path."""
+    documents: int
+    """Documents written (per key)."""
+    tokens: int
+    """Tokens written over all keys, EOD included."""
+    skipped: int
+    """Documents left out because they tokenized to nothing."""
+    vocab_size: int
+    """The tokenizer's vocabulary."""
+    dtype: str
+    """Token dtype in the .bin file (uint16 or int32)."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The preprocess flags (Megatron-LM's tools/preprocess_data.py names)."""
+    g = parser.add_argument_group("input")
+    g.add_argument("--input", required=True, help="a .jsonl file (one JSON object per line) or a .txt/.md "
+                   "file whose blank-line-separated paragraphs are documents")
+    g.add_argument("--json-keys", nargs="+", default=["text"], help="JSON keys to extract (default: text)")
+    g = parser.add_argument_group("tokenizer")
+    g.add_argument("--tokenizer-type", default="ByteTokenizer", help=", ".join(TOKENIZER_TYPES) + " (default: "
+                   "ByteTokenizer, UTF-8 bytes, no files)")
+    g.add_argument("--tokenizer-model", default="", help="tokenizer.json (HuggingFace) or .model (SentencePiece)")
+    g.add_argument("--vocab-file", default="", help="GPT-2 BPE vocab.json")
+    g.add_argument("--merge-file", default="", help="GPT-2 BPE merges.txt")
+    g.add_argument("--append-eod", dest="append_eod", action="store_true", default=True,
+                   help="end every document with the tokenizer's EOD token (default: on)")
+    g.add_argument("--no-append-eod", dest="append_eod", action="store_false",
+                   help="do not append EOD (Megatron-LM's default)")
+    g = parser.add_argument_group("output")
+    g.add_argument("--output-prefix", required=True, help="writes <prefix>_<key>_document.bin/.idx")
+    g.add_argument("--workers", type=int, default=1, help="tokenizer processes (default 1)")
+
+
+def _json_documents(path: str, keys: list[str]):
+    """(per-key texts, bytes read) for each non-blank JSON line; CaptureError names the bad line."""
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            if not raw.strip():
+                yield None, len(raw)
+                continue
+            try:
+                obj = json.loads(raw)
+            except (ValueError, UnicodeDecodeError) as err:
+                raise CaptureError(f"{path} line {number} is not valid JSON ({err}); each line must be one "
+                                   'JSON object such as {"text": "..."}') from None
+            if not isinstance(obj, dict):
+                raise CaptureError(f"{path} line {number} is a JSON {type(obj).__name__}, not an object; each "
+                                   'line must be one JSON object such as {"text": "..."}')
+            yield tuple(_field(obj, key, path, number) for key in keys), len(raw)
+
+
+def _field(obj: dict, key: str, path: str, number: int) -> tuple[str, ...]:
+    """The sentences under `key`: a string is one, a list of strings is several."""
+    if key not in obj:
+        raise CaptureError(f"{path} line {number} has no key {key!r} (it has {sorted(obj)}); pass --json-keys "
+                           "with the key that holds the text")
+    value = obj[key]
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return tuple(value)
+    raise CaptureError(f"{path} line {number}: {key!r} holds a {type(value).__name__}, not a string or a list "
+                       "of strings")
+
+
+def _text_documents(path: str):
+    """(paragraph, bytes read) for each blank-line-separated paragraph of a text file."""
+    lines, size = [], 0
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            size += len(raw)
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise CaptureError(f"{path} line {number} is not UTF-8 ({err.reason}); convert the file to "
+                                   "UTF-8") from None
+            if line.strip():
+                lines.append(line.rstrip("\r\n"))
+                continue
+            if lines:
+                yield (("\n".join(lines),),), size
+                lines, size = [], 0
+            else:
+                yield None, size
+                size = 0
+    if lines or size:
+        yield ((("\n".join(lines),),) if lines else None), size
+
+
+_WORKER_TOKENIZER = None
+
+
+def _init_worker(opts: TokenizerOptions) -> None:
+    """Pool initializer: one tokenizer per process."""
+    global _WORKER_TOKENIZER
+    from capture_megatron.data.tokenizers import build_tokenizer
+
+    _WORKER_TOKENIZER = build_tokenizer(opts)
+
+
+def _encode(doc: tuple, append_eod: bool = True) -> tuple:
+    """Per key: (token ids, sequence lengths) of one document, EOD appended to the last sequence."""
+    out = []
+    for sentences in doc:
+        ids, lengths = [], []
+        for sentence in sentences:
+            piece = _WORKER_TOKENIZER.tokenize(sentence)
+            if len(piece):
+                ids.extend(int(i) for i in piece)
+                lengths.append(len(piece))
+        if ids and append_eod:
+            ids.append(_WORKER_TOKENIZER.eod)
+            lengths[-1] += 1
+        out.append((ids, lengths))
+    return tuple(out)
+
+
+def _batches(docs, size: int):
+    """Lists of up to `size` documents (blank entries dropped), with the bytes each list covers."""
+    batch, nbytes = [], 0
+    for doc, n in docs:
+        nbytes += n
+        if doc is not None:
+            batch.append(doc)
+        if len(batch) >= size:
+            yield batch, nbytes
+            batch, nbytes = [], 0
+    if batch or nbytes:
+        yield batch, nbytes
+
+
+def _import_indexed_dataset():
+    """megatron.core.datasets.indexed_dataset without megatron's import-time warnings."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from megatron.core.datasets import indexed_dataset
+    return indexed_dataset
+
+
+def _check_input(path: str, keys: list[str]) -> bool:
+    """True for a plain-text input; CaptureError for a missing or empty file or bad keys."""
+    if not os.path.isfile(path):
+        raise CaptureError(f"--input {path!r} does not exist; give a .jsonl file or a .txt file")
+    if os.path.getsize(path) == 0:
+        raise CaptureError(f"--input {path!r} is empty; give a file with at least one document")
+    is_text = path.lower().endswith(TEXT_SUFFIXES)
+    if is_text and keys != ["text"]:
+        raise CaptureError(f"--json-keys {' '.join(keys)} does not apply to the plain-text input {path!r}; "
+                           "leave --json-keys out or give a .jsonl file")
+    if len(set(keys)) != len(keys) or not keys:
+        raise CaptureError(f"--json-keys {' '.join(keys)}: give each key once")
+    return is_text
+
+
+def preprocess(input_path: str, output_prefix: str, tokenizer: TokenizerOptions, json_keys=("text",),
+               append_eod: bool = True, workers: int = 1, progress: bool = True) -> PreprocessResult:
+    """Tokenize `input_path` into `<output_prefix>_<key>_document.bin/.idx` (see the module docstring)."""
+    keys = list(json_keys)
+    is_text = _check_input(input_path, keys)
+    if workers < 1:
+        raise CaptureError(f"--workers {workers} must be at least 1")
+    _init_worker(tokenizer)
+    tok = _WORKER_TOKENIZER
+    ids_mod = _import_indexed_dataset()
+    dtype = ids_mod.DType.optimal_dtype(tok.vocab_size)
+    prefixes = tuple(f"{output_prefix}_{key}_document" for key in keys)
+    os.makedirs(os.path.dirname(os.path.abspath(output_prefix)), exist_ok=True)
+    tmp = [p + ".tmp" for p in prefixes]
+    builders = [ids_mod.IndexedDatasetBuilder(t + ".bin", dtype=dtype) for t in tmp]
+    docs = _text_documents(input_path) if is_text else _json_documents(input_path, keys)
+    try:
+        counts = _run(docs, builders, tokenizer, append_eod, workers,
+                      progress and os.path.getsize(input_path) >= PROGRESS_MIN_BYTES, os.path.getsize(input_path))
+        if counts[0] == 0:
+            raise CaptureError(f"--input {input_path!r} holds no document with any token; give a file with text")
+        for builder, t, p in zip(builders, tmp, prefixes):
+            builder.finalize(t + ".idx")
+            os.replace(t + ".bin", p + ".bin")
+            os.replace(t + ".idx", p + ".idx")
+    finally:
+        for builder, t in zip(builders, tmp):
+            builder.data_file.close()
+            for suffix in (".bin", ".idx"):
+                if os.path.exists(t + suffix):
+                    os.remove(t + suffix)
+    return PreprocessResult(prefixes=prefixes, documents=counts[0], tokens=counts[1], skipped=counts[2],
+                            vocab_size=tok.vocab_size, dtype=dtype.__name__)
+
+
+def _run(docs, builders, tokenizer: TokenizerOptions, append_eod: bool, workers: int, bar: bool,
+         total_bytes: int) -> tuple[int, int, int]:
+    """Tokenize and write all documents; returns (documents, tokens, skipped)."""
+    from functools import partial
+
+    from tqdm import tqdm
+
+    written = tokens = skipped = 0
+    encode = partial(_encode, append_eod=append_eod)
+    pool = None
+    if workers > 1:
+        ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
+        pool = ctx.Pool(workers, initializer=_init_worker, initargs=(tokenizer,))
+    try:
+        with tqdm(total=total_bytes, unit="B", unit_scale=True, desc="preprocess", disable=not bar) as pbar:
+            for batch, nbytes in _batches(docs, BATCH_DOCS * workers):
+                encoded = pool.map(encode, batch, chunksize=16) if pool else [encode(d) for d in batch]
+                for doc in encoded:
+                    if not any(ids for ids, _ in doc):
+                        skipped += 1
+                        continue
+                    for builder, (ids, lengths) in zip(builders, doc):
+                        builder.add_document(ids, lengths)
+                        tokens += len(ids)
+                    written += 1
+                pbar.update(nbytes)
+    finally:
+        if pool is not None:
+            pool.close()
+            pool.join()
+    return written, tokens, skipped
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`capture-megatron preprocess ...`; returns 0 (CaptureError on bad input)."""
+    parser = argparse.ArgumentParser(prog="capture-megatron preprocess", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    ns = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    tok = TokenizerOptions(tokenizer_type=ns.tokenizer_type, tokenizer_model=ns.tokenizer_model,
+                           vocab_file=ns.vocab_file, merge_file=ns.merge_file)
+    result = preprocess(ns.input, ns.output_prefix, tok, ns.json_keys, ns.append_eod, ns.workers)
+    for prefix in result.prefixes:
+        print(f"wrote {prefix}.bin/.idx")
+    print(f"{result.documents:,} documents, {result.tokens:,} tokens ({ns.tokenizer_type}, vocabulary "
+          f"{result.vocab_size:,}, {result.dtype}" + (f"; {result.skipped:,} empty documents skipped" if
+                                                       result.skipped else "") + ")")
+    flags = [f"--tokenizer-type {ns.tokenizer_type}"] + [f"--{name.replace('_', '-')} {value}" for name, value in
+                                                          (("tokenizer_model", ns.tokenizer_model),
+                                                           ("vocab_file", ns.vocab_file),
+                                                           ("merge_file", ns.merge_file)) if value]
+    print(f"train on it with --data-path {' '.join(result.prefixes)} {' '.join(flags)}")
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except CaptureError as error:
+        print(f"capture-megatron preprocess: error: {error}", file=sys.stderr)
+        sys.exit(2)
