@@ -173,7 +173,8 @@ def data_options(ns: argparse.Namespace) -> DataOptions:
     return DataOptions(mock_data=ns.mock_data, data_path=tuple(ns.data_path), split=ns.split,
                        tokenizer_type=ns.tokenizer_type, tokenizer_model=ns.tokenizer_model,
                        vocab_file=ns.vocab_file, merge_file=ns.merge_file, eod_mask_loss=ns.eod_mask_loss,
-                       data_cache_path=ns.data_cache_path)
+                       data_cache_path=ns.data_cache_path,
+                       mock_vocab_size=(ns.vocab_size or 0) if ns.mock_data else 0)
 
 
 def checkpoint_options(ns: argparse.Namespace) -> CheckpointOptions:
