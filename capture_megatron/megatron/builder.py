@@ -91,16 +91,29 @@ def layer_spec(shape: ModelShape, impl: str):
         spec.submodules, input_layernorm=LocalNorm, pre_mlp_layernorm=LocalNorm))
 
 
-def block_spec(config, spec, impl: str, vp_stage: int | None):
-    """TransformerBlockSubmodules of one model chunk: its layers and the final norm."""
-    from megatron.core.transformer.transformer_block import (
-        TransformerBlockSubmodules, get_num_layers_to_build)
+def block_spec(spec, impl: str, num_layers: int):
+    """TransformerBlockSubmodules of one model chunk: `num_layers` layers and the final norm."""
+    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 
-    n = get_num_layers_to_build(config, vp_stage=vp_stage)
     if impl == "transformer_engine":
         from megatron.core.extensions.transformer_engine import TENorm
-        return TransformerBlockSubmodules(layer_specs=[spec] * n, layer_norm=TENorm)
-    return TransformerBlockSubmodules(layer_specs=[spec] * n, layer_norm=LocalNorm)
+        return TransformerBlockSubmodules(layer_specs=[spec] * num_layers, layer_norm=TENorm)
+    return TransformerBlockSubmodules(layer_specs=[spec] * num_layers, layer_norm=LocalNorm)
+
+
+def build_gpt(shape: ModelShape, plan: ParallelPlan, config, impl: str, num_layers: int,
+              pre_process: bool, post_process: bool, vp_stage: int | None,
+              opts: BuildOptions = BuildOptions()):
+    """One GPTModel chunk holding `num_layers` transformer layers (and the ends it is told to hold)."""
+    from megatron.core.models.gpt import GPTModel
+
+    return GPTModel(
+        config=config, transformer_layer_spec=block_spec(layer_spec(shape, impl), impl, num_layers),
+        vocab_size=shape.padded_vocab(plan.tp), max_sequence_length=shape.max_positions,
+        pre_process=pre_process, post_process=post_process,
+        share_embeddings_and_output_weights=not shape.untie_embeddings_and_output_weights,
+        position_embedding_type=shape.position_embedding_type, rotary_base=opts.rotary_base,
+        vp_stage=vp_stage)
 
 
 def build_chunks(shape: ModelShape, plan: ParallelPlan, opts: BuildOptions = BuildOptions(),
@@ -110,26 +123,19 @@ def build_chunks(shape: ModelShape, plan: ParallelPlan, opts: BuildOptions = Bui
     Needs torch.distributed and megatron's parallel_state initialised for `plan`.
     """
     from megatron.core import parallel_state as ps
-    from megatron.core.models.gpt import GPTModel
+
+    from capture_megatron.megatron.init import init_weights
 
     impl = impl or resolve_impl(opts.transformer_impl)
     pp_rank = ps.get_pipeline_model_parallel_rank()
     config = transformer_config(shape, plan, pp_rank, opts)
-    spec = layer_spec(shape, impl)
     chunks = []
     for vp in range(plan.vpp):
         vp_stage = vp if plan.vpp > 1 else None
-        model = GPTModel(
-            config=config, transformer_layer_spec=block_spec(config, spec, impl, vp_stage), vocab_size=shape.padded_vocab(plan.tp),
-            max_sequence_length=shape.max_positions,
-            pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
-            post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
-            share_embeddings_and_output_weights=not shape.untie_embeddings_and_output_weights,
-            position_embedding_type=shape.position_embedding_type, rotary_base=opts.rotary_base,
-            vp_stage=vp_stage,
-        )
-        chunks.append(model)
-    from capture_megatron.megatron.init import init_weights
-    for model in chunks:
+        model = build_gpt(shape, plan, config, impl, plan.chunks_of(pp_rank)[vp],
+                          pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
+                          post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
+                          vp_stage=vp_stage, opts=opts)
         init_weights(model, shape, opts)
+        chunks.append(model)
     return chunks
