@@ -68,8 +68,11 @@ def wrap_model(chunks: list, shape: ModelShape, plan: ParallelPlan, run: RunOpti
 
 
 def make_optimizer(model: list, shape: ModelShape, plan: ParallelPlan, optim: OptimOptions,
-                   train_iters: int):
-    """get_megatron_optimizer + OptimizerParamScheduler as Megatron-LM configures them."""
+                   train_iters: int, use_gloo_process_groups: bool = True):
+    """get_megatron_optimizer + OptimizerParamScheduler as Megatron-LM configures them.
+
+    Profiling probes run on torch's fake backend, which has no gloo groups: they pass False.
+    """
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
     from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
@@ -79,7 +82,7 @@ def make_optimizer(model: list, shape: ModelShape, plan: ParallelPlan, optim: Op
         clip_grad=optim.clip_grad, bf16=shape.dtype == "bf16", fp16=shape.dtype == "fp16",
         params_dtype=TORCH_DTYPES[shape.dtype], initial_loss_scale=optim.initial_loss_scale,
         use_distributed_optimizer=plan.distributed_optimizer)
-    optimizer = get_megatron_optimizer(config, model)
+    optimizer = get_megatron_optimizer(config, model, use_gloo_process_groups=use_gloo_process_groups)
     gbs = plan.global_batch_size
     decay_iters = optim.lr_decay_iters or train_iters
     scheduler = OptimizerParamScheduler(

@@ -1,0 +1,30 @@
+"""Process groups for probes: this process is rank 0 of a `tp x dp` job of torch's fake backend.
+
+The fake backend (torch.testing's FakeStore + backend "fake") completes every collective without
+moving data, so one process builds and runs exactly what TP/DP rank 0 of a real job holds — the
+buffers megatron allocates for all-gathers and reduce-scatters included.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+
+@contextlib.contextmanager
+def fake_job(tp: int, dp: int, seed: int = 1234):
+    """Initialise torch.distributed (fake, world tp*dp, rank 0) and megatron's parallel_state."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    torch.distributed.init_process_group("fake", store=FakeStore(), rank=0, world_size=tp * dp)
+    try:
+        ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=1,
+                                     create_gloo_process_groups=False)
+        torch.manual_seed(seed)
+        model_parallel_cuda_manual_seed(seed)
+        yield
+    finally:
+        ps.destroy_model_parallel()
+        torch.distributed.destroy_process_group()

@@ -1,0 +1,208 @@
+"""Run one probe: a real Megatron-Core chunk through megatron's own forward_step, backward_step,
+finalize_model_grads and optimizer step, measured by a MemoryMeter.
+
+The process plays TP rank 0 (and DP rank 0) of a `tp x dp` group. On cpu/fake devices the group is
+torch's fake process group: collectives do not move data but every buffer megatron allocates for
+them is allocated, so the memory is that of a real rank. The probe runs two iterations and measures
+the second (the first allocates optimizer state and Megatron's global buffers).
+"""
+from __future__ import annotations
+
+import dataclasses
+import gc
+from dataclasses import dataclass
+
+import torch
+
+from capture_megatron.config import ModelShape, ParallelPlan, Recompute
+from capture_megatron.megatron.builder import TORCH_DTYPES, build_gpt, transformer_config
+from capture_megatron.megatron.builder_options import BuildOptions
+from capture_megatron.profile.records import BufferBytes, ProbeShape, ProfileRecord, Variant
+from capture_megatron.train.options import OptimOptions, RunOptions
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What one probe builds and runs."""
+
+    variant: Variant
+    """Categorical settings."""
+    shape: ProbeShape
+    """Sizes."""
+    kind: str
+    """first, middle, last or only."""
+    layers: int
+    """Transformer layers in the chunk."""
+    recompute_layers: int = 0
+    """Layers under full recompute (variant.recompute == 'full')."""
+    dp: int = 1
+    """Data-parallel size (for the distributed optimizer's shards)."""
+    distributed_optimizer: bool = False
+    """Megatron's distributed optimizer."""
+
+
+def model_shape(probe: Probe) -> ModelShape:
+    """The ModelShape a probe builds (vocab given already padded, so padding is a no-op)."""
+    v, s = probe.variant, probe.shape
+    drop = 0.1 if v.dropout else 0.0
+    return ModelShape(
+        num_layers=max(probe.layers, 1), hidden_size=s.hidden_size, num_attention_heads=s.num_attention_heads,
+        seq_length=s.seq_length, vocab_size=s.padded_vocab, ffn_hidden_size=s.ffn_hidden_size,
+        num_query_groups=s.num_query_groups, kv_channels=s.kv_channels,
+        make_vocab_size_divisible_by=1, swiglu=v.swiglu, normalization=v.normalization,
+        untie_embeddings_and_output_weights=v.untied, position_embedding_type=v.position_embedding_type,
+        add_bias_linear=v.add_bias_linear, hidden_dropout=drop, attention_dropout=drop, dtype=v.dtype)
+
+
+def parallel_plan(probe: Probe) -> ParallelPlan:
+    """A one-stage ParallelPlan carrying the probe's TP, DP, SP, recompute and optimizer."""
+    v = probe.variant
+    if v.recompute == "full":
+        recompute = Recompute("full", "block", (probe.recompute_layers,))
+    else:
+        recompute = Recompute(v.recompute)
+    b = probe.shape.micro_batch_size
+    return ParallelPlan(tp=probe.shape.tp, pp=1, dp=probe.dp, micro_batch_size=b, global_batch_size=b * probe.dp,
+                        layers_per_stage=(max(probe.layers, 1),), recompute=recompute,
+                        sequence_parallel=v.sequence_parallel, distributed_optimizer=probe.distributed_optimizer)
+
+
+def _batch(shape: ModelShape, b: int) -> dict:
+    s = shape.seq_length
+    tokens = torch.randint(0, shape.vocab_size, (b, s))
+    return {"tokens": tokens, "labels": torch.roll(tokens, -1, 1), "loss_mask": torch.ones(b, s),
+            "position_ids": torch.arange(s).expand(b, s).contiguous()}
+
+
+def _hidden(shape: ModelShape, plan: ParallelPlan) -> torch.Tensor:
+    """An activation tensor as stages exchange it: [s (/ tp under SP), b, h] in the model dtype."""
+    s = shape.seq_length // (plan.tp if plan.sequence_parallel else 1)
+    return torch.randn(s, plan.micro_batch_size, shape.hidden_size, dtype=TORCH_DTYPES[shape.dtype])
+
+
+def _storages_bytes(tensors, exclude: set) -> int:
+    seen, total = set(exclude), 0
+    for t in tensors:
+        st = t.untyped_storage()
+        if st._cdata not in seen:
+            seen.add(st._cdata)
+            total += st.nbytes()
+    return total
+
+
+def _static_bytes(model, optimizer) -> tuple[int, int, int]:
+    """(param bytes, grad-buffer bytes, optimizer bytes) by walking the live objects."""
+    buffers = list(model.buffers) + list(getattr(model, "expert_parallel_buffers", []))
+    params = [p for p in model.parameters()]
+    param_bytes = _storages_bytes([b.param_data for b in buffers if b.param_data is not None] or params, set())
+    grad_bytes = sum(b.grad_data.numel() * b.grad_data.element_size() for b in buffers)
+    model_ptrs = {t.untyped_storage()._cdata for t in params}
+    model_ptrs |= {b.grad_data.untyped_storage()._cdata for b in buffers}
+    opt_tensors = []
+    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner = opt.optimizer
+        if inner is None:  # a chunk without parameters
+            continue
+        opt_tensors += [t for state in inner.state.values() for t in state.values() if torch.is_tensor(t)]
+        opt_tensors += [p for g in inner.param_groups for p in g["params"]]
+    return param_bytes, grad_bytes, _storages_bytes(opt_tensors, model_ptrs)
+
+
+def _buffers() -> tuple[BufferBytes, ...]:
+    from megatron.core import parallel_state as ps
+
+    held = ps.get_global_memory_buffer().buffer
+    return tuple(sorted(BufferBytes(name, str(dtype).replace("torch.", ""), t.numel() * t.element_size())
+                        for (name, dtype), t in held.items()))
+
+
+@dataclass
+class _Chunk:
+    """The live objects of a probe (mutable)."""
+
+    model: object
+    optimizer: object
+    config: object
+    shape: ModelShape
+    plan: ParallelPlan
+    first: bool
+    last: bool
+
+
+def build(probe: Probe, impl: str) -> _Chunk:
+    """Build, wrap (Float16Module, DDP) and give an optimizer to the probe's chunk."""
+    from capture_megatron.train.trainer import make_optimizer, set_schedule_hooks, wrap_model
+
+    shape, plan = model_shape(probe), parallel_plan(probe)
+    config = transformer_config(shape, plan, 0, BuildOptions())
+    first, last = probe.kind in ("first", "only"), probe.kind in ("last", "only")
+    gpt = build_gpt(shape, plan, config, impl, probe.layers, first, last, None)
+    run = RunOptions(train_iters=2)
+    model = wrap_model([gpt], shape, plan, run)
+    optimizer, _ = make_optimizer(model, shape, plan, OptimOptions(), run.train_iters,
+                                  use_gloo_process_groups=False)
+    config = set_schedule_hooks(model, optimizer, run)
+    return _Chunk(model[0], optimizer, config, shape, plan, first, last)
+
+
+def _forward(chunk: _Chunk, input_tensor):
+    from megatron.core.pipeline_parallel import schedules
+
+    from capture_megatron.train.loop import forward_step
+
+    batch = iter([_batch(chunk.shape, chunk.plan.micro_batch_size)])
+    output, _ = schedules.forward_step(forward_step, batch, chunk.model, 1, input_tensor, [], chunk.config,
+                                       cp_group_size=1, is_last_stage=chunk.last)
+    return output
+
+
+def iteration(chunk: _Chunk, meter) -> dict:
+    """One micro-batch forward + backward + finalize + optimizer step; the measured increments."""
+    from megatron.core.pipeline_parallel import schedules
+
+    chunk.model.zero_grad_buffer()
+    chunk.optimizer.zero_grad()
+    input_tensor = None if chunk.first else _hidden(chunk.shape, chunk.plan).requires_grad_()
+    out = {"input_bytes": 0 if input_tensor is None else input_tensor.nbytes}
+    start = meter.current()
+    meter.reset_peak()
+    output = _forward(chunk, input_tensor)
+    out["forward_peak"] = meter.peak() - start
+    grad = None
+    if not chunk.last:
+        out["output_bytes"] = output.nbytes
+        grad = torch.randn_like(output)  # what the next stage will send back
+        schedules.deallocate_output_tensor(output, chunk.config.deallocate_pipeline_outputs)
+    before_backward = meter.current() - (grad.nbytes if grad is not None else 0)
+    out["saved_bytes"] = before_backward - start
+    meter.reset_peak()
+    input_grad = schedules.backward_step(input_tensor, output, grad, None, chunk.config)
+    out["backward_peak"] = meter.peak() - before_backward
+    del output, grad, input_grad, input_tensor
+    out["residual_bytes"] = meter.current() - start + out["input_bytes"]
+    before_step = meter.current()
+    meter.reset_peak()
+    chunk.config.finalize_model_grads_func([chunk.model])
+    chunk.optimizer.step()
+    out["step_peak"] = meter.peak() - before_step
+    return out
+
+
+def measure(probe: Probe, meter, device: str, impl: str, versions: tuple[str, str, str]) -> ProfileRecord:
+    """Build and run the probe (two iterations) and return what the second one measured."""
+    chunk = build(probe, impl)
+    iteration(chunk, meter)
+    got = iteration(chunk, meter)
+    param_bytes, grad_bytes, optimizer_bytes = _static_bytes(chunk.model, chunk.optimizer)
+    numels = tuple(p.numel() for p in chunk.model.parameters())
+    record = ProfileRecord(
+        device=device, transformer_impl=impl, versions=versions, variant=probe.variant, shape=probe.shape,
+        kind=probe.kind, layers=probe.layers, recompute_layers=probe.recompute_layers, dp=probe.dp,
+        distributed_optimizer=probe.distributed_optimizer, param_numels=numels, param_bytes=param_bytes,
+        grad_bytes=grad_bytes, optimizer_bytes=optimizer_bytes, input_bytes=got["input_bytes"],
+        output_bytes=got.get("output_bytes", 0), saved_bytes=got["saved_bytes"],
+        forward_peak=got["forward_peak"], backward_peak=got["backward_peak"],
+        residual_bytes=got["residual_bytes"], step_peak=got["step_peak"], buffers=_buffers())
+    del chunk
+    gc.collect()
+    return record
