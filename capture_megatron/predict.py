@@ -1,0 +1,214 @@
+"""Predict every pipeline rank's peak memory for a ParallelPlan from a fitted MemoryModel.
+
+A rank's memory is simulated over megatron-core's own schedule (capture_megatron.schedule): static
+bytes (parameters, DDP gradient buffers, optimizer state, Megatron's global buffers) plus, event by
+event, the activations of the micro-batches in flight on each of its chunks; a forward adds its
+transient peak on top, a backward likewise; the optimizer step adds its own. The peak is the maximum
+over all of them (iterations after the first, when optimizer state exists). Pure Python.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from capture_megatron.config import ModelShape, ParallelPlan
+from capture_megatron.errors import CaptureError
+from capture_megatron.fit import MemoryModel, VariantModel
+from capture_megatron.profile.records import Variant
+from capture_megatron.serial import JsonMixin
+from capture_megatron.static import chunk_static
+from capture_megatron.terms import Sizes
+
+
+@dataclass(frozen=True)
+class ChunkCost:
+    """Predicted per-micro-batch and static costs of one model chunk on one rank."""
+
+    kind: str
+    """first, middle, last or only."""
+    layers: int
+    """Transformer layers."""
+    inflight: float
+    """Bytes one micro-batch holds between its forward and backward (received input + saved)."""
+    input_bytes: float
+    """Bytes of the activation received per micro-batch."""
+    forward: float
+    """Forward peak above the live bytes before it (input already received)."""
+    backward: float
+    """Backward peak above the live bytes before it."""
+    step: float
+    """Optimizer-step peak above the live bytes before it."""
+    params: int
+    """Parameter bytes."""
+    grads: int
+    """Gradient-buffer bytes."""
+    optimizer: int
+    """Optimizer-state bytes (this DP rank's shard)."""
+
+
+@dataclass(frozen=True)
+class StageMemory(JsonMixin):
+    """Predicted peak of one pipeline rank, broken down at the moment of the peak."""
+
+    pp_rank: int
+    """Pipeline rank."""
+    peak: float
+    """Predicted peak allocated bytes."""
+    params: float
+    """Parameters."""
+    grads: float
+    """Gradient buffers."""
+    optimizer: float
+    """Optimizer state."""
+    activations: float
+    """Activations of the micro-batches in flight at the peak."""
+    transient: float
+    """Temporaries of the forward/backward/step running at the peak."""
+    other: float
+    """Megatron's global buffers."""
+    phase: str
+    """forward, backward or step: what runs at the peak."""
+    inflight: tuple[int, ...]
+    """Micro-batches alive per local chunk at the peak."""
+
+
+def variant_of(shape: ModelShape, plan: ParallelPlan) -> Variant:
+    """The categorical settings a (shape, plan) needs from the memory model."""
+    return Variant(dtype=shape.dtype, recompute=plan.recompute.granularity,
+                   sequence_parallel=plan.sequence_parallel, swiglu=shape.swiglu,
+                   normalization=shape.normalization, position_embedding_type=shape.position_embedding_type,
+                   add_bias_linear=shape.add_bias_linear,
+                   dropout=shape.hidden_dropout > 0 or shape.attention_dropout > 0,
+                   untied=shape.untie_embeddings_and_output_weights)
+
+
+def sizes_for(shape: ModelShape, plan: ParallelPlan) -> Sizes:
+    """Regression sizes of a (shape, plan)."""
+    return Sizes(b=plan.micro_batch_size, s=shape.seq_length, h=shape.hidden_size,
+                 a=shape.num_attention_heads, g=shape.groups, d=shape.head_dim, f=shape.ffn,
+                 V=shape.padded_vocab(plan.tp), t=plan.tp)
+
+
+def find_variant(model: MemoryModel, variant: Variant) -> VariantModel:
+    """The fitted VariantModel, or a CaptureError naming what is missing."""
+    for vm in model.variants:
+        if vm.variant == variant:
+            return vm
+    have = "; ".join(f"{v.variant.dtype}/{v.variant.recompute}/sp={v.variant.sequence_parallel}"
+                     for v in model.variants) or "none"
+    raise CaptureError(f"the {model.device} memory model has no fit for {variant.dtype}, recompute "
+                       f"{variant.recompute}, sequence parallel {variant.sequence_parallel}, swiglu "
+                       f"{variant.swiglu}, {variant.normalization}, {variant.position_embedding_type}, dropout "
+                       f"{variant.dropout}, untied {variant.untied} (fitted: {have}); profile that variant")
+
+
+def chunk_kind(plan: ParallelPlan, pp_rank: int, vp: int) -> str:
+    """Which ends a chunk holds."""
+    if plan.pp == 1:
+        return "only"
+    if pp_rank == 0 and vp == 0:
+        return "first"
+    if pp_rank == plan.pp - 1 and vp == plan.vpp - 1:
+        return "last"
+    return "middle"
+
+
+def _activations(vm: VariantModel, kind: str, k: int, n: int, z: Sizes) -> tuple[float, float, float, float]:
+    """(input, saved, forward peak, backward peak) of a chunk with k layers, n recomputed."""
+    c = vm.chunk(kind)
+    inp = c.input_bytes.predict(z)
+    if k == 0:
+        if kind == "middle":
+            return inp, -inp, 0.0, inp
+        return inp, c.saved0.predict(z), c.fwd0.predict(z), c.bwd0.predict(z)
+    s = vm.layer_saved.predict(z)
+    r = vm.layer_saved_rc.predict(z) if n else 0.0
+    saved = c.saved1.predict(z) + (k - 1 - n) * s + n * r
+    if n < k:
+        fwd = c.fwd1.predict(z) + n * r + (k - n - 1) * s
+    else:
+        fwd = c.fwdrc.predict(z) + (k - 1) * r
+    if n == 0:
+        bwd = c.bwd1.predict(z)
+    elif n < k:
+        bwd = max(c.bwd1.predict(z), c.bwdmix.predict(z) - (k - n - 1) * s)
+    else:
+        bwd = c.bwdrc.predict(z)
+    return inp, saved, fwd, bwd
+
+
+def chunk_cost(vm: VariantModel, shape: ModelShape, plan: ParallelPlan, pp_rank: int, vp: int) -> ChunkCost:
+    """Predicted costs of one chunk."""
+    z = sizes_for(shape, plan)
+    kind = chunk_kind(plan, pp_rank, vp)
+    k = plan.chunks_of(pp_rank)[vp]
+    n = min(plan.recompute.layers_on(pp_rank), k) if plan.recompute.granularity == "full" else 0
+    inp, saved, fwd, bwd = _activations(vm, kind, k, n, z)
+    c = vm.chunk(kind)
+    step = (c.step0 if k == 0 and kind != "middle" else c.step1).predict(z)
+    numels = _ordered_numels(vm, kind, z, k)
+    shared = _shared_index(kind, shape, plan, len(numels))
+    st = chunk_static(numels, shape.dtype, plan.dp, plan.distributed_optimizer, shared)
+    return ChunkCost(kind, k, inp + saved, inp, fwd, bwd, step, st.params, st.grads, st.optimizer)
+
+
+def _ordered_numels(vm: VariantModel, kind: str, z: Sizes, k: int) -> list[int]:
+    """Parameter element counts in module order: embedding, layers, final norm + output layer."""
+    layer = [round(r.predict(z)) for r in vm.layer_numels]
+    ends = [round(r.predict(z)) for r in vm.chunk(kind).end_numels]
+    if kind == "first":
+        return ends + layer * k
+    if kind == "last":
+        return layer * k + ends
+    if kind == "only":  # the embedding's tensors (as in a 'first' chunk), layers, then the head
+        head = len(vm.chunk("first").end_numels)
+        return ends[:head] + layer * k + ends[head:]
+    return layer * k
+
+
+def _shared_index(kind: str, shape: ModelShape, plan: ParallelPlan, count: int) -> int | None:
+    """Index of the tied embedding that DDP gives its own bucket (tied weights with PP > 1)."""
+    if shape.untie_embeddings_and_output_weights or plan.pp == 1 or count == 0:
+        return None
+    return {"first": 0, "last": count - 1}.get(kind)
+
+
+def _buffers(vm: VariantModel, z: Sizes, any_layers: bool) -> float:
+    """Megatron's global memory buffers (only transformer layers allocate them)."""
+    return sum(max(reg.predict(z), 0.0) for _, _, reg in vm.buffers) if any_layers else 0.0
+
+
+def rank_memory(vm: VariantModel, shape: ModelShape, plan: ParallelPlan, pp_rank: int) -> StageMemory:
+    """Simulate one pipeline rank over megatron's schedule and return its peak with a breakdown."""
+    from capture_megatron.schedule import ScheduleSpec, events
+
+    chunks = [chunk_cost(vm, shape, plan, pp_rank, v) for v in range(plan.vpp)]
+    params = sum(c.params for c in chunks)
+    grads = sum(c.grads for c in chunks)
+    opt = sum(c.optimizer for c in chunks)
+    other = _buffers(vm, sizes_for(shape, plan), any(c.layers for c in chunks))
+    static = params + grads + opt + other
+    live = [0] * plan.vpp
+    acts = 0.0
+    best = (static + max(c.step for c in chunks), 0.0, max(c.step for c in chunks), "step", tuple(live))
+    spec = ScheduleSpec(pp=plan.pp, num_microbatches=plan.num_microbatches, vpp=plan.vpp)
+    for ev in events(spec, pp_rank):
+        c = chunks[ev.chunk]
+        if ev.kind == "F":
+            transient, phase = c.input_bytes + c.forward, "forward"
+        else:
+            transient, phase = c.backward, "backward"
+        if static + acts + transient > best[0]:
+            best = (static + acts + transient, acts, transient, phase, tuple(live))
+        sign = 1 if ev.kind == "F" else -1
+        live[ev.chunk] += sign
+        acts += sign * c.inflight
+    peak, activations, transient, phase, inflight = best
+    return StageMemory(pp_rank=pp_rank, peak=peak, params=params, grads=grads, optimizer=opt,
+                       activations=activations, transient=transient, other=other, phase=phase,
+                       inflight=inflight)
+
+
+def predict(model: MemoryModel, shape: ModelShape, plan: ParallelPlan) -> tuple[StageMemory, ...]:
+    """Every pipeline rank's predicted peak (the maximum over its TP/DP peers, which are alike)."""
+    vm = find_variant(model, variant_of(shape, plan))
+    return tuple(rank_memory(vm, shape, plan, r) for r in range(plan.pp))

@@ -1,0 +1,70 @@
+"""Which probes to run: a small fixed set of shapes on which every regression term is identifiable.
+
+The number of probes depends on the number of terms (and variants), never on the model's depth:
+per shape, 8 chunk probes (16 with full recompute); DESIGN_SHAPES shapes per variant, chosen
+deterministically so that the activation and parameter design matrices have full column rank (checked).
+mCAP, by contrast, needs about one profiling run per layer of the real model.
+"""
+from __future__ import annotations
+
+import random
+
+import numpy as np
+
+from capture_megatron.profile.probe import Probe
+from capture_megatron.profile.records import ProbeShape, Variant
+from capture_megatron.terms import ACTIVATION_TERMS, PARAMETER_TERMS, Sizes
+
+DESIGN_SHAPES = 14
+BASE_PROBES = (("middle", 1, 0), ("middle", 2, 0), ("first", 0, 0), ("first", 1, 0), ("last", 0, 0),
+               ("last", 1, 0), ("only", 0, 0), ("only", 1, 0))
+RECOMPUTE_PROBES = (("middle", 1, 1), ("middle", 2, 1), ("first", 1, 1), ("first", 2, 1), ("last", 1, 1),
+                    ("last", 2, 1), ("only", 1, 1), ("only", 2, 1))
+
+
+def _sizes(p: ProbeShape) -> Sizes:
+    return Sizes(b=p.micro_batch_size, s=p.seq_length, h=p.hidden_size, a=p.num_attention_heads,
+                 g=p.num_query_groups, d=p.kv_channels, f=p.ffn_hidden_size, V=p.padded_vocab, t=p.tp)
+
+
+def _candidate(rng: random.Random, tps: tuple[int, ...]) -> ProbeShape:
+    t = rng.choice(tps)
+    a = t * rng.choice((1, 2, 3, 4)) if t > 1 else rng.choice((2, 3, 4, 6))
+    g = rng.choice([x for x in range(t, a + 1, t) if a % x == 0])
+    return ProbeShape(micro_batch_size=rng.choice((1, 2, 3)), seq_length=16 * t * rng.choice((1, 2, 3, 4, 6)),
+                      hidden_size=16 * rng.choice((2, 3, 4, 6, 8)), num_attention_heads=a, num_query_groups=g,
+                      kv_channels=8 * rng.choice((1, 2, 3, 4)), ffn_hidden_size=16 * t * rng.choice((2, 3, 5, 8)),
+                      padded_vocab=128 * t * rng.choice((1, 2, 3)), tp=t)
+
+
+def _full_rank(shapes: list[ProbeShape]) -> bool:
+    zs = [_sizes(p) for p in shapes]
+    for table in (ACTIVATION_TERMS, PARAMETER_TERMS):
+        x = np.array([[fn(z) for fn in table.values()] for z in zs])
+        x = x / np.maximum(np.abs(x).max(axis=0), 1e-30)
+        if np.linalg.matrix_rank(x, tol=1e-9) < len(table):
+            return False
+    return True
+
+
+def design_shapes(tps: tuple[int, ...], count: int = DESIGN_SHAPES, seed: int = 0) -> list[ProbeShape]:
+    """`count` probe shapes over TP sizes `tps`, all terms identifiable (deterministic)."""
+    rng = random.Random(seed)
+    shapes: list[ProbeShape] = []
+    while len(shapes) < count or not _full_rank(shapes):
+        cand = _candidate(rng, tps)
+        if cand not in shapes:
+            shapes.append(cand)
+    return shapes
+
+
+def probes_for(variant: Variant, shapes: list[ProbeShape]) -> list[Probe]:
+    """The chunk probes of a variant on the given shapes."""
+    keys = BASE_PROBES + (RECOMPUTE_PROBES if variant.recompute == "full" else ())
+    return [Probe(variant, shape, kind, layers, rc) for shape in shapes for kind, layers, rc in keys]
+
+
+def variant_tps(variant: Variant, max_tp: int) -> tuple[int, ...]:
+    """TP sizes to probe: 1, 2, 4 (up to max_tp); sequence parallelism needs TP > 1."""
+    tps = tuple(t for t in (1, 2, 4) if t <= max(max_tp, 2))
+    return tuple(t for t in tps if t > 1) if variant.sequence_parallel else tps
