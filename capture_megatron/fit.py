@@ -1,20 +1,22 @@
-"""Fit: ProfileRecords -> MemoryModel (per variant, per chunk kind, per quantity regressions).
+"""Fit: ProfileRecords -> MemoryModel (per variant: per-shape constants and their regressions).
 
-How a chunk's memory is decomposed (verified on the probes, see docs/MEMORY_MODEL.md):
-with S the bytes one transformer layer saves per micro-batch and R those of a fully recomputed
-layer (its input only), a chunk of kind K with k >= 1 layers of which the first n are recomputed
-- saves      saved1_K + (k - 1 - n) * S + n * R
-- peaks in forward at  fwd1_K + n * R + (k - n - 1) * S             (n < k)
-                       fwdrc_K + (k - 1) * R                          (n = k)
-- peaks in backward at bwd1_K                                         (n = 0)
-                       max(bwd1_K, bwdmix_K - (k - n - 1) * S)        (0 < n < k)
-                       bwdrc_K                                        (n = k)
-and a chunk without layers (k = 0, the embedding or the output layer alone) has its own values.
-Each of those per-shape constants is then regressed over the probe shapes on the terms of
-capture_megatron.terms. Pure Python + numpy.
+How a chunk's memory decomposes (verified on the probes; docs/MEMORY_MODEL.md): with S the bytes
+one transformer layer saves per micro-batch and R those of a fully recomputed layer (its input), a
+chunk of kind K with k >= 1 layers of which the first n are recomputed
+- holds per micro-batch  saved1_K + (k - 1 - n) * S + n * R        (plus the received input)
+- peaks in forward at     fwd1_K + n * R + (k - n - 1) * S           (n < k)
+                          fwdrc_K + (k - 1) * R                       (n = k)
+- peaks in backward at    bwd1_K                                      (n = 0)
+                          max(bwd1_K, bwdmix_K - (k - n - 1) * S)     (0 < n < k)
+                          bwdrc_K                                     (n = k)
+and a chunk without layers (k = 0: the embedding or the head alone) has its own *0 values.
+For every probed shape these constants are kept exactly (anchors: a prediction at a probed shape
+is exact); across shapes each constant is regressed on the terms of capture_megatron.terms.
+Pure Python + numpy.
 """
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -24,41 +26,82 @@ from capture_megatron.regression import Regression, regress
 from capture_megatron.serial import JsonMixin
 from capture_megatron.terms import Sizes
 
+KINDS = ("first", "middle", "last", "only")
 END_KINDS = ("first", "last", "only")
 
 
 @dataclass(frozen=True)
+class KindConstants(JsonMixin):
+    """The decomposition constants of one chunk kind at one shape (bytes; None when not probed)."""
+
+    kind: str
+    """first, middle, last or only."""
+    input_bytes: float
+    """Activation received from the previous stage per micro-batch."""
+    saved1: float
+    """Saved bytes with one layer."""
+    fwd1: float
+    """Forward peak with one layer."""
+    bwd1: float
+    """Backward peak with one layer."""
+    step1: float
+    """Optimizer-step peak with one layer."""
+    saved0: float | None = None
+    """Saved bytes without layers (ends only)."""
+    fwd0: float | None = None
+    """Forward peak without layers."""
+    bwd0: float | None = None
+    """Backward peak without layers."""
+    step0: float | None = None
+    """Optimizer-step peak without layers."""
+    fwdrc: float | None = None
+    """Forward peak with one fully recomputed layer."""
+    bwdrc: float | None = None
+    """Backward peak with one fully recomputed layer."""
+    bwdmix: float | None = None
+    """Backward peak with two layers, the first recomputed."""
+    end_numels: tuple[int, ...] = ()
+    """Element counts of the end parameters (embedding, or final norm + output layer)."""
+
+
+@dataclass(frozen=True)
+class ShapeConstants(JsonMixin):
+    """Everything the predictor needs at one shape."""
+
+    sizes: Sizes
+    """The shape."""
+    layer_saved: float
+    """S."""
+    layer_saved_rc: float | None
+    """R (full recompute only)."""
+    layer_numels: tuple[int, ...]
+    """One layer's parameter element counts, in module order."""
+    chunks: tuple[KindConstants, ...]
+    """One per chunk kind."""
+    buffers: float
+    """Megatron's global buffers with at least one layer."""
+
+    def chunk(self, kind: str) -> KindConstants:
+        """The constants of one kind."""
+        return next(c for c in self.chunks if c.kind == kind)
+
+
+@dataclass(frozen=True)
 class ChunkModel(JsonMixin):
-    """Regressions of one chunk kind (first, middle, last, only)."""
+    """Regressions of one chunk kind's constants (field names as in KindConstants)."""
 
     kind: str
     """Chunk kind."""
-    input_bytes: Regression
-    """Activation received from the previous stage."""
-    saved1: Regression
-    """Saved bytes with one (non-recomputed) layer."""
-    fwd1: Regression
-    """Forward peak with one layer."""
-    bwd1: Regression
-    """Backward peak with one layer."""
-    step1: Regression
-    """Optimizer-step peak with one layer."""
-    saved0: Regression | None = None
-    """Saved bytes without layers (ends only; None for middle)."""
-    fwd0: Regression | None = None
-    """Forward peak without layers."""
-    bwd0: Regression | None = None
-    """Backward peak without layers."""
-    step0: Regression | None = None
-    """Optimizer-step peak without layers."""
-    fwdrc: Regression | None = None
-    """Forward peak with one fully recomputed layer (variant 'full' only)."""
-    bwdrc: Regression | None = None
-    """Backward peak with one fully recomputed layer."""
-    bwdmix: Regression | None = None
-    """Backward peak with two layers, the first recomputed."""
-    end_numels: tuple[Regression, ...] = ()
-    """Element counts of the end parameters (embedding / final norm + output layer)."""
+    fields: tuple[tuple[str, Regression], ...]
+    """(KindConstants field, regression) for every probed scalar field."""
+    end_numels: tuple[Regression, ...]
+    """Regressions of the end parameters' element counts."""
+
+    def at(self, z: Sizes) -> KindConstants:
+        """The constants this model predicts at `z`."""
+        values = {name: reg.predict(z) for name, reg in self.fields}
+        return KindConstants(kind=self.kind, end_numels=tuple(round(r.predict(z)) for r in self.end_numels),
+                             **values)
 
 
 @dataclass(frozen=True)
@@ -67,22 +110,30 @@ class VariantModel(JsonMixin):
 
     variant: Variant
     """The categorical settings."""
+    anchors: tuple[ShapeConstants, ...]
+    """Exact constants at every probed shape."""
     layer_saved: Regression
-    """S: bytes a transformer layer saves per micro-batch."""
+    """S over shapes."""
     layer_saved_rc: Regression | None
-    """R: bytes a fully recomputed layer saves (None unless variant.recompute == 'full')."""
+    """R over shapes (full recompute only)."""
     layer_numels: tuple[Regression, ...]
-    """Element counts of one layer's parameters, in module order."""
+    """One layer's parameter element counts over shapes."""
     chunks: tuple[ChunkModel, ...]
     """One per chunk kind."""
-    buffers: tuple[tuple[str, str, Regression], ...]
-    """Megatron global buffers: (name, dtype, bytes regression)."""
+    buffers: Regression
+    """Global buffer bytes over shapes."""
     ranges: tuple[tuple[str, int, int], ...]
-    """(size name, min, max) over the probes, to warn about extrapolation."""
+    """(size, min, max) over the probes, for extrapolation warnings."""
 
-    def chunk(self, kind: str) -> ChunkModel:
-        """The ChunkModel of a kind."""
-        return next(c for c in self.chunks if c.kind == kind)
+    def constants(self, z: Sizes) -> ShapeConstants:
+        """Exact constants when `z` was probed, else the regressions' prediction."""
+        for anchor in self.anchors:
+            if anchor.sizes == z:
+                return anchor
+        rc = self.layer_saved_rc.predict(z) if self.layer_saved_rc is not None else None
+        return ShapeConstants(sizes=z, layer_saved=self.layer_saved.predict(z), layer_saved_rc=rc,
+                              layer_numels=tuple(round(r.predict(z)) for r in self.layer_numels),
+                              chunks=tuple(c.at(z) for c in self.chunks), buffers=self.buffers.predict(z))
 
 
 @dataclass(frozen=True)
@@ -106,88 +157,77 @@ def sizes_of(rec: ProfileRecord) -> Sizes:
                  g=s.num_query_groups, d=s.kv_channels, f=s.ffn_hidden_size, V=s.padded_vocab, t=s.tp)
 
 
-def _per_shape(records: list[ProfileRecord]) -> dict:
-    """{shape: {(kind, layers, recompute_layers): record}} of the activation probes (dp 1)."""
-    table = defaultdict(dict)
-    for r in records:
-        if r.dp == 1 and not r.distributed_optimizer:
-            table[r.shape][(r.kind, r.layers, r.recompute_layers)] = r
-    return table
-
-
-def _need(probes: dict, key: tuple, shape) -> ProfileRecord:
+def _need(probes: dict, key: tuple, z: Sizes) -> ProfileRecord:
     if key not in probes:
-        raise CaptureError(f"records lack the probe {key} (kind, layers, recomputed) for shape {shape}; "
+        raise CaptureError(f"records lack the probe (kind, layers, recomputed) = {key} at {z}; "
                            "profile again with `capture-megatron profile`")
     return probes[key]
 
 
-def _chunk(kind: str, table: dict, full: bool) -> ChunkModel:
-    """Per-shape constants of one kind, regressed over shapes."""
-    rows = defaultdict(list)
-    for shape, probes in table.items():
-        one = _need(probes, (kind, 1, 0), shape)
-        rows["z"].append(sizes_of(one))
-        for name, val in (("input_bytes", one.input_bytes), ("saved1", one.saved_bytes), ("fwd1", one.forward_peak),
-                          ("bwd1", one.backward_peak), ("step1", one.step_peak)):
-            rows[name].append(val)
-        if kind in END_KINDS:
-            zero = _need(probes, (kind, 0, 0), shape)
-            for name, val in (("saved0", zero.saved_bytes), ("fwd0", zero.forward_peak),
-                              ("bwd0", zero.backward_peak), ("step0", zero.step_peak)):
-                rows[name].append(val)
-            rows["numels"].append(zero.param_numels)
-        if full:
-            rows["fwdrc"].append(_need(probes, (kind, 1, 1), shape).forward_peak)
-            rows["bwdrc"].append(_need(probes, (kind, 1, 1), shape).backward_peak)
-            rows["bwdmix"].append(_need(probes, (kind, 2, 1), shape).backward_peak)
-    z = rows.pop("z")
-    numels = rows.pop("numels", [])
-    fitted = {name: regress("step" if name.startswith("step") else "activation", z, vals)
-              for name, vals in rows.items()}
-    ends = tuple(regress("parameter", z, [n[i] for n in numels]) for i in range(len(numels[0]))) if numels else ()
-    return ChunkModel(kind=kind, end_numels=ends, **fitted)
+def _kind_constants(kind: str, probes: dict, z: Sizes, full: bool) -> KindConstants:
+    one = _need(probes, (kind, 1, 0), z)
+    values = dict(input_bytes=one.input_bytes, saved1=one.saved_bytes, fwd1=one.forward_peak,
+                  bwd1=one.backward_peak, step1=one.step_peak)
+    numels = ()
+    if kind in END_KINDS:
+        zero = _need(probes, (kind, 0, 0), z)
+        values.update(saved0=zero.saved_bytes, fwd0=zero.forward_peak, bwd0=zero.backward_peak,
+                      step0=zero.step_peak)
+        numels = zero.param_numels
+    if full:
+        rc, mix = _need(probes, (kind, 1, 1), z), _need(probes, (kind, 2, 1), z)
+        values.update(fwdrc=rc.forward_peak, bwdrc=rc.backward_peak, bwdmix=mix.backward_peak)
+    return KindConstants(kind=kind, end_numels=numels, **values)
 
 
-def _buffers(records: list[ProfileRecord]) -> tuple:
-    groups = defaultdict(lambda: ([], []))
-    for r in records:
-        if r.layers >= 1 and r.dp == 1:
-            for buf in r.buffers:
-                zs, vals = groups[(buf.name, buf.dtype)]
-                zs.append(sizes_of(r))
-                vals.append(buf.nbytes)
-    return tuple((name, dtype, regress("activation", zs, vals)) for (name, dtype), (zs, vals) in sorted(groups.items()))
+def shape_constants(probes: dict, full: bool) -> ShapeConstants:
+    """Decompose the probes of one shape ({(kind, layers, recomputed): record})."""
+    z = sizes_of(next(iter(probes.values())))
+    one, two = _need(probes, ("middle", 1, 0), z), _need(probes, ("middle", 2, 0), z)
+    rc = _need(probes, ("middle", 2, 1), z).saved_bytes - one.saved_bytes if full else None
+    return ShapeConstants(sizes=z, layer_saved=two.saved_bytes - one.saved_bytes, layer_saved_rc=rc,
+                          layer_numels=one.param_numels,
+                          chunks=tuple(_kind_constants(k, probes, z, full) for k in KINDS),
+                          buffers=sum(b.nbytes for b in one.buffers))
 
 
-def _ranges(records: list[ProfileRecord]) -> tuple:
-    out = []
-    for field in ("micro_batch_size", "seq_length", "hidden_size", "num_attention_heads", "ffn_hidden_size",
-                  "padded_vocab", "tp"):
-        vals = [getattr(r.shape, field) for r in records]
-        out.append((field, min(vals), max(vals)))
-    return tuple(out)
+def _chunk_model(kind: str, anchors: list[ShapeConstants]) -> ChunkModel:
+    zs = [a.sizes for a in anchors]
+    rows = [a.chunk(kind) for a in anchors]
+    fields = []
+    for f in dataclasses.fields(KindConstants):
+        if f.name in ("kind", "end_numels") or getattr(rows[0], f.name) is None:
+            continue
+        term_set = "step" if f.name.startswith("step") else "activation"
+        fields.append((f.name, regress(term_set, zs, [getattr(r, f.name) for r in rows])))
+    n_ends = len(rows[0].end_numels)
+    ends = tuple(regress("parameter", zs, [r.end_numels[i] for r in rows]) for i in range(n_ends))
+    return ChunkModel(kind=kind, fields=tuple(fields), end_numels=ends)
+
+
+def _ranges(anchors: list[ShapeConstants]) -> tuple:
+    return tuple((name, min(getattr(a.sizes, name) for a in anchors), max(getattr(a.sizes, name) for a in anchors))
+                 for name in ("b", "s", "h", "a", "g", "d", "f", "V", "t"))
 
 
 def fit_variant(records: list[ProfileRecord]) -> VariantModel:
     """Fit one variant's records (all of the same Variant)."""
     variant = records[0].variant
-    table = _per_shape(records)
     full = variant.recompute == "full"
-    z, s_vals, r_vals, numels = [], [], [], []
-    for shape, probes in table.items():
-        one, two = _need(probes, ("middle", 1, 0), shape), _need(probes, ("middle", 2, 0), shape)
-        z.append(sizes_of(one))
-        s_vals.append(two.saved_bytes - one.saved_bytes)
-        numels.append(one.param_numels)
-        if full:
-            r_vals.append(_need(probes, ("middle", 2, 1), shape).saved_bytes - one.saved_bytes)
-    layer_numels = tuple(regress("parameter", z, [n[i] for n in numels]) for i in range(len(numels[0])))
+    table = defaultdict(dict)
+    for r in records:
+        if r.dp == 1 and not r.distributed_optimizer:
+            table[r.shape][(r.kind, r.layers, r.recompute_layers)] = r
+    anchors = [shape_constants(probes, full) for probes in table.values()]
+    zs = [a.sizes for a in anchors]
+    numels = [a.layer_numels for a in anchors]
     return VariantModel(
-        variant=variant, layer_saved=regress("activation", z, s_vals),
-        layer_saved_rc=regress("activation", z, r_vals) if full else None, layer_numels=layer_numels,
-        chunks=tuple(_chunk(kind, table, full) for kind in ("first", "middle", "last", "only")),
-        buffers=_buffers(records), ranges=_ranges(records))
+        variant=variant, anchors=tuple(anchors),
+        layer_saved=regress("activation", zs, [a.layer_saved for a in anchors]),
+        layer_saved_rc=regress("activation", zs, [a.layer_saved_rc for a in anchors]) if full else None,
+        layer_numels=tuple(regress("parameter", zs, [n[i] for n in numels]) for i in range(len(numels[0]))),
+        chunks=tuple(_chunk_model(k, anchors) for k in KINDS),
+        buffers=regress("activation", zs, [a.buffers for a in anchors]), ranges=_ranges(anchors))
 
 
 def fit(records: list[ProfileRecord]) -> MemoryModel:

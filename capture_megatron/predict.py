@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from capture_megatron.config import ModelShape, ParallelPlan
 from capture_megatron.errors import CaptureError
-from capture_megatron.fit import MemoryModel, VariantModel
+from capture_megatron.fit import MemoryModel, ShapeConstants, VariantModel
 from capture_megatron.profile.records import Variant
 from capture_megatron.serial import JsonMixin
 from capture_megatron.static import chunk_static
@@ -112,55 +112,51 @@ def chunk_kind(plan: ParallelPlan, pp_rank: int, vp: int) -> str:
     return "middle"
 
 
-def _activations(vm: VariantModel, kind: str, k: int, n: int, z: Sizes) -> tuple[float, float, float, float]:
+def _activations(sc: ShapeConstants, kind: str, k: int, n: int) -> tuple[float, float, float, float]:
     """(input, saved, forward peak, backward peak) of a chunk with k layers, n recomputed."""
-    c = vm.chunk(kind)
-    inp = c.input_bytes.predict(z)
+    c = sc.chunk(kind)
+    inp = c.input_bytes
     if k == 0:
-        if kind == "middle":
+        if kind == "middle":  # an empty stage passes the activation through
             return inp, -inp, 0.0, inp
-        return inp, c.saved0.predict(z), c.fwd0.predict(z), c.bwd0.predict(z)
-    s = vm.layer_saved.predict(z)
-    r = vm.layer_saved_rc.predict(z) if n else 0.0
-    saved = c.saved1.predict(z) + (k - 1 - n) * s + n * r
-    if n < k:
-        fwd = c.fwd1.predict(z) + n * r + (k - n - 1) * s
-    else:
-        fwd = c.fwdrc.predict(z) + (k - 1) * r
+        return inp, c.saved0, c.fwd0, c.bwd0
+    s, r = sc.layer_saved, (sc.layer_saved_rc or 0.0)
+    saved = c.saved1 + (k - 1 - n) * s + n * r
+    fwd = c.fwd1 + n * r + (k - n - 1) * s if n < k else c.fwdrc + (k - 1) * r
     if n == 0:
-        bwd = c.bwd1.predict(z)
+        bwd = c.bwd1
     elif n < k:
-        bwd = max(c.bwd1.predict(z), c.bwdmix.predict(z) - (k - n - 1) * s)
+        bwd = max(c.bwd1, c.bwdmix - (k - n - 1) * s)
     else:
-        bwd = c.bwdrc.predict(z)
+        bwd = c.bwdrc
     return inp, saved, fwd, bwd
 
 
 def chunk_cost(vm: VariantModel, shape: ModelShape, plan: ParallelPlan, pp_rank: int, vp: int) -> ChunkCost:
     """Predicted costs of one chunk."""
-    z = sizes_for(shape, plan)
+    sc = vm.constants(sizes_for(shape, plan))
     kind = chunk_kind(plan, pp_rank, vp)
     k = plan.chunks_of(pp_rank)[vp]
     n = min(plan.recompute.layers_on(pp_rank), k) if plan.recompute.granularity == "full" else 0
-    inp, saved, fwd, bwd = _activations(vm, kind, k, n, z)
-    c = vm.chunk(kind)
-    step = (c.step0 if k == 0 and kind != "middle" else c.step1).predict(z)
-    numels = _ordered_numels(vm, kind, z, k)
+    inp, saved, fwd, bwd = _activations(sc, kind, k, n)
+    c = sc.chunk(kind)
+    step = c.step0 if k == 0 and kind != "middle" else c.step1
+    numels = _ordered_numels(sc, kind, k)
     shared = _shared_index(kind, shape, plan, len(numels))
     st = chunk_static(numels, shape.dtype, plan.dp, plan.distributed_optimizer, shared)
     return ChunkCost(kind, k, inp + saved, inp, fwd, bwd, step, st.params, st.grads, st.optimizer)
 
 
-def _ordered_numels(vm: VariantModel, kind: str, z: Sizes, k: int) -> list[int]:
+def _ordered_numels(sc: ShapeConstants, kind: str, k: int) -> list[int]:
     """Parameter element counts in module order: embedding, layers, final norm + output layer."""
-    layer = [round(r.predict(z)) for r in vm.layer_numels]
-    ends = [round(r.predict(z)) for r in vm.chunk(kind).end_numels]
+    layer = list(sc.layer_numels)
+    ends = list(sc.chunk(kind).end_numels)
     if kind == "first":
         return ends + layer * k
     if kind == "last":
         return layer * k + ends
     if kind == "only":  # the embedding's tensors (as in a 'first' chunk), layers, then the head
-        head = len(vm.chunk("first").end_numels)
+        head = len(sc.chunk("first").end_numels)
         return ends[:head] + layer * k + ends[head:]
     return layer * k
 
@@ -174,7 +170,7 @@ def _shared_index(kind: str, shape: ModelShape, plan: ParallelPlan, count: int) 
 
 def _buffers(vm: VariantModel, z: Sizes, any_layers: bool) -> float:
     """Megatron's global memory buffers (only transformer layers allocate them)."""
-    return sum(max(reg.predict(z), 0.0) for _, _, reg in vm.buffers) if any_layers else 0.0
+    return max(vm.constants(z).buffers, 0.0) if any_layers else 0.0
 
 
 def rank_memory(vm: VariantModel, shape: ModelShape, plan: ParallelPlan, pp_rank: int) -> StageMemory:

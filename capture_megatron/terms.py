@@ -46,6 +46,11 @@ ACTIVATION_TERMS = {
     "b*s*V/t": lambda z: z.b * z.s * z.V / z.t,
     "s*d": lambda z: z.s * z.d,
 }
+# With one sequence per micro-batch, torch's reshapes of [s, b, ...] tensors become views instead of
+# copies, so some saved tensors keep a larger storage alive (e.g. the query keeps the fused QKV output
+# under GQA). Every batch-proportional term therefore gets a twin that is non-zero only when b == 1.
+for _name in [n for n in ACTIVATION_TERMS if n.startswith("b*")]:
+    ACTIVATION_TERMS["[b=1]*" + _name] = (lambda fn: lambda z: fn(z) if z.b == 1 else 0.0)(ACTIVATION_TERMS[_name])
 """Terms for bytes that scale with the micro-batch (saved activations, transients)."""
 
 PARAMETER_TERMS = {

@@ -15,7 +15,7 @@ from capture_megatron.profile.probe import Probe
 from capture_megatron.profile.records import ProbeShape, Variant
 from capture_megatron.terms import ACTIVATION_TERMS, PARAMETER_TERMS, Sizes
 
-DESIGN_SHAPES = 14
+DESIGN_SHAPES = 24
 BASE_PROBES = (("middle", 1, 0), ("middle", 2, 0), ("first", 0, 0), ("first", 1, 0), ("last", 0, 0),
                ("last", 1, 0), ("only", 0, 0), ("only", 1, 0))
 RECOMPUTE_PROBES = (("middle", 1, 1), ("middle", 2, 1), ("first", 1, 1), ("first", 2, 1), ("last", 1, 1),
@@ -31,7 +31,7 @@ def _candidate(rng: random.Random, tps: tuple[int, ...]) -> ProbeShape:
     t = rng.choice(tps)
     a = t * rng.choice((1, 2, 3, 4)) if t > 1 else rng.choice((2, 3, 4, 6))
     g = rng.choice([x for x in range(t, a + 1, t) if a % x == 0])
-    return ProbeShape(micro_batch_size=rng.choice((1, 2, 3)), seq_length=16 * t * rng.choice((1, 2, 3, 4, 6)),
+    return ProbeShape(micro_batch_size=rng.choice((1, 1, 2, 3)), seq_length=16 * t * rng.choice((1, 2, 3, 4, 6)),
                       hidden_size=16 * rng.choice((2, 3, 4, 6, 8)), num_attention_heads=a, num_query_groups=g,
                       kv_channels=8 * rng.choice((1, 2, 3, 4)), ffn_hidden_size=16 * t * rng.choice((2, 3, 5, 8)),
                       padded_vocab=128 * t * rng.choice((1, 2, 3)), tp=t)
