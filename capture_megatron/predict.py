@@ -187,17 +187,20 @@ def rank_memory(vm: VariantModel, shape: ModelShape, plan: ParallelPlan, pp_rank
     acts = 0.0
     best = (static + max(c.step for c in chunks), 0.0, max(c.step for c in chunks), "step", tuple(live))
     spec = ScheduleSpec(pp=plan.pp, num_microbatches=plan.num_microbatches, vpp=plan.vpp)
+    held_grad = 0.0  # the schedule's local `input_tensor_grad` keeps the last backward's input gradient
     for ev in events(spec, pp_rank):
         c = chunks[ev.chunk]
         if ev.kind == "F":
-            transient, phase = c.input_bytes + c.forward, "forward"
+            transient, phase = held_grad + c.input_bytes + c.forward, "forward"
         else:
-            transient, phase = c.backward, "backward"
+            transient, phase = held_grad + c.backward, "backward"
         if static + acts + transient > best[0]:
             best = (static + acts + transient, acts, transient, phase, tuple(live))
         sign = 1 if ev.kind == "F" else -1
         live[ev.chunk] += sign
         acts += sign * c.inflight
+        if ev.kind == "B":
+            held_grad = c.input_bytes
     peak, activations, transient, phase, inflight = best
     return StageMemory(pp_rank=pp_rank, peak=peak, params=params, grads=grads, optimizer=opt,
                        activations=activations, transient=transient, other=other, phase=phase,

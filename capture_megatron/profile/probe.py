@@ -159,6 +159,7 @@ def _forward(chunk: _Chunk, input_tensor):
 def iteration(chunk: _Chunk, meter) -> dict:
     """One micro-batch forward + backward + finalize + optimizer step; the measured increments."""
     from megatron.core.pipeline_parallel import schedules
+    from megatron.core.utils import get_attr_wrapped_model
 
     chunk.model.zero_grad_buffer()
     chunk.optimizer.zero_grad()
@@ -179,6 +180,10 @@ def iteration(chunk: _Chunk, meter) -> dict:
     input_grad = schedules.backward_step(input_tensor, output, grad, None, chunk.config)
     out["backward_peak"] = meter.peak() - before_backward
     del output, grad, input_grad, input_tensor
+    # The model keeps the last received input (set_input_tensor); in the schedule that micro-batch is
+    # still in flight when the next forward replaces it, so drop it here or the next probe iteration's
+    # forward would look cheaper by the input and its gradient.
+    get_attr_wrapped_model(chunk.model, "set_input_tensor")(None)
     out["residual_bytes"] = meter.current() - start + out["input_bytes"]
     before_step = meter.current()
     meter.reset_peak()
