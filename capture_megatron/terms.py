@@ -45,12 +45,13 @@ ACTIVATION_TERMS = {
     "b*a*s^2/t": lambda z: z.b * z.a * z.s * z.s / z.t,
     "b*s*V/t": lambda z: z.b * z.s * z.V / z.t,
     "s*d": lambda z: z.s * z.d,
+    "s*s": lambda z: z.s * z.s,
 }
-# With one sequence per micro-batch, torch's reshapes of [s, b, ...] tensors become views instead of
-# copies, so some saved tensors keep a larger storage alive (e.g. the query keeps the fused QKV output
-# under GQA). Every batch-proportional term therefore gets a twin that is non-zero only when b == 1.
-for _name in [n for n in ACTIVATION_TERMS if n.startswith("b*")]:
-    ACTIVATION_TERMS["[b=1]*" + _name] = (lambda fn: lambda z: fn(z) if z.b == 1 else 0.0)(ACTIVATION_TERMS[_name])
+# With one sequence per micro-batch and one query group per TP rank, torch's reshape of the fused QKV
+# output into the query is a view instead of a copy under GQA, so the saved query keeps the whole fused
+# [s, b, (a + 2g) d / t] storage alive: 2 g d / t more elements per token (measured; MEMORY_MODEL.md).
+ACTIVATION_TERMS["[b=1,g=t<a]*b*s*g*d/t"] = (
+    lambda z: z.b * z.s * z.g * z.d / z.t if z.b == 1 and z.g == z.t and z.g < z.a else 0.0)
 """Terms for bytes that scale with the micro-batch (saved activations, transients)."""
 
 PARAMETER_TERMS = {
