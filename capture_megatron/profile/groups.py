@@ -19,6 +19,11 @@ def fake_job(tp: int, dp: int, seed: int = 1234):
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     torch.distributed.init_process_group("fake", store=FakeStore(), rank=0, world_size=tp * dp)
+    original_gather = torch.distributed.all_gather_object
+    # Object collectives pickle through real tensors (and read them back with .item(), which fake
+    # tensors cannot answer). Every rank of the symmetric fake job holds the same object, so the
+    # gather is this rank's object repeated — what megatron's optimizer set-up asks it for.
+    torch.distributed.all_gather_object = lambda out, obj, group=None: out.__setitem__(slice(None), [obj] * len(out))
     try:
         ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=1,
                                      create_gloo_process_groups=False)
@@ -26,5 +31,6 @@ def fake_job(tp: int, dp: int, seed: int = 1234):
         model_parallel_cuda_manual_seed(seed)
         yield
     finally:
+        torch.distributed.all_gather_object = original_gather
         ps.destroy_model_parallel()
         torch.distributed.destroy_process_group()

@@ -17,6 +17,7 @@ import torch
 from capture_megatron.config import ModelShape, ParallelPlan, Recompute
 from capture_megatron.megatron.builder import TORCH_DTYPES, build_gpt, transformer_config
 from capture_megatron.megatron.builder_options import BuildOptions
+from capture_megatron.static import chunk_static
 from capture_megatron.profile.records import BufferBytes, ProbeShape, ProfileRecord, Variant
 from capture_megatron.train.options import OptimOptions, RunOptions
 
@@ -129,7 +130,7 @@ class _Chunk:
     last: bool
 
 
-def build(probe: Probe, impl: str) -> _Chunk:
+def build(probe: Probe, impl: str, fake: bool = False) -> _Chunk:
     """Build, wrap (Float16Module, DDP) and give an optimizer to the probe's chunk."""
     from capture_megatron.train.trainer import make_optimizer, set_schedule_hooks, wrap_model
 
@@ -138,7 +139,7 @@ def build(probe: Probe, impl: str) -> _Chunk:
     first, last = probe.kind in ("first", "only"), probe.kind in ("last", "only")
     gpt = build_gpt(shape, plan, config, impl, probe.layers, first, last, None)
     run = RunOptions(train_iters=2)
-    model = wrap_model([gpt], shape, plan, run)
+    model = wrap_model([gpt], shape, plan, run, check_for_nan_in_grad=not fake)
     optimizer, _ = make_optimizer(model, shape, plan, OptimOptions(), run.train_iters,
                                   use_gloo_process_groups=False)
     config = set_schedule_hooks(model, optimizer, run)
@@ -156,7 +157,7 @@ def _forward(chunk: _Chunk, input_tensor):
     return output
 
 
-def iteration(chunk: _Chunk, meter) -> dict:
+def iteration(chunk: _Chunk, meter, fake: bool = False) -> dict:
     """One micro-batch forward + backward + finalize + optimizer step; the measured increments."""
     from megatron.core.pipeline_parallel import schedules
     from megatron.core.utils import get_attr_wrapped_model
@@ -185,6 +186,9 @@ def iteration(chunk: _Chunk, meter) -> dict:
     # forward would look cheaper by the input and its gradient.
     get_attr_wrapped_model(chunk.model, "set_input_tensor")(None)
     out["residual_bytes"] = meter.current() - start + out["input_bytes"]
+    if fake:  # the step reads gradient norms (data); fake tensors have none. Optimizer bytes are
+        out["step_peak"] = 0  # computed from the parameters (capture_megatron.static) instead.
+        return out
     before_step = meter.current()
     meter.reset_peak()
     chunk.config.finalize_model_grads_func([chunk.model])
@@ -195,10 +199,14 @@ def iteration(chunk: _Chunk, meter) -> dict:
 
 def measure(probe: Probe, meter, device: str, impl: str, versions: tuple[str, str, str]) -> ProfileRecord:
     """Build and run the probe (two iterations) and return what the second one measured."""
-    chunk = build(probe, impl)
-    iteration(chunk, meter)
-    got = iteration(chunk, meter)
+    fake = device == "fake"
+    chunk = build(probe, impl, fake)
+    iteration(chunk, meter, fake)
+    got = iteration(chunk, meter, fake)
     param_bytes, grad_bytes, optimizer_bytes = _static_bytes(chunk.model, chunk.optimizer)
+    if fake:
+        optimizer_bytes = chunk_static(list(p.numel() for p in chunk.model.parameters()), probe.variant.dtype,
+                                       probe.dp, probe.distributed_optimizer).optimizer
     numels = tuple(p.numel() for p in chunk.model.parameters())
     record = ProfileRecord(
         device=device, transformer_impl=impl, versions=versions, variant=probe.variant, shape=probe.shape,

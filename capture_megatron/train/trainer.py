@@ -47,15 +47,19 @@ def init_parallel_state(plan: ParallelPlan, seed: int) -> None:
     model_parallel_cuda_manual_seed(rank_seed)
 
 
-def wrap_model(chunks: list, shape: ModelShape, plan: ParallelPlan, run: RunOptions) -> list:
-    """Float16Module (bf16/fp16) and megatron DDP around each chunk, then broadcast over DP."""
+def wrap_model(chunks: list, shape: ModelShape, plan: ParallelPlan, run: RunOptions,
+               check_for_nan_in_grad: bool = True) -> list:
+    """Float16Module (bf16/fp16) and megatron DDP around each chunk, then broadcast over DP.
+
+    Probes under FakeTensorMode pass check_for_nan_in_grad=False (the check reads gradient values).
+    """
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.transformer.module import Float16Module
 
     ddp_config = DistributedDataParallelConfig(
         grad_reduce_in_fp32=shape.dtype == "bf16", overlap_grad_reduce=run.overlap_grad_reduce,
         overlap_param_gather=run.overlap_param_gather, use_distributed_optimizer=plan.distributed_optimizer,
-        check_for_nan_in_grad=True)
+        check_for_nan_in_grad=check_for_nan_in_grad)
     wrapped = []
     for i, chunk in enumerate(chunks):
         config = chunk.config
