@@ -8,6 +8,7 @@ over all of them (iterations after the first, when optimizer state exists). Pure
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from capture_megatron.config import ModelShape, ParallelPlan
@@ -132,11 +133,12 @@ def _activations(sc: ShapeConstants, kind: str, k: int, n: int) -> tuple[float, 
     return inp, saved, fwd, bwd
 
 
-def chunk_cost(vm: VariantModel, shape: ModelShape, plan: ParallelPlan, pp_rank: int, vp: int) -> ChunkCost:
-    """Predicted costs of one chunk."""
+def chunk_cost(vm: VariantModel, shape: ModelShape, plan: ParallelPlan, pp_rank: int, vp: int,
+               layers: int | None = None) -> ChunkCost:
+    """Predicted costs of one chunk (holding `layers` layers, by default the plan's)."""
     sc = vm.constants(sizes_for(shape, plan))
     kind = chunk_kind(plan, pp_rank, vp)
-    k = plan.chunks_of(pp_rank)[vp]
+    k = plan.chunks_of(pp_rank)[vp] if layers is None else layers
     n = min(plan.recompute.layers_on(pp_rank), k) if plan.recompute.granularity == "full" else 0
     inp, saved, fwd, bwd = _activations(sc, kind, k, n)
     c = sc.chunk(kind)
@@ -173,34 +175,40 @@ def _buffers(vm: VariantModel, z: Sizes, any_layers: bool) -> float:
     return max(vm.constants(z).buffers, 0.0) if any_layers else 0.0
 
 
-def rank_memory(vm: VariantModel, shape: ModelShape, plan: ParallelPlan, pp_rank: int) -> StageMemory:
-    """Simulate one pipeline rank over megatron's schedule and return its peak with a breakdown."""
+@functools.lru_cache(maxsize=4096)
+def schedule_states(pp: int, num_microbatches: int, vpp: int, pp_rank: int) -> tuple:
+    """Distinct moments of a rank's schedule: (kind, chunk, live micro-batches per chunk before the
+    event, chunk whose input gradient the schedule still holds or -1), in first-seen order."""
     from capture_megatron.schedule import ScheduleSpec, events
 
-    chunks = [chunk_cost(vm, shape, plan, pp_rank, v) for v in range(plan.vpp)]
+    live, held, seen = [0] * vpp, -1, {}
+    for ev in events(ScheduleSpec(pp=pp, num_microbatches=num_microbatches, vpp=vpp), pp_rank):
+        seen.setdefault((ev.kind, ev.chunk, tuple(live), held), None)
+        live[ev.chunk] += 1 if ev.kind == "F" else -1
+        if ev.kind == "B":
+            held = ev.chunk
+    return tuple(seen)
+
+
+def rank_memory(vm: VariantModel, shape: ModelShape, plan: ParallelPlan, pp_rank: int,
+                counts: tuple[int, ...] | None = None) -> StageMemory:
+    """One pipeline rank's peak over megatron's schedule (its chunks holding `counts` layers)."""
+    counts = plan.chunks_of(pp_rank) if counts is None else counts
+    chunks = [chunk_cost(vm, shape, plan, pp_rank, v, counts[v]) for v in range(plan.vpp)]
     params = sum(c.params for c in chunks)
     grads = sum(c.grads for c in chunks)
     opt = sum(c.optimizer for c in chunks)
     other = _buffers(vm, sizes_for(shape, plan), any(c.layers for c in chunks))
     static = params + grads + opt + other
-    live = [0] * plan.vpp
-    acts = 0.0
-    best = (static + max(c.step for c in chunks), 0.0, max(c.step for c in chunks), "step", tuple(live))
-    spec = ScheduleSpec(pp=plan.pp, num_microbatches=plan.num_microbatches, vpp=plan.vpp)
-    held_grad = 0.0  # the schedule's local `input_tensor_grad` keeps the last backward's input gradient
-    for ev in events(spec, pp_rank):
-        c = chunks[ev.chunk]
-        if ev.kind == "F":
-            transient, phase = held_grad + c.input_bytes + c.forward, "forward"
-        else:
-            transient, phase = held_grad + c.backward, "backward"
+    step = max(c.step for c in chunks)
+    best = (static + step, 0.0, step, "step", (0,) * plan.vpp)
+    for kind, chunk, live, held in schedule_states(plan.pp, plan.num_microbatches, plan.vpp, pp_rank):
+        c = chunks[chunk]
+        transient = (chunks[held].input_bytes if held >= 0 else 0.0) + (
+            c.input_bytes + c.forward if kind == "F" else c.backward)
+        acts = sum(n * ch.inflight for n, ch in zip(live, chunks))
         if static + acts + transient > best[0]:
-            best = (static + acts + transient, acts, transient, phase, tuple(live))
-        sign = 1 if ev.kind == "F" else -1
-        live[ev.chunk] += sign
-        acts += sign * c.inflight
-        if ev.kind == "B":
-            held_grad = c.input_bytes
+            best = (static + acts + transient, acts, transient, "forward" if kind == "F" else "backward", live)
     peak, activations, transient, phase, inflight = best
     return StageMemory(pp_rank=pp_rank, peak=peak, params=params, grads=grads, optimizer=opt,
                        activations=activations, transient=transient, other=other, phase=phase,
