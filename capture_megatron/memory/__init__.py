@@ -1,0 +1,1 @@
+"""Memory measurement: exact live-tensor accounting (CPU, fake tensors) and CUDA allocator statistics."""

@@ -1,0 +1,100 @@
+"""MemoryMeter: one interface for the profiler and the trainer, per device.
+
+- CpuMeter: exact live tensor bytes on the host (LiveTensorTracker), process-long.
+- FakeMeter: the same accounting for FakeTensorMode tensors (enter it inside the fake mode).
+- CudaMeter: the caching allocator's allocated bytes (torch.cuda.memory_allocated /
+  max_memory_allocated) and, separately, what it reserves on top (max_memory_reserved).
+"""
+from __future__ import annotations
+
+from capture_megatron.memory.live import LiveTensorTracker
+
+
+class MemoryMeter:
+    """Live and peak allocated bytes of this process."""
+
+    device = "cpu"
+    """cpu, fake or cuda."""
+
+    def current(self) -> int:
+        """Bytes allocated now."""
+        raise NotImplementedError
+
+    def peak(self) -> int:
+        """Peak bytes since the last reset_peak()."""
+        raise NotImplementedError
+
+    def reset_peak(self) -> None:
+        """Start a new peak window at the current bytes."""
+        raise NotImplementedError
+
+    def reserved(self) -> int:
+        """Peak bytes the allocator held (CUDA); 0 where there is no caching allocator."""
+        return 0
+
+    def stop(self) -> None:
+        """Stop measuring (no-op unless the meter runs a mode)."""
+
+
+class CpuMeter(MemoryMeter):
+    """Exact accounting of host tensor storages from creation on (a process-long dispatch mode)."""
+
+    device = "cpu"
+
+    def __init__(self):
+        self.tracker = LiveTensorTracker()
+        self.tracker.__enter__()
+
+    def current(self) -> int:
+        return self.tracker.current_bytes
+
+    def peak(self) -> int:
+        return self.tracker.peak_bytes
+
+    def reset_peak(self) -> None:
+        self.tracker.reset_peak()
+
+    def stop(self) -> None:
+        self.tracker.__exit__(None, None, None)
+
+
+class FakeMeter(CpuMeter):
+    """CpuMeter for FakeTensorMode tensors (create it while the fake mode is active)."""
+
+    device = "fake"
+
+
+class CudaMeter(MemoryMeter):
+    """torch.cuda's allocator statistics (this process's current device)."""
+
+    device = "cuda"
+
+    def __init__(self):
+        import torch
+
+        self.cuda = torch.cuda
+        self.cuda.reset_peak_memory_stats()
+
+    def current(self) -> int:
+        return int(self.cuda.memory_allocated())
+
+    def peak(self) -> int:
+        return int(self.cuda.max_memory_allocated())
+
+    def reset_peak(self) -> None:
+        self.cuda.reset_peak_memory_stats()
+
+    def reserved(self) -> int:
+        return int(self.cuda.max_memory_reserved())
+
+
+_METERS: dict[str, MemoryMeter] = {}
+
+
+def make_meter(device: str) -> MemoryMeter:
+    """The process's meter for `device` (cpu and cuda meters are created once and shared)."""
+    if device == "fake":
+        return FakeMeter()
+    if device not in _METERS:
+        _METERS[device] = {"cpu": CpuMeter, "cuda": CudaMeter}[device]()
+    return _METERS[device]
