@@ -1,0 +1,131 @@
+"""The exact min-max partition of N identical transformer layers over pp x vpp virtual stages.
+
+Virtual stage i lives on pipeline rank i % pp (model order), the embedding on stage 0, the output
+layer on the last; a stage may hold no transformer layers. The caller supplies
+`rank_peak(pp_rank, chunk_counts) -> bytes`, nondecreasing in every count (the predictor's rank
+simulation). Pure Python.
+
+Method. For a cap C, rank r can hold at most T_r(C) layers (the largest total whose best split over
+its chunks stays <= C; monotone, found by binary search). C is feasible iff sum_r T_r(C) >= N, and
+the optimum C* is one of the rank_peak values, so a bisection on C that ends on the max over ranks of
+the assignment it found is exact. Ties (every assignment whose peak is within 1e-9 of C*) are broken
+toward balanced compute: the smallest possible maximum of layers per rank, then layers removed
+first from the earliest ranks (they hold the most in-flight activations). Cost: O(pp log N) rank_peak
+calls per bisection step (60 steps) with vpp = 1; with vpp > 1 each total is split over the chunks
+by enumerating compositions (O(t^(vpp-1)) per rank and total t, memoised).
+"""
+from __future__ import annotations
+
+import functools
+import itertools
+from dataclasses import dataclass
+from typing import Callable
+
+from capture_megatron.errors import require
+
+RankPeak = Callable[[int, tuple[int, ...]], float]
+TIE = 1e-9
+
+
+@dataclass(frozen=True)
+class Partition:
+    """A split of the layers and its predicted peaks."""
+
+    layers_per_stage: tuple[int, ...]
+    """Transformer layers per virtual stage, in model order (stage i on rank i % pp)."""
+    peak: float
+    """Maximum over ranks of the predicted peak."""
+    rank_peaks: tuple[float, ...]
+    """Predicted peak of each pipeline rank."""
+
+
+def _chunks(layers_per_stage: tuple[int, ...], pp: int, vpp: int, rank: int) -> tuple[int, ...]:
+    return tuple(layers_per_stage[v * pp + rank] for v in range(vpp))
+
+
+def evaluate(layers_per_stage: tuple[int, ...], pp: int, vpp: int, rank_peak: RankPeak) -> Partition:
+    """Score a given split."""
+    peaks = tuple(rank_peak(r, _chunks(layers_per_stage, pp, vpp, r)) for r in range(pp))
+    return Partition(tuple(layers_per_stage), max(peaks), peaks)
+
+
+class _Ranks:
+    """Memoised best split of t layers over one rank's chunks, per rank."""
+
+    def __init__(self, pp: int, vpp: int, rank_peak: RankPeak, limit: int):
+        self.pp, self.vpp, self.rank_peak, self.limit = pp, vpp, rank_peak, limit
+        self.best = functools.lru_cache(maxsize=None)(self._best)
+
+    def _best(self, rank: int, total: int) -> tuple[float, tuple[int, ...]]:
+        """(cost, split) minimising the rank's peak for `total` layers (ties: most even split)."""
+        if self.vpp == 1:
+            return self.rank_peak(rank, (total,)), (total,)
+        options = []
+        for cut in itertools.combinations(range(total + self.vpp - 1), self.vpp - 1):
+            bounds = (-1,) + cut + (total + self.vpp - 1,)
+            split = tuple(bounds[i + 1] - bounds[i] - 1 for i in range(self.vpp))
+            options.append((self.rank_peak(rank, split), max(split), split))
+        cost, _, split = min(options)
+        return cost, split
+
+    def capacity(self, rank: int, cap: float) -> int:
+        """Most layers the rank holds under `cap` (-1 when even 0 layers exceed it)."""
+        if self.best(rank, 0)[0] > cap:
+            return -1
+        lo, hi = 0, self.limit
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self.best(rank, mid)[0] <= cap:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+
+def _bisect_cap(ranks: _Ranks, n: int) -> float:
+    """The optimal cap C* (exact: ends on an achieved rank_peak value)."""
+    pp = ranks.pp
+    hi = max(ranks.best(r, -(-n // pp))[0] for r in range(pp))  # a feasible cap: the even split
+    lo = min(ranks.best(r, 0)[0] for r in range(pp))
+    for _ in range(200):
+        if hi - lo <= TIE * max(abs(hi), 1.0):
+            break
+        mid = (lo + hi) / 2
+        caps = [ranks.capacity(r, mid) for r in range(pp)]
+        if min(caps) >= 0 and sum(caps) >= n:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def _balanced(caps: list[int], n: int) -> list[int]:
+    """Totals <= caps summing to n with the smallest maximum; the excess is taken one layer at a
+    time from the earliest rank holding the current maximum."""
+    lo, hi = -(-n // len(caps)), max(caps)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if sum(min(c, mid) for c in caps) >= n:
+            hi = mid
+        else:
+            lo = mid + 1
+    totals = [min(c, lo) for c in caps]
+    for _ in range(sum(totals) - n):
+        top = max(totals)
+        totals[totals.index(top)] -= 1
+    return totals
+
+
+def min_max_partition(num_layers: int, pp: int, vpp: int, rank_peak: RankPeak) -> Partition:
+    """The split of `num_layers` minimising the largest rank peak (see the module docstring)."""
+    require([f"{name} {val} must be >= 1" for name, val in (("layers", num_layers), ("pp", pp), ("vpp", vpp))
+             if val < 1] + (["virtual stages need pp > 1"] if vpp > 1 and pp == 1 else []), "partition")
+    ranks = _Ranks(pp, vpp, rank_peak, num_layers)
+    cap = _bisect_cap(ranks, num_layers)
+    caps = [ranks.capacity(r, cap * (1 + TIE)) for r in range(pp)]
+    totals = _balanced(caps, num_layers)
+    layers = [0] * (pp * vpp)
+    for r, t in enumerate(totals):
+        for v, k in enumerate(ranks.best(r, t)[1]):
+            layers[v * pp + r] = k
+    return evaluate(tuple(layers), pp, vpp, rank_peak)

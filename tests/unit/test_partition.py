@@ -1,0 +1,74 @@
+"""The partitioner is exact: brute force over every split on hundreds of random instances."""
+from __future__ import annotations
+
+import itertools
+import random
+import time
+
+import pytest
+
+from capture_megatron.errors import CaptureError
+from capture_megatron.partition import evaluate, min_max_partition
+
+
+def _random_cost(rng: random.Random, pp: int, vpp: int):
+    """A predictor-like cost: per-rank static + per-layer static + in-flight x activations, with
+    stage-dependent ends and an occasional step (like allocator padding)."""
+    base = [rng.uniform(0, 50) for _ in range(pp)]
+    per_layer = rng.uniform(1, 5)
+    act = rng.uniform(1, 20)
+    inflight = [[rng.randint(1, 2 * pp) for _ in range(vpp)] for _ in range(pp)]
+    bump = rng.uniform(0, 10)
+
+    def cost(rank: int, counts: tuple[int, ...]) -> float:
+        total = sum(counts)
+        acts = sum(n * act * inflight[rank][v] for v, n in enumerate(counts))
+        return base[rank] + per_layer * total + acts + (bump if total >= 3 else 0.0)
+    return cost
+
+
+def _brute(n: int, pp: int, vpp: int, cost) -> float:
+    best = float("inf")
+    for cut in itertools.combinations(range(n + pp * vpp - 1), pp * vpp - 1):
+        bounds = (-1,) + cut + (n + pp * vpp - 1,)
+        split = tuple(bounds[i + 1] - bounds[i] - 1 for i in range(pp * vpp))
+        best = min(best, evaluate(split, pp, vpp, cost).peak)
+    return best
+
+
+@pytest.mark.parametrize("vpp", [1, 2, 3])
+def test_matches_brute_force(vpp):
+    rng = random.Random(vpp)
+    for _ in range(120 if vpp == 1 else 60):
+        pp = rng.randint(2 if vpp > 1 else 1, 4 if vpp == 1 else 3)
+        n = rng.randint(1, 9 if vpp == 1 else 6)
+        cost = _random_cost(rng, pp, vpp)
+        got = min_max_partition(n, pp, vpp, cost)
+        assert sum(got.layers_per_stage) == n and len(got.layers_per_stage) == pp * vpp
+        assert got.peak == pytest.approx(_brute(n, pp, vpp, cost), rel=1e-9)
+        assert got.peak == pytest.approx(evaluate(got.layers_per_stage, pp, vpp, cost).peak)
+
+
+def test_ties_go_to_balanced_compute():
+    flat = lambda rank, counts: 0.0  # every split ties  # noqa: E731
+    assert min_max_partition(10, 4, 1, flat).layers_per_stage == (2, 2, 3, 3)
+    assert max(min_max_partition(12, 3, 2, flat).layers_per_stage) == 2
+
+
+def test_stage_without_layers_when_it_lowers_the_peak():
+    # rank 0's ends alone cost 100; any layer there costs 1000 more
+    cost = lambda rank, c: (100 + 1000 * sum(c)) if rank == 0 else 10 * sum(c)  # noqa: E731
+    assert min_max_partition(8, 4, 1, cost).layers_per_stage[0] == 0
+
+
+def test_thousand_layers_over_64_stages_is_fast():
+    cost = lambda rank, c: (64 - rank) * 3.0 * c[0] + 5.0 * c[0] + (200 if rank == 0 else 0)  # noqa: E731
+    start = time.perf_counter()
+    part = min_max_partition(1000, 64, 1, cost)
+    assert sum(part.layers_per_stage) == 1000
+    assert time.perf_counter() - start < 5  # the timed bound (50 ms) lives in bench/bench_partition.py
+
+
+def test_bad_sizes_are_named():
+    with pytest.raises(CaptureError, match="layers 0"):
+        min_max_partition(0, 2, 1, lambda r, c: 0.0)
