@@ -1,0 +1,64 @@
+"""Estimated step time of a plan, to rank plans that fit (the `throughput` objective). Pure Python.
+
+Per micro-batch and pipeline stage: transformer-layer FLOPs (forward 2 x matmul work + attention;
+backward twice that; full recompute adds a forward, selective recompute re-runs the attention core)
+at a stated fraction of peak FLOP/s, plus tensor-parallel all-reduces (4 per layer per micro-batch,
+ring over NVLink bandwidth; with SP reduce-scatter + all-gather of the same volume). The pipeline
+takes (m + (p - 1) / v) slowest-stage micro-batch times (the bubble (p - 1)/(m v)), plus pipeline
+sends and the data-parallel gradient all-reduce (ring over the network bandwidth). Calibrate
+`efficiency` from measured step times (capture-megatron verify) for absolute numbers.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from capture_megatron.config import ModelShape, ParallelPlan, dtype_bytes
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """What the cost model assumes about the machines."""
+
+    peak_flops: float = 989e12
+    """Dense bf16 FLOP/s of one accelerator (H100 SXM: 989 TFLOP/s)."""
+    efficiency: float = 0.4
+    """Fraction of peak the matmuls reach (model FLOPs utilisation)."""
+    intra_node_bytes_per_s: float = 450e9
+    """NVLink bandwidth per GPU (TP collectives)."""
+    inter_node_bytes_per_s: float = 50e9
+    """Network bandwidth per GPU (DP and PP traffic)."""
+
+
+def layer_forward_flops(shape: ModelShape, b: int) -> float:
+    """Forward FLOPs of one transformer layer for one micro-batch (whole layer, before TP split)."""
+    s, h, a, g, d, f = shape.seq_length, shape.hidden_size, shape.num_attention_heads, shape.groups, \
+        shape.head_dim, shape.ffn
+    qkv = 2 * b * s * h * (a + 2 * g) * d
+    proj = 2 * b * s * a * d * h
+    mlp = 2 * b * s * h * f * (3 if shape.swiglu else 2)
+    core = 4 * b * a * s * s * d
+    return qkv + proj + mlp + core
+
+
+def step_seconds(shape: ModelShape, plan: ParallelPlan, hw: Hardware = Hardware()) -> float:
+    """Estimated seconds per optimizer step."""
+    b, t, p, v, m = plan.micro_batch_size, plan.tp, plan.pp, plan.vpp, plan.num_microbatches
+    rate = hw.peak_flops * hw.efficiency
+    fwd = layer_forward_flops(shape, b) / t
+    core = 4 * b * shape.num_attention_heads * shape.seq_length ** 2 * shape.head_dim / t
+    act_bytes = b * shape.seq_length * shape.hidden_size * dtype_bytes(shape.dtype)
+    tp_comm = 0.0 if t == 1 else 4 * 2 * (t - 1) / t * act_bytes / hw.intra_node_bytes_per_s
+    stage_times = []
+    for r in range(p):
+        k = plan.layers_of(r)
+        n = min(plan.recompute.layers_on(r), k) if plan.recompute.granularity == "full" else 0
+        extra = n * fwd + (k * core if plan.recompute.granularity == "selective" else 0.0)
+        compute = (3 * k * fwd + extra) / rate + k * tp_comm
+        if r == p - 1:
+            compute += 3 * 2 * b * shape.seq_length * shape.hidden_size * shape.padded_vocab(t) / t / rate
+        stage_times.append(compute / v)
+    per_chunk = max(stage_times)
+    pipeline = (m * v + p - 1) * per_chunk + (2 * m * act_bytes / t / hw.inter_node_bytes_per_s if p > 1 else 0.0)
+    params = 12 * shape.hidden_size ** 2 * shape.num_layers / (t * p)
+    dp_comm = 0.0 if plan.dp == 1 else 2 * (plan.dp - 1) / plan.dp * params * 4 / hw.inter_node_bytes_per_s
+    return pipeline + dp_comm

@@ -1,0 +1,208 @@
+"""Plan: the memory-balanced partition for given parallel sizes, and the search over sizes.
+
+For every candidate (TP, PP, DP, VPP, micro-batch, recompute, SP, distributed optimizer) the layers
+are split by the exact min-max partitioner on the predictor's per-rank peaks; with full recompute
+the per-stage recompute counts are then lowered, stage by stage, to the fewest that still fit the
+memory cap (fewer recomputed layers, faster steps). Objectives: min-peak (CAPTURE), throughput
+(fastest estimated step among plans that fit), min-gpus (fewest GPUs on which some plan fits).
+Pure Python.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Iterator
+
+from capture_megatron.config import GIB, Cluster, ModelShape, ParallelPlan, Recompute
+from capture_megatron.costmodel import Hardware, step_seconds
+from capture_megatron.errors import CaptureError
+from capture_megatron.fit import MemoryModel
+from capture_megatron.partition import min_max_partition
+from capture_megatron.predict import StageMemory, find_variant, rank_memory, variant_of
+from capture_megatron.profile.requests import tp_fits
+
+OBJECTIVES = ("min-peak", "throughput", "min-gpus")
+
+
+@dataclass(frozen=True)
+class Space:
+    """What the search may choose; a one-element tuple fixes a value (given on the command line)."""
+
+    tp: tuple[int, ...] = (1, 2, 4, 8)
+    """Tensor-parallel sizes (kept within a node)."""
+    pp: tuple[int, ...] = ()
+    """Pipeline sizes; empty: every size up to the layer count."""
+    vpp: tuple[int, ...] = (1, 2)
+    """Virtual stages per pipeline rank."""
+    micro_batch_size: tuple[int, ...] = (1, 2)
+    """Micro-batch sizes."""
+    recompute: tuple[str, ...] = ("none", "selective", "full")
+    """Recompute granularities."""
+    sequence_parallel: tuple[bool, ...] = (False, True)
+    """Sequence parallelism (only with TP > 1)."""
+    distributed_optimizer: tuple[bool, ...] = (False, True)
+    """Megatron's distributed optimizer (only with DP > 1)."""
+
+
+@dataclass(frozen=True)
+class Evaluated:
+    """A candidate plan with its prediction."""
+
+    plan: ParallelPlan
+    """The plan (with its balanced layout and per-stage recompute)."""
+    stages: tuple[StageMemory, ...]
+    """Predicted peak and breakdown per pipeline rank."""
+    peak: float
+    """Worst rank's predicted peak (bytes)."""
+    needed: float
+    """Memory the worst rank needs with the allocator/context margin (bytes)."""
+    fits: bool
+    """needed <= the cluster's per-GPU memory."""
+    step_seconds: float
+    """Estimated step time."""
+
+
+def needed_bytes(peak: float, cluster: Cluster, reserve_fraction: float, context_bytes: float) -> float:
+    """Peak allocated -> what the GPU must hold: the allocator's reserve and the context on top."""
+    return peak if cluster.device == "cpu" else peak * (1 + reserve_fraction) + context_bytes
+
+
+def rank_peak_fn(model: MemoryModel, shape: ModelShape, plan: ParallelPlan, recompute_all: bool):
+    """rank_peak(pp_rank, chunk_counts) for the partitioner (full recompute of every layer if asked)."""
+    vm = find_variant(model, variant_of(shape, plan))
+    cache: dict = {}
+
+    def peak(rank: int, counts: tuple[int, ...]) -> float:
+        key = (rank, counts)
+        if key not in cache:
+            p = plan
+            if recompute_all:
+                p = replace(plan, recompute=Recompute("full", "block", tuple([max(sum(counts), 1)] * plan.pp)))
+            cache[key] = rank_memory(vm, shape, p, rank, counts).peak
+        return cache[key]
+    return peak
+
+
+def balanced(model: MemoryModel, shape: ModelShape, plan: ParallelPlan) -> ParallelPlan:
+    """The plan with its layers re-split by the exact min-max partition."""
+    full = plan.recompute.granularity == "full"
+    part = min_max_partition(shape.num_layers, plan.pp, plan.vpp, rank_peak_fn(model, shape, plan, full))
+    plan = replace(plan, layers_per_stage=part.layers_per_stage)
+    if full:
+        plan = replace(plan, recompute=Recompute("full", "block", tuple(
+            max(plan.chunks_of(r)) for r in range(plan.pp))))
+    return plan
+
+
+def trim_recompute(model: MemoryModel, shape: ModelShape, plan: ParallelPlan, cap: float,
+                   need) -> ParallelPlan:
+    """Lower each stage's full-recompute count to the fewest layers that keep it under `cap`."""
+    if plan.recompute.granularity != "full":
+        return plan
+    vm = find_variant(model, variant_of(shape, plan))
+    counts = list(plan.recompute.num_layers)
+    for r in range(plan.pp):
+        while counts[r] > 0:
+            trial = replace(plan, recompute=Recompute("full", "block", tuple(counts[:r] + [counts[r] - 1] + counts[r + 1:])))
+            if need(rank_memory(vm, shape, trial, r).peak) > cap:
+                break
+            counts[r] -= 1
+    if not any(counts):
+        return replace(plan, recompute=Recompute())
+    return replace(plan, recompute=Recompute("full", "block", tuple(counts)))
+
+
+def evaluate_plan(model: MemoryModel, shape: ModelShape, plan: ParallelPlan, cluster: Cluster, need,
+                  hw: Hardware) -> Evaluated:
+    """Predict a fixed plan."""
+    vm = find_variant(model, variant_of(shape, plan))
+    stages = tuple(rank_memory(vm, shape, plan, r) for r in range(plan.pp))
+    peak = max(s.peak for s in stages)
+    needed = need(peak)
+    return Evaluated(plan, stages, peak, needed, needed <= cluster.gpu_memory_bytes, step_seconds(shape, plan, hw))
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def candidates(shape: ModelShape, cluster: Cluster, gbs: int, space: Space) -> Iterator[ParallelPlan]:
+    """Every plan of the space that Megatron can run on exactly cluster.gpus processes."""
+    for tp in space.tp:
+        if tp > cluster.gpus_per_node or cluster.gpus % tp:
+            continue
+        for pp in (space.pp or tuple(_divisors(cluster.gpus // tp))):
+            if cluster.gpus % (tp * pp) or pp > shape.num_layers:
+                continue
+            dp = cluster.gpus // (tp * pp)
+            for vpp in space.vpp:
+                if vpp > 1 and (pp == 1 or pp * vpp > shape.num_layers):
+                    continue
+                yield from _variants(shape, tp, pp, dp, vpp, gbs, space)
+
+
+def _variants(shape: ModelShape, tp: int, pp: int, dp: int, vpp: int, gbs: int, space: Space):
+    for mbs in space.micro_batch_size:
+        if gbs % (mbs * dp):
+            continue
+        m = gbs // (mbs * dp)
+        if vpp > 1 and (m < pp or (m % pp and m % pp < pp)):
+            continue
+        for sp in space.sequence_parallel:
+            if (sp and tp == 1) or not tp_fits(shape, tp, sp):
+                continue
+            for rc in space.recompute:
+                recompute = Recompute("full", "block", (1,) * pp) if rc == "full" else Recompute(rc)
+                for do in space.distributed_optimizer:
+                    if do and dp == 1 and len(space.distributed_optimizer) > 1:
+                        continue
+                    stages = pp * vpp
+                    layers = tuple(shape.num_layers // stages + (1 if i < shape.num_layers % stages else 0)
+                                   for i in range(stages))
+                    yield ParallelPlan(tp=tp, pp=pp, dp=dp, vpp=vpp, micro_batch_size=mbs, global_batch_size=gbs,
+                                       layers_per_stage=layers, recompute=recompute, sequence_parallel=sp,
+                                       distributed_optimizer=do)
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """Ranked plans of a search."""
+
+    ranked: tuple[Evaluated, ...]
+    """Fitting plans first, then by the objective."""
+    considered: int
+    """Candidates evaluated."""
+
+
+def search(model: MemoryModel, shape: ModelShape, cluster: Cluster, gbs: int, space: Space, objective: str,
+           need, hw: Hardware = Hardware(), top: int = 10) -> SearchResult:
+    """Balance and predict every candidate; rank by the objective (fitting plans first)."""
+    if objective not in OBJECTIVES:
+        raise CaptureError(f"--objective {objective!r} is not one of {', '.join(OBJECTIVES)}")
+    results = []
+    for plan in candidates(shape, cluster, gbs, space):
+        plan = balanced(model, shape, plan)
+        if objective == "throughput":
+            plan = trim_recompute(model, shape, plan, cluster.gpu_memory_bytes, need)
+        results.append(evaluate_plan(model, shape, plan, cluster, need, hw))
+    if objective == "throughput":
+        key = lambda e: (not e.fits, e.step_seconds, e.peak)  # noqa: E731
+    else:
+        key = lambda e: (not e.fits, e.peak, e.step_seconds)  # noqa: E731
+    ranked = sorted(results, key=key)
+    return SearchResult(tuple(ranked[:top]), len(results))
+
+
+def min_gpus(model: MemoryModel, shape: ModelShape, cluster: Cluster, gbs: int, space: Space, need,
+             hw: Hardware = Hardware()) -> tuple[int, Evaluated] | None:
+    """The fewest GPUs (up to cluster.gpus) on which some plan fits, with that plan (min-peak)."""
+    for n in range(1, cluster.gpus + 1):
+        sub = replace(cluster, gpus=n)
+        found = search(model, shape, sub, gbs, space, "min-peak", need, hw, top=1)
+        if found.ranked and found.ranked[0].fits:
+            return n, found.ranked[0]
+    return None
+
+
+def describe_gib(value: float) -> str:
+    """Bytes as GiB with one decimal."""
+    return f"{value / GIB:.1f} GiB"
