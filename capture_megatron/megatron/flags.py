@@ -17,7 +17,7 @@ class FlagParser(argparse.ArgumentParser):
     """ArgumentParser whose errors are one-paragraph CaptureErrors (exit 2, no usage dump)."""
 
     def error(self, message: str):  # noqa: D401 - argparse hook
-        raise CaptureError(f"{self.prog}: {message}")
+        raise CaptureError(message)
 
 
 def megatron_flag_names() -> frozenset[str]:
@@ -157,4 +157,4 @@ def parse_flags(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Na
         parts.append("Megatron-LM flags not supported by capture-megatron: " + ", ".join(unsupported))
     if unknown:
         parts.append("unknown arguments: " + ", ".join(unknown))
-    raise CaptureError(f"{parser.prog}: " + "; ".join(parts) + ". See --help for the supported flags.")
+    raise CaptureError("; ".join(parts) + ". See --help for the supported flags.")

@@ -8,6 +8,7 @@ the second (the first allocates optimizer state and Megatron's global buffers).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 from dataclasses import dataclass
@@ -130,6 +131,21 @@ class _Chunk:
     last: bool
 
 
+@contextlib.contextmanager
+def _no_dtype_casts(active: bool):
+    """Float16Module casts its module with Module.bfloat16()/half(), which cannot swap fake parameters;
+    the builder already creates every parameter in the training dtype, so the cast is skipped."""
+    if not active:
+        yield
+        return
+    saved = torch.nn.Module.bfloat16, torch.nn.Module.half
+    torch.nn.Module.bfloat16 = torch.nn.Module.half = lambda self: self
+    try:
+        yield
+    finally:
+        torch.nn.Module.bfloat16, torch.nn.Module.half = saved
+
+
 def build(probe: Probe, impl: str, fake: bool = False) -> _Chunk:
     """Build, wrap (Float16Module, DDP) and give an optimizer to the probe's chunk."""
     from capture_megatron.train.trainer import make_optimizer, set_schedule_hooks, wrap_model
@@ -139,7 +155,8 @@ def build(probe: Probe, impl: str, fake: bool = False) -> _Chunk:
     first, last = probe.kind in ("first", "only"), probe.kind in ("last", "only")
     gpt = build_gpt(shape, plan, config, impl, probe.layers, first, last, None)
     run = RunOptions(train_iters=2)
-    model = wrap_model([gpt], shape, plan, run, check_for_nan_in_grad=not fake)
+    with _no_dtype_casts(fake):
+        model = wrap_model([gpt], shape, plan, run, check_for_nan_in_grad=not fake)
     optimizer, _ = make_optimizer(model, shape, plan, OptimOptions(), run.train_iters,
                                   use_gloo_process_groups=False)
     config = set_schedule_hooks(model, optimizer, run)
