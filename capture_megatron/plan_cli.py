@@ -30,8 +30,8 @@ def build_parser() -> flags.FlagParser:
     g = p.add_argument_group("planning")
     g.add_argument("--preset", help=f"model shape by name: {', '.join(presets.PRESETS)}")
     g.add_argument("--hf-config", help="a Hugging Face config.json (Llama, Mistral, Qwen2 style)")
-    g.add_argument("--gpus", type=int, required=True, help="processes/GPUs available")
-    g.add_argument("--gpu-memory-gib", type=float, required=True, help="memory per GPU")
+    g.add_argument("--gpus", type=int, help="processes/GPUs available (required)")
+    g.add_argument("--gpu-memory-gib", type=float, help="memory per GPU (default with --device cpu: this host's)")
     g.add_argument("--gpus-per-node", type=int, default=8)
     g.add_argument("--device", default="", help="memory model device: cpu, cuda or fake (default: cuda if "
                    "available, else cpu for models that fit in host memory, fake otherwise)")
@@ -94,8 +94,15 @@ def resolve_space(ns, shape: ModelShape) -> Space:
 def cluster_of(ns) -> Cluster:
     """The cluster from --gpus / --gpu-memory-gib / --gpus-per-node / the device."""
     device = "cpu" if ns.device == "cpu" else "cuda"
-    return Cluster(gpus=ns.gpus, gpu_memory_bytes=int(ns.gpu_memory_gib * GIB),
-                   gpus_per_node=ns.gpus_per_node, device=device)
+    if ns.gpus is None:
+        raise CaptureError("--gpus is required (how many GPUs or processes the plan may use)")
+    memory = ns.gpu_memory_gib
+    if memory is None:
+        if device != "cpu":
+            raise CaptureError("--gpu-memory-gib is required (memory per GPU, e.g. 80)")
+        import psutil
+        memory = psutil.virtual_memory().total / GIB
+    return Cluster(gpus=ns.gpus, gpu_memory_bytes=int(memory * GIB), gpus_per_node=ns.gpus_per_node, device=device)
 
 
 def main(argv: list[str]) -> int:
@@ -103,11 +110,10 @@ def main(argv: list[str]) -> int:
     from capture_megatron.plan_run import run_plan
 
     ns = flags.parse_flags(build_parser(), argv)
-    if ns.gpu_memory_gib <= 0 or ns.gpus < 1:
-        raise CaptureError(f"--gpus {ns.gpus} and --gpu-memory-gib {ns.gpu_memory_gib:g} must be positive")
+    cluster = cluster_of(ns)
     shape = resolve_shape(ns, argv)
     hw = Hardware(efficiency=ns.mfu)
-    return run_plan(ns, shape, cluster_of(ns), resolve_space(ns, shape), hw)
+    return run_plan(ns, shape, cluster, resolve_space(ns, shape), hw)
 
 
 if __name__ == "__main__":

@@ -58,7 +58,18 @@ def _no_fit(model, shape, cluster, gbs, space, need, hw, best) -> CaptureError:
 
 def run_plan(ns, shape: ModelShape, cluster: Cluster, space: planner.Space, hw) -> int:
     """Plan (or predict a given layout), print the table, write JSON / PNG; returns the exit code."""
-    need = lambda peak: planner.needed_bytes(peak, cluster, ns.reserve_fraction, ns.context_gib * GIB)  # noqa: E731
+    plan_outputs(ns, shape, cluster, space, hw)
+    return 0
+
+
+def plan_outputs(ns, shape: ModelShape, cluster: Cluster, space: planner.Space, hw=None, quiet: bool = False) -> dict:
+    """Plan (or predict a given layout), print the table, write JSON / PNG; returns the plan JSON."""
+    from capture_megatron.calibration import factor
+    from capture_megatron.costmodel import Hardware
+
+    hw = hw or Hardware(efficiency=ns.mfu)
+    scale = factor(default_device(ns.device) if not ns.memory_model else "")
+    need = lambda peak: planner.needed_bytes(peak * scale, cluster, ns.reserve_fraction, ns.context_gib * GIB)  # noqa: E731
     gbs = ns.global_batch_size or max(cluster.gpus, 1) * (ns.micro_batch_size or 1)
     if ns.pipeline_model_parallel_layout:
         plan = margs.parallel_plan(ns, shape, cluster.gpus)
@@ -83,12 +94,13 @@ def run_plan(ns, shape: ModelShape, cluster: Cluster, space: planner.Space, hw) 
             raise _no_fit(model, shape, cluster, gbs, space, need, hw, ranked[0])
     best = ranked[0]
     out = plan_json(model, shape, best, cluster)
-    print_table(shape, cluster, ranked, considered, out)
+    if not quiet:
+        print_table(shape, cluster, ranked, considered, out)
     if ns.json:
         write_json(out, ns.json)
     if ns.png:
         save_png(out, ns.png)
-    return 0
+    return out
 
 
 def _why_no_candidate(shape: ModelShape, cluster: Cluster, gbs: int, space: planner.Space) -> str:
