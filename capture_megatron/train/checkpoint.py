@@ -24,7 +24,8 @@ from capture_megatron.train.options import CheckpointOptions
 
 TRACKER = "latest_checkpointed_iteration.txt"
 PAUSE_ENV = "CAPTURE_MEGATRON_TEST_SAVE_PAUSE"
-"""Test hook: seconds to sleep after the shards are written and before the checkpoint is published."""
+"""Test hook: 'SECONDS' or 'SECONDS@ITERATION' to sleep after the shards are written and before the
+checkpoint is published (so a test can kill a run in the middle of a save)."""
 
 
 def iteration_dir(root: str, iteration: int) -> str:
@@ -123,9 +124,9 @@ def save_checkpoint(root: str, iteration: int, trainer, shape: ModelShape, plan:
     state.update(iteration=iteration, consumed_samples=consumed_samples, checkpoint_version=3.0,
                  shape=shape.to_json(), plan=plan.to_json())
     dist_checkpointing.save(state, partial, content_metadata=_content_metadata(plan))
-    pause = float(os.environ.get(PAUSE_ENV, "0") or 0)
-    if pause:
-        time.sleep(pause)
+    seconds, _, at = os.environ.get(PAUSE_ENV, "").partition("@")
+    if seconds and (not at or int(at) == iteration):
+        time.sleep(float(seconds))
     torch.distributed.barrier()
     if rank0:
         _publish(root, partial, final, iteration)
