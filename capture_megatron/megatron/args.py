@@ -140,10 +140,15 @@ def parallel_plan(ns: argparse.Namespace, shape: ModelShape, world_size: int) ->
     cp = ns.context_parallel_size or 1
     if cp != 1:
         raise CaptureError(f"--context-parallel-size {cp}: capture-megatron supports only 1")
+    problems = []
+    if tp >= 1 and (shape.num_attention_heads % tp or shape.groups % tp):
+        problems.append(f"heads {shape.num_attention_heads} (query groups {shape.groups}) not divisible by TP {tp}")
     if tp < 1 or pp < 1 or world_size % (tp * pp * cp):
-        raise CaptureError(f"world size {world_size} is not divisible by TP {tp} x PP {pp}"
-                           + (f" x CP {cp}" if cp > 1 else "")
-                           + f"; use a multiple of {max(tp, 1) * max(pp, 1) * cp} processes")
+        problems.append(f"world size {world_size} is not divisible by TP {tp} x PP {pp}"
+                        + (f" x CP {cp}" if cp > 1 else "")
+                        + f"; use a multiple of {max(tp, 1) * max(pp, 1) * cp} processes")
+    if problems:
+        raise CaptureError("; ".join(problems))
     dp = world_size // (tp * pp * cp)
     mbs = ns.micro_batch_size or 1
     gbs = ns.global_batch_size or mbs * dp
