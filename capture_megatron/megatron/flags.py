@@ -74,7 +74,8 @@ def add_parallel_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--global-batch-size", type=int)
     g.add_argument("--recompute-activations", action="store_true",
                    help="Megatron's alias for --recompute-granularity selective")
-    g.add_argument("--recompute-granularity", choices=["full", "selective"])
+    g.add_argument("--recompute-granularity", choices=["full", "selective", "none"],
+                   help="none (capture-megatron: also fixes 'no recompute' for the planner), selective, full")
     g.add_argument("--recompute-method", choices=["uniform", "block"])
     g.add_argument("--recompute-num-layers", type=int)
     g.add_argument("--recompute-num-layers-per-stage", type=str,
