@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass
 
 from capture_megatron import __version__
-from capture_megatron.errors import CaptureError
+from capture_megatron.errors import CaptureError, require
 from capture_megatron.serial import JsonMixin, from_plain, to_plain
 
 CHUNK_KINDS = ("first", "middle", "last", "only")
@@ -67,6 +67,16 @@ class ProbeShape(JsonMixin):
     """V, the vocabulary as Megatron pads it for this TP."""
     tp: int
     """t, tensor-parallel size."""
+
+    def __post_init__(self) -> None:
+        t, p = self.tp, []
+        for name, value in (("heads", self.num_attention_heads), ("query groups", self.num_query_groups),
+                            ("ffn", self.ffn_hidden_size), ("padded vocab", self.padded_vocab)):
+            if value % t:
+                p.append(f"{name} {value} not divisible by TP {t}")
+        if self.num_attention_heads % self.num_query_groups:
+            p.append(f"heads {self.num_attention_heads} not divisible by query groups {self.num_query_groups}")
+        require(p, "probe shape")
 
 
 @dataclass(frozen=True)

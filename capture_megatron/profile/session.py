@@ -92,5 +92,9 @@ def run_probes(probes: list[Probe], device: str, impl: str = "auto", progress: b
         for probe in tqdm(probes, desc=f"profiling ({device})", unit="probe", disable=not progress,
                           dynamic_ncols=True):
             with fake_job(probe.shape.tp, probe.dp):
-                records.append(measure(probe, meter, setup.device, setup.impl, setup.versions))
+                try:
+                    records.append(measure(probe, meter, setup.device, setup.impl, setup.versions))
+                except (AssertionError, ValueError) as err:  # megatron's own validation of the shape
+                    raise CaptureError(f"megatron-core rejects the probe {probe.kind} chunk with {probe.layers} "
+                                       f"layers at {probe.shape}: {err}") from None
     return records

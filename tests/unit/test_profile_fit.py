@@ -1,0 +1,150 @@
+"""Issue 3: profile real Megatron-Core chunks, fit, predict unseen shapes; fake mode; bad input."""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+
+import pytest
+
+from capture_megatron.errors import CaptureError
+from capture_megatron.fit import fit, sizes_of
+from capture_megatron.profile.design import design_shapes, probes_for, variant_tps
+from capture_megatron.profile.probe import Probe
+from capture_megatron.profile.records import ProbeShape, Variant, read_records, write_records
+from capture_megatron.profile.session import run_probes
+from capture_megatron.static import chunk_static
+
+GPT = Variant(dtype="fp32", recompute="none", sequence_parallel=False, swiglu=False, normalization="LayerNorm",
+              position_embedding_type="learned_absolute", add_bias_linear=True, dropout=True, untied=False)
+LLAMA_BF16_SP = Variant(dtype="bf16", recompute="selective", sequence_parallel=True, swiglu=True,
+                        normalization="RMSNorm", position_embedding_type="rope", add_bias_linear=False,
+                        dropout=False, untied=True)
+HELD_OUT = [ProbeShape(2, 160, 80, 5, 5, 16, 272, 384, 1), ProbeShape(1, 224, 112, 4, 2, 28, 176, 512, 2),
+            ProbeShape(3, 96, 160, 8, 4, 20, 400, 768, 4), ProbeShape(2, 320, 48, 6, 3, 8, 96, 1152, 3),
+            ProbeShape(1, 64, 144, 12, 12, 12, 288, 256, 1), ProbeShape(4, 80, 64, 4, 4, 16, 256, 512, 2)]
+
+
+@pytest.fixture(scope="module")
+def gpt_model():
+    records = run_probes(probes_for(GPT, design_shapes(variant_tps(GPT, 4))), "cpu", progress=False)
+    return records, fit(records)
+
+
+def _measure(variant, shapes, keys=(("middle", 1, 0), ("middle", 2, 0))):
+    return run_probes([Probe(variant, s, k, n, r) for s in shapes for k, n, r in keys], "cpu", progress=False)
+
+
+def test_held_out_saved_activations_and_static_bytes(gpt_model):
+    _, model = gpt_model
+    vm = model.variants[0]
+    measured = _measure(GPT, HELD_OUT)
+    for one, two in zip(measured[0::2], measured[1::2]):
+        z = sizes_of(one)
+        assert z not in [a.sizes for a in vm.anchors]
+        pred = vm.constants(z)
+        assert pred.layer_saved == pytest.approx(two.saved_bytes - one.saved_bytes, rel=1e-9), z
+        assert pred.chunk("middle").saved1 == pytest.approx(one.saved_bytes, rel=1e-9), z
+        assert list(pred.layer_numels) == list(one.param_numels), z
+        static = chunk_static(list(pred.layer_numels), "fp32", 1, False)
+        assert (static.params, static.grads, static.optimizer) == (one.param_bytes, one.grad_bytes,
+                                                                   one.optimizer_bytes)
+
+
+def test_anchors_are_exact_and_records_round_trip(gpt_model, tmp_path):
+    records, model = gpt_model
+    path = str(tmp_path / "r.jsonl")
+    write_records(records, path)
+    assert read_records(path) == records
+    vm = model.variants[0]
+    for anchor in vm.anchors[:3]:
+        assert vm.constants(anchor.sizes) is anchor
+
+
+def test_bf16_sp_selective_variant(tmp_path):
+    shapes = design_shapes(variant_tps(LLAMA_BF16_SP, 4))
+    model = fit(run_probes(probes_for(LLAMA_BF16_SP, shapes), "cpu", progress=False))
+    held = [ProbeShape(2, 96, 96, 8, 4, 16, 224, 512, 2), ProbeShape(1, 128, 64, 4, 4, 24, 160, 512, 4)]
+    vm = model.variants[0]
+    measured = _measure(LLAMA_BF16_SP, held)
+    for one, two in zip(measured[0::2], measured[1::2]):
+        assert vm.constants(sizes_of(one)).layer_saved == pytest.approx(two.saved_bytes - one.saved_bytes, rel=0.01)
+
+
+@pytest.mark.parametrize("variant", [GPT, LLAMA_BF16_SP])
+def test_fake_equals_cpu_for_a_small_shape(variant):
+    shape = ProbeShape(2, 64, 64, 4, 2, 16, 192, 256, 2)
+    keys = [Probe(variant, shape, k, n) for k, n in (("first", 1), ("middle", 2), ("last", 1), ("only", 0))]
+    cpu, fake = run_probes(keys, "cpu", progress=False), run_probes(keys, "fake", progress=False)
+    # RoPE keeps one int32 scalar per layer that fake mode materialises and the CPU run does not
+    for a, b in zip(cpu, fake):
+        slack = 4 * a.layers if variant.position_embedding_type == "rope" else 0
+        for field in ("param_bytes", "grad_bytes", "optimizer_bytes", "input_bytes", "buffers", "backward_peak"):
+            assert getattr(a, field) == getattr(b, field), (a.kind, field)
+        for field in ("saved_bytes", "forward_peak"):
+            assert 0 <= getattr(b, field) - getattr(a, field) <= slack, (a.kind, field)
+
+
+def test_llama70b_fake_profile_and_fit_is_fast_and_small(tmp_path):
+    out = str(tmp_path / "r.jsonl")
+    code = ("import resource, sys, time; from capture_megatron.cli import main; t = time.time(); "
+            "rc = main(sys.argv[1:]); print('SECONDS', time.time() - t); "
+            "print('RSS_MB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024); sys.exit(rc)")
+    args = ["profile", "--num-layers", "80", "--hidden-size", "8192", "--ffn-hidden-size", "28672",
+            "--num-attention-heads", "64", "--group-query-attention", "--num-query-groups", "8", "--swiglu",
+            "--normalization", "RMSNorm", "--position-embedding-type", "rope", "--disable-bias-linear",
+            "--untie-embeddings-and-output-weights", "--hidden-dropout", "0", "--attention-dropout", "0",
+            "--bf16", "--seq-length", "4096", "--vocab-size", "32000", "--tensor-model-parallel-size", "8",
+            "--sequence-parallel", "--micro-batch-size", "1", "--device", "fake", "--no-design", "--no-progress",
+            "--out", out]
+    start = time.time()
+    done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    model = fit(read_records(out))
+    elapsed = time.time() - start
+    rss = float(done.stdout.split("RSS_MB")[1].split()[0])
+    print(f"70B fake profile+fit: {elapsed:.1f} s, RSS {rss:.0f} MB")
+    assert elapsed < 30 and rss < 2048
+    per_layer = model.variants[0].anchors[0].layer_saved
+    assert 0.2e9 < per_layer < 2e9  # a 70B layer at s=4096, TP8+SP: hundreds of MB of saved activations
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--device", "tpu"], "--device 'tpu' is not one of cpu, cuda, fake"),
+    (["--device", "cuda"], "no usable CUDA device"),
+    (["--hidden-size", "66"], "hidden 66 not divisible by heads 4"),
+])
+def test_profile_bad_input(argv, message, tmp_path):
+    base = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
+            "--vocab-size", "128", "--no-design", "--out", str(tmp_path / "x.jsonl")]
+    done = subprocess.run([sys.executable, "-m", "capture_megatron.cli", "profile", *base, *argv],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_records_file_errors(tmp_path, gpt_model):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    with pytest.raises(CaptureError, match="is empty"):
+        read_records(str(empty))
+    good = tmp_path / "good.jsonl"
+    write_records(gpt_model[0][:3], str(good))
+    lines = good.read_text().splitlines()
+    (tmp_path / "cut.jsonl").write_text("\n".join(lines[:-1] + [lines[-1][:40]]))
+    with pytest.raises(CaptureError, match="line 4 is truncated or corrupt"):
+        read_records(str(tmp_path / "cut.jsonl"))
+    header = json.loads(lines[0])
+    header["version"] = "0.0.1"
+    (tmp_path / "old.jsonl").write_text("\n".join([json.dumps(header)] + lines[1:]))
+    with pytest.raises(CaptureError, match="written by capture-megatron 0.0.1"):
+        read_records(str(tmp_path / "old.jsonl"))
+    (tmp_path / "alien.jsonl").write_text('{"hello": 1}\n')
+    with pytest.raises(CaptureError, match="not a capture-megatron records file"):
+        read_records(str(tmp_path / "alien.jsonl"))
+
+
+del resource
