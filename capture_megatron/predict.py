@@ -118,8 +118,8 @@ def _activations(sc: ShapeConstants, kind: str, k: int, n: int) -> tuple[float, 
     c = sc.chunk(kind)
     inp = c.input_bytes
     if k == 0:
-        if kind == "middle":  # an empty stage passes the activation through
-            return inp, -inp, 0.0, inp
+        if kind == "middle":  # an empty stage passes its input on; the schedule keeps the input
+            return inp, 0.0, 0.0, inp
         return inp, c.saved0, c.fwd0, c.bwd0
     s, r = sc.layer_saved, (sc.layer_saved_rc or 0.0)
     saved = c.saved1 + (k - 1 - n) * s + n * r
