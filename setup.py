@@ -6,7 +6,7 @@ setup(
     version="0.1.0",
     description="Profile, predict and balance per-GPU peak memory of Megatron-Core training (CAPTURE)",
     packages=find_packages(include=["capture_megatron", "capture_megatron.*"]),
-    package_data={"capture_megatron": ["data/*.txt", "data/*.json", "megatron/*.txt"]},
+    package_data={"capture_megatron": ["data/*.txt", "data/*.json", "megatron/*.txt", "templates/*.sh"]},
     python_requires=">=3.10",
     install_requires=[
         # torch is installed first by `make setup` (pip install torch==2.13.0, the CPU build on disk);

@@ -64,6 +64,3 @@ def main(argv: list[str]) -> int:
         print_quality(model)
     print(f"wrote {ns.out}")
     return 0
-
-
-del argparse
