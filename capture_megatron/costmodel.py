@@ -40,24 +40,28 @@ def layer_forward_flops(shape: ModelShape, b: int) -> float:
     return qkv + proj + mlp + core
 
 
-def step_seconds(shape: ModelShape, plan: ParallelPlan, hw: Hardware = Hardware()) -> float:
-    """Estimated seconds per optimizer step."""
+def step_seconds(shape: ModelShape, plan: ParallelPlan, hw: Hardware = Hardware(), bound: bool = False) -> float:
+    """Estimated seconds per optimizer step. With `bound`, a lower bound over every layout and
+    recompute setting of the plan's sizes: no recompute, and the slowest stage replaced by the mean
+    (the search uses it to stop once no unexplored plan can be faster)."""
     b, t, p, v, m = plan.micro_batch_size, plan.tp, plan.pp, plan.vpp, plan.num_microbatches
     rate = hw.peak_flops * hw.efficiency
     fwd = layer_forward_flops(shape, b) / t
     core = 4 * b * shape.num_attention_heads * shape.seq_length ** 2 * shape.head_dim / t
     act_bytes = b * shape.seq_length * shape.hidden_size * dtype_bytes(shape.dtype)
     tp_comm = 0.0 if t == 1 else 4 * 2 * (t - 1) / t * act_bytes / hw.intra_node_bytes_per_s
-    stage_times = []
-    for r in range(p):
-        k = plan.layers_of(r)
-        n = min(plan.recompute.layers_on(r), k) if plan.recompute.granularity == "full" else 0
-        extra = n * fwd + (k * core if plan.recompute.granularity == "selective" else 0.0)
-        compute = (3 * k * fwd + extra) / rate + k * tp_comm
-        if r == p - 1:
-            compute += 3 * 2 * b * shape.seq_length * shape.hidden_size * shape.padded_vocab(t) / t / rate
-        stage_times.append(compute / v)
-    per_chunk = max(stage_times)
+    head = 3 * 2 * b * shape.seq_length * shape.hidden_size * shape.padded_vocab(t) / t / rate
+    if bound:
+        per_chunk = (shape.num_layers * (3 * fwd / rate + tp_comm) + head) / (p * v)
+    else:
+        stage_times = []
+        for r in range(p):
+            k = plan.layers_of(r)
+            n = min(plan.recompute.layers_on(r), k) if plan.recompute.granularity == "full" else 0
+            extra = n * fwd + (k * core if plan.recompute.granularity == "selective" else 0.0)
+            compute = (3 * k * fwd + extra) / rate + k * tp_comm + (head if r == p - 1 else 0.0)
+            stage_times.append(compute / v)
+        per_chunk = max(stage_times)
     pipeline = (m * v + p - 1) * per_chunk + (2 * m * act_bytes / t / hw.inter_node_bytes_per_s if p > 1 else 0.0)
     params = 12 * shape.hidden_size ** 2 * shape.num_layers / (t * p)
     dp_comm = 0.0 if plan.dp == 1 else 2 * (plan.dp - 1) / plan.dp * params * 4 / hw.inter_node_bytes_per_s

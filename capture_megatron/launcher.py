@@ -58,5 +58,36 @@ def main(argv: list[str]) -> int:
         return 0
     rc = run_torchrun(ns.nproc, rest)
     if rc != 0:
-        print(f"capture-megatron train: torchrun exited with code {rc}", file=sys.stderr)
+        print(failure_message(rc, rest), file=sys.stderr)
     return rc
+
+
+def _flag_value(args: list[str], flag: str) -> str | None:
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def failure_message(rc: int, train_args: list[str]) -> str:
+    """What went wrong and how to resume: the last complete checkpoint under --save, if any."""
+    from capture_megatron.train.checkpoint import latest_iteration
+
+    lines = [f"capture-megatron train: training failed (torchrun exit code {rc}). A rank died or raised and "
+             "torchrun stopped the others; its root-cause report (rank, exit code or signal) is above."]
+    save = _flag_value(train_args, "--save")
+    if save:
+        try:
+            last = latest_iteration(save)
+        except CaptureError as err:
+            last, lines = None, lines + [str(err)]
+        if last is None:
+            lines.append(f"No complete checkpoint under {save}: a rerun starts from scratch.")
+        else:
+            lines.append(f"The last complete checkpoint is iteration {last} in {save}: rerun the same command "
+                         f"with --load {save} to resume from it.")
+    else:
+        lines.append("No --save was given, so nothing can be resumed; add --save DIR --save-interval N.")
+    return "\n".join(lines)

@@ -16,6 +16,7 @@ by enumerating compositions (O(t^(vpp-1)) per rank and total t, memoised).
 """
 from __future__ import annotations
 
+import bisect
 import functools
 import itertools
 from dataclasses import dataclass
@@ -55,6 +56,7 @@ class _Ranks:
     def __init__(self, pp: int, vpp: int, rank_peak: RankPeak, limit: int):
         self.pp, self.vpp, self.rank_peak, self.limit = pp, vpp, rank_peak, limit
         self.best = functools.lru_cache(maxsize=None)(self._best)
+        self.seen: dict[int, list[tuple[float, int]]] = {}
 
     def _best(self, rank: int, total: int) -> tuple[float, tuple[int, ...]]:
         """(cost, split) minimising the rank's peak for `total` layers (ties: most even split)."""
@@ -69,16 +71,21 @@ class _Ranks:
         return cost, split
 
     def capacity(self, rank: int, cap: float) -> int:
-        """Most layers the rank holds under `cap` (-1 when even 0 layers exceed it)."""
+        """Most layers the rank holds under `cap` (-1 when even 0 layers exceed it). Capacity is
+        monotone in the cap, so earlier answers for smaller/larger caps bracket the search."""
         if self.best(rank, 0)[0] > cap:
             return -1
-        lo, hi = 0, self.limit
+        seen = self.seen.setdefault(rank, [])
+        i = bisect.bisect_left(seen, (cap, -1))
+        lo = seen[i - 1][1] if i > 0 else 0
+        hi = seen[i][1] if i < len(seen) else self.limit
         while lo < hi:
             mid = (lo + hi + 1) // 2
             if self.best(rank, mid)[0] <= cap:
                 lo = mid
             else:
                 hi = mid - 1
+        bisect.insort(seen, (cap, lo))
         return lo
 
 

@@ -9,6 +9,7 @@ Pure Python.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 from typing import Iterator
 
@@ -69,16 +70,13 @@ def needed_bytes(peak: float, cluster: Cluster, reserve_fraction: float, context
 def rank_peak_fn(model: MemoryModel, shape: ModelShape, plan: ParallelPlan, recompute_all: bool):
     """rank_peak(pp_rank, chunk_counts) for the partitioner (full recompute of every layer if asked)."""
     vm = find_variant(model, variant_of(shape, plan))
-    cache: dict = {}
+    if recompute_all:  # every layer of every stage recomputed (more than any stage can hold)
+        plan = replace(plan, recompute=Recompute("full", "block", (shape.num_layers,) * plan.pp))
+    chunk_cache: dict = {}
 
+    @functools.lru_cache(maxsize=None)
     def peak(rank: int, counts: tuple[int, ...]) -> float:
-        key = (rank, counts)
-        if key not in cache:
-            p = plan
-            if recompute_all:
-                p = replace(plan, recompute=Recompute("full", "block", tuple([max(sum(counts), 1)] * plan.pp)))
-            cache[key] = rank_memory(vm, shape, p, rank, counts).peak
-        return cache[key]
+        return rank_memory(vm, shape, plan, rank, counts, chunk_cache).peak
     return peak
 
 
@@ -140,6 +138,13 @@ def candidates(shape: ModelShape, cluster: Cluster, gbs: int, space: Space) -> I
                 yield from _variants(shape, tp, pp, dp, vpp, gbs, space)
 
 
+def _dominated(on: bool, size: int, allowed: tuple[bool, ...]) -> bool:
+    """Sequence parallelism (TP > 1) and the distributed optimizer (DP > 1) move the same bytes as
+    their absence (reduce-scatter + all-gather instead of all-reduce) and only lower memory, so when
+    the space allows both, the plan without them is dominated and not searched."""
+    return not on and size > 1 and True in allowed
+
+
 def _variants(shape: ModelShape, tp: int, pp: int, dp: int, vpp: int, gbs: int, space: Space):
     for mbs in space.micro_batch_size:
         if gbs % (mbs * dp):
@@ -148,12 +153,13 @@ def _variants(shape: ModelShape, tp: int, pp: int, dp: int, vpp: int, gbs: int, 
         if vpp > 1 and (m < pp or (m % pp and m % pp < pp)):
             continue
         for sp in space.sequence_parallel:
-            if (sp and tp == 1) or not tp_fits(shape, tp, sp):
+            if (sp and tp == 1) or not tp_fits(shape, tp, sp) or _dominated(sp, tp, space.sequence_parallel):
                 continue
             for rc in space.recompute:
                 recompute = Recompute("full", "block", (1,) * pp) if rc == "full" else Recompute(rc)
                 for do in space.distributed_optimizer:
-                    if do and dp == 1 and len(space.distributed_optimizer) > 1:
+                    if (do and dp == 1 and len(space.distributed_optimizer) > 1) or _dominated(
+                            do, dp, space.distributed_optimizer):
                         continue
                     stages = pp * vpp
                     layers = tuple(shape.num_layers // stages + (1 if i < shape.num_layers % stages else 0)
@@ -175,21 +181,55 @@ class SearchResult:
 
 def search(model: MemoryModel, shape: ModelShape, cluster: Cluster, gbs: int, space: Space, objective: str,
            need, hw: Hardware = Hardware(), top: int = 10) -> SearchResult:
-    """Balance and predict every candidate; rank by the objective (fitting plans first)."""
+    """Balance and predict the candidates; rank by the objective (fitting plans first).
+
+    min-peak skips candidates another candidate dominates in memory (same sizes with a smaller
+    micro-batch, without interleaving, or with full recompute, which keeps only each layer's input:
+    larger micro-batches, interleaving and keeping more activations only add memory). throughput is a
+    branch and bound: candidates in order of a step-time lower bound (step_seconds(bound=True)),
+    stopping once `top` fitting plans are at least as fast as every bound left; an interleaved
+    candidate is only balanced when its non-interleaved twin fits (it needs at least as much)."""
     if objective not in OBJECTIVES:
         raise CaptureError(f"--objective {objective!r} is not one of {', '.join(OBJECTIVES)}")
-    results = []
-    for plan in candidates(shape, cluster, gbs, space):
-        plan = balanced(model, shape, plan)
-        if objective == "throughput":
-            plan = trim_recompute(model, shape, plan, cluster.gpu_memory_bytes, need)
-        results.append(evaluate_plan(model, shape, plan, cluster, need, hw))
+    plans = list(candidates(shape, cluster, gbs, space))
     if objective == "throughput":
-        key = lambda e: (not e.fits, e.step_seconds, e.peak)  # noqa: E731
-    else:
-        key = lambda e: (not e.fits, e.peak, e.step_seconds)  # noqa: E731
-    ranked = sorted(results, key=key)
+        return _fastest(model, shape, cluster, plans, need, hw, top)
+    plans = [p for p in plans if not _memory_dominated(p, space)]
+    results = [evaluate_plan(model, shape, balanced(model, shape, p), cluster, need, hw) for p in plans]
+    ranked = sorted(results, key=lambda e: (not e.fits, e.peak, e.step_seconds))
     return SearchResult(tuple(ranked[:top]), len(results))
+
+
+def _memory_dominated(plan: ParallelPlan, space: Space) -> bool:
+    return ((plan.vpp > 1 and 1 in space.vpp) or plan.micro_batch_size > min(space.micro_batch_size)
+            or (plan.recompute.granularity != "full" and "full" in space.recompute))
+
+
+def _fastest(model: MemoryModel, shape: ModelShape, cluster: Cluster, plans: list[ParallelPlan], need,
+             hw: Hardware, top: int) -> SearchResult:
+    def sizes(p: ParallelPlan) -> tuple:
+        return p.tp, p.pp, p.dp, p.micro_batch_size, p.recompute.granularity, p.sequence_parallel, \
+            p.distributed_optimizer
+
+    flat = {sizes(p): p for p in plans if p.vpp == 1}
+    done: dict[ParallelPlan, Evaluated] = {}
+
+    def run(plan: ParallelPlan) -> Evaluated:
+        if plan not in done:
+            fitted = trim_recompute(model, shape, balanced(model, shape, plan), cluster.gpu_memory_bytes, need)
+            done[plan] = evaluate_plan(model, shape, fitted, cluster, need, hw)
+        return done[plan]
+
+    for plan in sorted(plans, key=lambda p: step_seconds(shape, p, hw, bound=True)):
+        fitting = sorted(e.step_seconds for e in done.values() if e.fits)
+        if len(fitting) >= top and fitting[top - 1] <= step_seconds(shape, plan, hw, bound=True):
+            break
+        twin = flat.get(sizes(plan)) if plan.vpp > 1 else None
+        if twin is not None and not run(twin).fits:
+            continue
+        run(plan)
+    ranked = sorted(done.values(), key=lambda e: (not e.fits, e.step_seconds, e.peak))
+    return SearchResult(tuple(ranked[:top]), len(done))
 
 
 def min_gpus(model: MemoryModel, shape: ModelShape, cluster: Cluster, gbs: int, space: Space, need,

@@ -16,7 +16,7 @@ from capture_megatron.errors import CaptureError
 from capture_megatron.fit import MemoryModel, ShapeConstants, VariantModel
 from capture_megatron.profile.records import Variant
 from capture_megatron.serial import JsonMixin
-from capture_megatron.static import chunk_static
+from capture_megatron.static import structured_static
 from capture_megatron.terms import Sizes
 
 
@@ -143,31 +143,44 @@ def chunk_cost(vm: VariantModel, shape: ModelShape, plan: ParallelPlan, pp_rank:
     inp, saved, fwd, bwd = _activations(sc, kind, k, n)
     c = sc.chunk(kind)
     step = c.step0 if k == 0 and kind != "middle" else c.step1
-    numels = _ordered_numels(sc, kind, k)
-    shared = _shared_index(kind, shape, plan, len(numels))
-    st = chunk_static(numels, shape.dtype, plan.dp, plan.distributed_optimizer, shared)
+    pre, post = _ends(sc, kind)
+    shared = _shared_end(kind, shape, plan, len(pre) + k * len(sc.layer_numels) + len(post))
+    st = structured_static(pre, tuple(sc.layer_numels), k, post, shape.dtype, plan.dp, plan.distributed_optimizer,
+                           shared)
     return ChunkCost(kind, k, inp + saved, inp, fwd, bwd, step, st.params, st.grads, st.optimizer)
 
 
-def _ordered_numels(sc: ShapeConstants, kind: str, k: int) -> list[int]:
-    """Parameter element counts in module order: embedding, layers, final norm + output layer."""
-    layer = list(sc.layer_numels)
-    ends = list(sc.chunk(kind).end_numels)
+def _cached_chunk(vm: VariantModel, shape: ModelShape, plan: ParallelPlan, pp_rank: int, vp: int, k: int,
+                  cache: dict | None) -> ChunkCost:
+    """chunk_cost, memoised in `cache` by what it depends on for a fixed plan: kind, layers, recomputed."""
+    if cache is None:
+        return chunk_cost(vm, shape, plan, pp_rank, vp, k)
+    n = plan.recompute.layers_on(pp_rank) if plan.recompute.granularity == "full" else 0
+    key = (chunk_kind(plan, pp_rank, vp), k, min(n, k))
+    if key not in cache:
+        cache[key] = chunk_cost(vm, shape, plan, pp_rank, vp, k)
+    return cache[key]
+
+
+def _ends(sc: ShapeConstants, kind: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Parameter element counts before and after the layers, in module order: the embedding's
+    tensors first; the final norm and the output layer last."""
+    ends = tuple(sc.chunk(kind).end_numels)
     if kind == "first":
-        return ends + layer * k
+        return ends, ()
     if kind == "last":
-        return layer * k + ends
-    if kind == "only":  # the embedding's tensors (as in a 'first' chunk), layers, then the head
+        return (), ends
+    if kind == "only":
         head = len(sc.chunk("first").end_numels)
-        return ends[:head] + layer * k + ends[head:]
-    return layer * k
+        return ends[:head], ends[head:]
+    return (), ()
 
 
-def _shared_index(kind: str, shape: ModelShape, plan: ParallelPlan, count: int) -> int | None:
-    """Index of the tied embedding that DDP gives its own bucket (tied weights with PP > 1)."""
+def _shared_end(kind: str, shape: ModelShape, plan: ParallelPlan, count: int) -> str | None:
+    """Which end holds the tied embedding that DDP gives its own bucket (tied weights with PP > 1)."""
     if shape.untie_embeddings_and_output_weights or plan.pp == 1 or count == 0:
         return None
-    return {"first": 0, "last": count - 1}.get(kind)
+    return {"first": "pre", "last": "post"}.get(kind)
 
 
 def _buffers(vm: VariantModel, z: Sizes, any_layers: bool) -> float:
@@ -187,14 +200,23 @@ def schedule_states(pp: int, num_microbatches: int, vpp: int, pp_rank: int) -> t
         live[ev.chunk] += 1 if ev.kind == "F" else -1
         if ev.kind == "B":
             held = ev.chunk
-    return tuple(seen)
+    # a moment is dropped when the same (kind, chunk, held) moment has at least as many micro-batches
+    # alive in every chunk: its memory is never higher, so it cannot be the rank's peak
+    groups: dict = {}
+    for state in seen:
+        groups.setdefault((state[0], state[1], state[3]), []).append(state[2])
+    keep = {(key, live) for key, lives in groups.items() for live in lives
+            if not any(o != live and all(a >= b for a, b in zip(o, live)) for o in lives)}
+    return tuple(s for s in seen if ((s[0], s[1], s[3]), s[2]) in keep)
 
 
 def rank_memory(vm: VariantModel, shape: ModelShape, plan: ParallelPlan, pp_rank: int,
-                counts: tuple[int, ...] | None = None) -> StageMemory:
-    """One pipeline rank's peak over megatron's schedule (its chunks holding `counts` layers)."""
+                counts: tuple[int, ...] | None = None, cache: dict | None = None) -> StageMemory:
+    """One pipeline rank's peak over megatron's schedule (its chunks holding `counts` layers).
+
+    `cache` (a dict the caller keeps for one plan) memoises chunk costs across calls."""
     counts = plan.chunks_of(pp_rank) if counts is None else counts
-    chunks = [chunk_cost(vm, shape, plan, pp_rank, v, counts[v]) for v in range(plan.vpp)]
+    chunks = [_cached_chunk(vm, shape, plan, pp_rank, v, counts[v], cache) for v in range(plan.vpp)]
     params = sum(c.params for c in chunks)
     grads = sum(c.grads for c in chunks)
     opt = sum(c.optimizer for c in chunks)

@@ -12,6 +12,8 @@ Megatron-core 0.16.1's rules, which the profiler's measured param/grad/optimizer
 """
 from __future__ import annotations
 
+import bisect
+import functools
 import math
 from dataclasses import dataclass
 
@@ -60,12 +62,14 @@ def buffer_layout(numels: list[int], dp: int, shared_index: int | None) -> tuple
 
 def _owned(ranges, buckets, dp: int) -> list[int]:
     """Elements of each parameter that DP rank 0 owns (its 1/dp slice of every bucket)."""
+    shards = sorted((b_lo, b_lo + (b_hi - b_lo) // dp) for b_lo, b_hi in buckets)
+    starts = [lo for lo, _ in shards]
     owned = []
-    for lo, hi in ranges:
-        total = 0
-        for b_lo, b_hi in buckets:
-            shard_hi = b_lo + (b_hi - b_lo) // dp
-            total += max(0, min(hi, shard_hi) - max(lo, b_lo))
+    for lo, hi in ranges:  # a parameter overlaps the shards from the one starting at or before lo
+        total, j = 0, max(bisect.bisect_right(starts, lo) - 1, 0)
+        while j < len(shards) and shards[j][0] < hi:
+            total += max(0, min(hi, shards[j][1]) - max(lo, shards[j][0]))
+            j += 1
         owned.append(total)
     return owned
 
@@ -85,3 +89,98 @@ def chunk_static(numels: list[int], dtype: str, dp: int, distributed_optimizer: 
     total = buckets[-1][1]
     owned = [o for o in _owned(ranges, buckets, dp) if o > 0]
     return StaticBytes(total * pbytes, total * gbytes, sum(owned) * (8 + master) + 4 * len(owned))
+
+
+@dataclass(frozen=True)
+class _Block:
+    """k repeats of a layer placed from `base`, one layer every `period` elements."""
+
+    base: int
+    period: int
+    k: int
+    offsets: tuple[tuple[int, int], ...]  # (offset in the layer, numel) per parameter
+
+
+def _place(items: list, dp: int) -> tuple[list, list[tuple[int, int]], int]:
+    """buffer_layout for a sequence in buffer order of (numel, shared) singles and (layer, k) blocks,
+    in O(parameters of one layer) per block: placements, buckets, and the raw end."""
+    divisor = math.lcm(dp, 128)
+    placed, buckets, bucket_start, start, count = [], [], 0, 0, 0
+    for item in items:
+        start = _pad(start, 64)
+        if isinstance(item[0], tuple):  # a block of identical layers (k >= 1), never shared
+            layer, k = item
+            offsets, off = [], 0
+            for n in layer:
+                offsets.append((off, n))
+                off = _pad(off + n, 64)
+            placed.append(_Block(start, off, k, tuple(offsets)))
+            start += (k - 1) * off + offsets[-1][0] + offsets[-1][1]
+            count += k * len(layer)
+            continue
+        n, shared = item
+        if shared and count:
+            buckets.append((bucket_start, _pad(start, divisor)))
+            bucket_start = start = buckets[-1][1]
+            count = 0
+        placed.append((start, start + n))
+        count, start = count + 1, start + n
+        if shared:
+            buckets.append((bucket_start, _pad(start, divisor)))
+            bucket_start = start = buckets[-1][1]
+            count = 0
+    if count:
+        buckets.append((bucket_start, _pad(start, divisor)))
+    return placed, buckets, start
+
+
+def _block_overlap(b: _Block, lo: int, hi: int) -> tuple[int, int]:
+    """(elements, parameters) of a block inside [lo, hi)."""
+    if hi <= lo:
+        return 0, 0
+    first, last = (lo - b.base) // b.period, (hi - 1 - b.base) // b.period
+    full_lo, full_hi = max(0, -(-(lo - b.base) // b.period)), min(b.k, (hi - b.base) // b.period)
+    elements = params = 0
+    if full_lo < full_hi:
+        elements += (full_hi - full_lo) * sum(n for _, n in b.offsets)
+        params += (full_hi - full_lo) * len(b.offsets)
+    for j in {first, last}:
+        if 0 <= j < b.k and not full_lo <= j < full_hi:
+            for off, n in b.offsets:
+                p_lo = b.base + j * b.period + off
+                ov = min(hi, p_lo + n) - max(lo, p_lo)
+                if ov > 0:
+                    elements, params = elements + ov, params + 1
+    return elements, params
+
+
+@functools.lru_cache(maxsize=65536)
+def structured_static(pre: tuple[int, ...], layer: tuple[int, ...], k: int, post: tuple[int, ...], dtype: str,
+                      dp: int, distributed_optimizer: bool, shared: str | None = None) -> StaticBytes:
+    """chunk_static of the parameters pre + layer * k + post (shared: 'pre' for pre[0], 'post' for
+    post[-1]), exact and in time independent of k."""
+    numels = len(pre) + k * len(layer) + len(post)
+    if numels == 0:
+        return StaticBytes(0, 0, 0)
+    pbytes, master = dtype_bytes(dtype), 4 if dtype != "fp32" else 0
+    gbytes = 4 if dtype == "bf16" else pbytes
+    if not distributed_optimizer:
+        total = sum(pre) + k * sum(layer) + sum(post)
+        return StaticBytes(total * pbytes, total * gbytes, total * (8 + master) + 4 * numels)
+    items = [(n, shared == "post" and i == 0) for i, n in enumerate(reversed(post))]
+    if k:
+        items.append((tuple(reversed(layer)), k))
+    items += [(n, shared == "pre" and i == len(pre) - 1) for i, n in enumerate(reversed(pre))]
+    placed, buckets, _ = _place(items, dp)
+    elements = params = 0
+    for b_lo, b_hi in buckets:
+        lo, hi = b_lo, b_lo + (b_hi - b_lo) // dp
+        for p in placed:
+            if isinstance(p, _Block):
+                e, c = _block_overlap(p, lo, hi)
+            else:
+                ov = min(hi, p[1]) - max(lo, p[0])
+                e, c = max(ov, 0), int(ov > 0)
+            elements, params = elements + e, params + c
+    total = buckets[-1][1]
+    return StaticBytes(total * pbytes, total * gbytes, elements * (8 + master) + 4 * params)

@@ -146,6 +146,21 @@ def _no_dtype_casts(active: bool):
         torch.nn.Module.bfloat16, torch.nn.Module.half = saved
 
 
+@contextlib.contextmanager
+def _default_dtype(dtype):
+    """Fake mode skips Float16Module's cast (see _no_dtype_casts), so parameters megatron creates without
+    params_dtype (LanguageModelEmbedding's learned position table: torch.nn.Embedding) must be born in it."""
+    if dtype is None:
+        yield
+        return
+    saved = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(saved)
+
+
 def build(probe: Probe, impl: str, fake: bool = False) -> _Chunk:
     """Build, wrap (Float16Module, DDP) and give an optimizer to the probe's chunk."""
     from capture_megatron.train.trainer import make_optimizer, set_schedule_hooks, wrap_model
@@ -153,7 +168,8 @@ def build(probe: Probe, impl: str, fake: bool = False) -> _Chunk:
     shape, plan = model_shape(probe), parallel_plan(probe)
     config = transformer_config(shape, plan, 0, BuildOptions())
     first, last = probe.kind in ("first", "only"), probe.kind in ("last", "only")
-    gpt = build_gpt(shape, plan, config, impl, probe.layers, first, last, None)
+    with _default_dtype(config.params_dtype if fake else None):
+        gpt = build_gpt(shape, plan, config, impl, probe.layers, first, last, None)
     run = RunOptions(train_iters=2)
     with _no_dtype_casts(fake):
         model = wrap_model([gpt], shape, plan, run, check_for_nan_in_grad=not fake)

@@ -1,6 +1,7 @@
 """Issue 3: profile real Megatron-Core chunks, fit, predict unseen shapes; fake mode; bad input."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import resource
@@ -74,7 +75,7 @@ def test_bf16_sp_selective_variant(tmp_path):
         assert vm.constants(sizes_of(one)).layer_saved == pytest.approx(two.saved_bytes - one.saved_bytes, rel=0.01)
 
 
-@pytest.mark.parametrize("variant", [GPT, LLAMA_BF16_SP])
+@pytest.mark.parametrize("variant", [GPT, LLAMA_BF16_SP, dataclasses.replace(GPT, dtype="bf16", recompute="full")])
 def test_fake_equals_cpu_for_a_small_shape(variant):
     shape = ProbeShape(2, 64, 64, 4, 2, 16, 192, 256, 2)
     keys = [Probe(variant, shape, k, n) for k, n in (("first", 1), ("middle", 2), ("last", 1), ("only", 0))]
