@@ -49,9 +49,17 @@ def smallest_fit(model, shape, cluster, gbs, space, need, hw, limit: int):
 
 
 def _no_fit(model, shape, cluster, gbs, space, need, hw, best) -> CaptureError:
+    if need(0.0) >= cluster.gpu_memory_bytes:
+        return CaptureError(f"no plan fits {cluster.gpu_memory_bytes / GIB:g} GiB per GPU: the CUDA context and "
+                            f"allocator margin alone take {need(0.0) / GIB:.1f} GiB (--context-gib)")
     found = smallest_fit(model, shape, cluster, gbs, space, need, hw, limit=max(64 * cluster.gpus, 64))
-    where = (f"the smallest fitting setup is {found[0]} GPUs at {found[1].needed / GIB:.1f} GiB"
-             if found else f"none fits on up to {max(64 * cluster.gpus, 64)} GPUs either")
+    if found:
+        p = found[1].plan
+        where = (f"the smallest fitting setup is {found[0]} GPUs at {found[1].needed / GIB:.1f} GiB (TP {p.tp}, PP "
+                 f"{p.pp}, DP {p.dp}, VPP {p.vpp}, micro-batch {p.micro_batch_size}, recompute "
+                 f"{p.recompute.granularity})")
+    else:
+        where = f"none fits on up to {max(64 * cluster.gpus, 64)} GPUs either"
     return CaptureError(f"no plan fits {cluster.gpu_memory_bytes / GIB:g} GiB on {cluster.gpus} GPUs (best needs "
                         f"{best.needed / GIB:.1f} GiB per GPU); {where}")
 
