@@ -20,6 +20,7 @@ COMMANDS = {
     "train": ("capture_megatron.launcher", "plan (or take the given plan) and launch torchrun training"),
     "verify": ("capture_megatron.verify", "train a few iterations and compare measured with predicted memory"),
     "launch": ("capture_megatron.slurm", "render a Slurm batch script for a plan"),
+    "megatron-lm": ("capture_megatron.megatron_lm", "plan, then run your Megatron-LM checkout's pretrain_gpt"),
 }
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 
 from capture_megatron import baselines
-from capture_megatron.config import GIB, Cluster, ModelShape
+from capture_megatron.config import GIB, Cluster, ModelShape, ParallelPlan
 from capture_megatron.emit import model_args, plan_args
 from capture_megatron.planner import Evaluated, rank_peak_fn
 from capture_megatron.predict import StageMemory, find_variant, sizes_for, variant_of
@@ -16,16 +16,19 @@ def _breakdown(stages: tuple[StageMemory, ...]) -> list[dict]:
     return [{"pp_rank": s.pp_rank, **{k: int(getattr(s, k)) for k in PARTS}, "phase": s.phase} for s in stages]
 
 
-def _baselines(model, shape: ModelShape, best: Evaluated) -> dict:
-    plan = best.plan
+def baseline_partitions(model, shape: ModelShape, plan: ParallelPlan) -> list[baselines.Baseline]:
+    """Uniform, the best Megatron first/last choice and DeepSpeed's 'parameters' split at the plan's sizes."""
     peak = rank_peak_fn(model, shape, plan, plan.recompute.granularity == "full")
     sc = find_variant(model, variant_of(shape, plan)).constants(sizes_for(shape, plan))
     emb, head = sum(sc.chunk("first").end_numels), sum(sc.chunk("last").end_numels)
-    found = [baselines.uniform(shape.num_layers, plan.pp, plan.vpp, peak),
-             baselines.megatron_first_last(shape.num_layers, plan.pp, plan.vpp, peak),
-             baselines.deepspeed_parameters(shape.num_layers, plan.pp, plan.vpp, emb, sum(sc.layer_numels), head, peak)]
+    return [baselines.uniform(shape.num_layers, plan.pp, plan.vpp, peak),
+            baselines.megatron_first_last(shape.num_layers, plan.pp, plan.vpp, peak),
+            baselines.deepspeed_parameters(shape.num_layers, plan.pp, plan.vpp, emb, sum(sc.layer_numels), head, peak)]
+
+
+def _baselines(model, shape: ModelShape, best: Evaluated) -> dict:
     out = {}
-    for b in found:
+    for b in baseline_partitions(model, shape, best.plan):
         if b.partition is None:
             out[b.name] = {"unavailable": b.reason}
             continue

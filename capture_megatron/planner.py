@@ -187,8 +187,9 @@ def search(model: MemoryModel, shape: ModelShape, cluster: Cluster, gbs: int, sp
     micro-batch, without interleaving, or with full recompute, which keeps only each layer's input:
     larger micro-batches, interleaving and keeping more activations only add memory). throughput is a
     branch and bound: candidates in order of a step-time lower bound (step_seconds(bound=True)),
-    stopping once `top` fitting plans are at least as fast as every bound left; an interleaved
-    candidate is only balanced when its non-interleaved twin fits (it needs at least as much)."""
+    stopping once `top` fitting plans are at least as fast as every bound left; a candidate is only
+    balanced when its lighter twins fit (the same sizes without interleaving, and with full
+    recompute trimmed to the fewest layers that fit: they need no more memory)."""
     if objective not in OBJECTIVES:
         raise CaptureError(f"--objective {objective!r} is not one of {', '.join(OBJECTIVES)}")
     plans = list(candidates(shape, cluster, gbs, space))
@@ -207,11 +208,12 @@ def _memory_dominated(plan: ParallelPlan, space: Space) -> bool:
 
 def _fastest(model: MemoryModel, shape: ModelShape, cluster: Cluster, plans: list[ParallelPlan], need,
              hw: Hardware, top: int) -> SearchResult:
-    def sizes(p: ParallelPlan) -> tuple:
-        return p.tp, p.pp, p.dp, p.micro_batch_size, p.recompute.granularity, p.sequence_parallel, \
-            p.distributed_optimizer
+    def sizes(p: ParallelPlan, recompute: str) -> tuple:
+        return p.tp, p.pp, p.dp, p.micro_batch_size, recompute, p.sequence_parallel, p.distributed_optimizer
 
-    flat = {sizes(p): p for p in plans if p.vpp == 1}
+    # the lightest twin: no interleaving and full recompute when the space has them
+    flat = {sizes(p, p.recompute.granularity): p for p in plans if p.vpp == 1}
+    light = {key: plan for key, plan in flat.items() if key[4] == "full"}
     done: dict[ParallelPlan, Evaluated] = {}
 
     def run(plan: ParallelPlan) -> Evaluated:
@@ -224,8 +226,8 @@ def _fastest(model: MemoryModel, shape: ModelShape, cluster: Cluster, plans: lis
         fitting = sorted(e.step_seconds for e in done.values() if e.fits)
         if len(fitting) >= top and fitting[top - 1] <= step_seconds(shape, plan, hw, bound=True):
             break
-        twin = flat.get(sizes(plan)) if plan.vpp > 1 else None
-        if twin is not None and not run(twin).fits:
+        twins = (light.get(sizes(plan, "full")), flat.get(sizes(plan, plan.recompute.granularity)))
+        if any(t is not None and t != plan and not run(t).fits for t in twins):
             continue
         run(plan)
     ranked = sorted(done.values(), key=lambda e: (not e.fits, e.step_seconds, e.peak))

@@ -205,9 +205,23 @@ def schedule_states(pp: int, num_microbatches: int, vpp: int, pp_rank: int) -> t
     groups: dict = {}
     for state in seen:
         groups.setdefault((state[0], state[1], state[3]), []).append(state[2])
-    keep = {(key, live) for key, lives in groups.items() for live in lives
-            if not any(o != live and all(a >= b for a, b in zip(o, live)) for o in lives)}
+    keep = set()
+    for key, lives in groups.items():
+        front = [live for live in lives if not any(o != live and all(a >= b for a, b in zip(o, live)) for o in lives)]
+        keep.update((key, live) for live in (_upper_hull(front) if vpp == 2 else front))
     return tuple(s for s in seen if ((s[0], s[1], s[3]), s[2]) in keep)
+
+
+def _upper_hull(front: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Vertices of the upper hull of a 2-chunk Pareto front: the only points where a sum
+    w0 * live0 + w1 * live1 with weights >= 0 (the activations held) can be largest."""
+    hull: list[tuple[int, int]] = []
+    for p in sorted(set(front)):
+        while len(hull) >= 2 and (hull[-1][0] - hull[-2][0]) * (p[1] - hull[-2][1]) - \
+                (hull[-1][1] - hull[-2][1]) * (p[0] - hull[-2][0]) >= 0:
+            hull.pop()
+        hull.append(p)
+    return hull
 
 
 def rank_memory(vm: VariantModel, shape: ModelShape, plan: ParallelPlan, pp_rank: int,

@@ -66,7 +66,7 @@ def test_thousand_layers_over_64_stages_is_fast():
     start = time.perf_counter()
     part = min_max_partition(1000, 64, 1, cost)
     assert sum(part.layers_per_stage) == 1000
-    assert time.perf_counter() - start < 5  # the timed bound (50 ms) lives in bench/bench_partition.py
+    assert time.perf_counter() - start < 5  # the timed bound (50 ms) lives in bench/speed.py
 
 
 def test_bad_sizes_are_named():
