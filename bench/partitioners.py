@@ -11,15 +11,18 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
+import tempfile
 import time
 
 from tqdm import tqdm
 
 from capture_megatron import planner, presets
 from capture_megatron.config import GIB, Cluster
-from capture_megatron.model_source import profiled_model
+from capture_megatron.model_source import _cache_path, profiled_model
 from capture_megatron.plan_report import baseline_partitions
 from capture_megatron.predict import variant_of
+from capture_megatron.profile.records import read_records
 from capture_megatron.profile.requests import anchor_shape
 
 PRESETS = ("gpt3-1.3b", "gpt3-2.7b", "gpt3-6.7b", "gpt3-13b", "gpt3-175b", "llama2-7b", "llama2-13b", "llama2-70b")
@@ -73,6 +76,7 @@ def run(preset: str) -> dict:
     t0 = time.perf_counter()
     model = profiled_model(shape, "fake", needs, progress=True)
     profile_s = time.perf_counter() - t0
+    probes = len(read_records(_cache_path(shape, "fake")))
     rows = [per_cluster(model, shape, g) for g in tqdm(GPUS, desc=preset, leave=False)]
     fewest: dict[str, int | None] = {a: None for a in APPROACHES}
     for g in MIN_GPUS:  # ascending until every approach has fitted once
@@ -80,14 +84,18 @@ def run(preset: str) -> dict:
         fewest.update({a: g for a in APPROACHES if fewest[a] is None and fits.get(a)})
         if all(fewest.values()):
             break
-    return {"preset": preset, "profile_and_fit_seconds": profile_s, "rows": rows, "min_gpus": fewest}
+    return {"preset": preset, "profile_and_fit_seconds": profile_s, "probes": probes, "layers": shape.num_layers,
+            "rows": rows, "min_gpus": fewest}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--presets", default=",".join(PRESETS))
     ap.add_argument("--out", default="bench/results/partitioners.json")
+    ap.add_argument("--reuse-cache", action="store_true", help="reuse ~/.cache profiles (else time a fresh profile)")
     ns = ap.parse_args()
+    if not ns.reuse_cache:
+        os.environ["CAPTURE_MEGATRON_CACHE"] = tempfile.mkdtemp(prefix="capture-bench-")
     results = [run(p) for p in ns.presets.split(",")]
     with open(ns.out, "w") as f:
         json.dump({"space": dataclasses.asdict(SPACE), "global_batch_size": GBS, "results": results}, f, indent=1)
