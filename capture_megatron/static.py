@@ -38,26 +38,9 @@ def _pad(n: int, m: int) -> int:
 
 def buffer_layout(numels: list[int], dp: int, shared_index: int | None) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
     """Distributed-optimizer buffer: ((start, end) per parameter, (start, end) per bucket)."""
-    ranges = [(0, 0)] * len(numels)
-    buckets, bucket_start, start, count = [], 0, 0, 0
-    divisor = math.lcm(dp, 128)
-    for i in reversed(range(len(numels))):
-        start = _pad(start, 64)
-        shared = i == shared_index
-        if shared and count:
-            buckets.append((bucket_start, _pad(start, divisor)))
-            bucket_start = start = buckets[-1][1]
-            count = 0
-        ranges[i] = (start, start + numels[i])
-        count += 1
-        start += numels[i]
-        if shared:
-            buckets.append((bucket_start, _pad(start, divisor)))
-            bucket_start = start = buckets[-1][1]
-            count = 0
-    if count:
-        buckets.append((bucket_start, _pad(start, divisor)))
-    return ranges, buckets
+    items = [(numels[i], i == shared_index) for i in reversed(range(len(numels)))]
+    placed, buckets, _ = _place(items, dp)
+    return placed[::-1], buckets
 
 
 def _owned(ranges, buckets, dp: int) -> list[int]:
