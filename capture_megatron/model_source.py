@@ -22,26 +22,25 @@ def cache_dir() -> str:
 
 
 def _cache_path(shape: ModelShape, device: str) -> str:
-    import megatron.core
-    import torch
+    from importlib.metadata import version  # the installed versions, without importing torch/megatron
 
     from capture_megatron import __version__
 
-    key = f"{device}|{shape.to_json()}|{__version__}|{torch.__version__}|{megatron.core.__version__}"
+    key = f"{device}|{shape.to_json()}|{__version__}|{version('torch')}|{version('megatron-core')}"
     return os.path.join(cache_dir(), f"{device}-{hashlib.sha1(key.encode()).hexdigest()[:16]}.jsonl")
 
 
 def profiled_model(shape: ModelShape, device: str, needs: set[tuple[Variant, ProbeShape]],
                    progress: bool = True) -> MemoryModel:
     """A memory model holding anchors for every (variant, probe shape) in `needs`."""
-    from capture_megatron.profile.design import probes_for
-    from capture_megatron.profile.session import run_probes
-
     path = _cache_path(shape, device)
     records = read_records(path) if os.path.exists(path) else []
     have = {(r.variant, r.shape) for r in records}
     missing = sorted(((v, s) for v, s in needs if (v, s) not in have), key=str)
     if missing:
+        from capture_megatron.profile.design import probes_for
+        from capture_megatron.profile.session import run_probes
+
         probes = [p for v, s in missing for p in probes_for(v, [s])]
         print(f"profiling {len(probes)} probes on {device} for {len(missing)} new (variant, size) pairs "
               f"(cached in {path})", flush=True)

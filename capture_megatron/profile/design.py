@@ -11,7 +11,7 @@ import random
 
 import numpy as np
 
-from capture_megatron.profile.probe import Probe
+from capture_megatron.profile.records import Probe
 from capture_megatron.profile.records import ProbeShape, Variant
 from capture_megatron.terms import ACTIVATION_TERMS, PARAMETER_TERMS, Sizes
 

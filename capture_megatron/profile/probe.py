@@ -19,28 +19,8 @@ from capture_megatron.config import ModelShape, ParallelPlan, Recompute
 from capture_megatron.megatron.builder import TORCH_DTYPES, build_gpt, transformer_config
 from capture_megatron.megatron.builder_options import BuildOptions
 from capture_megatron.static import chunk_static
-from capture_megatron.profile.records import BufferBytes, ProbeShape, ProfileRecord, Variant
+from capture_megatron.profile.records import BufferBytes, Probe, ProbeShape, ProfileRecord, Variant  # noqa: F401 (Probe re-exported)
 from capture_megatron.train.options import OptimOptions, RunOptions
-
-
-@dataclass(frozen=True)
-class Probe:
-    """What one probe builds and runs."""
-
-    variant: Variant
-    """Categorical settings."""
-    shape: ProbeShape
-    """Sizes."""
-    kind: str
-    """first, middle, last or only."""
-    layers: int
-    """Transformer layers in the chunk."""
-    recompute_layers: int = 0
-    """Layers under full recompute (variant.recompute == 'full')."""
-    dp: int = 1
-    """Data-parallel size (for the distributed optimizer's shards)."""
-    distributed_optimizer: bool = False
-    """Megatron's distributed optimizer."""
 
 
 def model_shape(probe: Probe) -> ModelShape:

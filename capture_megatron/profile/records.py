@@ -142,6 +142,26 @@ class ProfileRecord(JsonMixin):
     """Megatron's global memory buffers held after the probe."""
 
 
+@dataclass(frozen=True)
+class Probe:
+    """What one probe builds and runs."""
+
+    variant: Variant
+    """Categorical settings."""
+    shape: ProbeShape
+    """Sizes."""
+    kind: str
+    """first, middle, last or only."""
+    layers: int
+    """Transformer layers in the chunk."""
+    recompute_layers: int = 0
+    """Layers under full recompute (variant.recompute == 'full')."""
+    dp: int = 1
+    """Data-parallel size (for the distributed optimizer's shards)."""
+    distributed_optimizer: bool = False
+    """Megatron's distributed optimizer."""
+
+
 def write_records(records: list[ProfileRecord], path: str) -> None:
     """Write records as JSON lines (a header line names the format and versions)."""
     with open(path, "w") as f:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from capture_megatron.config import ModelShape
 from capture_megatron.profile.design import design_shapes, probes_for, variant_tps
-from capture_megatron.profile.probe import Probe
+from capture_megatron.profile.records import Probe
 from capture_megatron.profile.records import ProbeShape, Variant
 
 
