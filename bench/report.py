@@ -9,10 +9,10 @@ import os
 import platform
 
 from capture_megatron import presets
-from capture_megatron.config import ParallelPlan, Recompute
+from capture_megatron.fit import shape_sizes
 from capture_megatron.model_source import profiled_model
-from capture_megatron.predict import find_variant, sizes_for, variant_of
-from capture_megatron.profile.requests import anchor_shape
+from capture_megatron.predict import find_variant
+from capture_megatron.profile.requests import anchor_shape, model_variant
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NAMES = ("capture", "uniform", "megatron-first-last", "deepspeed-parameters")
@@ -61,21 +61,49 @@ def profile_cost_table(data: dict) -> list[str]:
     return out
 
 
+def quality_table(data: list) -> list[str]:
+    """Leave-one-out errors of the regressions across the 24 CPU design shapes (bench/profile_quality.py)."""
+    out = ["## Regression quality across shapes (CPU, 24 design shapes per variant)", "",
+           "| variant | probe runs | seconds | quantity | LOO max relative error |", "|---|---|---|---|---|"]
+    for v in data:
+        for q in v["quantities"]:
+            if q["quantity"] == "layer saved S" or q["quantity"].split(".")[1] in ("fwd1", "bwd1", "step1", "saved1"):
+                out.append(f"| {v['variant']} | {v['probes']} | {v['seconds']:.0f} | {q['quantity']} | "
+                           f"{100 * q['loo_max_rel']:.2f}% |")
+    out += ["", "Saved activations and the static parts regress to rounding error; the transient peaks "
+            "(fwd1/bwd1/step1: which temporaries coexist at the peak) do not, which is why the planner profiles "
+            "the model's own sizes (anchors, exact) instead of extrapolating them (docs/MEMORY_MODEL.md)."]
+    return out
+
+
+SETTINGS = (  # (recompute, SP, Korthikanti et al. bytes per layer / (s*b*h), Megatron's estimator or None), t = 8
+    ("none", False, lambda a, s, h, f, t: 10 + 24 / t + 5 * a * s / (h * t), None),
+    ("selective", False, lambda a, s, h, f, t: 10 + 24 / t, lambda a, s, h, f, t: 10 + 24 / t),
+    ("none", True, lambda a, s, h, f, t: (34 + 5 * a * s / h) / t, None),
+    ("selective", True, lambda a, s, h, f, t: 34 / t, lambda a, s, h, f, t: (18 + 4 * f / h) / t),
+    ("full", True, lambda a, s, h, f, t: 2 / t, None),
+)
+
+
 def korthikanti_rows(data: dict) -> list[str]:
-    """Our profiled bytes one layer saves (TP 8, SP, selective, bf16, b=1) vs Korthikanti et al.'s 34sbh/t."""
-    out = ["| model | profiled S (MiB) | Korthikanti 34·s·b·h/t (MiB) | theoretical_memory_usage (18+4f/h)·s·b·h/t (MiB) "
-           "| S / Korthikanti |", "|---|---|---|---|---|"]
+    """Profiled bytes one layer keeps per micro-batch (TP 8, bf16, b = 1; with full recompute its
+    stored input) vs Korthikanti et al. and Megatron's theoretical_memory_usage."""
+    out = ["| model | recompute | SP | profiled (MiB) | Korthikanti (MiB) | theoretical_memory_usage (MiB) | "
+           "profiled / Korthikanti |", "|---|---|---|---|---|---|---|"]
     for res in data["results"]:
         shape = presets.preset(res["preset"])
-        plan = ParallelPlan(tp=8, pp=1, dp=1, micro_batch_size=1, global_batch_size=1,
-                            layers_per_stage=(shape.num_layers,), sequence_parallel=True,
-                            recompute=Recompute("selective"))
-        model = profiled_model(shape, "fake", {(variant_of(shape, plan), anchor_shape(shape, 8, 1))}, progress=False)
-        saved = find_variant(model, variant_of(shape, plan)).constants(sizes_for(shape, plan)).layer_saved
-        formula = 34 * shape.seq_length * shape.hidden_size / 8
-        megatron = (18 + 4 * shape.ffn / shape.hidden_size) * shape.seq_length * shape.hidden_size / 8
-        out.append(f"| {res['preset']} | {saved / 2**20:.1f} | {formula / 2**20:.1f} | {megatron / 2**20:.1f} | "
-                   f"{saved / formula:.2f} |")
+        z = anchor_shape(shape, 8, 1)
+        needs = {(model_variant(shape, rc, sp), z) for rc, sp, _, _ in SETTINGS}
+        model = profiled_model(shape, "fake", needs, progress=False)
+        sbh = shape.seq_length * shape.hidden_size
+        dims = (shape.num_attention_heads, shape.seq_length, shape.hidden_size, shape.ffn, 8)
+        for rc, sp, korthikanti, megatron in SETTINGS:
+            c = find_variant(model, model_variant(shape, rc, sp)).constants(shape_sizes(z))
+            saved = c.layer_saved_rc if rc == "full" else c.layer_saved
+            k = korthikanti(*dims) * sbh
+            m = f"{megatron(*dims) * sbh / 2**20:.1f}" if megatron else "-"
+            out.append(f"| {res['preset']} | {rc} | {'yes' if sp else 'no'} | {saved / 2**20:.1f} | {k / 2**20:.1f} | "
+                       f"{m} | {saved / k:.2f} |")
     return out
 
 
@@ -91,6 +119,9 @@ def main() -> None:
     text += "\n## Fewest GPUs of 80 GiB that fit (1, 2, 4, then whole nodes of 8)\n\n" + "\n".join(min_gpu_table(part))
     text += "\n\n## Profiling cost (probes for every TP the search considers; fresh cache)\n\n" + "\n".join(
         profile_cost_table(part))
+    quality = os.path.join(ROOT, "bench/results/profile_quality.json")
+    if os.path.exists(quality):
+        text += "\n\n" + "\n".join(quality_table(json.load(open(quality))))
     text += "\n\n## Saved activations per layer vs Korthikanti et al. (2022)\n\n" + "\n".join(korthikanti_rows(part))
     text += "\n\n" + open(os.path.join(ROOT, "bench/BENCHMARKS.tail.md")).read()
     with open(os.path.join(ROOT, "docs/BENCHMARKS.md"), "w") as f:

@@ -152,7 +152,11 @@ class MemoryModel(JsonMixin):
 
 def sizes_of(rec: ProfileRecord) -> Sizes:
     """Term sizes of a record's probe shape."""
-    s = rec.shape
+    return shape_sizes(rec.shape)
+
+
+def shape_sizes(s) -> Sizes:
+    """Term sizes of a ProbeShape."""
     return Sizes(b=s.micro_batch_size, s=s.seq_length, h=s.hidden_size, a=s.num_attention_heads,
                  g=s.num_query_groups, d=s.kv_channels, f=s.ffn_hidden_size, V=s.padded_vocab, t=s.tp)
 
