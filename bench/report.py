@@ -99,7 +99,7 @@ def korthikanti_rows(data: dict) -> list[str]:
         dims = (shape.num_attention_heads, shape.seq_length, shape.hidden_size, shape.ffn, 8)
         for rc, sp, korthikanti, megatron in SETTINGS:
             c = find_variant(model, model_variant(shape, rc, sp)).constants(shape_sizes(z))
-            saved = c.layer_saved_rc if rc == "full" else c.layer_saved
+            saved = c.layer_saved_rc_next if rc == "full" else c.layer_saved
             k = korthikanti(*dims) * sbh
             m = f"{megatron(*dims) * sbh / 2**20:.1f}" if megatron else "-"
             out.append(f"| {res['preset']} | {rc} | {'yes' if sp else 'no'} | {saved / 2**20:.1f} | {k / 2**20:.1f} | "

@@ -73,13 +73,16 @@ class ShapeConstants(JsonMixin):
     layer_saved: float
     """S."""
     layer_saved_rc: float | None
-    """R (full recompute only)."""
+    """R: what the first recomputed layer of a chunk keeps (full recompute only)."""
     layer_numels: tuple[int, ...]
     """One layer's parameter element counts, in module order."""
     chunks: tuple[KindConstants, ...]
     """One per chunk kind."""
     buffers: float
     """Megatron's global buffers with at least one layer."""
+    layer_saved_rc_next: float | None = None
+    """R2: what each recomputed layer after the first keeps (its input; full recompute only). The
+    first recomputed layer of a chunk may keep less (its input is the chunk's input): R."""
 
     def chunk(self, kind: str) -> KindConstants:
         """The constants of one kind."""
@@ -124,6 +127,8 @@ class VariantModel(JsonMixin):
     """Global buffer bytes over shapes."""
     ranges: tuple[tuple[str, int, int], ...]
     """(size, min, max) over the probes, for extrapolation warnings."""
+    layer_saved_rc_next: Regression | None = None
+    """R2 over shapes (full recompute only)."""
 
     def constants(self, z: Sizes) -> ShapeConstants:
         """Exact constants when `z` was probed, else the regressions' prediction."""
@@ -131,9 +136,11 @@ class VariantModel(JsonMixin):
             if anchor.sizes == z:
                 return anchor
         rc = self.layer_saved_rc.predict(z) if self.layer_saved_rc is not None else None
+        rc2 = self.layer_saved_rc_next.predict(z) if self.layer_saved_rc_next is not None else None
         return ShapeConstants(sizes=z, layer_saved=self.layer_saved.predict(z), layer_saved_rc=rc,
                               layer_numels=tuple(round(r.predict(z)) for r in self.layer_numels),
-                              chunks=tuple(c.at(z) for c in self.chunks), buffers=self.buffers.predict(z))
+                              chunks=tuple(c.at(z) for c in self.chunks), buffers=self.buffers.predict(z),
+                              layer_saved_rc_next=rc2)
 
 
 @dataclass(frozen=True)
@@ -189,10 +196,12 @@ def shape_constants(probes: dict, full: bool) -> ShapeConstants:
     z = sizes_of(next(iter(probes.values())))
     one, two = _need(probes, ("middle", 1, 0), z), _need(probes, ("middle", 2, 0), z)
     rc = _need(probes, ("middle", 2, 1), z).saved_bytes - one.saved_bytes if full else None
+    rc2 = (_need(probes, ("middle", 2, 2), z).saved_bytes - _need(probes, ("middle", 1, 1), z).saved_bytes
+           if full else None)
     return ShapeConstants(sizes=z, layer_saved=two.saved_bytes - one.saved_bytes, layer_saved_rc=rc,
                           layer_numels=one.param_numels,
                           chunks=tuple(_kind_constants(k, probes, z, full) for k in KINDS),
-                          buffers=sum(b.nbytes for b in one.buffers))
+                          buffers=sum(b.nbytes for b in one.buffers), layer_saved_rc_next=rc2)
 
 
 def _chunk_model(kind: str, anchors: list[ShapeConstants]) -> ChunkModel:
@@ -231,7 +240,8 @@ def fit_variant(records: list[ProfileRecord]) -> VariantModel:
         layer_saved_rc=regress("activation", zs, [a.layer_saved_rc for a in anchors]) if full else None,
         layer_numels=tuple(regress("parameter", zs, [n[i] for n in numels]) for i in range(len(numels[0]))),
         chunks=tuple(_chunk_model(k, anchors) for k in KINDS),
-        buffers=regress("activation", zs, [a.buffers for a in anchors]), ranges=_ranges(anchors))
+        buffers=regress("activation", zs, [a.buffers for a in anchors]), ranges=_ranges(anchors),
+        layer_saved_rc_next=regress("activation", zs, [a.layer_saved_rc_next for a in anchors]) if full else None)
 
 
 def fit(records: list[ProfileRecord]) -> MemoryModel:

@@ -122,8 +122,11 @@ def _activations(sc: ShapeConstants, kind: str, k: int, n: int) -> tuple[float, 
             return inp, 0.0, 0.0, inp
         return inp, c.saved0, c.fwd0, c.bwd0
     s, r = sc.layer_saved, (sc.layer_saved_rc or 0.0)
-    saved = c.saved1 + (k - 1 - n) * s + n * r
-    fwd = c.fwd1 + n * r + (k - n - 1) * s if n < k else c.fwdrc + (k - 1) * r
+    r2 = r if sc.layer_saved_rc_next is None else sc.layer_saved_rc_next
+    kept = r + (n - 1) * r2 if n else 0.0  # the first recomputed layer, then each further one
+    saved = c.saved1 + (k - 1 - n) * s + kept
+    # after recomputed layers the first kept layer's input is a fresh tensor (r2), not the chunk's input
+    fwd = c.fwd1 + kept + (k - n - 1) * s + (r2 - r if n else 0.0) if n < k else c.fwdrc + (k - 1) * r2
     if n == 0:
         bwd = c.bwd1
     elif n < k:

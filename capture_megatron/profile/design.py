@@ -18,7 +18,7 @@ from capture_megatron.terms import ACTIVATION_TERMS, PARAMETER_TERMS, Sizes
 DESIGN_SHAPES = 24
 BASE_PROBES = (("middle", 1, 0), ("middle", 2, 0), ("first", 0, 0), ("first", 1, 0), ("last", 0, 0),
                ("last", 1, 0), ("only", 0, 0), ("only", 1, 0))
-RECOMPUTE_PROBES = (("middle", 1, 1), ("middle", 2, 1), ("first", 1, 1), ("first", 2, 1), ("last", 1, 1),
+RECOMPUTE_PROBES = (("middle", 1, 1), ("middle", 2, 1), ("middle", 2, 2), ("first", 1, 1), ("first", 2, 1), ("last", 1, 1),
                     ("last", 2, 1), ("only", 1, 1), ("only", 2, 1))
 
 

@@ -149,3 +149,20 @@ def test_records_file_errors(tmp_path, gpt_model):
 
 
 del resource
+
+
+@pytest.mark.parametrize("variant", [dataclasses.replace(GPT, dtype="bf16", recompute="full", sequence_parallel=True),
+                                     dataclasses.replace(LLAMA_BF16_SP, recompute="full")])
+def test_full_recompute_chunks_of_any_depth(variant):
+    """Block recompute of n of k layers: the decomposition (first recomputed layer R, each further R2)
+    predicts saved, forward and backward peaks of unprobed (k, n) exactly."""
+    from capture_megatron.fit import shape_sizes
+    from capture_megatron.predict import _activations
+
+    shape = ProbeShape(2, 64, 64, 4, 4, 16, 256, 256, 2)
+    sc = fit(run_probes(probes_for(variant, [shape]), "cpu", progress=False)).variants[0].constants(shape_sizes(shape))
+    cases = [(3, 2), (3, 3), (4, 2), (4, 4)]
+    for (k, n), rec in zip(cases, run_probes([Probe(variant, shape, "middle", k, n) for k, n in cases], "cpu",
+                                             progress=False)):
+        _, saved, fwd, bwd = _activations(sc, "middle", k, n)
+        assert (saved, fwd, bwd) == (rec.saved_bytes, rec.forward_peak, rec.backward_peak), (k, n)
