@@ -1,11 +1,12 @@
 """Fit: ProfileRecords -> MemoryModel (per variant: per-shape constants and their regressions).
 
 How a chunk's memory decomposes (verified on the probes; docs/MEMORY_MODEL.md): with S the bytes
-one transformer layer saves per micro-batch and R those of a fully recomputed layer (its input), a
-chunk of kind K with k >= 1 layers of which the first n are recomputed
-- holds per micro-batch  saved1_K + (k - 1 - n) * S + n * R        (plus the received input)
-- peaks in forward at     fwd1_K + n * R + (k - n - 1) * S           (n < k)
-                          fwdrc_K + (k - 1) * R                       (n = k)
+one transformer layer saves per micro-batch, R what the first fully recomputed layer keeps and R2
+what each further one keeps (its input), kept = R + (n - 1) * R2 (0 when n = 0), a chunk of kind K
+with k >= 1 layers of which the first n are recomputed
+- holds per micro-batch  saved1_K + (k - 1 - n) * S + kept          (plus the received input)
+- peaks in forward at     fwd1_K + kept + (k - n - 1) * S + (R2 - R)  (0 < n < k; n = 0: fwd1_K + (k-1) S)
+                          fwdrc_K + (k - 1) * R2                      (n = k)
 - peaks in backward at    bwd1_K                                      (n = 0)
                           max(bwd1_K, bwdmix_K - (k - n - 1) * S)     (0 < n < k)
                           bwdrc_K                                     (n = k)
