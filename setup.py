@@ -3,7 +3,7 @@ from setuptools import find_packages, setup
 
 setup(
     name="capture_megatron",
-    version="0.2.0",
+    version="0.3.0",
     description="Profile, predict and balance per-GPU peak memory of Megatron-Core training (CAPTURE)",
     packages=find_packages(include=["capture_megatron", "capture_megatron.*"]),
     package_data={"capture_megatron": ["data/*.txt", "data/*.json", "megatron/*.txt", "templates/*.sh"]},

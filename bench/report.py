@@ -61,18 +61,32 @@ def profile_cost_table(data: dict) -> list[str]:
     return out
 
 
-def quality_table(data: list) -> list[str]:
-    """Leave-one-out errors of the regressions across the 24 CPU design shapes (bench/profile_quality.py)."""
-    out = ["## Regression quality across shapes (CPU, 24 design shapes per variant)", "",
-           "| variant | probe runs | seconds | quantity | LOO max relative error |", "|---|---|---|---|---|"]
-    for v in data:
+def _pct(x) -> str:
+    return "-" if x is None else f"{100 * x:.2f}%"
+
+
+def quality_table(data: dict) -> list[str]:
+    """Leave-one-out errors across the 24 CPU design shapes and errors on held-out shapes
+    (bench/profile_quality.py)."""
+    out = ["## Model quality across shapes (CPU, 24 design shapes per variant)", "",
+           "Leave-one-out maximum relative error over the design shapes, of the regression and of the replayed "
+           "allocation timeline (docs/MEMORY_MODEL.md; the timeline is what `fit` uses when the records carry "
+           "timelines). Chunk kinds with one layer; saved = saved activations, fwd/bwd/step = peaks:", "",
+           "| variant | probe runs | profile s | fit s | quantity | regression LOO | timeline LOO |",
+           "|---|---|---|---|---|---|---|"]
+    for v in data["variants"]:
         for q in v["quantities"]:
-            if q["quantity"] == "layer saved S" or q["quantity"].split(".")[1] in ("fwd1", "bwd1", "step1", "saved1"):
-                out.append(f"| {v['variant']} | {v['probes']} | {v['seconds']:.0f} | {q['quantity']} | "
-                           f"{100 * q['loo_max_rel']:.2f}% |")
-    out += ["", "Saved activations and the static parts regress to rounding error; the transient peaks "
-            "(fwd1/bwd1/step1: which temporaries coexist at the peak) do not, which is why the planner profiles "
-            "the model's own sizes (anchors, exact) instead of extrapolating them (docs/MEMORY_MODEL.md)."]
+            if q["quantity"] == "layer saved S" or q["quantity"].endswith("1"):
+                out.append(f"| {v['variant']} | {v['probes']} | {v['seconds']:.0f} | {v['fit_seconds']:.1f} | "
+                           f"{q['quantity']} | {_pct(q['regression'])} | {_pct(q['timeline'])} |")
+    out += ["", f"Held-out shapes ({len(data['held_out'])}, none in the probe set; every chunk kind's probes, each "
+            "prediction against its measurement; largest relative error per group):", "",
+            "| variant | b, s, h, heads, groups, kv, ffn, vocab, TP | checks | saved activations | transient peaks | "
+            "params/grads/optimizer | worst quantity |", "|---|---|---|---|---|---|---|"]
+    for row in data["held_out"]:
+        dims = ", ".join(str(v) for v in row["shape"].values())
+        out.append(f"| {row['variant']} | {dims} | {row['checks']} | {100 * row['saved_max_rel']:.3f}% | "
+                   f"{100 * row['transient_max_rel']:.3f}% | {100 * row['static_max_rel']:.3f}% | {row['worst']} |")
     return out
 
 
@@ -107,6 +121,30 @@ def korthikanti_rows(data: dict) -> list[str]:
     return out
 
 
+KORTHIKANTI = {False: "10·sbh + 24·sbh/t + 5·as²b/t", True: "34·sbh/t + 5·as²b/t"}
+"""Korthikanti et al.'s bytes per layer without recompute, by sequence parallelism (selective: no as²b)."""
+
+
+def breakdown_tables(data: list) -> list[str]:
+    """Per recompute/SP setting, every tensor one GPT layer keeps (bench/saved_breakdown.py)."""
+    out = []
+    for setting in data:
+        t = setting["totals"]
+        formula = KORTHIKANTI[setting["sp"]]
+        if setting["recompute"] == "selective":
+            formula = formula.replace(" + 5·as²b/t", "")
+        out += [f"### {setting['arch']}, recompute {setting['recompute']}, SP {'on' if setting['sp'] else 'off'}", ""]
+        if setting["arch"] == "gpt":
+            out += [f"Kept at GPT-3 1.3B's shape (TP 8, b = 1), with the layer's fp32 output: {t['sbh']:g}·sbh + "
+                    f"{t['sbh/t']:g}·sbh/t + {t['as2b/t']:g}·as²b/t + small terms (b·s, s², s·d); Korthikanti: "
+                    f"{formula}.", ""]
+        out += ["| op that allocated it | bytes | kept at GPT-3 1.3B / TP 8 | kept only when |", "|---|---|---|---|"]
+        out += [f"| {x['op']} | {x['bytes']} | {'yes' if x['at_reference'] else 'no'} | {x['when'].strip() or '-'} |"
+                for x in setting["tensors"]]
+        out.append("")
+    return out
+
+
 def main() -> None:
     part = json.load(open(os.path.join(ROOT, "bench/results/partitioners.json")))
     speed = json.load(open(os.path.join(ROOT, "bench/results/speed.json")))
@@ -123,6 +161,11 @@ def main() -> None:
     if os.path.exists(quality):
         text += "\n\n" + "\n".join(quality_table(json.load(open(quality))))
     text += "\n\n## Saved activations per layer vs Korthikanti et al. (2022)\n\n" + "\n".join(korthikanti_rows(part))
+    breakdown = os.path.join(ROOT, "bench/results/saved_breakdown.json")
+    if os.path.exists(breakdown):
+        text += ("\n\n## What one GPT layer keeps, tensor by tensor (bf16, local spec, CPU; "
+                 "bench/saved_breakdown.py)\n\n" + open(os.path.join(ROOT, "bench/BREAKDOWN.md")).read()
+                 + "\n" + "\n".join(breakdown_tables(json.load(open(breakdown)))))
     text += "\n\n" + open(os.path.join(ROOT, "bench/BENCHMARKS.tail.md")).read()
     with open(os.path.join(ROOT, "docs/BENCHMARKS.md"), "w") as f:
         f.write(text)

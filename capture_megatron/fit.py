@@ -12,8 +12,10 @@ with k >= 1 layers of which the first n are recomputed
                           bwdrc_K                                     (n = k)
 and a chunk without layers (k = 0: the embedding or the head alone) has its own *0 values.
 For every probed shape these constants are kept exactly (anchors: a prediction at a probed shape
-is exact); across shapes each constant is regressed on the terms of capture_megatron.terms.
-Pure Python + numpy.
+is exact); across shapes each constant is regressed on the terms of capture_megatron.terms, or, when
+the records carry allocation timelines, replayed event by event (capture_megatron.fit_windows): this
+follows which temporaries coexist at a peak, and which tensors exist at all, as the shape changes,
+which one regression cannot. Pure Python + numpy.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from capture_megatron.errors import CaptureError
+from capture_megatron.fit_windows import ProbeWindow, fit_windows, replayed
 from capture_megatron.profile.records import ProfileRecord, Variant
 from capture_megatron.regression import Regression, regress
 from capture_megatron.serial import JsonMixin
@@ -130,18 +133,22 @@ class VariantModel(JsonMixin):
     """(size, min, max) over the probes, for extrapolation warnings."""
     layer_saved_rc_next: Regression | None = None
     """R2 over shapes (full recompute only)."""
+    windows: tuple[ProbeWindow, ...] = ()
+    """Replayed allocation timelines of the probes' windows (records profiled with timelines); where
+    present they give the saved bytes and peaks instead of the regressions."""
 
     def constants(self, z: Sizes) -> ShapeConstants:
-        """Exact constants when `z` was probed, else the regressions' prediction."""
+        """Exact constants when `z` was probed, else the replayed timelines' / regressions' prediction."""
         for anchor in self.anchors:
             if anchor.sizes == z:
                 return anchor
         rc = self.layer_saved_rc.predict(z) if self.layer_saved_rc is not None else None
         rc2 = self.layer_saved_rc_next.predict(z) if self.layer_saved_rc_next is not None else None
-        return ShapeConstants(sizes=z, layer_saved=self.layer_saved.predict(z), layer_saved_rc=rc,
-                              layer_numels=tuple(round(r.predict(z)) for r in self.layer_numels),
-                              chunks=tuple(c.at(z) for c in self.chunks), buffers=self.buffers.predict(z),
-                              layer_saved_rc_next=rc2)
+        regressed = ShapeConstants(sizes=z, layer_saved=self.layer_saved.predict(z), layer_saved_rc=rc,
+                                   layer_numels=tuple(round(r.predict(z)) for r in self.layer_numels),
+                                   chunks=tuple(c.at(z) for c in self.chunks), buffers=self.buffers.predict(z),
+                                   layer_saved_rc_next=rc2)
+        return replayed(regressed, self.windows) if self.windows else regressed
 
 
 @dataclass(frozen=True)
@@ -242,7 +249,8 @@ def fit_variant(records: list[ProfileRecord]) -> VariantModel:
         layer_numels=tuple(regress("parameter", zs, [n[i] for n in numels]) for i in range(len(numels[0]))),
         chunks=tuple(_chunk_model(k, anchors) for k in KINDS),
         buffers=regress("activation", zs, [a.buffers for a in anchors]), ranges=_ranges(anchors),
-        layer_saved_rc_next=regress("activation", zs, [a.layer_saved_rc_next for a in anchors]) if full else None)
+        layer_saved_rc_next=regress("activation", zs, [a.layer_saved_rc_next for a in anchors]) if full else None,
+        windows=fit_windows(zs, list(table.values())))
 
 
 def fit(records: list[ProfileRecord]) -> MemoryModel:

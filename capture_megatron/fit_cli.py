@@ -21,6 +21,13 @@ def quality_rows(model: MemoryModel) -> list[tuple[str, str, int, float, float]]
         for chunk in vm.chunks:
             for field, reg in chunk.fields:
                 rows.append((name, f"{chunk.kind}.{field}", reg.samples, reg.max_abs_residual, reg.loo_max_rel_error))
+        for w in vm.windows:
+            probe = f"{w.kind}({w.layers},{w.recompute_layers}).{w.window}"
+            rows.append((name, f"{probe} peak (timeline)", w.model.samples, w.model.max_abs_residual,
+                         w.model.loo_max_rel_error))
+            if w.window == "forward":
+                rows.append((name, f"{probe} saved (timeline)", w.model.samples, w.model.max_abs_residual,
+                             w.model.kept_loo_max_rel_error))
     return rows
 
 
@@ -28,9 +35,9 @@ def print_quality(model: MemoryModel) -> None:
     """The fit-quality table."""
     print(f"memory model: {model.device}, {model.transformer_impl} spec, capture-megatron {model.versions[0]}, "
           f"torch {model.versions[1]}, megatron-core {model.versions[2]}")
-    print(f"  {'variant':22s} {'quantity':18s} {'probes':>6s} {'max resid B':>12s} {'LOO max err':>12s}")
+    print(f"  {'variant':22s} {'quantity':34s} {'probes':>6s} {'max resid B':>12s} {'LOO max err':>12s}")
     for variant, quantity, n, resid, loo in quality_rows(model):
-        print(f"  {variant:22s} {quantity:18s} {n:6d} {resid:12.0f} {100 * loo:11.3f}%")
+        print(f"  {variant:22s} {quantity:34s} {n:6d} {resid:12.0f} {100 * loo:11.3f}%")
 
 
 def write_model(model: MemoryModel, path: str) -> None:

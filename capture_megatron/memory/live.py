@@ -5,9 +5,12 @@ storage dies (PyTorch keeps one Python object per storage, so the finaliser fire
 Outputs that alias an input (views, in-place ops, out= variants, collectives writing into their
 input) are not counted again; a tracked storage that grew (resize_, out= into a smaller tensor) is
 re-counted at its new size. Storages that existed before tracking started are not counted unless
-passed to track_existing(). Works on CPU tensors and on FakeTensorMode tensors (enter this mode
-*inside* FakeTensorMode so it sees each op before the fake mode answers it). Measured overhead on a
-megatron transformer layer forward+backward on CPU: about 1.1-1.5x (python dispatch per op).
+passed to track_existing(). Between start_events() and take_events() it also logs each allocation
+('+op', bytes) and release ('-op', bytes, and where the storage's allocation is in this log or the
+previous one), op being the ATen op that allocated the storage, for capture_megatron.peaks. Works on
+CPU tensors and on FakeTensorMode tensors (enter this mode *inside* FakeTensorMode so it sees each
+op before the fake mode answers it). Measured overhead on a megatron transformer layer
+forward+backward on CPU: about 1.1-1.5x (python dispatch per op).
 """
 from __future__ import annotations
 
@@ -26,6 +29,14 @@ class LiveTensorTracker(TorchDispatchMode):
         self.current_bytes = 0
         self.peak_bytes = 0
         self._sizes: dict[int, int] = {}
+        self._ops: dict[int, str] = {}
+        self._origins: dict[int, int] = {}
+        self._before: dict[int, int] = {}
+        self._op = "existing"
+        self.events: list[tuple[str, int, int]] | None = None
+        """Allocation/release log while started (start_events), else None: ('+op' or '-op', bytes,
+        origin), origin being for a release the log index i of its storage's allocation, -2 - i when
+        that was in the previous log, -1 otherwise."""
 
     def _register(self, storage) -> None:
         key = storage._cdata
@@ -33,19 +44,50 @@ class LiveTensorTracker(TorchDispatchMode):
         old = self._sizes.get(key)
         if old is None:
             self._sizes[key] = size
+            self._ops[key] = self._op
             self.current_bytes += size
             weakref.finalize(storage, self._release, key)
+            self._log("+", key, size)
         elif old != size:
+            self._log("-", key, old)
             self._sizes[key] = size
+            self._ops[key] = self._op
             self.current_bytes += size - old
+            self._log("+", key, size)
+
+    def _log(self, sign: str, key: int, size: int) -> None:
+        if self.events is None or not size:
+            return
+        if sign == "+":
+            self._origins[key] = len(self.events)
+            self.events.append(("+" + self._ops[key], size, -1))
+        elif key in self._origins:
+            self.events.append(("-" + self._ops[key], size, self._origins.pop(key)))
+        else:  # allocated in the previous log at index i: origin -2 - i
+            self.events.append(("-" + self._ops[key], size, -2 - self._before[key] if key in self._before else -1))
 
     def _release(self, key: int) -> None:
+        if key in self._sizes:
+            self._log("-", key, self._sizes[key])
+            self._ops.pop(key, None)
+        self._origins.pop(key, None)
+        self._before.pop(key, None)
         self.current_bytes -= self._sizes.pop(key, 0)
+
+    def start_events(self) -> None:
+        """Begin logging allocations and releases (see events)."""
+        self.events, self._before, self._origins = [], self._origins, {}
+
+    def take_events(self) -> list[tuple[str, int, int]]:
+        """The log since start_events(); logging stops."""
+        events, self.events = self.events or [], None
+        return events
 
     def track_existing(self, tensors) -> None:
         """Count storages created before tracking started (e.g. a module's parameters)."""
         if isinstance(tensors, torch.nn.Module):
             tensors = list(tensors.parameters()) + list(tensors.buffers())
+        self._op = "existing"
         for t in tensors:
             self._register(t.untyped_storage())
         self.peak_bytes = max(self.peak_bytes, self.current_bytes)
@@ -58,6 +100,7 @@ class LiveTensorTracker(TorchDispatchMode):
         kwargs = kwargs or {}
         inputs = {t.untyped_storage()._cdata for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
         out = func(*args, **kwargs)
+        self._op = func.__name__
         for t in tree_leaves(out):
             if not isinstance(t, torch.Tensor) or t.device.type == "meta":
                 continue

@@ -35,6 +35,14 @@ class MemoryMeter:
     def stop(self) -> None:
         """Stop measuring (no-op unless the meter runs a mode)."""
 
+    def start_events(self) -> None:
+        """Begin logging allocations and releases (cpu and fake; a no-op on cuda)."""
+
+    def take_events(self) -> list[tuple[str, int, int]] | None:
+        """('+op' or '-op', bytes, origin) per allocation/release since start_events() (origin: for a
+        release, the index of the allocation event; else -1); None on cuda."""
+        return None
+
 
 class CpuMeter(MemoryMeter):
     """Exact accounting of host tensor storages from creation on (a process-long dispatch mode)."""
@@ -56,6 +64,12 @@ class CpuMeter(MemoryMeter):
 
     def stop(self) -> None:
         self.tracker.__exit__(None, None, None)
+
+    def start_events(self) -> None:
+        self.tracker.start_events()
+
+    def take_events(self) -> list[tuple[str, int, int]] | None:
+        return self.tracker.take_events()
 
 
 class FakeMeter(CpuMeter):

@@ -38,6 +38,9 @@ def build_parser() -> flags.FlagParser:
     g.add_argument("--variants", choices=["model", "all"], default="model",
                    help="model: the flags' recompute/SP setting; all: none/selective/full x SP on/off")
     g.add_argument("--no-design", action="store_true", help="probe only the model's own sizes (fast)")
+    g.add_argument("--no-timelines", action="store_true",
+                   help="do not record allocation timelines (cpu/fake; without them `fit` regresses transient "
+                        "peaks instead of replaying them)")
     g.add_argument("--no-progress", action="store_true")
     return p
 
@@ -67,7 +70,8 @@ def main(argv: list[str]) -> int:
         raise CaptureError(f"no probe fits: TP sizes {tps} do not divide heads {shape.num_attention_heads} / "
                            f"groups {shape.groups} / ffn {shape.ffn} (or SP needs TP > 1)")
     start = time.perf_counter()
-    records = run_probes(probes, ns.device, ns.transformer_impl, progress=not ns.no_progress)
+    records = run_probes(probes, ns.device, ns.transformer_impl, progress=not ns.no_progress,
+                         timelines=not ns.no_timelines and ns.device != "cuda")
     write_records(records, ns.out)
     print(f"profiled {len(records)} probes on {ns.device} ({records[0].transformer_impl} spec) in "
           f"{time.perf_counter() - start:.1f} s -> {ns.out}")

@@ -29,8 +29,12 @@ def _sizes(p: ProbeShape) -> Sizes:
 
 def _candidate(rng: random.Random, tps: tuple[int, ...]) -> ProbeShape:
     t = rng.choice(tps)
-    a = t * rng.choice((1, 2, 3, 4)) if t > 1 else rng.choice((2, 3, 4, 6))
-    g = rng.choice([x for x in range(t, a + 1, t) if a % x == 0])
+    a = t * rng.choice((1, 2, 3, 4, 4, 6)) if t > 1 else rng.choice((2, 3, 4, 6))
+    groups = [x for x in range(t, a + 1, t) if a % x == 0]
+    between = [x for x in groups if x not in (t, a)]
+    # torch takes other paths when a rank holds one query group (g = t) or all heads have their own
+    # (g = a, no expansion): each case, and GQA between them, is drawn often enough to be learned
+    g = rng.choice(rng.choice([[t], [a]] + [between] * 2 if between else [[t], [a]]))
     return ProbeShape(micro_batch_size=rng.choice((1, 1, 2, 3)), seq_length=16 * t * rng.choice((1, 2, 3, 4, 6)),
                       hidden_size=16 * rng.choice((2, 3, 4, 6, 8)), num_attention_heads=a, num_query_groups=g,
                       kv_channels=8 * rng.choice((1, 2, 3, 4)), ffn_hidden_size=16 * t * rng.choice((2, 3, 5, 8)),

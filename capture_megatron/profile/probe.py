@@ -19,7 +19,7 @@ from capture_megatron.config import ModelShape, ParallelPlan, Recompute
 from capture_megatron.megatron.builder import TORCH_DTYPES, build_gpt, transformer_config
 from capture_megatron.megatron.builder_options import BuildOptions
 from capture_megatron.static import chunk_static
-from capture_megatron.profile.records import BufferBytes, Probe, ProbeShape, ProfileRecord, Variant  # noqa: F401 (Probe re-exported)
+from capture_megatron.profile.records import BufferBytes, Probe, ProbeShape, ProfileRecord, Timeline, Variant  # noqa: F401 (Probe re-exported)
 from capture_megatron.train.options import OptimOptions, RunOptions
 
 
@@ -170,8 +170,38 @@ def _forward(chunk: _Chunk, input_tensor):
     return output
 
 
-def iteration(chunk: _Chunk, meter, fake: bool = False) -> dict:
-    """One micro-batch forward + backward + finalize + optimizer step; the measured increments."""
+class _Windows:
+    """Measures the windows of one iteration: each one's peak above a base and, when asked, its timeline.
+
+    The garbage collector is off inside a window, so that a collection of reference cycles does not
+    release storages at a moment that depends on unrelated allocations (timelines of different shapes
+    would not align, and the peak would depend on when Python last collected)."""
+
+    def __init__(self, meter, timelines: bool):
+        self.meter, self.timelines, self.lines = meter, timelines, []
+
+    @contextlib.contextmanager
+    def window(self, name: str, offset: int = 0):
+        """Measure the body's peak above the bytes live at entry; `offset` bytes before the window count."""
+        collecting = gc.isenabled()
+        gc.disable()
+        self.meter.reset_peak()
+        if self.timelines:
+            self.meter.start_events()
+        try:
+            yield
+        finally:
+            if collecting:
+                gc.enable()
+            events = self.meter.take_events() if self.timelines else None
+        if events is not None:
+            ops, nbytes, origins = zip(*events) if events else ((), (), ())
+            self.lines.append(Timeline(name, tuple(ops), tuple(nbytes), offset, tuple(origins)))
+
+
+def iteration(chunk: _Chunk, meter, fake: bool = False, timelines: bool = False) -> tuple[dict, tuple]:
+    """One micro-batch forward + backward + finalize + optimizer step; the measured increments and,
+    with `timelines`, the windows' Timelines."""
     from megatron.core.pipeline_parallel import schedules
     from megatron.core.utils import get_attr_wrapped_model
 
@@ -179,19 +209,21 @@ def iteration(chunk: _Chunk, meter, fake: bool = False) -> dict:
     chunk.optimizer.zero_grad()
     input_tensor = None if chunk.first else _hidden(chunk.shape, chunk.plan).requires_grad_()
     out = {"input_bytes": 0 if input_tensor is None else input_tensor.nbytes}
+    windows = _Windows(meter, timelines)
     start = meter.current()
-    meter.reset_peak()
-    output = _forward(chunk, input_tensor)
+    with windows.window("forward"):
+        output = _forward(chunk, input_tensor)
     out["forward_peak"] = meter.peak() - start
     grad = None
     if not chunk.last:
         out["output_bytes"] = output.nbytes
         grad = torch.randn_like(output)  # what the next stage will send back
         schedules.deallocate_output_tensor(output, chunk.config.deallocate_pipeline_outputs)
-    before_backward = meter.current() - (grad.nbytes if grad is not None else 0)
+    received = grad.nbytes if grad is not None else 0
+    before_backward = meter.current() - received
     out["saved_bytes"] = before_backward - start
-    meter.reset_peak()
-    input_grad = schedules.backward_step(input_tensor, output, grad, None, chunk.config)
+    with windows.window("backward", received):
+        input_grad = schedules.backward_step(input_tensor, output, grad, None, chunk.config)
     out["backward_peak"] = meter.peak() - before_backward
     del output, grad, input_grad, input_tensor
     # The model keeps the last received input (set_input_tensor); in the schedule that micro-batch is
@@ -199,23 +231,24 @@ def iteration(chunk: _Chunk, meter, fake: bool = False) -> dict:
     # forward would look cheaper by the input and its gradient.
     get_attr_wrapped_model(chunk.model, "set_input_tensor")(None)
     out["residual_bytes"] = meter.current() - start + out["input_bytes"]
-    if fake:  # the step reads gradient norms (data); fake tensors have none. Optimizer bytes are
-        out["step_peak"] = 0  # computed from the parameters (capture_megatron.static) instead.
-        return out
-    before_step = meter.current()
-    meter.reset_peak()
-    chunk.config.finalize_model_grads_func([chunk.model])
-    chunk.optimizer.step()
-    out["step_peak"] = meter.peak() - before_step
-    return out
+    out["step_peak"] = 0  # fake: the step reads gradient norms (data), which fake tensors lack; optimizer
+    if not fake:  # bytes are computed from the parameters (capture_megatron.static) instead.
+        before_step = meter.current()
+        with windows.window("step"):
+            chunk.config.finalize_model_grads_func([chunk.model])
+            chunk.optimizer.step()
+        out["step_peak"] = meter.peak() - before_step
+    return out, tuple(windows.lines)
 
 
-def measure(probe: Probe, meter, device: str, impl: str, versions: tuple[str, str, str]) -> ProfileRecord:
-    """Build and run the probe (two iterations) and return what the second one measured."""
+def measure(probe: Probe, meter, device: str, impl: str, versions: tuple[str, str, str],
+            timelines: bool = False) -> ProfileRecord:
+    """Build and run the probe (two iterations) and return what the second one measured (with the
+    windows' allocation timelines when `timelines`, on cpu and fake devices)."""
     fake = device == "fake"
     chunk = build(probe, impl, fake)
     iteration(chunk, meter, fake)
-    got = iteration(chunk, meter, fake)
+    got, lines = iteration(chunk, meter, fake, timelines)
     param_bytes, grad_bytes, optimizer_bytes = _static_bytes(chunk.model, chunk.optimizer)
     if fake:
         optimizer_bytes = chunk_static(list(p.numel() for p in chunk.model.parameters()), probe.variant.dtype,
@@ -228,7 +261,7 @@ def measure(probe: Probe, meter, device: str, impl: str, versions: tuple[str, st
         grad_bytes=grad_bytes, optimizer_bytes=optimizer_bytes, input_bytes=got["input_bytes"],
         output_bytes=got.get("output_bytes", 0), saved_bytes=got["saved_bytes"],
         forward_peak=got["forward_peak"], backward_peak=got["backward_peak"],
-        residual_bytes=got["residual_bytes"], step_peak=got["step_peak"], buffers=_buffers())
+        residual_bytes=got["residual_bytes"], step_peak=got["step_peak"], buffers=_buffers(), timelines=lines)
     del chunk
     gc.collect()
     return record

@@ -92,6 +92,25 @@ class BufferBytes(JsonMixin):
 
 
 @dataclass(frozen=True)
+class Timeline(JsonMixin):
+    """Every allocation and release of one measured window, in order (cpu and fake devices)."""
+
+    window: str
+    """forward, backward or step."""
+    ops: tuple[str, ...]
+    """Per event: '+name' when op `name` allocated a storage, '-name' when a storage it allocated died."""
+    nbytes: tuple[int, ...]
+    """Per event: the storage's bytes."""
+    offset: int
+    """The record's peak is max(0, largest running sum of the events) + offset (the backward counts the
+    gradient it received, which exists before the window starts)."""
+    origins: tuple[int, ...] = ()
+    """Per event: for a release, the index i of the event that allocated its storage in this window, or
+    -2 - i when that was event i of the previous window (the backward releasing what the forward saved);
+    -1 for allocations and for storages from earlier."""
+
+
+@dataclass(frozen=True)
 class ProfileRecord(JsonMixin):
     """Measured memory of one chunk probe (all values in bytes, for the TP rank 0 process)."""
 
@@ -140,6 +159,12 @@ class ProfileRecord(JsonMixin):
     """Peak during the optimizer step (incl. grad-norm and clipping) above the live bytes before it."""
     buffers: tuple[BufferBytes, ...]
     """Megatron's global memory buffers held after the probe."""
+    timelines: tuple[Timeline, ...] = ()
+    """The forward, backward and step windows event by event, when profiled with timelines (cpu/fake)."""
+
+    def timeline(self, window: str) -> Timeline | None:
+        """The timeline of one window, if recorded."""
+        return next((t for t in self.timelines if t.window == window), None)
 
 
 @dataclass(frozen=True)

@@ -80,8 +80,10 @@ def measuring(device: str, impl: str = "auto"):
     del torch
 
 
-def run_probes(probes: list[Probe], device: str, impl: str = "auto", progress: bool = True) -> list[ProfileRecord]:
-    """Measure every probe (tqdm progress bar) and return the records."""
+def run_probes(probes: list[Probe], device: str, impl: str = "auto", progress: bool = True,
+               timelines: bool = False) -> list[ProfileRecord]:
+    """Measure every probe (tqdm progress bar) and return the records; with `timelines` (cpu, fake) each
+    record carries its windows' allocation timelines, from which fit() builds exact transient-peak models."""
     from tqdm import tqdm
 
     from capture_megatron.profile.groups import fake_job
@@ -93,7 +95,7 @@ def run_probes(probes: list[Probe], device: str, impl: str = "auto", progress: b
                           dynamic_ncols=True):
             with fake_job(probe.shape.tp, probe.dp):
                 try:
-                    records.append(measure(probe, meter, setup.device, setup.impl, setup.versions))
+                    records.append(measure(probe, meter, setup.device, setup.impl, setup.versions, timelines))
                 except (AssertionError, ValueError) as err:  # megatron's own validation of the shape
                     raise CaptureError(f"megatron-core rejects the probe {probe.kind} chunk with {probe.layers} "
                                        f"layers at {probe.shape}: {err}") from None

@@ -13,6 +13,7 @@ import pytest
 
 from capture_megatron.errors import CaptureError
 from capture_megatron.fit import fit, sizes_of
+from capture_megatron.fit_check import check_records
 from capture_megatron.profile.design import design_shapes, probes_for, variant_tps
 from capture_megatron.profile.probe import Probe
 from capture_megatron.profile.records import ProbeShape, Variant, read_records, write_records
@@ -31,18 +32,31 @@ HELD_OUT = [ProbeShape(2, 160, 80, 5, 5, 16, 272, 384, 1), ProbeShape(1, 224, 11
 
 @pytest.fixture(scope="module")
 def gpt_model():
-    records = run_probes(probes_for(GPT, design_shapes(variant_tps(GPT, 4))), "cpu", progress=False)
+    records = run_probes(probes_for(GPT, design_shapes(variant_tps(GPT, 4))), "cpu", progress=False, timelines=True)
     return records, fit(records)
+
+
+@pytest.fixture(scope="module")
+def gpt_held_out():
+    return _measure(GPT, HELD_OUT)
 
 
 def _measure(variant, shapes, keys=(("middle", 1, 0), ("middle", 2, 0))):
     return run_probes([Probe(variant, s, k, n, r) for s in shapes for k, n, r in keys], "cpu", progress=False)
 
 
-def test_held_out_saved_activations_and_static_bytes(gpt_model):
+def _check_transient_peaks(vm, records, rel=0.01):
+    """Predicted forward / backward / step peaks within `rel` of measured."""
+    checks = [c for c in check_records(vm, records) if c.transient]
+    assert {c.quantity for c in checks} >= {"fwd1", "bwd1", "step1"}
+    for c in checks:
+        assert c.rel_error <= rel, c
+
+
+def test_held_out_saved_activations_and_static_bytes(gpt_model, gpt_held_out):
     _, model = gpt_model
     vm = model.variants[0]
-    measured = _measure(GPT, HELD_OUT)
+    measured = gpt_held_out
     for one, two in zip(measured[0::2], measured[1::2]):
         z = sizes_of(one)
         assert z not in [a.sizes for a in vm.anchors]
@@ -53,6 +67,29 @@ def test_held_out_saved_activations_and_static_bytes(gpt_model):
         static = chunk_static(list(pred.layer_numels), "fp32", 1, False)
         assert (static.params, static.grads, static.optimizer) == (one.param_bytes, one.grad_bytes,
                                                                    one.optimizer_bytes)
+
+
+def test_held_out_transient_peaks(gpt_model, gpt_held_out):
+    """The replayed timelines predict unseen shapes' transient peaks (issue 3: within 1%)."""
+    vm = gpt_model[1].variants[0]
+    assert {w.window for w in vm.windows if (w.kind, w.layers, w.recompute_layers) == ("middle", 1, 0)} == {
+        "forward", "backward", "step"}
+    _check_transient_peaks(vm, gpt_held_out)
+
+
+def test_timelines_replay_to_the_measured_peaks():
+    """A record's timelines replay to exactly its forward, backward and step peaks (cpu and fake)."""
+    from capture_megatron.peaks import measured_peak
+
+    shape = ProbeShape(2, 64, 64, 4, 2, 16, 192, 256, 2)
+    probes = [Probe(LLAMA_BF16_SP, shape, k, n) for k, n in (("first", 1), ("middle", 1), ("last", 0))]
+    for device in ("cpu", "fake"):
+        for rec in run_probes(probes, device, progress=False, timelines=True):
+            assert measured_peak(rec.timeline("forward")) == rec.forward_peak, (device, rec.kind)
+            assert measured_peak(rec.timeline("backward")) == rec.backward_peak, (device, rec.kind)
+            step = rec.timeline("step")
+            assert (step is None) == (device == "fake")
+            assert step is None or measured_peak(step) == rec.step_peak
 
 
 def test_anchors_are_exact_and_records_round_trip(gpt_model, tmp_path):
@@ -67,12 +104,14 @@ def test_anchors_are_exact_and_records_round_trip(gpt_model, tmp_path):
 
 def test_bf16_sp_selective_variant(tmp_path):
     shapes = design_shapes(variant_tps(LLAMA_BF16_SP, 4))
-    model = fit(run_probes(probes_for(LLAMA_BF16_SP, shapes), "cpu", progress=False))
-    held = [ProbeShape(2, 96, 96, 8, 4, 16, 224, 512, 2), ProbeShape(1, 128, 64, 4, 4, 24, 160, 512, 4)]
+    model = fit(run_probes(probes_for(LLAMA_BF16_SP, shapes), "cpu", progress=False, timelines=True))
+    held = [ProbeShape(2, 96, 96, 8, 4, 16, 224, 512, 2), ProbeShape(1, 128, 64, 4, 4, 24, 160, 512, 4),
+            ProbeShape(3, 64, 80, 4, 2, 8, 320, 384, 2)]
     vm = model.variants[0]
     measured = _measure(LLAMA_BF16_SP, held)
     for one, two in zip(measured[0::2], measured[1::2]):
         assert vm.constants(sizes_of(one)).layer_saved == pytest.approx(two.saved_bytes - one.saved_bytes, rel=0.01)
+    _check_transient_peaks(vm, measured + _measure(LLAMA_BF16_SP, held, (("first", 1, 0), ("last", 1, 0))))
 
 
 @pytest.mark.parametrize("variant", [GPT, LLAMA_BF16_SP, dataclasses.replace(GPT, dtype="bf16", recompute="full")])
