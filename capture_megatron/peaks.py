@@ -2,7 +2,7 @@
 
 A forward, backward or optimizer step's peak is the maximum of a running sum of allocations and
 releases. Which temporaries coexist at the maximum changes with the shape, so one linear regression
-of the peak cannot follow it (leave-one-out errors of 10-800%). Each single allocation, though, is
+of the peak cannot follow it (leave-one-out errors of 20-860%). Each single allocation, though, is
 one tensor whose bytes are a product of sizes times the element size. So the profiler records every
 window's events in order (records.Timeline), and this module
 
