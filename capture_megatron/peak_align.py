@@ -56,33 +56,27 @@ class _Union:
     def merge(self, tokens: list[str], ratios: np.ndarray) -> list[int]:
         """Merge one sequence; return the union id of each of its events."""
         weights, (ii, jj, agree) = self._scores(tokens, ratios)
-        pairs = _best_pairs(weights)
         agreement = {(int(i), int(j)): row for i, j, row in zip(ii, jj, agree)}
-        merged_tokens, merged_ids, merged_ratios, merged_agree, mine = [], [], [], [], [None] * len(tokens)
+        rows, mine = [], [0] * len(tokens)  # rows: (token, id, ratios, agreeing terms) of the new union
+
+        def fresh(k: int) -> None:
+            mine[k] = self.next_id
+            rows.append((tokens[k], self.next_id, ratios[k], ~np.isnan(ratios[k])))
+            self.next_id += 1
+
         a = b = 0
-        for ua, lb in pairs + [(len(self.tokens), len(tokens))]:
-            for k in range(a, ua):
-                merged_tokens.append(self.tokens[k])
-                merged_ids.append(self.ids[k])
-                merged_ratios.append(self.ratios[k])
-                merged_agree.append(self.agree[k])
+        for ua, lb in _best_pairs(weights) + [(len(self.tokens), len(tokens))]:
+            rows += [(self.tokens[k], self.ids[k], self.ratios[k], self.agree[k]) for k in range(a, ua)]
             for k in range(b, lb):
-                merged_tokens.append(tokens[k])
-                merged_ids.append(self.next_id)
-                merged_ratios.append(ratios[k])
-                merged_agree.append(~np.isnan(ratios[k]))
-                mine[k] = self.next_id
-                self.next_id += 1
-            if ua < len(self.tokens):
-                merged_tokens.append(self.tokens[ua])
-                merged_ids.append(self.ids[ua])
-                merged_ratios.append(self.ratios[ua])
-                merged_agree.append(agreement[(ua, lb)])
+                fresh(k)
+            if ua < len(self.tokens):  # a matched pair: one entry, agreeing where both samples agree
                 mine[lb] = self.ids[ua]
+                rows.append((self.tokens[ua], self.ids[ua], self.ratios[ua], agreement[(ua, lb)]))
             a, b = ua + 1, lb + 1
-        self.tokens, self.ids = merged_tokens, merged_ids
-        self.ratios = np.array(merged_ratios).reshape(len(merged_tokens), ratios.shape[1])
-        self.agree = np.array(merged_agree, dtype=bool).reshape(self.ratios.shape)
+        self.tokens = [r[0] for r in rows]
+        self.ids = [r[1] for r in rows]
+        self.ratios = np.array([r[2] for r in rows]).reshape(len(rows), ratios.shape[1])
+        self.agree = np.array([r[3] for r in rows], dtype=bool).reshape(self.ratios.shape)
         return mine
 
 

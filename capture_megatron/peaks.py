@@ -116,15 +116,20 @@ def _total(events: tuple[PeakEvent, ...], z: Sizes) -> float:
     return sum(e.nbytes(z) for e in events if e.happens(z))
 
 
+def _running(line: Timeline) -> np.ndarray:
+    """Bytes allocated within the window after each of its events."""
+    return np.cumsum([n if op[0] == "+" else -n for op, n in zip(line.ops, line.nbytes)], dtype=np.int64)
+
+
 def net_bytes(line: Timeline) -> int:
     """What a timeline leaves allocated."""
-    return sum(n if op[0] == "+" else -n for op, n in zip(line.ops, line.nbytes))
+    run = _running(line)
+    return int(run[-1]) if len(run) else 0
 
 
 def measured_peak(line: Timeline) -> int:
     """The peak a timeline replays to (equals the record's peak field)."""
-    run = np.cumsum([n if op[0] == "+" else -n for op, n in zip(line.ops, line.nbytes)])
-    return int(max(0, int(run.max(initial=0)))) + line.offset
+    return max(0, int(_running(line).max(initial=0))) + line.offset
 
 
 @functools.lru_cache(maxsize=8)
@@ -192,7 +197,7 @@ def _rule(present: np.ndarray, names: list[str], table: np.ndarray) -> tuple[tup
     return best[0], best[1], errors == 0
 
 
-def _bytes_fit(values: dict[int, int], rows: list[int], x: np.ndarray):
+def _fit_rows(values: dict[int, int], rows: list[int], x: np.ndarray):
     return _fit_bytes(x[rows], np.array([values[r] for r in rows], dtype=np.float64))
 
 
@@ -208,7 +213,7 @@ def _split(values: dict[int, int], x: np.ndarray, names: list[str], table: np.nd
         sides = ([r for r in rows if table[r, j]], [r for r in rows if not table[r, j]])
         if min(len(sides[0]), len(sides[1])) <= margin:
             continue
-        fits = [_bytes_fit(values, side, x) for side in sides]
+        fits = [_fit_rows(values, side, x) for side in sides]
         if fits[0][2] and fits[1][2]:
             best, margin = (name, fits), min(len(sides[0]), len(sides[1]))
     return best
@@ -216,7 +221,7 @@ def _split(values: dict[int, int], x: np.ndarray, names: list[str], table: np.nd
 
 def _event(op: str, values: dict[int, int], x: np.ndarray, names: list[str], table: np.ndarray):
     """The PeakEvents (one, or two split on a literal) of one union position, and whether exact."""
-    cols, coef, exact = _bytes_fit(values, sorted(values), x)
+    cols, coef, exact = _fit_rows(values, sorted(values), x)
     when, unless, known = _rule(_present(values, len(x)), names, table)
     split = None if exact else _split(values, x, names, table)
     if split is None:
@@ -251,6 +256,17 @@ def _defer_releases(keys: list[str], samples: list[dict[int, int]], names: list[
                 samples[p] = {}
 
 
+def _samples(size: int, lines: list[Timeline], maps: list[list[int]], keep=None) -> list[dict[int, int]]:
+    """Per union position: {timeline index: bytes} of the events mapped there (those `keep(i, pos)`
+    accepts, when given)."""
+    samples: list[dict[int, int]] = [{} for _ in range(size)]
+    for i, (line, where) in enumerate(zip(lines, maps)):
+        for pos, nbytes in zip(where, line.nbytes):
+            if keep is None or keep(i, pos):
+                samples[pos][i] = nbytes
+    return samples
+
+
 def _present(values: dict[int, int], n: int) -> np.ndarray:
     present = np.zeros(n, dtype=bool)
     present[sorted(values)] = True
@@ -263,10 +279,7 @@ def _fit_events(zs: list[Sizes], lines: list[Timeline], aligned: tuple, kept: li
     union, keys, maps = aligned
     x = _design(zs)
     names, table = _literals(zs)
-    samples: list[dict[int, int]] = [{} for _ in union]
-    for i, (line, where) in enumerate(zip(lines, maps)):
-        for pos, nbytes in zip(where, line.nbytes):
-            samples[pos][i] = nbytes
+    samples = _samples(len(union), lines, maps)
     _defer_releases(keys, samples, names, table)
     events, inexact = [], 0
     for op, values in zip(union, samples):
@@ -325,11 +338,8 @@ def kept_events(zs: list[Sizes], lines: list[Timeline]) -> tuple[PeakEvent, ...]
     x = _design(zs)
     names, table = _literals(zs)
     present = [{keys[p] for p in where} for where in maps]
-    samples: list[dict[int, int]] = [{} for _ in union]
-    for i, (line, where) in enumerate(zip(lines, maps)):
-        for pos, nbytes in zip(where, line.nbytes):
-            if keys[pos][0] == "+" and "-" + keys[pos][1:] not in present[i]:
-                samples[pos][i] = nbytes
+    samples = _samples(len(union), lines, maps,
+                       lambda i, pos: keys[pos][0] == "+" and "-" + keys[pos][1:] not in present[i])
     out: list[PeakEvent] = []
     for op, values in zip(union, samples):
         if values:

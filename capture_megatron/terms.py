@@ -82,10 +82,8 @@ STEP_TERMS = {
 
 TERM_SETS = {"activation": ACTIVATION_TERMS, "parameter": PARAMETER_TERMS, "step": STEP_TERMS}
 
-TRANSIENT_TERMS = {**ACTIVATION_TERMS, **{k: v for k, v in PARAMETER_TERMS.items() if k not in ACTIVATION_TERMS}}
-TRANSIENT_TERMS["s"] = lambda z: z.s
-TRANSIENT_TERMS["b*s*s"] = lambda z: z.b * z.s * z.s
-TRANSIENT_TERMS["b*s/t"] = lambda z: z.b * z.s / z.t
-TRANSIENT_TERMS["s/t"] = lambda z: z.s / z.t
-"""Terms for one temporary tensor (capture_megatron.peaks): activations, and parameter-sized weight
-gradients before they are added into the gradient buffer."""
+TRANSIENT_TERMS = {**ACTIVATION_TERMS, **{k: v for k, v in PARAMETER_TERMS.items() if k not in ACTIVATION_TERMS},
+                   "s": lambda z: z.s, "b*s*s": lambda z: z.b * z.s * z.s,
+                   "b*s/t": lambda z: z.b * z.s / z.t, "s/t": lambda z: z.s / z.t}
+"""Terms for one temporary tensor (capture_megatron.peaks): activations, parameter-sized weight
+gradients before they are added into the gradient buffer, and per-token statistics (norms)."""

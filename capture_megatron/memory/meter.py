@@ -39,8 +39,8 @@ class MemoryMeter:
         """Begin logging allocations and releases (cpu and fake; a no-op on cuda)."""
 
     def take_events(self) -> list[tuple[str, int, int]] | None:
-        """('+op' or '-op', bytes, origin) per allocation/release since start_events() (origin: for a
-        release, the index of the allocation event; else -1); None on cuda."""
+        """('+op' or '-op', bytes, origin) per allocation/release since start_events() (origin: see
+        LiveTensorTracker.events); None on cuda."""
         return None
 
 
