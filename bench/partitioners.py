@@ -19,11 +19,11 @@ from tqdm import tqdm
 
 from capture_megatron import planner, presets
 from capture_megatron.config import GIB, Cluster
-from capture_megatron.model_source import _cache_path, profiled_model
-from capture_megatron.plan_report import baseline_partitions
+from capture_megatron.profile.source import _cache_path, profiled_model
+from capture_megatron.plan.result import baseline_partitions
 from capture_megatron.predict import variant_of
-from capture_megatron.profile.records import read_records
-from capture_megatron.profile.requests import anchor_shape
+from capture_megatron.records import read_records
+from capture_megatron.profile.selection import anchor_shape
 
 PRESETS = ("gpt3-1.3b", "gpt3-2.7b", "gpt3-6.7b", "gpt3-13b", "gpt3-175b", "llama2-7b", "llama2-13b", "llama2-70b")
 GPUS = (8, 16, 32, 64, 128, 256, 512, 1024)

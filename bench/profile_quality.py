@@ -16,10 +16,10 @@ import json
 import time
 
 from capture_megatron.fit import fit
-from capture_megatron.fit_check import check_records
-from capture_megatron.fit_windows import FIELDS, KEPT
+from capture_megatron.predict.heldout import check_records
+from capture_megatron.fit.timelines.windows import FIELDS, KEPT
 from capture_megatron.profile.design import design_shapes, probes_for, variant_tps
-from capture_megatron.profile.records import ProbeShape, Variant
+from capture_megatron.records import ProbeShape, Variant
 from capture_megatron.profile.session import run_probes
 
 GPT = Variant(dtype="fp32", recompute="none", sequence_parallel=False, swiglu=False, normalization="LayerNorm",

@@ -10,9 +10,9 @@ import platform
 
 from capture_megatron import presets
 from capture_megatron.fit import shape_sizes
-from capture_megatron.model_source import profiled_model
+from capture_megatron.profile.source import profiled_model
 from capture_megatron.predict import find_variant
-from capture_megatron.profile.requests import anchor_shape, model_variant
+from capture_megatron.profile.selection import anchor_shape, model_variant
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NAMES = ("capture", "uniform", "megatron-first-last", "deepspeed-parameters")

@@ -4,8 +4,8 @@ et al. (2022)'s 34·s·b·h + 5·a·s²·b (16-bit, per layer; /t with sequence 
 Profiles a middle chunk of one layer (bf16, megatron-core's local spec, dropout on) on the 24 CPU design
 shapes with allocation timelines, for recompute none / selective x SP off / on (and a Llama layer,
 selective + SP); aligns the forward
-windows (capture_megatron.peak_align) and fits every tensor the forward leaves allocated on the size
-terms (capture_megatron.peaks.kept_events), with the shape conditions under which each is kept.
+windows (capture_megatron.fit.timelines.align) and fits every tensor the forward leaves allocated on the size
+terms (capture_megatron.fit.timelines.events.kept_events), with the shape conditions under which each is kept.
 Totals are grouped at GPT-3 proportions (f = 4h, a·d = h, g = a) for the tensors kept at GPT-3 1.3B's
 shape with TP 8 and b = 1 (REFERENCE).
 
@@ -18,11 +18,11 @@ import json
 import time
 
 from capture_megatron.fit import sizes_of
-from capture_megatron.peaks import kept_events
+from capture_megatron.fit.timelines.events import kept_events
 from capture_megatron.profile.design import design_shapes, variant_tps
-from capture_megatron.profile.records import Probe, Variant
+from capture_megatron.records import Probe, Variant
 from capture_megatron.profile.session import run_probes
-from capture_megatron.terms import Sizes
+from capture_megatron.fit.terms import Sizes
 
 ARCHS = {"gpt": dict(dtype="bf16", swiglu=False, normalization="LayerNorm", position_embedding_type="learned_absolute",
                      add_bias_linear=True, dropout=True, untied=False),

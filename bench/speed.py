@@ -16,10 +16,10 @@ import time
 
 from capture_megatron import planner, presets
 from capture_megatron.config import GIB, Cluster
-from capture_megatron.model_source import profiled_model
-from capture_megatron.partition import min_max_partition
+from capture_megatron.profile.source import profiled_model
+from capture_megatron.plan.partition import min_max_partition
 from capture_megatron.predict import variant_of
-from capture_megatron.profile.requests import anchor_shape
+from capture_megatron.profile.selection import anchor_shape
 
 GBS = 1536
 

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from capture_megatron.config import ModelShape, ParallelPlan
 from capture_megatron.megatron import cpu_compat
-from capture_megatron.megatron.builder_options import BuildOptions
+from capture_megatron.config.training import BuildOptions
 from capture_megatron.megatron.norms import LocalNorm
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -117,7 +117,7 @@ def build_gpt(shape: ModelShape, plan: ParallelPlan, config, impl: str, num_laye
 
 
 def build_chunks(shape: ModelShape, plan: ParallelPlan, opts: BuildOptions = BuildOptions(),
-                 impl: str | None = None) -> list:
+                 impl: str | None = None, seed: int = 1234) -> list:
     """This rank's model chunks (one per virtual stage), unwrapped GPTModels with initialised weights.
 
     Needs torch.distributed and megatron's parallel_state initialised for `plan`.
@@ -136,6 +136,6 @@ def build_chunks(shape: ModelShape, plan: ParallelPlan, opts: BuildOptions = Bui
                           pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
                           post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
                           vp_stage=vp_stage, opts=opts)
-        init_weights(model, shape, opts)
+        init_weights(model, shape, opts, seed)
         chunks.append(model)
     return chunks

@@ -1,22 +1,42 @@
-"""Megatron-LM's command-line flags, as far as capture-megatron supports them.
+"""Megatron-LM's command-line flags, as far as capture-megatron supports them. Pure argparse; no torch.
 
-Flag names, meanings and defaults follow megatron/training/arguments.py (core_v0.16.1). A flag that
-Megatron-LM knows but capture-megatron does not implement is an error that names it — never silently
-ignored; so is a flag neither knows. Pure argparse; no torch import.
+Flag names, meanings and defaults follow megatron/training/arguments.py (core_v0.16.1). Every flag
+is declared once, on the dataclass field it sets (capture_megatron.config.fields): `add_fields`
+builds an argparse group from a dataclass, `from_namespace` reads the parsed values back into it and
+`to_flags` writes an object out as flags. A flag that Megatron-LM knows but capture-megatron does
+not implement is an error that names it -- never silently ignored; so is a flag neither knows.
 """
+
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import difflib
+import types
+import typing
 from importlib import resources
+from typing import Any, NoReturn, TypeVar
 
+from capture_megatron.config import (
+    BuildOptions,
+    CheckpointOptions,
+    DataOptions,
+    ModelShape,
+    OptimOptions,
+    ParallelFlags,
+    RunOptions,
+)
+from capture_megatron.config.fields import Flag, field_docs, flagged_fields
 from capture_megatron.errors import CaptureError
+
+T = TypeVar("T")
 
 
 class FlagParser(argparse.ArgumentParser):
     """ArgumentParser whose errors are one-paragraph CaptureErrors (exit 2, no usage dump)."""
 
-    def error(self, message: str):  # noqa: D401 - argparse hook
+    def error(self, message: str) -> NoReturn:
+        """argparse's error hook: raise instead of printing usage and exiting."""
         raise CaptureError(message)
 
 
@@ -26,114 +46,116 @@ def megatron_flag_names() -> frozenset[str]:
     return frozenset(line.strip() for line in text.splitlines() if line.strip())
 
 
+def _base_type(hint: Any) -> Any:
+    """int for `int | None`, the hint itself otherwise."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        return args[0] if len(args) == 1 else str
+    return hint
+
+
+def _argument(field: dataclasses.Field, spec: Flag, hint: Any, doc: str, unset: bool,
+              default: Any) -> dict[str, Any]:
+    """add_argument keyword arguments for one field."""
+    kind = _base_type(hint)
+    text = " ".join(x for x in (doc, spec.note) if x)
+    shown = default not in (None, "", False, (), dataclasses.MISSING) and kind is not bool
+    if not unset and shown:
+        text += f" (default: {default})"
+    kwargs: dict[str, Any] = {"dest": field.name, "help": text.replace("%", "%%") or None}
+    if kind is bool:
+        kwargs["action"] = "store_false" if spec.negate else "store_true"
+        kwargs["default"] = None if unset else default
+    elif typing.get_origin(kind) is tuple:
+        kwargs.update(nargs="+", type=typing.get_args(kind)[0], default=None if unset else list(default))
+    else:
+        kwargs.update(type=kind, default=None if unset else default)
+    if spec.choices:
+        kwargs["choices"] = list(spec.choices)
+    if default is dataclasses.MISSING:
+        kwargs.update(required=not unset, default=None)
+    return kwargs
+
+
+def add_fields(parser: argparse.ArgumentParser, cls: type, title: str = "", *,
+               unset: bool = False, defaults: dict[str, Any] | None = None) -> None:
+    """An argument group with one flag per flag field of dataclass `cls` (help: the field's
+    docstring). With `unset` every default is None, so `given` can tell what was typed. Flags the
+    parser already has are left to their first declaration."""
+    present = set(parser._option_string_actions)
+    hints = typing.get_type_hints(cls)
+    docs = field_docs(cls)
+    doc = (cls.__doc__ or "").strip().splitlines()[0]
+    group = parser.add_argument_group(title or doc.rstrip("."))
+    for field, spec in flagged_fields(cls):
+        if spec.name in present:
+            continue
+        default = (defaults or {}).get(field.name, field.default)
+        group.add_argument(spec.name, **_argument(field, spec, hints[field.name],
+                                                  docs.get(field.name, ""), unset, default))
+
+
+def given(cls: type, ns: argparse.Namespace) -> dict[str, Any]:
+    """The flag fields of `cls` given on the command line (parsed with unset=True), by field name."""
+    out: dict[str, Any] = {}
+    for field, _ in flagged_fields(cls):
+        value = getattr(ns, field.name, None)
+        if value is not None:
+            out[field.name] = tuple(value) if isinstance(value, list) else value
+    return out
+
+
+def from_namespace(cls: type[T], ns: argparse.Namespace, **extra: Any) -> T:
+    """An instance of dataclass `cls` from parsed flags (fields not given keep their defaults)."""
+    return cls(**given(cls, ns), **extra)
+
+
+def to_flags(obj: Any) -> list[str]:
+    """The flags that set every field of `obj` that differs from its default (Megatron's names)."""
+    out: list[str] = []
+    for field, spec in flagged_fields(type(obj)):
+        value = getattr(obj, field.name)
+        if value == field.default:
+            continue
+        if isinstance(value, bool):
+            if value != spec.negate:
+                out.append(spec.name)
+        elif isinstance(value, tuple):
+            out += [spec.name, *map(str, value)]
+        else:
+            out += [spec.name, str(value)]
+    return out
+
+
 def add_model_flags(p: argparse.ArgumentParser) -> None:
-    """Model architecture flags (ModelShape)."""
-    g = p.add_argument_group("model (Megatron flags)")
-    g.add_argument("--num-layers", type=int)
-    g.add_argument("--hidden-size", type=int)
-    g.add_argument("--ffn-hidden-size", type=int)
-    g.add_argument("--num-attention-heads", type=int)
-    g.add_argument("--group-query-attention", action="store_true")
-    g.add_argument("--num-query-groups", type=int)
-    g.add_argument("--kv-channels", type=int)
-    g.add_argument("--seq-length", type=int)
-    g.add_argument("--max-position-embeddings", type=int)
-    g.add_argument("--vocab-size", type=int, help="vocabulary before padding (default: the tokenizer's)")
-    g.add_argument("--make-vocab-size-divisible-by", type=int, default=128)
-    g.add_argument("--swiglu", action="store_true")
-    g.add_argument("--normalization", choices=["LayerNorm", "RMSNorm"], default="LayerNorm")
-    g.add_argument("--norm-epsilon", type=float, default=1e-5)
-    g.add_argument("--untie-embeddings-and-output-weights", action="store_true")
-    g.add_argument("--position-embedding-type", choices=["learned_absolute", "rope"],
-                   default="learned_absolute")
-    g.add_argument("--rotary-base", type=int, default=10000)
-    g.add_argument("--disable-bias-linear", action="store_true")
-    g.add_argument("--hidden-dropout", type=float, default=0.1)
-    g.add_argument("--attention-dropout", type=float, default=0.1)
-    g.add_argument("--init-method-std", type=float, default=0.02)
-    g.add_argument("--bf16", action="store_true")
-    g.add_argument("--fp16", action="store_true")
-    g.add_argument("--transformer-impl", choices=["local", "transformer_engine", "auto"], default="auto",
-                   help="auto: Transformer Engine when importable on CUDA, else Megatron's local spec")
+    """Model architecture flags (ModelShape, BuildOptions), plus Megatron's switches for GQA and precision."""
+    add_fields(p, ModelShape, "model (Megatron flags)", unset=True)
+    g = p.add_argument_group("model switches (Megatron flags)")
+    g.add_argument("--group-query-attention", action="store_true", help="Use --num-query-groups.")
+    g.add_argument("--bf16", action="store_true", help="Train in bfloat16 (mixed precision).")
+    g.add_argument("--fp16", action="store_true", help="Train in float16 (mixed precision).")
+    add_fields(p, BuildOptions, "model build (Megatron flags)")
 
 
 def add_parallel_flags(p: argparse.ArgumentParser) -> None:
-    """Parallel sizes, batch and memory savers (ParallelPlan); unset values are None."""
-    g = p.add_argument_group("parallelism and batch (Megatron flags)")
-    g.add_argument("--tensor-model-parallel-size", type=int)
-    g.add_argument("--pipeline-model-parallel-size", type=int)
-    g.add_argument("--context-parallel-size", type=int)
-    g.add_argument("--num-layers-per-virtual-pipeline-stage", type=int)
-    g.add_argument("--num-virtual-stages-per-pipeline-rank", type=int)
-    g.add_argument("--pipeline-model-parallel-layout", type=str)
-    g.add_argument("--decoder-first-pipeline-num-layers", type=int)
-    g.add_argument("--decoder-last-pipeline-num-layers", type=int)
-    g.add_argument("--sequence-parallel", action="store_true", default=None)
-    g.add_argument("--use-distributed-optimizer", action="store_true", default=None)
-    g.add_argument("--micro-batch-size", type=int)
-    g.add_argument("--global-batch-size", type=int)
-    g.add_argument("--recompute-activations", action="store_true",
-                   help="Megatron's alias for --recompute-granularity selective")
-    g.add_argument("--recompute-granularity", choices=["full", "selective", "none"],
-                   help="none (capture-megatron: also fixes 'no recompute' for the planner), selective, full")
-    g.add_argument("--recompute-method", choices=["uniform", "block"])
-    g.add_argument("--recompute-num-layers", type=int)
-    g.add_argument("--recompute-num-layers-per-stage", type=str,
-                   help="capture-megatron: full/block recompute count per pipeline stage, e.g. 2,1,0,0")
+    """Parallel sizes, batch and memory savers (ParallelFlags); unset values are None."""
+    add_fields(p, ParallelFlags, "parallelism and batch (Megatron flags)", unset=True)
 
 
-def add_training_flags(p: argparse.ArgumentParser) -> None:
-    """Optimizer, schedule, loop length and logging."""
-    g = p.add_argument_group("training (Megatron flags)")
-    g.add_argument("--train-iters", type=int, default=10)
-    g.add_argument("--lr", type=float, default=1e-4)
-    g.add_argument("--min-lr", type=float, default=0.0)
-    g.add_argument("--lr-decay-style", default="linear",
-                   choices=["constant", "linear", "cosine", "inverse-square-root", "WSD"])
-    g.add_argument("--lr-warmup-iters", type=int, default=0)
-    g.add_argument("--lr-decay-iters", type=int, default=0)
-    g.add_argument("--weight-decay", type=float, default=0.01)
-    g.add_argument("--clip-grad", type=float, default=1.0)
-    g.add_argument("--adam-beta1", type=float, default=0.9)
-    g.add_argument("--adam-beta2", type=float, default=0.999)
-    g.add_argument("--adam-eps", type=float, default=1e-8)
-    g.add_argument("--optimizer", choices=["adam"], default="adam")
-    g.add_argument("--initial-loss-scale", type=float, default=4294967296.0)
-    g.add_argument("--seed", type=int, default=1234)
-    g.add_argument("--log-interval", type=int, default=1)
-    g.add_argument("--distributed-backend", choices=["gloo", "nccl"])
-    g.add_argument("--overlap-grad-reduce", action="store_true")
-    g.add_argument("--overlap-param-gather", action="store_true")
-    g.add_argument("--memory-report", default="", help="capture-megatron: write per-rank peaks here")
-    g.add_argument("--no-progress", action="store_true", help="capture-megatron: no progress bar")
-    g.add_argument("--exit-interval", type=int, default=0)
+def add_training_flags(p: argparse.ArgumentParser, **defaults: Any) -> None:
+    """Optimizer, schedule, loop length and logging (OptimOptions, RunOptions)."""
+    add_fields(p, OptimOptions, "optimizer (Megatron flags)", defaults=defaults)
+    add_fields(p, RunOptions, "training run (Megatron flags)", defaults=defaults)
 
 
 def add_data_flags(p: argparse.ArgumentParser) -> None:
-    """Data source and tokenizer."""
-    g = p.add_argument_group("data (Megatron flags)")
-    g.add_argument("--mock-data", action="store_true")
-    g.add_argument("--data-path", nargs="+", default=[])
-    g.add_argument("--split", default="969,30,1")
-    g.add_argument("--tokenizer-type", default="ByteTokenizer")
-    g.add_argument("--tokenizer-model", default="")
-    g.add_argument("--vocab-file", default="")
-    g.add_argument("--merge-file", default="")
-    g.add_argument("--eod-mask-loss", action="store_true")
-    g.add_argument("--data-cache-path", default="")
+    """Data source and tokenizer (DataOptions)."""
+    add_fields(p, DataOptions, "data (Megatron flags)")
 
 
 def add_checkpoint_flags(p: argparse.ArgumentParser) -> None:
-    """dist_checkpointing save/resume."""
-    g = p.add_argument_group("checkpoints (Megatron flags; format torch_dist)")
-    g.add_argument("--save", default="")
-    g.add_argument("--load", default="")
-    g.add_argument("--save-interval", type=int, default=0)
-    g.add_argument("--no-load-optim", action="store_true")
-    g.add_argument("--no-load-rng", action="store_true")
-    g.add_argument("--finetune", action="store_true")
-    g.add_argument("--exit-on-missing-checkpoint", action="store_true")
-    g.add_argument("--ckpt-format", choices=["torch_dist"], default="torch_dist")
+    """dist_checkpointing save/resume (CheckpointOptions)."""
+    add_fields(p, CheckpointOptions, "checkpoints (Megatron flags; format torch_dist)")
 
 
 def parse_flags(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
@@ -145,14 +167,14 @@ def parse_flags(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Na
     ours = [a for action in parser._actions for a in action.option_strings]
     unsupported, unknown = [], []
     for token in rest:
-        flag = token.split("=", 1)[0]
-        if not flag.startswith("-"):
+        name = token.split("=", 1)[0]
+        if not name.startswith("-"):
             unknown.append(f"stray value {token!r}")
-        elif flag in known:
-            unsupported.append(flag)
+        elif name in known:
+            unsupported.append(name)
         else:
-            close = difflib.get_close_matches(flag, ours, n=1)
-            unknown.append(flag + (f" (did you mean {close[0]}?)" if close else ""))
+            close = difflib.get_close_matches(name, ours, n=1)
+            unknown.append(name + (f" (did you mean {close[0]}?)" if close else ""))
     parts = []
     if unsupported:
         parts.append("Megatron-LM flags not supported by capture-megatron: " + ", ".join(unsupported))

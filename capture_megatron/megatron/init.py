@@ -15,6 +15,7 @@ import zlib
 import torch
 
 from capture_megatron.config import ModelShape
+from capture_megatron.config.training import BuildOptions
 
 _SCALED = ("linear_proj.weight", "linear_fc2.weight")
 
@@ -52,7 +53,7 @@ def _full_value(key: str, shape: tuple[int, ...], seed: int, std: float, num_lay
     return torch.randn(shape, generator=gen, device=device) * std
 
 
-def init_weights(model, shape: ModelShape, opts) -> None:
+def init_weights(model, shape: ModelShape, opts: BuildOptions, seed: int) -> None:
     """Fill `model`'s parameters in place with the partition-independent initial values."""
     with torch.no_grad():
         for st in _sharded_tensors(model.sharded_state_dict()):
@@ -60,8 +61,8 @@ def init_weights(model, shape: ModelShape, opts) -> None:
                 continue
             pre = st.prepend_axis_num
             layer_index = tuple(st.global_offset[:pre])
-            seed = zlib.crc32(f"{opts.seed}/{st.key}/{layer_index}".encode())
-            full = _full_value(st.key, tuple(st.global_shape[pre:]), seed, opts.init_method_std,
+            key_seed = zlib.crc32(f"{seed}/{st.key}/{layer_index}".encode())
+            full = _full_value(st.key, tuple(st.global_shape[pre:]), key_seed, opts.init_method_std,
                                shape.num_layers, st.data.device)
             local = st.data
             index = tuple(slice(o, o + n) for o, n in zip(st.global_offset[pre:], local.shape))

@@ -7,7 +7,7 @@ input) are not counted again; a tracked storage that grew (resize_, out= into a 
 re-counted at its new size. Storages that existed before tracking started are not counted unless
 passed to track_existing(). Between start_events() and take_events() it also logs each allocation
 ('+op', bytes) and release ('-op', bytes, and where the storage's allocation is in this log or the
-previous one), op being the ATen op that allocated the storage, for capture_megatron.peaks. Works on
+previous one), op being the ATen op that allocated the storage, for capture_megatron.fit.timelines.events. Works on
 CPU tensors and on FakeTensorMode tensors (enter this mode *inside* FakeTensorMode so it sees each
 op before the fake mode answers it). Measured overhead on a megatron transformer layer
 forward+backward on CPU: about 1.1-1.5x (python dispatch per op).

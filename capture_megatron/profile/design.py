@@ -1,4 +1,5 @@
-"""Which probes to run: a small fixed set of shapes on which every regression term is identifiable.
+"""Which probes to run: the model's own shapes (anchors) and a small fixed set of design shapes on
+which every regression term is identifiable (torch-free).
 
 The number of probes depends on the number of terms (and variants), never on the model's depth:
 per shape, 8 chunk probes (16 with full recompute); DESIGN_SHAPES shapes per variant, chosen
@@ -11,9 +12,10 @@ import random
 
 import numpy as np
 
-from capture_megatron.profile.records import Probe
-from capture_megatron.profile.records import ProbeShape, Variant
-from capture_megatron.terms import ACTIVATION_TERMS, PARAMETER_TERMS, Sizes
+from capture_megatron.config import ModelShape
+from capture_megatron.config.parallel import tp_fits
+from capture_megatron.records import Probe, ProbeShape, Variant
+from capture_megatron.fit.terms import ACTIVATION_TERMS, PARAMETER_TERMS, Sizes
 
 DESIGN_SHAPES = 24
 BASE_PROBES = (("middle", 1, 0), ("middle", 2, 0), ("first", 0, 0), ("first", 1, 0), ("last", 0, 0),
@@ -72,3 +74,25 @@ def variant_tps(variant: Variant, max_tp: int) -> tuple[int, ...]:
     """TP sizes to probe: 1, 2, 4 (up to max_tp); sequence parallelism needs TP > 1."""
     tps = tuple(t for t in (1, 2, 4) if t <= max(max_tp, 2))
     return tuple(t for t in tps if t > 1) if variant.sequence_parallel else tps
+
+
+def model_probes(
+    shape: ModelShape,
+    variants: list[Variant],
+    tps: list[int],
+    micro_batch_sizes: list[int],
+    design: bool,
+) -> list[Probe]:
+    """Anchor probes of the model (every variant, valid TP and micro-batch size) plus, with `design`,
+    the regression design shapes of each variant."""
+    probes: list[Probe] = []
+    for variant in variants:
+        anchors = [
+            ProbeShape.of(shape, t, b)
+            for t in tps
+            for b in micro_batch_sizes
+            if tp_fits(shape, t, variant.sequence_parallel)
+        ]
+        shapes = anchors + (design_shapes(variant_tps(variant, max(tps))) if design else [])
+        probes += probes_for(variant, shapes)
+    return probes

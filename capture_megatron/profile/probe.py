@@ -16,11 +16,11 @@ from dataclasses import dataclass
 import torch
 
 from capture_megatron.config import ModelShape, ParallelPlan, Recompute
+from capture_megatron.config.training import BuildOptions, OptimOptions, RunOptions
 from capture_megatron.megatron.builder import TORCH_DTYPES, build_gpt, transformer_config
-from capture_megatron.megatron.builder_options import BuildOptions
-from capture_megatron.static import chunk_static
-from capture_megatron.profile.records import BufferBytes, Probe, ProbeShape, ProfileRecord, Timeline, Variant  # noqa: F401 (Probe re-exported)
-from capture_megatron.train.options import OptimOptions, RunOptions
+from capture_megatron.megatron.training import forward_step, make_optimizer, set_schedule_hooks, wrap_model
+from capture_megatron.predict.static import chunk_static
+from capture_megatron.records import BufferBytes, Probe, ProfileRecord, Timeline
 
 
 def model_shape(probe: Probe) -> ModelShape:
@@ -143,8 +143,6 @@ def _default_dtype(dtype):
 
 def build(probe: Probe, impl: str, fake: bool = False) -> _Chunk:
     """Build, wrap (Float16Module, DDP) and give an optimizer to the probe's chunk."""
-    from capture_megatron.train.trainer import make_optimizer, set_schedule_hooks, wrap_model
-
     shape, plan = model_shape(probe), parallel_plan(probe)
     config = transformer_config(shape, plan, 0, BuildOptions())
     first, last = probe.kind in ("first", "only"), probe.kind in ("last", "only")
@@ -161,8 +159,6 @@ def build(probe: Probe, impl: str, fake: bool = False) -> _Chunk:
 
 def _forward(chunk: _Chunk, input_tensor):
     from megatron.core.pipeline_parallel import schedules
-
-    from capture_megatron.train.loop import forward_step
 
     batch = iter([_batch(chunk.shape, chunk.plan.micro_batch_size)])
     output, _ = schedules.forward_step(forward_step, batch, chunk.model, 1, input_tensor, [], chunk.config,
@@ -232,7 +228,7 @@ def iteration(chunk: _Chunk, meter, fake: bool = False, timelines: bool = False)
     get_attr_wrapped_model(chunk.model, "set_input_tensor")(None)
     out["residual_bytes"] = meter.current() - start + out["input_bytes"]
     out["step_peak"] = 0  # fake: the step reads gradient norms (data), which fake tensors lack; optimizer
-    if not fake:  # bytes are computed from the parameters (capture_megatron.static) instead.
+    if not fake:  # bytes are computed from the parameters (capture_megatron.predict.static) instead.
         before_step = meter.current()
         with windows.window("step"):
             chunk.config.finalize_model_grads_func([chunk.model])

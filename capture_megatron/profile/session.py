@@ -1,4 +1,4 @@
-"""Run many probes in one process: device set-up, meters, progress bar (the `profile` Python API).
+"""Run many probes in one process: device set-up, meters, progress bar.
 
 Devices:
 - cpu:  real tensors on the host; exact live-storage accounting (capture_megatron.memory).
@@ -15,11 +15,12 @@ import contextlib
 from dataclasses import dataclass
 
 from capture_megatron import __version__
+from capture_megatron.config import ModelShape
 from capture_megatron.errors import CaptureError
-from capture_megatron.profile.probe import Probe
-from capture_megatron.profile.records import ProfileRecord
+from capture_megatron.profile.design import model_probes
+from capture_megatron.profile.options import DEVICES, ProfileOptions
+from capture_megatron.records import Probe, ProfileRecord, Variant
 
-DEVICES = ("cpu", "cuda", "fake")
 
 
 @dataclass(frozen=True)
@@ -100,3 +101,20 @@ def run_probes(probes: list[Probe], device: str, impl: str = "auto", progress: b
                     raise CaptureError(f"megatron-core rejects the probe {probe.kind} chunk with {probe.layers} "
                                        f"layers at {probe.shape}: {err}") from None
     return records
+
+
+def profile(shape: ModelShape, options: ProfileOptions = ProfileOptions()) -> tuple[ProfileRecord, ...]:
+    """Profile `shape`: its own sizes at the options' TP and micro-batch sizes (exact anchors later)
+    and, unless options.design is off, the design shapes every regression term needs, for each
+    variant; CaptureError when no probe fits."""
+    check_device(options.device)
+    variants = list(options.variants) or [Variant.of(shape)]
+    tps, mbs = list(options.tps), list(options.micro_batch_sizes)
+    probes = model_probes(shape, variants, tps, mbs, design=options.design)
+    if not probes:
+        raise CaptureError(
+            f"no probe fits: TP sizes {tps} do not divide heads {shape.num_attention_heads} / "
+            f"groups {shape.groups} / ffn {shape.ffn} (or SP needs TP > 1)"
+        )
+    timelines = options.timelines and options.device != "cuda"
+    return tuple(run_probes(probes, options.device, options.transformer_impl, options.progress, timelines))

@@ -20,7 +20,7 @@ import torch
 from capture_megatron.config import ModelShape, ParallelPlan
 from capture_megatron.errors import CaptureError
 from capture_megatron.megatron import ckpt_fixes
-from capture_megatron.train.options import CheckpointOptions
+from capture_megatron.config.training import CheckpointOptions
 
 TRACKER = "latest_checkpointed_iteration.txt"
 PAUSE_ENV = "CAPTURE_MEGATRON_TEST_SAVE_PAUSE"

@@ -29,7 +29,7 @@ from typing import Iterator
 import torch
 
 from capture_megatron.errors import CaptureError
-from capture_megatron.train.options import DataOptions
+from capture_megatron.config.training import DataOptions
 
 BATCH_KEYS = ("tokens", "labels", "loss_mask", "position_ids")
 """Megatron's GPT batch keys, in the order pretrain_gpt.get_batch lists them (no attention mask)."""

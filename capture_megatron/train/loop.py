@@ -1,7 +1,6 @@
 """One optimizer step and the iteration loop, on megatron-core's pipeline schedules.
 
-forward_step / loss_func follow Megatron-LM's pretrain_gpt.py (per-token loss summed with the loss
-mask, reported as (sum, tokens)); train_step follows megatron/training/training.py: zero the DDP grad
+forward_step (capture_megatron.megatron.training) follows Megatron-LM's pretrain_gpt.py; train_step follows megatron/training/training.py: zero the DDP grad
 buffers, run get_forward_backward_func() (no pipelining, 1F1B, or interleaved 1F1B), optimizer.step
 (finalize_model_grads does the DP / SP / embedding all-reduces), then the LR scheduler.
 """
@@ -9,28 +8,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from functools import partial
 
 import torch
 
 from capture_megatron.config import ModelShape, ParallelPlan
+from capture_megatron.megatron.training import forward_step
 from capture_megatron.train.report import IterationStats
-
-
-def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
-    """Masked token-loss sum, token count, and the (sum, tokens) pair reported as 'lm loss'."""
-    losses = output_tensor.view(-1).float()
-    mask = loss_mask.view(-1).float()
-    loss = torch.sum(losses * mask)
-    num_tokens = mask.sum().clone().detach().to(torch.int)
-    return loss, num_tokens, {"lm loss": torch.cat([loss.clone().detach().view(1), num_tokens.view(1)])}
-
-
-def forward_step(data_iterator, model):
-    """Megatron's forward_step_func: run a chunk on the next micro-batch."""
-    batch = next(data_iterator)
-    output = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
-    return output, partial(loss_func, batch["loss_mask"])
 
 
 @dataclass(frozen=True)

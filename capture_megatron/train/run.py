@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from capture_megatron.config import TrainConfig
 from capture_megatron.megatron import cpu_compat
 from capture_megatron.train.dist_env import DistEnv, init_distributed, is_logging_rank
 from capture_megatron.train.report import MemoryReport, RankMemory
@@ -73,13 +74,20 @@ def _checkpoint_hook(cfg, trainer, window: PeakWindow, start_consumed: int, star
     return on_step
 
 
-def run_training(cfg, env: DistEnv) -> MemoryReport:
+def describe(cfg: TrainConfig, env: DistEnv) -> str:
+    """The run's header line."""
+    p = cfg.plan
+    return (f"capture-megatron: {env.world_size} processes ({env.source}) | TP {p.tp} PP {p.pp} DP {p.dp}"
+            + (f" VPP {p.vpp}" if p.vpp > 1 else "") + f" | layout {p.layout} | micro-batch "
+            f"{p.micro_batch_size} x {p.num_microbatches} | {cfg.shape.dtype}")
+
+
+def run_training(cfg: TrainConfig, env: DistEnv) -> MemoryReport:
     """Train `cfg` on this rank; rank 0 writes cfg.run.memory_report. Returns the gathered report."""
     from megatron.core import parallel_state as ps
 
     from capture_megatron.memory.meter import make_meter
     from capture_megatron.megatron.builder import resolve_impl
-    from capture_megatron.pretrain_gpt import describe
     from capture_megatron.train.checkpoint import load_checkpoint
     from capture_megatron.train.data import build_train_iterators
     from capture_megatron.train.loop import run_iterations

@@ -1,8 +1,7 @@
 """Set up a training process the way Megatron-LM does: parallel state, seeds, model, DDP, optimizer.
 
-The model chunks are megatron-core GPTModels (builder.build_chunks), wrapped in Float16Module for
-bf16/fp16 and in megatron-core's DistributedDataParallel; the optimizer is get_megatron_optimizer
-(Adam; --use-distributed-optimizer shards it over DP) with OptimizerParamScheduler.
+The model chunks are megatron-core GPTModels (megatron.builder.build_chunks), wrapped and given an
+optimizer by capture_megatron.megatron.training (the same set-up the profiler's probes use).
 """
 from __future__ import annotations
 
@@ -13,8 +12,9 @@ import numpy as np
 import torch
 
 from capture_megatron.config import ModelShape, ParallelPlan
-from capture_megatron.megatron.builder import TORCH_DTYPES, BuildOptions, build_chunks
-from capture_megatron.train.options import OptimOptions, RunOptions
+from capture_megatron.config.training import BuildOptions, OptimOptions, RunOptions
+from capture_megatron.megatron.builder import build_chunks
+from capture_megatron.megatron.training import make_optimizer, set_schedule_hooks, wrap_model
 
 
 @dataclass
@@ -47,80 +47,10 @@ def init_parallel_state(plan: ParallelPlan, seed: int) -> None:
     model_parallel_cuda_manual_seed(rank_seed)
 
 
-def wrap_model(chunks: list, shape: ModelShape, plan: ParallelPlan, run: RunOptions,
-               check_for_nan_in_grad: bool = True) -> list:
-    """Float16Module (bf16/fp16) and megatron DDP around each chunk, then broadcast over DP.
-
-    Probes under FakeTensorMode pass check_for_nan_in_grad=False (the check reads gradient values).
-    """
-    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-    from megatron.core.transformer.module import Float16Module
-
-    ddp_config = DistributedDataParallelConfig(
-        grad_reduce_in_fp32=shape.dtype == "bf16", overlap_grad_reduce=run.overlap_grad_reduce,
-        overlap_param_gather=run.overlap_param_gather, use_distributed_optimizer=plan.distributed_optimizer,
-        check_for_nan_in_grad=check_for_nan_in_grad)
-    wrapped = []
-    for i, chunk in enumerate(chunks):
-        config = chunk.config
-        module = Float16Module(config, chunk) if shape.dtype != "fp32" else chunk
-        ddp = DistributedDataParallel(config=config, ddp_config=ddp_config, module=module,
-                                      disable_bucketing=i > 0)
-        ddp.broadcast_params()
-        wrapped.append(ddp)
-    return wrapped
-
-
-def make_optimizer(model: list, shape: ModelShape, plan: ParallelPlan, optim: OptimOptions,
-                   train_iters: int, use_gloo_process_groups: bool = True):
-    """get_megatron_optimizer + OptimizerParamScheduler as Megatron-LM configures them.
-
-    Profiling probes run on torch's fake backend, which has no gloo groups: they pass False.
-    """
-    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
-
-    config = OptimizerConfig(
-        optimizer="adam", lr=optim.lr, min_lr=optim.min_lr, weight_decay=optim.weight_decay,
-        adam_beta1=optim.adam_beta1, adam_beta2=optim.adam_beta2, adam_eps=optim.adam_eps,
-        clip_grad=optim.clip_grad, bf16=shape.dtype == "bf16", fp16=shape.dtype == "fp16",
-        params_dtype=TORCH_DTYPES[shape.dtype], initial_loss_scale=optim.initial_loss_scale,
-        use_distributed_optimizer=plan.distributed_optimizer)
-    optimizer = get_megatron_optimizer(config, model, use_gloo_process_groups=use_gloo_process_groups)
-    gbs = plan.global_batch_size
-    decay_iters = optim.lr_decay_iters or train_iters
-    scheduler = OptimizerParamScheduler(
-        optimizer, init_lr=0.0 if optim.lr_warmup_iters else optim.lr, max_lr=optim.lr,
-        min_lr=optim.min_lr, lr_warmup_steps=optim.lr_warmup_iters * gbs,
-        lr_decay_steps=decay_iters * gbs, lr_decay_style=optim.lr_decay_style,
-        start_wd=optim.weight_decay, end_wd=optim.weight_decay, wd_incr_steps=decay_iters * gbs,
-        wd_incr_style="constant", wsd_decay_steps=decay_iters * gbs if optim.lr_decay_style == "WSD" else None,
-        lr_wsd_decay_style="linear" if optim.lr_decay_style == "WSD" else None)
-    return optimizer, scheduler
-
-
-def set_schedule_hooks(model: list, optimizer, run: RunOptions) -> object:
-    """The TransformerConfig hooks Megatron-LM's train() sets before training."""
-    from megatron.core.distributed import finalize_model_grads
-    from megatron.core.utils import get_model_config
-
-    config = get_model_config(model[0])
-    config.grad_scale_func = optimizer.scale_loss
-    config.timers = None
-    config.finalize_model_grads_func = finalize_model_grads
-    if run.overlap_grad_reduce:
-        no_sync = [m.no_sync for m in model]
-        config.no_sync_func = no_sync[0] if len(model) == 1 else no_sync
-    if run.overlap_param_gather:
-        sync = [m.start_param_sync for m in model]
-        config.param_sync_func = sync[0] if len(model) == 1 else sync
-    return config
-
-
 def build_trainer(shape: ModelShape, plan: ParallelPlan, optim: OptimOptions, run: RunOptions,
                   build: BuildOptions, impl: str) -> Trainer:
     """Everything a rank needs to run train steps (parallel state must be initialised)."""
-    chunks = build_chunks(shape, plan, build, impl=impl)
+    chunks = build_chunks(shape, plan, build, impl=impl, seed=run.seed)
     model = wrap_model(chunks, shape, plan, run)
     optimizer, scheduler = make_optimizer(model, shape, plan, optim, run.train_iters)
     config = set_schedule_hooks(model, optimizer, run)

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from capture_megatron.launcher import torchrun_command
+from capture_megatron.train.launch import torchrun_command
 from capture_megatron.train.report import MemoryReport
 
 # A tiny GPT every equivalence test shares (dropout off so every plan computes the same function).

@@ -13,7 +13,7 @@ import pytest
 import torch
 from harness import TINY, losses, train
 
-from capture_megatron.launcher import torchrun_command
+from capture_megatron.train.launch import torchrun_command
 from capture_megatron.train.checkpoint import PAUSE_ENV, TRACKER, iteration_dir
 
 SIX = ["--train-iters", "6", "--lr-decay-iters", "6"]

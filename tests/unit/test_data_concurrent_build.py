@@ -14,7 +14,7 @@ from capture_megatron.data.corpus import stdlib_corpus
 from capture_megatron.data.preprocess import preprocess
 from capture_megatron.data.tokenizers import TokenizerOptions
 from capture_megatron.train.data import build_train_iterators
-from capture_megatron.train.options import DataOptions
+from capture_megatron.config.training import DataOptions
 
 SEQ, MBS, GBS, ITERS, SEED = 32, 2, 8, 4, 7
 
@@ -23,7 +23,7 @@ CHILD = textwrap.dedent("""
     warnings.simplefilter("ignore")
     import torch
     from capture_megatron.train.data import build_train_iterators
-    from capture_megatron.train.options import DataOptions
+    from capture_megatron.config.training import DataOptions
     prefix, out, rank, world, store = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
     dp_rank, dp_size = 0, 1
     if store != "-":

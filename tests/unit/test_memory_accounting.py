@@ -39,8 +39,8 @@ def test_backward_is_seen():
 def test_megatron_layer_forward_equals_saved_tensors_plus_output():
     from capture_megatron.megatron import cpu_compat
     from capture_megatron.profile.groups import fake_job
-    from capture_megatron.profile.probe import Probe, _hidden, build
-    from capture_megatron.profile.records import ProbeShape, Variant
+    from capture_megatron.profile.probe import _hidden, build
+    from capture_megatron.records import Probe, ProbeShape, Variant
 
     cpu_compat.apply("cpu")
     variant = Variant(dtype="fp32", recompute="none", sequence_parallel=False, swiglu=True, normalization="RMSNorm",

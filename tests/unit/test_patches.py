@@ -30,20 +30,11 @@ def test_recompute_per_stage_patch_applies_and_works(tmp_path):
     assert "rejected: recompute_num_layers_per_stage needs" in run.stdout
 
 
-def _wrapper():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("capture_pretrain_gpt", os.path.join(ROOT, "patches",
-                                                                                       "capture_pretrain_gpt.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_wrapper_gives_each_stage_its_recompute_count():
     import argparse
 
-    wrapper = _wrapper()
+    from capture_megatron.megatron import lm_pretrain_gpt as wrapper
+
     parser = wrapper.add_capture_args(argparse.ArgumentParser())
     args = parser.parse_args(["--recompute-num-layers-per-stage", "3,0,1"])
     args.pipeline_model_parallel_size, args.recompute_num_layers = 3, 3

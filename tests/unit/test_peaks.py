@@ -1,10 +1,10 @@
-"""The replayed-timeline peak model on hand-written timelines (capture_megatron.peaks, peak_align)."""
+"""The replayed-timeline peak model on hand-written timelines (capture_megatron.fit.timelines.events, peak_align)."""
 from __future__ import annotations
 
-from capture_megatron.peak_align import align
-from capture_megatron.peaks import fit_peak, measured_peak
-from capture_megatron.profile.records import Timeline
-from capture_megatron.terms import Sizes
+from capture_megatron.fit.timelines.align import align
+from capture_megatron.fit.timelines.events import fit_peak, measured_peak
+from capture_megatron.records import Timeline
+from capture_megatron.fit.terms import Sizes
 
 SHAPES = [Sizes(b=b, s=s, h=h, a=4, g=g, d=h // 4, f=4 * h, V=512, t=t)
           for b, s, h, g, t in ((1, 64, 32, 2, 2), (2, 32, 64, 4, 2), (3, 16, 32, 2, 1), (1, 128, 64, 4, 4),

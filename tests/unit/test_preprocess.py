@@ -7,6 +7,7 @@ import os
 import numpy
 import pytest
 
+from capture_megatron.cli import preprocess as cli_preprocess
 from capture_megatron.data import preprocess as pp
 from capture_megatron.data.corpus import stdlib_corpus
 from capture_megatron.data.tokenizers import ByteTokenizer, HuggingFaceTokenizer, TokenizerOptions
@@ -37,7 +38,7 @@ def _texts(path: str) -> list[str]:
 
 
 def test_jsonl_round_trip_with_eod(tmp_path, corpus, capsys):
-    assert pp.main(["--input", corpus, "--output-prefix", str(tmp_path / "out" / "c")]) == 0
+    assert cli_preprocess.main(["--input", corpus, "--output-prefix", str(tmp_path / "out" / "c")]) == 0
     printed = capsys.readouterr().out
     texts = _texts(corpus)
     *docs, dtype = _read(str(tmp_path / "out" / "c_text_document"))
@@ -117,24 +118,24 @@ def test_bad_input_lines(tmp_path, content, match):
     src = tmp_path / "bad.jsonl"
     src.write_text(content, encoding="utf-8")
     with pytest.raises(CaptureError, match=match):
-        pp.main(["--input", str(src), "--output-prefix", str(tmp_path / "o")])
+        cli_preprocess.main(["--input", str(src), "--output-prefix", str(tmp_path / "o")])
     assert os.listdir(tmp_path) == ["bad.jsonl"]  # nothing half-written left behind
 
 
 def test_bad_input_files(tmp_path):
     with pytest.raises(CaptureError, match=r"--input '.*missing.jsonl' does not exist"):
-        pp.main(["--input", str(tmp_path / "missing.jsonl"), "--output-prefix", str(tmp_path / "o")])
+        cli_preprocess.main(["--input", str(tmp_path / "missing.jsonl"), "--output-prefix", str(tmp_path / "o")])
     (tmp_path / "empty.jsonl").write_text("")
     with pytest.raises(CaptureError, match="is empty"):
-        pp.main(["--input", str(tmp_path / "empty.jsonl"), "--output-prefix", str(tmp_path / "o")])
+        cli_preprocess.main(["--input", str(tmp_path / "empty.jsonl"), "--output-prefix", str(tmp_path / "o")])
     (tmp_path / "a.txt").write_text("hello\n")
     with pytest.raises(CaptureError, match="--json-keys body does not apply to the plain-text input"):
-        pp.main(["--input", str(tmp_path / "a.txt"), "--json-keys", "body", "--output-prefix", str(tmp_path / "o")])
+        cli_preprocess.main(["--input", str(tmp_path / "a.txt"), "--json-keys", "body", "--output-prefix", str(tmp_path / "o")])
     with pytest.raises(CaptureError, match="needs --tokenizer-model"):
-        pp.main(["--input", str(tmp_path / "a.txt"), "--tokenizer-type", "HuggingFaceTokenizer",
+        cli_preprocess.main(["--input", str(tmp_path / "a.txt"), "--tokenizer-type", "HuggingFaceTokenizer",
                  "--output-prefix", str(tmp_path / "o")])
     with pytest.raises(CaptureError, match="--tokenizer-type 'Tiktoken' is not supported"):
-        pp.main(["--input", str(tmp_path / "a.txt"), "--tokenizer-type", "Tiktoken",
+        cli_preprocess.main(["--input", str(tmp_path / "a.txt"), "--tokenizer-type", "Tiktoken",
                  "--output-prefix", str(tmp_path / "o")])
     with pytest.raises(CaptureError, match="--workers 0 must be at least 1"):
-        pp.main(["--input", str(tmp_path / "a.txt"), "--workers", "0", "--output-prefix", str(tmp_path / "o")])
+        cli_preprocess.main(["--input", str(tmp_path / "a.txt"), "--workers", "0", "--output-prefix", str(tmp_path / "o")])

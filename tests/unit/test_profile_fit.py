@@ -13,12 +13,12 @@ import pytest
 
 from capture_megatron.errors import CaptureError
 from capture_megatron.fit import fit, sizes_of
-from capture_megatron.fit_check import check_records
+from capture_megatron.predict.heldout import check_records
 from capture_megatron.profile.design import design_shapes, probes_for, variant_tps
-from capture_megatron.profile.probe import Probe
-from capture_megatron.profile.records import ProbeShape, Variant, read_records, write_records
+from capture_megatron.records import Probe
+from capture_megatron.records import ProbeShape, Variant, read_records, write_records
 from capture_megatron.profile.session import run_probes
-from capture_megatron.static import chunk_static
+from capture_megatron.predict.static import chunk_static
 
 GPT = Variant(dtype="fp32", recompute="none", sequence_parallel=False, swiglu=False, normalization="LayerNorm",
               position_embedding_type="learned_absolute", add_bias_linear=True, dropout=True, untied=False)
@@ -79,7 +79,7 @@ def test_held_out_transient_peaks(gpt_model, gpt_held_out):
 
 def test_timelines_replay_to_the_measured_peaks():
     """A record's timelines replay to exactly its forward, backward and step peaks (cpu and fake)."""
-    from capture_megatron.peaks import measured_peak
+    from capture_megatron.fit.timelines.events import measured_peak
 
     shape = ProbeShape(2, 64, 64, 4, 2, 16, 192, 256, 2)
     probes = [Probe(LLAMA_BF16_SP, shape, k, n) for k, n in (("first", 1), ("middle", 1), ("last", 0))]
@@ -196,7 +196,7 @@ def test_full_recompute_chunks_of_any_depth(variant):
     """Block recompute of n of k layers: the decomposition (first recomputed layer R, each further R2)
     predicts saved, forward and backward peaks of unprobed (k, n) exactly."""
     from capture_megatron.fit import shape_sizes
-    from capture_megatron.predict import _activations
+    from capture_megatron.predict.ranks import _activations
 
     shape = ProbeShape(2, 64, 64, 4, 4, 16, 256, 256, 2)
     sc = fit(run_probes(probes_for(variant, [shape]), "cpu", progress=False)).variants[0].constants(shape_sizes(shape))

@@ -3,7 +3,7 @@ import random
 
 import pytest
 
-from capture_megatron.static import chunk_static, structured_static
+from capture_megatron.predict.static import chunk_static, structured_static
 
 
 @pytest.mark.parametrize("seed", range(300))

@@ -9,7 +9,7 @@ from capture_megatron.data.corpus import stdlib_corpus
 from capture_megatron.data.tokenizers import (ByteTokenizer, GPT2BPETokenizer, HuggingFaceTokenizer,
                                               SentencePieceTokenizer, TokenizerOptions, build_tokenizer)
 from capture_megatron.errors import CaptureError
-from capture_megatron.train.options import DataOptions
+from capture_megatron.config.training import DataOptions
 
 SAMPLES = ["Return the sum of a and b.", "Abstract Base Classes (ABCs) according to PEP 3119.\n\nUse it.",
            "  two  spaces, tabs\tand a trailing newline\n"]

@@ -12,7 +12,7 @@ from capture_megatron.data.preprocess import preprocess
 from capture_megatron.data.tokenizers import TokenizerOptions
 from capture_megatron.errors import CaptureError
 from capture_megatron.train import data as td
-from capture_megatron.train.options import DataOptions
+from capture_megatron.config.training import DataOptions
 
 SEQ, MBS, GBS, ITERS, SEED = 32, 2, 8, 6, 1234
 

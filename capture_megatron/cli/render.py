@@ -1,0 +1,145 @@
+"""What the commands print and plot: the plan table, the per-stage breakdown PNG, predicted vs
+measured per rank (verify), and the fit-quality table."""
+
+from __future__ import annotations
+
+from capture_megatron.config import GIB
+from capture_megatron.fit import MemoryModel
+from capture_megatron.fit.quality import quality_rows
+from capture_megatron.plan import PlanResult
+from capture_megatron.plan.result import PARTS
+from capture_megatron.train.compare import RankCheck
+
+MIB = 2**20
+"""Bytes in a MiB."""
+
+
+def unit_of(nbytes: float) -> tuple[float, str]:
+    """(divisor, name): GiB for large values, MiB below 1 GiB."""
+    return (GIB, "GiB") if nbytes >= GIB else (MIB, "MiB")
+
+
+def print_plan(result: PlanResult) -> None:
+    """The top plans, the chosen plan's stages, and the baselines."""
+    unit, uname = unit_of(max(e.peak for e in result.ranked))
+    shape, cluster = result.shape, result.cluster
+    print(
+        f"{result.considered} plans considered for {shape.num_layers} layers x h {shape.hidden_size} on "
+        f"{cluster.gpus} GPUs of {cluster.gpu_memory_bytes / GIB:g} GiB (memory model: "
+        f"{result.origin.device})"
+    )
+    print(
+        f"  {'TP':>3} {'PP':>3} {'DP':>4} {'VPP':>3} {'mbs':>3} {'recompute':>9} {'SP':>3} {'DO':>3} "
+        f"{'peak ' + uname:>9} {'need ' + uname:>9} {'fits':>4} {'step s':>8}  layout"
+    )
+    for e in result.ranked:
+        p = e.plan
+        print(
+            f"  {p.tp:3d} {p.pp:3d} {p.dp:4d} {p.vpp:3d} {p.micro_batch_size:3d} "
+            f"{p.recompute.granularity:>9} {'y' if p.sequence_parallel else 'n':>3} "
+            f"{'y' if p.distributed_optimizer else 'n':>3} {e.peak / unit:9.3f} {e.needed / unit:9.3f} "
+            f"{'yes' if e.fits else 'no':>4} {e.step_seconds:8.3f}  {p.layout}"
+        )
+    _print_stages(result, unit, uname)
+    _print_baselines(result, unit, uname)
+    print("megatron_args: " + " ".join(result.to_plain()["megatron_args"]))
+
+
+def _print_stages(result: PlanResult, unit: float, uname: str) -> None:
+    print(f"chosen plan, per pipeline rank ({uname}):")
+    print(f"  {'rank':>4} " + " ".join(f"{k:>11}" for k in PARTS) + f" {'peak':>9}  phase")
+    for s, peak in zip(result.best.stages, result.best.rank_peaks):
+        parts = " ".join(f"{int(getattr(s, k)) / unit:11.3f}" for k in PARTS)
+        print(f"  {s.pp_rank:4d} {parts} {peak / unit:9.3f}  {s.phase}")
+
+
+def _print_baselines(result: PlanResult, unit: float, uname: str) -> None:
+    for b in result.baselines:
+        if b.partition is None:
+            print(f"  {b.name:22s} unavailable: {b.reason}")
+            continue
+        worst = max(int(x) for x in b.partition.rank_peaks)
+        lower = 100 * (1 - result.best.peak / b.partition.peak)
+        print(
+            f"  {b.name:22s} worst rank {worst / unit:8.3f} {uname}, layers "
+            f"{list(b.partition.layers_per_stage)}; the plan is {lower:.1f}% lower"
+        )
+
+
+def save_plan_png(result: PlanResult, path: str) -> None:
+    """Stacked per-stage breakdown of the chosen plan, beside uniform's predicted peaks."""
+    plt = _pyplot()
+    stages = result.best.stages
+    ranks = [s.pp_rank for s in stages]
+    unit, name = unit_of(max(result.best.rank_peaks))
+    fig, ax = plt.subplots(figsize=(2.8 + 0.9 * len(ranks), 4.2))
+    bottom = [0.0] * len(stages)
+    for part in PARTS:
+        vals = [int(getattr(s, part)) / unit for s in stages]
+        ax.bar(ranks, vals, bottom=bottom, label=part, width=0.6)
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    uniform = result.baseline("uniform").partition
+    if uniform is not None:
+        peaks = [int(x) / unit for x in uniform.rank_peaks]
+        ax.plot(ranks, peaks, "k_", markersize=28, mew=2, label="uniform layout's peak")
+    ax.set_xticks(ranks)
+    ax.set_xlabel("pipeline rank")
+    ax.set_ylabel(name)
+    ax.set_title(f"predicted peak per stage, layout {result.best.plan.layout}", fontsize=9)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def print_checks(rows: list[RankCheck], tolerance: float) -> None:
+    """The verification table."""
+    print(f"  {'rank':>4} {'predicted MiB':>14} {'measured MiB':>13} {'error':>8} {'reserved MiB':>13}")
+    for c in rows:
+        flag = "" if abs(c.error) <= tolerance else "  <-- off"
+        print(
+            f"  {c.pp_rank:4d} {c.predicted_bytes / MIB:14.3f} {c.measured_bytes / MIB:13.3f} "
+            f"{100 * c.error:+7.2f}% {c.reserved_bytes / MIB:13.3f}{flag}"
+        )
+
+
+def save_checks_png(rows: list[RankCheck], path: str, title: str) -> None:
+    """Predicted vs measured bars per rank."""
+    plt = _pyplot()
+    unit, name = unit_of(max(c.measured_bytes for c in rows))
+    xs = [c.pp_rank for c in rows]
+    fig, ax = plt.subplots(figsize=(2.5 + 0.9 * len(xs), 3.8))
+    ax.bar([x - 0.2 for x in xs], [c.predicted_bytes / unit for c in rows], width=0.4, label="predicted")
+    ax.bar([x + 0.2 for x in xs], [c.measured_bytes / unit for c in rows], width=0.4, label="measured")
+    for c in rows:
+        top = max(c.predicted_bytes, c.measured_bytes) / unit
+        ax.annotate(f"{100 * c.error:+.1f}%", (c.pp_rank, top), ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(xs)
+    ax.set_xlabel("pipeline rank")
+    ax.set_ylabel(f"peak allocated, {name}")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def print_quality(model: MemoryModel) -> None:
+    """The fit-quality table."""
+    v = model.versions
+    print(
+        f"memory model: {model.device}, {model.transformer_impl} spec, capture-megatron {v[0]}, "
+        f"torch {v[1]}, megatron-core {v[2]}"
+    )
+    print(f"  {'variant':22s} {'quantity':34s} {'probes':>6s} {'max resid B':>12s} {'LOO max err':>12s}")
+    for variant, quantity, n, resid, loo in quality_rows(model):
+        print(f"  {variant:22s} {quantity:34s} {n:6d} {resid:12.0f} {100 * loo:11.3f}%")
+
+
+def _pyplot():  # noqa: ANN202 - matplotlib.pyplot, imported on demand (slow)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt

@@ -1,0 +1,31 @@
+"""`capture-megatron train --nproc N <Megatron flags>`: validate the flags for a job of N processes,
+then train under torchrun (`torchrun -m capture_megatron.pretrain_gpt`). On failure, names the last
+complete checkpoint to resume from."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from capture_megatron.train.launch import failure_message, run_torchrun
+
+
+def main(argv: list[str]) -> int:
+    """Entry point: --nproc N plus pretrain_gpt's Megatron flags."""
+    parser = argparse.ArgumentParser(prog="capture-megatron train", add_help=False)
+    parser.add_argument("--nproc", type=int, default=1, help="processes on this node (torchrun)")
+    parser.add_argument("-h", "--help", action="store_true")
+    ns, rest = parser.parse_known_args(argv)
+    if ns.help:
+        from capture_megatron.train.entry import build_parser
+
+        full = build_parser("capture-megatron train --nproc N")
+        full.add_argument_group("launch").add_argument(
+            "--nproc", type=int, default=1, help="processes on this node (torchrun)"
+        )
+        full.print_help()
+        return 0
+    rc = run_torchrun(ns.nproc, rest)
+    if rc != 0:
+        print(failure_message(rc, rest), file=sys.stderr)
+    return rc

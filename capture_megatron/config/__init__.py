@@ -1,0 +1,40 @@
+"""The objects that pass between stages, pure Python (no torch): what a model is (ModelShape), how it
+is split (ParallelPlan, Recompute), where it runs (Cluster), what the user fixed (ParallelFlags),
+how it trains (TrainConfig and its options), and Megatron's pipeline-split rules (layout).
+
+Every field that a Megatron flag sets declares that flag (capture_megatron.config.fields).
+"""
+
+from capture_megatron.config.model import GIB, ModelShape, dtype_bytes
+from capture_megatron.config.parallel import (
+    Cluster,
+    ParallelFlags,
+    ParallelPlan,
+    Recompute,
+    check_plan_fits_model,
+)
+from capture_megatron.config.training import (
+    BuildOptions,
+    CheckpointOptions,
+    DataOptions,
+    OptimOptions,
+    RunOptions,
+    TrainConfig,
+)
+
+__all__ = [
+    "GIB",
+    "BuildOptions",
+    "CheckpointOptions",
+    "Cluster",
+    "DataOptions",
+    "ModelShape",
+    "OptimOptions",
+    "ParallelFlags",
+    "ParallelPlan",
+    "Recompute",
+    "RunOptions",
+    "TrainConfig",
+    "check_plan_fits_model",
+    "dtype_bytes",
+]

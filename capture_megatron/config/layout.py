@@ -1,0 +1,90 @@
+"""Megatron's pipeline splits: the --pipeline-model-parallel-layout grammar, parsed to transformer
+layers per virtual stage, and the split --decoder-first/last-pipeline-num-layers give.
+
+Grammar (megatron/core/transformer/pipeline_parallel_layer_layout.py): ``E`` embedding, ``t``
+transformer (decoder) layer, ``L`` loss (final norm + output layer), ``|`` between virtual stages,
+``(...)*n`` and ``x*n`` repeat, ``,`` is cosmetic. A layout with k * pp stages means VPP k; virtual
+stage i sits on pipeline rank i % pp. E must open the first stage and L close the last.
+Pure Python; no torch.
+"""
+from __future__ import annotations
+
+import re
+
+from capture_megatron.errors import CaptureError, require
+
+_REPEATS = (re.compile(r"\(([^()]+)\)\*(\d+)"), re.compile(r"(.)\*(\d+)"))
+
+
+def expand(layout: str) -> str:
+    """The layout with repeats unrolled and commas dropped ('(tt|)*2L' -> 'tt|tt|L')."""
+    text = layout.replace(",", "").replace(" ", "")
+    for pattern in _REPEATS:
+        previous = None
+        while previous != text:
+            previous, text = text, pattern.sub(lambda m: m.group(1) * int(m.group(2)), text)
+    return text
+
+
+def parse_layout(layout: str, pp: int, num_layers: int | None = None) -> tuple[int, ...]:
+    """Transformer layers per virtual stage of `layout` for pipeline size `pp`.
+
+    Raises CaptureError naming the problem: characters outside E/t/L/|, a stage count not a
+    multiple of pp, E not first or L not last (or repeated), or a layer count != num_layers.
+    """
+    text = expand(layout)
+    stages = text.split("|")
+    problems = []
+    bad = sorted(set(text) - set("EtL|"))
+    if bad:
+        problems.append(f"characters {bad} are not E, t, L or |")
+    if len(stages) % pp:
+        problems.append(f"{len(stages)} stages is not a multiple of pipeline size {pp}")
+    if text.count("E") != 1 or not stages[0].startswith("E"):
+        problems.append("E (embedding) must appear once, at the start of the first stage")
+    if text.count("L") != 1 or not stages[-1].endswith("L"):
+        problems.append("L (loss/output layer) must appear once, at the end of the last stage")
+    counts = tuple(s.count("t") for s in stages)
+    if num_layers is not None and sum(counts) != num_layers:
+        problems.append(f"it places {sum(counts)} transformer layers but --num-layers is {num_layers}")
+    if problems:
+        raise CaptureError(f"--pipeline-model-parallel-layout {layout!r}: " + "; ".join(problems) + ".")
+    return counts
+
+
+def format_layout(layers_per_stage: tuple[int, ...]) -> str:
+    """Megatron's layout string for transformer layers per virtual stage (E first, L last)."""
+    stages = ["t" * n for n in layers_per_stage]
+    stages[0] = "E" + stages[0]
+    stages[-1] = stages[-1] + "L"
+    return "|".join(stages)
+
+
+def first_last_split(num_layers: int, pp: int, vpp: int, first: int | None, last: int | None) -> tuple[int, ...]:
+    """Megatron's split for --decoder-first/last-pipeline-num-layers: the middle stages are even.
+
+    With VPP, the first (last) pipeline stage's layers are divided evenly over its virtual stages,
+    as megatron's TransformerConfig requires.
+    """
+    ends = [n for n in (first, last) if n is not None]
+    middle_stages = pp - len(ends)
+    rest = num_layers - sum(ends)
+    problems = []
+    if any(n < 0 for n in ends) or rest < 0:
+        problems.append(f"first/last stage layers {ends} exceed --num-layers {num_layers}")
+    elif middle_stages == 0 and rest:
+        problems.append(f"{rest} layers left over with no middle stage")
+    elif middle_stages and rest % (middle_stages * vpp):
+        problems.append(f"the remaining {rest} layers do not split evenly over {middle_stages} middle stages"
+                        + (f" x {vpp} virtual stages" if vpp > 1 else ""))
+    for n in ends:
+        if n % vpp:
+            problems.append(f"{n} first/last-stage layers not divisible by {vpp} virtual stages")
+    require(problems, "first/last pipeline stage split")
+    per_middle = rest // (middle_stages * vpp) if middle_stages else 0
+    per_rank = [per_middle] * pp
+    if first is not None:
+        per_rank[0] = first // vpp
+    if last is not None:
+        per_rank[-1] = last // vpp
+    return tuple(per_rank[i % pp] for i in range(pp * vpp))

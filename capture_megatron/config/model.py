@@ -1,0 +1,139 @@
+"""ModelShape: a GPT model's architecture in Megatron's terms, each field with its Megatron flag.
+
+Frozen, validated at construction (a CaptureError naming every offending factor), round-tripped
+exactly through JSON. Pure Python: no torch import here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from capture_megatron.config.fields import flag
+from capture_megatron.errors import require
+from capture_megatron.serial import JsonMixin
+
+GIB = 1 << 30
+"""Bytes in a GiB."""
+DTYPES = ("fp32", "bf16", "fp16")
+"""Training precisions (--bf16 / --fp16; fp32 without either)."""
+NORMALIZATIONS = ("LayerNorm", "RMSNorm")
+"""Megatron's --normalization choices."""
+POSITION_EMBEDDINGS = ("learned_absolute", "rope")
+"""Megatron's --position-embedding-type choices this project supports."""
+
+
+def dtype_bytes(dtype: str) -> int:
+    """Bytes per element of a ModelShape dtype name."""
+    return 4 if dtype == "fp32" else 2
+
+
+@dataclass(frozen=True)
+class ModelShape(JsonMixin):
+    """A GPT model's architecture, in Megatron's terms."""
+
+    num_layers: int = flag("--num-layers")
+    """Transformer (decoder) layers."""
+    hidden_size: int = flag("--hidden-size")
+    """Model width h."""
+    num_attention_heads: int = flag("--num-attention-heads")
+    """Attention heads a."""
+    seq_length: int = flag("--seq-length")
+    """Training sequence length s."""
+    vocab_size: int = flag("--vocab-size", note="(default: the tokenizer's)")
+    """Tokenizer vocabulary before Megatron's padding."""
+    ffn_hidden_size: int = flag("--ffn-hidden-size", 0)
+    """MLP width; 0 means Megatron's default 4h."""
+    num_query_groups: int = flag("--num-query-groups", 0, note="(with --group-query-attention)")
+    """Key/value groups for GQA; 0 means one per head (plain MHA)."""
+    kv_channels: int = flag("--kv-channels", 0)
+    """Per-head width; 0 means h / a."""
+    max_position_embeddings: int = flag("--max-position-embeddings", 0)
+    """Learned position table size; 0 means seq_length."""
+    make_vocab_size_divisible_by: int = flag("--make-vocab-size-divisible-by", 128)
+    """Megatron pads the vocabulary to a multiple of this times TP."""
+    swiglu: bool = flag("--swiglu", False)
+    """Gated SiLU MLP."""
+    normalization: str = flag("--normalization", "LayerNorm", choices=NORMALIZATIONS)
+    """LayerNorm or RMSNorm."""
+    untie_embeddings_and_output_weights: bool = flag("--untie-embeddings-and-output-weights", False)
+    """Separate output layer weights."""
+    position_embedding_type: str = flag(
+        "--position-embedding-type", "learned_absolute", choices=POSITION_EMBEDDINGS
+    )
+    """learned_absolute or rope."""
+    add_bias_linear: bool = flag("--disable-bias-linear", True, negate=True)
+    """Biases in linear layers (off with --disable-bias-linear)."""
+    hidden_dropout: float = flag("--hidden-dropout", 0.1)
+    """Dropout after attention and MLP."""
+    attention_dropout: float = flag("--attention-dropout", 0.1)
+    """Dropout on attention probabilities."""
+    dtype: str = "fp32"
+    """Parameter/activation precision: fp32, bf16 (--bf16) or fp16 (--fp16)."""
+
+    def __post_init__(self) -> None:
+        require(self._problems(), "model shape")
+
+    def _problems(self) -> list[str]:
+        p: list[str] = []
+        for name in ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "vocab_size"):
+            if getattr(self, name) <= 0:
+                p.append(f"{name} {getattr(self, name)} must be positive")
+        heads, hidden = self.num_attention_heads, self.hidden_size
+        if heads > 0 and self.kv_channels == 0 and hidden % heads:
+            p.append(f"hidden {hidden} not divisible by heads {heads} (set --kv-channels)")
+        if self.num_query_groups and heads % self.num_query_groups:
+            p.append(f"heads {heads} not divisible by query groups {self.num_query_groups}")
+        if self.dtype not in DTYPES:
+            p.append(f"dtype {self.dtype!r} not one of {DTYPES}")
+        if self.normalization not in NORMALIZATIONS:
+            p.append(f"normalization {self.normalization!r} not one of {NORMALIZATIONS}")
+        if self.position_embedding_type not in POSITION_EMBEDDINGS:
+            p.append(
+                f"position embedding {self.position_embedding_type!r} not one of "
+                f"{POSITION_EMBEDDINGS}"
+            )
+        if (
+            self.max_position_embeddings
+            and self.position_embedding_type == "learned_absolute"
+            and self.max_position_embeddings < self.seq_length
+        ):
+            p.append(
+                f"max_position_embeddings {self.max_position_embeddings} < seq_length "
+                f"{self.seq_length}"
+            )
+        for name in ("hidden_dropout", "attention_dropout"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                p.append(f"{name} {getattr(self, name)} not in [0, 1)")
+        return p
+
+    @property
+    def ffn(self) -> int:
+        """MLP width with Megatron's default applied."""
+        return self.ffn_hidden_size or 4 * self.hidden_size
+
+    @property
+    def groups(self) -> int:
+        """Key/value groups with the MHA default applied."""
+        return self.num_query_groups or self.num_attention_heads
+
+    @property
+    def head_dim(self) -> int:
+        """Per-head width with the h / a default applied."""
+        return self.kv_channels or self.hidden_size // self.num_attention_heads
+
+    @property
+    def max_positions(self) -> int:
+        """Position table size with the seq_length default applied."""
+        return self.max_position_embeddings or self.seq_length
+
+    def padded_vocab(self, tp: int) -> int:
+        """Vocabulary padded as Megatron does: to a multiple of make_vocab_size_divisible_by * tp."""
+        multiple = self.make_vocab_size_divisible_by * tp
+        return int(math.ceil(self.vocab_size / multiple) * multiple)
+
+    def replace(self, **changes: Any) -> ModelShape:
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)

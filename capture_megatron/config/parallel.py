@@ -1,0 +1,241 @@
+"""Parallel plans: Recompute, ParallelPlan, Cluster, and ParallelFlags (the sizes a user fixed).
+
+Frozen dataclasses validated at construction (a CaptureError naming every offending factor) and
+round-tripped exactly through JSON. Pure Python: no torch import here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from capture_megatron.config.fields import flag
+from capture_megatron.config.layout import format_layout
+from capture_megatron.config.model import GIB, ModelShape
+from capture_megatron.errors import require
+from capture_megatron.serial import JsonMixin
+
+RECOMPUTE_GRANULARITIES = ("none", "selective", "full")
+"""Activation recomputation granularities (none: keep every activation)."""
+RECOMPUTE_METHODS = ("block", "uniform")
+"""Megatron's --recompute-method choices."""
+
+
+@dataclass(frozen=True)
+class Recompute(JsonMixin):
+    """Activation recomputation, possibly different on every pipeline stage."""
+
+    granularity: str = "none"
+    """none, selective (attention core only) or full (whole layers)."""
+    method: str = "block"
+    """For full: block (the first n layers of each model chunk) or uniform (all layers, n at a time)."""
+    num_layers: tuple[int, ...] = ()
+    """For full: n per pipeline stage (one entry per pp rank, applied to each of its chunks)."""
+
+    def __post_init__(self) -> None:
+        p: list[str] = []
+        if self.granularity not in RECOMPUTE_GRANULARITIES:
+            p.append(f"granularity {self.granularity!r} not one of {RECOMPUTE_GRANULARITIES}")
+        if self.method not in RECOMPUTE_METHODS:
+            p.append(f"method {self.method!r} not one of {RECOMPUTE_METHODS}")
+        if self.granularity == "full" and not self.num_layers:
+            p.append("full recompute needs num_layers per stage")
+        if self.granularity != "full" and self.num_layers:
+            p.append(f"num_layers {list(self.num_layers)} only applies to full recompute")
+        if any(n < 0 for n in self.num_layers):
+            p.append(f"negative recompute layers {list(self.num_layers)}")
+        if self.method == "uniform" and len(set(self.num_layers)) > 1:
+            p.append("per-stage recompute counts need method 'block'")
+        require(p, "recompute setting")
+
+    def layers_on(self, pp_rank: int) -> int:
+        """Full-recompute n of a pipeline stage (0 when not full)."""
+        return self.num_layers[pp_rank] if self.granularity == "full" else 0
+
+
+@dataclass(frozen=True)
+class ParallelPlan(JsonMixin):
+    """How a model is split: parallel sizes, batch, the pipeline partition and memory savers."""
+
+    tp: int
+    """Tensor-parallel size (--tensor-model-parallel-size)."""
+    pp: int
+    """Pipeline-parallel size (--pipeline-model-parallel-size)."""
+    dp: int
+    """Data-parallel size (world size / (tp * pp * cp))."""
+    micro_batch_size: int
+    """Sequences per micro-batch (--micro-batch-size)."""
+    global_batch_size: int
+    """Sequences per optimizer step (--global-batch-size)."""
+    layers_per_stage: tuple[int, ...]
+    """Transformer layers of each virtual stage in model order (pp * vpp entries); stage i sits on
+    pipeline rank i % pp. The embedding is on stage 0, the output layer and loss on the last."""
+    vpp: int = 1
+    """Virtual pipeline stages (model chunks) per pipeline rank."""
+    cp: int = 1
+    """Context-parallel size (kept at 1 by the planner)."""
+    recompute: Recompute = Recompute()
+    """Activation recomputation per pipeline stage."""
+    sequence_parallel: bool = False
+    """Megatron sequence parallelism over the TP group (--sequence-parallel)."""
+    distributed_optimizer: bool = False
+    """Shard optimizer state over DP (--use-distributed-optimizer)."""
+
+    def __post_init__(self) -> None:
+        p: list[str] = []
+        for name in ("tp", "pp", "dp", "cp", "vpp", "micro_batch_size", "global_batch_size"):
+            if getattr(self, name) < 1:
+                p.append(f"{name} {getattr(self, name)} must be >= 1")
+        if len(self.layers_per_stage) != self.pp * self.vpp:
+            p.append(f"{len(self.layers_per_stage)} stage entries for pp {self.pp} x vpp {self.vpp}")
+        if any(n < 0 for n in self.layers_per_stage):
+            p.append(f"negative layer count in {list(self.layers_per_stage)}")
+        if self.micro_batch_size >= 1 and self.dp >= 1 and self.global_batch_size % (self.micro_batch_size * self.dp):
+            p.append(f"global batch {self.global_batch_size} not divisible by micro-batch "
+                     f"{self.micro_batch_size} x DP {self.dp}")
+        if self.sequence_parallel and self.tp == 1:
+            p.append("sequence parallel needs TP > 1")
+        if self.recompute.granularity == "full" and len(self.recompute.num_layers) != self.pp:
+            p.append(f"{len(self.recompute.num_layers)} recompute entries for pp {self.pp}")
+        if self.vpp > 1 and self.pp == 1:
+            p.append("virtual pipeline stages need PP > 1")
+        require(p, "parallel plan")
+
+    @property
+    def world_size(self) -> int:
+        """GPUs (processes) the plan uses."""
+        return self.tp * self.pp * self.dp * self.cp
+
+    @property
+    def num_microbatches(self) -> int:
+        """Micro-batches per optimizer step on each DP rank."""
+        return self.global_batch_size // (self.micro_batch_size * self.dp)
+
+    @property
+    def num_layers(self) -> int:
+        """Total transformer layers placed."""
+        return sum(self.layers_per_stage)
+
+    def chunks_of(self, pp_rank: int) -> tuple[int, ...]:
+        """Layer counts of the model chunks (virtual stages) held by one pipeline rank."""
+        return tuple(self.layers_per_stage[v * self.pp + pp_rank] for v in range(self.vpp))
+
+    def layers_of(self, pp_rank: int) -> int:
+        """Transformer layers held by one pipeline rank."""
+        return sum(self.chunks_of(pp_rank))
+
+    @property
+    def layout(self) -> str:
+        """Megatron's --pipeline-model-parallel-layout for this partition (E, t, L; '|' between stages)."""
+        return format_layout(self.layers_per_stage)
+
+    def replace(self, **changes: Any) -> ParallelPlan:
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class Cluster(JsonMixin):
+    """The machines a plan must fit on."""
+
+    gpus: int
+    """Accelerators available (processes for a CPU run)."""
+    gpu_memory_bytes: int
+    """Memory per accelerator."""
+    gpus_per_node: int = 8
+    """Accelerators per node; tensor parallelism stays inside a node."""
+    device: str = "cuda"
+    """cuda or cpu."""
+
+    def __post_init__(self) -> None:
+        p: list[str] = []
+        if self.gpus < 1:
+            p.append(f"--gpus {self.gpus} must be at least 1")
+        if self.gpu_memory_bytes <= 0:
+            p.append(f"--gpu-memory-gib {self.gpu_memory_bytes / GIB:g} must be positive")
+        if self.gpus_per_node < 1:
+            p.append(f"--gpus-per-node {self.gpus_per_node} must be at least 1")
+        if self.device not in ("cuda", "cpu"):
+            p.append(f"device {self.device!r} not cuda or cpu")
+        require(p, "cluster")
+
+
+def tp_fits(shape: ModelShape, tp: int, sequence_parallel: bool) -> bool:
+    """Whether Megatron can split `shape` over `tp` tensor-parallel ranks (with or without SP)."""
+    ok = shape.num_attention_heads % tp == 0 and shape.groups % tp == 0 and shape.ffn % tp == 0
+    return ok and (not sequence_parallel or (tp > 1 and shape.seq_length % tp == 0))
+
+
+def check_plan_fits_model(shape: ModelShape, plan: ParallelPlan) -> None:
+    """Raise a CaptureError naming every way `plan` cannot run `shape` in Megatron."""
+    p: list[str] = []
+    if shape.num_attention_heads % plan.tp:
+        p.append(f"heads {shape.num_attention_heads} not divisible by TP {plan.tp}")
+    if shape.groups % plan.tp:
+        p.append(f"query groups {shape.groups} not divisible by TP {plan.tp}")
+    if shape.ffn % plan.tp:
+        p.append(f"ffn hidden {shape.ffn} not divisible by TP {plan.tp}")
+    if plan.num_layers != shape.num_layers:
+        p.append(f"layout {plan.layout!r} places {plan.num_layers} layers but --num-layers is {shape.num_layers}")
+    if plan.sequence_parallel and shape.seq_length % plan.tp:
+        p.append(f"seq length {shape.seq_length} not divisible by TP {plan.tp} for sequence parallel")
+    for r in range(plan.pp):
+        for n in plan.chunks_of(r) if plan.recompute.granularity == "full" else ():
+            if plan.recompute.method == "uniform" and n % max(plan.recompute.layers_on(r), 1):
+                p.append(f"uniform recompute of {plan.recompute.layers_on(r)} does not divide {n} layers")
+    require(p, "plan for this model")
+
+
+@dataclass(frozen=True)
+class ParallelFlags:
+    """Parallel sizes, batch and memory savers as given on a Megatron command line (None: not
+    given; the planner searches what is not given, training uses Megatron's defaults)."""
+
+    tensor_model_parallel_size: int | None = flag("--tensor-model-parallel-size", None)
+    """Tensor-parallel size."""
+    pipeline_model_parallel_size: int | None = flag("--pipeline-model-parallel-size", None)
+    """Pipeline-parallel size."""
+    context_parallel_size: int | None = flag("--context-parallel-size", None)
+    """Context-parallel size (only 1 is supported)."""
+    num_layers_per_virtual_pipeline_stage: int | None = flag(
+        "--num-layers-per-virtual-pipeline-stage", None
+    )
+    """Transformer layers per virtual pipeline stage (interleaved schedule)."""
+    num_virtual_stages_per_pipeline_rank: int | None = flag(
+        "--num-virtual-stages-per-pipeline-rank", None
+    )
+    """Virtual pipeline stages (model chunks) per pipeline rank."""
+    pipeline_model_parallel_layout: str | None = flag("--pipeline-model-parallel-layout", None)
+    """Megatron's layout string (E, t, L; '|' between stages), e.g. from `capture-megatron plan`."""
+    decoder_first_pipeline_num_layers: int | None = flag(
+        "--decoder-first-pipeline-num-layers", None
+    )
+    """Transformer layers on the first pipeline stage (the rest split evenly)."""
+    decoder_last_pipeline_num_layers: int | None = flag("--decoder-last-pipeline-num-layers", None)
+    """Transformer layers on the last pipeline stage (the rest split evenly)."""
+    sequence_parallel: bool | None = flag("--sequence-parallel", None)
+    """Megatron sequence parallelism over the TP group."""
+    use_distributed_optimizer: bool | None = flag("--use-distributed-optimizer", None)
+    """Shard optimizer state over data-parallel ranks."""
+    micro_batch_size: int | None = flag("--micro-batch-size", None)
+    """Sequences per micro-batch."""
+    global_batch_size: int | None = flag("--global-batch-size", None)
+    """Sequences per optimizer step."""
+    recompute_activations: bool | None = flag("--recompute-activations", None)
+    """Megatron's alias for --recompute-granularity selective."""
+    recompute_granularity: str | None = flag(
+        "--recompute-granularity",
+        None,
+        choices=RECOMPUTE_GRANULARITIES,
+        note="(none: capture-megatron also fixes 'no recompute' for the planner)",
+    )
+    """Activation recomputation: none, selective (attention core) or full (whole layers)."""
+    recompute_method: str | None = flag("--recompute-method", None, choices=("uniform", "block"))
+    """Full recompute: block (the first n layers of a chunk) or uniform (n at a time)."""
+    recompute_num_layers: int | None = flag("--recompute-num-layers", None)
+    """Full recompute: layers recomputed (n)."""
+    recompute_num_layers_per_stage: str | None = flag(
+        "--recompute-num-layers-per-stage", None, note="(capture-megatron), e.g. 2,1,0,0"
+    )
+    """Full block recompute count per pipeline stage, comma separated."""

@@ -1,0 +1,202 @@
+"""Training-run settings beyond the model shape and the parallel plan, each field with its Megatron
+flag (capture_megatron.config.fields), and TrainConfig: everything one training run needs.
+
+Pure Python: no torch import here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from capture_megatron.config.fields import flag
+from capture_megatron.config.model import ModelShape
+from capture_megatron.config.parallel import ParallelPlan
+from capture_megatron.errors import require
+from capture_megatron.serial import JsonMixin
+
+LR_DECAY_STYLES = ("constant", "linear", "cosine", "inverse-square-root", "WSD")
+"""Megatron's --lr-decay-style choices."""
+IMPLEMENTATIONS = ("local", "transformer_engine", "auto")
+"""Megatron's --transformer-impl choices, and auto (TE when importable on CUDA)."""
+
+
+@dataclass(frozen=True)
+class OptimOptions(JsonMixin):
+    """Adam, learning-rate schedule and gradient clipping."""
+
+    lr: float = flag("--lr", 1e-4)
+    """Peak learning rate."""
+    min_lr: float = flag("--min-lr", 0.0)
+    """Floor of the decayed learning rate."""
+    lr_decay_style: str = flag("--lr-decay-style", "linear", choices=LR_DECAY_STYLES)
+    """constant, linear, cosine, inverse-square-root or WSD."""
+    lr_warmup_iters: int = flag("--lr-warmup-iters", 0)
+    """Linear warm-up iterations."""
+    lr_decay_iters: int = flag("--lr-decay-iters", 0)
+    """Decay horizon in iterations (--lr-decay-iters); 0 means --train-iters."""
+    weight_decay: float = flag("--weight-decay", 0.01)
+    """Adam weight decay."""
+    clip_grad: float = flag("--clip-grad", 1.0)
+    """Global gradient-norm clip (--clip-grad); 0 disables."""
+    adam_beta1: float = flag("--adam-beta1", 0.9)
+    """Adam beta1."""
+    adam_beta2: float = flag("--adam-beta2", 0.999)
+    """Adam beta2."""
+    adam_eps: float = flag("--adam-eps", 1e-8)
+    """Adam epsilon."""
+    initial_loss_scale: float = flag("--initial-loss-scale", 4294967296.0)
+    """fp16 only: starting dynamic loss scale."""
+    optimizer: str = flag("--optimizer", "adam", choices=("adam",))
+    """The optimizer (Adam, as Megatron-LM's default)."""
+
+    def __post_init__(self) -> None:
+        p = []
+        if self.lr <= 0:
+            p.append(f"--lr {self.lr} must be positive")
+        if not 0 <= self.min_lr <= self.lr:
+            p.append(f"--min-lr {self.min_lr} must be in [0, --lr {self.lr}]")
+        if self.lr_decay_style not in LR_DECAY_STYLES:
+            p.append(f"--lr-decay-style {self.lr_decay_style!r} not one of {LR_DECAY_STYLES}")
+        if self.lr_warmup_iters < 0 or self.lr_decay_iters < 0:
+            p.append("--lr-warmup-iters / --lr-decay-iters must be >= 0")
+        if self.clip_grad < 0:
+            p.append(f"--clip-grad {self.clip_grad} must be >= 0")
+        for name in ("adam_beta1", "adam_beta2"):
+            if not 0 <= getattr(self, name) < 1:
+                p.append(f"--{name.replace('_', '-')} {getattr(self, name)} not in [0, 1)")
+        require(p, "optimizer settings")
+
+
+@dataclass(frozen=True)
+class DataOptions(JsonMixin):
+    """Where training sequences come from."""
+
+    mock_data: bool = flag("--mock-data", False)
+    """Megatron's MockGPTDataset instead of a corpus."""
+    data_path: tuple[str, ...] = flag("--data-path", ())
+    """Indexed-dataset prefixes, optionally weighted: 'w1 p1 w2 p2'."""
+    split: str = flag("--split", "969,30,1")
+    """Train/valid/test split weights."""
+    tokenizer_type: str = flag("--tokenizer-type", "ByteTokenizer")
+    """ByteTokenizer, HuggingFaceTokenizer, SentencePieceTokenizer or GPT2BPETokenizer."""
+    tokenizer_model: str = flag("--tokenizer-model", "")
+    """tokenizer.json (HuggingFace) or .model file (SentencePiece)."""
+    vocab_file: str = flag("--vocab-file", "")
+    """GPT-2 BPE vocab.json."""
+    merge_file: str = flag("--merge-file", "")
+    """GPT-2 BPE merges.txt."""
+    eod_mask_loss: bool = flag("--eod-mask-loss", False)
+    """Mask the loss at end-of-document tokens."""
+    data_cache_path: str = flag("--data-cache-path", "")
+    """Where GPTDataset writes its index caches (--data-cache-path); default beside the data."""
+    mock_vocab_size: int = 0
+    """With --mock-data: token ids are drawn below this (set it to --vocab-size, as Megatron-LM's
+    NullTokenizer does); 0: the tokenizer's vocabulary (ByteTokenizer: 257). Ignored for real data."""
+
+    def __post_init__(self) -> None:
+        p = []
+        if self.mock_vocab_size < 0 or self.mock_vocab_size == 1:
+            p.append(f"mock vocabulary {self.mock_vocab_size} must be 0 (the tokenizer's) or at least 2")
+        if self.mock_data and self.data_path:
+            p.append("give either --mock-data or --data-path, not both")
+        if not self.mock_data and not self.data_path:
+            p.append("no data: give --data-path PREFIX (see `capture-megatron preprocess`) or --mock-data")
+        require(p, "data settings")
+
+
+@dataclass(frozen=True)
+class CheckpointOptions(JsonMixin):
+    """Saving and resuming with megatron.core.dist_checkpointing."""
+
+    save: str = flag("--save", "")
+    """Directory to save checkpoints into."""
+    load: str = flag("--load", "")
+    """Directory to resume from (--load); the latest complete checkpoint is used."""
+    save_interval: int = flag("--save-interval", 0)
+    """Save every this many iterations (--save-interval); 0: only at the end when --save is set."""
+    no_load_optim: bool = flag("--no-load-optim", False)
+    """Load weights only, not optimizer state."""
+    no_load_rng: bool = flag("--no-load-rng", False)
+    """Do not restore RNG states."""
+    finetune: bool = flag("--finetune", False)
+    """Load weights only and restart the iteration count at 0."""
+    exit_on_missing_checkpoint: bool = flag("--exit-on-missing-checkpoint", False)
+    """Fail instead of starting fresh when --load holds no checkpoint."""
+    ckpt_format: str = flag("--ckpt-format", "torch_dist", choices=("torch_dist",))
+    """Checkpoint format (megatron.core.dist_checkpointing's torch_dist)."""
+
+    def __post_init__(self) -> None:
+        require([f"--save-interval {self.save_interval} must be >= 0"] if self.save_interval < 0 else [],
+                "checkpoint settings")
+
+
+@dataclass(frozen=True)
+class RunOptions(JsonMixin):
+    """Loop length, logging and measurement."""
+
+    train_iters: int = flag("--train-iters", 10)
+    """Optimizer steps to run, counting resumed ones."""
+    log_interval: int = flag("--log-interval", 1)
+    """Print a log line every this many iterations."""
+    seed: int = flag("--seed", 1234)
+    """Seed of weights, dropout and data order."""
+    memory_report: str = flag("--memory-report", "", note="(capture-megatron)")
+    """Write the per-rank MemoryReport JSON here."""
+    distributed_backend: str = flag("--distributed-backend", "", choices=("gloo", "nccl"))
+    """gloo or nccl (--distributed-backend); default nccl on CUDA, gloo otherwise."""
+    progress: bool = flag("--no-progress", True, negate=True, note="(capture-megatron)")
+    """Show a progress bar on the console (off with --no-progress)."""
+    overlap_grad_reduce: bool = flag("--overlap-grad-reduce", False)
+    """Overlap DP gradient reduce-scatter/all-reduce with backward."""
+    overlap_param_gather: bool = flag("--overlap-param-gather", False)
+    """Overlap the distributed optimizer's param all-gather with forward."""
+    exit_interval: int = flag("--exit-interval", 0)
+    """Exit (after saving when --save is set) once the iteration is a multiple of this."""
+
+    def __post_init__(self) -> None:
+        p = []
+        if self.train_iters < 1:
+            p.append(f"--train-iters {self.train_iters} must be >= 1")
+        if self.log_interval < 1:
+            p.append(f"--log-interval {self.log_interval} must be >= 1")
+        if self.distributed_backend not in ("", "gloo", "nccl"):
+            p.append(f"--distributed-backend {self.distributed_backend!r} not gloo or nccl")
+        require(p, "run settings")
+
+
+@dataclass(frozen=True)
+class BuildOptions(JsonMixin):
+    """How the model is built beyond its shape and plan."""
+
+    transformer_impl: str = flag(
+        "--transformer-impl",
+        "auto",
+        choices=IMPLEMENTATIONS,
+        note="(auto: Transformer Engine when importable on CUDA, else Megatron's local spec)",
+    )
+    """The layer implementation: local, transformer_engine, or auto."""
+    init_method_std: float = flag("--init-method-std", 0.02)
+    """Standard deviation of the normal weight initialisation."""
+    layernorm_epsilon: float = flag("--norm-epsilon", 1e-5)
+    """Norm epsilon."""
+    rotary_base: int = flag("--rotary-base", 10000)
+    """RoPE base."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything one training run needs, validated before any process group starts."""
+
+    shape: ModelShape
+    """The model."""
+    plan: ParallelPlan
+    """Parallel sizes, batch, layout, recompute."""
+    optim: OptimOptions
+    """Adam / LR schedule / clipping."""
+    data: DataOptions
+    """Data source and tokenizer."""
+    checkpoint: CheckpointOptions
+    """Save / resume."""
+    run: RunOptions
+    """Loop length, logging, measurement."""
+    build: BuildOptions
+    """Model build options (implementation, init)."""

@@ -1,0 +1,157 @@
+"""The fitted memory model: per variant, exact constants at the probed shapes (anchors) and their
+regressions or replayed timelines across shapes (see capture_megatron.fit.decompose). Pure Python."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from capture_megatron.fit.regression import Regression
+from capture_megatron.fit.terms import Sizes
+from capture_megatron.fit.timelines.windows import ProbeWindow, replayed
+from capture_megatron.records import ProbeShape, Variant
+from capture_megatron.serial import JsonMixin
+
+KINDS = ("first", "middle", "last", "only")
+"""Chunk kinds: embedding + layers, layers, layers + head, everything (PP 1)."""
+END_KINDS = ("first", "last", "only")
+"""Chunk kinds holding an end (embedding or output layer)."""
+
+
+@dataclass(frozen=True)
+class KindConstants(JsonMixin):
+    """The decomposition constants of one chunk kind at one shape (bytes; None when not probed)."""
+
+    kind: str
+    """first, middle, last or only."""
+    input_bytes: float
+    """Activation received from the previous stage per micro-batch."""
+    saved1: float
+    """Saved bytes with one layer."""
+    fwd1: float
+    """Forward peak with one layer."""
+    bwd1: float
+    """Backward peak with one layer."""
+    step1: float
+    """Optimizer-step peak with one layer."""
+    saved0: float | None = None
+    """Saved bytes without layers (ends only)."""
+    fwd0: float | None = None
+    """Forward peak without layers."""
+    bwd0: float | None = None
+    """Backward peak without layers."""
+    step0: float | None = None
+    """Optimizer-step peak without layers."""
+    fwdrc: float | None = None
+    """Forward peak with one fully recomputed layer."""
+    bwdrc: float | None = None
+    """Backward peak with one fully recomputed layer."""
+    bwdmix: float | None = None
+    """Backward peak with two layers, the first recomputed."""
+    end_numels: tuple[int, ...] = ()
+    """Element counts of the end parameters (embedding, or final norm + output layer)."""
+
+
+@dataclass(frozen=True)
+class ShapeConstants(JsonMixin):
+    """Everything the predictor needs at one shape."""
+
+    sizes: Sizes
+    """The shape."""
+    layer_saved: float
+    """S."""
+    layer_saved_rc: float | None
+    """R: what the first recomputed layer of a chunk keeps (full recompute only)."""
+    layer_numels: tuple[int, ...]
+    """One layer's parameter element counts, in module order."""
+    chunks: tuple[KindConstants, ...]
+    """One per chunk kind."""
+    buffers: float
+    """Megatron's global buffers with at least one layer."""
+    layer_saved_rc_next: float | None = None
+    """R2: what each recomputed layer after the first keeps (its input; full recompute only). The
+    first recomputed layer of a chunk may keep less (its input is the chunk's input): R."""
+
+    def chunk(self, kind: str) -> KindConstants:
+        """The constants of one kind."""
+        return next(c for c in self.chunks if c.kind == kind)
+
+
+@dataclass(frozen=True)
+class ChunkModel(JsonMixin):
+    """Regressions of one chunk kind's constants (field names as in KindConstants)."""
+
+    kind: str
+    """Chunk kind."""
+    fields: tuple[tuple[str, Regression], ...]
+    """(KindConstants field, regression) for every probed scalar field."""
+    end_numels: tuple[Regression, ...]
+    """Regressions of the end parameters' element counts."""
+
+    def at(self, z: Sizes) -> KindConstants:
+        """The constants this model predicts at `z`."""
+        values = {name: reg.predict(z) for name, reg in self.fields}
+        return KindConstants(kind=self.kind, end_numels=tuple(round(r.predict(z)) for r in self.end_numels),
+                             **values)
+
+
+@dataclass(frozen=True)
+class VariantModel(JsonMixin):
+    """Everything fitted for one Variant."""
+
+    variant: Variant
+    """The categorical settings."""
+    anchors: tuple[ShapeConstants, ...]
+    """Exact constants at every probed shape."""
+    layer_saved: Regression
+    """S over shapes."""
+    layer_saved_rc: Regression | None
+    """R over shapes (full recompute only)."""
+    layer_numels: tuple[Regression, ...]
+    """One layer's parameter element counts over shapes."""
+    chunks: tuple[ChunkModel, ...]
+    """One per chunk kind."""
+    buffers: Regression
+    """Global buffer bytes over shapes."""
+    ranges: tuple[tuple[str, int, int], ...]
+    """(size, min, max) over the probes, for extrapolation warnings."""
+    layer_saved_rc_next: Regression | None = None
+    """R2 over shapes (full recompute only)."""
+    windows: tuple[ProbeWindow, ...] = ()
+    """Replayed allocation timelines of the probes' windows (records profiled with timelines); where
+    present they give the saved bytes and peaks instead of the regressions."""
+
+    def constants(self, z: Sizes) -> ShapeConstants:
+        """Exact constants when `z` was probed, else the replayed timelines' / regressions' prediction."""
+        for anchor in self.anchors:
+            if anchor.sizes == z:
+                return anchor
+        rc = self.layer_saved_rc.predict(z) if self.layer_saved_rc is not None else None
+        rc2 = self.layer_saved_rc_next.predict(z) if self.layer_saved_rc_next is not None else None
+        regressed = ShapeConstants(sizes=z, layer_saved=self.layer_saved.predict(z), layer_saved_rc=rc,
+                                   layer_numels=tuple(round(r.predict(z)) for r in self.layer_numels),
+                                   chunks=tuple(c.at(z) for c in self.chunks), buffers=self.buffers.predict(z),
+                                   layer_saved_rc_next=rc2)
+        return replayed(regressed, self.windows) if self.windows else regressed
+
+
+@dataclass(frozen=True)
+class MemoryModel(JsonMixin):
+    """The fitted memory model of one device / implementation / software stack."""
+
+    device: str
+    """cpu, cuda or fake."""
+    transformer_impl: str
+    """local or transformer_engine."""
+    versions: tuple[str, str, str]
+    """(capture-megatron, torch, megatron-core) of the probes."""
+    variants: tuple[VariantModel, ...]
+    """One per profiled Variant."""
+
+
+Needs = frozenset[tuple[Variant, ProbeShape]]
+"""The (variant, probe shape) pairs predicting some plans needs from a memory model."""
+ModelSource = Callable[[Needs], MemoryModel]
+"""Gives a memory model holding (at least) the needed pairs (capture_megatron.profile.memory_source
+profiles them on demand)."""

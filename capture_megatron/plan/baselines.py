@@ -1,0 +1,120 @@
+"""Partitions other systems would choose, predicted side by side with the memory-balanced one.
+
+- uniform: Megatron's default even split (rejected by Megatron when the layers do not divide).
+- megatron-first-last: the best (lowest predicted peak) --decoder-first/last-pipeline-num-layers
+  choice under Megatron's rule that the remaining layers split evenly over the middle stages.
+- deepspeed-parameters: DeepSpeed PipelineModule(partition_method='parameters') as in DeepSpeed
+  0.14-0.16 (deepspeed/runtime/pipe/module.py _partition_layers -> ds_utils.partition_balanced):
+  the embedding, the transformer layers and the head are weighted by their parameter counts and
+  split into contiguous parts minimising the largest part (bisection on the bottleneck, parts filled
+  left to right); the transformer layers of each part form its stage.
+Pure Python.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from capture_megatron.config import ModelShape, ParallelPlan
+from capture_megatron.config.layout import first_last_split
+from capture_megatron.errors import CaptureError
+from capture_megatron.fit import MemoryModel
+from capture_megatron.plan.partition import Partition, RankPeak, evaluate
+from capture_megatron.plan.search import rank_peak_fn
+from capture_megatron.predict import find_variant, sizes_for, variant_of
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """A baseline split, or why the method cannot produce one."""
+
+    name: str
+    """uniform, megatron-first-last or deepspeed-parameters."""
+    partition: Partition | None
+    """The split and its predicted peaks (None when unavailable)."""
+    flags: tuple[str, ...] = ()
+    """The Megatron flags that select it (first/last), if any."""
+    reason: str = ""
+    """Why there is no split."""
+
+
+def uniform(num_layers: int, pp: int, vpp: int, rank_peak: RankPeak) -> Baseline:
+    """Megatron's even split."""
+    stages = pp * vpp
+    if num_layers % stages:
+        return Baseline("uniform", None, reason=f"{num_layers} layers do not split evenly over {stages} stages")
+    return Baseline("uniform", evaluate((num_layers // stages,) * stages, pp, vpp, rank_peak))
+
+
+def megatron_first_last(num_layers: int, pp: int, vpp: int, rank_peak: RankPeak) -> Baseline:
+    """The best choice of --decoder-first/last-pipeline-num-layers."""
+    if pp < 2:
+        return Baseline("megatron-first-last", None, reason="needs PP > 1")
+    best = None
+    for first in range(num_layers + 1):
+        for last in range(num_layers + 1 - first):
+            try:
+                split = first_last_split(num_layers, pp, vpp, first, last)
+            except CaptureError:
+                continue
+            part = evaluate(split, pp, vpp, rank_peak)
+            if best is None or part.peak < best[0].peak:
+                best = (part, first, last)
+    if best is None:
+        return Baseline("megatron-first-last", None, reason="no first/last choice satisfies Megatron's rules")
+    part, first, last = best
+    return Baseline("megatron-first-last", part, flags=("--decoder-first-pipeline-num-layers", str(first),
+                                                         "--decoder-last-pipeline-num-layers", str(last)))
+
+
+def _fill(weights: list[int], parts: int, limit: int) -> list[int] | None:
+    """Left-to-right fill under `limit`; part boundaries or None when more parts are needed."""
+    bounds, total, used = [0], 0, 1
+    for i, w in enumerate(weights):
+        if w > limit:
+            return None
+        if total + w > limit:
+            used += 1
+            if used > parts:
+                return None
+            bounds.append(i)
+            total = 0
+        total += w
+    bounds += [len(weights)] * (parts + 1 - len(bounds))
+    return bounds
+
+
+def partition_balanced(weights: list[int], parts: int) -> list[int]:
+    """DeepSpeed's partition_balanced: boundaries of contiguous parts minimising the largest sum."""
+    lo, hi = max(weights), sum(weights)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if _fill(weights, parts, mid) is None:
+            lo = mid + 1
+        else:
+            hi = mid
+    return _fill(weights, parts, lo)
+
+
+def deepspeed_parameters(num_layers: int, pp: int, vpp: int, embedding_params: int, layer_params: int,
+                         head_params: int, rank_peak: RankPeak) -> Baseline:
+    """DeepSpeed's parameter-balanced split (no interleaving in DeepSpeed)."""
+    if vpp > 1:
+        return Baseline("deepspeed-parameters", None, reason="DeepSpeed has no interleaved schedule")
+    weights = [embedding_params] + [layer_params] * num_layers + [head_params]
+    bounds = partition_balanced(weights, pp)
+    split = tuple(sum(1 for i in range(bounds[s], bounds[s + 1]) if 0 < i <= num_layers) for s in range(pp))
+    return Baseline("deepspeed-parameters", evaluate(split, pp, vpp, rank_peak))
+
+
+def baselines_for(model: MemoryModel, shape: ModelShape, plan: ParallelPlan) -> tuple[Baseline, ...]:
+    """Uniform, the best Megatron first/last choice and DeepSpeed's 'parameters' split at the
+    plan's own sizes and recompute."""
+    peak = rank_peak_fn(model, shape, plan, plan.recompute.granularity == "full")
+    sc = find_variant(model, variant_of(shape, plan)).constants(sizes_for(shape, plan))
+    emb, head = sum(sc.chunk("first").end_numels), sum(sc.chunk("last").end_numels)
+    n, pp, vpp = shape.num_layers, plan.pp, plan.vpp
+    return (
+        uniform(n, pp, vpp, peak),
+        megatron_first_last(n, pp, vpp, peak),
+        deepspeed_parameters(n, pp, vpp, emb, sum(sc.layer_numels), head, peak),
+    )

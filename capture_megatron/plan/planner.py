@@ -1,0 +1,198 @@
+"""plan(): the planning step from a model and a cluster to a PlanResult (pure Python).
+
+The memory model comes ready (a MemoryModel) or from a ModelSource, which is asked for exactly the
+(variant, probe shape) pairs the candidate plans need (capture_megatron.profile.memory_source
+profiles them on the spot and caches them). With a fixed plan nothing is searched: the result holds
+its prediction. Otherwise the candidates of the search space are balanced and ranked by the
+objective, and when none fits, the error names the smallest setup that would.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from capture_megatron.config import GIB, Cluster, ModelShape, ParallelPlan
+from capture_megatron.config.fields import flag
+from capture_megatron.errors import CaptureError
+from capture_megatron.fit import MemoryModel, ModelSource, Needs
+from capture_megatron.plan.baselines import baselines_for
+from capture_megatron.plan.costmodel import Hardware
+from capture_megatron.plan.result import ModelOrigin, PlanResult
+from capture_megatron.plan.search import (
+    OBJECTIVES,
+    Evaluated,
+    Margins,
+    Space,
+    candidates,
+    evaluate_plan,
+    search,
+)
+from capture_megatron.predict import variant_of
+from capture_megatron.records import ProbeShape
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    """How to plan: what to optimise, what may be searched, and the memory margins."""
+
+    objective: str = flag(
+        "--objective",
+        "min-peak",
+        choices=OBJECTIVES,
+        note="(min-peak: lowest worst-rank peak; throughput: fastest plan that fits; min-gpus)",
+    )
+    """What the search optimises."""
+    top: int = flag("--top", 8)
+    """Plans kept in the ranking (shown in the table)."""
+    reserve_fraction: float = flag("--reserve-fraction", 0.08, note="(calibrate with verify)")
+    """CUDA: the allocator's reserve above allocated, as a fraction."""
+    context_gib: float = flag("--context-gib", 2.0)
+    """CUDA: context + NCCL + workspaces per GPU, in GiB."""
+    mfu: float = flag("--mfu", 0.4)
+    """Cost model: the fraction of peak FLOP/s the matmuls reach."""
+    space: Space = Space()
+    """What the search may choose (a one-element tuple fixes a value)."""
+    global_batch_size: int = 0
+    """Sequences per optimizer step; 0: one micro-batch per GPU."""
+    fixed: ParallelPlan | None = None
+    """Predict this plan instead of searching."""
+    calibration: float = 1.0
+    """Measured / predicted peak of verified runs on this device (scales the predicted peaks)."""
+
+    def margins(self, cluster: Cluster) -> Margins:
+        """The memory margins these options set for `cluster`."""
+        return Margins(
+            self.reserve_fraction, self.context_gib * GIB, self.calibration, cluster.device == "cpu"
+        )
+
+
+def needs_of(shape: ModelShape, plans: list[ParallelPlan]) -> Needs:
+    """The (variant, probe shape) pairs predicting `plans` needs."""
+    return frozenset(
+        (variant_of(shape, p), ProbeShape.of(shape, p.tp, p.micro_batch_size)) for p in plans
+    )
+
+
+def global_batch(options: PlanOptions, cluster: Cluster) -> int:
+    """The global batch: given, or one (fixed, else single) micro-batch per GPU."""
+    mbs = options.space.micro_batch_size
+    return options.global_batch_size or max(cluster.gpus, 1) * (mbs[0] if len(mbs) == 1 else 1)
+
+
+def plan(
+    shape: ModelShape,
+    cluster: Cluster,
+    options: PlanOptions = PlanOptions(),
+    memory: MemoryModel | ModelSource | None = None,
+) -> PlanResult:
+    """Plan `shape` for `cluster` (or predict options.fixed); CaptureError when nothing fits."""
+    if memory is None:
+        raise CaptureError("plan() needs a memory model or a source (capture_megatron.profile.memory_source)")
+    source = memory if callable(memory) else (lambda _needs: memory)
+    hw, margins = Hardware(efficiency=options.mfu), options.margins(cluster)
+    if options.fixed is not None:
+        model = source(needs_of(shape, [options.fixed]))
+        ranked = (evaluate_plan(model, shape, options.fixed, cluster, margins, hw),)
+        return _result(model, shape, cluster, ranked, 1)
+    gbs = global_batch(options, cluster)
+    plans = list(candidates(shape, cluster, gbs, options.space))
+    if not plans:
+        raise CaptureError(_why_no_candidate(shape, cluster, gbs, options.space))
+    model = source(needs_of(shape, plans))
+    search_ = _Search(model, shape, cluster, gbs, options.space, margins, hw)
+    if options.objective == "min-gpus":
+        found = search_.smallest_fit(cluster.gpus)
+        if found is None:
+            raise search_.no_fit(search_.run(cluster, "min-peak", 1)[0][0])
+        ranked, considered = (found[1],), 1
+    else:
+        ranked, considered = search_.run(cluster, options.objective, options.top)
+    if not ranked[0].fits:
+        raise search_.no_fit(ranked[0])
+    return _result(model, shape, cluster, ranked, considered)
+
+
+def _result(
+    model: MemoryModel,
+    shape: ModelShape,
+    cluster: Cluster,
+    ranked: tuple[Evaluated, ...],
+    considered: int,
+) -> PlanResult:
+    origin = ModelOrigin(model.device, model.transformer_impl, model.versions)
+    baselines = baselines_for(model, shape, ranked[0].plan)
+    return PlanResult(shape, cluster, ranked, considered, baselines, origin)
+
+
+@dataclass(frozen=True)
+class _Search:
+    """One model's search over clusters of different sizes (for min-gpus and no-fit messages)."""
+
+    model: MemoryModel
+    shape: ModelShape
+    cluster: Cluster
+    gbs: int
+    space: Space
+    margins: Margins
+    hw: Hardware
+
+    def run(self, cluster: Cluster, objective: str, top: int) -> tuple[tuple[Evaluated, ...], int]:
+        """(ranked plans, candidates considered) on `cluster`."""
+        found = search(self.model, self.shape, cluster, self.gbs, self.space, objective, self.margins,
+                       self.hw, top=top)
+        return found.ranked, found.considered
+
+    def smallest_fit(self, limit: int) -> tuple[int, Evaluated] | None:
+        """(gpus, plan) of the fewest GPUs up to `limit` on which some plan fits, else None."""
+        for n in gpu_counts(self.cluster, limit):
+            ranked, _ = self.run(dataclasses.replace(self.cluster, gpus=n), "min-peak", 1)
+            if ranked and ranked[0].fits:
+                return n, ranked[0]
+        return None
+
+    def no_fit(self, best: Evaluated) -> CaptureError:
+        """The error when no plan fits: what the best needs and the smallest setup that fits."""
+        cluster = self.cluster
+        if self.margins.needed(0.0) >= cluster.gpu_memory_bytes:
+            return CaptureError(
+                f"no plan fits {cluster.gpu_memory_bytes / GIB:g} GiB per GPU: the CUDA context and "
+                f"allocator margin alone take {self.margins.needed(0.0) / GIB:.1f} GiB (--context-gib)"
+            )
+        limit = max(64 * cluster.gpus, 64)
+        found = self.smallest_fit(limit)
+        if found:
+            p = found[1].plan
+            where = (
+                f"the smallest fitting setup is {found[0]} GPUs at {found[1].needed / GIB:.1f} GiB "
+                f"(TP {p.tp}, PP {p.pp}, DP {p.dp}, VPP {p.vpp}, micro-batch {p.micro_batch_size}, "
+                f"recompute {p.recompute.granularity})"
+            )
+        else:
+            where = f"none fits on up to {limit} GPUs either"
+        return CaptureError(
+            f"no plan fits {cluster.gpu_memory_bytes / GIB:g} GiB on {cluster.gpus} GPUs (best needs "
+            f"{best.needed / GIB:.1f} GiB per GPU); {where}"
+        )
+
+
+def gpu_counts(cluster: Cluster, limit: int) -> list[int]:
+    """GPU counts min-gpus tries: 1..gpus_per_node, then whole nodes up to `limit`."""
+    small = list(range(1, min(cluster.gpus_per_node, limit) + 1))
+    return small + list(range(2 * cluster.gpus_per_node, limit + 1, cluster.gpus_per_node))
+
+
+def _why_no_candidate(shape: ModelShape, cluster: Cluster, gbs: int, space: Space) -> str:
+    tps = [t for t in space.tp if shape.num_attention_heads % t == 0 and shape.groups % t == 0]
+    parts = [
+        f"no parallel plan of {shape.num_layers} layers fits {cluster.gpus} GPUs with global batch {gbs}"
+    ]
+    if not tps:
+        parts.append(
+            f"heads {shape.num_attention_heads} / query groups {shape.groups} divide by none of "
+            f"TP {list(space.tp)}"
+        )
+    if space.pp and min(space.pp) > shape.num_layers:
+        parts.append(f"layers {shape.num_layers} < PP {min(space.pp)}")
+    parts.append("check --global-batch-size is a multiple of micro-batch x DP and TP divides the GPUs")
+    return "; ".join(parts)

@@ -1,0 +1,62 @@
+"""A ModelSource that profiles on the spot: the memory model a plan needs, profiled for its
+(variant, probe shape) pairs and cached.
+
+Records are kept per (device, model shape, software versions) in the cache
+(capture_megatron.cache); only probes not yet recorded are run, so a newcomer's first `plan`
+profiles and later ones reuse the measurements.
+"""
+
+from __future__ import annotations
+
+import os
+
+from capture_megatron.cache import records_path
+from capture_megatron.config import ModelShape
+from capture_megatron.errors import CaptureError
+from capture_megatron.fit import MemoryModel, ModelSource, Needs, fit
+from capture_megatron.records import read_records, write_records
+
+
+def default_device(requested: str = "") -> str:
+    """The device to profile on: `requested`, else cuda when usable, else fake (which reproduces
+    the host's kernels exactly)."""
+    if requested:
+        return requested
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "fake"
+
+
+def profiled_model(shape: ModelShape, device: str, needs: Needs, progress: bool = True) -> MemoryModel:
+    """A memory model holding anchors for every (variant, probe shape) in `needs`."""
+    path = records_path(shape, device)
+    records = read_records(path) if os.path.exists(path) else []
+    have = {(r.variant, r.shape) for r in records}
+    missing = sorted(((v, s) for v, s in needs if (v, s) not in have), key=str)
+    if missing:
+        from capture_megatron.profile.design import probes_for
+        from capture_megatron.profile.session import run_probes
+
+        probes = [p for v, s in missing for p in probes_for(v, [s])]
+        print(
+            f"profiling {len(probes)} probes on {device} for {len(missing)} new (variant, size) "
+            f"pairs (cached in {path})",
+            flush=True,
+        )
+        records += run_probes(probes, device, progress=progress)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        write_records(records, path + ".tmp")
+        os.replace(path + ".tmp", path)
+    if not records:
+        raise CaptureError("nothing to profile: no candidate plan fits the model's shape")
+    return fit(records)
+
+
+def memory_source(shape: ModelShape, device: str = "", progress: bool = True) -> ModelSource:
+    """The ModelSource for plan(): profile `shape` on `device` (default_device) on demand, cached."""
+    resolved = default_device(device)
+
+    def source(needs: Needs) -> MemoryModel:
+        return profiled_model(shape, resolved, needs, progress)
+
+    return source

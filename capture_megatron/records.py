@@ -1,0 +1,258 @@
+"""ProfileRecord: what one probe measured, as plain JSON lines that round-trip exactly.
+
+A probe is one model chunk (the pieces a pipeline stage holds) built by the same builder training
+uses, run through megatron-core's own forward_step / backward_step and optimizer step:
+- kind 'first'  = embedding + k transformer layers (pipeline stage 0 of PP > 1),
+- kind 'middle' = k transformer layers (a stage without the ends),
+- kind 'last'   = k transformer layers + final norm + output layer + loss,
+- kind 'only'   = embedding + k layers + output layer (PP = 1).
+Torch-free: records are written by the profile stage and read by the (pure) fit stage; Variant and
+ProbeShape also key the fitted memory model.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from capture_megatron import __version__
+from capture_megatron.config import ModelShape
+from capture_megatron.errors import CaptureError, require
+from capture_megatron.serial import JsonMixin, from_plain, to_plain
+
+RECORD_FORMAT = 1
+"""Version of the records file layout (the header line says it)."""
+
+
+@dataclass(frozen=True)
+class Variant(JsonMixin):
+    """The categorical settings a fitted model is specific to (one regression per variant)."""
+
+    dtype: str
+    """fp32, bf16 or fp16."""
+    recompute: str
+    """none, selective or full (full: the probe's recompute_layers of its layers)."""
+    sequence_parallel: bool
+    """Megatron sequence parallelism (only meaningful with TP > 1)."""
+    swiglu: bool
+    """Gated SiLU MLP."""
+    normalization: str
+    """LayerNorm or RMSNorm."""
+    position_embedding_type: str
+    """learned_absolute or rope."""
+    add_bias_linear: bool
+    """Biases in the linear layers."""
+    dropout: bool
+    """Any dropout probability > 0 (on CPU dropout saves a mask in the activation dtype)."""
+    untied: bool
+    """Separate output-layer weights."""
+
+    @classmethod
+    def of(cls, shape: ModelShape, recompute: str = "none", sequence_parallel: bool = False) -> Variant:
+        """The Variant of a model under a recompute granularity and sequence-parallel setting."""
+        return cls(
+            dtype=shape.dtype,
+            recompute=recompute,
+            sequence_parallel=sequence_parallel,
+            swiglu=shape.swiglu,
+            normalization=shape.normalization,
+            position_embedding_type=shape.position_embedding_type,
+            add_bias_linear=shape.add_bias_linear,
+            dropout=shape.hidden_dropout > 0 or shape.attention_dropout > 0,
+            untied=shape.untie_embeddings_and_output_weights,
+        )
+
+
+@dataclass(frozen=True)
+class ProbeShape(JsonMixin):
+    """The continuous part of a probe: sizes the regression terms are built from."""
+
+    micro_batch_size: int
+    """b."""
+    seq_length: int
+    """s."""
+    hidden_size: int
+    """h."""
+    num_attention_heads: int
+    """a."""
+    num_query_groups: int
+    """g (= a without GQA)."""
+    kv_channels: int
+    """d, per-head width."""
+    ffn_hidden_size: int
+    """f."""
+    padded_vocab: int
+    """V, the vocabulary as Megatron pads it for this TP."""
+    tp: int
+    """t, tensor-parallel size."""
+
+    def __post_init__(self) -> None:
+        t, p = self.tp, []
+        for name, value in (("heads", self.num_attention_heads), ("query groups", self.num_query_groups),
+                            ("ffn", self.ffn_hidden_size), ("padded vocab", self.padded_vocab)):
+            if value % t:
+                p.append(f"{name} {value} not divisible by TP {t}")
+        if self.num_attention_heads % self.num_query_groups:
+            p.append(f"heads {self.num_attention_heads} not divisible by query groups {self.num_query_groups}")
+        require(p, "probe shape")
+
+    @classmethod
+    def of(cls, shape: ModelShape, tp: int, micro_batch_size: int) -> ProbeShape:
+        """The probe shape of a model itself at one TP size and micro-batch size."""
+        return cls(
+            micro_batch_size=micro_batch_size,
+            seq_length=shape.seq_length,
+            hidden_size=shape.hidden_size,
+            num_attention_heads=shape.num_attention_heads,
+            num_query_groups=shape.groups,
+            kv_channels=shape.head_dim,
+            ffn_hidden_size=shape.ffn,
+            padded_vocab=shape.padded_vocab(tp),
+            tp=tp,
+        )
+
+
+@dataclass(frozen=True)
+class BufferBytes(JsonMixin):
+    """One persistent Megatron GlobalMemoryBuffer after the probe."""
+
+    name: str
+    """Buffer name ('mpu' is shared by attention scores and SP all-gathers)."""
+    dtype: str
+    """Element type."""
+    nbytes: int
+    """Bytes held."""
+
+
+@dataclass(frozen=True)
+class Timeline(JsonMixin):
+    """Every allocation and release of one measured window, in order (cpu and fake devices)."""
+
+    window: str
+    """forward, backward or step."""
+    ops: tuple[str, ...]
+    """Per event: '+name' when op `name` allocated a storage, '-name' when a storage it allocated died."""
+    nbytes: tuple[int, ...]
+    """Per event: the storage's bytes."""
+    offset: int
+    """The record's peak is max(0, largest running sum of the events) + offset (the backward counts the
+    gradient it received, which exists before the window starts)."""
+    origins: tuple[int, ...] = ()
+    """Per event: for a release, the index i of the event that allocated its storage in this window, or
+    -2 - i when that was event i of the previous window (the backward releasing what the forward saved);
+    -1 for allocations and for storages from earlier."""
+
+
+@dataclass(frozen=True)
+class ProfileRecord(JsonMixin):
+    """Measured memory of one chunk probe (all values in bytes, for the TP rank 0 process)."""
+
+    device: str
+    """cpu, cuda or fake (FakeTensorMode on the host)."""
+    transformer_impl: str
+    """local or transformer_engine."""
+    versions: tuple[str, str, str]
+    """(capture-megatron, torch, megatron-core) versions that measured it."""
+    variant: Variant
+    """Categorical settings."""
+    shape: ProbeShape
+    """Sizes."""
+    kind: str
+    """first, middle, last or only (see the module docstring)."""
+    layers: int
+    """Transformer layers in the chunk (k)."""
+    recompute_layers: int
+    """Of those, layers under full recompute (block method: the first n)."""
+    dp: int
+    """Data-parallel size of the static probe (distributed optimizer shards over it)."""
+    distributed_optimizer: bool
+    """Whether the optimizer was Megatron's distributed optimizer."""
+    param_numels: tuple[int, ...]
+    """Element counts of the chunk's parameters in module.parameters() order."""
+    param_bytes: int
+    """Bytes of the parameters (after DDP wrapping, which may move them into a buffer)."""
+    grad_bytes: int
+    """Bytes of DDP's gradient buffers (padded with the distributed optimizer)."""
+    optimizer_bytes: int
+    """Bytes the optimizer holds after a step: Adam moments, fp32 master weights, step counters."""
+    input_bytes: int
+    """Bytes of the activation tensor received from the previous stage (0 for first/only)."""
+    output_bytes: int
+    """Bytes of the activation tensor sent to the next stage (0 for last/only)."""
+    saved_bytes: int
+    """Live bytes a micro-batch adds by its forward and holds until its backward, as the schedule
+    holds them: after the output is sent and pseudo-freed; the received input is not included."""
+    forward_peak: int
+    """Peak during forward above the live bytes before it (input already received)."""
+    backward_peak: int
+    """Peak during backward above the live bytes before it (the gradient received is included)."""
+    residual_bytes: int
+    """Live bytes after backward minus before forward (what a micro-batch leaves behind)."""
+    step_peak: int
+    """Peak during the optimizer step (incl. grad-norm and clipping) above the live bytes before it."""
+    buffers: tuple[BufferBytes, ...]
+    """Megatron's global memory buffers held after the probe."""
+    timelines: tuple[Timeline, ...] = ()
+    """The forward, backward and step windows event by event, when profiled with timelines (cpu/fake)."""
+
+    def timeline(self, window: str) -> Timeline | None:
+        """The timeline of one window, if recorded."""
+        return next((t for t in self.timelines if t.window == window), None)
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What one probe builds and runs."""
+
+    variant: Variant
+    """Categorical settings."""
+    shape: ProbeShape
+    """Sizes."""
+    kind: str
+    """first, middle, last or only."""
+    layers: int
+    """Transformer layers in the chunk."""
+    recompute_layers: int = 0
+    """Layers under full recompute (variant.recompute == 'full')."""
+    dp: int = 1
+    """Data-parallel size (for the distributed optimizer's shards)."""
+    distributed_optimizer: bool = False
+    """Megatron's distributed optimizer."""
+
+
+def write_records(records: list[ProfileRecord], path: str) -> None:
+    """Write records as JSON lines (a header line names the format and versions)."""
+    with open(path, "w") as f:
+        f.write(json.dumps({"capture_megatron_records": RECORD_FORMAT, "version": __version__}) + "\n")
+        for rec in records:
+            f.write(json.dumps(to_plain(rec)) + "\n")
+
+
+def read_records(path: str) -> list[ProfileRecord]:
+    """Read records written by write_records; CaptureError naming the problem otherwise."""
+    try:
+        with open(path) as f:
+            lines = [line for line in f.read().splitlines() if line.strip()]
+    except OSError as err:
+        raise CaptureError(f"cannot read records file {path}: {err.strerror}")
+    if not lines:
+        raise CaptureError(f"records file {path} is empty; run `capture-megatron profile ... --out {path}`")
+    try:
+        header = json.loads(lines[0])
+    except json.JSONDecodeError:
+        header = None
+    if not isinstance(header, dict) or header.get("capture_megatron_records") != RECORD_FORMAT:
+        raise CaptureError(f"{path} is not a capture-megatron records file of format {RECORD_FORMAT} "
+                           f"(first line: {lines[0][:80]!r}); profile again with this version")
+    if header.get("version") != __version__:
+        raise CaptureError(f"{path} was written by capture-megatron {header.get('version')}; this is "
+                           f"{__version__} and its probes differ: profile again")
+    records = []
+    for number, line in enumerate(lines[1:], start=2):
+        try:
+            records.append(from_plain(ProfileRecord, json.loads(line)))
+        except (json.JSONDecodeError, TypeError, ValueError, KeyError) as err:
+            raise CaptureError(f"{path} line {number} is truncated or corrupt ({type(err).__name__}: "
+                               f"{str(err)[:80]}); profile again")
+    if not records:
+        raise CaptureError(f"records file {path} holds a header but no records")
+    return records

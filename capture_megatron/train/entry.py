@@ -1,0 +1,58 @@
+"""`torchrun -m capture_megatron.pretrain_gpt <Megatron flags>`: train a GPT with megatron-core.
+
+Reads torchrun's environment (or Slurm's), builds this rank's model chunks for the plan the flags
+describe (any TP/PP/DP/VPP, any --pipeline-model-parallel-layout, per-stage recompute), trains on
+real data (--data-path) or MockGPTDataset (--mock-data), checkpoints atomically, and with
+--memory-report writes every rank's measured peak memory (the MemoryReport of docs/ARCHITECTURE.md).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from capture_megatron.config import TrainConfig
+from capture_megatron.errors import CaptureError
+from capture_megatron.megatron import flags
+from capture_megatron.megatron.args import data_options, train_config
+from capture_megatron.train.dist_env import read_env
+
+
+def build_parser(prog: str = "python -m capture_megatron.pretrain_gpt") -> flags.FlagParser:
+    """The training command's parser: Megatron's flag names."""
+    parser = flags.FlagParser(prog=prog, description=(__doc__ or "").splitlines()[0])
+    flags.add_model_flags(parser)
+    flags.add_parallel_flags(parser)
+    flags.add_training_flags(parser)
+    flags.add_data_flags(parser)
+    flags.add_checkpoint_flags(parser)
+    return parser
+
+
+def parse_config(argv: list[str], world_size: int) -> TrainConfig:
+    """TrainConfig from Megatron flags for a job of `world_size` processes (CaptureError on bad input)."""
+    ns = flags.parse_flags(build_parser(), argv)
+    data = data_options(ns)
+    vocab = None
+    if not data.mock_data or ns.vocab_size is None:
+        from capture_megatron.train.data import check_data_paths, tokenizer_vocab_size
+
+        if not data.mock_data:
+            check_data_paths(data)
+        vocab = tokenizer_vocab_size(data)
+    return train_config(ns, world_size, vocab)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the process exit code (2 for bad input, printed once)."""
+    argv = sys.argv[1:] if argv is None else argv
+    env = read_env()
+    try:
+        cfg = parse_config(argv, env.world_size)
+        from capture_megatron.train.run import run_training
+
+        run_training(cfg, env)
+    except CaptureError as err:
+        if env.rank == 0:
+            print(f"error: {err}", file=sys.stderr, flush=True)
+        return 2
+    return 0
