@@ -1,19 +1,23 @@
-# capture-megatron: `make setup` (idempotent), `make demo`, `make test`.
+# capture-megatron: `make setup` (idempotent), `make demo`, `make test` (what CI runs),
+# `make test-fast` (after every change, < 2 min), `make lint` (ruff + mypy). See CONTRIBUTING.md.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.capture-megatron-installed
 PYTEST_ARGS ?=
+FAST   := not slow and not dist and not slurm and not gpu
+LINTED := capture_megatron tests bench
 
-.PHONY: setup demo test test-unit test-dist clean
+.PHONY: setup demo test test-fast test-dist lint format wheel clean
 
 setup: $(STAMP)
 
-$(STAMP): setup.py
+$(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet torch==2.13.0
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	# setuptools warns on every editable install that a folder named like the package may shadow it
+	PYTHONWARNINGS=ignore::UserWarning $(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
 demo: setup
@@ -22,11 +26,23 @@ demo: setup
 test: setup
 	$(BIN)/python -m pytest -q tests $(PYTEST_ARGS)
 
-test-unit: setup
-	$(BIN)/python -m pytest -q tests/unit $(PYTEST_ARGS)
+test-fast: setup
+	$(BIN)/python -m pytest -q -m "$(FAST)" tests $(PYTEST_ARGS)
 
 test-dist: setup
-	$(BIN)/python -m pytest -q tests/dist $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -m dist tests $(PYTEST_ARGS)
+
+lint: setup
+	$(BIN)/ruff check $(LINTED)
+	$(BIN)/ruff format --check $(LINTED)
+	$(BIN)/mypy
+
+format: setup
+	$(BIN)/ruff check --fix $(LINTED)
+	$(BIN)/ruff format $(LINTED)
+
+wheel: setup
+	$(BIN)/python -m pip wheel --no-deps --no-build-isolation -w dist .
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build dist *.egg-info

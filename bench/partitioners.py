@@ -6,6 +6,7 @@ sequence parallelism, micro-batch 1, distributed optimizer, no interleaving).
 
     python bench/partitioners.py [--presets gpt3-1.3b,...] [--out bench/results/partitioners.json]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,43 +18,65 @@ import time
 
 from tqdm import tqdm
 
-from capture_megatron import planner, presets
+from capture_megatron.cache import records_path
 from capture_megatron.config import GIB, Cluster
-from capture_megatron.profile.source import _cache_path, profiled_model
-from capture_megatron.plan.result import baseline_partitions
-from capture_megatron.predict import variant_of
+from capture_megatron.config.presets import preset as preset_shape
+from capture_megatron.plan.baselines import baselines_for
+from capture_megatron.plan.costmodel import Hardware
+from capture_megatron.plan.planner import needs_of
+from capture_megatron.plan.search import Margins, Space, balanced, candidates, evaluate_plan
+from capture_megatron.profile.source import profiled_model
 from capture_megatron.records import read_records
-from capture_megatron.profile.selection import anchor_shape
 
-PRESETS = ("gpt3-1.3b", "gpt3-2.7b", "gpt3-6.7b", "gpt3-13b", "gpt3-175b", "llama2-7b", "llama2-13b", "llama2-70b")
+PRESETS = (
+    "gpt3-1.3b",
+    "gpt3-2.7b",
+    "gpt3-6.7b",
+    "gpt3-13b",
+    "gpt3-175b",
+    "llama2-7b",
+    "llama2-13b",
+    "llama2-70b",
+)
 GPUS = (8, 16, 32, 64, 128, 256, 512, 1024)
 MIN_GPUS = (1, 2, 4) + tuple(range(8, 1025, 8))  # whole nodes of 8 beyond one node
-SPACE = planner.Space(vpp=(1,), micro_batch_size=(1,), recompute=("selective",), sequence_parallel=(True,),
-                      distributed_optimizer=(True,))
+SPACE = Space(
+    vpp=(1,),
+    micro_batch_size=(1,),
+    recompute=("selective",),
+    sequence_parallel=(True,),
+    distributed_optimizer=(True,),
+)
 APPROACHES = ("capture", "uniform", "megatron-first-last", "deepspeed-parameters")
 GBS = 1024
 
 
-def need_fn(cluster: Cluster):
-    return lambda peak: planner.needed_bytes(peak, cluster, 0.08, 2 * GIB)
+MARGINS = Margins(reserve_fraction=0.08, context_bytes=2 * GIB)
+"""CUDA margins: the planner's defaults."""
 
 
 def approach_peaks(model, shape, plan) -> dict[str, float | None]:
     """Worst-rank peak of each approach's split at the plan's sizes (None: cannot split)."""
-    out = {"capture": max(s.peak for s in planner.evaluate_plan(
-        model, shape, planner.balanced(model, shape, plan), Cluster(1, 1), lambda p: p, planner.Hardware()).stages)}
-    for b in baseline_partitions(model, shape, plan):
+    out = {
+        "capture": max(
+            s.peak
+            for s in evaluate_plan(
+                model, shape, balanced(model, shape, plan), Cluster(1, 1), Margins(), Hardware()
+            ).stages
+        )
+    }
+    for b in baselines_for(model, shape, plan):
         out[b.name] = b.partition.peak if b.partition else None
     return out
 
 
 def per_cluster(model, shape, gpus: int) -> dict:
-    """Each approach's best sizes (lowest peak) on `gpus` GPUs, and CAPTURE's sizes with every approach."""
+    """Each approach's best sizes (lowest peak) on `gpus` GPUs, and CAPTURE's sizes with every
+    approach."""
     cluster = Cluster(gpus=gpus, gpu_memory_bytes=80 * GIB)
-    need = need_fn(cluster)
     best: dict[str, tuple[float, object]] = {}
     at_capture = None
-    for plan in planner.candidates(shape, cluster, GBS, SPACE):
+    for plan in candidates(shape, cluster, GBS, SPACE):
         peaks = approach_peaks(model, shape, plan)
         for name, peak in peaks.items():
             if peak is not None and (name not in best or peak < best[name][0]):
@@ -63,20 +86,25 @@ def per_cluster(model, shape, gpus: int) -> dict:
     if at_capture is None:
         return {"gpus": gpus, "unavailable": True}
     plan, peaks = at_capture
-    return {"gpus": gpus, "sizes": f"TP{plan.tp} PP{plan.pp} DP{plan.dp}",
-            "at_capture_sizes_gib": {k: (v / GIB if v else None) for k, v in peaks.items()},
-            "best_sizes_gib": {k: best[k][0] / GIB for k in best},
-            "best_sizes_fit": {k: need(best[k][0]) <= cluster.gpu_memory_bytes for k in best}}
+    return {
+        "gpus": gpus,
+        "sizes": f"TP{plan.tp} PP{plan.pp} DP{plan.dp}",
+        "at_capture_sizes_gib": {k: (v / GIB if v else None) for k, v in peaks.items()},
+        "best_sizes_gib": {k: best[k][0] / GIB for k in best},
+        "best_sizes_fit": {k: MARGINS.needed(best[k][0]) <= cluster.gpu_memory_bytes for k in best},
+    }
 
 
 def run(preset: str) -> dict:
-    shape = presets.preset(preset)
-    plans = [p for g in GPUS + MIN_GPUS for p in planner.candidates(shape, Cluster(g, 80 * GIB), GBS, SPACE)]
-    needs = {(variant_of(shape, p), anchor_shape(shape, p.tp, p.micro_batch_size)) for p in plans}
+    shape = preset_shape(preset)
+    plans = [
+        p for g in GPUS + MIN_GPUS for p in candidates(shape, Cluster(g, 80 * GIB), GBS, SPACE)
+    ]
+    needs = needs_of(shape, plans)
     t0 = time.perf_counter()
     model = profiled_model(shape, "fake", needs, progress=True)
     profile_s = time.perf_counter() - t0
-    probes = len(read_records(_cache_path(shape, "fake")))
+    probes = len(read_records(records_path(shape, "fake")))
     rows = [per_cluster(model, shape, g) for g in tqdm(GPUS, desc=preset, leave=False)]
     fewest: dict[str, int | None] = {a: None for a in APPROACHES}
     for g in MIN_GPUS:  # ascending until every approach has fitted once
@@ -84,21 +112,35 @@ def run(preset: str) -> dict:
         fewest.update({a: g for a in APPROACHES if fewest[a] is None and fits.get(a)})
         if all(fewest.values()):
             break
-    return {"preset": preset, "profile_and_fit_seconds": profile_s, "probes": probes, "layers": shape.num_layers,
-            "rows": rows, "min_gpus": fewest}
+    return {
+        "preset": preset,
+        "profile_and_fit_seconds": profile_s,
+        "probes": probes,
+        "layers": shape.num_layers,
+        "rows": rows,
+        "min_gpus": fewest,
+    }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--presets", default=",".join(PRESETS))
     ap.add_argument("--out", default="bench/results/partitioners.json")
-    ap.add_argument("--reuse-cache", action="store_true", help="reuse ~/.cache profiles (else time a fresh profile)")
+    ap.add_argument(
+        "--reuse-cache",
+        action="store_true",
+        help="reuse ~/.cache profiles (else time a fresh profile)",
+    )
     ns = ap.parse_args()
     if not ns.reuse_cache:
         os.environ["CAPTURE_MEGATRON_CACHE"] = tempfile.mkdtemp(prefix="capture-bench-")
     results = [run(p) for p in ns.presets.split(",")]
     with open(ns.out, "w") as f:
-        json.dump({"space": dataclasses.asdict(SPACE), "global_batch_size": GBS, "results": results}, f, indent=1)
+        json.dump(
+            {"space": dataclasses.asdict(SPACE), "global_batch_size": GBS, "results": results},
+            f,
+            indent=1,
+        )
     print(f"wrote {ns.out}")
 
 

@@ -1,18 +1,19 @@
 """Render docs/BENCHMARKS.md from bench/results/*.json (run the benches first; nothing is typed in).
 
-    python bench/report.py
+python bench/report.py
 """
+
 from __future__ import annotations
 
 import json
 import os
 import platform
 
-from capture_megatron import presets
+from capture_megatron.config.presets import preset
 from capture_megatron.fit import shape_sizes
-from capture_megatron.profile.source import profiled_model
 from capture_megatron.predict import find_variant
-from capture_megatron.profile.selection import anchor_shape, model_variant
+from capture_megatron.profile.source import profiled_model
+from capture_megatron.records import ProbeShape, Variant
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NAMES = ("capture", "uniform", "megatron-first-last", "deepspeed-parameters")
@@ -27,37 +28,62 @@ def _less(ours, theirs) -> str:
 
 
 def partitioner_tables(data: dict) -> list[str]:
-    out = ["| model | GPUs | CAPTURE sizes | CAPTURE GiB | uniform GiB | Megatron first/last GiB | "
-           "DeepSpeed 'parameters' GiB |", "|---|---|---|---|---|---|---|"]
-    best = ["| model | GPUs | CAPTURE | uniform | Megatron first/last | DeepSpeed 'parameters' |",
-            "|---|---|---|---|---|---|"]
+    out = [
+        "| model | GPUs | CAPTURE sizes | CAPTURE GiB | uniform GiB | Megatron first/last GiB | "
+        "DeepSpeed 'parameters' GiB |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    best = [
+        "| model | GPUs | CAPTURE | uniform | Megatron first/last | DeepSpeed 'parameters' |",
+        "|---|---|---|---|---|---|",
+    ]
     for res in data["results"]:
         for row in res["rows"]:
             if "sizes" not in row:
                 continue
             at, own = row["at_capture_sizes_gib"], row["best_sizes_gib"]
             cap = at["capture"]
-            out.append(f"| {res['preset']} | {row['gpus']} | {row['sizes']} | {_gib(cap)} | "
-                       + " | ".join(f"{_gib(at[n])}{_less(cap, at[n])}" for n in NAMES[1:]) + " |")
-            best.append(f"| {res['preset']} | {row['gpus']} | "
-                        + " | ".join(f"{_gib(own.get(n))}{_less(own['capture'], own.get(n)) if n != 'capture' else ''}"
-                                     for n in NAMES) + " |")
+            out.append(
+                f"| {res['preset']} | {row['gpus']} | {row['sizes']} | {_gib(cap)} | "
+                + " | ".join(f"{_gib(at[n])}{_less(cap, at[n])}" for n in NAMES[1:])
+                + " |"
+            )
+            best.append(
+                f"| {res['preset']} | {row['gpus']} | "
+                + " | ".join(
+                    f"{_gib(own.get(n))}"
+                    f"{_less(own['capture'], own.get(n)) if n != 'capture' else ''}"
+                    for n in NAMES
+                )
+                + " |"
+            )
     return out, best
 
 
 def min_gpu_table(data: dict) -> list[str]:
-    out = ["| model | CAPTURE | uniform | Megatron first/last | DeepSpeed 'parameters' |", "|---|---|---|---|---|"]
+    out = [
+        "| model | CAPTURE | uniform | Megatron first/last | DeepSpeed 'parameters' |",
+        "|---|---|---|---|---|",
+    ]
     for res in data["results"]:
-        out.append(f"| {res['preset']} | " + " | ".join(str(res["min_gpus"][n]) for n in NAMES) + " |")
+        out.append(
+            f"| {res['preset']} | " + " | ".join(str(res["min_gpus"][n]) for n in NAMES) + " |"
+        )
     return out
 
 
 def profile_cost_table(data: dict) -> list[str]:
-    out = ["| model | layers | probe runs (fake, this CPU) | seconds (profile + fit) | mCAP-style runs (~1 per layer) |",
-           "|---|---|---|---|---|"]
+    out = [
+        "| model | layers | probe runs (fake, this CPU) | seconds (profile + fit) | "
+        "mCAP-style runs (~1 per layer) |",
+        "|---|---|---|---|---|",
+    ]
     for res in data["results"]:
-        out.append(f"| {res['preset']} | {res['layers']} | {res['probes']} | {res['profile_and_fit_seconds']:.1f} | "
-                   f"{res['layers']} per configuration, on the target GPUs |")
+        out.append(
+            f"| {res['preset']} | {res['layers']} | {res['probes']} | "
+            f"{res['profile_and_fit_seconds']:.1f} | "
+            f"{res['layers']} per configuration, on the target GPUs |"
+        )
     return out
 
 
@@ -68,29 +94,47 @@ def _pct(x) -> str:
 def quality_table(data: dict) -> list[str]:
     """Leave-one-out errors across the 24 CPU design shapes and errors on held-out shapes
     (bench/profile_quality.py)."""
-    out = ["## Model quality across shapes (CPU, 24 design shapes per variant)", "",
-           "Leave-one-out maximum relative error over the design shapes, of the regression and of the replayed "
-           "allocation timeline (docs/MEMORY_MODEL.md; the timeline is what `fit` uses when the records carry "
-           "timelines). Chunk kinds with one layer; saved = saved activations, fwd/bwd/step = peaks:", "",
-           "| variant | probe runs | profile s | fit s | quantity | regression LOO | timeline LOO |",
-           "|---|---|---|---|---|---|---|"]
+    out = [
+        "## Model quality across shapes (CPU, 24 design shapes per variant)",
+        "",
+        "Leave-one-out maximum relative error over the design shapes, of the regression and of the "
+        "replayed allocation timeline (docs/MEMORY_MODEL.md; the timeline is what `fit` uses when "
+        "the records carry timelines). Chunk kinds with one layer; saved = saved activations, "
+        "fwd/bwd/step = peaks:",
+        "",
+        "| variant | probe runs | profile s | fit s | quantity | regression LOO | timeline LOO |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for v in data["variants"]:
         for q in v["quantities"]:
             if q["quantity"] == "layer saved S" or q["quantity"].endswith("1"):
-                out.append(f"| {v['variant']} | {v['probes']} | {v['seconds']:.0f} | {v['fit_seconds']:.1f} | "
-                           f"{q['quantity']} | {_pct(q['regression'])} | {_pct(q['timeline'])} |")
-    out += ["", f"Held-out shapes ({len(data['held_out'])}, none in the probe set; every chunk kind's probes, each "
-            "prediction against its measurement; largest relative error per group):", "",
-            "| variant | b, s, h, heads, groups, kv, ffn, vocab, TP | checks | saved activations | transient peaks | "
-            "params/grads/optimizer | worst quantity |", "|---|---|---|---|---|---|---|"]
+                out.append(
+                    f"| {v['variant']} | {v['probes']} | {v['seconds']:.0f} | "
+                    f"{v['fit_seconds']:.1f} | "
+                    f"{q['quantity']} | {_pct(q['regression'])} | {_pct(q['timeline'])} |"
+                )
+    out += [
+        "",
+        f"Held-out shapes ({len(data['held_out'])}, none in the probe set; every chunk kind's "
+        "probes, each prediction against its measurement; largest relative error per group):",
+        "",
+        "| variant | b, s, h, heads, groups, kv, ffn, vocab, TP | checks | saved activations | "
+        "transient peaks | params/grads/optimizer | worst quantity |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for row in data["held_out"]:
         dims = ", ".join(str(v) for v in row["shape"].values())
-        out.append(f"| {row['variant']} | {dims} | {row['checks']} | {100 * row['saved_max_rel']:.3f}% | "
-                   f"{100 * row['transient_max_rel']:.3f}% | {100 * row['static_max_rel']:.3f}% | {row['worst']} |")
+        out.append(
+            f"| {row['variant']} | {dims} | {row['checks']} | {100 * row['saved_max_rel']:.3f}% | "
+            f"{100 * row['transient_max_rel']:.3f}% | {100 * row['static_max_rel']:.3f}% | "
+            f"{row['worst']} |"
+        )
     return out
 
 
-SETTINGS = (  # (recompute, SP, Korthikanti et al. bytes per layer / (s*b*h), Megatron's estimator or None), t = 8
+# (recompute, SP, Korthikanti et al. bytes per layer / (s*b*h), Megatron's estimator or None),
+# t = 8
+SETTINGS = (
     ("none", False, lambda a, s, h, f, t: 10 + 24 / t + 5 * a * s / (h * t), None),
     ("selective", False, lambda a, s, h, f, t: 10 + 24 / t, lambda a, s, h, f, t: 10 + 24 / t),
     ("none", True, lambda a, s, h, f, t: (34 + 5 * a * s / h) / t, None),
@@ -102,27 +146,33 @@ SETTINGS = (  # (recompute, SP, Korthikanti et al. bytes per layer / (s*b*h), Me
 def korthikanti_rows(data: dict) -> list[str]:
     """Profiled bytes one layer keeps per micro-batch (TP 8, bf16, b = 1; with full recompute its
     stored input) vs Korthikanti et al. and Megatron's theoretical_memory_usage."""
-    out = ["| model | recompute | SP | profiled (MiB) | Korthikanti (MiB) | theoretical_memory_usage (MiB) | "
-           "profiled / Korthikanti |", "|---|---|---|---|---|---|---|"]
+    out = [
+        "| model | recompute | SP | profiled (MiB) | Korthikanti (MiB) | "
+        "theoretical_memory_usage (MiB) | profiled / Korthikanti |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for res in data["results"]:
-        shape = presets.preset(res["preset"])
-        z = anchor_shape(shape, 8, 1)
-        needs = {(model_variant(shape, rc, sp), z) for rc, sp, _, _ in SETTINGS}
+        shape = preset(res["preset"])
+        z = ProbeShape.of(shape, 8, 1)
+        needs = frozenset((Variant.of(shape, rc, sp), z) for rc, sp, _, _ in SETTINGS)
         model = profiled_model(shape, "fake", needs, progress=False)
         sbh = shape.seq_length * shape.hidden_size
         dims = (shape.num_attention_heads, shape.seq_length, shape.hidden_size, shape.ffn, 8)
         for rc, sp, korthikanti, megatron in SETTINGS:
-            c = find_variant(model, model_variant(shape, rc, sp)).constants(shape_sizes(z))
+            c = find_variant(model, Variant.of(shape, rc, sp)).constants(shape_sizes(z))
             saved = c.layer_saved_rc_next if rc == "full" else c.layer_saved
             k = korthikanti(*dims) * sbh
             m = f"{megatron(*dims) * sbh / 2**20:.1f}" if megatron else "-"
-            out.append(f"| {res['preset']} | {rc} | {'yes' if sp else 'no'} | {saved / 2**20:.1f} | {k / 2**20:.1f} | "
-                       f"{m} | {saved / k:.2f} |")
+            out.append(
+                f"| {res['preset']} | {rc} | {'yes' if sp else 'no'} | {saved / 2**20:.1f} | "
+                f"{k / 2**20:.1f} | {m} | {saved / k:.2f} |"
+            )
     return out
 
 
 KORTHIKANTI = {False: "10·sbh + 24·sbh/t + 5·as²b/t", True: "34·sbh/t + 5·as²b/t"}
-"""Korthikanti et al.'s bytes per layer without recompute, by sequence parallelism (selective: no as²b)."""
+"""Korthikanti et al.'s bytes per layer without recompute, by sequence parallelism (selective: no
+as²b)."""
 
 
 def breakdown_tables(data: list) -> list[str]:
@@ -133,40 +183,75 @@ def breakdown_tables(data: list) -> list[str]:
         formula = KORTHIKANTI[setting["sp"]]
         if setting["recompute"] == "selective":
             formula = formula.replace(" + 5·as²b/t", "")
-        out += [f"### {setting['arch']}, recompute {setting['recompute']}, SP {'on' if setting['sp'] else 'off'}", ""]
+        out += [
+            f"### {setting['arch']}, recompute {setting['recompute']}, "
+            f"SP {'on' if setting['sp'] else 'off'}",
+            "",
+        ]
         if setting["arch"] == "gpt":
-            out += [f"Kept at GPT-3 1.3B's shape (TP 8, b = 1), with the layer's fp32 output: {t['sbh']:g}·sbh + "
-                    f"{t['sbh/t']:g}·sbh/t + {t['as2b/t']:g}·as²b/t + small terms (b·s, s², s·d); Korthikanti: "
-                    f"{formula}.", ""]
-        out += ["| op that allocated it | bytes | kept at GPT-3 1.3B / TP 8 | kept only when |", "|---|---|---|---|"]
-        out += [f"| {x['op']} | {x['bytes']} | {'yes' if x['at_reference'] else 'no'} | {x['when'].strip() or '-'} |"
-                for x in setting["tensors"]]
+            out += [
+                f"Kept at GPT-3 1.3B's shape (TP 8, b = 1), with the layer's fp32 output: "
+                f"{t['sbh']:g}·sbh + {t['sbh/t']:g}·sbh/t + {t['as2b/t']:g}·as²b/t + small terms "
+                f"(b·s, s², s·d); Korthikanti: {formula}.",
+                "",
+            ]
+        out += [
+            "| op that allocated it | bytes | kept at GPT-3 1.3B / TP 8 | kept only when |",
+            "|---|---|---|---|",
+        ]
+        out += [
+            f"| {x['op']} | {x['bytes']} | {'yes' if x['at_reference'] else 'no'} | "
+            f"{x['when'].strip() or '-'} |"
+            for x in setting["tensors"]
+        ]
         out.append("")
     return out
 
 
+def _read(path: str) -> str:
+    with open(path) as f:
+        return f.read()
+
+
 def main() -> None:
-    part = json.load(open(os.path.join(ROOT, "bench/results/partitioners.json")))
-    speed = json.load(open(os.path.join(ROOT, "bench/results/speed.json")))
+    part = json.loads(_read(os.path.join(ROOT, "bench/results/partitioners.json")))
+    speed = json.loads(_read(os.path.join(ROOT, "bench/results/speed.json")))
     at, best = partitioner_tables(part)
-    text = open(os.path.join(ROOT, "bench/BENCHMARKS.head.md")).read().format(
+    text = _read(os.path.join(ROOT, "bench/BENCHMARKS.head.md")).format(
         machine=f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
-        space=part["space"], gbs=part["global_batch_size"], **{k.replace("-", "_"): v for k, v in speed.items()})
+        space=part["space"],
+        gbs=part["global_batch_size"],
+        **{k.replace("-", "_"): v for k, v in speed.items()},
+    )
     text += "\n## Predicted worst-rank peak at CAPTURE's sizes\n\n" + "\n".join(at) + "\n"
-    text += "\n## Each approach at its own best sizes (lowest peak over TP/PP/DP)\n\n" + "\n".join(best) + "\n"
-    text += "\n## Fewest GPUs of 80 GiB that fit (1, 2, 4, then whole nodes of 8)\n\n" + "\n".join(min_gpu_table(part))
-    text += "\n\n## Profiling cost (probes for every TP the search considers; fresh cache)\n\n" + "\n".join(
-        profile_cost_table(part))
+    text += (
+        "\n## Each approach at its own best sizes (lowest peak over TP/PP/DP)\n\n"
+        + "\n".join(best)
+        + "\n"
+    )
+    text += "\n## Fewest GPUs of 80 GiB that fit (1, 2, 4, then whole nodes of 8)\n\n" + "\n".join(
+        min_gpu_table(part)
+    )
+    text += (
+        "\n\n## Profiling cost (probes for every TP the search considers; fresh cache)\n\n"
+        + "\n".join(profile_cost_table(part))
+    )
     quality = os.path.join(ROOT, "bench/results/profile_quality.json")
     if os.path.exists(quality):
-        text += "\n\n" + "\n".join(quality_table(json.load(open(quality))))
-    text += "\n\n## Saved activations per layer vs Korthikanti et al. (2022)\n\n" + "\n".join(korthikanti_rows(part))
+        text += "\n\n" + "\n".join(quality_table(json.loads(_read(quality))))
+    text += "\n\n## Saved activations per layer vs Korthikanti et al. (2022)\n\n" + "\n".join(
+        korthikanti_rows(part)
+    )
     breakdown = os.path.join(ROOT, "bench/results/saved_breakdown.json")
     if os.path.exists(breakdown):
-        text += ("\n\n## What one GPT layer keeps, tensor by tensor (bf16, local spec, CPU; "
-                 "bench/saved_breakdown.py)\n\n" + open(os.path.join(ROOT, "bench/BREAKDOWN.md")).read()
-                 + "\n" + "\n".join(breakdown_tables(json.load(open(breakdown)))))
-    text += "\n\n" + open(os.path.join(ROOT, "bench/BENCHMARKS.tail.md")).read()
+        text += (
+            "\n\n## What one GPT layer keeps, tensor by tensor (bf16, local spec, CPU; "
+            "bench/saved_breakdown.py)\n\n"
+            + _read(os.path.join(ROOT, "bench/BREAKDOWN.md"))
+            + "\n"
+            + "\n".join(breakdown_tables(json.loads(_read(breakdown))))
+        )
+    text += "\n\n" + _read(os.path.join(ROOT, "bench/BENCHMARKS.tail.md"))
     with open(os.path.join(ROOT, "docs/BENCHMARKS.md"), "w") as f:
         f.write(text)
     print("wrote docs/BENCHMARKS.md")

@@ -32,9 +32,7 @@ def cache_dir() -> str:
 
 def records_path(shape: ModelShape, device: str) -> str:
     """The records file of a model shape profiled on `device` with the installed versions."""
-    key = (
-        f"{device}|{shape.to_json()}|{__version__}|{version('torch')}|{version('megatron-core')}"
-    )
+    key = f"{device}|{shape.to_json()}|{__version__}|{version('torch')}|{version('megatron-core')}"
     digest = hashlib.sha1(key.encode()).hexdigest()[:16]
     return os.path.join(cache_dir(), f"{device}-{digest}.jsonl")
 

@@ -1,4 +1,5 @@
 """User-facing errors: one paragraph naming the offending values, exit code 2, no traceback."""
+
 from __future__ import annotations
 
 

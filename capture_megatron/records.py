@@ -9,6 +9,7 @@ uses, run through megatron-core's own forward_step / backward_step and optimizer
 Torch-free: records are written by the profile stage and read by the (pure) fit stage; Variant and
 ProbeShape also key the fitted memory model.
 """
+
 from __future__ import annotations
 
 import json
@@ -47,7 +48,9 @@ class Variant(JsonMixin):
     """Separate output-layer weights."""
 
     @classmethod
-    def of(cls, shape: ModelShape, recompute: str = "none", sequence_parallel: bool = False) -> Variant:
+    def of(
+        cls, shape: ModelShape, recompute: str = "none", sequence_parallel: bool = False
+    ) -> Variant:
         """The Variant of a model under a recompute granularity and sequence-parallel setting."""
         return cls(
             dtype=shape.dtype,
@@ -87,12 +90,19 @@ class ProbeShape(JsonMixin):
 
     def __post_init__(self) -> None:
         t, p = self.tp, []
-        for name, value in (("heads", self.num_attention_heads), ("query groups", self.num_query_groups),
-                            ("ffn", self.ffn_hidden_size), ("padded vocab", self.padded_vocab)):
+        for name, value in (
+            ("heads", self.num_attention_heads),
+            ("query groups", self.num_query_groups),
+            ("ffn", self.ffn_hidden_size),
+            ("padded vocab", self.padded_vocab),
+        ):
             if value % t:
                 p.append(f"{name} {value} not divisible by TP {t}")
         if self.num_attention_heads % self.num_query_groups:
-            p.append(f"heads {self.num_attention_heads} not divisible by query groups {self.num_query_groups}")
+            p.append(
+                f"heads {self.num_attention_heads} not divisible by query groups "
+                f"{self.num_query_groups}"
+            )
         require(p, "probe shape")
 
     @classmethod
@@ -130,16 +140,17 @@ class Timeline(JsonMixin):
     window: str
     """forward, backward or step."""
     ops: tuple[str, ...]
-    """Per event: '+name' when op `name` allocated a storage, '-name' when a storage it allocated died."""
+    """Per event: '+name' when op `name` allocated a storage, '-name' when a storage it allocated
+    died."""
     nbytes: tuple[int, ...]
     """Per event: the storage's bytes."""
     offset: int
-    """The record's peak is max(0, largest running sum of the events) + offset (the backward counts the
-    gradient it received, which exists before the window starts)."""
+    """The record's peak is max(0, largest running sum of the events) + offset (the backward counts
+    the gradient it received, which exists before the window starts)."""
     origins: tuple[int, ...] = ()
-    """Per event: for a release, the index i of the event that allocated its storage in this window, or
-    -2 - i when that was event i of the previous window (the backward releasing what the forward saved);
-    -1 for allocations and for storages from earlier."""
+    """Per event: for a release, the index i of the event that allocated its storage in this window,
+    or -2 - i when that was event i of the previous window (the backward releasing what the forward
+    saved); -1 for allocations and for storages from earlier."""
 
 
 @dataclass(frozen=True)
@@ -188,11 +199,13 @@ class ProfileRecord(JsonMixin):
     residual_bytes: int
     """Live bytes after backward minus before forward (what a micro-batch leaves behind)."""
     step_peak: int
-    """Peak during the optimizer step (incl. grad-norm and clipping) above the live bytes before it."""
+    """Peak during the optimizer step (incl. grad-norm and clipping) above the live bytes before
+    it."""
     buffers: tuple[BufferBytes, ...]
     """Megatron's global memory buffers held after the probe."""
     timelines: tuple[Timeline, ...] = ()
-    """The forward, backward and step windows event by event, when profiled with timelines (cpu/fake)."""
+    """The forward, backward and step windows event by event, when profiled with timelines
+    (cpu/fake)."""
 
     def timeline(self, window: str) -> Timeline | None:
         """The timeline of one window, if recorded."""
@@ -222,7 +235,9 @@ class Probe:
 def write_records(records: list[ProfileRecord], path: str) -> None:
     """Write records as JSON lines (a header line names the format and versions)."""
     with open(path, "w") as f:
-        f.write(json.dumps({"capture_megatron_records": RECORD_FORMAT, "version": __version__}) + "\n")
+        f.write(
+            json.dumps({"capture_megatron_records": RECORD_FORMAT, "version": __version__}) + "\n"
+        )
         for rec in records:
             f.write(json.dumps(to_plain(rec)) + "\n")
 
@@ -233,26 +248,34 @@ def read_records(path: str) -> list[ProfileRecord]:
         with open(path) as f:
             lines = [line for line in f.read().splitlines() if line.strip()]
     except OSError as err:
-        raise CaptureError(f"cannot read records file {path}: {err.strerror}")
+        raise CaptureError(f"cannot read records file {path}: {err.strerror}") from None
     if not lines:
-        raise CaptureError(f"records file {path} is empty; run `capture-megatron profile ... --out {path}`")
+        raise CaptureError(
+            f"records file {path} is empty; run `capture-megatron profile ... --out {path}`"
+        )
     try:
         header = json.loads(lines[0])
     except json.JSONDecodeError:
         header = None
     if not isinstance(header, dict) or header.get("capture_megatron_records") != RECORD_FORMAT:
-        raise CaptureError(f"{path} is not a capture-megatron records file of format {RECORD_FORMAT} "
-                           f"(first line: {lines[0][:80]!r}); profile again with this version")
+        raise CaptureError(
+            f"{path} is not a capture-megatron records file of format {RECORD_FORMAT} "
+            f"(first line: {lines[0][:80]!r}); profile again with this version"
+        )
     if header.get("version") != __version__:
-        raise CaptureError(f"{path} was written by capture-megatron {header.get('version')}; this is "
-                           f"{__version__} and its probes differ: profile again")
+        raise CaptureError(
+            f"{path} was written by capture-megatron {header.get('version')}; this is "
+            f"{__version__} and its probes differ: profile again"
+        )
     records = []
     for number, line in enumerate(lines[1:], start=2):
         try:
             records.append(from_plain(ProfileRecord, json.loads(line)))
         except (json.JSONDecodeError, TypeError, ValueError, KeyError) as err:
-            raise CaptureError(f"{path} line {number} is truncated or corrupt ({type(err).__name__}: "
-                               f"{str(err)[:80]}); profile again")
+            raise CaptureError(
+                f"{path} line {number} is truncated or corrupt ({type(err).__name__}: "
+                f"{str(err)[:80]}); profile again"
+            ) from None
     if not records:
         raise CaptureError(f"records file {path} holds a header but no records")
     return records

@@ -1,4 +1,5 @@
 """Exact JSON round-trip for the frozen dataclasses that pass between stages."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -29,13 +30,13 @@ def _build(tp: Any, value: Any) -> Any:
     if origin in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         return _build(args[0], value) if len(args) == 1 else value
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return from_plain(tp, value)
     if origin is tuple:
-        args = typing.get_args(tp)
-        if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(_build(args[0], v) for v in value)
-        return tuple(_build(a, v) for a, v in zip(args, value))
+        parts = typing.get_args(tp)
+        if len(parts) == 2 and parts[1] is Ellipsis:
+            return tuple(_build(parts[0], v) for v in value)
+        return tuple(_build(a, v) for a, v in zip(parts, value))
     if origin is dict:
         kt, vt = typing.get_args(tp)
         return {_build(kt, k): _build(vt, v) for k, v in value.items()}
@@ -44,11 +45,12 @@ def _build(tp: Any, value: Any) -> Any:
     return value
 
 
-def from_plain(cls: type[T], data: dict) -> T:
+def from_plain(cls: type[T], data: dict[str, Any]) -> T:
     """Rebuild dataclass `cls` from `to_plain` output; unknown keys are an error."""
     hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls) if f.init}
-    unknown = set(data) - names - {f.name for f in dataclasses.fields(cls)}
+    fields = dataclasses.fields(cls)  # type: ignore[arg-type]  # T is a dataclass type
+    names = {f.name for f in fields if f.init}
+    unknown = set(data) - names - {f.name for f in fields}
     if unknown:
         raise ValueError(f"{cls.__name__}: unknown fields {sorted(unknown)}")
     kwargs = {k: _build(hints[k], v) for k, v in data.items() if k in names}

@@ -5,6 +5,7 @@ packages (profile, fit, predict, plan, train). Nothing outside cli/ imports it. 
 user errors (CaptureError) are printed as one paragraph on stderr with exit code 2; nothing a user
 types produces a traceback.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -13,15 +14,36 @@ import sys
 from capture_megatron.errors import CaptureError
 
 COMMANDS = {
-    "demo": ("capture_megatron.cli.demo", "plan a small GPT for 4 CPU ranks, train it, compare with uniform"),
-    "preprocess": ("capture_megatron.cli.preprocess", "text / JSONL -> Megatron indexed dataset (.bin/.idx)"),
-    "profile": ("capture_megatron.cli.profile", "measure Megatron-Core pieces' memory -> records.jsonl"),
-    "fit": ("capture_megatron.cli.fit", "fit per-component memory regressions -> memory_model.json"),
-    "plan": ("capture_megatron.cli.plan", "memory-balanced layout and TP/PP/DP choice for a cluster"),
+    "demo": (
+        "capture_megatron.cli.demo",
+        "plan a small GPT for 4 CPU ranks, train it, compare with uniform",
+    ),
+    "preprocess": (
+        "capture_megatron.cli.preprocess",
+        "text / JSONL -> Megatron indexed dataset (.bin/.idx)",
+    ),
+    "profile": (
+        "capture_megatron.cli.profile",
+        "measure Megatron-Core pieces' memory -> records.jsonl",
+    ),
+    "fit": (
+        "capture_megatron.cli.fit",
+        "fit per-component memory regressions -> memory_model.json",
+    ),
+    "plan": (
+        "capture_megatron.cli.plan",
+        "memory-balanced layout and TP/PP/DP choice for a cluster",
+    ),
     "train": ("capture_megatron.cli.train", "validate Megatron flags and launch torchrun training"),
-    "verify": ("capture_megatron.cli.verify", "plan, train a few iterations, compare measured with predicted"),
+    "verify": (
+        "capture_megatron.cli.verify",
+        "plan, train a few iterations, compare measured with predicted",
+    ),
     "launch": ("capture_megatron.cli.launch", "render a Slurm batch script for a plan"),
-    "megatron-lm": ("capture_megatron.cli.megatron_lm", "plan, then run your Megatron-LM checkout's pretrain_gpt"),
+    "megatron-lm": (
+        "capture_megatron.cli.megatron_lm",
+        "plan, then run your Megatron-LM checkout's pretrain_gpt",
+    ),
 }
 """Subcommand -> (module, one-line help); each module has main(argv: list[str]) -> int."""
 
@@ -42,8 +64,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
-        print(f"capture-megatron: error: unknown command {name!r}; choose one of {', '.join(COMMANDS)}",
-              file=sys.stderr)
+        print(
+            f"capture-megatron: error: unknown command {name!r}; "
+            f"choose one of {', '.join(COMMANDS)}",
+            file=sys.stderr,
+        )
         return 2
     try:
         module = importlib.import_module(COMMANDS[name][0])
@@ -54,4 +79,3 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"capture-megatron {name}: interrupted", file=sys.stderr)
         return 130
-

@@ -2,8 +2,8 @@
 
 1. Turns Python standard-library docstrings into a Megatron indexed dataset (byte tokenizer).
 2. Plans a small GPT for 4 CPU ranks with PP 4: profiles it on the spot, finds the memory-balanced
-   --pipeline-model-parallel-layout, and predicts every rank's peak for it and for Megatron's uniform
-   split.
+   --pipeline-model-parallel-layout, and predicts every rank's peak for it and for Megatron's
+   uniform split.
 3. Trains the balanced plan a few dozen iterations (real torchrun, gloo, megatron-core), and the
    uniform split a few, each with --memory-report.
 4. Prints predicted vs measured peak per rank for both: the balanced worst rank is lower.
@@ -23,11 +23,21 @@ from capture_megatron.errors import CaptureError
 from capture_megatron.plan import PlanOptions, PlanResult, Space, model_args, plan, plan_args
 from capture_megatron.train.report import MemoryReport
 
-MODEL = ModelShape(num_layers=12, hidden_size=96, num_attention_heads=4, seq_length=256,
-                   max_position_embeddings=256, vocab_size=512, hidden_dropout=0.1, attention_dropout=0.1)
+MODEL = ModelShape(
+    num_layers=12,
+    hidden_size=96,
+    num_attention_heads=4,
+    seq_length=256,
+    max_position_embeddings=256,
+    vocab_size=512,
+    hidden_dropout=0.1,
+    attention_dropout=0.1,
+)
 """The demo's GPT: 12 layers, h 96, 4 heads, sequence 256, fp32, dropout on."""
-OPTIONS = PlanOptions(space=Space(tp=(1,), pp=(4,), vpp=(1,), micro_batch_size=(2,), recompute=("none",)),
-                      global_batch_size=16)
+OPTIONS = PlanOptions(
+    space=Space(tp=(1,), pp=(4,), vpp=(1,), micro_batch_size=(2,), recompute=("none",)),
+    global_batch_size=16,
+)
 """4 pipeline stages, no TP / interleaving / recompute, micro-batch 2, global batch 16."""
 RANKS = 4
 """CPU processes (pipeline stages)."""
@@ -49,8 +59,19 @@ def _dataset(workdir: str) -> str:
 def _train(args: list[str], iters: int, report: str) -> MemoryReport:
     from capture_megatron.train.launch import run_torchrun
 
-    rc = run_torchrun(RANKS, [*args, "--train-iters", str(iters), "--log-interval", "5", "--no-progress",
-                              "--memory-report", report])
+    rc = run_torchrun(
+        RANKS,
+        [
+            *args,
+            "--train-iters",
+            str(iters),
+            "--log-interval",
+            "5",
+            "--no-progress",
+            "--memory-report",
+            report,
+        ],
+    )
     if rc != 0:
         raise CaptureError(f"demo training failed (torchrun exit code {rc})")
     return MemoryReport.read(report)
@@ -60,18 +81,27 @@ def _compare(result: PlanResult, balanced: MemoryReport, uniform: MemoryReport) 
     uniform_split = result.baseline("uniform").partition
     assert uniform_split is not None  # 12 layers split evenly over 4 stages
     uni_pred = [int(x) for x in uniform_split.rank_peaks]
-    print(f"\npeak memory per pipeline rank (MiB)      balanced {result.best.plan.layout:<18} uniform "
-          f"{uniform.plan.layout}")
-    print(f"  {'rank':>4} {'predicted':>10} {'measured':>10} {'error':>7}   {'predicted':>10} {'measured':>10} "
-          f"{'error':>7}")
+    print(
+        f"\npeak memory per pipeline rank (MiB)      balanced {result.best.plan.layout:<18} "
+        f"uniform {uniform.plan.layout}"
+    )
+    print(
+        f"  {'rank':>4} {'predicted':>10} {'measured':>10} {'error':>7}   "
+        f"{'predicted':>10} {'measured':>10} {'error':>7}"
+    )
     bal_meas, uni_meas = balanced.stage_peaks(), uniform.stage_peaks()
     for r in range(len(bal_meas)):
         bp, bm, up, um = result.best.rank_peaks[r], bal_meas[r], uni_pred[r], uni_meas[r]
-        print(f"  {r:4d} {bp / MIB:10.2f} {bm / MIB:10.2f} {100 * (bp - bm) / bm:+6.2f}%   {up / MIB:10.2f} "
-              f"{um / MIB:10.2f} {100 * (up - um) / um:+6.2f}%")
+        print(
+            f"  {r:4d} {bp / MIB:10.2f} {bm / MIB:10.2f} {100 * (bp - bm) / bm:+6.2f}%   "
+            f"{up / MIB:10.2f} {um / MIB:10.2f} {100 * (up - um) / um:+6.2f}%"
+        )
     gain = 1 - max(bal_meas) / max(uni_meas)
-    print(f"worst rank: balanced {max(bal_meas) / MIB:.2f} MiB vs uniform {max(uni_meas) / MIB:.2f} MiB "
-          f"-> {100 * gain:.1f}% lower peak with the same model, batch and data")
+    print(
+        f"worst rank: balanced {max(bal_meas) / MIB:.2f} MiB vs uniform "
+        f"{max(uni_meas) / MIB:.2f} MiB -> {100 * gain:.1f}% lower peak with the same model, "
+        "batch and data"
+    )
 
 
 def main(argv: list[str]) -> int:
@@ -79,23 +109,37 @@ def main(argv: list[str]) -> int:
     from capture_megatron.cli.render import print_plan
     from capture_megatron.profile import memory_source
 
-    p = argparse.ArgumentParser(prog="capture-megatron demo", description=(__doc__ or "").splitlines()[0])
-    p.add_argument("--workdir", default=os.path.join("runs", "demo"), help="dataset, reports and plot")
+    p = argparse.ArgumentParser(
+        prog="capture-megatron demo", description=(__doc__ or "").splitlines()[0]
+    )
+    p.add_argument(
+        "--workdir", default=os.path.join("runs", "demo"), help="dataset, reports and plot"
+    )
     p.add_argument("--iters", type=int, default=24, help="iterations of the balanced run")
     ns = p.parse_args(argv)
     os.makedirs(ns.workdir, exist_ok=True)
     start = time.perf_counter()
     data = ["--data-path", _dataset(ns.workdir)]
-    cluster = Cluster(gpus=RANKS, gpu_memory_bytes=int(psutil.virtual_memory().total / GIB * GIB), device="cpu")
+    cluster = Cluster(
+        gpus=RANKS, gpu_memory_bytes=int(psutil.virtual_memory().total / GIB * GIB), device="cpu"
+    )
     result = plan(MODEL, cluster, OPTIONS, memory_source(MODEL, "cpu", progress=False))
     print_plan(result)
     save_plan_png(result, os.path.join(ns.workdir, "plan.png"))
-    balanced = _train([*model_args(MODEL), *plan_args(result.best.plan), *data], ns.iters,
-                      os.path.join(ns.workdir, "balanced.json"))
+    balanced = _train(
+        [*model_args(MODEL), *plan_args(result.best.plan), *data],
+        ns.iters,
+        os.path.join(ns.workdir, "balanced.json"),
+    )
     uniform_args = plan_args(result.best.plan)  # without the layout: Megatron's even split
     at = uniform_args.index("--pipeline-model-parallel-layout")
-    del uniform_args[at:at + 2]
-    uniform = _train([*model_args(MODEL), *uniform_args, *data], 3, os.path.join(ns.workdir, "uniform.json"))
+    del uniform_args[at : at + 2]
+    uniform = _train(
+        [*model_args(MODEL), *uniform_args, *data], 3, os.path.join(ns.workdir, "uniform.json")
+    )
     _compare(result, balanced, uniform)
-    print(f"plan breakdown plot: {os.path.join(ns.workdir, 'plan.png')}; demo took {time.perf_counter() - start:.0f} s")
+    print(
+        f"plan breakdown plot: {os.path.join(ns.workdir, 'plan.png')}; "
+        f"demo took {time.perf_counter() - start:.0f} s"
+    )
     return 0

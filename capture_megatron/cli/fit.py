@@ -1,4 +1,5 @@
-"""`capture-megatron fit records.jsonl --out memory_model.json`: fit and report the fit's quality."""
+"""`capture-megatron fit records.jsonl --out memory_model.json`: fit and report the fit's
+quality."""
 
 from __future__ import annotations
 

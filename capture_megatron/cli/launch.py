@@ -1,4 +1,5 @@
-"""`capture-megatron launch <plan flags> --nodes K --gpus-per-node G --sbatch job.sh`: a Slurm batch script.
+"""`capture-megatron launch <plan flags> --nodes K --gpus-per-node G --sbatch job.sh`: a Slurm batch
+script.
 
 Plans for K x G GPUs (or takes --plan-json from `capture-megatron plan`), then renders the batch
 script (capture_megatron.train.slurm) that trains exactly that plan with the data, training and
@@ -10,7 +11,13 @@ from __future__ import annotations
 import argparse
 
 from capture_megatron.cli.plan import add_plan_flags, run_plan
-from capture_megatron.config import CheckpointOptions, ModelShape, OptimOptions, ParallelPlan, RunOptions
+from capture_megatron.config import (
+    CheckpointOptions,
+    ModelShape,
+    OptimOptions,
+    ParallelPlan,
+    RunOptions,
+)
 from capture_megatron.errors import CaptureError
 from capture_megatron.megatron import flags
 from capture_megatron.megatron.args import data_options
@@ -20,7 +27,9 @@ from capture_megatron.train.slurm import SlurmOptions, render
 
 def build_parser() -> flags.FlagParser:
     """Plan flags + the training run's flags + the Slurm job's."""
-    p = flags.FlagParser(prog="capture-megatron launch", description=(__doc__ or "").splitlines()[0])
+    p = flags.FlagParser(
+        prog="capture-megatron launch", description=(__doc__ or "").splitlines()[0]
+    )
     add_plan_flags(p)
     flags.add_data_flags(p)
     flags.add_training_flags(p)
@@ -29,15 +38,19 @@ def build_parser() -> flags.FlagParser:
     return p
 
 
-def _planned(ns: argparse.Namespace, opts: SlurmOptions) -> tuple[ModelShape, ParallelPlan]:
-    """The model and plan: from --plan-json, else planned for the job's GPUs."""
+def _planned(
+    ns: argparse.Namespace, opts: SlurmOptions, gpus: int
+) -> tuple[ModelShape, ParallelPlan]:
+    """The model and plan: from --plan-json, else planned for the job's `gpus`."""
     if opts.plan_json:
         planned = read_plan(opts.plan_json)
-        if planned.plan.world_size != ns.gpus:
-            raise CaptureError(f"--plan-json {opts.plan_json} is a plan for {planned.plan.world_size} GPUs; "
-                               f"the job has {ns.gpus} ({opts.nodes} nodes x {ns.gpus_per_node})")
+        if planned.plan.world_size != gpus:
+            raise CaptureError(
+                f"--plan-json {opts.plan_json} is a plan for {planned.plan.world_size} GPUs; "
+                f"the job has {gpus} ({opts.nodes} nodes x {ns.gpus_per_node})"
+            )
         return planned.shape, planned.plan
-    result = run_plan(ns)
+    result = run_plan(ns, gpus)
     return result.shape, result.best.plan
 
 
@@ -47,15 +60,27 @@ def main(argv: list[str]) -> int:
     opts = flags.from_namespace(SlurmOptions, ns)
     if ns.gpus_per_node < 1:
         raise CaptureError(f"--gpus-per-node {ns.gpus_per_node} must be at least 1")
-    ns.gpus = opts.nodes * ns.gpus_per_node if ns.gpus is None else ns.gpus
-    if ns.gpus != opts.nodes * ns.gpus_per_node:
-        raise CaptureError(f"--gpus {ns.gpus} differs from --nodes {opts.nodes} x --gpus-per-node {ns.gpus_per_node}")
-    options = (data_options(ns), flags.from_namespace(OptimOptions, ns), flags.from_namespace(RunOptions, ns),
-               flags.from_namespace(CheckpointOptions, ns))
-    shape, plan = _planned(ns, opts)
-    train_args = model_args(shape) + plan_args(plan) + [a for o in options for a in flags.to_flags(o)]
+    gpus = opts.nodes * ns.gpus_per_node
+    if ns.gpus is not None and ns.gpus != gpus:
+        raise CaptureError(
+            f"--gpus {ns.gpus} differs from --nodes {opts.nodes} x "
+            f"--gpus-per-node {ns.gpus_per_node}"
+        )
+    options = (
+        data_options(ns),
+        flags.from_namespace(OptimOptions, ns),
+        flags.from_namespace(RunOptions, ns),
+        flags.from_namespace(CheckpointOptions, ns),
+    )
+    shape, plan = _planned(ns, opts, gpus)
+    train_args = (
+        model_args(shape) + plan_args(plan) + [a for o in options for a in flags.to_flags(o)]
+    )
     with open(opts.sbatch, "w") as f:
         f.write(render(opts, ns.gpus_per_node, train_args, plan.tp))
-    print(f"wrote {opts.sbatch}: {opts.nodes} nodes x {ns.gpus_per_node} {'processes' if opts.cpu else 'GPUs'}, "
-          f"{opts.mode} mode, layout {plan.layout}; submit with: sbatch {opts.sbatch}")
+    print(
+        f"wrote {opts.sbatch}: {opts.nodes} nodes x {ns.gpus_per_node} "
+        f"{'processes' if opts.cpu else 'GPUs'}, {opts.mode} mode, layout {plan.layout}; "
+        f"submit with: sbatch {opts.sbatch}"
+    )
     return 0

@@ -1,4 +1,5 @@
-"""`capture-megatron megatron-lm --megatron-lm PATH --nproc-per-node N <your pretrain_gpt.py flags>`.
+"""`capture-megatron megatron-lm --megatron-lm PATH --nproc-per-node N <your pretrain_gpt.py
+flags>`.
 
 Plans from the model, batch and parallel flags you already pass to Megatron-LM's pretrain_gpt.py
 (sizes you give stay fixed), prints the plan, and runs your checkout's pretrain_gpt through
@@ -6,6 +7,7 @@ capture_megatron.megatron.lm_pretrain_gpt under torchrun with the balanced
 --pipeline-model-parallel-layout and per-stage recompute; every other flag is passed through
 unchanged. --dry-run prints the command.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -13,18 +15,30 @@ import os
 import shlex
 import subprocess
 
+from capture_megatron.config import GIB, Cluster
 from capture_megatron.errors import CaptureError
 from capture_megatron.plan import plan_args
 
 WRAPPER = "capture_megatron.megatron.lm_pretrain_gpt"
 """The module torchrun runs (-m): Megatron-LM's pretrain_gpt.py with per-stage recompute."""
-PLANNED = {"--tensor-model-parallel-size": True, "--pipeline-model-parallel-size": True,
-           "--pipeline-model-parallel-layout": True, "--num-layers-per-virtual-pipeline-stage": True,
-           "--num-virtual-stages-per-pipeline-rank": True, "--decoder-first-pipeline-num-layers": True,
-           "--decoder-last-pipeline-num-layers": True, "--micro-batch-size": True, "--global-batch-size": True,
-           "--recompute-granularity": True, "--recompute-method": True, "--recompute-num-layers": True,
-           "--recompute-num-layers-per-stage": True, "--recompute-activations": False,
-           "--sequence-parallel": False, "--use-distributed-optimizer": False}
+PLANNED = {
+    "--tensor-model-parallel-size": True,
+    "--pipeline-model-parallel-size": True,
+    "--pipeline-model-parallel-layout": True,
+    "--num-layers-per-virtual-pipeline-stage": True,
+    "--num-virtual-stages-per-pipeline-rank": True,
+    "--decoder-first-pipeline-num-layers": True,
+    "--decoder-last-pipeline-num-layers": True,
+    "--micro-batch-size": True,
+    "--global-batch-size": True,
+    "--recompute-granularity": True,
+    "--recompute-method": True,
+    "--recompute-num-layers": True,
+    "--recompute-num-layers-per-stage": True,
+    "--recompute-activations": False,
+    "--sequence-parallel": False,
+    "--use-distributed-optimizer": False,
+}
 """Flags the plan decides: flag -> whether it takes a value."""
 
 
@@ -43,16 +57,17 @@ def strip_planned(args: list[str]) -> list[str]:
     return out
 
 
-def megatron_args_for(user_args: list[str], gpus: int, gpu_memory_gib: float, device: str,
-                      progress: bool = True) -> list[str]:
+def megatron_args_for(
+    user_args: list[str], gpus: int, gpu_memory_gib: float, device: str, progress: bool = True
+) -> list[str]:
     """Plan from the user's flags (printing the table) and return the flags to run."""
-    from capture_megatron.cli.plan import build_parser, run_plan
+    from capture_megatron.cli.plan import build_parser, plan_and_report
 
-    plan_argv = [*user_args, "--gpus", str(gpus), "--gpu-memory-gib", str(gpu_memory_gib)]
-    plan_argv += (["--device", device] if device else []) + ([] if progress else ["--no-progress"])
-    ns, _unknown = build_parser().parse_known_args(plan_argv)
-    planned = plan_args(run_plan(ns).best.plan)
-    if "--recompute-num-layers-per-stage" in planned:  # Megatron-LM's own checks want a global count too
+    ns, _others = build_parser().parse_known_args(user_args)  # the rest passes through unchanged
+    kind = "cpu" if device == "cpu" else "cuda"
+    cluster = Cluster(gpus=gpus, gpu_memory_bytes=int(gpu_memory_gib * GIB), device=kind)
+    planned = plan_args(plan_and_report(ns, cluster, device, progress).best.plan)
+    if "--recompute-num-layers-per-stage" in planned:  # Megatron-LM's checks want a global count
         counts = planned[planned.index("--recompute-num-layers-per-stage") + 1].split(",")
         planned += ["--recompute-num-layers", str(max(int(c) for c in counts))]
     return strip_planned(user_args) + planned
@@ -60,7 +75,9 @@ def megatron_args_for(user_args: list[str], gpus: int, gpu_memory_gib: float, de
 
 def main(argv: list[str]) -> int:
     """Entry point."""
-    p = argparse.ArgumentParser(prog="capture-megatron megatron-lm", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="capture-megatron megatron-lm", description=__doc__.splitlines()[0]
+    )
     p.add_argument("--megatron-lm", required=True, help="your Megatron-LM checkout (core_v0.16.x)")
     p.add_argument("--nproc-per-node", type=int, required=True)
     p.add_argument("--nnodes", type=int, default=1)
@@ -68,22 +85,44 @@ def main(argv: list[str]) -> int:
     p.add_argument("--master-addr", default="localhost")
     p.add_argument("--master-port", type=int, default=29500)
     p.add_argument("--gpu-memory-gib", type=float, default=80.0)
-    p.add_argument("--plan-device", default="", help="memory model device (cuda, fake); default: cuda if usable")
+    p.add_argument(
+        "--plan-device",
+        default="",
+        help="memory model device (cuda, fake); default: cuda if usable",
+    )
     p.add_argument("--dry-run", action="store_true", help="print the command instead of running it")
     p.add_argument("--no-progress", action="store_true", help="no progress bar while profiling")
     ns, user = p.parse_known_args(argv)
     if not os.path.isfile(os.path.join(ns.megatron_lm, "pretrain_gpt.py")):
-        raise CaptureError(f"--megatron-lm {ns.megatron_lm} holds no pretrain_gpt.py (a Megatron-LM checkout)")
+        raise CaptureError(
+            f"--megatron-lm {ns.megatron_lm} holds no pretrain_gpt.py (a Megatron-LM checkout)"
+        )
     if ns.nproc_per_node < 1 or ns.nnodes < 1:
-        raise CaptureError(f"--nproc-per-node {ns.nproc_per_node} and --nnodes {ns.nnodes} must be >= 1")
-    args = megatron_args_for(user, ns.nproc_per_node * ns.nnodes, ns.gpu_memory_gib, ns.plan_device,
-                             not ns.no_progress)
-    cmd = ["torchrun", "--nproc-per-node", str(ns.nproc_per_node), "--nnodes", str(ns.nnodes), "--node-rank",
-           str(ns.node_rank), "--master-addr", ns.master_addr, "--master-port", str(ns.master_port), "-m", WRAPPER, *args]
+        raise CaptureError(
+            f"--nproc-per-node {ns.nproc_per_node} and --nnodes {ns.nnodes} must be >= 1"
+        )
+    args = megatron_args_for(
+        user, ns.nproc_per_node * ns.nnodes, ns.gpu_memory_gib, ns.plan_device, not ns.no_progress
+    )
+    cmd = [
+        "torchrun",
+        "--nproc-per-node",
+        str(ns.nproc_per_node),
+        "--nnodes",
+        str(ns.nnodes),
+        "--node-rank",
+        str(ns.node_rank),
+        "--master-addr",
+        ns.master_addr,
+        "--master-port",
+        str(ns.master_port),
+        "-m",
+        WRAPPER,
+        *args,
+    ]
     env = {"MEGATRON_LM": os.path.abspath(ns.megatron_lm), "CUDA_DEVICE_MAX_CONNECTIONS": "1"}
     text = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) + " " + shlex.join(cmd)
     print(text, flush=True)
     if ns.dry_run:
         return 0
     return subprocess.run(cmd, env=dict(os.environ, **env)).returncode
-

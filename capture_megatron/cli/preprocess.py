@@ -13,19 +13,41 @@ from capture_megatron.data.tokenizers import TOKENIZER_TYPES, TokenizerOptions
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The preprocess flags (Megatron-LM's tools/preprocess_data.py names)."""
     g = parser.add_argument_group("input")
-    g.add_argument("--input", required=True, help="a .jsonl file (one JSON object per line) or a .txt/.md "
-                   "file whose blank-line-separated paragraphs are documents")
-    g.add_argument("--json-keys", nargs="+", default=["text"], help="JSON keys to extract (default: text)")
+    g.add_argument(
+        "--input",
+        required=True,
+        help="a .jsonl file (one JSON object per line) or a .txt/.md "
+        "file whose blank-line-separated paragraphs are documents",
+    )
+    g.add_argument(
+        "--json-keys", nargs="+", default=["text"], help="JSON keys to extract (default: text)"
+    )
     g = parser.add_argument_group("tokenizer")
-    g.add_argument("--tokenizer-type", default="ByteTokenizer", help=", ".join(TOKENIZER_TYPES) + " (default: "
-                   "ByteTokenizer, UTF-8 bytes, no files)")
-    g.add_argument("--tokenizer-model", default="", help="tokenizer.json (HuggingFace) or .model (SentencePiece)")
+    g.add_argument(
+        "--tokenizer-type",
+        default="ByteTokenizer",
+        help=", ".join(TOKENIZER_TYPES) + " (default: ByteTokenizer, UTF-8 bytes, no files)",
+    )
+    g.add_argument(
+        "--tokenizer-model",
+        default="",
+        help="tokenizer.json (HuggingFace) or .model (SentencePiece)",
+    )
     g.add_argument("--vocab-file", default="", help="GPT-2 BPE vocab.json")
     g.add_argument("--merge-file", default="", help="GPT-2 BPE merges.txt")
-    g.add_argument("--append-eod", dest="append_eod", action="store_true", default=True,
-                   help="end every document with the tokenizer's EOD token (default: on)")
-    g.add_argument("--no-append-eod", dest="append_eod", action="store_false",
-                   help="do not append EOD (Megatron-LM's default)")
+    g.add_argument(
+        "--append-eod",
+        dest="append_eod",
+        action="store_true",
+        default=True,
+        help="end every document with the tokenizer's EOD token (default: on)",
+    )
+    g.add_argument(
+        "--no-append-eod",
+        dest="append_eod",
+        action="store_false",
+        help="do not append EOD (Megatron-LM's default)",
+    )
     g = parser.add_argument_group("output")
     g.add_argument("--output-prefix", required=True, help="writes <prefix>_<key>_document.bin/.idx")
     g.add_argument("--workers", type=int, default=1, help="tokenizer processes (default 1)")
@@ -33,21 +55,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """`capture-megatron preprocess ...`; returns 0 (CaptureError on bad input)."""
-    parser = argparse.ArgumentParser(prog="capture-megatron preprocess", description=(__doc__ or "").splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="capture-megatron preprocess", description=(__doc__ or "").splitlines()[0]
+    )
     add_arguments(parser)
     ns = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    tok = TokenizerOptions(tokenizer_type=ns.tokenizer_type, tokenizer_model=ns.tokenizer_model,
-                           vocab_file=ns.vocab_file, merge_file=ns.merge_file)
+    tok = TokenizerOptions(
+        tokenizer_type=ns.tokenizer_type,
+        tokenizer_model=ns.tokenizer_model,
+        vocab_file=ns.vocab_file,
+        merge_file=ns.merge_file,
+    )
     result = preprocess(ns.input, ns.output_prefix, tok, ns.json_keys, ns.append_eod, ns.workers)
     for prefix in result.prefixes:
         print(f"wrote {prefix}.bin/.idx")
-    print(f"{result.documents:,} documents, {result.tokens:,} tokens ({ns.tokenizer_type}, vocabulary "
-          f"{result.vocab_size:,}, {result.dtype}" + (f"; {result.skipped:,} empty documents skipped" if
-                                                       result.skipped else "") + ")")
-    flags = [f"--tokenizer-type {ns.tokenizer_type}"] + [f"--{name.replace('_', '-')} {value}" for name, value in
-                                                          (("tokenizer_model", ns.tokenizer_model),
-                                                           ("vocab_file", ns.vocab_file),
-                                                           ("merge_file", ns.merge_file)) if value]
+    print(
+        f"{result.documents:,} documents, {result.tokens:,} tokens ({ns.tokenizer_type}, "
+        f"vocabulary {result.vocab_size:,}, {result.dtype}"
+        + (f"; {result.skipped:,} empty documents skipped" if result.skipped else "")
+        + ")"
+    )
+    flags = [f"--tokenizer-type {ns.tokenizer_type}"] + [
+        f"--{name.replace('_', '-')} {value}"
+        for name, value in (
+            ("tokenizer_model", ns.tokenizer_model),
+            ("vocab_file", ns.vocab_file),
+            ("merge_file", ns.merge_file),
+        )
+        if value
+    ]
     print(f"train on it with --data-path {' '.join(result.prefixes)} {' '.join(flags)}")
     return 0
-

@@ -1,9 +1,8 @@
 """`capture-megatron profile <Megatron model flags> --device {cpu,cuda,fake} --out records.jsonl`.
 
-Probes the model's own sizes (anchors: exact predictions later) at the TP sizes and micro-batch sizes
-asked for, and by default a design of small shapes on which every regression term is identifiable,
-for each variant (recompute / sequence-parallel setting) asked for.
-"""
+Probes the model's own sizes (anchors: exact predictions later) at the TP sizes and micro-batch
+sizes asked for, and by default a design of small shapes on which every regression term is
+identifiable, for each variant (recompute / sequence-parallel setting) asked for."""
 
 from __future__ import annotations
 
@@ -30,20 +29,35 @@ def _ints(text: str, what: str) -> tuple[int, ...]:
 
 def build_parser() -> flags.FlagParser:
     """Model flags plus the profile command's own."""
-    p = flags.FlagParser(prog="capture-megatron profile", description=(__doc__ or "").splitlines()[0])
+    p = flags.FlagParser(
+        prog="capture-megatron profile", description=(__doc__ or "").splitlines()[0]
+    )
     flags.add_model_flags(p)
     flags.add_parallel_flags(p)
     g = p.add_argument_group("profiling")
     g.add_argument("--device", default="cpu", help="cpu, cuda or fake")
     g.add_argument("--out", required=True, help="records file (JSON lines)")
-    g.add_argument("--probe-tp", default="", help="TP sizes to probe (default: --tensor-model-parallel-size or 1)")
+    g.add_argument(
+        "--probe-tp",
+        default="",
+        help="TP sizes to probe (default: --tensor-model-parallel-size or 1)",
+    )
     g.add_argument("--probe-micro-batch-sizes", default="", help="default: --micro-batch-size or 1")
-    g.add_argument("--variants", choices=["model", "all"], default="model",
-                   help="model: the flags' recompute/SP setting; all: none/selective/full x SP on/off")
-    g.add_argument("--no-design", action="store_true", help="probe only the model's own sizes (fast)")
-    g.add_argument("--no-timelines", action="store_true",
-                   help="do not record allocation timelines (cpu/fake; without them `fit` regresses transient "
-                        "peaks instead of replaying them)")
+    g.add_argument(
+        "--variants",
+        choices=["model", "all"],
+        default="model",
+        help="model: the flags' recompute/SP setting; all: none/selective/full x SP on/off",
+    )
+    g.add_argument(
+        "--no-design", action="store_true", help="probe only the model's own sizes (fast)"
+    )
+    g.add_argument(
+        "--no-timelines",
+        action="store_true",
+        help="do not record allocation timelines (cpu/fake; without them `fit` regresses transient "
+        "peaks instead of replaying them)",
+    )
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
 
@@ -51,7 +65,11 @@ def build_parser() -> flags.FlagParser:
 def variants_for(ns: argparse.Namespace, shape: ModelShape) -> tuple[Variant, ...]:
     """The variants to profile."""
     if ns.variants == "all":
-        return tuple(Variant.of(shape, rc, sp) for rc in ("none", "selective", "full") for sp in (False, True))
+        return tuple(
+            Variant.of(shape, rc, sp)
+            for rc in ("none", "selective", "full")
+            for sp in (False, True)
+        )
     rc = ns.recompute_granularity or ("selective" if ns.recompute_activations else "none")
     if ns.recompute_num_layers_per_stage:
         rc = "full"
@@ -61,11 +79,21 @@ def variants_for(ns: argparse.Namespace, shape: ModelShape) -> tuple[Variant, ..
 def options_of(ns: argparse.Namespace, shape: ModelShape) -> ProfileOptions:
     """ProfileOptions from the flags."""
     tps = _ints(ns.probe_tp, "--probe-tp") if ns.probe_tp else (ns.tensor_model_parallel_size or 1,)
-    mbs = (_ints(ns.probe_micro_batch_sizes, "--probe-micro-batch-sizes") if ns.probe_micro_batch_sizes
-           else (ns.micro_batch_size or 1,))
-    return ProfileOptions(device=ns.device, transformer_impl=ns.transformer_impl, tps=tps,
-                          micro_batch_sizes=mbs, variants=variants_for(ns, shape), design=not ns.no_design,
-                          timelines=not ns.no_timelines, progress=not ns.no_progress)
+    mbs = (
+        _ints(ns.probe_micro_batch_sizes, "--probe-micro-batch-sizes")
+        if ns.probe_micro_batch_sizes
+        else (ns.micro_batch_size or 1,)
+    )
+    return ProfileOptions(
+        device=ns.device,
+        transformer_impl=ns.transformer_impl,
+        tps=tps,
+        micro_batch_sizes=mbs,
+        variants=variants_for(ns, shape),
+        design=not ns.no_design,
+        timelines=not ns.no_timelines,
+        progress=not ns.no_progress,
+    )
 
 
 def main(argv: list[str]) -> int:
@@ -78,6 +106,8 @@ def main(argv: list[str]) -> int:
     start = time.perf_counter()
     records = profile(shape, options)
     write_records(list(records), ns.out)
-    print(f"profiled {len(records)} probes on {ns.device} ({records[0].transformer_impl} spec) in "
-          f"{time.perf_counter() - start:.1f} s -> {ns.out}")
+    print(
+        f"profiled {len(records)} probes on {ns.device} ({records[0].transformer_impl} spec) in "
+        f"{time.perf_counter() - start:.1f} s -> {ns.out}"
+    )
     return 0

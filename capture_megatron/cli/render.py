@@ -24,21 +24,22 @@ def print_plan(result: PlanResult) -> None:
     unit, uname = unit_of(max(e.peak for e in result.ranked))
     shape, cluster = result.shape, result.cluster
     print(
-        f"{result.considered} plans considered for {shape.num_layers} layers x h {shape.hidden_size} on "
-        f"{cluster.gpus} GPUs of {cluster.gpu_memory_bytes / GIB:g} GiB (memory model: "
-        f"{result.origin.device})"
+        f"{result.considered} plans considered for {shape.num_layers} layers x h "
+        f"{shape.hidden_size} on {cluster.gpus} GPUs of {cluster.gpu_memory_bytes / GIB:g} GiB "
+        f"(memory model: {result.origin.device})"
     )
     print(
-        f"  {'TP':>3} {'PP':>3} {'DP':>4} {'VPP':>3} {'mbs':>3} {'recompute':>9} {'SP':>3} {'DO':>3} "
-        f"{'peak ' + uname:>9} {'need ' + uname:>9} {'fits':>4} {'step s':>8}  layout"
+        f"  {'TP':>3} {'PP':>3} {'DP':>4} {'VPP':>3} {'mbs':>3} {'recompute':>9} {'SP':>3} "
+        f"{'DO':>3} {'peak ' + uname:>9} {'need ' + uname:>9} {'fits':>4} {'step s':>8}  layout"
     )
     for e in result.ranked:
         p = e.plan
         print(
             f"  {p.tp:3d} {p.pp:3d} {p.dp:4d} {p.vpp:3d} {p.micro_batch_size:3d} "
             f"{p.recompute.granularity:>9} {'y' if p.sequence_parallel else 'n':>3} "
-            f"{'y' if p.distributed_optimizer else 'n':>3} {e.peak / unit:9.3f} {e.needed / unit:9.3f} "
-            f"{'yes' if e.fits else 'no':>4} {e.step_seconds:8.3f}  {p.layout}"
+            f"{'y' if p.distributed_optimizer else 'n':>3} {e.peak / unit:9.3f} "
+            f"{e.needed / unit:9.3f} {'yes' if e.fits else 'no':>4} {e.step_seconds:8.3f}  "
+            f"{p.layout}"
         )
     _print_stages(result, unit, uname)
     _print_baselines(result, unit, uname)
@@ -94,7 +95,10 @@ def save_plan_png(result: PlanResult, path: str) -> None:
 
 def print_checks(rows: list[RankCheck], tolerance: float) -> None:
     """The verification table."""
-    print(f"  {'rank':>4} {'predicted MiB':>14} {'measured MiB':>13} {'error':>8} {'reserved MiB':>13}")
+    print(
+        f"  {'rank':>4} {'predicted MiB':>14} {'measured MiB':>13} {'error':>8} "
+        f"{'reserved MiB':>13}"
+    )
     for c in rows:
         flag = "" if abs(c.error) <= tolerance else "  <-- off"
         print(
@@ -109,11 +113,20 @@ def save_checks_png(rows: list[RankCheck], path: str, title: str) -> None:
     unit, name = unit_of(max(c.measured_bytes for c in rows))
     xs = [c.pp_rank for c in rows]
     fig, ax = plt.subplots(figsize=(2.5 + 0.9 * len(xs), 3.8))
-    ax.bar([x - 0.2 for x in xs], [c.predicted_bytes / unit for c in rows], width=0.4, label="predicted")
-    ax.bar([x + 0.2 for x in xs], [c.measured_bytes / unit for c in rows], width=0.4, label="measured")
+    ax.bar(
+        [x - 0.2 for x in xs],
+        [c.predicted_bytes / unit for c in rows],
+        width=0.4,
+        label="predicted",
+    )
+    ax.bar(
+        [x + 0.2 for x in xs], [c.measured_bytes / unit for c in rows], width=0.4, label="measured"
+    )
     for c in rows:
         top = max(c.predicted_bytes, c.measured_bytes) / unit
-        ax.annotate(f"{100 * c.error:+.1f}%", (c.pp_rank, top), ha="center", va="bottom", fontsize=7)
+        ax.annotate(
+            f"{100 * c.error:+.1f}%", (c.pp_rank, top), ha="center", va="bottom", fontsize=7
+        )
     ax.set_xticks(xs)
     ax.set_xlabel("pipeline rank")
     ax.set_ylabel(f"peak allocated, {name}")
@@ -131,7 +144,10 @@ def print_quality(model: MemoryModel) -> None:
         f"memory model: {model.device}, {model.transformer_impl} spec, capture-megatron {v[0]}, "
         f"torch {v[1]}, megatron-core {v[2]}"
     )
-    print(f"  {'variant':22s} {'quantity':34s} {'probes':>6s} {'max resid B':>12s} {'LOO max err':>12s}")
+    print(
+        f"  {'variant':22s} {'quantity':34s} {'probes':>6s} {'max resid B':>12s} "
+        f"{'LOO max err':>12s}"
+    )
     for variant, quantity, n, resid, loo in quality_rows(model):
         print(f"  {variant:22s} {quantity:34s} {n:6d} {resid:12.0f} {100 * loo:11.3f}%")
 

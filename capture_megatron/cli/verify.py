@@ -30,41 +30,83 @@ from capture_megatron.train.report import MemoryReport
 
 def build_parser() -> flags.FlagParser:
     """The plan command's flags plus data/training flags and verify's own."""
-    p = flags.FlagParser(prog="capture-megatron verify", description=(__doc__ or "").splitlines()[0])
+    p = flags.FlagParser(
+        prog="capture-megatron verify", description=(__doc__ or "").splitlines()[0]
+    )
     add_plan_flags(p)
     flags.add_data_flags(p)
     flags.add_training_flags(p, train_iters=4)
     g = p.add_argument_group("verification")
-    g.add_argument("--nproc", type=int, required=True, help="training processes (torchrun, this node)")
-    g.add_argument("--tolerance", type=float, default=0.02, help="largest accepted |relative error|")
+    g.add_argument(
+        "--nproc", type=int, required=True, help="training processes (torchrun, this node)"
+    )
+    g.add_argument(
+        "--tolerance", type=float, default=0.02, help="largest accepted |relative error|"
+    )
     g.add_argument("--refit", action="store_true", help="store the measured peaks as calibration")
     g.add_argument("--keep", default="", help="directory to keep the memory report in")
     return p
 
 
 def training_args(ns: argparse.Namespace, result: PlanResult, report_path: str) -> list[str]:
-    """The pretrain_gpt flags of the verification run: the plan's, then the data / training flags."""
-    run = dataclasses.replace(flags.from_namespace(RunOptions, ns), progress=False, memory_report=report_path)
-    options = (data_options(ns), flags.from_namespace(OptimOptions, ns), run,
-               flags.from_namespace(BuildOptions, ns))
-    return model_args(result.shape) + plan_args(result.best.plan) + [a for o in options for a in flags.to_flags(o)]
+    """The pretrain_gpt flags of the verification run: the plan's, then the data / training
+    flags."""
+    run = dataclasses.replace(
+        flags.from_namespace(RunOptions, ns), progress=False, memory_report=report_path
+    )
+    options = (
+        data_options(ns),
+        flags.from_namespace(OptimOptions, ns),
+        run,
+        flags.from_namespace(BuildOptions, ns),
+    )
+    return (
+        model_args(result.shape)
+        + plan_args(result.best.plan)
+        + [a for o in options for a in flags.to_flags(o)]
+    )
 
 
-def _report(ns: argparse.Namespace, result: PlanResult, rows: list[RankCheck], report: MemoryReport) -> float:
+def _report(
+    ns: argparse.Namespace, result: PlanResult, rows: list[RankCheck], report: MemoryReport
+) -> float:
     """Print, write --json / --png, and (--refit) store calibration; returns the largest |error|."""
-    print(f"verify: predicted vs measured peak per pipeline rank ({report.device}, "
-          f"{report.transformer_impl} spec)")
+    print(
+        f"verify: predicted vs measured peak per pipeline rank ({report.device}, "
+        f"{report.transformer_impl} spec)"
+    )
     print_checks(rows, ns.tolerance)
     worst = max(abs(c.error) for c in rows)
     if ns.json:
         with open(ns.json, "w") as f:
-            json.dump({"plan": result.to_plain()["plan"], "ranks": [dict(c.__dict__, error=c.error) for c in rows],
-                       "max_abs_error": worst, "tolerance": ns.tolerance, "device": report.device}, f, indent=1)
+            json.dump(
+                {
+                    "plan": result.to_plain()["plan"],
+                    "ranks": [dict(c.__dict__, error=c.error) for c in rows],
+                    "max_abs_error": worst,
+                    "tolerance": ns.tolerance,
+                    "device": report.device,
+                },
+                f,
+                indent=1,
+            )
     if ns.png:
-        save_checks_png(rows, ns.png, f"layout {result.best.plan.layout}: max |error| {100 * worst:.2f}%")
+        save_checks_png(
+            rows, ns.png, f"layout {result.best.plan.layout}: max |error| {100 * worst:.2f}%"
+        )
     if ns.refit:
-        calibration = [Calibration(report.device, report.transformer_impl, c.pp_rank, c.predicted_bytes,
-                                   c.measured_bytes, report.plan.layout, result.shape.hidden_size) for c in rows]
+        calibration = [
+            Calibration(
+                report.device,
+                report.transformer_impl,
+                c.pp_rank,
+                c.predicted_bytes,
+                c.measured_bytes,
+                report.plan.layout,
+                result.shape.hidden_size,
+            )
+            for c in rows
+        ]
         factor = record_calibration(calibration)
         print(f"calibration: {len(rows)} rows added; factor now {factor:.4f}")
     return worst
@@ -73,16 +115,19 @@ def _report(ns: argparse.Namespace, result: PlanResult, rows: list[RankCheck], r
 def main(argv: list[str]) -> int:
     """Entry point: 0 when every rank is within tolerance, 1 otherwise."""
     ns = flags.parse_flags(build_parser(), argv)
-    ns.gpus = ns.nproc if ns.gpus is None else ns.gpus
-    if ns.nproc != ns.gpus:
-        raise CaptureError(f"--nproc {ns.nproc} must equal --gpus {ns.gpus} (verify trains the plan it makes)")
+    if ns.gpus is not None and ns.nproc != ns.gpus:
+        raise CaptureError(
+            f"--nproc {ns.nproc} must equal --gpus {ns.gpus} (verify trains the plan it makes)"
+        )
     data_options(ns)  # bad data flags fail before planning
-    result = run_plan(ns)
+    result = run_plan(ns, gpus=ns.nproc)
     workdir = ns.keep or tempfile.mkdtemp(prefix="capture-verify-")
     report_path = os.path.join(workdir, "memory_report.json")
     rc = run_torchrun(ns.nproc, training_args(ns, result, report_path))
     if rc != 0:
-        raise CaptureError(f"the training run failed (torchrun exit code {rc}); its output is above")
+        raise CaptureError(
+            f"the training run failed (torchrun exit code {rc}); its output is above"
+        )
     report = MemoryReport.read(report_path)
     worst = _report(ns, result, compare(result.best.rank_peaks, report), report)
     print(f"max |error| {100 * worst:.2f}% (tolerance {100 * ns.tolerance:.1f}%)")

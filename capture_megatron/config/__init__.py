@@ -1,5 +1,5 @@
-"""The objects that pass between stages, pure Python (no torch): what a model is (ModelShape), how it
-is split (ParallelPlan, Recompute), where it runs (Cluster), what the user fixed (ParallelFlags),
+"""The objects that pass between stages, pure Python (no torch): what a model is (ModelShape), how
+it is split (ParallelPlan, Recompute), where it runs (Cluster), what the user fixed (ParallelFlags),
 how it trains (TrainConfig and its options), and Megatron's pipeline-split rules (layout).
 
 Every field that a Megatron flag sets declares that flag (capture_megatron.config.fields).

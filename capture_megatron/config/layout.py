@@ -7,6 +7,7 @@ transformer (decoder) layer, ``L`` loss (final norm + output layer), ``|`` betwe
 stage i sits on pipeline rank i % pp. E must open the first stage and L close the last.
 Pure Python; no torch.
 """
+
 from __future__ import annotations
 
 import re
@@ -46,9 +47,13 @@ def parse_layout(layout: str, pp: int, num_layers: int | None = None) -> tuple[i
         problems.append("L (loss/output layer) must appear once, at the end of the last stage")
     counts = tuple(s.count("t") for s in stages)
     if num_layers is not None and sum(counts) != num_layers:
-        problems.append(f"it places {sum(counts)} transformer layers but --num-layers is {num_layers}")
+        problems.append(
+            f"it places {sum(counts)} transformer layers but --num-layers is {num_layers}"
+        )
     if problems:
-        raise CaptureError(f"--pipeline-model-parallel-layout {layout!r}: " + "; ".join(problems) + ".")
+        raise CaptureError(
+            f"--pipeline-model-parallel-layout {layout!r}: " + "; ".join(problems) + "."
+        )
     return counts
 
 
@@ -60,7 +65,9 @@ def format_layout(layers_per_stage: tuple[int, ...]) -> str:
     return "|".join(stages)
 
 
-def first_last_split(num_layers: int, pp: int, vpp: int, first: int | None, last: int | None) -> tuple[int, ...]:
+def first_last_split(
+    num_layers: int, pp: int, vpp: int, first: int | None, last: int | None
+) -> tuple[int, ...]:
     """Megatron's split for --decoder-first/last-pipeline-num-layers: the middle stages are even.
 
     With VPP, the first (last) pipeline stage's layers are divided evenly over its virtual stages,
@@ -75,8 +82,10 @@ def first_last_split(num_layers: int, pp: int, vpp: int, first: int | None, last
     elif middle_stages == 0 and rest:
         problems.append(f"{rest} layers left over with no middle stage")
     elif middle_stages and rest % (middle_stages * vpp):
-        problems.append(f"the remaining {rest} layers do not split evenly over {middle_stages} middle stages"
-                        + (f" x {vpp} virtual stages" if vpp > 1 else ""))
+        problems.append(
+            f"the remaining {rest} layers do not split evenly over {middle_stages} middle stages"
+            + (f" x {vpp} virtual stages" if vpp > 1 else "")
+        )
     for n in ends:
         if n % vpp:
             problems.append(f"{n} first/last-stage layers not divisible by {vpp} virtual stages")

@@ -78,7 +78,13 @@ class ModelShape(JsonMixin):
 
     def _problems(self) -> list[str]:
         p: list[str] = []
-        for name in ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "vocab_size"):
+        for name in (
+            "num_layers",
+            "hidden_size",
+            "num_attention_heads",
+            "seq_length",
+            "vocab_size",
+        ):
             if getattr(self, name) <= 0:
                 p.append(f"{name} {getattr(self, name)} must be positive")
         heads, hidden = self.num_attention_heads, self.hidden_size
@@ -130,7 +136,8 @@ class ModelShape(JsonMixin):
         return self.max_position_embeddings or self.seq_length
 
     def padded_vocab(self, tp: int) -> int:
-        """Vocabulary padded as Megatron does: to a multiple of make_vocab_size_divisible_by * tp."""
+        """Vocabulary padded as Megatron does: to a multiple of make_vocab_size_divisible_by *
+        tp."""
         multiple = self.make_vocab_size_divisible_by * tp
         return int(math.ceil(self.vocab_size / multiple) * multiple)
 

@@ -29,7 +29,8 @@ class Recompute(JsonMixin):
     granularity: str = "none"
     """none, selective (attention core only) or full (whole layers)."""
     method: str = "block"
-    """For full: block (the first n layers of each model chunk) or uniform (all layers, n at a time)."""
+    """For full: block (the first n layers of each model chunk) or uniform (all layers, n at a
+    time)."""
     num_layers: tuple[int, ...] = ()
     """For full: n per pipeline stage (one entry per pp rank, applied to each of its chunks)."""
 
@@ -88,12 +89,20 @@ class ParallelPlan(JsonMixin):
             if getattr(self, name) < 1:
                 p.append(f"{name} {getattr(self, name)} must be >= 1")
         if len(self.layers_per_stage) != self.pp * self.vpp:
-            p.append(f"{len(self.layers_per_stage)} stage entries for pp {self.pp} x vpp {self.vpp}")
+            p.append(
+                f"{len(self.layers_per_stage)} stage entries for pp {self.pp} x vpp {self.vpp}"
+            )
         if any(n < 0 for n in self.layers_per_stage):
             p.append(f"negative layer count in {list(self.layers_per_stage)}")
-        if self.micro_batch_size >= 1 and self.dp >= 1 and self.global_batch_size % (self.micro_batch_size * self.dp):
-            p.append(f"global batch {self.global_batch_size} not divisible by micro-batch "
-                     f"{self.micro_batch_size} x DP {self.dp}")
+        if (
+            self.micro_batch_size >= 1
+            and self.dp >= 1
+            and self.global_batch_size % (self.micro_batch_size * self.dp)
+        ):
+            p.append(
+                f"global batch {self.global_batch_size} not divisible by micro-batch "
+                f"{self.micro_batch_size} x DP {self.dp}"
+            )
         if self.sequence_parallel and self.tp == 1:
             p.append("sequence parallel needs TP > 1")
         if self.recompute.granularity == "full" and len(self.recompute.num_layers) != self.pp:
@@ -127,7 +136,8 @@ class ParallelPlan(JsonMixin):
 
     @property
     def layout(self) -> str:
-        """Megatron's --pipeline-model-parallel-layout for this partition (E, t, L; '|' between stages)."""
+        """Megatron's --pipeline-model-parallel-layout for this partition (E, t, L; '|' between
+        stages)."""
         return format_layout(self.layers_per_stage)
 
     def replace(self, **changes: Any) -> ParallelPlan:
@@ -177,13 +187,20 @@ def check_plan_fits_model(shape: ModelShape, plan: ParallelPlan) -> None:
     if shape.ffn % plan.tp:
         p.append(f"ffn hidden {shape.ffn} not divisible by TP {plan.tp}")
     if plan.num_layers != shape.num_layers:
-        p.append(f"layout {plan.layout!r} places {plan.num_layers} layers but --num-layers is {shape.num_layers}")
+        p.append(
+            f"layout {plan.layout!r} places {plan.num_layers} layers but --num-layers is "
+            f"{shape.num_layers}"
+        )
     if plan.sequence_parallel and shape.seq_length % plan.tp:
-        p.append(f"seq length {shape.seq_length} not divisible by TP {plan.tp} for sequence parallel")
+        p.append(
+            f"seq length {shape.seq_length} not divisible by TP {plan.tp} for sequence parallel"
+        )
     for r in range(plan.pp):
         for n in plan.chunks_of(r) if plan.recompute.granularity == "full" else ():
             if plan.recompute.method == "uniform" and n % max(plan.recompute.layers_on(r), 1):
-                p.append(f"uniform recompute of {plan.recompute.layers_on(r)} does not divide {n} layers")
+                p.append(
+                    f"uniform recompute of {plan.recompute.layers_on(r)} does not divide {n} layers"
+                )
     require(p, "plan for this model")
 
 

@@ -1,10 +1,10 @@
 """Model shapes by name (--preset). Pure Python.
 
-GPT-3 sizes follow Brown et al. 2020, Table 2.1 (seq 2048, GPT-2 vocabulary 50257, learned positions,
-GeLU MLP 4h, LayerNorm, tied embeddings); Llama-2 (Touvron et al. 2023) and Llama-3 (Meta 2024)
-use RMSNorm, SwiGLU, RoPE, no biases, untied output layer, and GQA where the model has it.
-All presets train in bf16 (--bf16); flags given on the command line override preset values.
-"""
+GPT-3 sizes follow Brown et al. 2020, Table 2.1 (seq 2048, GPT-2 vocabulary 50257, learned
+positions, GeLU MLP 4h, LayerNorm, tied embeddings); Llama-2 (Touvron et al. 2023) and Llama-3 (Meta
+2024) use RMSNorm, SwiGLU, RoPE, no biases, untied output layer, and GQA where the model has it. All
+presets train in bf16 (--bf16); flags given on the command line override preset values."""
+
 from __future__ import annotations
 
 from capture_megatron.config.model import ModelShape
@@ -12,16 +12,36 @@ from capture_megatron.errors import CaptureError
 
 
 def _gpt3(layers: int, hidden: int, heads: int) -> ModelShape:
-    return ModelShape(num_layers=layers, hidden_size=hidden, num_attention_heads=heads, seq_length=2048,
-                      vocab_size=50257, dtype="bf16")
+    return ModelShape(
+        num_layers=layers,
+        hidden_size=hidden,
+        num_attention_heads=heads,
+        seq_length=2048,
+        vocab_size=50257,
+        dtype="bf16",
+    )
 
 
-def _llama(layers: int, hidden: int, heads: int, groups: int, ffn: int, vocab: int, seq: int) -> ModelShape:
-    return ModelShape(num_layers=layers, hidden_size=hidden, num_attention_heads=heads, seq_length=seq,
-                      vocab_size=vocab, ffn_hidden_size=ffn, num_query_groups=groups if groups != heads else 0,
-                      swiglu=True, normalization="RMSNorm", untie_embeddings_and_output_weights=True,
-                      position_embedding_type="rope", add_bias_linear=False, hidden_dropout=0.0,
-                      attention_dropout=0.0, dtype="bf16")
+def _llama(
+    layers: int, hidden: int, heads: int, groups: int, ffn: int, vocab: int, seq: int
+) -> ModelShape:
+    return ModelShape(
+        num_layers=layers,
+        hidden_size=hidden,
+        num_attention_heads=heads,
+        seq_length=seq,
+        vocab_size=vocab,
+        ffn_hidden_size=ffn,
+        num_query_groups=groups if groups != heads else 0,
+        swiglu=True,
+        normalization="RMSNorm",
+        untie_embeddings_and_output_weights=True,
+        position_embedding_type="rope",
+        add_bias_linear=False,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        dtype="bf16",
+    )
 
 
 PRESETS: dict[str, ModelShape] = {

@@ -21,47 +21,71 @@ from capture_megatron.errors import CaptureError
 
 def recompute(flags: ParallelFlags, pp: int) -> Recompute:
     """Recompute setting from --recompute-* flags (per-stage counts via our per-stage flag)."""
-    granularity = flags.recompute_granularity or ("selective" if flags.recompute_activations else "none")
+    granularity = flags.recompute_granularity or (
+        "selective" if flags.recompute_activations else "none"
+    )
     per_stage = flags.recompute_num_layers_per_stage
     if per_stage:
         try:
             counts = tuple(int(x) for x in per_stage.split(","))
         except ValueError:
-            raise CaptureError(f"--recompute-num-layers-per-stage {per_stage!r}: expected integers like 2,1,0,0")
+            raise CaptureError(
+                f"--recompute-num-layers-per-stage {per_stage!r}: expected integers like 2,1,0,0"
+            ) from None
         if len(counts) != pp:
-            raise CaptureError(f"--recompute-num-layers-per-stage {per_stage!r} has {len(counts)} entries "
-                               f"for pipeline size {pp}")
+            raise CaptureError(
+                f"--recompute-num-layers-per-stage {per_stage!r} has {len(counts)} entries "
+                f"for pipeline size {pp}"
+            )
         if granularity not in ("none", "full") or (flags.recompute_method or "block") != "block":
-            raise CaptureError("--recompute-num-layers-per-stage needs --recompute-granularity full "
-                               "--recompute-method block")
+            raise CaptureError(
+                "--recompute-num-layers-per-stage needs --recompute-granularity full "
+                "--recompute-method block"
+            )
         return Recompute("full", "block", counts)
     if granularity == "full":
         if flags.recompute_method is None or flags.recompute_num_layers is None:
-            raise CaptureError("--recompute-granularity full needs --recompute-method and --recompute-num-layers")
+            raise CaptureError(
+                "--recompute-granularity full needs --recompute-method and --recompute-num-layers"
+            )
         return Recompute("full", flags.recompute_method, (flags.recompute_num_layers,) * pp)
     if flags.recompute_num_layers is not None:
-        raise CaptureError(f"--recompute-num-layers {flags.recompute_num_layers} needs --recompute-granularity full")
+        raise CaptureError(
+            f"--recompute-num-layers {flags.recompute_num_layers} needs "
+            "--recompute-granularity full"
+        )
     return Recompute(granularity)
 
 
 def _split(flags: ParallelFlags, num_layers: int, pp: int) -> tuple[tuple[int, ...], int]:
     """(layers per virtual stage, vpp) from the layout / first-last / VPP flags."""
     if flags.pipeline_model_parallel_layout:
-        clash = [f for f in ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
-                             "num_layers_per_virtual_pipeline_stage", "num_virtual_stages_per_pipeline_rank")
-                 if getattr(flags, f) is not None]
+        clash = [
+            f
+            for f in (
+                "decoder_first_pipeline_num_layers",
+                "decoder_last_pipeline_num_layers",
+                "num_layers_per_virtual_pipeline_stage",
+                "num_virtual_stages_per_pipeline_rank",
+            )
+            if getattr(flags, f) is not None
+        ]
         if clash:
-            raise CaptureError("--pipeline-model-parallel-layout cannot be combined with "
-                               + ", ".join("--" + f.replace("_", "-") for f in clash))
+            raise CaptureError(
+                "--pipeline-model-parallel-layout cannot be combined with "
+                + ", ".join("--" + f.replace("_", "-") for f in clash)
+            )
         counts = parse_layout(flags.pipeline_model_parallel_layout, pp, num_layers)
         return counts, len(counts) // pp
     vpp = _vpp(flags, num_layers, pp)
     first, last = flags.decoder_first_pipeline_num_layers, flags.decoder_last_pipeline_num_layers
     if first is None and last is None:
         if num_layers % (pp * vpp):
-            raise CaptureError(f"--num-layers {num_layers} does not split evenly over {pp} pipeline stages"
-                               + (f" x {vpp} virtual stages" if vpp > 1 else "")
-                               + "; give --pipeline-model-parallel-layout (e.g. from `capture-megatron plan`)")
+            raise CaptureError(
+                f"--num-layers {num_layers} does not split evenly over {pp} pipeline stages"
+                + (f" x {vpp} virtual stages" if vpp > 1 else "")
+                + "; give --pipeline-model-parallel-layout (e.g. from `capture-megatron plan`)"
+            )
         return (num_layers // (pp * vpp),) * (pp * vpp), vpp
     return first_last_split(num_layers, pp, vpp, first, last), vpp
 
@@ -73,8 +97,10 @@ def _vpp(flags: ParallelFlags, num_layers: int, pp: int) -> int:
     if per is None:
         return 1
     if per < 1 or num_layers % (pp * per):
-        raise CaptureError(f"--num-layers {num_layers} is not a multiple of pipeline size {pp} x "
-                           f"--num-layers-per-virtual-pipeline-stage {per}")
+        raise CaptureError(
+            f"--num-layers {num_layers} is not a multiple of pipeline size {pp} x "
+            f"--num-layers-per-virtual-pipeline-stage {per}"
+        )
     return num_layers // (pp * per)
 
 
@@ -87,23 +113,39 @@ def parallel_plan(flags: ParallelFlags, shape: ModelShape, world_size: int) -> P
         raise CaptureError(f"--context-parallel-size {cp}: capture-megatron supports only 1")
     problems = []
     if tp >= 1 and (shape.num_attention_heads % tp or shape.groups % tp):
-        problems.append(f"heads {shape.num_attention_heads} (query groups {shape.groups}) not divisible by TP {tp}")
+        problems.append(
+            f"heads {shape.num_attention_heads} (query groups {shape.groups}) not divisible by "
+            f"TP {tp}"
+        )
     if tp < 1 or pp < 1 or world_size % (tp * pp * cp):
-        problems.append(f"world size {world_size} is not divisible by TP {tp} x PP {pp}"
-                        + (f" x CP {cp}" if cp > 1 else "")
-                        + f"; use a multiple of {max(tp, 1) * max(pp, 1) * cp} processes")
+        problems.append(
+            f"world size {world_size} is not divisible by TP {tp} x PP {pp}"
+            + (f" x CP {cp}" if cp > 1 else "")
+            + f"; use a multiple of {max(tp, 1) * max(pp, 1) * cp} processes"
+        )
     if problems:
         raise CaptureError("; ".join(problems))
     dp = world_size // (tp * pp * cp)
     mbs = flags.micro_batch_size or 1
     gbs = flags.global_batch_size or mbs * dp
     if gbs % (mbs * dp):
-        raise CaptureError(f"--global-batch-size {gbs} is not divisible by --micro-batch-size {mbs} x DP {dp}; "
-                           f"use a multiple of {mbs * dp}")
+        raise CaptureError(
+            f"--global-batch-size {gbs} is not divisible by --micro-batch-size {mbs} x DP {dp}; "
+            f"use a multiple of {mbs * dp}"
+        )
     counts, vpp = _split(flags, shape.num_layers, pp)
-    plan = ParallelPlan(tp=tp, pp=pp, dp=dp, cp=cp, vpp=vpp, micro_batch_size=mbs, global_batch_size=gbs,
-                        layers_per_stage=counts, recompute=recompute(flags, pp),
-                        sequence_parallel=bool(flags.sequence_parallel),
-                        distributed_optimizer=bool(flags.use_distributed_optimizer))
+    plan = ParallelPlan(
+        tp=tp,
+        pp=pp,
+        dp=dp,
+        cp=cp,
+        vpp=vpp,
+        micro_batch_size=mbs,
+        global_batch_size=gbs,
+        layers_per_stage=counts,
+        recompute=recompute(flags, pp),
+        sequence_parallel=bool(flags.sequence_parallel),
+        distributed_optimizer=bool(flags.use_distributed_optimizer),
+    )
     check_plan_fits_model(shape, plan)
     return plan

@@ -3,6 +3,7 @@ flag (capture_megatron.config.fields), and TrainConfig: everything one training 
 
 Pure Python: no torch import here.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -90,16 +91,22 @@ class DataOptions(JsonMixin):
     """Where GPTDataset writes its index caches (--data-cache-path); default beside the data."""
     mock_vocab_size: int = 0
     """With --mock-data: token ids are drawn below this (set it to --vocab-size, as Megatron-LM's
-    NullTokenizer does); 0: the tokenizer's vocabulary (ByteTokenizer: 257). Ignored for real data."""
+    NullTokenizer does); 0: the tokenizer's vocabulary (ByteTokenizer: 257). Ignored for real
+    data."""
 
     def __post_init__(self) -> None:
         p = []
         if self.mock_vocab_size < 0 or self.mock_vocab_size == 1:
-            p.append(f"mock vocabulary {self.mock_vocab_size} must be 0 (the tokenizer's) or at least 2")
+            p.append(
+                f"mock vocabulary {self.mock_vocab_size} must be 0 (the tokenizer's) or at least 2"
+            )
         if self.mock_data and self.data_path:
             p.append("give either --mock-data or --data-path, not both")
         if not self.mock_data and not self.data_path:
-            p.append("no data: give --data-path PREFIX (see `capture-megatron preprocess`) or --mock-data")
+            p.append(
+                "no data: give --data-path PREFIX (see `capture-megatron preprocess`) "
+                "or --mock-data"
+            )
         require(p, "data settings")
 
 
@@ -125,8 +132,12 @@ class CheckpointOptions(JsonMixin):
     """Checkpoint format (megatron.core.dist_checkpointing's torch_dist)."""
 
     def __post_init__(self) -> None:
-        require([f"--save-interval {self.save_interval} must be >= 0"] if self.save_interval < 0 else [],
-                "checkpoint settings")
+        require(
+            [f"--save-interval {self.save_interval} must be >= 0"]
+            if self.save_interval < 0
+            else [],
+            "checkpoint settings",
+        )
 
 
 @dataclass(frozen=True)

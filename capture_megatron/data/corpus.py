@@ -2,11 +2,11 @@
 
 `stdlib_corpus(out_path, max_bytes)` writes JSON lines `{"text": ...}`, one document per module,
 class, method or function docstring, walking `sys.stdlib_module_names` in sorted order (packages'
-submodules one level down after their package); about 1.4 MB in all on CPython 3.11. Modules that fail
-to import, print anything while importing, or have side effects (opening a browser, a window) are
-skipped. For one Python installation the file is the same for the same `max_bytes`: documents are
-appended whole until the next one would pass `max_bytes`.
-"""
+submodules one level down after their package); about 1.4 MB in all on CPython 3.11. Modules that
+fail to import, print anything while importing, or have side effects (opening a browser, a window)
+are skipped. For one Python installation the file is the same for the same `max_bytes`: documents
+are appended whole until the next one would pass `max_bytes`."""
+
 from __future__ import annotations
 
 import contextlib
@@ -19,11 +19,37 @@ import pkgutil
 import sys
 import warnings
 
-SKIP_MODULES = frozenset({
-    "antigravity", "this", "idlelib", "turtledemo", "turtle", "tkinter", "pydoc_data", "lib2to3",
-    "ensurepip", "venv", "msilib", "winreg", "winsound", "msvcrt", "_winapi", "nturl2path", "readline",
-    "curses", "webbrowser", "tty", "pty", "crypt", "nis", "spwd", "ossaudiodev", "xxsubtype", "xxlimited",
-})
+SKIP_MODULES = frozenset(
+    {
+        "antigravity",
+        "this",
+        "idlelib",
+        "turtledemo",
+        "turtle",
+        "tkinter",
+        "pydoc_data",
+        "lib2to3",
+        "ensurepip",
+        "venv",
+        "msilib",
+        "winreg",
+        "winsound",
+        "msvcrt",
+        "_winapi",
+        "nturl2path",
+        "readline",
+        "curses",
+        "webbrowser",
+        "tty",
+        "pty",
+        "crypt",
+        "nis",
+        "spwd",
+        "ossaudiodev",
+        "xxsubtype",
+        "xxlimited",
+    }
+)
 """Modules never imported: side effects on import, platform-specific, or not text-bearing."""
 
 MIN_DOC_CHARS = 40
@@ -34,7 +60,11 @@ def _import_quietly(name: str):
     """The module `name`, or None when importing it fails or writes to stdout/stderr."""
     out, err = io.StringIO(), io.StringIO()
     try:
-        with warnings.catch_warnings(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        with (
+            warnings.catch_warnings(),
+            contextlib.redirect_stdout(out),
+            contextlib.redirect_stderr(err),
+        ):
             warnings.simplefilter("ignore")
             module = importlib.import_module(name)
     except BaseException:  # noqa: BLE001 - SystemExit and friends from odd modules are skipped too

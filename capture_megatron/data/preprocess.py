@@ -10,6 +10,7 @@ plain text whose blank-line-separated paragraphs are the documents; documents th
 nothing are skipped. Files are written under temporary names and renamed at the end, so an error
 never leaves half a dataset behind.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,7 +23,8 @@ from capture_megatron.data.tokenizers import TokenizerOptions
 from capture_megatron.errors import CaptureError
 
 TEXT_SUFFIXES = (".txt", ".text", ".md")
-"""Inputs with these suffixes are plain text (paragraphs = documents); anything else is JSON lines."""
+"""Inputs with these suffixes are plain text (paragraphs = documents); anything else is JSON
+lines."""
 
 PROGRESS_MIN_BYTES = 1 << 20
 """Inputs at least this large show a tqdm progress bar."""
@@ -59,26 +61,34 @@ def _json_documents(path: str, keys: list[str]):
             try:
                 obj = json.loads(raw)
             except (ValueError, UnicodeDecodeError) as err:
-                raise CaptureError(f"{path} line {number} is not valid JSON ({err}); each line must be one "
-                                   'JSON object such as {"text": "..."}') from None
+                raise CaptureError(
+                    f"{path} line {number} is not valid JSON ({err}); each line must be one "
+                    'JSON object such as {"text": "..."}'
+                ) from None
             if not isinstance(obj, dict):
-                raise CaptureError(f"{path} line {number} is a JSON {type(obj).__name__}, not an object; each "
-                                   'line must be one JSON object such as {"text": "..."}')
+                raise CaptureError(
+                    f"{path} line {number} is a JSON {type(obj).__name__}, not an object; each "
+                    'line must be one JSON object such as {"text": "..."}'
+                )
             yield tuple(_field(obj, key, path, number) for key in keys), len(raw)
 
 
 def _field(obj: dict, key: str, path: str, number: int) -> tuple[str, ...]:
     """The sentences under `key`: a string is one, a list of strings is several."""
     if key not in obj:
-        raise CaptureError(f"{path} line {number} has no key {key!r} (it has {sorted(obj)}); pass --json-keys "
-                           "with the key that holds the text")
+        raise CaptureError(
+            f"{path} line {number} has no key {key!r} (it has {sorted(obj)}); pass --json-keys "
+            "with the key that holds the text"
+        )
     value = obj[key]
     if isinstance(value, str):
         return (value,)
     if isinstance(value, list) and all(isinstance(v, str) for v in value):
         return tuple(value)
-    raise CaptureError(f"{path} line {number}: {key!r} holds a {type(value).__name__}, not a string or a list "
-                       "of strings")
+    raise CaptureError(
+        f"{path} line {number}: {key!r} holds a {type(value).__name__}, not a string or a list "
+        "of strings"
+    )
 
 
 def _text_documents(path: str):
@@ -90,8 +100,9 @@ def _text_documents(path: str):
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as err:
-                raise CaptureError(f"{path} line {number} is not UTF-8 ({err.reason}); convert the file to "
-                                   "UTF-8") from None
+                raise CaptureError(
+                    f"{path} line {number} is not UTF-8 ({err.reason}); convert the file to UTF-8"
+                ) from None
             if line.strip():
                 lines.append(line.rstrip("\r\n"))
                 continue
@@ -163,16 +174,26 @@ def _check_input(path: str, keys: list[str]) -> bool:
         raise CaptureError(f"--input {path!r} is empty; give a file with at least one document")
     is_text = path.lower().endswith(TEXT_SUFFIXES)
     if is_text and keys != ["text"]:
-        raise CaptureError(f"--json-keys {' '.join(keys)} does not apply to the plain-text input {path!r}; "
-                           "leave --json-keys out or give a .jsonl file")
+        raise CaptureError(
+            f"--json-keys {' '.join(keys)} does not apply to the plain-text input {path!r}; "
+            "leave --json-keys out or give a .jsonl file"
+        )
     if len(set(keys)) != len(keys) or not keys:
         raise CaptureError(f"--json-keys {' '.join(keys)}: give each key once")
     return is_text
 
 
-def preprocess(input_path: str, output_prefix: str, tokenizer: TokenizerOptions, json_keys=("text",),
-               append_eod: bool = True, workers: int = 1, progress: bool = True) -> PreprocessResult:
-    """Tokenize `input_path` into `<output_prefix>_<key>_document.bin/.idx` (see the module docstring)."""
+def preprocess(
+    input_path: str,
+    output_prefix: str,
+    tokenizer: TokenizerOptions,
+    json_keys=("text",),
+    append_eod: bool = True,
+    workers: int = 1,
+    progress: bool = True,
+) -> PreprocessResult:
+    """Tokenize `input_path` into `<output_prefix>_<key>_document.bin/.idx` (see the module
+    docstring)."""
     keys = list(json_keys)
     is_text = _check_input(input_path, keys)
     if workers < 1:
@@ -187,10 +208,19 @@ def preprocess(input_path: str, output_prefix: str, tokenizer: TokenizerOptions,
     builders = [ids_mod.IndexedDatasetBuilder(t + ".bin", dtype=dtype) for t in tmp]
     docs = _text_documents(input_path) if is_text else _json_documents(input_path, keys)
     try:
-        counts = _run(docs, builders, tokenizer, append_eod, workers,
-                      progress and os.path.getsize(input_path) >= PROGRESS_MIN_BYTES, os.path.getsize(input_path))
+        counts = _run(
+            docs,
+            builders,
+            tokenizer,
+            append_eod,
+            workers,
+            progress and os.path.getsize(input_path) >= PROGRESS_MIN_BYTES,
+            os.path.getsize(input_path),
+        )
         if counts[0] == 0:
-            raise CaptureError(f"--input {input_path!r} holds no document with any token; give a file with text")
+            raise CaptureError(
+                f"--input {input_path!r} holds no document with any token; give a file with text"
+            )
         for builder, t, p in zip(builders, tmp, prefixes):
             builder.finalize(t + ".idx")
             os.replace(t + ".bin", p + ".bin")
@@ -201,12 +231,25 @@ def preprocess(input_path: str, output_prefix: str, tokenizer: TokenizerOptions,
             for suffix in (".bin", ".idx"):
                 if os.path.exists(t + suffix):
                     os.remove(t + suffix)
-    return PreprocessResult(prefixes=prefixes, documents=counts[0], tokens=counts[1], skipped=counts[2],
-                            vocab_size=tok.vocab_size, dtype=dtype.__name__)
+    return PreprocessResult(
+        prefixes=prefixes,
+        documents=counts[0],
+        tokens=counts[1],
+        skipped=counts[2],
+        vocab_size=tok.vocab_size,
+        dtype=dtype.__name__,
+    )
 
 
-def _run(docs, builders, tokenizer: TokenizerOptions, append_eod: bool, workers: int, bar: bool,
-         total_bytes: int) -> tuple[int, int, int]:
+def _run(
+    docs,
+    builders,
+    tokenizer: TokenizerOptions,
+    append_eod: bool,
+    workers: int,
+    bar: bool,
+    total_bytes: int,
+) -> tuple[int, int, int]:
     """Tokenize and write all documents; returns (documents, tokens, skipped)."""
     from functools import partial
 
@@ -216,12 +259,18 @@ def _run(docs, builders, tokenizer: TokenizerOptions, append_eod: bool, workers:
     encode = partial(_encode, append_eod=append_eod)
     pool = None
     if workers > 1:
-        ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
+        ctx = multiprocessing.get_context(
+            "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+        )
         pool = ctx.Pool(workers, initializer=_init_worker, initargs=(tokenizer,))
     try:
-        with tqdm(total=total_bytes, unit="B", unit_scale=True, desc="preprocess", disable=not bar) as pbar:
+        with tqdm(
+            total=total_bytes, unit="B", unit_scale=True, desc="preprocess", disable=not bar
+        ) as pbar:
             for batch, nbytes in _batches(docs, BATCH_DOCS * workers):
-                encoded = pool.map(encode, batch, chunksize=16) if pool else [encode(d) for d in batch]
+                encoded = (
+                    pool.map(encode, batch, chunksize=16) if pool else [encode(d) for d in batch]
+                )
                 for doc in encoded:
                     if not any(ids for ids, _ in doc):
                         skipped += 1

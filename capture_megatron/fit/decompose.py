@@ -5,18 +5,20 @@ one transformer layer saves per micro-batch, R what the first fully recomputed l
 what each further one keeps (its input), kept = R + (n - 1) * R2 (0 when n = 0), a chunk of kind K
 with k >= 1 layers of which the first n are recomputed
 - holds per micro-batch  saved1_K + (k - 1 - n) * S + kept          (plus the received input)
-- peaks in forward at     fwd1_K + kept + (k - n - 1) * S + (R2 - R)  (0 < n < k; n = 0: fwd1_K + (k-1) S)
+- peaks in forward at     fwd1_K + kept + (k - n - 1) * S + (R2 - R)  (0 < n < k; n = 0: fwd1_K +
+  (k-1) S)
                           fwdrc_K + (k - 1) * R2                      (n = k)
 - peaks in backward at    bwd1_K                                      (n = 0)
                           max(bwd1_K, bwdmix_K - (k - n - 1) * S)     (0 < n < k)
                           bwdrc_K                                     (n = k)
-and a chunk without layers (k = 0: the embedding or the head alone) has its own *0 values.
-For every probed shape these constants are kept exactly (anchors: a prediction at a probed shape
-is exact); across shapes each constant is regressed on the terms of capture_megatron.fit.terms, or, when
-the records carry allocation timelines, replayed event by event (capture_megatron.fit.timelines.windows): this
-follows which temporaries coexist at a peak, and which tensors exist at all, as the shape changes,
-which one regression cannot. Pure Python + numpy.
+and a chunk without layers (k = 0: the embedding or the head alone) has its own *0 values. For every
+probed shape these constants are kept exactly (anchors: a prediction at a probed shape is exact);
+across shapes each constant is regressed on the terms of capture_megatron.fit.terms, or, when the
+records carry allocation timelines, replayed event by event
+(capture_megatron.fit.timelines.windows): this follows which temporaries coexist at a peak, and
+which tensors exist at all, as the shape changes, which one regression cannot. Pure Python + numpy.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -32,9 +34,9 @@ from capture_megatron.fit.model import (
     ShapeConstants,
     VariantModel,
 )
-from capture_megatron.fit.regression import regress
+from capture_megatron.fit.regression import Regression, regress
 from capture_megatron.fit.terms import Sizes
-from capture_megatron.fit.timelines.windows import fit_windows
+from capture_megatron.fit.timelines.windows import ProbeKey, fit_windows
 from capture_megatron.records import ProbeShape, ProfileRecord
 
 
@@ -45,26 +47,48 @@ def sizes_of(rec: ProfileRecord) -> Sizes:
 
 def shape_sizes(s: ProbeShape) -> Sizes:
     """Term sizes of a ProbeShape."""
-    return Sizes(b=s.micro_batch_size, s=s.seq_length, h=s.hidden_size, a=s.num_attention_heads,
-                 g=s.num_query_groups, d=s.kv_channels, f=s.ffn_hidden_size, V=s.padded_vocab, t=s.tp)
+    return Sizes(
+        b=s.micro_batch_size,
+        s=s.seq_length,
+        h=s.hidden_size,
+        a=s.num_attention_heads,
+        g=s.num_query_groups,
+        d=s.kv_channels,
+        f=s.ffn_hidden_size,
+        V=s.padded_vocab,
+        t=s.tp,
+    )
 
 
-def _need(probes: dict, key: tuple, z: Sizes) -> ProfileRecord:
+def _need(probes: dict[ProbeKey, ProfileRecord], key: ProbeKey, z: Sizes) -> ProfileRecord:
     if key not in probes:
-        raise CaptureError(f"records lack the probe (kind, layers, recomputed) = {key} at {z}; "
-                           "profile again with `capture-megatron profile`")
+        raise CaptureError(
+            f"records lack the probe (kind, layers, recomputed) = {key} at {z}; "
+            "profile again with `capture-megatron profile`"
+        )
     return probes[key]
 
 
-def _kind_constants(kind: str, probes: dict, z: Sizes, full: bool) -> KindConstants:
+def _kind_constants(
+    kind: str, probes: dict[ProbeKey, ProfileRecord], z: Sizes, full: bool
+) -> KindConstants:
     one = _need(probes, (kind, 1, 0), z)
-    values = dict(input_bytes=one.input_bytes, saved1=one.saved_bytes, fwd1=one.forward_peak,
-                  bwd1=one.backward_peak, step1=one.step_peak)
-    numels = ()
+    values = dict(
+        input_bytes=one.input_bytes,
+        saved1=one.saved_bytes,
+        fwd1=one.forward_peak,
+        bwd1=one.backward_peak,
+        step1=one.step_peak,
+    )
+    numels: tuple[int, ...] = ()
     if kind in END_KINDS:
         zero = _need(probes, (kind, 0, 0), z)
-        values.update(saved0=zero.saved_bytes, fwd0=zero.forward_peak, bwd0=zero.backward_peak,
-                      step0=zero.step_peak)
+        values.update(
+            saved0=zero.saved_bytes,
+            fwd0=zero.forward_peak,
+            bwd0=zero.backward_peak,
+            step0=zero.step_peak,
+        )
         numels = zero.param_numels
     if full:
         rc, mix = _need(probes, (kind, 1, 1), z), _need(probes, (kind, 2, 1), z)
@@ -72,17 +96,26 @@ def _kind_constants(kind: str, probes: dict, z: Sizes, full: bool) -> KindConsta
     return KindConstants(kind=kind, end_numels=numels, **values)
 
 
-def shape_constants(probes: dict, full: bool) -> ShapeConstants:
+def shape_constants(probes: dict[ProbeKey, ProfileRecord], full: bool) -> ShapeConstants:
     """Decompose the probes of one shape ({(kind, layers, recomputed): record})."""
     z = sizes_of(next(iter(probes.values())))
     one, two = _need(probes, ("middle", 1, 0), z), _need(probes, ("middle", 2, 0), z)
     rc = _need(probes, ("middle", 2, 1), z).saved_bytes - one.saved_bytes if full else None
-    rc2 = (_need(probes, ("middle", 2, 2), z).saved_bytes - _need(probes, ("middle", 1, 1), z).saved_bytes
-           if full else None)
-    return ShapeConstants(sizes=z, layer_saved=two.saved_bytes - one.saved_bytes, layer_saved_rc=rc,
-                          layer_numels=one.param_numels,
-                          chunks=tuple(_kind_constants(k, probes, z, full) for k in KINDS),
-                          buffers=sum(b.nbytes for b in one.buffers), layer_saved_rc_next=rc2)
+    rc2 = (
+        _need(probes, ("middle", 2, 2), z).saved_bytes
+        - _need(probes, ("middle", 1, 1), z).saved_bytes
+        if full
+        else None
+    )
+    return ShapeConstants(
+        sizes=z,
+        layer_saved=two.saved_bytes - one.saved_bytes,
+        layer_saved_rc=rc,
+        layer_numels=one.param_numels,
+        chunks=tuple(_kind_constants(k, probes, z, full) for k in KINDS),
+        buffers=sum(b.nbytes for b in one.buffers),
+        layer_saved_rc_next=rc2,
+    )
 
 
 def _chunk_model(kind: str, anchors: list[ShapeConstants]) -> ChunkModel:
@@ -99,16 +132,30 @@ def _chunk_model(kind: str, anchors: list[ShapeConstants]) -> ChunkModel:
     return ChunkModel(kind=kind, fields=tuple(fields), end_numels=ends)
 
 
-def _ranges(anchors: list[ShapeConstants]) -> tuple:
-    return tuple((name, min(getattr(a.sizes, name) for a in anchors), max(getattr(a.sizes, name) for a in anchors))
-                 for name in ("b", "s", "h", "a", "g", "d", "f", "V", "t"))
+def _ranges(anchors: list[ShapeConstants]) -> tuple[tuple[str, int, int], ...]:
+    return tuple(
+        (
+            name,
+            min(getattr(a.sizes, name) for a in anchors),
+            max(getattr(a.sizes, name) for a in anchors),
+        )
+        for name in ("b", "s", "h", "a", "g", "d", "f", "V", "t")
+    )
+
+
+def _regress_all(zs: list[Sizes], values: list[float | None]) -> Regression:
+    """An activation regression of values every probed shape has (full recompute's R and R2)."""
+    known = [v for v in values if v is not None]
+    if len(known) < len(values):
+        raise CaptureError("records lack full-recompute probes at some shapes; profile again")
+    return regress("activation", zs, known)
 
 
 def fit_variant(records: list[ProfileRecord]) -> VariantModel:
     """Fit one variant's records (all of the same Variant)."""
     variant = records[0].variant
     full = variant.recompute == "full"
-    table = defaultdict(dict)
+    table: defaultdict[ProbeShape, dict[ProbeKey, ProfileRecord]] = defaultdict(dict)
     for r in records:
         if r.dp == 1 and not r.distributed_optimizer:
             table[r.shape][(r.kind, r.layers, r.recompute_layers)] = r
@@ -116,14 +163,21 @@ def fit_variant(records: list[ProfileRecord]) -> VariantModel:
     zs = [a.sizes for a in anchors]
     numels = [a.layer_numels for a in anchors]
     return VariantModel(
-        variant=variant, anchors=tuple(anchors),
+        variant=variant,
+        anchors=tuple(anchors),
         layer_saved=regress("activation", zs, [a.layer_saved for a in anchors]),
-        layer_saved_rc=regress("activation", zs, [a.layer_saved_rc for a in anchors]) if full else None,
-        layer_numels=tuple(regress("parameter", zs, [n[i] for n in numels]) for i in range(len(numels[0]))),
+        layer_saved_rc=_regress_all(zs, [a.layer_saved_rc for a in anchors]) if full else None,
+        layer_numels=tuple(
+            regress("parameter", zs, [n[i] for n in numels]) for i in range(len(numels[0]))
+        ),
         chunks=tuple(_chunk_model(k, anchors) for k in KINDS),
-        buffers=regress("activation", zs, [a.buffers for a in anchors]), ranges=_ranges(anchors),
-        layer_saved_rc_next=regress("activation", zs, [a.layer_saved_rc_next for a in anchors]) if full else None,
-        windows=fit_windows(zs, list(table.values())))
+        buffers=regress("activation", zs, [a.buffers for a in anchors]),
+        ranges=_ranges(anchors),
+        layer_saved_rc_next=_regress_all(zs, [a.layer_saved_rc_next for a in anchors])
+        if full
+        else None,
+        windows=fit_windows(zs, list(table.values())),
+    )
 
 
 def fit(records: list[ProfileRecord]) -> MemoryModel:
@@ -132,10 +186,16 @@ def fit(records: list[ProfileRecord]) -> MemoryModel:
         raise CaptureError("no records to fit")
     origins = {(r.device, r.transformer_impl, r.versions) for r in records}
     if len(origins) > 1:
-        raise CaptureError(f"records mix devices/implementations/versions {sorted(origins)}; fit each separately")
+        raise CaptureError(
+            f"records mix devices/implementations/versions {sorted(origins)}; fit each separately"
+        )
     by_variant = defaultdict(list)
     for r in records:
         by_variant[r.variant].append(r)
     device, impl, versions = origins.pop()
-    return MemoryModel(device=device, transformer_impl=impl, versions=versions,
-                       variants=tuple(fit_variant(rs) for rs in by_variant.values()))
+    return MemoryModel(
+        device=device,
+        transformer_impl=impl,
+        versions=versions,
+        variants=tuple(fit_variant(rs) for rs in by_variant.values()),
+    )

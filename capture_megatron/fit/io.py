@@ -1,4 +1,5 @@
-"""Reading and writing a fitted MemoryModel as JSON (`capture-megatron fit --out`, `--memory-model`)."""
+"""Reading and writing a fitted MemoryModel as JSON (`capture-megatron fit --out`,
+`--memory-model`)."""
 
 from __future__ import annotations
 

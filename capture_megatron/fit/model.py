@@ -1,15 +1,18 @@
 """The fitted memory model: per variant, exact constants at the probed shapes (anchors) and their
-regressions or replayed timelines across shapes (see capture_megatron.fit.decompose). Pure Python."""
+regressions or replayed timelines across shapes (see capture_megatron.fit.decompose). Pure
+Python."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
+from capture_megatron.errors import CaptureError
 from capture_megatron.fit.regression import Regression
 from capture_megatron.fit.terms import Sizes
-from capture_megatron.fit.timelines.windows import ProbeWindow, replayed
+from capture_megatron.fit.timelines.windows import FIELDS, KEPT, LAYER_FIELDS, ProbeWindow, lookup
 from capture_megatron.records import ProbeShape, Variant
 from capture_megatron.serial import JsonMixin
 
@@ -52,6 +55,15 @@ class KindConstants(JsonMixin):
     end_numels: tuple[int, ...] = ()
     """Element counts of the end parameters (embedding, or final norm + output layer)."""
 
+    def need(self, name: str) -> float:
+        """A constant that only some probes give (saved0, fwdrc, ...); CaptureError when absent."""
+        value = getattr(self, name)
+        if value is None:
+            raise CaptureError(
+                f"the memory model has no {name} for {self.kind} chunks; profile that variant"
+            )
+        return float(value)
+
 
 @dataclass(frozen=True)
 class ShapeConstants(JsonMixin):
@@ -92,8 +104,30 @@ class ChunkModel(JsonMixin):
     def at(self, z: Sizes) -> KindConstants:
         """The constants this model predicts at `z`."""
         values = {name: reg.predict(z) for name, reg in self.fields}
-        return KindConstants(kind=self.kind, end_numels=tuple(round(r.predict(z)) for r in self.end_numels),
-                             **values)
+        return KindConstants(
+            kind=self.kind, end_numels=tuple(round(r.predict(z)) for r in self.end_numels), **values
+        )
+
+
+def _replayed(sc: ShapeConstants, windows: tuple[ProbeWindow, ...]) -> ShapeConstants:
+    """ShapeConstants `sc` (regressed) with every constant the windows model replaced by its
+    replay."""
+    value = lookup(windows, sc.sizes)
+    chunks = []
+    for c in sc.chunks:
+        found = {
+            name: value(c.kind, *where)
+            for name, where in FIELDS.items()
+            if getattr(c, name) is not None
+        }
+        known: dict[str, Any] = {k: v for k, v in found.items() if v is not None}
+        chunks.append(dataclasses.replace(c, **known))
+    layer: dict[str, Any] = {}
+    for name, (plus, minus) in LAYER_FIELDS.items():
+        a, b = value("middle", *plus, KEPT), value("middle", *minus, KEPT)
+        if getattr(sc, name) is not None and a is not None and b is not None:
+            layer[name] = a - b
+    return dataclasses.replace(sc, chunks=tuple(chunks), **layer)
 
 
 @dataclass(frozen=True)
@@ -123,17 +157,23 @@ class VariantModel(JsonMixin):
     present they give the saved bytes and peaks instead of the regressions."""
 
     def constants(self, z: Sizes) -> ShapeConstants:
-        """Exact constants when `z` was probed, else the replayed timelines' / regressions' prediction."""
+        """Exact constants when `z` was probed, else the replayed timelines' / regressions'
+        prediction."""
         for anchor in self.anchors:
             if anchor.sizes == z:
                 return anchor
         rc = self.layer_saved_rc.predict(z) if self.layer_saved_rc is not None else None
         rc2 = self.layer_saved_rc_next.predict(z) if self.layer_saved_rc_next is not None else None
-        regressed = ShapeConstants(sizes=z, layer_saved=self.layer_saved.predict(z), layer_saved_rc=rc,
-                                   layer_numels=tuple(round(r.predict(z)) for r in self.layer_numels),
-                                   chunks=tuple(c.at(z) for c in self.chunks), buffers=self.buffers.predict(z),
-                                   layer_saved_rc_next=rc2)
-        return replayed(regressed, self.windows) if self.windows else regressed
+        regressed = ShapeConstants(
+            sizes=z,
+            layer_saved=self.layer_saved.predict(z),
+            layer_saved_rc=rc,
+            layer_numels=tuple(round(r.predict(z)) for r in self.layer_numels),
+            chunks=tuple(c.at(z) for c in self.chunks),
+            buffers=self.buffers.predict(z),
+            layer_saved_rc_next=rc2,
+        )
+        return _replayed(regressed, self.windows) if self.windows else regressed
 
 
 @dataclass(frozen=True)

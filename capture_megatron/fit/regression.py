@@ -1,10 +1,10 @@
 """Least-squares regression of one memory quantity on named terms, with leave-one-out error.
 
 Terms that the probes cannot tell apart (collinear columns) are dropped by QR with column pivoting,
-so every kept coefficient is identified. Coefficients are then snapped to multiples of 1/64 when that
-does not worsen the fit: byte counts are integer combinations of the terms, and snapping turns
-4.0000001 into 4 so predictions of unseen shapes stay exact. Pure numpy/scipy.
-"""
+so every kept coefficient is identified. Coefficients are then snapped to multiples of 1/64 when
+that does not worsen the fit: byte counts are integer combinations of the terms, and snapping turns
+4.0000001 into 4 so predictions of unseen shapes stay exact. Pure numpy/scipy."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.linalg
 
-from capture_megatron.serial import JsonMixin
 from capture_megatron.fit.terms import TERM_SETS, Sizes
+from capture_megatron.serial import JsonMixin
 
 SNAP = 64.0
 
@@ -92,5 +92,11 @@ def regress(term_set: str, sizes: list[Sizes], values: list[float]) -> Regressio
     x = x_all[:, keep]
     coef = _solve(x, y)
     resid = float(np.abs(x @ coef - y).max(initial=0.0))
-    return Regression(term_set, tuple(names[i] for i in keep), tuple(float(c) for c in coef), resid,
-                      _loo(x, y), len(values))
+    return Regression(
+        term_set,
+        tuple(names[i] for i in keep),
+        tuple(float(c) for c in coef),
+        resid,
+        _loo(x, y),
+        len(values),
+    )

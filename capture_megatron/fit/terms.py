@@ -5,6 +5,7 @@ V padded vocabulary, t tensor-parallel size. Activations scale with b*s*(width)/
 tensors every TP rank holds whole, e.g. norms without SP) and b*a*s^2/t (attention scores);
 parameters with h^2/t, h*f/t, V*h/t, h.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -47,11 +48,13 @@ ACTIVATION_TERMS = {
     "s*d": lambda z: z.s * z.d,
     "s*s": lambda z: z.s * z.s,
 }
-# With one sequence per micro-batch and one query group per TP rank, torch's reshape of the fused QKV
-# output into the query is a view instead of a copy under GQA, so the saved query keeps the whole fused
-# [s, b, (a + 2g) d / t] storage alive: 2 g d / t more elements per token (measured; MEMORY_MODEL.md).
-ACTIVATION_TERMS["[b=1,g=t<a]*b*s*g*d/t"] = (
-    lambda z: z.b * z.s * z.g * z.d / z.t if z.b == 1 and z.g == z.t and z.g < z.a else 0.0)
+# With one sequence per micro-batch and one query group per TP rank, torch's reshape of the fused
+# QKV output into the query is a view instead of a copy under GQA, so the saved query keeps the
+# whole fused [s, b, (a + 2g) d / t] storage alive: 2 g d / t more elements per token (measured;
+# MEMORY_MODEL.md).
+ACTIVATION_TERMS["[b=1,g=t<a]*b*s*g*d/t"] = lambda z: (
+    z.b * z.s * z.g * z.d / z.t if z.b == 1 and z.g == z.t and z.g < z.a else 0.0
+)
 """Terms for bytes that scale with the micro-batch (saved activations, transients)."""
 
 PARAMETER_TERMS = {
@@ -78,12 +81,19 @@ STEP_TERMS = {
     "h*h": lambda z: z.h * z.h,
     "s*h": lambda z: z.s * z.h,
 }
-"""Terms for the optimizer step's temporaries (per-tensor Adam on CPU scales with the largest tensors)."""
+"""Terms for the optimizer step's temporaries (per-tensor Adam on CPU scales with the largest
+tensors)."""
 
 TERM_SETS = {"activation": ACTIVATION_TERMS, "parameter": PARAMETER_TERMS, "step": STEP_TERMS}
 
-TRANSIENT_TERMS = {**ACTIVATION_TERMS, **{k: v for k, v in PARAMETER_TERMS.items() if k not in ACTIVATION_TERMS},
-                   "s": lambda z: z.s, "b*s*s": lambda z: z.b * z.s * z.s,
-                   "b*s/t": lambda z: z.b * z.s / z.t, "s/t": lambda z: z.s / z.t}
-"""Terms for one temporary tensor (capture_megatron.fit.timelines.events): activations, parameter-sized weight
-gradients before they are added into the gradient buffer, and per-token statistics (norms)."""
+TRANSIENT_TERMS = {
+    **ACTIVATION_TERMS,
+    **{k: v for k, v in PARAMETER_TERMS.items() if k not in ACTIVATION_TERMS},
+    "s": lambda z: z.s,
+    "b*s*s": lambda z: z.b * z.s * z.s,
+    "b*s/t": lambda z: z.b * z.s / z.t,
+    "s/t": lambda z: z.s / z.t,
+}
+"""Terms for one temporary tensor (capture_megatron.fit.timelines.events): activations,
+parameter-sized weight gradients before they are added into the gradient buffer, and per-token
+statistics (norms)."""

@@ -36,7 +36,9 @@ def shape_overrides(ns: argparse.Namespace) -> dict[str, Any]:
     included; --num-query-groups counts only with --group-query-attention."""
     values = given(ModelShape, ns)
     if "num_query_groups" in values and not ns.group_query_attention:
-        raise CaptureError(f"--num-query-groups {values['num_query_groups']} needs --group-query-attention")
+        raise CaptureError(
+            f"--num-query-groups {values['num_query_groups']} needs --group-query-attention"
+        )
     dtype = precision(ns)
     if dtype is not None:
         values["dtype"] = dtype
@@ -44,7 +46,8 @@ def shape_overrides(ns: argparse.Namespace) -> dict[str, Any]:
 
 
 def model_shape(ns: argparse.Namespace, vocab_size: int | None = None) -> ModelShape:
-    """ModelShape from model flags; `vocab_size` (the tokenizer's) fills in a missing --vocab-size."""
+    """ModelShape from model flags; `vocab_size` (the tokenizer's) fills in a missing
+    --vocab-size."""
     values = shape_overrides(ns)
     missing = [f for f in REQUIRED if f not in values]
     if "vocab_size" not in values and vocab_size is None:
@@ -52,7 +55,9 @@ def model_shape(ns: argparse.Namespace, vocab_size: int | None = None) -> ModelS
     require([f"--{f.replace('_', '-')} is required" for f in missing], "model flags")
     given_vocab = values.get("vocab_size")
     if vocab_size is not None and given_vocab is not None and given_vocab < vocab_size:
-        raise CaptureError(f"--vocab-size {given_vocab} is smaller than the tokenizer's {vocab_size}")
+        raise CaptureError(
+            f"--vocab-size {given_vocab} is smaller than the tokenizer's {vocab_size}"
+        )
     values.setdefault("vocab_size", vocab_size)
     return ModelShape(**values)
 

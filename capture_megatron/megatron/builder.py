@@ -5,6 +5,7 @@ number of layers ('block' method); the pipeline layout (``--pipeline-model-paral
 uneven stages and virtual stages. The local spec is used on CPU; the Transformer Engine spec when TE
 is importable on CUDA (unless told otherwise).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -13,8 +14,8 @@ import torch
 import torch.nn.functional as F
 
 from capture_megatron.config import ModelShape, ParallelPlan
-from capture_megatron.megatron import cpu_compat
 from capture_megatron.config.training import BuildOptions
+from capture_megatron.megatron import cpu_compat
 from capture_megatron.megatron.norms import LocalNorm
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -37,42 +38,67 @@ def resolve_impl(requested: str) -> str:
         return "transformer_engine" if te_available() else "local"
     if requested == "transformer_engine" and not te_available():
         from capture_megatron.errors import CaptureError
-        raise CaptureError("--transformer-impl transformer_engine: Transformer Engine is not importable "
-                           "or CUDA is absent; use --transformer-impl local")
+
+        raise CaptureError(
+            "--transformer-impl transformer_engine: Transformer Engine is not importable "
+            "or CUDA is absent; use --transformer-impl local"
+        )
     return requested
 
 
-def transformer_config(shape: ModelShape, plan: ParallelPlan, pp_rank: int,
-                       opts: BuildOptions = BuildOptions()):
+def transformer_config(
+    shape: ModelShape, plan: ParallelPlan, pp_rank: int, opts: BuildOptions = BuildOptions()
+):
     """Megatron TransformerConfig of one pipeline rank (recompute differs per rank)."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     dtype = TORCH_DTYPES[shape.dtype]
     n_recompute = plan.recompute.layers_on(pp_rank)
     full = plan.recompute.granularity == "full" and n_recompute > 0
-    granularity = "full" if full else ("selective" if plan.recompute.granularity == "selective" else None)
+    granularity = (
+        "full" if full else ("selective" if plan.recompute.granularity == "selective" else None)
+    )
     on_cpu = cpu_compat.active_device() is not None
     return TransformerConfig(
-        num_layers=shape.num_layers, hidden_size=shape.hidden_size,
-        num_attention_heads=shape.num_attention_heads, num_query_groups=shape.groups,
-        ffn_hidden_size=shape.ffn, kv_channels=shape.head_dim,
-        tensor_model_parallel_size=plan.tp, pipeline_model_parallel_size=plan.pp,
+        num_layers=shape.num_layers,
+        hidden_size=shape.hidden_size,
+        num_attention_heads=shape.num_attention_heads,
+        num_query_groups=shape.groups,
+        ffn_hidden_size=shape.ffn,
+        kv_channels=shape.head_dim,
+        tensor_model_parallel_size=plan.tp,
+        pipeline_model_parallel_size=plan.pp,
         virtual_pipeline_model_parallel_size=plan.vpp if plan.vpp > 1 else None,
-        context_parallel_size=plan.cp, sequence_parallel=plan.sequence_parallel,
+        context_parallel_size=plan.cp,
+        sequence_parallel=plan.sequence_parallel,
         pipeline_model_parallel_layout=plan.layout if plan.pp > 1 else None,
-        params_dtype=dtype, pipeline_dtype=dtype, bf16=shape.dtype == "bf16", fp16=shape.dtype == "fp16",
-        gated_linear_unit=shape.swiglu, activation_func=F.silu if shape.swiglu else F.gelu,
-        normalization=shape.normalization, layernorm_epsilon=opts.layernorm_epsilon,
-        add_bias_linear=shape.add_bias_linear, hidden_dropout=shape.hidden_dropout,
-        attention_dropout=shape.attention_dropout, init_method_std=opts.init_method_std,
+        params_dtype=dtype,
+        pipeline_dtype=dtype,
+        bf16=shape.dtype == "bf16",
+        fp16=shape.dtype == "fp16",
+        gated_linear_unit=shape.swiglu,
+        activation_func=F.silu if shape.swiglu else F.gelu,
+        normalization=shape.normalization,
+        layernorm_epsilon=opts.layernorm_epsilon,
+        add_bias_linear=shape.add_bias_linear,
+        hidden_dropout=shape.hidden_dropout,
+        attention_dropout=shape.attention_dropout,
+        init_method_std=opts.init_method_std,
         # perform_initialization must stay True: Megatron's linear layers only mark their weights
         # tensor-parallel (partition_dim, for grad norms and SP) in that path; init_weights then
         # overwrites the values with the partition-independent ones.
-        perform_initialization=True, use_cpu_initialization=False,
-        gradient_accumulation_fusion=False, masked_softmax_fusion=not on_cpu and shape.dtype != "fp32",
-        bias_activation_fusion=False, bias_dropout_fusion=False, apply_rope_fusion=False,
-        persist_layer_norm=False, batch_p2p_comm=False, deallocate_pipeline_outputs=True,
-        recompute_granularity=granularity, recompute_method=plan.recompute.method if full else None,
+        perform_initialization=True,
+        use_cpu_initialization=False,
+        gradient_accumulation_fusion=False,
+        masked_softmax_fusion=not on_cpu and shape.dtype != "fp32",
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        apply_rope_fusion=False,
+        persist_layer_norm=False,
+        batch_p2p_comm=False,
+        deallocate_pipeline_outputs=True,
+        recompute_granularity=granularity,
+        recompute_method=plan.recompute.method if full else None,
         recompute_num_layers=n_recompute if full else None,
     )
 
@@ -87,8 +113,12 @@ def layer_spec(shape: ModelShape, impl: str):
     if impl == "transformer_engine":
         return specs.get_gpt_layer_with_transformer_engine_spec(normalization=shape.normalization)
     spec = specs.get_gpt_layer_local_spec(normalization=shape.normalization)
-    return dataclasses.replace(spec, submodules=dataclasses.replace(
-        spec.submodules, input_layernorm=LocalNorm, pre_mlp_layernorm=LocalNorm))
+    return dataclasses.replace(
+        spec,
+        submodules=dataclasses.replace(
+            spec.submodules, input_layernorm=LocalNorm, pre_mlp_layernorm=LocalNorm
+        ),
+    )
 
 
 def block_spec(spec, impl: str, num_layers: int):
@@ -97,28 +127,49 @@ def block_spec(spec, impl: str, num_layers: int):
 
     if impl == "transformer_engine":
         from megatron.core.extensions.transformer_engine import TENorm
+
         return TransformerBlockSubmodules(layer_specs=[spec] * num_layers, layer_norm=TENorm)
     return TransformerBlockSubmodules(layer_specs=[spec] * num_layers, layer_norm=LocalNorm)
 
 
-def build_gpt(shape: ModelShape, plan: ParallelPlan, config, impl: str, num_layers: int,
-              pre_process: bool, post_process: bool, vp_stage: int | None,
-              opts: BuildOptions = BuildOptions()):
-    """One GPTModel chunk holding `num_layers` transformer layers (and the ends it is told to hold)."""
+def build_gpt(
+    shape: ModelShape,
+    plan: ParallelPlan,
+    config,
+    impl: str,
+    num_layers: int,
+    pre_process: bool,
+    post_process: bool,
+    vp_stage: int | None,
+    opts: BuildOptions = BuildOptions(),
+):
+    """One GPTModel chunk holding `num_layers` transformer layers (and the ends it is told to
+    hold)."""
     from megatron.core.models.gpt import GPTModel
 
     return GPTModel(
-        config=config, transformer_layer_spec=block_spec(layer_spec(shape, impl), impl, num_layers),
-        vocab_size=shape.padded_vocab(plan.tp), max_sequence_length=shape.max_positions,
-        pre_process=pre_process, post_process=post_process,
+        config=config,
+        transformer_layer_spec=block_spec(layer_spec(shape, impl), impl, num_layers),
+        vocab_size=shape.padded_vocab(plan.tp),
+        max_sequence_length=shape.max_positions,
+        pre_process=pre_process,
+        post_process=post_process,
         share_embeddings_and_output_weights=not shape.untie_embeddings_and_output_weights,
-        position_embedding_type=shape.position_embedding_type, rotary_base=opts.rotary_base,
-        vp_stage=vp_stage)
+        position_embedding_type=shape.position_embedding_type,
+        rotary_base=opts.rotary_base,
+        vp_stage=vp_stage,
+    )
 
 
-def build_chunks(shape: ModelShape, plan: ParallelPlan, opts: BuildOptions = BuildOptions(),
-                 impl: str | None = None, seed: int = 1234) -> list:
-    """This rank's model chunks (one per virtual stage), unwrapped GPTModels with initialised weights.
+def build_chunks(
+    shape: ModelShape,
+    plan: ParallelPlan,
+    opts: BuildOptions = BuildOptions(),
+    impl: str | None = None,
+    seed: int = 1234,
+) -> list:
+    """This rank's model chunks (one per virtual stage), unwrapped GPTModels with initialised
+    weights.
 
     Needs torch.distributed and megatron's parallel_state initialised for `plan`.
     """
@@ -132,10 +183,17 @@ def build_chunks(shape: ModelShape, plan: ParallelPlan, opts: BuildOptions = Bui
     chunks = []
     for vp in range(plan.vpp):
         vp_stage = vp if plan.vpp > 1 else None
-        model = build_gpt(shape, plan, config, impl, plan.chunks_of(pp_rank)[vp],
-                          pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
-                          post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
-                          vp_stage=vp_stage, opts=opts)
+        model = build_gpt(
+            shape,
+            plan,
+            config,
+            impl,
+            plan.chunks_of(pp_rank)[vp],
+            pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
+            post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
+            vp_stage=vp_stage,
+            opts=opts,
+        )
         init_weights(model, shape, opts, seed)
         chunks.append(model)
     return chunks

@@ -1,7 +1,7 @@
 """Two megatron-core 0.16.1 defects in the DistributedOptimizer's 'fully_reshardable' checkpoints.
 
-Both are installed by ``apply()`` before a checkpoint is saved or loaded; nothing in site-packages is
-edited, and each replacement is megatron's own logic minus the defect.
+Both are installed by ``apply()`` before a checkpoint is saved or loaded; nothing in site-packages
+is edited, and each replacement is megatron's own logic minus the defect.
 
 1. Bucket padding (any machine). ``get_parameter_state_dp_zero`` concatenates the DP-gathered
    buckets *without* the padding between them ("gets rid of the padding between buckets"), but
@@ -23,6 +23,7 @@ edited, and each replacement is megatron's own logic minus the defect.
    uninterrupted one from the second resumed iteration on). ``untie_adam_steps`` gives each
    parameter its own copy after loading.
 """
+
 from __future__ import annotations
 
 import torch
@@ -45,7 +46,7 @@ def _pad_world_tensors(optimizer, state):
                 src = 0
                 for bucket in buffer.buckets:
                     n = bucket.numel_unpadded
-                    padded[bucket.offset:bucket.offset + n].copy_(flat[src:src + n])
+                    padded[bucket.offset : bucket.offset + n].copy_(flat[src : src + n])
                     src += n
                 world[key] = padded
             world["numel_unpadded"] = buffer.numel
@@ -83,7 +84,9 @@ def apply() -> None:
     original_dp_zero = cls.get_parameter_state_dp_zero
 
     def fully_reshardable(self, *args, **kwargs):
-        self.get_parameter_state_dp_zero = lambda *a, **k: _pad_world_tensors(self, original_dp_zero(self, *a, **k))
+        self.get_parameter_state_dp_zero = lambda *a, **k: _pad_world_tensors(
+            self, original_dp_zero(self, *a, **k)
+        )
         try:
             return original_fully(self, *args, **kwargs)
         finally:

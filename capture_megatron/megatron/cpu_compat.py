@@ -1,15 +1,15 @@
 """Run megatron-core 0.16.1 on a machine without CUDA (CPU, or the meta/fake device for profiling).
 
-Applied only when CUDA is absent (``apply()`` is a no-op on a GPU machine unless forced to a device).
-Nothing in site-packages is edited; every patch is made at run time and names the Megatron call
-sites it serves:
+Applied only when CUDA is absent (``apply()`` is a no-op on a GPU machine unless forced to a
+device). Nothing in site-packages is edited; every patch is made at run time and names the Megatron
+call sites it serves:
 
 1. ``torch.cuda.current_device`` returns the host device ("cpu" or "meta"). Served call sites:
    ``distributed/param_and_grad_buffer.py`` (grad buffers), ``utils.GlobalMemoryBuffer`` (attention
    and SP scratch), ``models/common/embeddings/rotary_pos_embedding.py`` (inv_freq),
    ``transformer/transformer_layer.py`` and ``optimizer/grad_scaler.py``.
-2. RNG: ``tensor_parallel/random.py`` keeps per-name *CUDA* generator states (attention dropout always
-   forks 'model-parallel-rng'; ``CheckpointFunction`` saves and restores them for recompute).
+2. RNG: ``tensor_parallel/random.py`` keeps per-name *CUDA* generator states (attention dropout
+   always forks 'model-parallel-rng'; ``CheckpointFunction`` saves and restores them for recompute).
    ``CpuRNGStatesTracker`` keeps the same named states as CPU generator states, and the module's
    ``_get_cuda_rng_state`` / ``_set_cuda_rng_state`` helpers read and write the CPU generator.
 3. ``CudaDeviceMode`` (a ``TorchFunctionMode``) rewrites ``device="cuda"`` arguments to the host
@@ -27,6 +27,7 @@ Settings that are not patches but are required for correct results on gloo (enfo
 builder): ``batch_p2p_comm=False`` (PP+VPP gives wrong gradients otherwise), no CUDA-only fusions
 (gradient_accumulation_fusion, masked_softmax_fusion, apply_rope_fusion, bias fusions).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -55,7 +56,8 @@ def _is_cuda(device) -> bool:
 
 
 class CudaDeviceMode(TorchFunctionMode):
-    """Redirects CUDA device arguments, ``Tensor.cuda()`` and ``Tensor.type()`` to the host device."""
+    """Redirects CUDA device arguments, ``Tensor.cuda()`` and ``Tensor.type()`` to the host
+    device."""
 
     def __init__(self, device: str):
         super().__init__()
@@ -69,7 +71,12 @@ class CudaDeviceMode(TorchFunctionMode):
             return _CUDA_TYPES.get(args[0].dtype, func(*args))
         if "device" in kwargs and _is_cuda(kwargs["device"]):
             kwargs = dict(kwargs, device=self.device)
-        if func in (torch.Tensor.to, torch.empty_like) and args and len(args) > 1 and _is_cuda(args[1]):
+        if (
+            func in (torch.Tensor.to, torch.empty_like)
+            and args
+            and len(args) > 1
+            and _is_cuda(args[1])
+        ):
             args = (args[0], self.device) + tuple(args[2:])
         return func(*args, **kwargs)
 
@@ -148,7 +155,8 @@ def active_device() -> str | None:
 
 
 def apply(device: str = "cpu") -> None:
-    """Patch torch/megatron for `device` ("cpu" or "meta"); idempotent; no-op when CUDA is usable."""
+    """Patch torch/megatron for `device` ("cpu" or "meta"); idempotent; no-op when CUDA is
+    usable."""
     if _STATE["device"] == device or (device == "cpu" and not needed()):
         return
     if _STATE["mode"] is not None:

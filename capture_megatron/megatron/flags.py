@@ -1,4 +1,5 @@
-"""Megatron-LM's command-line flags, as far as capture-megatron supports them. Pure argparse; no torch.
+"""Megatron-LM's command-line flags, as far as capture-megatron supports them. Pure argparse; no
+torch.
 
 Flag names, meanings and defaults follow megatron/training/arguments.py (core_v0.16.1). Every flag
 is declared once, on the dataclass field it sets (capture_megatron.config.fields): `add_fields`
@@ -54,8 +55,9 @@ def _base_type(hint: Any) -> Any:
     return hint
 
 
-def _argument(field: dataclasses.Field, spec: Flag, hint: Any, doc: str, unset: bool,
-              default: Any) -> dict[str, Any]:
+def _argument(
+    field: dataclasses.Field, spec: Flag, hint: Any, doc: str, unset: bool, default: Any
+) -> dict[str, Any]:
     """add_argument keyword arguments for one field."""
     kind = _base_type(hint)
     text = " ".join(x for x in (doc, spec.note) if x)
@@ -67,7 +69,9 @@ def _argument(field: dataclasses.Field, spec: Flag, hint: Any, doc: str, unset: 
         kwargs["action"] = "store_false" if spec.negate else "store_true"
         kwargs["default"] = None if unset else default
     elif typing.get_origin(kind) is tuple:
-        kwargs.update(nargs="+", type=typing.get_args(kind)[0], default=None if unset else list(default))
+        kwargs.update(
+            nargs="+", type=typing.get_args(kind)[0], default=None if unset else list(default)
+        )
     else:
         kwargs.update(type=kind, default=None if unset else default)
     if spec.choices:
@@ -77,8 +81,14 @@ def _argument(field: dataclasses.Field, spec: Flag, hint: Any, doc: str, unset: 
     return kwargs
 
 
-def add_fields(parser: argparse.ArgumentParser, cls: type, title: str = "", *,
-               unset: bool = False, defaults: dict[str, Any] | None = None) -> None:
+def add_fields(
+    parser: argparse.ArgumentParser,
+    cls: type,
+    title: str = "",
+    *,
+    unset: bool = False,
+    defaults: dict[str, Any] | None = None,
+) -> None:
     """An argument group with one flag per flag field of dataclass `cls` (help: the field's
     docstring). With `unset` every default is None, so `given` can tell what was typed. Flags the
     parser already has are left to their first declaration."""
@@ -91,12 +101,15 @@ def add_fields(parser: argparse.ArgumentParser, cls: type, title: str = "", *,
         if spec.name in present:
             continue
         default = (defaults or {}).get(field.name, field.default)
-        group.add_argument(spec.name, **_argument(field, spec, hints[field.name],
-                                                  docs.get(field.name, ""), unset, default))
+        group.add_argument(
+            spec.name,
+            **_argument(field, spec, hints[field.name], docs.get(field.name, ""), unset, default),
+        )
 
 
 def given(cls: type, ns: argparse.Namespace) -> dict[str, Any]:
-    """The flag fields of `cls` given on the command line (parsed with unset=True), by field name."""
+    """The flag fields of `cls` given on the command line (parsed with unset=True), by field
+    name."""
     out: dict[str, Any] = {}
     for field, _ in flagged_fields(cls):
         value = getattr(ns, field.name, None)
@@ -128,7 +141,8 @@ def to_flags(obj: Any) -> list[str]:
 
 
 def add_model_flags(p: argparse.ArgumentParser) -> None:
-    """Model architecture flags (ModelShape, BuildOptions), plus Megatron's switches for GQA and precision."""
+    """Model architecture flags (ModelShape, BuildOptions), plus Megatron's switches for GQA and
+    precision."""
     add_fields(p, ModelShape, "model (Megatron flags)", unset=True)
     g = p.add_argument_group("model switches (Megatron flags)")
     g.add_argument("--group-query-attention", action="store_true", help="Use --num-query-groups.")
@@ -177,7 +191,9 @@ def parse_flags(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Na
             unknown.append(name + (f" (did you mean {close[0]}?)" if close else ""))
     parts = []
     if unsupported:
-        parts.append("Megatron-LM flags not supported by capture-megatron: " + ", ".join(unsupported))
+        parts.append(
+            "Megatron-LM flags not supported by capture-megatron: " + ", ".join(unsupported)
+        )
     if unknown:
         parts.append("unknown arguments: " + ", ".join(unknown))
     raise CaptureError("; ".join(parts) + ". See --help for the supported flags.")

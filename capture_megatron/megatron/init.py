@@ -2,11 +2,11 @@
 
 Every parameter is drawn as the *whole* (unsharded) tensor from a generator seeded by its checkpoint
 key and global layer index, and each rank keeps its own slice (the slice Megatron's sharded state
-dict says it owns). The same seed therefore gives the same model under any TP/PP/VPP/layout, which is
-what makes parallel runs comparable with a single process and lets a new plan start from the same
-weights. Standard deviations follow Megatron: init_method_std for weights, scaled by
-1/sqrt(2 * num_layers) for the output projections of attention and MLP; norms 1, biases 0.
-"""
+dict says it owns). The same seed therefore gives the same model under any TP/PP/VPP/layout, which
+is what makes parallel runs comparable with a single process and lets a new plan start from the same
+weights. Standard deviations follow Megatron: init_method_std for weights, scaled by 1/sqrt(2 *
+num_layers) for the output projections of attention and MLP; norms 1, biases 0."""
+
 from __future__ import annotations
 
 import math
@@ -31,20 +31,30 @@ def _sharded_tensors(sharded_dict):
             yield item
         elif isinstance(item, ShardedTensorFactory):
             built = item.build()
-            stack.extend(built.values() if isinstance(built, dict) else
-                         built if isinstance(built, (list, tuple)) else [built])
+            stack.extend(
+                built.values()
+                if isinstance(built, dict)
+                else built
+                if isinstance(built, (list, tuple))
+                else [built]
+            )
         elif isinstance(item, dict):
             stack.extend(item.values())
         elif isinstance(item, (list, tuple)):
             stack.extend(item)
 
 
-def _full_value(key: str, shape: tuple[int, ...], seed: int, std: float, num_layers: int,
-                device) -> torch.Tensor:
+def _full_value(
+    key: str, shape: tuple[int, ...], seed: int, std: float, num_layers: int, device
+) -> torch.Tensor:
     """The whole tensor for `key`, reproducible from (seed, key)."""
     if key.endswith("bias"):
         return torch.zeros(shape, device=device)
-    if key.endswith("norm_weight") or key.endswith("layernorm.weight") or key.endswith("norm.weight"):
+    if (
+        key.endswith("norm_weight")
+        or key.endswith("layernorm.weight")
+        or key.endswith("norm.weight")
+    ):
         return torch.ones(shape, device=device)
     if key.endswith(_SCALED):
         std = std / math.sqrt(2.0 * num_layers)
@@ -57,13 +67,23 @@ def init_weights(model, shape: ModelShape, opts: BuildOptions, seed: int) -> Non
     """Fill `model`'s parameters in place with the partition-independent initial values."""
     with torch.no_grad():
         for st in _sharded_tensors(model.sharded_state_dict()):
-            if st.data is None or st.data.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            if st.data is None or st.data.dtype not in (
+                torch.float32,
+                torch.bfloat16,
+                torch.float16,
+            ):
                 continue
             pre = st.prepend_axis_num
             layer_index = tuple(st.global_offset[:pre])
             key_seed = zlib.crc32(f"{seed}/{st.key}/{layer_index}".encode())
-            full = _full_value(st.key, tuple(st.global_shape[pre:]), key_seed, opts.init_method_std,
-                               shape.num_layers, st.data.device)
+            full = _full_value(
+                st.key,
+                tuple(st.global_shape[pre:]),
+                key_seed,
+                opts.init_method_std,
+                shape.num_layers,
+                st.data.device,
+            )
             local = st.data
             index = tuple(slice(o, o + n) for o, n in zip(st.global_offset[pre:], local.shape))
             local.copy_(full[index].to(local.dtype))

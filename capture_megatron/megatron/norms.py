@@ -5,15 +5,18 @@ Under SP every TP rank normalises a different slice of the sequence, so the norm
 all-reduced over the TP group; Megatron's finalize_model_grads does that for parameters carrying
 ``sequence_parallel=True``. This class builds torch's LayerNorm/RMSNorm and sets that attribute.
 """
+
 from __future__ import annotations
 
 import torch
 
 
 class LocalNorm:
-    """Factory with WrappedTorchNorm's signature returning torch.nn.LayerNorm or torch.nn.RMSNorm."""
+    """Factory with WrappedTorchNorm's signature returning torch.nn.LayerNorm or
+    torch.nn.RMSNorm."""
 
     def __new__(cls, config, hidden_size: int, eps: float = 1e-5, **_unused):
+        """Build config's torch norm, its parameters marked with config.sequence_parallel."""
         norm_cls = torch.nn.RMSNorm if config.normalization == "RMSNorm" else torch.nn.LayerNorm
         norm = norm_cls(normalized_shape=hidden_size, eps=eps, dtype=config.params_dtype)
         for param in norm.parameters():

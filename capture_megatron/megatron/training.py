@@ -22,7 +22,11 @@ def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
     mask = loss_mask.view(-1).float()
     loss = torch.sum(losses * mask)
     num_tokens = mask.sum().clone().detach().to(torch.int)
-    return loss, num_tokens, {"lm loss": torch.cat([loss.clone().detach().view(1), num_tokens.view(1)])}
+    return (
+        loss,
+        num_tokens,
+        {"lm loss": torch.cat([loss.clone().detach().view(1), num_tokens.view(1)])},
+    )
 
 
 def forward_step(data_iterator, model):
@@ -32,9 +36,13 @@ def forward_step(data_iterator, model):
     return output, partial(loss_func, batch["loss_mask"])
 
 
-
-def wrap_model(chunks: list, shape: ModelShape, plan: ParallelPlan, run: RunOptions,
-               check_for_nan_in_grad: bool = True) -> list:
+def wrap_model(
+    chunks: list,
+    shape: ModelShape,
+    plan: ParallelPlan,
+    run: RunOptions,
+    check_for_nan_in_grad: bool = True,
+) -> list:
     """Float16Module (bf16/fp16) and megatron DDP around each chunk, then broadcast over DP.
 
     Probes under FakeTensorMode pass check_for_nan_in_grad=False (the check reads gradient values).
@@ -43,22 +51,32 @@ def wrap_model(chunks: list, shape: ModelShape, plan: ParallelPlan, run: RunOpti
     from megatron.core.transformer.module import Float16Module
 
     ddp_config = DistributedDataParallelConfig(
-        grad_reduce_in_fp32=shape.dtype == "bf16", overlap_grad_reduce=run.overlap_grad_reduce,
-        overlap_param_gather=run.overlap_param_gather, use_distributed_optimizer=plan.distributed_optimizer,
-        check_for_nan_in_grad=check_for_nan_in_grad)
+        grad_reduce_in_fp32=shape.dtype == "bf16",
+        overlap_grad_reduce=run.overlap_grad_reduce,
+        overlap_param_gather=run.overlap_param_gather,
+        use_distributed_optimizer=plan.distributed_optimizer,
+        check_for_nan_in_grad=check_for_nan_in_grad,
+    )
     wrapped = []
     for i, chunk in enumerate(chunks):
         config = chunk.config
         module = Float16Module(config, chunk) if shape.dtype != "fp32" else chunk
-        ddp = DistributedDataParallel(config=config, ddp_config=ddp_config, module=module,
-                                      disable_bucketing=i > 0)
+        ddp = DistributedDataParallel(
+            config=config, ddp_config=ddp_config, module=module, disable_bucketing=i > 0
+        )
         ddp.broadcast_params()
         wrapped.append(ddp)
     return wrapped
 
 
-def make_optimizer(model: list, shape: ModelShape, plan: ParallelPlan, optim: OptimOptions,
-                   train_iters: int, use_gloo_process_groups: bool = True):
+def make_optimizer(
+    model: list,
+    shape: ModelShape,
+    plan: ParallelPlan,
+    optim: OptimOptions,
+    train_iters: int,
+    use_gloo_process_groups: bool = True,
+):
     """get_megatron_optimizer + OptimizerParamScheduler as Megatron-LM configures them.
 
     Profiling probes run on torch's fake backend, which has no gloo groups: they pass False.
@@ -67,21 +85,40 @@ def make_optimizer(model: list, shape: ModelShape, plan: ParallelPlan, optim: Op
     from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
     config = OptimizerConfig(
-        optimizer="adam", lr=optim.lr, min_lr=optim.min_lr, weight_decay=optim.weight_decay,
-        adam_beta1=optim.adam_beta1, adam_beta2=optim.adam_beta2, adam_eps=optim.adam_eps,
-        clip_grad=optim.clip_grad, bf16=shape.dtype == "bf16", fp16=shape.dtype == "fp16",
-        params_dtype=TORCH_DTYPES[shape.dtype], initial_loss_scale=optim.initial_loss_scale,
-        use_distributed_optimizer=plan.distributed_optimizer)
-    optimizer = get_megatron_optimizer(config, model, use_gloo_process_groups=use_gloo_process_groups)
+        optimizer="adam",
+        lr=optim.lr,
+        min_lr=optim.min_lr,
+        weight_decay=optim.weight_decay,
+        adam_beta1=optim.adam_beta1,
+        adam_beta2=optim.adam_beta2,
+        adam_eps=optim.adam_eps,
+        clip_grad=optim.clip_grad,
+        bf16=shape.dtype == "bf16",
+        fp16=shape.dtype == "fp16",
+        params_dtype=TORCH_DTYPES[shape.dtype],
+        initial_loss_scale=optim.initial_loss_scale,
+        use_distributed_optimizer=plan.distributed_optimizer,
+    )
+    optimizer = get_megatron_optimizer(
+        config, model, use_gloo_process_groups=use_gloo_process_groups
+    )
     gbs = plan.global_batch_size
     decay_iters = optim.lr_decay_iters or train_iters
     scheduler = OptimizerParamScheduler(
-        optimizer, init_lr=0.0 if optim.lr_warmup_iters else optim.lr, max_lr=optim.lr,
-        min_lr=optim.min_lr, lr_warmup_steps=optim.lr_warmup_iters * gbs,
-        lr_decay_steps=decay_iters * gbs, lr_decay_style=optim.lr_decay_style,
-        start_wd=optim.weight_decay, end_wd=optim.weight_decay, wd_incr_steps=decay_iters * gbs,
-        wd_incr_style="constant", wsd_decay_steps=decay_iters * gbs if optim.lr_decay_style == "WSD" else None,
-        lr_wsd_decay_style="linear" if optim.lr_decay_style == "WSD" else None)
+        optimizer,
+        init_lr=0.0 if optim.lr_warmup_iters else optim.lr,
+        max_lr=optim.lr,
+        min_lr=optim.min_lr,
+        lr_warmup_steps=optim.lr_warmup_iters * gbs,
+        lr_decay_steps=decay_iters * gbs,
+        lr_decay_style=optim.lr_decay_style,
+        start_wd=optim.weight_decay,
+        end_wd=optim.weight_decay,
+        wd_incr_steps=decay_iters * gbs,
+        wd_incr_style="constant",
+        wsd_decay_steps=decay_iters * gbs if optim.lr_decay_style == "WSD" else None,
+        lr_wsd_decay_style="linear" if optim.lr_decay_style == "WSD" else None,
+    )
     return optimizer, scheduler
 
 

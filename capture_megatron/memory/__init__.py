@@ -1,1 +1,2 @@
-"""Memory measurement: exact live-tensor accounting (CPU, fake tensors) and CUDA allocator statistics."""
+"""Memory measurement: exact live-tensor accounting (CPU, fake tensors) and CUDA allocator
+statistics."""

@@ -7,11 +7,12 @@ input) are not counted again; a tracked storage that grew (resize_, out= into a 
 re-counted at its new size. Storages that existed before tracking started are not counted unless
 passed to track_existing(). Between start_events() and take_events() it also logs each allocation
 ('+op', bytes) and release ('-op', bytes, and where the storage's allocation is in this log or the
-previous one), op being the ATen op that allocated the storage, for capture_megatron.fit.timelines.events. Works on
-CPU tensors and on FakeTensorMode tensors (enter this mode *inside* FakeTensorMode so it sees each
-op before the fake mode answers it). Measured overhead on a megatron transformer layer
-forward+backward on CPU: about 1.1-1.5x (python dispatch per op).
-"""
+previous one), op being the ATen op that allocated the storage, for
+capture_megatron.fit.timelines.events. Works on CPU tensors and on FakeTensorMode tensors (enter
+this mode *inside* FakeTensorMode so it sees each op before the fake mode answers it). Measured
+overhead on a megatron transformer layer forward+backward on CPU: about 1.1-1.5x (python dispatch
+per op)."""
+
 from __future__ import annotations
 
 import weakref
@@ -64,7 +65,9 @@ class LiveTensorTracker(TorchDispatchMode):
         elif key in self._origins:
             self.events.append(("-" + self._ops[key], size, self._origins.pop(key)))
         else:  # allocated in the previous log at index i: origin -2 - i
-            self.events.append(("-" + self._ops[key], size, -2 - self._before[key] if key in self._before else -1))
+            self.events.append(
+                ("-" + self._ops[key], size, -2 - self._before[key] if key in self._before else -1)
+            )
 
     def _release(self, key: int) -> None:
         if key in self._sizes:
@@ -98,7 +101,11 @@ class LiveTensorTracker(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        inputs = {t.untyped_storage()._cdata for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+        inputs = {
+            t.untyped_storage()._cdata
+            for t in tree_leaves((args, kwargs))
+            if isinstance(t, torch.Tensor)
+        }
         out = func(*args, **kwargs)
         self._op = func.__name__
         for t in tree_leaves(out):

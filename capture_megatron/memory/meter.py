@@ -5,6 +5,7 @@
 - CudaMeter: the caching allocator's allocated bytes (torch.cuda.memory_allocated /
   max_memory_allocated) and, separately, what it reserves on top (max_memory_reserved).
 """
+
 from __future__ import annotations
 
 from capture_megatron.memory.live import LiveTensorTracker
@@ -54,21 +55,27 @@ class CpuMeter(MemoryMeter):
         self.tracker.__enter__()
 
     def current(self) -> int:
+        """Live tensor bytes now."""
         return self.tracker.current_bytes
 
     def peak(self) -> int:
+        """Peak live tensor bytes since the last reset_peak()."""
         return self.tracker.peak_bytes
 
     def reset_peak(self) -> None:
+        """Start a new peak window at the current live bytes."""
         self.tracker.reset_peak()
 
     def stop(self) -> None:
+        """Leave the tracker's dispatch mode: nothing is counted after this."""
         self.tracker.__exit__(None, None, None)
 
     def start_events(self) -> None:
+        """Begin logging allocations and releases."""
         self.tracker.start_events()
 
     def take_events(self) -> list[tuple[str, int, int]] | None:
+        """The log since start_events() (see LiveTensorTracker.events); logging stops."""
         return self.tracker.take_events()
 
 
@@ -90,15 +97,19 @@ class CudaMeter(MemoryMeter):
         self.cuda.reset_peak_memory_stats()
 
     def current(self) -> int:
+        """Bytes allocated now (torch.cuda.memory_allocated)."""
         return int(self.cuda.memory_allocated())
 
     def peak(self) -> int:
+        """Peak allocated bytes since the last reset_peak() (max_memory_allocated)."""
         return int(self.cuda.max_memory_allocated())
 
     def reset_peak(self) -> None:
+        """Reset torch.cuda's peak statistics: a new window at the current bytes."""
         self.cuda.reset_peak_memory_stats()
 
     def reserved(self) -> int:
+        """Peak bytes the caching allocator held (max_memory_reserved)."""
         return int(self.cuda.max_memory_reserved())
 
 

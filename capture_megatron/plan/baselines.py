@@ -10,6 +10,7 @@
   left to right); the transformer layers of each part form its stage.
 Pure Python.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -41,7 +42,9 @@ def uniform(num_layers: int, pp: int, vpp: int, rank_peak: RankPeak) -> Baseline
     """Megatron's even split."""
     stages = pp * vpp
     if num_layers % stages:
-        return Baseline("uniform", None, reason=f"{num_layers} layers do not split evenly over {stages} stages")
+        return Baseline(
+            "uniform", None, reason=f"{num_layers} layers do not split evenly over {stages} stages"
+        )
     return Baseline("uniform", evaluate((num_layers // stages,) * stages, pp, vpp, rank_peak))
 
 
@@ -60,10 +63,20 @@ def megatron_first_last(num_layers: int, pp: int, vpp: int, rank_peak: RankPeak)
             if best is None or part.peak < best[0].peak:
                 best = (part, first, last)
     if best is None:
-        return Baseline("megatron-first-last", None, reason="no first/last choice satisfies Megatron's rules")
+        return Baseline(
+            "megatron-first-last", None, reason="no first/last choice satisfies Megatron's rules"
+        )
     part, first, last = best
-    return Baseline("megatron-first-last", part, flags=("--decoder-first-pipeline-num-layers", str(first),
-                                                         "--decoder-last-pipeline-num-layers", str(last)))
+    return Baseline(
+        "megatron-first-last",
+        part,
+        flags=(
+            "--decoder-first-pipeline-num-layers",
+            str(first),
+            "--decoder-last-pipeline-num-layers",
+            str(last),
+        ),
+    )
 
 
 def _fill(weights: list[int], parts: int, limit: int) -> list[int] | None:
@@ -92,21 +105,36 @@ def partition_balanced(weights: list[int], parts: int) -> list[int]:
             lo = mid + 1
         else:
             hi = mid
-    return _fill(weights, parts, lo)
+    bounds = _fill(weights, parts, lo)
+    assert bounds is not None  # lo is feasible: the bisection ends on a limit that fits
+    return bounds
 
 
-def deepspeed_parameters(num_layers: int, pp: int, vpp: int, embedding_params: int, layer_params: int,
-                         head_params: int, rank_peak: RankPeak) -> Baseline:
+def deepspeed_parameters(
+    num_layers: int,
+    pp: int,
+    vpp: int,
+    embedding_params: int,
+    layer_params: int,
+    head_params: int,
+    rank_peak: RankPeak,
+) -> Baseline:
     """DeepSpeed's parameter-balanced split (no interleaving in DeepSpeed)."""
     if vpp > 1:
-        return Baseline("deepspeed-parameters", None, reason="DeepSpeed has no interleaved schedule")
+        return Baseline(
+            "deepspeed-parameters", None, reason="DeepSpeed has no interleaved schedule"
+        )
     weights = [embedding_params] + [layer_params] * num_layers + [head_params]
     bounds = partition_balanced(weights, pp)
-    split = tuple(sum(1 for i in range(bounds[s], bounds[s + 1]) if 0 < i <= num_layers) for s in range(pp))
+    split = tuple(
+        sum(1 for i in range(bounds[s], bounds[s + 1]) if 0 < i <= num_layers) for s in range(pp)
+    )
     return Baseline("deepspeed-parameters", evaluate(split, pp, vpp, rank_peak))
 
 
-def baselines_for(model: MemoryModel, shape: ModelShape, plan: ParallelPlan) -> tuple[Baseline, ...]:
+def baselines_for(
+    model: MemoryModel, shape: ModelShape, plan: ParallelPlan
+) -> tuple[Baseline, ...]:
     """Uniform, the best Megatron first/last choice and DeepSpeed's 'parameters' split at the
     plan's own sizes and recompute."""
     peak = rank_peak_fn(model, shape, plan, plan.recompute.granularity == "full")

@@ -8,6 +8,7 @@ takes (m + (p - 1) / v) slowest-stage micro-batch times (the bubble (p - 1)/(m v
 sends and the data-parallel gradient all-reduce (ring over the network bandwidth). Calibrate
 `efficiency` from measured step times (capture-megatron verify) for absolute numbers.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -31,8 +32,14 @@ class Hardware:
 
 def layer_forward_flops(shape: ModelShape, b: int) -> float:
     """Forward FLOPs of one transformer layer for one micro-batch (whole layer, before TP split)."""
-    s, h, a, g, d, f = shape.seq_length, shape.hidden_size, shape.num_attention_heads, shape.groups, \
-        shape.head_dim, shape.ffn
+    s, h, a, g, d, f = (
+        shape.seq_length,
+        shape.hidden_size,
+        shape.num_attention_heads,
+        shape.groups,
+        shape.head_dim,
+        shape.ffn,
+    )
     qkv = 2 * b * s * h * (a + 2 * g) * d
     proj = 2 * b * s * a * d * h
     mlp = 2 * b * s * h * f * (3 if shape.swiglu else 2)
@@ -40,14 +47,16 @@ def layer_forward_flops(shape: ModelShape, b: int) -> float:
     return qkv + proj + mlp + core
 
 
-def step_seconds(shape: ModelShape, plan: ParallelPlan, hw: Hardware = Hardware(), bound: bool = False) -> float:
+def step_seconds(
+    shape: ModelShape, plan: ParallelPlan, hw: Hardware = Hardware(), bound: bool = False
+) -> float:
     """Estimated seconds per optimizer step. With `bound`, a lower bound over every layout and
     recompute setting of the plan's sizes: no recompute, and the slowest stage replaced by the mean
     (the search uses it to stop once no unexplored plan can be faster)."""
     b, t, p, v, m = plan.micro_batch_size, plan.tp, plan.pp, plan.vpp, plan.num_microbatches
     rate = hw.peak_flops * hw.efficiency
     fwd = layer_forward_flops(shape, b) / t
-    core = 4 * b * shape.num_attention_heads * shape.seq_length ** 2 * shape.head_dim / t
+    core = 4 * b * shape.num_attention_heads * shape.seq_length**2 * shape.head_dim / t
     act_bytes = b * shape.seq_length * shape.hidden_size * dtype_bytes(shape.dtype)
     tp_comm = 0.0 if t == 1 else 4 * 2 * (t - 1) / t * act_bytes / hw.intra_node_bytes_per_s
     head = 3 * 2 * b * shape.seq_length * shape.hidden_size * shape.padded_vocab(t) / t / rate
@@ -62,7 +71,13 @@ def step_seconds(shape: ModelShape, plan: ParallelPlan, hw: Hardware = Hardware(
             compute = (3 * k * fwd + extra) / rate + k * tp_comm + (head if r == p - 1 else 0.0)
             stage_times.append(compute / v)
         per_chunk = max(stage_times)
-    pipeline = (m * v + p - 1) * per_chunk + (2 * m * act_bytes / t / hw.inter_node_bytes_per_s if p > 1 else 0.0)
-    params = 12 * shape.hidden_size ** 2 * shape.num_layers / (t * p)
-    dp_comm = 0.0 if plan.dp == 1 else 2 * (plan.dp - 1) / plan.dp * params * 4 / hw.inter_node_bytes_per_s
+    pipeline = (m * v + p - 1) * per_chunk + (
+        2 * m * act_bytes / t / hw.inter_node_bytes_per_s if p > 1 else 0.0
+    )
+    params = 12 * shape.hidden_size**2 * shape.num_layers / (t * p)
+    dp_comm = (
+        0.0
+        if plan.dp == 1
+        else 2 * (plan.dp - 1) / plan.dp * params * 4 / hw.inter_node_bytes_per_s
+    )
     return pipeline + dp_comm

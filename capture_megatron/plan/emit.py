@@ -1,8 +1,9 @@
 """Emit: a plan as Megatron flags, and a model as Megatron flags (pure Python).
 
-`model_args(shape) + plan_args(plan)` given to `pretrain_gpt` (ours or Megatron-LM's) runs exactly the
-plan that was predicted; parsing them back (capture_megatron.megatron.args) gives the same objects.
-"""
+`model_args(shape) + plan_args(plan)` given to `pretrain_gpt` (ours or Megatron-LM's) runs exactly
+the plan that was predicted; parsing them back (capture_megatron.megatron.args) gives the same
+objects."""
+
 from __future__ import annotations
 
 from capture_megatron.config import ModelShape, ParallelPlan
@@ -10,8 +11,16 @@ from capture_megatron.config import ModelShape, ParallelPlan
 
 def plan_args(plan: ParallelPlan) -> list[str]:
     """Every parallel and batch setting of the plan in Megatron's flag names."""
-    out = ["--tensor-model-parallel-size", str(plan.tp), "--pipeline-model-parallel-size", str(plan.pp),
-           "--micro-batch-size", str(plan.micro_batch_size), "--global-batch-size", str(plan.global_batch_size)]
+    out = [
+        "--tensor-model-parallel-size",
+        str(plan.tp),
+        "--pipeline-model-parallel-size",
+        str(plan.pp),
+        "--micro-batch-size",
+        str(plan.micro_batch_size),
+        "--global-batch-size",
+        str(plan.global_batch_size),
+    ]
     if plan.pp > 1:
         out += ["--pipeline-model-parallel-layout", plan.layout]
     if plan.cp > 1:
@@ -25,19 +34,42 @@ def plan_args(plan: ParallelPlan) -> list[str]:
         out += ["--recompute-granularity", "selective"]
     elif rc.granularity == "full":
         if len(set(rc.num_layers)) == 1:
-            out += ["--recompute-granularity", "full", "--recompute-method", rc.method,
-                    "--recompute-num-layers", str(rc.num_layers[0])]
+            out += [
+                "--recompute-granularity",
+                "full",
+                "--recompute-method",
+                rc.method,
+                "--recompute-num-layers",
+                str(rc.num_layers[0]),
+            ]
         else:
-            out += ["--recompute-granularity", "full", "--recompute-method", "block",
-                    "--recompute-num-layers-per-stage", ",".join(str(n) for n in rc.num_layers)]
+            out += [
+                "--recompute-granularity",
+                "full",
+                "--recompute-method",
+                "block",
+                "--recompute-num-layers-per-stage",
+                ",".join(str(n) for n in rc.num_layers),
+            ]
     return out
 
 
 def model_args(shape: ModelShape) -> list[str]:
     """The model's architecture in Megatron's flag names."""
-    out = ["--num-layers", str(shape.num_layers), "--hidden-size", str(shape.hidden_size),
-           "--num-attention-heads", str(shape.num_attention_heads), "--seq-length", str(shape.seq_length),
-           "--max-position-embeddings", str(shape.max_positions), "--vocab-size", str(shape.vocab_size)]
+    out = [
+        "--num-layers",
+        str(shape.num_layers),
+        "--hidden-size",
+        str(shape.hidden_size),
+        "--num-attention-heads",
+        str(shape.num_attention_heads),
+        "--seq-length",
+        str(shape.seq_length),
+        "--max-position-embeddings",
+        str(shape.max_positions),
+        "--vocab-size",
+        str(shape.vocab_size),
+    ]
     if shape.ffn_hidden_size:
         out += ["--ffn-hidden-size", str(shape.ffn_hidden_size)]
     if shape.num_query_groups and shape.num_query_groups != shape.num_attention_heads:
@@ -56,7 +88,12 @@ def model_args(shape: ModelShape) -> list[str]:
         out += ["--position-embedding-type", shape.position_embedding_type]
     if not shape.add_bias_linear:
         out.append("--disable-bias-linear")
-    out += ["--hidden-dropout", repr(shape.hidden_dropout), "--attention-dropout", repr(shape.attention_dropout)]
+    out += [
+        "--hidden-dropout",
+        repr(shape.hidden_dropout),
+        "--attention-dropout",
+        repr(shape.attention_dropout),
+    ]
     if shape.dtype == "bf16":
         out.append("--bf16")
     elif shape.dtype == "fp16":

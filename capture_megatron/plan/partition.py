@@ -7,20 +7,20 @@ simulation). Pure Python.
 
 Method. For a cap C, rank r can hold at most T_r(C) layers (the largest total whose best split over
 its chunks stays <= C; monotone, found by binary search). C is feasible iff sum_r T_r(C) >= N, and
-the optimum C* is one of the rank_peak values, so a bisection on C that ends on the max over ranks of
-the assignment it found is exact. Ties (every assignment whose peak is within 1e-9 of C*) are broken
-toward balanced compute: the smallest possible maximum of layers per rank, then layers removed
-first from the earliest ranks (they hold the most in-flight activations). Cost: O(pp log N) rank_peak
-calls per bisection step (60 steps) with vpp = 1; with vpp > 1 each total is split over the chunks
-by enumerating compositions (O(t^(vpp-1)) per rank and total t, memoised).
-"""
+the optimum C* is one of the rank_peak values, so a bisection on C that ends on the max over ranks
+of the assignment it found is exact. Ties (every assignment whose peak is within 1e-9 of C*) are
+broken toward balanced compute: the smallest possible maximum of layers per rank, then layers
+removed first from the earliest ranks (they hold the most in-flight activations). Cost: O(pp log N)
+rank_peak calls per bisection step (60 steps) with vpp = 1; with vpp > 1 each total is split over
+the chunks by enumerating compositions (O(t^(vpp-1)) per rank and total t, memoised)."""
+
 from __future__ import annotations
 
 import bisect
 import functools
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from capture_megatron.errors import require
 
@@ -44,7 +44,9 @@ def _chunks(layers_per_stage: tuple[int, ...], pp: int, vpp: int, rank: int) -> 
     return tuple(layers_per_stage[v * pp + rank] for v in range(vpp))
 
 
-def evaluate(layers_per_stage: tuple[int, ...], pp: int, vpp: int, rank_peak: RankPeak) -> Partition:
+def evaluate(
+    layers_per_stage: tuple[int, ...], pp: int, vpp: int, rank_peak: RankPeak
+) -> Partition:
     """Score a given split."""
     peaks = tuple(rank_peak(r, _chunks(layers_per_stage, pp, vpp, r)) for r in range(pp))
     return Partition(tuple(layers_per_stage), max(peaks), peaks)
@@ -125,8 +127,15 @@ def _balanced(caps: list[int], n: int) -> list[int]:
 
 def min_max_partition(num_layers: int, pp: int, vpp: int, rank_peak: RankPeak) -> Partition:
     """The split of `num_layers` minimising the largest rank peak (see the module docstring)."""
-    require([f"{name} {val} must be >= 1" for name, val in (("layers", num_layers), ("pp", pp), ("vpp", vpp))
-             if val < 1] + (["virtual stages need pp > 1"] if vpp > 1 and pp == 1 else []), "partition")
+    require(
+        [
+            f"{name} {val} must be >= 1"
+            for name, val in (("layers", num_layers), ("pp", pp), ("vpp", vpp))
+            if val < 1
+        ]
+        + (["virtual stages need pp > 1"] if vpp > 1 and pp == 1 else []),
+        "partition",
+    )
     ranks = _Ranks(pp, vpp, rank_peak, num_layers)
     cap = _bisect_cap(ranks, num_layers)
     caps = [ranks.capacity(r, cap * (1 + TIE)) for r in range(pp)]

@@ -88,26 +88,22 @@ def plan(
 ) -> PlanResult:
     """Plan `shape` for `cluster` (or predict options.fixed); CaptureError when nothing fits."""
     if memory is None:
-        raise CaptureError("plan() needs a memory model or a source (capture_megatron.profile.memory_source)")
-    source = memory if callable(memory) else (lambda _needs: memory)
+        raise CaptureError(
+            "plan() needs a memory model or a source (capture_megatron.profile.memory_source)"
+        )
+    source: ModelSource = memory if callable(memory) else (lambda _needs: memory)
     hw, margins = Hardware(efficiency=options.mfu), options.margins(cluster)
     if options.fixed is not None:
         model = source(needs_of(shape, [options.fixed]))
-        ranked = (evaluate_plan(model, shape, options.fixed, cluster, margins, hw),)
-        return _result(model, shape, cluster, ranked, 1)
+        fixed = evaluate_plan(model, shape, options.fixed, cluster, margins, hw)
+        return _result(model, shape, cluster, (fixed,), 1)
     gbs = global_batch(options, cluster)
     plans = list(candidates(shape, cluster, gbs, options.space))
     if not plans:
         raise CaptureError(_why_no_candidate(shape, cluster, gbs, options.space))
     model = source(needs_of(shape, plans))
     search_ = _Search(model, shape, cluster, gbs, options.space, margins, hw)
-    if options.objective == "min-gpus":
-        found = search_.smallest_fit(cluster.gpus)
-        if found is None:
-            raise search_.no_fit(search_.run(cluster, "min-peak", 1)[0][0])
-        ranked, considered = (found[1],), 1
-    else:
-        ranked, considered = search_.run(cluster, options.objective, options.top)
+    ranked, considered = search_.best(options.objective, options.top)
     if not ranked[0].fits:
         raise search_.no_fit(ranked[0])
     return _result(model, shape, cluster, ranked, considered)
@@ -139,9 +135,28 @@ class _Search:
 
     def run(self, cluster: Cluster, objective: str, top: int) -> tuple[tuple[Evaluated, ...], int]:
         """(ranked plans, candidates considered) on `cluster`."""
-        found = search(self.model, self.shape, cluster, self.gbs, self.space, objective, self.margins,
-                       self.hw, top=top)
+        found = search(
+            self.model,
+            self.shape,
+            cluster,
+            self.gbs,
+            self.space,
+            objective,
+            self.margins,
+            self.hw,
+            top=top,
+        )
         return found.ranked, found.considered
+
+    def best(self, objective: str, top: int) -> tuple[tuple[Evaluated, ...], int]:
+        """(ranked plans, candidates considered) for the objective on the whole cluster; min-gpus
+        keeps the plan of the fewest GPUs that fit (CaptureError when none does)."""
+        if objective != "min-gpus":
+            return self.run(self.cluster, objective, top)
+        found = self.smallest_fit(self.cluster.gpus)
+        if found is None:
+            raise self.no_fit(self.run(self.cluster, "min-peak", 1)[0][0])
+        return (found[1],), 1
 
     def smallest_fit(self, limit: int) -> tuple[int, Evaluated] | None:
         """(gpus, plan) of the fewest GPUs up to `limit` on which some plan fits, else None."""
@@ -156,8 +171,9 @@ class _Search:
         cluster = self.cluster
         if self.margins.needed(0.0) >= cluster.gpu_memory_bytes:
             return CaptureError(
-                f"no plan fits {cluster.gpu_memory_bytes / GIB:g} GiB per GPU: the CUDA context and "
-                f"allocator margin alone take {self.margins.needed(0.0) / GIB:.1f} GiB (--context-gib)"
+                f"no plan fits {cluster.gpu_memory_bytes / GIB:g} GiB per GPU: the CUDA "
+                f"context and allocator margin alone take {self.margins.needed(0.0) / GIB:.1f} "
+                "GiB (--context-gib)"
             )
         limit = max(64 * cluster.gpus, 64)
         found = self.smallest_fit(limit)
@@ -171,8 +187,8 @@ class _Search:
         else:
             where = f"none fits on up to {limit} GPUs either"
         return CaptureError(
-            f"no plan fits {cluster.gpu_memory_bytes / GIB:g} GiB on {cluster.gpus} GPUs (best needs "
-            f"{best.needed / GIB:.1f} GiB per GPU); {where}"
+            f"no plan fits {cluster.gpu_memory_bytes / GIB:g} GiB on {cluster.gpus} GPUs (best "
+            f"needs {best.needed / GIB:.1f} GiB per GPU); {where}"
         )
 
 
@@ -185,7 +201,8 @@ def gpu_counts(cluster: Cluster, limit: int) -> list[int]:
 def _why_no_candidate(shape: ModelShape, cluster: Cluster, gbs: int, space: Space) -> str:
     tps = [t for t in space.tp if shape.num_attention_heads % t == 0 and shape.groups % t == 0]
     parts = [
-        f"no parallel plan of {shape.num_layers} layers fits {cluster.gpus} GPUs with global batch {gbs}"
+        f"no parallel plan of {shape.num_layers} layers fits {cluster.gpus} GPUs with global "
+        f"batch {gbs}"
     ]
     if not tps:
         parts.append(
@@ -194,5 +211,7 @@ def _why_no_candidate(shape: ModelShape, cluster: Cluster, gbs: int, space: Spac
         )
     if space.pp and min(space.pp) > shape.num_layers:
         parts.append(f"layers {shape.num_layers} < PP {min(space.pp)}")
-    parts.append("check --global-batch-size is a multiple of micro-batch x DP and TP divides the GPUs")
+    parts.append(
+        "check --global-batch-size is a multiple of micro-batch x DP and TP divides the GPUs"
+    )
     return "; ".join(parts)

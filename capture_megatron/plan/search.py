@@ -7,11 +7,12 @@ memory cap (fewer recomputed layers, faster steps). Objectives: min-peak (CAPTUR
 (fastest estimated step among plans that fit), min-gpus (fewest GPUs on which some plan fits).
 Pure Python.
 """
+
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
-from typing import Iterator
 
 from capture_megatron.config import GIB, Cluster, ModelShape, ParallelFlags, ParallelPlan, Recompute
 from capture_megatron.config.parallel import tp_fits
@@ -107,32 +108,43 @@ class Evaluated:
         return tuple(int(s.peak) for s in self.stages)
 
 
-def rank_peak_fn(model: MemoryModel, shape: ModelShape, plan: ParallelPlan, recompute_all: bool) -> RankPeak:
-    """rank_peak(pp_rank, chunk_counts) for the partitioner (full recompute of every layer if asked)."""
+def rank_peak_fn(
+    model: MemoryModel, shape: ModelShape, plan: ParallelPlan, recompute_all: bool
+) -> RankPeak:
+    """rank_peak(pp_rank, chunk_counts) for the partitioner (full recompute of every layer if
+    asked)."""
     vm = find_variant(model, variant_of(shape, plan))
     if recompute_all:  # every layer of every stage recomputed (more than any stage can hold)
         plan = replace(plan, recompute=Recompute("full", "block", (shape.num_layers,) * plan.pp))
     chunk_cache: dict = {}
 
-    @functools.lru_cache(maxsize=None)
+    @functools.cache
     def peak(rank: int, counts: tuple[int, ...]) -> float:
         return rank_memory(vm, shape, plan, rank, counts, chunk_cache).peak
+
     return peak
 
 
 def balanced(model: MemoryModel, shape: ModelShape, plan: ParallelPlan) -> ParallelPlan:
     """The plan with its layers re-split by the exact min-max partition."""
     full = plan.recompute.granularity == "full"
-    part = min_max_partition(shape.num_layers, plan.pp, plan.vpp, rank_peak_fn(model, shape, plan, full))
+    part = min_max_partition(
+        shape.num_layers, plan.pp, plan.vpp, rank_peak_fn(model, shape, plan, full)
+    )
     plan = replace(plan, layers_per_stage=part.layers_per_stage)
     if full:
-        plan = replace(plan, recompute=Recompute("full", "block", tuple(
-            max(plan.chunks_of(r)) for r in range(plan.pp))))
+        plan = replace(
+            plan,
+            recompute=Recompute(
+                "full", "block", tuple(max(plan.chunks_of(r)) for r in range(plan.pp))
+            ),
+        )
     return plan
 
 
-def trim_recompute(model: MemoryModel, shape: ModelShape, plan: ParallelPlan, cap: float,
-                   margins: Margins) -> ParallelPlan:
+def trim_recompute(
+    model: MemoryModel, shape: ModelShape, plan: ParallelPlan, cap: float, margins: Margins
+) -> ParallelPlan:
     """Lower each stage's full-recompute count to the fewest layers that keep it under `cap`."""
     if plan.recompute.granularity != "full":
         return plan
@@ -140,7 +152,12 @@ def trim_recompute(model: MemoryModel, shape: ModelShape, plan: ParallelPlan, ca
     counts = list(plan.recompute.num_layers)
     for r in range(plan.pp):
         while counts[r] > 0:
-            trial = replace(plan, recompute=Recompute("full", "block", tuple(counts[:r] + [counts[r] - 1] + counts[r + 1:])))
+            trial = replace(
+                plan,
+                recompute=Recompute(
+                    "full", "block", tuple(counts[:r] + [counts[r] - 1] + counts[r + 1 :])
+                ),
+            )
             if margins.needed(rank_memory(vm, shape, trial, r).peak) > cap:
                 break
             counts[r] -= 1
@@ -149,26 +166,41 @@ def trim_recompute(model: MemoryModel, shape: ModelShape, plan: ParallelPlan, ca
     return replace(plan, recompute=Recompute("full", "block", tuple(counts)))
 
 
-def evaluate_plan(model: MemoryModel, shape: ModelShape, plan: ParallelPlan, cluster: Cluster,
-                  margins: Margins, hw: Hardware) -> Evaluated:
+def evaluate_plan(
+    model: MemoryModel,
+    shape: ModelShape,
+    plan: ParallelPlan,
+    cluster: Cluster,
+    margins: Margins,
+    hw: Hardware,
+) -> Evaluated:
     """Predict a fixed plan."""
     vm = find_variant(model, variant_of(shape, plan))
     stages = tuple(rank_memory(vm, shape, plan, r) for r in range(plan.pp))
     peak = max(s.peak for s in stages)
     needed = margins.needed(peak)
-    return Evaluated(plan, stages, peak, needed, needed <= cluster.gpu_memory_bytes, step_seconds(shape, plan, hw))
+    return Evaluated(
+        plan,
+        stages,
+        peak,
+        needed,
+        needed <= cluster.gpu_memory_bytes,
+        step_seconds(shape, plan, hw),
+    )
 
 
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def candidates(shape: ModelShape, cluster: Cluster, gbs: int, space: Space) -> Iterator[ParallelPlan]:
+def candidates(
+    shape: ModelShape, cluster: Cluster, gbs: int, space: Space
+) -> Iterator[ParallelPlan]:
     """Every plan of the space that Megatron can run on exactly cluster.gpus processes."""
     for tp in space.tp:
         if tp > cluster.gpus_per_node or cluster.gpus % tp:
             continue
-        for pp in (space.pp or tuple(_divisors(cluster.gpus // tp))):
+        for pp in space.pp or tuple(_divisors(cluster.gpus // tp)):
             if cluster.gpus % (tp * pp) or pp > shape.num_layers:
                 continue
             dp = cluster.gpus // (tp * pp)
@@ -185,7 +217,9 @@ def _dominated(on: bool, size: int, allowed: tuple[bool, ...]) -> bool:
     return not on and size > 1 and True in allowed
 
 
-def _variants(shape: ModelShape, tp: int, pp: int, dp: int, vpp: int, gbs: int, space: Space):
+def _variants(
+    shape: ModelShape, tp: int, pp: int, dp: int, vpp: int, gbs: int, space: Space
+) -> Iterator[ParallelPlan]:
     for mbs in space.micro_batch_size:
         if gbs % (mbs * dp):
             continue
@@ -193,20 +227,36 @@ def _variants(shape: ModelShape, tp: int, pp: int, dp: int, vpp: int, gbs: int, 
         if vpp > 1 and (m < pp or (m % pp and m % pp < pp)):
             continue
         for sp in space.sequence_parallel:
-            if (sp and tp == 1) or not tp_fits(shape, tp, sp) or _dominated(sp, tp, space.sequence_parallel):
+            if (
+                (sp and tp == 1)
+                or not tp_fits(shape, tp, sp)
+                or _dominated(sp, tp, space.sequence_parallel)
+            ):
                 continue
             for rc in space.recompute:
                 recompute = Recompute("full", "block", (1,) * pp) if rc == "full" else Recompute(rc)
                 for do in space.distributed_optimizer:
                     if (do and dp == 1 and len(space.distributed_optimizer) > 1) or _dominated(
-                            do, dp, space.distributed_optimizer):
+                        do, dp, space.distributed_optimizer
+                    ):
                         continue
                     stages = pp * vpp
-                    layers = tuple(shape.num_layers // stages + (1 if i < shape.num_layers % stages else 0)
-                                   for i in range(stages))
-                    yield ParallelPlan(tp=tp, pp=pp, dp=dp, vpp=vpp, micro_batch_size=mbs, global_batch_size=gbs,
-                                       layers_per_stage=layers, recompute=recompute, sequence_parallel=sp,
-                                       distributed_optimizer=do)
+                    layers = tuple(
+                        shape.num_layers // stages + (1 if i < shape.num_layers % stages else 0)
+                        for i in range(stages)
+                    )
+                    yield ParallelPlan(
+                        tp=tp,
+                        pp=pp,
+                        dp=dp,
+                        vpp=vpp,
+                        micro_batch_size=mbs,
+                        global_batch_size=gbs,
+                        layers_per_stage=layers,
+                        recompute=recompute,
+                        sequence_parallel=sp,
+                        distributed_optimizer=do,
+                    )
 
 
 @dataclass(frozen=True)
@@ -219,14 +269,23 @@ class SearchResult:
     """Candidates evaluated."""
 
 
-def search(model: MemoryModel, shape: ModelShape, cluster: Cluster, gbs: int, space: Space, objective: str,
-           margins: Margins, hw: Hardware = Hardware(), top: int = 10) -> SearchResult:
+def search(
+    model: MemoryModel,
+    shape: ModelShape,
+    cluster: Cluster,
+    gbs: int,
+    space: Space,
+    objective: str,
+    margins: Margins,
+    hw: Hardware = Hardware(),
+    top: int = 10,
+) -> SearchResult:
     """Balance and predict the candidates; rank by the objective (fitting plans first).
 
     min-peak skips candidates another candidate dominates in memory (same sizes with a smaller
     micro-batch, without interleaving, or with full recompute, which keeps only each layer's input:
-    larger micro-batches, interleaving and keeping more activations only add memory). throughput is a
-    branch and bound: candidates in order of a step-time lower bound (step_seconds(bound=True)),
+    larger micro-batches, interleaving and keeping more activations only add memory). throughput is
+    a branch and bound: candidates in order of a step-time lower bound (step_seconds(bound=True)),
     stopping once `top` fitting plans are at least as fast as every bound left; a candidate is only
     balanced when its lighter twins fit (the same sizes without interleaving, and with full
     recompute trimmed to the fewest layers that fit: they need no more memory)."""
@@ -236,20 +295,40 @@ def search(model: MemoryModel, shape: ModelShape, cluster: Cluster, gbs: int, sp
     if objective == "throughput":
         return _fastest(model, shape, cluster, plans, margins, hw, top)
     plans = [p for p in plans if not _memory_dominated(p, space)]
-    results = [evaluate_plan(model, shape, balanced(model, shape, p), cluster, margins, hw) for p in plans]
+    results = [
+        evaluate_plan(model, shape, balanced(model, shape, p), cluster, margins, hw) for p in plans
+    ]
     ranked = sorted(results, key=lambda e: (not e.fits, e.peak, e.step_seconds))
     return SearchResult(tuple(ranked[:top]), len(results))
 
 
 def _memory_dominated(plan: ParallelPlan, space: Space) -> bool:
-    return ((plan.vpp > 1 and 1 in space.vpp) or plan.micro_batch_size > min(space.micro_batch_size)
-            or (plan.recompute.granularity != "full" and "full" in space.recompute))
+    return (
+        (plan.vpp > 1 and 1 in space.vpp)
+        or plan.micro_batch_size > min(space.micro_batch_size)
+        or (plan.recompute.granularity != "full" and "full" in space.recompute)
+    )
 
 
-def _fastest(model: MemoryModel, shape: ModelShape, cluster: Cluster, plans: list[ParallelPlan],
-             margins: Margins, hw: Hardware, top: int) -> SearchResult:
+def _fastest(
+    model: MemoryModel,
+    shape: ModelShape,
+    cluster: Cluster,
+    plans: list[ParallelPlan],
+    margins: Margins,
+    hw: Hardware,
+    top: int,
+) -> SearchResult:
     def sizes(p: ParallelPlan, recompute: str) -> tuple:
-        return p.tp, p.pp, p.dp, p.micro_batch_size, recompute, p.sequence_parallel, p.distributed_optimizer
+        return (
+            p.tp,
+            p.pp,
+            p.dp,
+            p.micro_batch_size,
+            recompute,
+            p.sequence_parallel,
+            p.distributed_optimizer,
+        )
 
     # the lightest twin: no interleaving and full recompute when the space has them
     flat = {sizes(p, p.recompute.granularity): p for p in plans if p.vpp == 1}
@@ -258,7 +337,9 @@ def _fastest(model: MemoryModel, shape: ModelShape, cluster: Cluster, plans: lis
 
     def run(plan: ParallelPlan) -> Evaluated:
         if plan not in done:
-            fitted = trim_recompute(model, shape, balanced(model, shape, plan), cluster.gpu_memory_bytes, margins)
+            fitted = trim_recompute(
+                model, shape, balanced(model, shape, plan), cluster.gpu_memory_bytes, margins
+            )
             done[plan] = evaluate_plan(model, shape, fitted, cluster, margins, hw)
         return done[plan]
 

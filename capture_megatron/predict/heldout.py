@@ -13,7 +13,12 @@ from capture_megatron.fit.timelines.windows import FIELDS, KEPT
 from capture_megatron.predict.static import chunk_static
 from capture_megatron.records import ProfileRecord
 
-MEASURED = {KEPT: "saved_bytes", "forward": "forward_peak", "backward": "backward_peak", "step": "step_peak"}
+MEASURED = {
+    KEPT: "saved_bytes",
+    "forward": "forward_peak",
+    "backward": "backward_peak",
+    "step": "step_peak",
+}
 """Window (fit_windows.FIELDS) -> the ProfileRecord field that measured it."""
 
 
@@ -28,7 +33,8 @@ class Check:
     recompute_layers: int
     """Of which fully recomputed."""
     quantity: str
-    """KindConstants field (saved1, fwd1, bwdmix, ...), 'layer saved S' or params/grads/optimizer."""
+    """KindConstants field (saved1, fwd1, bwdmix, ...), 'layer saved S' or
+    params/grads/optimizer."""
     predicted: float
     """Bytes the model predicts."""
     measured: float
@@ -48,19 +54,32 @@ class Check:
 def _record_checks(vm: VariantModel, rec: ProfileRecord) -> list[Check]:
     kc = vm.constants(sizes_of(rec)).chunk(rec.kind)
     key = (rec.layers, rec.recompute_layers)
-    fields = [(name, getattr(rec, MEASURED[window])) for name, (layers, rc, window) in FIELDS.items()
-              if (layers, rc) == key and not (window == "step" and rec.device == "fake")]
-    return [Check(rec.kind, rec.layers, rec.recompute_layers, name, float(getattr(kc, name)), float(meas))
-            for name, meas in fields if getattr(kc, name, None) is not None]
+    fields = [
+        (name, getattr(rec, MEASURED[window]))
+        for name, (layers, rc, window) in FIELDS.items()
+        if (layers, rc) == key and not (window == "step" and rec.device == "fake")
+    ]
+    return [
+        Check(
+            rec.kind, rec.layers, rec.recompute_layers, name, float(getattr(kc, name)), float(meas)
+        )
+        for name, meas in fields
+        if getattr(kc, name, None) is not None
+    ]
 
 
 def _layer_checks(vm: VariantModel, one: ProfileRecord, two: ProfileRecord) -> list[Check]:
     """S from a middle chunk of two layers minus one, and one layer's static bytes."""
     c = vm.constants(sizes_of(one))
-    static = chunk_static(list(c.layer_numels), one.variant.dtype, one.dp, one.distributed_optimizer)
-    pairs = [("layer saved S", c.layer_saved, two.saved_bytes - one.saved_bytes), ("params", static.params,
-             one.param_bytes), ("grads", static.grads, one.grad_bytes), ("optimizer", static.optimizer,
-                                                                         one.optimizer_bytes)]
+    static = chunk_static(
+        list(c.layer_numels), one.variant.dtype, one.dp, one.distributed_optimizer
+    )
+    pairs = [
+        ("layer saved S", c.layer_saved, two.saved_bytes - one.saved_bytes),
+        ("params", static.params, one.param_bytes),
+        ("grads", static.grads, one.grad_bytes),
+        ("optimizer", static.optimizer, one.optimizer_bytes),
+    ]
     return [Check("middle", 1, 0, name, float(p), float(m)) for name, p, m in pairs]
 
 

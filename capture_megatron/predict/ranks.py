@@ -1,11 +1,11 @@
 """Predict every pipeline rank's peak memory for a ParallelPlan from a fitted MemoryModel.
 
-A rank's memory is simulated over megatron-core's own schedule (capture_megatron.predict.schedule): static
-bytes (parameters, DDP gradient buffers, optimizer state, Megatron's global buffers) plus, event by
-event, the activations of the micro-batches in flight on each of its chunks; a forward adds its
-transient peak on top, a backward likewise; the optimizer step adds its own. The peak is the maximum
-over all of them (iterations after the first, when optimizer state exists). Pure Python.
-"""
+A rank's memory is simulated over megatron-core's own schedule (capture_megatron.predict.schedule):
+static bytes (parameters, DDP gradient buffers, optimizer state, Megatron's global buffers) plus,
+event by event, the activations of the micro-batches in flight on each of its chunks; a forward adds
+its transient peak on top, a backward likewise; the optimizer step adds its own. The peak is the
+maximum over all of them (iterations after the first, when optimizer state exists). Pure Python."""
+
 from __future__ import annotations
 
 import functools
@@ -79,9 +79,17 @@ def variant_of(shape: ModelShape, plan: ParallelPlan) -> Variant:
 
 def sizes_for(shape: ModelShape, plan: ParallelPlan) -> Sizes:
     """Regression sizes of a (shape, plan)."""
-    return Sizes(b=plan.micro_batch_size, s=shape.seq_length, h=shape.hidden_size,
-                 a=shape.num_attention_heads, g=shape.groups, d=shape.head_dim, f=shape.ffn,
-                 V=shape.padded_vocab(plan.tp), t=plan.tp)
+    return Sizes(
+        b=plan.micro_batch_size,
+        s=shape.seq_length,
+        h=shape.hidden_size,
+        a=shape.num_attention_heads,
+        g=shape.groups,
+        d=shape.head_dim,
+        f=shape.ffn,
+        V=shape.padded_vocab(plan.tp),
+        t=plan.tp,
+    )
 
 
 def find_variant(model: MemoryModel, variant: Variant) -> VariantModel:
@@ -89,12 +97,19 @@ def find_variant(model: MemoryModel, variant: Variant) -> VariantModel:
     for vm in model.variants:
         if vm.variant == variant:
             return vm
-    have = "; ".join(f"{v.variant.dtype}/{v.variant.recompute}/sp={v.variant.sequence_parallel}"
-                     for v in model.variants) or "none"
-    raise CaptureError(f"the {model.device} memory model has no fit for {variant.dtype}, recompute "
-                       f"{variant.recompute}, sequence parallel {variant.sequence_parallel}, swiglu "
-                       f"{variant.swiglu}, {variant.normalization}, {variant.position_embedding_type}, dropout "
-                       f"{variant.dropout}, untied {variant.untied} (fitted: {have}); profile that variant")
+    have = (
+        "; ".join(
+            f"{v.variant.dtype}/{v.variant.recompute}/sp={v.variant.sequence_parallel}"
+            for v in model.variants
+        )
+        or "none"
+    )
+    raise CaptureError(
+        f"the {model.device} memory model has no fit for {variant.dtype}, recompute "
+        f"{variant.recompute}, sequence parallel {variant.sequence_parallel}, swiglu "
+        f"{variant.swiglu}, {variant.normalization}, {variant.position_embedding_type}, dropout "
+        f"{variant.dropout}, untied {variant.untied} (fitted: {have}); profile that variant"
+    )
 
 
 def chunk_kind(plan: ParallelPlan, pp_rank: int, vp: int) -> str:
@@ -108,31 +123,44 @@ def chunk_kind(plan: ParallelPlan, pp_rank: int, vp: int) -> str:
     return "middle"
 
 
-def _activations(sc: ShapeConstants, kind: str, k: int, n: int) -> tuple[float, float, float, float]:
+def _activations(
+    sc: ShapeConstants, kind: str, k: int, n: int
+) -> tuple[float, float, float, float]:
     """(input, saved, forward peak, backward peak) of a chunk with k layers, n recomputed."""
     c = sc.chunk(kind)
     inp = c.input_bytes
     if k == 0:
         if kind == "middle":  # an empty stage passes its input on; the schedule keeps the input
             return inp, 0.0, 0.0, inp
-        return inp, c.saved0, c.fwd0, c.bwd0
+        return inp, c.need("saved0"), c.need("fwd0"), c.need("bwd0")
     s, r = sc.layer_saved, (sc.layer_saved_rc or 0.0)
     r2 = r if sc.layer_saved_rc_next is None else sc.layer_saved_rc_next
     kept = r + (n - 1) * r2 if n else 0.0  # the first recomputed layer, then each further one
     saved = c.saved1 + (k - 1 - n) * s + kept
-    # after recomputed layers the first kept layer's input is a fresh tensor (r2), not the chunk's input
-    fwd = c.fwd1 + kept + (k - n - 1) * s + (r2 - r if n else 0.0) if n < k else c.fwdrc + (k - 1) * r2
+    # after recomputed layers the first kept layer's input is a fresh tensor (r2), not the chunk's
+    # input
+    fwd = (
+        c.fwd1 + kept + (k - n - 1) * s + (r2 - r if n else 0.0)
+        if n < k
+        else c.need("fwdrc") + (k - 1) * r2
+    )
     if n == 0:
         bwd = c.bwd1
     elif n < k:
-        bwd = max(c.bwd1, c.bwdmix - (k - n - 1) * s)
+        bwd = max(c.bwd1, c.need("bwdmix") - (k - n - 1) * s)
     else:
-        bwd = c.bwdrc
+        bwd = c.need("bwdrc")
     return inp, saved, fwd, bwd
 
 
-def chunk_cost(vm: VariantModel, shape: ModelShape, plan: ParallelPlan, pp_rank: int, vp: int,
-               layers: int | None = None) -> ChunkCost:
+def chunk_cost(
+    vm: VariantModel,
+    shape: ModelShape,
+    plan: ParallelPlan,
+    pp_rank: int,
+    vp: int,
+    layers: int | None = None,
+) -> ChunkCost:
     """Predicted costs of one chunk (holding `layers` layers, by default the plan's)."""
     sc = vm.constants(sizes_for(shape, plan))
     kind = chunk_kind(plan, pp_rank, vp)
@@ -140,17 +168,33 @@ def chunk_cost(vm: VariantModel, shape: ModelShape, plan: ParallelPlan, pp_rank:
     n = min(plan.recompute.layers_on(pp_rank), k) if plan.recompute.granularity == "full" else 0
     inp, saved, fwd, bwd = _activations(sc, kind, k, n)
     c = sc.chunk(kind)
-    step = c.step0 if k == 0 and kind != "middle" else c.step1
+    step = c.need("step0") if k == 0 and kind != "middle" else c.step1
     pre, post = _ends(sc, kind)
     shared = _shared_end(kind, shape, plan, len(pre) + k * len(sc.layer_numels) + len(post))
-    st = structured_static(pre, tuple(sc.layer_numels), k, post, shape.dtype, plan.dp, plan.distributed_optimizer,
-                           shared)
+    st = structured_static(
+        pre,
+        tuple(sc.layer_numels),
+        k,
+        post,
+        shape.dtype,
+        plan.dp,
+        plan.distributed_optimizer,
+        shared,
+    )
     return ChunkCost(kind, k, inp + saved, inp, fwd, bwd, step, st.params, st.grads, st.optimizer)
 
 
-def _cached_chunk(vm: VariantModel, shape: ModelShape, plan: ParallelPlan, pp_rank: int, vp: int, k: int,
-                  cache: dict | None) -> ChunkCost:
-    """chunk_cost, memoised in `cache` by what it depends on for a fixed plan: kind, layers, recomputed."""
+def _cached_chunk(
+    vm: VariantModel,
+    shape: ModelShape,
+    plan: ParallelPlan,
+    pp_rank: int,
+    vp: int,
+    k: int,
+    cache: dict | None,
+) -> ChunkCost:
+    """chunk_cost, memoised in `cache` by what it depends on for a fixed plan: kind, layers,
+    recomputed."""
     if cache is None:
         return chunk_cost(vm, shape, plan, pp_rank, vp, k)
     n = plan.recompute.layers_on(pp_rank) if plan.recompute.granularity == "full" else 0
@@ -175,7 +219,8 @@ def _ends(sc: ShapeConstants, kind: str) -> tuple[tuple[int, ...], tuple[int, ..
 
 
 def _shared_end(kind: str, shape: ModelShape, plan: ParallelPlan, count: int) -> str | None:
-    """Which end holds the tied embedding that DDP gives its own bucket (tied weights with PP > 1)."""
+    """Which end holds the tied embedding that DDP gives its own bucket (tied weights with PP >
+    1)."""
     if shape.untie_embeddings_and_output_weights or plan.pp == 1 or count == 0:
         return None
     return {"first": "pre", "last": "post"}.get(kind)
@@ -186,42 +231,62 @@ def _buffers(vm: VariantModel, z: Sizes, any_layers: bool) -> float:
     return max(vm.constants(z).buffers, 0.0) if any_layers else 0.0
 
 
+Moment = tuple[str, int, tuple[int, ...], int]
+"""(kind, chunk, live micro-batches per chunk before the event, chunk whose input gradient the
+schedule still holds or -1)."""
+
+
 @functools.lru_cache(maxsize=4096)
-def schedule_states(pp: int, num_microbatches: int, vpp: int, pp_rank: int) -> tuple:
-    """Distinct moments of a rank's schedule: (kind, chunk, live micro-batches per chunk before the
-    event, chunk whose input gradient the schedule still holds or -1), in first-seen order."""
-    live, held, seen = [0] * vpp, -1, {}
+def schedule_states(pp: int, num_microbatches: int, vpp: int, pp_rank: int) -> tuple[Moment, ...]:
+    """The distinct Moments of a rank's schedule that can be its peak, in first-seen order."""
+    live, held = [0] * vpp, -1
+    seen: dict[Moment, None] = {}
     for ev in events(ScheduleSpec(pp=pp, num_microbatches=num_microbatches, vpp=vpp), pp_rank):
         seen.setdefault((ev.kind, ev.chunk, tuple(live), held), None)
         live[ev.chunk] += 1 if ev.kind == "F" else -1
         if ev.kind == "B":
             held = ev.chunk
-    # a moment is dropped when the same (kind, chunk, held) moment has at least as many micro-batches
-    # alive in every chunk: its memory is never higher, so it cannot be the rank's peak
-    groups: dict = {}
+    # a moment is dropped when the same (kind, chunk, held) moment has at least as many
+    # micro-batches alive in every chunk: its memory is never higher, so it cannot be the rank's
+    # peak
+    groups: dict[tuple[str, int, int], list[tuple[int, ...]]] = {}
     for state in seen:
         groups.setdefault((state[0], state[1], state[3]), []).append(state[2])
-    keep = set()
+    keep: set[tuple[tuple[str, int, int], tuple[int, ...]]] = set()
     for key, lives in groups.items():
-        front = [live for live in lives if not any(o != live and all(a >= b for a, b in zip(o, live)) for o in lives)]
-        keep.update((key, live) for live in (_upper_hull(front) if vpp == 2 else front))
+        front = [
+            alive
+            for alive in lives
+            if not any(o != alive and all(a >= b for a, b in zip(o, alive)) for o in lives)
+        ]
+        keep.update((key, alive) for alive in (_upper_hull(front) if vpp == 2 else front))
     return tuple(s for s in seen if ((s[0], s[1], s[3]), s[2]) in keep)
 
 
-def _upper_hull(front: list[tuple[int, int]]) -> list[tuple[int, int]]:
+def _upper_hull(front: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
     """Vertices of the upper hull of a 2-chunk Pareto front: the only points where a sum
     w0 * live0 + w1 * live1 with weights >= 0 (the activations held) can be largest."""
-    hull: list[tuple[int, int]] = []
+    hull: list[tuple[int, ...]] = []
     for p in sorted(set(front)):
-        while len(hull) >= 2 and (hull[-1][0] - hull[-2][0]) * (p[1] - hull[-2][1]) - \
-                (hull[-1][1] - hull[-2][1]) * (p[0] - hull[-2][0]) >= 0:
+        while (
+            len(hull) >= 2
+            and (hull[-1][0] - hull[-2][0]) * (p[1] - hull[-2][1])
+            - (hull[-1][1] - hull[-2][1]) * (p[0] - hull[-2][0])
+            >= 0
+        ):
             hull.pop()
         hull.append(p)
     return hull
 
 
-def rank_memory(vm: VariantModel, shape: ModelShape, plan: ParallelPlan, pp_rank: int,
-                counts: tuple[int, ...] | None = None, cache: dict | None = None) -> StageMemory:
+def rank_memory(
+    vm: VariantModel,
+    shape: ModelShape,
+    plan: ParallelPlan,
+    pp_rank: int,
+    counts: tuple[int, ...] | None = None,
+    cache: dict | None = None,
+) -> StageMemory:
     """One pipeline rank's peak over megatron's schedule (its chunks holding `counts` layers).
 
     `cache` (a dict the caller keeps for one plan) memoises chunk costs across calls."""
@@ -234,17 +299,35 @@ def rank_memory(vm: VariantModel, shape: ModelShape, plan: ParallelPlan, pp_rank
     static = params + grads + opt + other
     step = max(c.step for c in chunks)
     best = (static + step, 0.0, step, "step", (0,) * plan.vpp)
-    for kind, chunk, live, held in schedule_states(plan.pp, plan.num_microbatches, plan.vpp, pp_rank):
+    for kind, chunk, live, held in schedule_states(
+        plan.pp, plan.num_microbatches, plan.vpp, pp_rank
+    ):
         c = chunks[chunk]
         transient = (chunks[held].input_bytes if held >= 0 else 0.0) + (
-            c.input_bytes + c.forward if kind == "F" else c.backward)
+            c.input_bytes + c.forward if kind == "F" else c.backward
+        )
         acts = sum(n * ch.inflight for n, ch in zip(live, chunks))
         if static + acts + transient > best[0]:
-            best = (static + acts + transient, acts, transient, "forward" if kind == "F" else "backward", live)
+            best = (
+                static + acts + transient,
+                acts,
+                transient,
+                "forward" if kind == "F" else "backward",
+                live,
+            )
     peak, activations, transient, phase, inflight = best
-    return StageMemory(pp_rank=pp_rank, peak=peak, params=params, grads=grads, optimizer=opt,
-                       activations=activations, transient=transient, other=other, phase=phase,
-                       inflight=inflight)
+    return StageMemory(
+        pp_rank=pp_rank,
+        peak=peak,
+        params=params,
+        grads=grads,
+        optimizer=opt,
+        activations=activations,
+        transient=transient,
+        other=other,
+        phase=phase,
+        inflight=inflight,
+    )
 
 
 def predict(model: MemoryModel, shape: ModelShape, plan: ParallelPlan) -> tuple[StageMemory, ...]:

@@ -9,6 +9,7 @@
   forwards (capped at m * v); a backward of virtual id k runs chunk v - 1 - chunk_table[k].
 Pure Python (no torch).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -32,18 +33,27 @@ class ScheduleSpec:
     def __post_init__(self) -> None:
         p = []
         if self.pp < 1 or self.vpp < 1 or self.num_microbatches < 1:
-            p.append(f"pp {self.pp}, vpp {self.vpp} and micro-batches {self.num_microbatches} must be >= 1")
+            p.append(
+                f"pp {self.pp}, vpp {self.vpp} and micro-batches {self.num_microbatches} must "
+                "be >= 1"
+            )
         elif self.vpp > 1:
             if self.pp == 1:
                 p.append("virtual pipeline stages need PP > 1")
             group = self.group
             if not self.pp <= group <= self.num_microbatches:
-                p.append(f"micro-batch group per virtual stage {group} must lie in [PP {self.pp}, "
-                         f"micro-batches {self.num_microbatches}] (interleaving needs at least PP micro-batches)")
+                p.append(
+                    f"micro-batch group per virtual stage {group} must lie in [PP {self.pp}, "
+                    f"micro-batches {self.num_microbatches}] (interleaving needs at least PP "
+                    "micro-batches)"
+                )
             rest = self.num_microbatches % group
             if 0 < rest < self.pp:
-                p.append(f"{self.num_microbatches} micro-batches leave a last group of {rest} < PP {self.pp}; "
-                         f"use a multiple of {group} micro-batches")
+                p.append(
+                    f"{self.num_microbatches} micro-batches leave a last group of {rest} < "
+                    f"PP {self.pp}; "
+                    f"use a multiple of {group} micro-batches"
+                )
         require(p, "pipeline schedule")
 
     @property
@@ -99,7 +109,7 @@ def events(spec: ScheduleSpec, pp_rank: int) -> tuple[Event, ...]:
     out = fwd[:warm]
     for k in range(len(table) - warm):
         out += [fwd[warm + k], bwd[k]]
-    out += bwd[len(table) - warm:]
+    out += bwd[len(table) - warm :]
     return tuple(out)
 
 

@@ -5,11 +5,12 @@ Megatron-core 0.16.1's rules, which the profiler's measured param/grad/optimizer
   (grad_reduce_in_fp32, as Megatron-LM forces), otherwise the parameter dtype.
 - With the distributed optimizer the buffer is laid out for reduce-scatter: parameters in reverse
   order, each start padded to a multiple of 64 elements, the tied (shared) embedding in a bucket of
-  its own, every bucket end padded to a multiple of lcm(DP, 128); the parameters themselves move into
-  a param buffer of the same layout, and each DP rank owns a 1/DP slice of every bucket.
+  its own, every bucket end padded to a multiple of lcm(DP, 128); the parameters themselves move
+  into a param buffer of the same layout, and each DP rank owns a 1/DP slice of every bucket.
 - Adam keeps exp_avg and exp_avg_sq in fp32 plus a 4-byte step counter per parameter tensor (per
   owned slice with the distributed optimizer); bf16/fp16 training adds fp32 master weights.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -36,14 +37,16 @@ def _pad(n: int, m: int) -> int:
     return int(math.ceil(n / m) * m)
 
 
-def buffer_layout(numels: list[int], dp: int, shared_index: int | None) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+def buffer_layout(
+    numels: list[int], dp: int, shared_index: int | None
+) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
     """Distributed-optimizer buffer: ((start, end) per parameter, (start, end) per bucket)."""
-    items = [(numels[i], i == shared_index) for i in reversed(range(len(numels)))]
+    items: list[Item] = [(numels[i], i == shared_index) for i in reversed(range(len(numels)))]
     placed, buckets, _ = _place(items, dp)
-    return placed[::-1], buckets
+    return [p for p in placed[::-1] if isinstance(p, tuple)], buckets
 
 
-def _owned(ranges, buckets, dp: int) -> list[int]:
+def _owned(ranges: list[tuple[int, int]], buckets: list[tuple[int, int]], dp: int) -> list[int]:
     """Elements of each parameter that DP rank 0 owns (its 1/dp slice of every bucket)."""
     shards = sorted((b_lo, b_lo + (b_hi - b_lo) // dp) for b_lo, b_hi in buckets)
     starts = [lo for lo, _ in shards]
@@ -57,8 +60,13 @@ def _owned(ranges, buckets, dp: int) -> list[int]:
     return owned
 
 
-def chunk_static(numels: list[int], dtype: str, dp: int, distributed_optimizer: bool,
-                 shared_index: int | None = None) -> StaticBytes:
+def chunk_static(
+    numels: list[int],
+    dtype: str,
+    dp: int,
+    distributed_optimizer: bool,
+    shared_index: int | None = None,
+) -> StaticBytes:
     """Static bytes of a chunk with parameters of `numels` elements on DP rank 0."""
     pbytes = dtype_bytes(dtype)
     gbytes = 4 if dtype == "bf16" else pbytes
@@ -84,16 +92,25 @@ class _Block:
     offsets: tuple[tuple[int, int], ...]  # (offset in the layer, numel) per parameter
 
 
-def _place(items: list, dp: int) -> tuple[list, list[tuple[int, int]], int]:
-    """buffer_layout for a sequence in buffer order of (numel, shared) singles and (layer, k) blocks,
-    in O(parameters of one layer) per block: placements, buckets, and the raw end."""
+Item = tuple[int, bool] | tuple[tuple[int, ...], int]
+"""A buffer item: (numel, shared) for one parameter, or (layer numels, k) for k identical layers."""
+
+
+def _place(
+    items: list[Item], dp: int
+) -> tuple[list[tuple[int, int] | _Block], list[tuple[int, int]], int]:
+    """buffer_layout for a sequence in buffer order of (numel, shared) singles and (layer, k)
+    blocks, in O(parameters of one layer) per block: placements, buckets, and the raw end."""
     divisor = math.lcm(dp, 128)
-    placed, buckets, bucket_start, start, count = [], [], 0, 0, 0
+    placed: list[tuple[int, int] | _Block] = []
+    buckets: list[tuple[int, int]] = []
+    bucket_start, start, count = 0, 0, 0
     for item in items:
         start = _pad(start, 64)
         if isinstance(item[0], tuple):  # a block of identical layers (k >= 1), never shared
             layer, k = item
-            offsets, off = [], 0
+            offsets: list[tuple[int, int]] = []
+            off = 0
             for n in layer:
                 offsets.append((off, n))
                 off = _pad(off + n, 64)
@@ -101,7 +118,7 @@ def _place(items: list, dp: int) -> tuple[list, list[tuple[int, int]], int]:
             start += (k - 1) * off + offsets[-1][0] + offsets[-1][1]
             count += k * len(layer)
             continue
-        n, shared = item
+        n, shared = item[0], bool(item[1])
         if shared and count:
             buckets.append((bucket_start, _pad(start, divisor)))
             bucket_start = start = buckets[-1][1]
@@ -138,8 +155,16 @@ def _block_overlap(b: _Block, lo: int, hi: int) -> tuple[int, int]:
 
 
 @functools.lru_cache(maxsize=65536)
-def structured_static(pre: tuple[int, ...], layer: tuple[int, ...], k: int, post: tuple[int, ...], dtype: str,
-                      dp: int, distributed_optimizer: bool, shared: str | None = None) -> StaticBytes:
+def structured_static(
+    pre: tuple[int, ...],
+    layer: tuple[int, ...],
+    k: int,
+    post: tuple[int, ...],
+    dtype: str,
+    dp: int,
+    distributed_optimizer: bool,
+    shared: str | None = None,
+) -> StaticBytes:
     """chunk_static of the parameters pre + layer * k + post (shared: 'pre' for pre[0], 'post' for
     post[-1]), exact and in time independent of k."""
     numels = len(pre) + k * len(layer) + len(post)
@@ -150,7 +175,7 @@ def structured_static(pre: tuple[int, ...], layer: tuple[int, ...], k: int, post
     if not distributed_optimizer:
         total = sum(pre) + k * sum(layer) + sum(post)
         return StaticBytes(total * pbytes, total * gbytes, total * (8 + master) + 4 * numels)
-    items = [(n, shared == "post" and i == 0) for i, n in enumerate(reversed(post))]
+    items: list[Item] = [(n, shared == "post" and i == 0) for i, n in enumerate(reversed(post))]
     if k:
         items.append((tuple(reversed(layer)), k))
     items += [(n, shared == "pre" and i == len(pre) - 1) for i, n in enumerate(reversed(pre))]

@@ -1,6 +1,6 @@
 """Profile: build real Megatron-Core pieces (embedding, transformer layers from a ModuleSpec, final
-norm + output layer + loss) for a few probe shapes, run them through megatron's own forward, backward
-and optimizer step, and measure -> ProfileRecords (capture_megatron.records).
+norm + output layer + loss) for a few probe shapes, run them through megatron's own forward,
+backward and optimizer step, and measure -> ProfileRecords (capture_megatron.records).
 
     from capture_megatron.profile import ProfileOptions, profile, memory_source
     records = profile(shape, ProfileOptions(device="fake", tps=(1, 2)))

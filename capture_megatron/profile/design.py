@@ -1,11 +1,11 @@
 """Which probes to run: the model's own shapes (anchors) and a small fixed set of design shapes on
 which every regression term is identifiable (torch-free).
 
-The number of probes depends on the number of terms (and variants), never on the model's depth:
-per shape, 8 chunk probes (16 with full recompute); DESIGN_SHAPES shapes per variant, chosen
-deterministically so that the activation and parameter design matrices have full column rank (checked).
-mCAP, by contrast, needs about one profiling run per layer of the real model.
-"""
+The number of probes depends on the number of terms (and variants), never on the model's depth: per
+shape, 8 chunk probes (16 with full recompute); DESIGN_SHAPES shapes per variant, chosen
+deterministically so that the activation and parameter design matrices have full column rank
+(checked). mCAP, by contrast, needs about one profiling run per layer of the real model."""
+
 from __future__ import annotations
 
 import random
@@ -14,19 +14,45 @@ import numpy as np
 
 from capture_megatron.config import ModelShape
 from capture_megatron.config.parallel import tp_fits
-from capture_megatron.records import Probe, ProbeShape, Variant
 from capture_megatron.fit.terms import ACTIVATION_TERMS, PARAMETER_TERMS, Sizes
+from capture_megatron.records import Probe, ProbeShape, Variant
 
 DESIGN_SHAPES = 24
-BASE_PROBES = (("middle", 1, 0), ("middle", 2, 0), ("first", 0, 0), ("first", 1, 0), ("last", 0, 0),
-               ("last", 1, 0), ("only", 0, 0), ("only", 1, 0))
-RECOMPUTE_PROBES = (("middle", 1, 1), ("middle", 2, 1), ("middle", 2, 2), ("first", 1, 1), ("first", 2, 1), ("last", 1, 1),
-                    ("last", 2, 1), ("only", 1, 1), ("only", 2, 1))
+BASE_PROBES = (
+    ("middle", 1, 0),
+    ("middle", 2, 0),
+    ("first", 0, 0),
+    ("first", 1, 0),
+    ("last", 0, 0),
+    ("last", 1, 0),
+    ("only", 0, 0),
+    ("only", 1, 0),
+)
+RECOMPUTE_PROBES = (
+    ("middle", 1, 1),
+    ("middle", 2, 1),
+    ("middle", 2, 2),
+    ("first", 1, 1),
+    ("first", 2, 1),
+    ("last", 1, 1),
+    ("last", 2, 1),
+    ("only", 1, 1),
+    ("only", 2, 1),
+)
 
 
 def _sizes(p: ProbeShape) -> Sizes:
-    return Sizes(b=p.micro_batch_size, s=p.seq_length, h=p.hidden_size, a=p.num_attention_heads,
-                 g=p.num_query_groups, d=p.kv_channels, f=p.ffn_hidden_size, V=p.padded_vocab, t=p.tp)
+    return Sizes(
+        b=p.micro_batch_size,
+        s=p.seq_length,
+        h=p.hidden_size,
+        a=p.num_attention_heads,
+        g=p.num_query_groups,
+        d=p.kv_channels,
+        f=p.ffn_hidden_size,
+        V=p.padded_vocab,
+        t=p.tp,
+    )
 
 
 def _candidate(rng: random.Random, tps: tuple[int, ...]) -> ProbeShape:
@@ -37,10 +63,17 @@ def _candidate(rng: random.Random, tps: tuple[int, ...]) -> ProbeShape:
     # torch takes other paths when a rank holds one query group (g = t) or all heads have their own
     # (g = a, no expansion): each case, and GQA between them, is drawn often enough to be learned
     g = rng.choice(rng.choice([[t], [a]] + [between] * 2 if between else [[t], [a]]))
-    return ProbeShape(micro_batch_size=rng.choice((1, 1, 2, 3)), seq_length=16 * t * rng.choice((1, 2, 3, 4, 6)),
-                      hidden_size=16 * rng.choice((2, 3, 4, 6, 8)), num_attention_heads=a, num_query_groups=g,
-                      kv_channels=8 * rng.choice((1, 2, 3, 4)), ffn_hidden_size=16 * t * rng.choice((2, 3, 5, 8)),
-                      padded_vocab=128 * t * rng.choice((1, 2, 3)), tp=t)
+    return ProbeShape(
+        micro_batch_size=rng.choice((1, 1, 2, 3)),
+        seq_length=16 * t * rng.choice((1, 2, 3, 4, 6)),
+        hidden_size=16 * rng.choice((2, 3, 4, 6, 8)),
+        num_attention_heads=a,
+        num_query_groups=g,
+        kv_channels=8 * rng.choice((1, 2, 3, 4)),
+        ffn_hidden_size=16 * t * rng.choice((2, 3, 5, 8)),
+        padded_vocab=128 * t * rng.choice((1, 2, 3)),
+        tp=t,
+    )
 
 
 def _full_rank(shapes: list[ProbeShape]) -> bool:
@@ -53,7 +86,9 @@ def _full_rank(shapes: list[ProbeShape]) -> bool:
     return True
 
 
-def design_shapes(tps: tuple[int, ...], count: int = DESIGN_SHAPES, seed: int = 0) -> list[ProbeShape]:
+def design_shapes(
+    tps: tuple[int, ...], count: int = DESIGN_SHAPES, seed: int = 0
+) -> list[ProbeShape]:
     """`count` probe shapes over TP sizes `tps`, all terms identifiable (deterministic)."""
     rng = random.Random(seed)
     shapes: list[ProbeShape] = []
@@ -67,7 +102,9 @@ def design_shapes(tps: tuple[int, ...], count: int = DESIGN_SHAPES, seed: int = 
 def probes_for(variant: Variant, shapes: list[ProbeShape]) -> list[Probe]:
     """The chunk probes of a variant on the given shapes."""
     keys = BASE_PROBES + (RECOMPUTE_PROBES if variant.recompute == "full" else ())
-    return [Probe(variant, shape, kind, layers, rc) for shape in shapes for kind, layers, rc in keys]
+    return [
+        Probe(variant, shape, kind, layers, rc) for shape in shapes for kind, layers, rc in keys
+    ]
 
 
 def variant_tps(variant: Variant, max_tp: int) -> tuple[int, ...]:
@@ -83,8 +120,8 @@ def model_probes(
     micro_batch_sizes: list[int],
     design: bool,
 ) -> list[Probe]:
-    """Anchor probes of the model (every variant, valid TP and micro-batch size) plus, with `design`,
-    the regression design shapes of each variant."""
+    """Anchor probes of the model (every variant, valid TP and micro-batch size) plus, with
+    `design`, the regression design shapes of each variant."""
     probes: list[Probe] = []
     for variant in variants:
         anchors = [

@@ -4,6 +4,7 @@ The fake backend (torch.testing's FakeStore + backend "fake") completes every co
 moving data, so one process builds and runs exactly what TP/DP rank 0 of a real job holds — the
 buffers megatron allocates for all-gathers and reduce-scatters included.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -23,10 +24,15 @@ def fake_job(tp: int, dp: int, seed: int = 1234):
     # Object collectives pickle through real tensors (and read them back with .item(), which fake
     # tensors cannot answer). Every rank of the symmetric fake job holds the same object, so the
     # gather is this rank's object repeated — what megatron's optimizer set-up asks it for.
-    torch.distributed.all_gather_object = lambda out, obj, group=None: out.__setitem__(slice(None), [obj] * len(out))
+    torch.distributed.all_gather_object = lambda out, obj, group=None: out.__setitem__(
+        slice(None), [obj] * len(out)
+    )
     try:
-        ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=1,
-                                     create_gloo_process_groups=False)
+        ps.initialize_model_parallel(
+            tensor_model_parallel_size=tp,
+            pipeline_model_parallel_size=1,
+            create_gloo_process_groups=False,
+        )
         torch.manual_seed(seed)
         model_parallel_cuda_manual_seed(seed)
         yield

@@ -6,10 +6,10 @@ torch's fake process group: collectives do not move data but every buffer megatr
 them is allocated, so the memory is that of a real rank. The probe runs two iterations and measures
 the second (the first allocates optimizer state and Megatron's global buffers).
 """
+
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import gc
 from dataclasses import dataclass
 
@@ -18,7 +18,12 @@ import torch
 from capture_megatron.config import ModelShape, ParallelPlan, Recompute
 from capture_megatron.config.training import BuildOptions, OptimOptions, RunOptions
 from capture_megatron.megatron.builder import TORCH_DTYPES, build_gpt, transformer_config
-from capture_megatron.megatron.training import forward_step, make_optimizer, set_schedule_hooks, wrap_model
+from capture_megatron.megatron.training import (
+    forward_step,
+    make_optimizer,
+    set_schedule_hooks,
+    wrap_model,
+)
 from capture_megatron.predict.static import chunk_static
 from capture_megatron.records import BufferBytes, Probe, ProfileRecord, Timeline
 
@@ -28,12 +33,24 @@ def model_shape(probe: Probe) -> ModelShape:
     v, s = probe.variant, probe.shape
     drop = 0.1 if v.dropout else 0.0
     return ModelShape(
-        num_layers=max(probe.layers, 1), hidden_size=s.hidden_size, num_attention_heads=s.num_attention_heads,
-        seq_length=s.seq_length, vocab_size=s.padded_vocab, ffn_hidden_size=s.ffn_hidden_size,
-        num_query_groups=s.num_query_groups, kv_channels=s.kv_channels,
-        make_vocab_size_divisible_by=1, swiglu=v.swiglu, normalization=v.normalization,
-        untie_embeddings_and_output_weights=v.untied, position_embedding_type=v.position_embedding_type,
-        add_bias_linear=v.add_bias_linear, hidden_dropout=drop, attention_dropout=drop, dtype=v.dtype)
+        num_layers=max(probe.layers, 1),
+        hidden_size=s.hidden_size,
+        num_attention_heads=s.num_attention_heads,
+        seq_length=s.seq_length,
+        vocab_size=s.padded_vocab,
+        ffn_hidden_size=s.ffn_hidden_size,
+        num_query_groups=s.num_query_groups,
+        kv_channels=s.kv_channels,
+        make_vocab_size_divisible_by=1,
+        swiglu=v.swiglu,
+        normalization=v.normalization,
+        untie_embeddings_and_output_weights=v.untied,
+        position_embedding_type=v.position_embedding_type,
+        add_bias_linear=v.add_bias_linear,
+        hidden_dropout=drop,
+        attention_dropout=drop,
+        dtype=v.dtype,
+    )
 
 
 def parallel_plan(probe: Probe) -> ParallelPlan:
@@ -44,16 +61,28 @@ def parallel_plan(probe: Probe) -> ParallelPlan:
     else:
         recompute = Recompute(v.recompute)
     b = probe.shape.micro_batch_size
-    return ParallelPlan(tp=probe.shape.tp, pp=1, dp=probe.dp, micro_batch_size=b, global_batch_size=b * probe.dp,
-                        layers_per_stage=(max(probe.layers, 1),), recompute=recompute,
-                        sequence_parallel=v.sequence_parallel, distributed_optimizer=probe.distributed_optimizer)
+    return ParallelPlan(
+        tp=probe.shape.tp,
+        pp=1,
+        dp=probe.dp,
+        micro_batch_size=b,
+        global_batch_size=b * probe.dp,
+        layers_per_stage=(max(probe.layers, 1),),
+        recompute=recompute,
+        sequence_parallel=v.sequence_parallel,
+        distributed_optimizer=probe.distributed_optimizer,
+    )
 
 
 def _batch(shape: ModelShape, b: int) -> dict:
     s = shape.seq_length
     tokens = torch.randint(0, shape.vocab_size, (b, s))
-    return {"tokens": tokens, "labels": torch.roll(tokens, -1, 1), "loss_mask": torch.ones(b, s),
-            "position_ids": torch.arange(s).expand(b, s).contiguous()}
+    return {
+        "tokens": tokens,
+        "labels": torch.roll(tokens, -1, 1),
+        "loss_mask": torch.ones(b, s),
+        "position_ids": torch.arange(s).expand(b, s).contiguous(),
+    }
 
 
 def _hidden(shape: ModelShape, plan: ParallelPlan) -> torch.Tensor:
@@ -76,7 +105,9 @@ def _static_bytes(model, optimizer) -> tuple[int, int, int]:
     """(param bytes, grad-buffer bytes, optimizer bytes) by walking the live objects."""
     buffers = list(model.buffers) + list(getattr(model, "expert_parallel_buffers", []))
     params = [p for p in model.parameters()]
-    param_bytes = _storages_bytes([b.param_data for b in buffers if b.param_data is not None] or params, set())
+    param_bytes = _storages_bytes(
+        [b.param_data for b in buffers if b.param_data is not None] or params, set()
+    )
     grad_bytes = sum(b.grad_data.numel() * b.grad_data.element_size() for b in buffers)
     model_ptrs = {t.untyped_storage()._cdata for t in params}
     model_ptrs |= {b.grad_data.untyped_storage()._cdata for b in buffers}
@@ -85,7 +116,9 @@ def _static_bytes(model, optimizer) -> tuple[int, int, int]:
         inner = opt.optimizer
         if inner is None:  # a chunk without parameters
             continue
-        opt_tensors += [t for state in inner.state.values() for t in state.values() if torch.is_tensor(t)]
+        opt_tensors += [
+            t for state in inner.state.values() for t in state.values() if torch.is_tensor(t)
+        ]
         opt_tensors += [p for g in inner.param_groups for p in g["params"]]
     return param_bytes, grad_bytes, _storages_bytes(opt_tensors, model_ptrs)
 
@@ -94,8 +127,12 @@ def _buffers() -> tuple[BufferBytes, ...]:
     from megatron.core import parallel_state as ps
 
     held = ps.get_global_memory_buffer().buffer
-    return tuple(sorted(BufferBytes(name, str(dtype).replace("torch.", ""), t.numel() * t.element_size())
-                        for (name, dtype), t in held.items()))
+    return tuple(
+        sorted(
+            BufferBytes(name, str(dtype).replace("torch.", ""), t.numel() * t.element_size())
+            for (name, dtype), t in held.items()
+        )
+    )
 
 
 @dataclass
@@ -113,8 +150,9 @@ class _Chunk:
 
 @contextlib.contextmanager
 def _no_dtype_casts(active: bool):
-    """Float16Module casts its module with Module.bfloat16()/half(), which cannot swap fake parameters;
-    the builder already creates every parameter in the training dtype, so the cast is skipped."""
+    """Float16Module casts its module with Module.bfloat16()/half(), which cannot swap fake
+    parameters; the builder already creates every parameter in the training dtype, so the cast is
+    skipped."""
     if not active:
         yield
         return
@@ -128,8 +166,9 @@ def _no_dtype_casts(active: bool):
 
 @contextlib.contextmanager
 def _default_dtype(dtype):
-    """Fake mode skips Float16Module's cast (see _no_dtype_casts), so parameters megatron creates without
-    params_dtype (LanguageModelEmbedding's learned position table: torch.nn.Embedding) must be born in it."""
+    """Fake mode skips Float16Module's cast (see _no_dtype_casts), so parameters megatron creates
+    without params_dtype (LanguageModelEmbedding's learned position table: torch.nn.Embedding) must
+    be born in it."""
     if dtype is None:
         yield
         return
@@ -151,8 +190,9 @@ def build(probe: Probe, impl: str, fake: bool = False) -> _Chunk:
     run = RunOptions(train_iters=2)
     with _no_dtype_casts(fake):
         model = wrap_model([gpt], shape, plan, run, check_for_nan_in_grad=not fake)
-    optimizer, _ = make_optimizer(model, shape, plan, OptimOptions(), run.train_iters,
-                                  use_gloo_process_groups=False)
+    optimizer, _ = make_optimizer(
+        model, shape, plan, OptimOptions(), run.train_iters, use_gloo_process_groups=False
+    )
     config = set_schedule_hooks(model, optimizer, run)
     return _Chunk(model[0], optimizer, config, shape, plan, first, last)
 
@@ -161,24 +201,35 @@ def _forward(chunk: _Chunk, input_tensor):
     from megatron.core.pipeline_parallel import schedules
 
     batch = iter([_batch(chunk.shape, chunk.plan.micro_batch_size)])
-    output, _ = schedules.forward_step(forward_step, batch, chunk.model, 1, input_tensor, [], chunk.config,
-                                       cp_group_size=1, is_last_stage=chunk.last)
+    output, _ = schedules.forward_step(
+        forward_step,
+        batch,
+        chunk.model,
+        1,
+        input_tensor,
+        [],
+        chunk.config,
+        cp_group_size=1,
+        is_last_stage=chunk.last,
+    )
     return output
 
 
 class _Windows:
-    """Measures the windows of one iteration: each one's peak above a base and, when asked, its timeline.
+    """Measures the windows of one iteration: each one's peak above a base and, when asked, its
+    timeline.
 
     The garbage collector is off inside a window, so that a collection of reference cycles does not
-    release storages at a moment that depends on unrelated allocations (timelines of different shapes
-    would not align, and the peak would depend on when Python last collected)."""
+    release storages at a moment that depends on unrelated allocations (timelines of different
+    shapes would not align, and the peak would depend on when Python last collected)."""
 
     def __init__(self, meter, timelines: bool):
         self.meter, self.timelines, self.lines = meter, timelines, []
 
     @contextlib.contextmanager
     def window(self, name: str, offset: int = 0):
-        """Measure the body's peak above the bytes live at entry; `offset` bytes before the window count."""
+        """Measure the body's peak above the bytes live at entry; `offset` bytes before the window
+        count."""
         collecting = gc.isenabled()
         gc.disable()
         self.meter.reset_peak()
@@ -195,7 +246,9 @@ class _Windows:
             self.lines.append(Timeline(name, tuple(ops), tuple(nbytes), offset, tuple(origins)))
 
 
-def iteration(chunk: _Chunk, meter, fake: bool = False, timelines: bool = False) -> tuple[dict, tuple]:
+def iteration(
+    chunk: _Chunk, meter, fake: bool = False, timelines: bool = False
+) -> tuple[dict, tuple]:
     """One micro-batch forward + backward + finalize + optimizer step; the measured increments and,
     with `timelines`, the windows' Timelines."""
     from megatron.core.pipeline_parallel import schedules
@@ -222,13 +275,17 @@ def iteration(chunk: _Chunk, meter, fake: bool = False, timelines: bool = False)
         input_grad = schedules.backward_step(input_tensor, output, grad, None, chunk.config)
     out["backward_peak"] = meter.peak() - before_backward
     del output, grad, input_grad, input_tensor
-    # The model keeps the last received input (set_input_tensor); in the schedule that micro-batch is
-    # still in flight when the next forward replaces it, so drop it here or the next probe iteration's
-    # forward would look cheaper by the input and its gradient.
+    # The model keeps the last received input (set_input_tensor); in the schedule that micro-batch
+    # is still in flight when the next forward replaces it, so drop it here or the next probe
+    # iteration's forward would look cheaper by the input and its gradient.
     get_attr_wrapped_model(chunk.model, "set_input_tensor")(None)
     out["residual_bytes"] = meter.current() - start + out["input_bytes"]
-    out["step_peak"] = 0  # fake: the step reads gradient norms (data), which fake tensors lack; optimizer
-    if not fake:  # bytes are computed from the parameters (capture_megatron.predict.static) instead.
+    out["step_peak"] = (
+        0  # fake: the step reads gradient norms (data), which fake tensors lack; optimizer
+    )
+    if (
+        not fake
+    ):  # bytes are computed from the parameters (capture_megatron.predict.static) instead.
         before_step = meter.current()
         with windows.window("step"):
             chunk.config.finalize_model_grads_func([chunk.model])
@@ -237,8 +294,14 @@ def iteration(chunk: _Chunk, meter, fake: bool = False, timelines: bool = False)
     return out, tuple(windows.lines)
 
 
-def measure(probe: Probe, meter, device: str, impl: str, versions: tuple[str, str, str],
-            timelines: bool = False) -> ProfileRecord:
+def measure(
+    probe: Probe,
+    meter,
+    device: str,
+    impl: str,
+    versions: tuple[str, str, str],
+    timelines: bool = False,
+) -> ProfileRecord:
     """Build and run the probe (two iterations) and return what the second one measured (with the
     windows' allocation timelines when `timelines`, on cpu and fake devices)."""
     fake = device == "fake"
@@ -247,17 +310,38 @@ def measure(probe: Probe, meter, device: str, impl: str, versions: tuple[str, st
     got, lines = iteration(chunk, meter, fake, timelines)
     param_bytes, grad_bytes, optimizer_bytes = _static_bytes(chunk.model, chunk.optimizer)
     if fake:
-        optimizer_bytes = chunk_static(list(p.numel() for p in chunk.model.parameters()), probe.variant.dtype,
-                                       probe.dp, probe.distributed_optimizer).optimizer
+        optimizer_bytes = chunk_static(
+            list(p.numel() for p in chunk.model.parameters()),
+            probe.variant.dtype,
+            probe.dp,
+            probe.distributed_optimizer,
+        ).optimizer
     numels = tuple(p.numel() for p in chunk.model.parameters())
     record = ProfileRecord(
-        device=device, transformer_impl=impl, versions=versions, variant=probe.variant, shape=probe.shape,
-        kind=probe.kind, layers=probe.layers, recompute_layers=probe.recompute_layers, dp=probe.dp,
-        distributed_optimizer=probe.distributed_optimizer, param_numels=numels, param_bytes=param_bytes,
-        grad_bytes=grad_bytes, optimizer_bytes=optimizer_bytes, input_bytes=got["input_bytes"],
-        output_bytes=got.get("output_bytes", 0), saved_bytes=got["saved_bytes"],
-        forward_peak=got["forward_peak"], backward_peak=got["backward_peak"],
-        residual_bytes=got["residual_bytes"], step_peak=got["step_peak"], buffers=_buffers(), timelines=lines)
+        device=device,
+        transformer_impl=impl,
+        versions=versions,
+        variant=probe.variant,
+        shape=probe.shape,
+        kind=probe.kind,
+        layers=probe.layers,
+        recompute_layers=probe.recompute_layers,
+        dp=probe.dp,
+        distributed_optimizer=probe.distributed_optimizer,
+        param_numels=numels,
+        param_bytes=param_bytes,
+        grad_bytes=grad_bytes,
+        optimizer_bytes=optimizer_bytes,
+        input_bytes=got["input_bytes"],
+        output_bytes=got.get("output_bytes", 0),
+        saved_bytes=got["saved_bytes"],
+        forward_peak=got["forward_peak"],
+        backward_peak=got["backward_peak"],
+        residual_bytes=got["residual_bytes"],
+        step_peak=got["step_peak"],
+        buffers=_buffers(),
+        timelines=lines,
+    )
     del chunk
     gc.collect()
     return record

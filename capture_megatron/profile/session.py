@@ -3,12 +3,14 @@
 Devices:
 - cpu:  real tensors on the host; exact live-storage accounting (capture_megatron.memory).
 - fake: FakeTensorMode on the host: no data, no compute, so a 70B-class layer profiles on a laptop.
-        Fake tensors follow the kernels of the device they fake — here the CPU's (dropout keeps a mask
-        in the activation dtype, softmax keeps fp32 copies): fake numbers equal cpu numbers exactly,
-        not a GPU's. The optimizer step reads gradient norms and cannot run on fake tensors, so its
-        transient is not measured (optimizer state is computed from the parameters instead).
+        Fake tensors follow the kernels of the device they fake — here the CPU's (dropout keeps a
+        mask in the activation dtype, softmax keeps fp32 copies): fake numbers equal cpu numbers
+        exactly, not a GPU's. The optimizer step reads gradient norms and cannot run on fake
+        tensors, so its transient is not measured (optimizer state is computed from the parameters
+        instead).
 - cuda: the caching allocator's statistics (max_memory_allocated, reset between probes).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -20,7 +22,6 @@ from capture_megatron.errors import CaptureError
 from capture_megatron.profile.design import model_probes
 from capture_megatron.profile.options import DEVICES, ProfileOptions
 from capture_megatron.records import Probe, ProfileRecord, Variant
-
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,9 @@ def check_device(device: str) -> None:
     if device not in DEVICES:
         raise CaptureError(f"--device {device!r} is not one of {', '.join(DEVICES)}")
     if device == "cuda" and not torch.cuda.is_available():
-        raise CaptureError("--device cuda: this machine has no usable CUDA device; use --device cpu or fake")
+        raise CaptureError(
+            "--device cuda: this machine has no usable CUDA device; use --device cpu or fake"
+        )
 
 
 @contextlib.contextmanager
@@ -81,10 +84,16 @@ def measuring(device: str, impl: str = "auto"):
     del torch
 
 
-def run_probes(probes: list[Probe], device: str, impl: str = "auto", progress: bool = True,
-               timelines: bool = False) -> list[ProfileRecord]:
-    """Measure every probe (tqdm progress bar) and return the records; with `timelines` (cpu, fake) each
-    record carries its windows' allocation timelines, from which fit() builds exact transient-peak models."""
+def run_probes(
+    probes: list[Probe],
+    device: str,
+    impl: str = "auto",
+    progress: bool = True,
+    timelines: bool = False,
+) -> list[ProfileRecord]:
+    """Measure every probe (tqdm progress bar) and return the records; with `timelines` (cpu, fake)
+    each record carries its windows' allocation timelines, from which fit() builds exact
+    transient-peak models."""
     from tqdm import tqdm
 
     from capture_megatron.profile.groups import fake_job
@@ -92,18 +101,32 @@ def run_probes(probes: list[Probe], device: str, impl: str = "auto", progress: b
 
     records = []
     with measuring(device, impl) as (setup, meter):
-        for probe in tqdm(probes, desc=f"profiling ({device})", unit="probe", disable=not progress,
-                          dynamic_ncols=True):
+        for probe in tqdm(
+            probes,
+            desc=f"profiling ({device})",
+            unit="probe",
+            disable=not progress,
+            dynamic_ncols=True,
+        ):
             with fake_job(probe.shape.tp, probe.dp):
                 try:
-                    records.append(measure(probe, meter, setup.device, setup.impl, setup.versions, timelines))
-                except (AssertionError, ValueError) as err:  # megatron's own validation of the shape
-                    raise CaptureError(f"megatron-core rejects the probe {probe.kind} chunk with {probe.layers} "
-                                       f"layers at {probe.shape}: {err}") from None
+                    records.append(
+                        measure(probe, meter, setup.device, setup.impl, setup.versions, timelines)
+                    )
+                except (
+                    AssertionError,
+                    ValueError,
+                ) as err:  # megatron's own validation of the shape
+                    raise CaptureError(
+                        f"megatron-core rejects the probe {probe.kind} chunk with {probe.layers} "
+                        f"layers at {probe.shape}: {err}"
+                    ) from None
     return records
 
 
-def profile(shape: ModelShape, options: ProfileOptions = ProfileOptions()) -> tuple[ProfileRecord, ...]:
+def profile(
+    shape: ModelShape, options: ProfileOptions = ProfileOptions()
+) -> tuple[ProfileRecord, ...]:
     """Profile `shape`: its own sizes at the options' TP and micro-batch sizes (exact anchors later)
     and, unless options.design is off, the design shapes every regression term needs, for each
     variant; CaptureError when no probe fits."""
@@ -117,4 +140,6 @@ def profile(shape: ModelShape, options: ProfileOptions = ProfileOptions()) -> tu
             f"groups {shape.groups} / ffn {shape.ffn} (or SP needs TP > 1)"
         )
     timelines = options.timelines and options.device != "cuda"
-    return tuple(run_probes(probes, options.device, options.transformer_impl, options.progress, timelines))
+    return tuple(
+        run_probes(probes, options.device, options.transformer_impl, options.progress, timelines)
+    )

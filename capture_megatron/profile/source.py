@@ -27,7 +27,9 @@ def default_device(requested: str = "") -> str:
     return "cuda" if torch.cuda.is_available() else "fake"
 
 
-def profiled_model(shape: ModelShape, device: str, needs: Needs, progress: bool = True) -> MemoryModel:
+def profiled_model(
+    shape: ModelShape, device: str, needs: Needs, progress: bool = True
+) -> MemoryModel:
     """A memory model holding anchors for every (variant, probe shape) in `needs`."""
     path = records_path(shape, device)
     records = read_records(path) if os.path.exists(path) else []
@@ -53,7 +55,8 @@ def profiled_model(shape: ModelShape, device: str, needs: Needs, progress: bool 
 
 
 def memory_source(shape: ModelShape, device: str = "", progress: bool = True) -> ModelSource:
-    """The ModelSource for plan(): profile `shape` on `device` (default_device) on demand, cached."""
+    """The ModelSource for plan(): profile `shape` on `device` (default_device) on demand,
+    cached."""
     resolved = default_device(device)
 
     def source(needs: Needs) -> MemoryModel:

@@ -3,11 +3,11 @@
 Layout of --save DIR (Megatron-LM's): ``iter_0000003/`` per checkpoint and
 ``latest_checkpointed_iteration.txt`` naming the newest complete one. A save writes into
 ``iter_0000003.partial/``; only when every rank has finished does rank 0 rename it and then replace
-the tracker file atomically (write + fsync + os.replace). A run killed during a save therefore leaves
-the previous checkpoint as the loadable one (a stale .partial directory is removed by the next save).
-Model weights and optimizer state are saved fully reshardable (the distributed optimizer with
-'fully_reshardable'), so a checkpoint loads under another TP / PP / VPP / layout / DP.
-"""
+the tracker file atomically (write + fsync + os.replace). A run killed during a save therefore
+leaves the previous checkpoint as the loadable one (a stale .partial directory is removed by the
+next save). Model weights and optimizer state are saved fully reshardable (the distributed optimizer
+with 'fully_reshardable'), so a checkpoint loads under another TP / PP / VPP / layout / DP."""
+
 from __future__ import annotations
 
 import glob
@@ -18,9 +18,9 @@ import time
 import torch
 
 from capture_megatron.config import ModelShape, ParallelPlan
+from capture_megatron.config.training import CheckpointOptions
 from capture_megatron.errors import CaptureError
 from capture_megatron.megatron import ckpt_fixes
-from capture_megatron.config.training import CheckpointOptions
 
 TRACKER = "latest_checkpointed_iteration.txt"
 PAUSE_ENV = "CAPTURE_MEGATRON_TEST_SAVE_PAUSE"
@@ -38,17 +38,23 @@ def latest_iteration(root: str) -> int | None:
     path = os.path.join(root, TRACKER)
     if not os.path.isfile(path):
         return None
-    text = open(path).read().strip()
+    with open(path) as f:
+        text = f.read().strip()
     if not text.isdigit() or not os.path.isdir(iteration_dir(root, int(text))):
-        raise CaptureError(f"--load {root}: {TRACKER} says {text!r} but no such checkpoint directory exists")
+        raise CaptureError(
+            f"--load {root}: {TRACKER} says {text!r} but no such checkpoint directory exists"
+        )
     return int(text)
 
 
 def _metadata(plan: ParallelPlan) -> dict:
     from megatron.core import parallel_state as ps
 
-    meta = {"singleton_local_shards": False, "chained_optim_avoid_prefix": True,
-            "dp_cp_group": ps.get_data_parallel_group(with_context_parallel=True)}
+    meta = {
+        "singleton_local_shards": False,
+        "chained_optim_avoid_prefix": True,
+        "dp_cp_group": ps.get_data_parallel_group(with_context_parallel=True),
+    }
     if plan.distributed_optimizer:
         meta["distrib_optim_sharding_type"] = "fully_reshardable"
     return meta
@@ -60,19 +66,29 @@ def _rng_object(plan: ParallelPlan):
     from megatron.core.dist_checkpointing.mapping import ShardedObject
     from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
 
-    state = {"torch": torch.get_rng_state(), "tracker": get_cuda_rng_tracker().get_states(),
-             "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None}
-    return ShardedObject("rng_state", state, (plan.pp, plan.tp),
-                         (ps.get_pipeline_model_parallel_rank(), ps.get_tensor_model_parallel_rank()),
-                         replica_id=ps.get_data_parallel_rank())
+    state = {
+        "torch": torch.get_rng_state(),
+        "tracker": get_cuda_rng_tracker().get_states(),
+        "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
+    }
+    return ShardedObject(
+        "rng_state",
+        state,
+        (plan.pp, plan.tp),
+        (ps.get_pipeline_model_parallel_rank(), ps.get_tensor_model_parallel_rank()),
+        replica_id=ps.get_data_parallel_rank(),
+    )
 
 
 def _model_key(i: int, n: int) -> str:
     return "model" if n == 1 else f"model{i}"
 
 
-def _sharded_state(trainer, plan: ParallelPlan, with_optim: bool, with_rng: bool, loading: bool) -> dict:
-    """Megatron-LM's checkpoint structure, built on the unwrapped GPTModels (no DDP/Float16 prefixes)."""
+def _sharded_state(
+    trainer, plan: ParallelPlan, with_optim: bool, with_rng: bool, loading: bool
+) -> dict:
+    """Megatron-LM's checkpoint structure, built on the unwrapped GPTModels (no DDP/Float16
+    prefixes)."""
     from megatron.core.utils import unwrap_model
 
     ckpt_fixes.apply()
@@ -82,7 +98,9 @@ def _sharded_state(trainer, plan: ParallelPlan, with_optim: bool, with_rng: bool
     for i, chunk in enumerate(chunks):
         state[_model_key(i, len(chunks))] = chunk.sharded_state_dict(metadata=meta)
     if with_optim:
-        state["optimizer"] = trainer.optimizer.sharded_state_dict(state, is_loading=loading, metadata=meta)
+        state["optimizer"] = trainer.optimizer.sharded_state_dict(
+            state, is_loading=loading, metadata=meta
+        )
         state["opt_param_scheduler"] = trainer.scheduler.state_dict()
     if with_rng:
         state["rng_state"] = _rng_object(plan)
@@ -90,7 +108,8 @@ def _sharded_state(trainer, plan: ParallelPlan, with_optim: bool, with_rng: bool
 
 
 def _publish(root: str, partial: str, final: str, iteration: int) -> None:
-    """Rank 0: rename the finished checkpoint into place, then atomically point the tracker at it."""
+    """Rank 0: rename the finished checkpoint into place, then atomically point the tracker at
+    it."""
     os.rename(partial, final)
     tmp = os.path.join(root, TRACKER + ".tmp")
     with open(tmp, "w") as f:
@@ -105,8 +124,9 @@ def _publish(root: str, partial: str, final: str, iteration: int) -> None:
         os.close(fd)
 
 
-def save_checkpoint(root: str, iteration: int, trainer, shape: ModelShape, plan: ParallelPlan,
-                    consumed_samples: int) -> str:
+def save_checkpoint(
+    root: str, iteration: int, trainer, shape: ModelShape, plan: ParallelPlan, consumed_samples: int
+) -> str:
     """Save an atomic checkpoint of iteration `iteration`; returns its directory."""
     from megatron.core import dist_checkpointing
 
@@ -121,8 +141,13 @@ def save_checkpoint(root: str, iteration: int, trainer, shape: ModelShape, plan:
         os.makedirs(partial)
     torch.distributed.barrier()
     state = _sharded_state(trainer, plan, with_optim=True, with_rng=True, loading=False)
-    state.update(iteration=iteration, consumed_samples=consumed_samples, checkpoint_version=3.0,
-                 shape=shape.to_json(), plan=plan.to_json())
+    state.update(
+        iteration=iteration,
+        consumed_samples=consumed_samples,
+        checkpoint_version=3.0,
+        shape=shape.to_json(),
+        plan=plan.to_json(),
+    )
     dist_checkpointing.save(state, partial, content_metadata=_content_metadata(plan))
     seconds, _, at = os.environ.get(PAUSE_ENV, "").partition("@")
     if seconds and (not at or int(at) == iteration):
@@ -141,7 +166,8 @@ def _content_metadata(plan: ParallelPlan) -> dict:
 
 
 def load_checkpoint(opts: CheckpointOptions, trainer, plan: ParallelPlan) -> tuple[int, int]:
-    """Resume from the newest complete checkpoint in opts.load; returns (iteration, consumed_samples)."""
+    """Resume from the newest complete checkpoint in opts.load; returns (iteration,
+    consumed_samples)."""
     from megatron.core import dist_checkpointing
     from megatron.core.utils import unwrap_model
 
@@ -154,12 +180,19 @@ def load_checkpoint(opts: CheckpointOptions, trainer, plan: ParallelPlan) -> tup
     common = dist_checkpointing.load_common_state_dict(path)
     saved = ParallelPlan.from_json(common["plan"])
     with_optim = not (opts.no_load_optim or opts.finetune)
-    with_rng = not (opts.no_load_rng or opts.finetune) and (saved.pp, saved.tp) == (plan.pp, plan.tp)
+    with_rng = not (opts.no_load_rng or opts.finetune) and (saved.pp, saved.tp) == (
+        plan.pp,
+        plan.tp,
+    )
     if saved.distributed_optimizer != plan.distributed_optimizer and with_optim:
-        raise CaptureError(f"--load {path}: the checkpoint was saved {'with' if saved.distributed_optimizer else 'without'}"
-                           f" --use-distributed-optimizer and this run is {'with' if plan.distributed_optimizer else 'without'}"
-                           " it; megatron-core cannot convert optimizer state between the two: match the flag, "
-                           "or load weights only with --no-load-optim")
+        raise CaptureError(
+            f"--load {path}: the checkpoint was saved "
+            f"{'with' if saved.distributed_optimizer else 'without'}"
+            " --use-distributed-optimizer and this run is "
+            f"{'with' if plan.distributed_optimizer else 'without'}"
+            " it; megatron-core cannot convert optimizer state between the two: match the flag, "
+            "or load weights only with --no-load-optim"
+        )
     if with_optim:
         _allocate_distributed_optimizer_state(trainer.optimizer)
     state = _sharded_state(trainer, plan, with_optim=with_optim, with_rng=with_rng, loading=True)
@@ -182,11 +215,10 @@ def _allocate_distributed_optimizer_state(optimizer) -> None:
     """Give an untouched DistributedOptimizer its Adam state before loading into it.
 
     Without Apex/Transformer Engine, megatron-core 0.16.1's DistributedOptimizer.state_dict() reads
-    the 'step' of every allocated Adam state and asserts there is exactly one value; a fresh optimizer
-    has none, so building the sharded state dict for loading fails. Megatron's own
+    the 'step' of every allocated Adam state and asserts there is exactly one value; a fresh
+    optimizer has none, so building the sharded state dict for loading fails. Megatron's own
     _init_optimizer_states_with_dummy_values (one zero-gradient step) allocates it; every value it
-    touches is then overwritten by the checkpoint.
-    """
+    touches is then overwritten by the checkpoint."""
     from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 
     for opt in getattr(optimizer, "chained_optimizers", [optimizer]):

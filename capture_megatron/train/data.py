@@ -1,9 +1,9 @@
 """Training micro-batches, built as Megatron-LM builds them.
 
-Datasets: `BlendedMegatronDatasetBuilder(GPTDataset, sizes, is_built_on_rank, GPTDatasetConfig(...))`
-for --data-path (one prefix, several, or a weighted blend 'w1 p1 w2 p2', cut by --split), or
-`MockGPTDataset` for --mock-data, with `sizes[0] = train_iters * global_batch_size` samples.
-Only the training split is built (the valid/test document ranges are still held out of it).
+Datasets: `BlendedMegatronDatasetBuilder(GPTDataset, sizes, is_built_on_rank,
+GPTDatasetConfig(...))` for --data-path (one prefix, several, or a weighted blend 'w1 p1 w2 p2', cut
+by --split), or `MockGPTDataset` for --mock-data, with `sizes[0] = train_iters * global_batch_size`
+samples. Only the training split is built (the valid/test document ranges are still held out of it).
 
 Order: Megatron-LM's `MegatronPretrainingSampler` -- global batches are consecutive runs of
 `global_batch_size` samples; micro-batch j of DP rank r in the global batch starting at sample s
@@ -18,18 +18,19 @@ then collective: call it on every rank. On top of that rank 0 (or every process,
 torch.distributed) holds an exclusive file lock on the cache while building, so jobs started at
 the same time over the same data never read half-written caches.
 """
+
 from __future__ import annotations
 
 import contextlib
 import logging
 import os
 import warnings
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 
-from capture_megatron.errors import CaptureError
 from capture_megatron.config.training import DataOptions
+from capture_megatron.errors import CaptureError
 
 BATCH_KEYS = ("tokens", "labels", "loss_mask", "position_ids")
 """Megatron's GPT batch keys, in the order pretrain_gpt.get_batch lists them (no attention mask)."""
@@ -58,7 +59,9 @@ def parse_blend(data_path: tuple[str, ...]) -> tuple[list[str], list[float] | No
     'p1 p2 ...' or 'w1 p1 w2 p2 ...'; entries may themselves hold several space-separated words."""
     words = [w for item in data_path for w in str(item).split()]
     if not words:
-        raise CaptureError("--data-path is empty; give a dataset prefix written by `capture-megatron preprocess`")
+        raise CaptureError(
+            "--data-path is empty; give a dataset prefix written by `capture-megatron preprocess`"
+        )
     if len(words) % 2 == 1:
         return words, None
     weights = []
@@ -70,8 +73,10 @@ def parse_blend(data_path: tuple[str, ...]) -> tuple[list[str], list[float] | No
     if all(w is None for w in weights):
         return words, None
     if any(w is None for w in weights):
-        raise CaptureError(f"--data-path {' '.join(words)}: mixes weights and prefixes; give either "
-                           "'PREFIX1 PREFIX2 ...' or 'WEIGHT1 PREFIX1 WEIGHT2 PREFIX2 ...'")
+        raise CaptureError(
+            f"--data-path {' '.join(words)}: mixes weights and prefixes; give either "
+            "'PREFIX1 PREFIX2 ...' or 'WEIGHT1 PREFIX1 WEIGHT2 PREFIX2 ...'"
+        )
     bad = [w for w in weights if not w > 0]
     if bad:
         raise CaptureError(f"--data-path weights {bad} must be positive numbers")
@@ -87,11 +92,17 @@ def check_data_paths(opts: DataOptions) -> None:
         wanted = [prefix + ".bin", prefix + ".idx"]
         missing = [p for p in wanted if not os.path.isfile(p)]
         if missing:
-            hint = (" (the prefix of a preprocessed file ends in _text_document)"
-                    if os.path.isfile(prefix + "_text_document.idx") or prefix.endswith((".bin", ".idx")) else "")
-            raise CaptureError(f"--data-path prefix {prefix!r} has no dataset: looked for {' and '.join(wanted)} "
-                               f"and {' and '.join(missing)} is missing{hint}; write one with `capture-megatron "
-                               f"preprocess --input FILE --output-prefix PREFIX`")
+            hint = (
+                " (the prefix of a preprocessed file ends in _text_document)"
+                if os.path.isfile(prefix + "_text_document.idx")
+                or prefix.endswith((".bin", ".idx"))
+                else ""
+            )
+            raise CaptureError(
+                f"--data-path prefix {prefix!r} has no dataset: looked for {' and '.join(wanted)} "
+                f"and {' and '.join(missing)} is missing{hint}; write one with `capture-megatron "
+                f"preprocess --input FILE --output-prefix PREFIX`"
+            )
 
 
 def _dataset_config(opts: DataOptions, tokenizer, seq_length: int, seed: int, blend):
@@ -99,32 +110,47 @@ def _dataset_config(opts: DataOptions, tokenizer, seq_length: int, seed: int, bl
     from megatron.core.datasets.gpt_dataset import GPTDatasetConfig
 
     config = GPTDatasetConfig(
-        random_seed=seed, sequence_length=seq_length, blend=blend, split=opts.split,
+        random_seed=seed,
+        sequence_length=seq_length,
+        blend=blend,
+        split=opts.split,
         path_to_cache=(opts.data_cache_path or None) if not opts.mock_data else None,
-        mmap_bin_files=True, tokenizer=tokenizer, reset_position_ids=False, reset_attention_mask=False,
-        eod_mask_loss=opts.eod_mask_loss, create_attention_mask=False)
+        mmap_bin_files=True,
+        tokenizer=tokenizer,
+        reset_position_ids=False,
+        reset_attention_mask=False,
+        eod_mask_loss=opts.eod_mask_loss,
+        create_attention_mask=False,
+    )
     if config.split_matrix[0] is None:
-        raise CaptureError(f"--split {opts.split} leaves nothing for training; give the training split a "
-                           "positive weight, e.g. --split 969,30,1")
+        raise CaptureError(
+            f"--split {opts.split} leaves nothing for training; give the training split a "
+            "positive weight, e.g. --split 969,30,1"
+        )
     config.split_matrix = [config.split_matrix[0], None, None]
     return config
 
 
 def _check_train_tokens(prefixes: list[str], config) -> None:
-    """CaptureError when a prefix's training range holds no token (GPTDataset would loop forever)."""
+    """CaptureError when a prefix's training range holds no token (GPTDataset would loop
+    forever)."""
     from megatron.core.datasets.indexed_dataset import IndexedDataset
 
     beg_f, end_f = config.split_matrix[0]
     for prefix in prefixes:
-        indexed = IndexedDataset(prefix, multimodal=False, mmap=True)  # keep alive: lengths view its mmap
+        indexed = IndexedDataset(
+            prefix, multimodal=False, mmap=True
+        )  # keep alive: lengths view its mmap
         lengths = indexed.sequence_lengths
         beg, end = int(round(beg_f * len(lengths))), int(round(end_f * len(lengths)))
         tokens, count = int(lengths[beg:end].sum()), len(lengths)
         del lengths, indexed
         if tokens == 0:
-            raise CaptureError(f"--data-path {prefix!r}: the training part of --split {config.split} holds no "
-                               f"tokens ({count} documents in all); add documents or give training "
-                               "a larger share of --split")
+            raise CaptureError(
+                f"--data-path {prefix!r}: the training part of --split {config.split} holds no "
+                f"tokens ({count} documents in all); add documents or give training "
+                "a larger share of --split"
+            )
 
 
 def _cache_dirs(opts: DataOptions, prefixes: list[str]) -> list[str]:
@@ -147,7 +173,9 @@ def _build_lock(dirs: list[str], writer: bool):
         except OSError:
             ok = False
         if not ok:
-            raise CaptureError(f"cannot write dataset index caches into {d!r}; give a writable --data-cache-path")
+            raise CaptureError(
+                f"cannot write dataset index caches into {d!r}; give a writable --data-cache-path"
+            )
     try:
         import fcntl
     except ImportError:  # not POSIX: no lock
@@ -190,10 +218,12 @@ def _quiet_mock_cache_warning(mock: bool):
 
 
 def build_train_dataset(opts: DataOptions, seq_length: int, num_samples: int, seed: int):
-    """The training dataset (GPTDataset, BlendedDataset or MockGPTDataset) with >= num_samples samples.
-    Collective when torch.distributed is initialized (see the module docstring)."""
+    """The training dataset (GPTDataset, BlendedDataset or MockGPTDataset) with >= num_samples
+    samples. Collective when torch.distributed is initialized (see the module docstring)."""
     tokenizer = data_tokenizer(opts)  # imports megatron-core quietly
-    from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+    from megatron.core.datasets.blended_megatron_dataset_builder import (
+        BlendedMegatronDatasetBuilder,
+    )
     from megatron.core.datasets.gpt_dataset import GPTDataset, MockGPTDataset
 
     prefixes, blend = [], None
@@ -207,21 +237,29 @@ def build_train_dataset(opts: DataOptions, seq_length: int, num_samples: int, se
     dist = torch.distributed.is_available() and torch.distributed.is_initialized()
     writer = not dist or torch.distributed.get_rank() == 0
     cls = MockGPTDataset if opts.mock_data else GPTDataset
-    with _build_lock(_cache_dirs(opts, prefixes), writer), _rank_zero_without_process_group(), \
-            _quiet_mock_cache_warning(opts.mock_data), warnings.catch_warnings():
+    with (
+        _build_lock(_cache_dirs(opts, prefixes), writer),
+        _rank_zero_without_process_group(),
+        _quiet_mock_cache_warning(opts.mock_data),
+        warnings.catch_warnings(),
+    ):
         warnings.filterwarnings("ignore", message=".*pad token id.*collides.*")
         builder = BlendedMegatronDatasetBuilder(cls, [num_samples, 0, 0], lambda: True, config)
         dataset = builder.build()[0]
     if dataset is None or len(dataset) < num_samples:
-        raise CaptureError(f"the training data yields {0 if dataset is None else len(dataset)} samples of "
-                           f"{seq_length} tokens, fewer than the {num_samples} that --train-iters x "
-                           "--global-batch-size need; add data or lower them")
+        raise CaptureError(
+            f"the training data yields {0 if dataset is None else len(dataset)} samples of "
+            f"{seq_length} tokens, fewer than the {num_samples} that --train-iters x "
+            "--global-batch-size need; add data or lower them"
+        )
     return dataset
 
 
-def sample_ranges(consumed_samples: int, total_samples: int, micro_batch_size: int, dp_rank: int,
-                  dp_size: int) -> Iterator[range]:
-    """Megatron's MegatronPretrainingSampler: this DP rank's sample indices, one range per micro-batch."""
+def sample_ranges(
+    consumed_samples: int, total_samples: int, micro_batch_size: int, dp_rank: int, dp_size: int
+) -> Iterator[range]:
+    """Megatron's MegatronPretrainingSampler: this DP rank's sample indices, one range per
+    micro-batch."""
     step = micro_batch_size * dp_size
     start = consumed_samples
     while start + step <= total_samples:
@@ -237,8 +275,11 @@ def collate(samples: list[dict], vocab_size: int | None = None) -> dict:
     if vocab_size is not None:
         top = int(batch["tokens"].max())
         if top >= vocab_size:
-            raise CaptureError(f"the data holds token id {top}, outside the tokenizer's vocabulary of {vocab_size}; "
-                               "it was preprocessed with another tokenizer: give that one's --tokenizer-type")
+            raise CaptureError(
+                f"the data holds token id {top}, outside the tokenizer's vocabulary of "
+                f"{vocab_size}; it was preprocessed with another tokenizer: "
+                "give that one's --tokenizer-type"
+            )
     return batch
 
 
@@ -248,9 +289,18 @@ def _micro_batches(dataset, ranges: Iterator[range], vocab_size: int) -> Iterato
         yield collate([dataset[i] for i in indices], vocab_size)
 
 
-def build_train_iterators(opts: DataOptions, seq_length: int, micro_batch_size: int, global_batch_size: int,
-                          train_iters: int, dp_rank: int, dp_size: int, seed: int, consumed_samples: int,
-                          num_chunks: int) -> list[Iterator[dict]]:
+def build_train_iterators(
+    opts: DataOptions,
+    seq_length: int,
+    micro_batch_size: int,
+    global_batch_size: int,
+    train_iters: int,
+    dp_rank: int,
+    dp_size: int,
+    seed: int,
+    consumed_samples: int,
+    num_chunks: int,
+) -> list[Iterator[dict]]:
     """One iterator per model chunk (virtual pipeline stage), each yielding this DP rank's
     micro-batches -- dicts of CPU tensors `tokens`, `labels`, `loss_mask`, `position_ids`, each
     [micro_batch_size, seq_length] -- for iterations after `consumed_samples`, in Megatron's order.
@@ -259,15 +309,25 @@ def build_train_iterators(opts: DataOptions, seq_length: int, micro_batch_size: 
     if micro_batch_size < 1 or dp_size < 1 or not 0 <= dp_rank < dp_size:
         problems.append(f"micro-batch {micro_batch_size}, dp rank {dp_rank} of {dp_size}")
     elif global_batch_size % (micro_batch_size * dp_size):
-        problems.append(f"--global-batch-size {global_batch_size} is not a multiple of --micro-batch-size "
-                        f"{micro_batch_size} x data-parallel size {dp_size}")
+        problems.append(
+            f"--global-batch-size {global_batch_size} is not a multiple of --micro-batch-size "
+            f"{micro_batch_size} x data-parallel size {dp_size}"
+        )
     if consumed_samples < 0 or num_chunks < 1 or train_iters < 1 or seq_length < 1:
-        problems.append(f"consumed samples {consumed_samples}, chunks {num_chunks}, iterations {train_iters}, "
-                        f"sequence length {seq_length}")
+        problems.append(
+            f"consumed samples {consumed_samples}, chunks {num_chunks}, iterations {train_iters}, "
+            f"sequence length {seq_length}"
+        )
     if problems:
         raise CaptureError("invalid data-loader settings: " + "; ".join(problems))
     total = train_iters * global_batch_size
     dataset = build_train_dataset(opts, seq_length, total, seed)
     vocab = int(data_tokenizer(opts).vocab_size)
-    return [_micro_batches(dataset, sample_ranges(consumed_samples, total, micro_batch_size, dp_rank, dp_size),
-                           vocab) for _ in range(num_chunks)]
+    return [
+        _micro_batches(
+            dataset,
+            sample_ranges(consumed_samples, total, micro_batch_size, dp_rank, dp_size),
+            vocab,
+        )
+        for _ in range(num_chunks)
+    ]

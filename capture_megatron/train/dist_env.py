@@ -1,4 +1,5 @@
 """Where this process sits: torchrun's environment, or Slurm's when torchrun's is unset."""
+
 from __future__ import annotations
 
 import os
@@ -41,13 +42,25 @@ def read_env(environ: dict | None = None) -> DistEnv:
     """The DistEnv from torchrun variables, else Slurm's, else a single process."""
     env = os.environ if environ is None else environ
     if "RANK" in env and "WORLD_SIZE" in env:
-        return DistEnv(int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", 0)),
-                       env.get("MASTER_ADDR", "127.0.0.1"), int(env.get("MASTER_PORT", 29500)), "torchrun")
+        return DistEnv(
+            int(env["RANK"]),
+            int(env["WORLD_SIZE"]),
+            int(env.get("LOCAL_RANK", 0)),
+            env.get("MASTER_ADDR", "127.0.0.1"),
+            int(env.get("MASTER_PORT", 29500)),
+            "torchrun",
+        )
     if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
         port = env.get("MASTER_PORT") or str(29500 + int(env.get("SLURM_JOB_ID", "0")) % 1000)
         addr = env.get("MASTER_ADDR") or first_host(env.get("SLURM_JOB_NODELIST", "127.0.0.1"))
-        return DistEnv(int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"]), int(env.get("SLURM_LOCALID", 0)),
-                       addr, int(port), "slurm")
+        return DistEnv(
+            int(env["SLURM_PROCID"]),
+            int(env["SLURM_NTASKS"]),
+            int(env.get("SLURM_LOCALID", 0)),
+            addr,
+            int(port),
+            "slurm",
+        )
     port = int(env.get("MASTER_PORT", 0)) or free_port()
     return DistEnv(0, 1, 0, env.get("MASTER_ADDR", "127.0.0.1"), port, "single")
 
@@ -62,7 +75,8 @@ def free_port() -> int:
 
 
 def init_distributed(env: DistEnv, backend: str = "") -> str:
-    """Initialise torch.distributed for `env`; returns the backend used (nccl on CUDA, else gloo)."""
+    """Initialise torch.distributed for `env`; returns the backend used (nccl on CUDA, else
+    gloo)."""
     import datetime
 
     import torch
@@ -70,13 +84,19 @@ def init_distributed(env: DistEnv, backend: str = "") -> str:
     use_cuda = torch.cuda.is_available()
     backend = backend or ("nccl" if use_cuda else "gloo")
     if backend == "nccl" and not use_cuda:
-        raise CaptureError("--distributed-backend nccl needs CUDA; this machine has none (use gloo)")
+        raise CaptureError(
+            "--distributed-backend nccl needs CUDA; this machine has none (use gloo)"
+        )
     if use_cuda:
         torch.cuda.set_device(env.local_rank % torch.cuda.device_count())
     if not torch.distributed.is_initialized():
         torch.distributed.init_process_group(
-            backend=backend, init_method=f"tcp://{env.master_addr}:{env.master_port}",
-            rank=env.rank, world_size=env.world_size, timeout=datetime.timedelta(minutes=10))
+            backend=backend,
+            init_method=f"tcp://{env.master_addr}:{env.master_port}",
+            rank=env.rank,
+            world_size=env.world_size,
+            timeout=datetime.timedelta(minutes=10),
+        )
     return backend
 
 

@@ -29,7 +29,8 @@ def build_parser(prog: str = "python -m capture_megatron.pretrain_gpt") -> flags
 
 
 def parse_config(argv: list[str], world_size: int) -> TrainConfig:
-    """TrainConfig from Megatron flags for a job of `world_size` processes (CaptureError on bad input)."""
+    """TrainConfig from Megatron flags for a job of `world_size` processes (CaptureError on bad
+    input)."""
     ns = flags.parse_flags(build_parser(), argv)
     data = data_options(ns)
     vocab = None

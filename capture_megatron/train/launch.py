@@ -1,10 +1,11 @@
-"""Launch `capture_megatron.pretrain_gpt` under torchrun, after validating the flags for the job size.
+"""Launch `capture_megatron.pretrain_gpt` under torchrun, after validating the flags for the job
+size.
 
-run_torchrun (used by `capture-megatron train`, `verify` and `demo`) checks every flag for a job of N processes
-(heads vs TP, world size vs TP x PP, batch divisibility, layout, data paths) before any process
-starts, so bad input is one clear paragraph with exit code 2 — never a torchrun traceback — then
-runs `torchrun --standalone --nproc-per-node N -m capture_megatron.pretrain_gpt ...`.
-"""
+run_torchrun (used by `capture-megatron train`, `verify` and `demo`) checks every flag for a job of
+N processes (heads vs TP, world size vs TP x PP, batch divisibility, layout, data paths) before any
+process starts, so bad input is one clear paragraph with exit code 2 — never a torchrun traceback —
+then runs `torchrun --standalone --nproc-per-node N -m capture_megatron.pretrain_gpt ...`."""
+
 from __future__ import annotations
 
 import os
@@ -20,12 +21,20 @@ def torchrun_command(nproc: int, train_args: list[str], standalone: bool = True)
     cmd = [sys.executable, "-m", "torch.distributed.run"]
     if standalone:
         cmd.append("--standalone")
-    return cmd + ["--nproc-per-node", str(nproc), "--max-restarts", "0",
-                  "-m", "capture_megatron.pretrain_gpt", *train_args]
+    return cmd + [
+        "--nproc-per-node",
+        str(nproc),
+        "--max-restarts",
+        "0",
+        "-m",
+        "capture_megatron.pretrain_gpt",
+        *train_args,
+    ]
 
 
 def validate(nproc: int, train_args: list[str]) -> TrainConfig:
-    """Parse `train_args` as pretrain_gpt would for `nproc` processes (CaptureError on bad input)."""
+    """Parse `train_args` as pretrain_gpt would for `nproc` processes (CaptureError on bad
+    input)."""
     if nproc < 1:
         raise CaptureError(f"--nproc {nproc} must be at least 1")
     from capture_megatron.train.entry import parse_config
@@ -33,16 +42,19 @@ def validate(nproc: int, train_args: list[str]) -> TrainConfig:
     return parse_config(train_args, nproc)
 
 
-def run_torchrun(nproc: int, train_args: list[str], timeout: float | None = None,
-                 env: dict | None = None) -> int:
+def run_torchrun(
+    nproc: int, train_args: list[str], timeout: float | None = None, env: dict | None = None
+) -> int:
     """Validate, then run torchrun in the foreground; returns its exit code."""
     validate(nproc, train_args)
     full_env = dict(os.environ, **(env or {}))
     full_env.setdefault("OMP_NUM_THREADS", "1")
     try:
-        return subprocess.run(torchrun_command(nproc, train_args), env=full_env, timeout=timeout).returncode
+        return subprocess.run(
+            torchrun_command(nproc, train_args), env=full_env, timeout=timeout
+        ).returncode
     except subprocess.TimeoutExpired:
-        raise CaptureError(f"training did not finish within {timeout:.0f} s")
+        raise CaptureError(f"training did not finish within {timeout:.0f} s") from None
 
 
 def _flag_value(args: list[str], flag: str) -> str | None:
@@ -58,8 +70,11 @@ def failure_message(rc: int, train_args: list[str]) -> str:
     """What went wrong and how to resume: the last complete checkpoint under --save, if any."""
     from capture_megatron.train.checkpoint import latest_iteration
 
-    lines = [f"capture-megatron train: training failed (torchrun exit code {rc}). A rank died or raised and "
-             "torchrun stopped the others; its root-cause report (rank, exit code or signal) is above."]
+    lines = [
+        f"capture-megatron train: training failed (torchrun exit code {rc}). A rank died or "
+        "raised and torchrun stopped the others; its root-cause report (rank, exit code or "
+        "signal) is above."
+    ]
     save = _flag_value(train_args, "--save")
     if save:
         try:
@@ -69,8 +84,12 @@ def failure_message(rc: int, train_args: list[str]) -> str:
         if last is None:
             lines.append(f"No complete checkpoint under {save}: a rerun starts from scratch.")
         else:
-            lines.append(f"The last complete checkpoint is iteration {last} in {save}: rerun the same command "
-                         f"with --load {save} to resume from it.")
+            lines.append(
+                f"The last complete checkpoint is iteration {last} in {save}: rerun the same "
+                f"command with --load {save} to resume from it."
+            )
     else:
-        lines.append("No --save was given, so nothing can be resumed; add --save DIR --save-interval N.")
+        lines.append(
+            "No --save was given, so nothing can be resumed; add --save DIR --save-interval N."
+        )
     return "\n".join(lines)

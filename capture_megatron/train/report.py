@@ -1,4 +1,6 @@
-"""MemoryReport: what a training run measured, per rank and per iteration (DESIGN.md's JSON contract)."""
+"""MemoryReport: what a training run measured, per rank and per iteration (DESIGN.md's JSON
+contract)."""
+
 from __future__ import annotations
 
 import json
@@ -22,11 +24,13 @@ class RankMemory(JsonMixin):
     """Data-parallel rank."""
     peak_bytes: int
     """Peak allocated tensor bytes during the training iterations (CUDA: max_memory_allocated; CPU:
-    exact live-tensor accounting). Setup transients (weight init, checkpoint loading) are excluded."""
+    exact live-tensor accounting). Setup transients (weight init, checkpoint loading) are
+    excluded."""
     layers: tuple[int, ...]
     """Global (1-based) numbers of the transformer layers this rank holds."""
     setup_bytes: int
-    """Live bytes when training starts (params, grad buffers, Megatron's buffers; no optimizer state yet)."""
+    """Live bytes when training starts (params, grad buffers, Megatron's buffers; no optimizer state
+    yet)."""
     reserved_bytes: int = 0
     """CUDA only: peak bytes the caching allocator reserved (allocated + its reserve); 0 on CPU."""
 
@@ -79,7 +83,7 @@ class MemoryReport(JsonMixin):
             json.dump(to_plain(self), f, indent=1)
 
     @classmethod
-    def read(cls, path: str) -> "MemoryReport":
+    def read(cls, path: str) -> MemoryReport:
         """Read a report written by write()."""
         with open(path) as f:
             return from_plain(cls, json.load(f))

@@ -1,4 +1,5 @@
 """A whole training run on one rank: set up, resume, iterate, checkpoint, report memory."""
+
 from __future__ import annotations
 
 import torch
@@ -33,15 +34,27 @@ def _layers_held(trainer) -> tuple[int, ...]:
     """Global 1-based numbers of the transformer layers in this rank's chunks."""
     from megatron.core.transformer.transformer_layer import TransformerLayer
 
-    return tuple(sorted(m.layer_number for chunk in trainer.model for m in chunk.modules()
-                        if isinstance(m, TransformerLayer)))
+    return tuple(
+        sorted(
+            m.layer_number
+            for chunk in trainer.model
+            for m in chunk.modules()
+            if isinstance(m, TransformerLayer)
+        )
+    )
 
 
 def _gather_report(cfg, device: str, impl: str, mine: RankMemory, stats: list) -> MemoryReport:
     ranks = [None] * torch.distributed.get_world_size()
     torch.distributed.all_gather_object(ranks, mine)
-    return MemoryReport(device=device, transformer_impl=impl, shape=cfg.shape, plan=cfg.plan,
-                        ranks=tuple(ranks), iterations=tuple(stats))
+    return MemoryReport(
+        device=device,
+        transformer_impl=impl,
+        shape=cfg.shape,
+        plan=cfg.plan,
+        ranks=tuple(ranks),
+        iterations=tuple(stats),
+    )
 
 
 def print_peaks(report: MemoryReport) -> None:
@@ -50,7 +63,10 @@ def print_peaks(report: MemoryReport) -> None:
     print("  rank  pp  tp  dp  layers       peak MiB")
     for r in report.ranks:
         held = f"{r.layers[0]}-{r.layers[-1]}" if r.layers else "-"
-        print(f"  {r.rank:4d} {r.pp_rank:3d} {r.tp_rank:3d} {r.dp_rank:3d}  {held:10s} {r.peak_bytes / 2**20:10.2f}")
+        print(
+            f"  {r.rank:4d} {r.pp_rank:3d} {r.tp_rank:3d} {r.dp_rank:3d}  {held:10s} "
+            f"{r.peak_bytes / 2**20:10.2f}"
+        )
 
 
 def _checkpoint_hook(cfg, trainer, window: PeakWindow, start_consumed: int, start_iter: int):
@@ -62,7 +78,11 @@ def _checkpoint_hook(cfg, trainer, window: PeakWindow, start_consumed: int, star
         interval, exit_iv = cfg.checkpoint.save_interval, cfg.run.exit_interval
         exiting = bool(exit_iv and it % exit_iv == 0)
         due = interval and it % interval == 0
-        if cfg.checkpoint.save and (due or exiting or final or it == cfg.run.train_iters) and it not in saved:
+        if (
+            cfg.checkpoint.save
+            and (due or exiting or final or it == cfg.run.train_iters)
+            and it not in saved
+        ):
             window.pause()
             consumed = start_consumed + (it - start_iter) * cfg.plan.global_batch_size
             path = save_checkpoint(cfg.checkpoint.save, it, trainer, cfg.shape, cfg.plan, consumed)
@@ -71,25 +91,67 @@ def _checkpoint_hook(cfg, trainer, window: PeakWindow, start_consumed: int, star
             if is_logging_rank():
                 print(f"saved checkpoint {path}", flush=True)
         return exiting
+
     return on_step
 
 
 def describe(cfg: TrainConfig, env: DistEnv) -> str:
     """The run's header line."""
     p = cfg.plan
-    return (f"capture-megatron: {env.world_size} processes ({env.source}) | TP {p.tp} PP {p.pp} DP {p.dp}"
-            + (f" VPP {p.vpp}" if p.vpp > 1 else "") + f" | layout {p.layout} | micro-batch "
-            f"{p.micro_batch_size} x {p.num_microbatches} | {cfg.shape.dtype}")
+    return (
+        f"capture-megatron: {env.world_size} processes ({env.source}) | "
+        f"TP {p.tp} PP {p.pp} DP {p.dp}"
+        + (f" VPP {p.vpp}" if p.vpp > 1 else "")
+        + f" | layout {p.layout} | micro-batch "
+        f"{p.micro_batch_size} x {p.num_microbatches} | {cfg.shape.dtype}"
+    )
+
+
+def _iterators(cfg: TrainConfig, consumed: int) -> list:
+    """This rank's training micro-batch iterators (one per chunk), after `consumed` samples."""
+    from megatron.core import parallel_state as ps
+
+    from capture_megatron.train.data import build_train_iterators
+
+    p = cfg.plan
+    return build_train_iterators(
+        cfg.data,
+        cfg.shape.seq_length,
+        p.micro_batch_size,
+        p.global_batch_size,
+        cfg.run.train_iters,
+        ps.get_data_parallel_rank(),
+        p.dp,
+        cfg.run.seed,
+        consumed,
+        p.vpp,
+    )
+
+
+def _rank_memory(env: DistEnv, trainer, window: PeakWindow, meter, setup_bytes: int) -> RankMemory:
+    """What this process measured."""
+    from megatron.core import parallel_state as ps
+
+    return RankMemory(
+        rank=env.rank,
+        tp_rank=ps.get_tensor_model_parallel_rank(),
+        pp_rank=ps.get_pipeline_model_parallel_rank(),
+        dp_rank=ps.get_data_parallel_rank(),
+        peak_bytes=int(window.peak()),
+        layers=_layers_held(trainer),
+        setup_bytes=int(setup_bytes),
+        reserved_bytes=int(meter.reserved()) if hasattr(meter, "reserved") else 0,
+    )
 
 
 def run_training(cfg: TrainConfig, env: DistEnv) -> MemoryReport:
-    """Train `cfg` on this rank; rank 0 writes cfg.run.memory_report. Returns the gathered report."""
+    """Train `cfg` on this rank; rank 0 writes cfg.run.memory_report. Returns the gathered
+    report."""
     from megatron.core import parallel_state as ps
 
-    from capture_megatron.memory.meter import make_meter
     from capture_megatron.megatron.builder import resolve_impl
+    from capture_megatron.memory.meter import make_meter
     from capture_megatron.train.checkpoint import load_checkpoint
-    from capture_megatron.train.data import build_train_iterators
     from capture_megatron.train.loop import run_iterations
     from capture_megatron.train.trainer import build_trainer, init_parallel_state
 
@@ -102,22 +164,27 @@ def run_training(cfg: TrainConfig, env: DistEnv) -> MemoryReport:
         print(describe(cfg, env) + f" | {impl} spec on {device}", flush=True)
     init_parallel_state(cfg.plan, cfg.run.seed)
     trainer = build_trainer(cfg.shape, cfg.plan, cfg.optim, cfg.run, cfg.build, impl)
-    start, consumed = load_checkpoint(cfg.checkpoint, trainer, cfg.plan) if cfg.checkpoint.load else (0, 0)
-    iterators = build_train_iterators(
-        cfg.data, cfg.shape.seq_length, cfg.plan.micro_batch_size, cfg.plan.global_batch_size,
-        cfg.run.train_iters, ps.get_data_parallel_rank(), cfg.plan.dp, cfg.run.seed, consumed, cfg.plan.vpp)
+    loaded = cfg.checkpoint.load
+    start, consumed = load_checkpoint(cfg.checkpoint, trainer, cfg.plan) if loaded else (0, 0)
+    iterators = _iterators(cfg, consumed)
     setup_bytes = meter.current()
     meter.reset_peak()
     window = PeakWindow(meter)
     hook = _checkpoint_hook(cfg, trainer, window, consumed, start)
-    stats = run_iterations(trainer, iterators, cfg.shape, cfg.plan, start, cfg.run.train_iters,
-                           cfg.run.log_interval, hook, progress=cfg.run.progress)
+    stats = run_iterations(
+        trainer,
+        iterators,
+        cfg.shape,
+        cfg.plan,
+        start,
+        cfg.run.train_iters,
+        cfg.run.log_interval,
+        hook,
+        progress=cfg.run.progress,
+    )
     if start > 0 and not stats:
         hook(start, final=True)  # nothing left to train: re-save the loaded state under this plan
-    mine = RankMemory(rank=env.rank, tp_rank=ps.get_tensor_model_parallel_rank(),
-                      pp_rank=ps.get_pipeline_model_parallel_rank(), dp_rank=ps.get_data_parallel_rank(),
-                      peak_bytes=int(window.peak()), layers=_layers_held(trainer), setup_bytes=int(setup_bytes),
-                      reserved_bytes=int(meter.reserved()) if hasattr(meter, "reserved") else 0)
+    mine = _rank_memory(env, trainer, window, meter, setup_bytes)
     report = _gather_report(cfg, device, impl, mine, stats)
     if is_logging_rank():
         print_peaks(report)

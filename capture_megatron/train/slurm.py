@@ -72,7 +72,8 @@ def _sbatch_lines(opts: SlurmOptions, per_node: int) -> str:
 
 
 def render(opts: SlurmOptions, per_node: int, train_args: list[str], tp: int) -> str:
-    """The batch script that runs pretrain_gpt with `train_args` on opts.nodes x per_node processes."""
+    """The batch script that runs pretrain_gpt with `train_args` on opts.nodes x per_node
+    processes."""
     template = (
         resources.files("capture_megatron.train")
         .joinpath(f"templates/sbatch_{opts.mode}.sh")

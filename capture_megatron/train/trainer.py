@@ -3,6 +3,7 @@
 The model chunks are megatron-core GPTModels (megatron.builder.build_chunks), wrapped and given an
 optimizer by capture_megatron.megatron.training (the same set-up the profiler's probes use).
 """
+
 from __future__ import annotations
 
 import random
@@ -28,7 +29,8 @@ class Trainer:
     scheduler: object
     """OptimizerParamScheduler (sample-based steps, like Megatron-LM)."""
     config: object
-    """The TransformerConfig shared by this rank's chunks (hooks for the schedules are set on it)."""
+    """The TransformerConfig shared by this rank's chunks (hooks for the schedules are set on
+    it)."""
 
 
 def init_parallel_state(plan: ParallelPlan, seed: int) -> None:
@@ -37,9 +39,11 @@ def init_parallel_state(plan: ParallelPlan, seed: int) -> None:
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
     ps.initialize_model_parallel(
-        tensor_model_parallel_size=plan.tp, pipeline_model_parallel_size=plan.pp,
+        tensor_model_parallel_size=plan.tp,
+        pipeline_model_parallel_size=plan.pp,
         virtual_pipeline_model_parallel_size=plan.vpp if plan.vpp > 1 else None,
-        context_parallel_size=plan.cp)
+        context_parallel_size=plan.cp,
+    )
     rank_seed = seed + 100 * ps.get_pipeline_model_parallel_rank()
     random.seed(rank_seed)
     np.random.seed(rank_seed)
@@ -47,8 +51,14 @@ def init_parallel_state(plan: ParallelPlan, seed: int) -> None:
     model_parallel_cuda_manual_seed(rank_seed)
 
 
-def build_trainer(shape: ModelShape, plan: ParallelPlan, optim: OptimOptions, run: RunOptions,
-                  build: BuildOptions, impl: str) -> Trainer:
+def build_trainer(
+    shape: ModelShape,
+    plan: ParallelPlan,
+    optim: OptimOptions,
+    run: RunOptions,
+    build: BuildOptions,
+    impl: str,
+) -> Trainer:
     """Everything a rank needs to run train steps (parallel state must be initialised)."""
     chunks = build_chunks(shape, plan, build, impl=impl, seed=run.seed)
     model = wrap_model(chunks, shape, plan, run)

@@ -1,4 +1,5 @@
 """Run capture-megatron training jobs under real torchrun for the distributed tests."""
+
 from __future__ import annotations
 
 import os
@@ -10,10 +11,35 @@ from capture_megatron.train.launch import torchrun_command
 from capture_megatron.train.report import MemoryReport
 
 # A tiny GPT every equivalence test shares (dropout off so every plan computes the same function).
-TINY = ["--num-layers", "8", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
-        "--max-position-embeddings", "32", "--vocab-size", "512", "--micro-batch-size", "2",
-        "--global-batch-size", "16", "--hidden-dropout", "0", "--attention-dropout", "0",
-        "--lr", "1e-3", "--lr-decay-iters", "6", "--no-progress", "--seed", "7"]
+TINY = [
+    "--num-layers",
+    "8",
+    "--hidden-size",
+    "64",
+    "--num-attention-heads",
+    "4",
+    "--seq-length",
+    "32",
+    "--max-position-embeddings",
+    "32",
+    "--vocab-size",
+    "512",
+    "--micro-batch-size",
+    "2",
+    "--global-batch-size",
+    "16",
+    "--hidden-dropout",
+    "0",
+    "--attention-dropout",
+    "0",
+    "--lr",
+    "1e-3",
+    "--lr-decay-iters",
+    "6",
+    "--no-progress",
+    "--seed",
+    "7",
+]
 
 
 @dataclass(frozen=True)
@@ -28,22 +54,38 @@ class Run:
     """The --memory-report, when the job wrote one."""
 
 
-def train(nproc: int, args: list[str], workdir: str, name: str, timeout: float = 300,
-          env: dict | None = None) -> Run:
+def train(
+    nproc: int,
+    args: list[str],
+    workdir: str,
+    name: str,
+    timeout: float = 300,
+    env: dict | None = None,
+) -> Run:
     """Run pretrain_gpt on `nproc` gloo ranks with --memory-report; returns the finished Run."""
     report_path = os.path.join(workdir, f"{name}.json")
     cmd = torchrun_command(nproc, [*args, "--memory-report", report_path])
     full_env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **(env or {}))
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=workdir)
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=workdir
+    )
     output = proc.stdout + proc.stderr
     report = MemoryReport.read(report_path) if os.path.exists(report_path) else None
     return Run(proc.returncode, output, report)
 
 
-def cli(args: list[str], timeout: float = 300, cwd: str | None = None) -> subprocess.CompletedProcess:
+def cli(
+    args: list[str], timeout: float = 300, cwd: str | None = None
+) -> subprocess.CompletedProcess:
     """Run the capture-megatron console entry point in a fresh interpreter."""
-    return subprocess.run([sys.executable, "-m", "capture_megatron.cli", *args], capture_output=True,
-                          text=True, timeout=timeout, cwd=cwd, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    return subprocess.run(
+        [sys.executable, "-m", "capture_megatron.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
 
 
 def losses(run: Run) -> list[float]:

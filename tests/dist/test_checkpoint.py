@@ -1,20 +1,22 @@
-"""Issue 2 / must-show 2-3: resume, reshard, and a save killed half-way.
+"""Checkpoints: resume, reshard, and a save killed half-way.
 
 Real torchrun + gloo + megatron.core.dist_checkpointing.
 """
+
 from __future__ import annotations
 
 import os
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 import torch
 from harness import TINY, losses, train
 
-from capture_megatron.train.launch import torchrun_command
 from capture_megatron.train.checkpoint import PAUSE_ENV, TRACKER, iteration_dir
+from capture_megatron.train.launch import torchrun_command
 
 SIX = ["--train-iters", "6", "--lr-decay-iters", "6"]
 
@@ -30,21 +32,31 @@ def _weights(path: str) -> dict[str, torch.Tensor]:
 
     reader = FileSystemReader(path)
     meta = reader.read_metadata()
-    out = {k: torch.empty(m.size, dtype=m.properties.dtype) for k, m in meta.state_dict_metadata.items()
-           if not k.startswith(("optimizer", "rng")) and hasattr(m, "size") and "_extra_state" not in k}
+    out = {
+        k: torch.empty(m.size, dtype=m.properties.dtype)
+        for k, m in meta.state_dict_metadata.items()
+        if not k.startswith(("optimizer", "rng")) and hasattr(m, "size") and "_extra_state" not in k
+    }
     dcp.load(out, storage_reader=reader, no_dist=True)
     return out
 
 
 @pytest.mark.parametrize("distopt", [False, True])
 def test_resume_equals_straight_run(data_prefix, tmp_path, distopt):
-    extra = ["--pipeline-model-parallel-size", "2", "--pipeline-model-parallel-layout", "Ettt|tttttL"]
+    extra = [
+        "--pipeline-model-parallel-size",
+        "2",
+        "--pipeline-model-parallel-layout",
+        "Ettt|tttttL",
+    ]
     extra += ["--use-distributed-optimizer"] if distopt else []
     work, ckpt = str(tmp_path), str(tmp_path / "ckpt")
     straight = losses(train(2, _flags(data_prefix, *SIX, *extra), work, "straight"))
-    first = train(2, _flags(data_prefix, *SIX, *extra, "--save", ckpt, "--exit-interval", "3"), work, "first")
+    first = train(
+        2, _flags(data_prefix, *SIX, *extra, "--save", ckpt, "--exit-interval", "3"), work, "first"
+    )
     assert losses(first) == straight[:3]
-    assert open(os.path.join(ckpt, TRACKER)).read().strip() == "3"
+    assert Path(ckpt, TRACKER).read_text().strip() == "3"
     second = train(2, _flags(data_prefix, *SIX, *extra, "--load", ckpt), work, "second")
     assert losses(second) == pytest.approx(straight[3:], rel=1e-6)
 
@@ -53,14 +65,41 @@ def test_reshard_pp2_to_pp4_and_tp2(data_prefix, tmp_path):
     work, ckpt = str(tmp_path), str(tmp_path / "ckpt")
     pp2 = ["--pipeline-model-parallel-size", "2", "--pipeline-model-parallel-layout", "Ettt|tttttL"]
     straight = losses(train(2, _flags(data_prefix, *SIX, *pp2), work, "straight"))
-    assert losses(train(2, _flags(data_prefix, *SIX, *pp2, "--save", ckpt, "--exit-interval", "3"), work, "a"))
-    for name, nproc, extra in (("pp4", 4, ["--pipeline-model-parallel-size", "4",
-                                           "--pipeline-model-parallel-layout", "Et|tt|tt|tttL"]),
-                               ("tp2", 2, ["--tensor-model-parallel-size", "2"])):
+    assert losses(
+        train(2, _flags(data_prefix, *SIX, *pp2, "--save", ckpt, "--exit-interval", "3"), work, "a")
+    )
+    for name, nproc, extra in (
+        (
+            "pp4",
+            4,
+            [
+                "--pipeline-model-parallel-size",
+                "4",
+                "--pipeline-model-parallel-layout",
+                "Et|tt|tt|tttL",
+            ],
+        ),
+        ("tp2", 2, ["--tensor-model-parallel-size", "2"]),
+    ):
         resaved = str(tmp_path / f"resaved-{name}")
         # train-iters 3: load iteration 3 under the new plan and save it again, unchanged
-        run = train(nproc, _flags(data_prefix, "--train-iters", "3", "--lr-decay-iters", "6", *extra,
-                                  "--load", ckpt, "--save", resaved), work, name)
+        run = train(
+            nproc,
+            _flags(
+                data_prefix,
+                "--train-iters",
+                "3",
+                "--lr-decay-iters",
+                "6",
+                *extra,
+                "--load",
+                ckpt,
+                "--save",
+                resaved,
+            ),
+            work,
+            name,
+        )
         assert run.returncode == 0, run.output[-3000:]
         saved, loaded = _weights(iteration_dir(ckpt, 3)), _weights(iteration_dir(resaved, 3))
         assert saved.keys() == loaded.keys() and len(saved) > 10
@@ -72,10 +111,25 @@ def test_reshard_pp2_to_pp4_and_tp2(data_prefix, tmp_path):
 
 def test_kill_during_save_keeps_last_checkpoint(data_prefix, tmp_path):
     ckpt = str(tmp_path / "ckpt")
-    args = _flags(data_prefix, *SIX, "--pipeline-model-parallel-size", "2", "--save", ckpt, "--save-interval", "2")
+    args = _flags(
+        data_prefix,
+        *SIX,
+        "--pipeline-model-parallel-size",
+        "2",
+        "--save",
+        ckpt,
+        "--save-interval",
+        "2",
+    )
     env = dict(os.environ, OMP_NUM_THREADS="1", **{PAUSE_ENV: "60@2"})
-    proc = subprocess.Popen(torchrun_command(2, args), env=env, cwd=str(tmp_path), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        torchrun_command(2, args),
+        env=env,
+        cwd=str(tmp_path),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     partial = iteration_dir(ckpt, 2) + ".partial"
     deadline = time.time() + 180
     while not (os.path.isdir(partial) and os.listdir(partial)) and time.time() < deadline:
@@ -84,17 +138,29 @@ def test_kill_during_save_keeps_last_checkpoint(data_prefix, tmp_path):
     time.sleep(2)  # shards are being written / the save is paused before publishing
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
-    assert not os.path.exists(os.path.join(ckpt, TRACKER)) and not os.path.isdir(iteration_dir(ckpt, 2))
+    assert not os.path.exists(os.path.join(ckpt, TRACKER)) and not os.path.isdir(
+        iteration_dir(ckpt, 2)
+    )
     # a second run saves iteration 2 completely, then is killed while saving iteration 4
     env[PAUSE_ENV] = "60@4"
-    proc = subprocess.Popen(torchrun_command(2, args), env=env, cwd=str(tmp_path), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        torchrun_command(2, args),
+        env=env,
+        cwd=str(tmp_path),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     deadline = time.time() + 240
     while not os.path.isdir(iteration_dir(ckpt, 4) + ".partial") and time.time() < deadline:
         time.sleep(0.5)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
-    assert open(os.path.join(ckpt, TRACKER)).read().strip() == "2"
-    resumed = train(2, _flags(data_prefix, *SIX, "--pipeline-model-parallel-size", "2", "--load", ckpt),
-                    str(tmp_path), "resumed")
+    assert Path(ckpt, TRACKER).read_text().strip() == "2"
+    resumed = train(
+        2,
+        _flags(data_prefix, *SIX, "--pipeline-model-parallel-size", "2", "--load", ckpt),
+        str(tmp_path),
+        "resumed",
+    )
     assert [it.iteration for it in resumed.report.iterations] == [3, 4, 5, 6]

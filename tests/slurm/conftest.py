@@ -1,4 +1,5 @@
 """The Slurm tests use the session cluster fixture (tests/slurm/slurm_fixture.py)."""
+
 import os
 import sys
 

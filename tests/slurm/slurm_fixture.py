@@ -4,6 +4,7 @@ Use it from a test directory by importing it in that directory's conftest.py:
     from slurm_fixture import slurm_cluster  # noqa: F401   (with tests/slurm on sys.path)
 If the cluster cannot start, the tests that use the fixture FAIL with the start script's output.
 """
+
 from __future__ import annotations
 
 import os
@@ -27,11 +28,22 @@ class SlurmCluster:
 
 @pytest.fixture(scope="session")
 def slurm_cluster() -> SlurmCluster:
-    """Start (or reuse) the cluster; fail loudly with the script's output if it cannot start."""
+    """Start (or reuse) the cluster; fail loudly with the script's output if it cannot start.
+    Skipped (with the reason) for a user who is not root: slurmctld, slurmd and munge need root."""
+    if os.geteuid() != 0:
+        pytest.skip(
+            "the test Slurm cluster needs root (tests/slurm/start_slurm.sh); CI runs as root"
+        )
     run_dir = os.environ.get("CAPTURE_SLURM_RUN", "/tmp/capture-megatron-slurm")
-    done = subprocess.run(["bash", os.path.join(HERE, "start_slurm.sh"), run_dir], capture_output=True, text=True,
-                          timeout=600)
+    done = subprocess.run(
+        ["bash", os.path.join(HERE, "start_slurm.sh"), run_dir],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     if done.returncode != 0:
-        pytest.fail("the test Slurm cluster did not start:\n" + done.stdout + done.stderr, pytrace=False)
+        pytest.fail(
+            "the test Slurm cluster did not start:\n" + done.stdout + done.stderr, pytrace=False
+        )
     conf = done.stdout.strip().splitlines()[-1].split("=", 1)[1]
     return SlurmCluster(env=dict(os.environ, SLURM_CONF=conf), partition="debug")

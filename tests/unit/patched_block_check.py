@@ -1,15 +1,16 @@
-"""Run with PYTHONPATH=<dir holding a patched megatron/>: prints 'stage-count checkpointed-layers' per case.
+"""Run with PYTHONPATH=<dir holding a patched megatron/>: prints 'stage-count checkpointed-layers'
+per case.
 
 Executed by test_patches.py in a fresh interpreter so the patched megatron-core copy is imported.
 """
+
 import os
 import socket
 import sys
 
+import megatron.core
 import torch
 import torch.distributed as dist
-
-import megatron.core
 
 assert megatron.core.__file__.startswith(sys.argv[1]), megatron.core.__file__
 
@@ -42,17 +43,27 @@ tensor_parallel.checkpoint = counting_checkpoint
 
 
 def config(per_stage):
-    return TransformerConfig(num_layers=3, hidden_size=32, num_attention_heads=4, recompute_granularity="full",
-                             recompute_method="block", recompute_num_layers=3,
-                             recompute_num_layers_per_stage=per_stage, use_cpu_initialization=True,
-                             hidden_dropout=0.0, attention_dropout=0.0)
+    return TransformerConfig(
+        num_layers=3,
+        hidden_size=32,
+        num_attention_heads=4,
+        recompute_granularity="full",
+        recompute_method="block",
+        recompute_num_layers=3,
+        recompute_num_layers_per_stage=per_stage,
+        use_cpu_initialization=True,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+    )
 
 
 for count in (0, 1, 2, 3):
     block = TransformerBlock(config([count]), get_gpt_layer_local_spec())
     x = torch.randn(8, 2, 32, requires_grad=True)
     calls.clear()
-    mask = torch.triu(torch.ones(1, 1, 8, 8, dtype=torch.bool), diagonal=1)  # explicit: no CUDA default
+    mask = torch.triu(
+        torch.ones(1, 1, 8, 8, dtype=torch.bool), diagonal=1
+    )  # explicit: no CUDA default
     block(x, attention_mask=mask).sum().backward()
     print(count, len(calls), flush=True)
 try:

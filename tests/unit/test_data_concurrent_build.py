@@ -1,5 +1,6 @@
 """Several processes building the same dataset index caches at once: with torch.distributed (rank 0
 first, then a barrier) and without (a file lock). Each pair of processes starts at the same time."""
+
 from __future__ import annotations
 
 import os
@@ -10,11 +11,13 @@ import textwrap
 import pytest
 import torch
 
+from capture_megatron.config.training import DataOptions
 from capture_megatron.data.corpus import stdlib_corpus
 from capture_megatron.data.preprocess import preprocess
 from capture_megatron.data.tokenizers import TokenizerOptions
 from capture_megatron.train.data import build_train_iterators
-from capture_megatron.config.training import DataOptions
+
+pytestmark = pytest.mark.slow  # spawns processes (gloo groups)
 
 SEQ, MBS, GBS, ITERS, SEED = 32, 2, 8, 4, 7
 
@@ -24,13 +27,18 @@ CHILD = textwrap.dedent("""
     import torch
     from capture_megatron.train.data import build_train_iterators
     from capture_megatron.config.training import DataOptions
-    prefix, out, rank, world, store = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+    prefix, out, store = sys.argv[1], sys.argv[2], sys.argv[5]
+    rank, world = int(sys.argv[3]), int(sys.argv[4])
     dp_rank, dp_size = 0, 1
     if store != "-":
-        torch.distributed.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=world)
+        torch.distributed.init_process_group(
+            "gloo", init_method="file://" + store, rank=rank, world_size=world
+        )
         dp_rank, dp_size = rank, world
-    its = build_train_iterators(DataOptions(data_path=(prefix,)), {SEQ}, {MBS}, {GBS}, {ITERS}, dp_rank, dp_size,
-                                {SEED}, 0, 1)
+    its = build_train_iterators(
+        DataOptions(data_path=(prefix,)), {SEQ}, {MBS}, {GBS}, {ITERS}, dp_rank, dp_size,
+        {SEED}, 0, 1
+    )
     torch.save([b["tokens"] for b in its[0]], out)
     if store != "-":
         torch.distributed.destroy_process_group()
@@ -40,7 +48,9 @@ CHILD = textwrap.dedent("""
 @pytest.fixture()
 def fresh_prefix(tmp_path) -> str:
     stdlib_corpus(str(tmp_path / "corpus.jsonl"), max_bytes=40_000)
-    return preprocess(str(tmp_path / "corpus.jsonl"), str(tmp_path / "c"), TokenizerOptions()).prefixes[0]
+    return preprocess(
+        str(tmp_path / "corpus.jsonl"), str(tmp_path / "c"), TokenizerOptions()
+    ).prefixes[0]
 
 
 def _run_pair(tmp_path, prefix: str, distributed: bool) -> list[list[torch.Tensor]]:
@@ -48,9 +58,16 @@ def _run_pair(tmp_path, prefix: str, distributed: bool) -> list[list[torch.Tenso
     script.write_text(CHILD)
     store = str(tmp_path / "store") if distributed else "-"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    procs = [subprocess.Popen([sys.executable, str(script), prefix, str(tmp_path / f"out{r}.pt"), str(r), "2", store],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for r in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), prefix, str(tmp_path / f"out{r}.pt"), str(r), "2", store],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in range(2)
+    ]
     for p in procs:
         output, _ = p.communicate(timeout=120)
         assert p.returncode == 0, output
@@ -58,7 +75,9 @@ def _run_pair(tmp_path, prefix: str, distributed: bool) -> list[list[torch.Tenso
 
 
 def _single(prefix: str) -> list[torch.Tensor]:
-    its = build_train_iterators(DataOptions(data_path=(prefix,)), SEQ, MBS, GBS, ITERS, 0, 1, SEED, 0, 1)
+    its = build_train_iterators(
+        DataOptions(data_path=(prefix,)), SEQ, MBS, GBS, ITERS, 0, 1, SEED, 0, 1
+    )
     return [b["tokens"] for b in its[0]]
 
 
@@ -80,5 +99,5 @@ def test_two_ranks_with_gloo_build_rank_zero_first(tmp_path, fresh_prefix):
     single = _single(fresh_prefix)
     assert len(rank0) == len(rank1) == len(single) // 2
     for step, (a, b) in enumerate(zip(rank0, rank1)):  # DP rank r holds slice r of each mbs*dp step
-        assert torch.equal(torch.cat([a, b]), torch.cat(single[2 * step:2 * step + 2]))
+        assert torch.equal(torch.cat([a, b]), torch.cat(single[2 * step : 2 * step + 2]))
     assert len(_cache_files(fresh_prefix)) == 4

@@ -1,4 +1,5 @@
 """The standard-library docstring corpus: real text, bounded, deterministic across processes."""
+
 from __future__ import annotations
 
 import json
@@ -29,9 +30,13 @@ def test_corpus_is_the_same_in_a_fresh_process(tmp_path):
     import capture_megatron.train.data  # noqa: F401 - torch and megatron-core imported here, not there
 
     stdlib_corpus(str(tmp_path / "here.jsonl"), max_bytes=150_000)
-    code = ("import sys; from capture_megatron.data.corpus import stdlib_corpus; "
-            "stdlib_corpus(sys.argv[1], max_bytes=150_000)")
-    subprocess.run([sys.executable, "-c", code, str(tmp_path / "there.jsonl")], check=True, timeout=60)
+    code = (
+        "import sys; from capture_megatron.data.corpus import stdlib_corpus; "
+        "stdlib_corpus(sys.argv[1], max_bytes=150_000)"
+    )
+    subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "there.jsonl")], check=True, timeout=60
+    )
     assert (tmp_path / "there.jsonl").read_bytes() == (tmp_path / "here.jsonl").read_bytes()
 
 

@@ -1,8 +1,11 @@
-"""`capture-megatron preprocess`: Megatron's IndexedDataset reads back exactly the tokens written."""
+"""`capture-megatron preprocess`: Megatron's IndexedDataset reads back exactly the tokens
+written."""
+
 from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import numpy
 import pytest
@@ -20,8 +23,12 @@ def _read(prefix: str) -> list[numpy.ndarray]:
 
     ds = IndexedDataset(prefix)
     docs = ds.document_indices
-    out = [numpy.concatenate([ds[i] for i in range(docs[d], docs[d + 1])]) if docs[d + 1] > docs[d]
-           else numpy.zeros(0, dtype=ds.index.dtype) for d in range(len(docs) - 1)]
+    out = [
+        numpy.concatenate([ds[i] for i in range(docs[d], docs[d + 1])])
+        if docs[d + 1] > docs[d]
+        else numpy.zeros(0, dtype=ds.index.dtype)
+        for d in range(len(docs) - 1)
+    ]
     out.append(ds.index.dtype)
     return out
 
@@ -38,7 +45,10 @@ def _texts(path: str) -> list[str]:
 
 
 def test_jsonl_round_trip_with_eod(tmp_path, corpus, capsys):
-    assert cli_preprocess.main(["--input", corpus, "--output-prefix", str(tmp_path / "out" / "c")]) == 0
+    assert (
+        cli_preprocess.main(["--input", corpus, "--output-prefix", str(tmp_path / "out" / "c")])
+        == 0
+    )
     printed = capsys.readouterr().out
     texts = _texts(corpus)
     *docs, dtype = _read(str(tmp_path / "out" / "c_text_document"))
@@ -58,13 +68,23 @@ def test_no_append_eod_and_huggingface_tokenizer(tmp_path, corpus):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(_texts(corpus), trainers.BpeTrainer(
-        vocab_size=350, special_tokens=["<|endoftext|>"], show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.train_from_iterator(
+        _texts(corpus),
+        trainers.BpeTrainer(
+            vocab_size=350,
+            special_tokens=["<|endoftext|>"],
+            show_progress=False,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        ),
+    )
     tok.save(str(tmp_path / "tokenizer.json"))
     hf = HuggingFaceTokenizer(str(tmp_path / "tokenizer.json"))
-    result = pp.preprocess(corpus, str(tmp_path / "h"), TokenizerOptions("HuggingFaceTokenizer",
-                           tokenizer_model=str(tmp_path / "tokenizer.json")), append_eod=False)
+    result = pp.preprocess(
+        corpus,
+        str(tmp_path / "h"),
+        TokenizerOptions("HuggingFaceTokenizer", tokenizer_model=str(tmp_path / "tokenizer.json")),
+        append_eod=False,
+    )
     *docs, _ = _read(result.prefixes[0])
     texts = _texts(corpus)
     assert result.documents == len(docs) == len(texts) and result.vocab_size == 350
@@ -86,15 +106,26 @@ def test_plain_text_paragraphs_are_documents(tmp_path):
 
 def test_several_keys_sentence_lists_and_empty_documents(tmp_path):
     src = tmp_path / "in.jsonl"
-    rows = [{"text": "abc", "title": "T1"}, {"text": ["one. ", "two."], "title": "T2"}, {"text": "", "title": ""},
-            {"text": "z", "title": "T4"}]
+    rows = [
+        {"text": "abc", "title": "T1"},
+        {"text": ["one. ", "two."], "title": "T2"},
+        {"text": "", "title": ""},
+        {"text": "z", "title": "T4"},
+    ]
     src.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n", encoding="utf-8")
-    result = pp.preprocess(str(src), str(tmp_path / "k"), TokenizerOptions(), json_keys=("text", "title"))
+    result = pp.preprocess(
+        str(src), str(tmp_path / "k"), TokenizerOptions(), json_keys=("text", "title")
+    )
     assert result.documents == 3 and result.skipped == 1
     from megatron.core.datasets.indexed_dataset import IndexedDataset
 
     text = IndexedDataset(str(tmp_path / "k_text_document"))
-    assert text.sequence_lengths.tolist() == [4, 5, 5, 2]  # "two." carries the EOD; sentences kept apart
+    assert text.sequence_lengths.tolist() == [
+        4,
+        5,
+        5,
+        2,
+    ]  # "two." carries the EOD; sentences kept apart
     assert text.document_indices.tolist() == [0, 1, 3, 4]
     *titles, _ = _read(str(tmp_path / "k_title_document"))
     assert [ByteTokenizer().detokenize(t) for t in titles] == ["T1", "T2", "T4"]
@@ -104,16 +135,23 @@ def test_workers_write_identical_files(tmp_path, corpus):
     one = pp.preprocess(corpus, str(tmp_path / "w1"), TokenizerOptions(), workers=1)
     two = pp.preprocess(corpus, str(tmp_path / "w2"), TokenizerOptions(), workers=2)
     for suffix in (".bin", ".idx"):
-        assert open(one.prefixes[0] + suffix, "rb").read() == open(two.prefixes[0] + suffix, "rb").read()
+        first, second = Path(one.prefixes[0] + suffix), Path(two.prefixes[0] + suffix)
+        assert first.read_bytes() == second.read_bytes()
 
 
-@pytest.mark.parametrize("content, match", [
-    ('{"text": "ok"}\n{"text": "ok"}\n{"text": broken}\n', r"line 3 is not valid JSON"),
-    ('{"text": "ok"}\n{"body": "no text"}\n', r"line 2 has no key 'text' \(it has \['body'\]\); pass --json-keys"),
-    ('["a list"]\n', r"line 1 is a JSON list, not an object"),
-    ('{"text": 5}\n', r"line 1: 'text' holds a int"),
-    ('\n\n{"text": ""}\n', r"holds no document with any token"),
-])
+@pytest.mark.parametrize(
+    "content, match",
+    [
+        ('{"text": "ok"}\n{"text": "ok"}\n{"text": broken}\n', r"line 3 is not valid JSON"),
+        (
+            '{"text": "ok"}\n{"body": "no text"}\n',
+            r"line 2 has no key 'text' \(it has \['body'\]\); pass --json-keys",
+        ),
+        ('["a list"]\n', r"line 1 is a JSON list, not an object"),
+        ('{"text": 5}\n', r"line 1: 'text' holds a int"),
+        ('\n\n{"text": ""}\n', r"holds no document with any token"),
+    ],
+)
 def test_bad_input_lines(tmp_path, content, match):
     src = tmp_path / "bad.jsonl"
     src.write_text(content, encoding="utf-8")
@@ -124,18 +162,58 @@ def test_bad_input_lines(tmp_path, content, match):
 
 def test_bad_input_files(tmp_path):
     with pytest.raises(CaptureError, match=r"--input '.*missing.jsonl' does not exist"):
-        cli_preprocess.main(["--input", str(tmp_path / "missing.jsonl"), "--output-prefix", str(tmp_path / "o")])
+        cli_preprocess.main(
+            ["--input", str(tmp_path / "missing.jsonl"), "--output-prefix", str(tmp_path / "o")]
+        )
     (tmp_path / "empty.jsonl").write_text("")
     with pytest.raises(CaptureError, match="is empty"):
-        cli_preprocess.main(["--input", str(tmp_path / "empty.jsonl"), "--output-prefix", str(tmp_path / "o")])
+        cli_preprocess.main(
+            ["--input", str(tmp_path / "empty.jsonl"), "--output-prefix", str(tmp_path / "o")]
+        )
     (tmp_path / "a.txt").write_text("hello\n")
-    with pytest.raises(CaptureError, match="--json-keys body does not apply to the plain-text input"):
-        cli_preprocess.main(["--input", str(tmp_path / "a.txt"), "--json-keys", "body", "--output-prefix", str(tmp_path / "o")])
+    with pytest.raises(
+        CaptureError, match="--json-keys body does not apply to the plain-text input"
+    ):
+        cli_preprocess.main(
+            [
+                "--input",
+                str(tmp_path / "a.txt"),
+                "--json-keys",
+                "body",
+                "--output-prefix",
+                str(tmp_path / "o"),
+            ]
+        )
     with pytest.raises(CaptureError, match="needs --tokenizer-model"):
-        cli_preprocess.main(["--input", str(tmp_path / "a.txt"), "--tokenizer-type", "HuggingFaceTokenizer",
-                 "--output-prefix", str(tmp_path / "o")])
+        cli_preprocess.main(
+            [
+                "--input",
+                str(tmp_path / "a.txt"),
+                "--tokenizer-type",
+                "HuggingFaceTokenizer",
+                "--output-prefix",
+                str(tmp_path / "o"),
+            ]
+        )
     with pytest.raises(CaptureError, match="--tokenizer-type 'Tiktoken' is not supported"):
-        cli_preprocess.main(["--input", str(tmp_path / "a.txt"), "--tokenizer-type", "Tiktoken",
-                 "--output-prefix", str(tmp_path / "o")])
+        cli_preprocess.main(
+            [
+                "--input",
+                str(tmp_path / "a.txt"),
+                "--tokenizer-type",
+                "Tiktoken",
+                "--output-prefix",
+                str(tmp_path / "o"),
+            ]
+        )
     with pytest.raises(CaptureError, match="--workers 0 must be at least 1"):
-        cli_preprocess.main(["--input", str(tmp_path / "a.txt"), "--workers", "0", "--output-prefix", str(tmp_path / "o")])
+        cli_preprocess.main(
+            [
+                "--input",
+                str(tmp_path / "a.txt"),
+                "--workers",
+                "0",
+                "--output-prefix",
+                str(tmp_path / "o"),
+            ]
+        )

@@ -1,38 +1,63 @@
-"""Issue 3: profile real Megatron-Core chunks, fit, predict unseen shapes; fake mode; bad input."""
+"""Profile real Megatron-Core chunks, fit, and predict shapes the fit never saw (within 1%); fake
+mode equals CPU; records files round-trip and their errors are named."""
+
 from __future__ import annotations
 
 import dataclasses
 import json
 import os
-import resource
 import subprocess
 import sys
-import time
 
 import pytest
 
 from capture_megatron.errors import CaptureError
 from capture_megatron.fit import fit, sizes_of
 from capture_megatron.predict.heldout import check_records
-from capture_megatron.profile.design import design_shapes, probes_for, variant_tps
-from capture_megatron.records import Probe
-from capture_megatron.records import ProbeShape, Variant, read_records, write_records
-from capture_megatron.profile.session import run_probes
 from capture_megatron.predict.static import chunk_static
+from capture_megatron.profile.design import design_shapes, probes_for, variant_tps
+from capture_megatron.profile.session import run_probes
+from capture_megatron.records import Probe, ProbeShape, Variant, read_records, write_records
 
-GPT = Variant(dtype="fp32", recompute="none", sequence_parallel=False, swiglu=False, normalization="LayerNorm",
-              position_embedding_type="learned_absolute", add_bias_linear=True, dropout=True, untied=False)
-LLAMA_BF16_SP = Variant(dtype="bf16", recompute="selective", sequence_parallel=True, swiglu=True,
-                        normalization="RMSNorm", position_embedding_type="rope", add_bias_linear=False,
-                        dropout=False, untied=True)
-HELD_OUT = [ProbeShape(2, 160, 80, 5, 5, 16, 272, 384, 1), ProbeShape(1, 224, 112, 4, 2, 28, 176, 512, 2),
-            ProbeShape(3, 96, 160, 8, 4, 20, 400, 768, 4), ProbeShape(2, 320, 48, 6, 3, 8, 96, 1152, 3),
-            ProbeShape(1, 64, 144, 12, 12, 12, 288, 256, 1), ProbeShape(4, 80, 64, 4, 4, 16, 256, 512, 2)]
+pytestmark = pytest.mark.slow
+
+GPT = Variant(
+    dtype="fp32",
+    recompute="none",
+    sequence_parallel=False,
+    swiglu=False,
+    normalization="LayerNorm",
+    position_embedding_type="learned_absolute",
+    add_bias_linear=True,
+    dropout=True,
+    untied=False,
+)
+LLAMA_BF16_SP = Variant(
+    dtype="bf16",
+    recompute="selective",
+    sequence_parallel=True,
+    swiglu=True,
+    normalization="RMSNorm",
+    position_embedding_type="rope",
+    add_bias_linear=False,
+    dropout=False,
+    untied=True,
+)
+HELD_OUT = [
+    ProbeShape(2, 160, 80, 5, 5, 16, 272, 384, 1),
+    ProbeShape(1, 224, 112, 4, 2, 28, 176, 512, 2),
+    ProbeShape(3, 96, 160, 8, 4, 20, 400, 768, 4),
+    ProbeShape(2, 320, 48, 6, 3, 8, 96, 1152, 3),
+    ProbeShape(1, 64, 144, 12, 12, 12, 288, 256, 1),
+    ProbeShape(4, 80, 64, 4, 4, 16, 256, 512, 2),
+]
 
 
 @pytest.fixture(scope="module")
 def gpt_model():
-    records = run_probes(probes_for(GPT, design_shapes(variant_tps(GPT, 4))), "cpu", progress=False, timelines=True)
+    records = run_probes(
+        probes_for(GPT, design_shapes(variant_tps(GPT, 4))), "cpu", progress=False, timelines=True
+    )
     return records, fit(records)
 
 
@@ -42,7 +67,9 @@ def gpt_held_out():
 
 
 def _measure(variant, shapes, keys=(("middle", 1, 0), ("middle", 2, 0))):
-    return run_probes([Probe(variant, s, k, n, r) for s in shapes for k, n, r in keys], "cpu", progress=False)
+    return run_probes(
+        [Probe(variant, s, k, n, r) for s in shapes for k, n, r in keys], "cpu", progress=False
+    )
 
 
 def _check_transient_peaks(vm, records, rel=0.01):
@@ -65,24 +92,31 @@ def test_held_out_saved_activations_and_static_bytes(gpt_model, gpt_held_out):
         assert pred.chunk("middle").saved1 == pytest.approx(one.saved_bytes, rel=1e-9), z
         assert list(pred.layer_numels) == list(one.param_numels), z
         static = chunk_static(list(pred.layer_numels), "fp32", 1, False)
-        assert (static.params, static.grads, static.optimizer) == (one.param_bytes, one.grad_bytes,
-                                                                   one.optimizer_bytes)
+        assert (static.params, static.grads, static.optimizer) == (
+            one.param_bytes,
+            one.grad_bytes,
+            one.optimizer_bytes,
+        )
 
 
 def test_held_out_transient_peaks(gpt_model, gpt_held_out):
-    """The replayed timelines predict unseen shapes' transient peaks (issue 3: within 1%)."""
+    """The replayed timelines predict unseen shapes' transient peaks (within 1%)."""
     vm = gpt_model[1].variants[0]
-    assert {w.window for w in vm.windows if (w.kind, w.layers, w.recompute_layers) == ("middle", 1, 0)} == {
-        "forward", "backward", "step"}
+    assert {
+        w.window for w in vm.windows if (w.kind, w.layers, w.recompute_layers) == ("middle", 1, 0)
+    } == {"forward", "backward", "step"}
     _check_transient_peaks(vm, gpt_held_out)
 
 
 def test_timelines_replay_to_the_measured_peaks():
-    """A record's timelines replay to exactly its forward, backward and step peaks (cpu and fake)."""
+    """A record's timelines replay to exactly its forward, backward and step peaks (cpu and
+    fake)."""
     from capture_megatron.fit.timelines.events import measured_peak
 
     shape = ProbeShape(2, 64, 64, 4, 2, 16, 192, 256, 2)
-    probes = [Probe(LLAMA_BF16_SP, shape, k, n) for k, n in (("first", 1), ("middle", 1), ("last", 0))]
+    probes = [
+        Probe(LLAMA_BF16_SP, shape, k, n) for k, n in (("first", 1), ("middle", 1), ("last", 0))
+    ]
     for device in ("cpu", "fake"):
         for rec in run_probes(probes, device, progress=False, timelines=True):
             assert measured_peak(rec.timeline("forward")) == rec.forward_peak, (device, rec.kind)
@@ -104,66 +138,81 @@ def test_anchors_are_exact_and_records_round_trip(gpt_model, tmp_path):
 
 def test_bf16_sp_selective_variant(tmp_path):
     shapes = design_shapes(variant_tps(LLAMA_BF16_SP, 4))
-    model = fit(run_probes(probes_for(LLAMA_BF16_SP, shapes), "cpu", progress=False, timelines=True))
-    held = [ProbeShape(2, 96, 96, 8, 4, 16, 224, 512, 2), ProbeShape(1, 128, 64, 4, 4, 24, 160, 512, 4),
-            ProbeShape(3, 64, 80, 4, 2, 8, 320, 384, 2)]
+    model = fit(
+        run_probes(probes_for(LLAMA_BF16_SP, shapes), "cpu", progress=False, timelines=True)
+    )
+    held = [
+        ProbeShape(2, 96, 96, 8, 4, 16, 224, 512, 2),
+        ProbeShape(1, 128, 64, 4, 4, 24, 160, 512, 4),
+        ProbeShape(3, 64, 80, 4, 2, 8, 320, 384, 2),
+    ]
     vm = model.variants[0]
     measured = _measure(LLAMA_BF16_SP, held)
     for one, two in zip(measured[0::2], measured[1::2]):
-        assert vm.constants(sizes_of(one)).layer_saved == pytest.approx(two.saved_bytes - one.saved_bytes, rel=0.01)
-    _check_transient_peaks(vm, measured + _measure(LLAMA_BF16_SP, held, (("first", 1, 0), ("last", 1, 0))))
+        assert vm.constants(sizes_of(one)).layer_saved == pytest.approx(
+            two.saved_bytes - one.saved_bytes, rel=0.01
+        )
+    _check_transient_peaks(
+        vm, measured + _measure(LLAMA_BF16_SP, held, (("first", 1, 0), ("last", 1, 0)))
+    )
 
 
-@pytest.mark.parametrize("variant", [GPT, LLAMA_BF16_SP, dataclasses.replace(GPT, dtype="bf16", recompute="full")])
+@pytest.mark.parametrize(
+    "variant", [GPT, LLAMA_BF16_SP, dataclasses.replace(GPT, dtype="bf16", recompute="full")]
+)
 def test_fake_equals_cpu_for_a_small_shape(variant):
     shape = ProbeShape(2, 64, 64, 4, 2, 16, 192, 256, 2)
-    keys = [Probe(variant, shape, k, n) for k, n in (("first", 1), ("middle", 2), ("last", 1), ("only", 0))]
+    keys = [
+        Probe(variant, shape, k, n)
+        for k, n in (("first", 1), ("middle", 2), ("last", 1), ("only", 0))
+    ]
     cpu, fake = run_probes(keys, "cpu", progress=False), run_probes(keys, "fake", progress=False)
     # RoPE keeps one int32 scalar per layer that fake mode materialises and the CPU run does not
     for a, b in zip(cpu, fake):
         slack = 4 * a.layers if variant.position_embedding_type == "rope" else 0
-        for field in ("param_bytes", "grad_bytes", "optimizer_bytes", "input_bytes", "buffers", "backward_peak"):
+        for field in (
+            "param_bytes",
+            "grad_bytes",
+            "optimizer_bytes",
+            "input_bytes",
+            "buffers",
+            "backward_peak",
+        ):
             assert getattr(a, field) == getattr(b, field), (a.kind, field)
         for field in ("saved_bytes", "forward_peak"):
             assert 0 <= getattr(b, field) - getattr(a, field) <= slack, (a.kind, field)
 
 
-def test_llama70b_fake_profile_and_fit_is_fast_and_small(tmp_path):
+def test_llama70b_fake_profile_and_fit_in_little_memory(tmp_path):
+    """Llama-2-70B's layers profile under FakeTensorMode in under 2 GiB of host memory (the time it
+    takes is in bench/speed.py)."""
     out = str(tmp_path / "r.jsonl")
-    code = ("import resource, sys, time; from capture_megatron.cli import main; t = time.time(); "
-            "rc = main(sys.argv[1:]); print('SECONDS', time.time() - t); "
-            "print('RSS_MB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024); sys.exit(rc)")
-    args = ["profile", "--num-layers", "80", "--hidden-size", "8192", "--ffn-hidden-size", "28672",
-            "--num-attention-heads", "64", "--group-query-attention", "--num-query-groups", "8", "--swiglu",
-            "--normalization", "RMSNorm", "--position-embedding-type", "rope", "--disable-bias-linear",
-            "--untie-embeddings-and-output-weights", "--hidden-dropout", "0", "--attention-dropout", "0",
-            "--bf16", "--seq-length", "4096", "--vocab-size", "32000", "--tensor-model-parallel-size", "8",
-            "--sequence-parallel", "--micro-batch-size", "1", "--device", "fake", "--no-design", "--no-progress",
-            "--out", out]
-    start = time.time()
-    done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    code = (
+        "import resource, sys; from capture_megatron.cli import main; rc = main(sys.argv[1:]); "
+        "print('RSS_MB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024); sys.exit(rc)"
+    )
+    args = (
+        "profile --num-layers 80 --hidden-size 8192 --ffn-hidden-size 28672 "
+        "--num-attention-heads 64 --group-query-attention --num-query-groups 8 --swiglu "
+        "--normalization RMSNorm --position-embedding-type rope --disable-bias-linear "
+        "--untie-embeddings-and-output-weights "
+        "--hidden-dropout 0 --attention-dropout 0 --bf16 --seq-length 4096 --vocab-size 32000 "
+        "--tensor-model-parallel-size 8 --sequence-parallel --micro-batch-size 1 --device fake "
+        "--no-design --no-progress --out"
+    ).split() + [out]
+    done = subprocess.run(
+        [sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     model = fit(read_records(out))
-    elapsed = time.time() - start
     rss = float(done.stdout.split("RSS_MB")[1].split()[0])
-    print(f"70B fake profile+fit: {elapsed:.1f} s, RSS {rss:.0f} MB")
-    assert elapsed < 30 and rss < 2048
-    per_layer = model.variants[0].anchors[0].layer_saved
-    assert 0.2e9 < per_layer < 2e9  # a 70B layer at s=4096, TP8+SP: hundreds of MB of saved activations
-
-
-@pytest.mark.parametrize("argv,message", [
-    (["--device", "tpu"], "--device 'tpu' is not one of cpu, cuda, fake"),
-    (["--device", "cuda"], "no usable CUDA device"),
-    (["--hidden-size", "66"], "hidden 66 not divisible by heads 4"),
-])
-def test_profile_bad_input(argv, message, tmp_path):
-    base = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
-            "--vocab-size", "128", "--no-design", "--out", str(tmp_path / "x.jsonl")]
-    done = subprocess.run([sys.executable, "-m", "capture_megatron.cli", "profile", *base, *argv],
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert rss < 2048, rss
+    # a 70B layer at s=4096, TP8+SP: hundreds of MB of saved activations
+    assert 0.2e9 < model.variants[0].anchors[0].layer_saved < 2e9
 
 
 def test_records_file_errors(tmp_path, gpt_model):
@@ -187,21 +236,31 @@ def test_records_file_errors(tmp_path, gpt_model):
         read_records(str(tmp_path / "alien.jsonl"))
 
 
-del resource
-
-
-@pytest.mark.parametrize("variant", [dataclasses.replace(GPT, dtype="bf16", recompute="full", sequence_parallel=True),
-                                     dataclasses.replace(LLAMA_BF16_SP, recompute="full")])
+@pytest.mark.parametrize(
+    "variant",
+    [
+        dataclasses.replace(GPT, dtype="bf16", recompute="full", sequence_parallel=True),
+        dataclasses.replace(LLAMA_BF16_SP, recompute="full"),
+    ],
+)
 def test_full_recompute_chunks_of_any_depth(variant):
-    """Block recompute of n of k layers: the decomposition (first recomputed layer R, each further R2)
-    predicts saved, forward and backward peaks of unprobed (k, n) exactly."""
+    """Block recompute of n of k layers: the decomposition (first recomputed layer R, each further
+    R2) predicts saved, forward and backward peaks of unprobed (k, n) exactly."""
     from capture_megatron.fit import shape_sizes
     from capture_megatron.predict.ranks import _activations
 
     shape = ProbeShape(2, 64, 64, 4, 4, 16, 256, 256, 2)
-    sc = fit(run_probes(probes_for(variant, [shape]), "cpu", progress=False)).variants[0].constants(shape_sizes(shape))
+    sc = (
+        fit(run_probes(probes_for(variant, [shape]), "cpu", progress=False))
+        .variants[0]
+        .constants(shape_sizes(shape))
+    )
     cases = [(3, 2), (3, 3), (4, 2), (4, 4)]
-    for (k, n), rec in zip(cases, run_probes([Probe(variant, shape, "middle", k, n) for k, n in cases], "cpu",
-                                             progress=False)):
+    for (k, n), rec in zip(
+        cases,
+        run_probes(
+            [Probe(variant, shape, "middle", k, n) for k, n in cases], "cpu", progress=False
+        ),
+    ):
         _, saved, fwd, bwd = _activations(sc, "middle", k, n)
         assert (saved, fwd, bwd) == (rec.saved_bytes, rec.forward_peak, rec.backward_peak), (k, n)

@@ -1,17 +1,23 @@
 """The schedule model equals megatron-core's own schedules.
 
-megatron-core's forward_backward_pipelining_without_interleaving / _with_interleaving run for real in
-this process as pipeline rank r of a fake p-rank process group (collectives complete without data),
-driving tiny real modules that log every forward and backward pass. The logged order must equal
-capture_megatron.predict.schedule.events for many (p, m, v) and every rank.
-"""
+megatron-core's forward_backward_pipelining_without_interleaving / _with_interleaving run for real
+in this process as pipeline rank r of a fake p-rank process group (collectives complete without
+data), driving tiny real modules that log every forward and backward pass. The logged order must
+equal capture_megatron.predict.schedule.events for many (p, m, v) and every rank."""
+
 from __future__ import annotations
 
 import pytest
 import torch
 
 from capture_megatron.errors import CaptureError
-from capture_megatron.predict.schedule import Event, ScheduleSpec, events, live_counts, peak_inflight
+from capture_megatron.predict.schedule import (
+    Event,
+    ScheduleSpec,
+    events,
+    live_counts,
+    peak_inflight,
+)
 
 
 class _Log(torch.autograd.Function):
@@ -49,8 +55,8 @@ class _Chunk(torch.nn.Module):
 
 def _megatron_order(p: int, rank: int, m: int, v: int) -> list[Event]:
     from megatron.core import parallel_state as ps
-    from megatron.core.transformer.transformer_config import TransformerConfig
     from megatron.core.pipeline_parallel import get_forward_backward_func
+    from megatron.core.transformer.transformer_config import TransformerConfig
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from capture_megatron.megatron import cpu_compat
@@ -58,13 +64,22 @@ def _megatron_order(p: int, rank: int, m: int, v: int) -> list[Event]:
     cpu_compat.apply("cpu")
     torch.distributed.init_process_group("fake", store=FakeStore(), rank=rank, world_size=p)
     try:
-        ps.initialize_model_parallel(1, p, virtual_pipeline_model_parallel_size=v if v > 1 else None,
-                                     create_gloo_process_groups=False)
-        config = TransformerConfig(num_layers=p * v, hidden_size=4, num_attention_heads=1,
-                                   pipeline_model_parallel_size=p,
-                                   virtual_pipeline_model_parallel_size=v if v > 1 else None,
-                                   pipeline_dtype=torch.float32, batch_p2p_comm=False,
-                                   deallocate_pipeline_outputs=True)
+        ps.initialize_model_parallel(
+            1,
+            p,
+            virtual_pipeline_model_parallel_size=v if v > 1 else None,
+            create_gloo_process_groups=False,
+        )
+        config = TransformerConfig(
+            num_layers=p * v,
+            hidden_size=4,
+            num_attention_heads=1,
+            pipeline_model_parallel_size=p,
+            virtual_pipeline_model_parallel_size=v if v > 1 else None,
+            pipeline_dtype=torch.float32,
+            batch_p2p_comm=False,
+            deallocate_pipeline_outputs=True,
+        )
         log: list[Event] = []
         chunks = [_Chunk(config, i if v > 1 else None, log) for i in range(v)]
 
@@ -73,17 +88,37 @@ def _megatron_order(p: int, rank: int, m: int, v: int) -> list[Event]:
             return out, lambda t: (t.sum(), {})
 
         data = [iter([torch.ones(1, 1, 4)] * m) for _ in range(v)]
-        get_forward_backward_func()(forward_step_func=step, data_iterator=data if v > 1 else data[0],
-                                    model=chunks if v > 1 else chunks[0], num_microbatches=m, seq_length=1,
-                                    micro_batch_size=1, forward_only=False)
+        get_forward_backward_func()(
+            forward_step_func=step,
+            data_iterator=data if v > 1 else data[0],
+            model=chunks if v > 1 else chunks[0],
+            num_microbatches=m,
+            seq_length=1,
+            micro_batch_size=1,
+            forward_only=False,
+        )
         return log
     finally:
         ps.destroy_model_parallel()
         torch.distributed.destroy_process_group()
 
 
-CASES = [(1, 3, 1), (2, 1, 1), (2, 4, 1), (4, 2, 1), (4, 8, 1), (3, 7, 1), (2, 2, 2), (2, 4, 2), (2, 6, 2),
-         (4, 4, 2), (4, 8, 2), (2, 4, 3), (3, 6, 2), (4, 12, 3)]
+CASES = [
+    (1, 3, 1),
+    (2, 1, 1),
+    (2, 4, 1),
+    (4, 2, 1),
+    (4, 8, 1),
+    (3, 7, 1),
+    (2, 2, 2),
+    (2, 4, 2),
+    (2, 6, 2),
+    (4, 4, 2),
+    (4, 8, 2),
+    (2, 4, 3),
+    (3, 6, 2),
+    (4, 12, 3),
+]
 
 
 @pytest.mark.parametrize("p,m,v", CASES)
@@ -116,7 +151,8 @@ def test_invalid_interleaving_names_the_numbers():
 
 def test_pruned_moments_keep_every_possible_peak():
     """schedule_states drops dominated moments and (VPP 2) those inside the hull: for random
-    activation weights and transients the maximum over the kept moments equals the maximum over all."""
+    activation weights and transients the maximum over the kept moments equals the maximum over
+    all."""
     import random
 
     from capture_megatron.predict.ranks import schedule_states
@@ -136,6 +172,7 @@ def test_pruned_moments_keep_every_possible_peak():
             w = [rng.random() for _ in range(vpp)]
             extra = {(s[0], s[1], s[3]): rng.random() * 5 for s in every}
 
-            def value(s):
+            def value(s, w=w, extra=extra):
                 return sum(a * b for a, b in zip(s[2], w)) + extra[(s[0], s[1], s[3])]
+
             assert max(map(value, kept)) == pytest.approx(max(map(value, every)), abs=1e-12)

@@ -1,18 +1,29 @@
-"""Offline tokenizers: round trips for every type on real tokenizer files trained here, and errors."""
+"""Offline tokenizers: round trips for every type on real tokenizer files trained here, and
+errors."""
+
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from capture_megatron.data.corpus import stdlib_corpus
-from capture_megatron.data.tokenizers import (ByteTokenizer, GPT2BPETokenizer, HuggingFaceTokenizer,
-                                              SentencePieceTokenizer, TokenizerOptions, build_tokenizer)
-from capture_megatron.errors import CaptureError
 from capture_megatron.config.training import DataOptions
+from capture_megatron.data.corpus import stdlib_corpus
+from capture_megatron.data.tokenizers import (
+    ByteTokenizer,
+    GPT2BPETokenizer,
+    HuggingFaceTokenizer,
+    SentencePieceTokenizer,
+    TokenizerOptions,
+    build_tokenizer,
+)
+from capture_megatron.errors import CaptureError
 
-SAMPLES = ["Return the sum of a and b.", "Abstract Base Classes (ABCs) according to PEP 3119.\n\nUse it.",
-           "  two  spaces, tabs\tand a trailing newline\n"]
+SAMPLES = [
+    "Return the sum of a and b.",
+    "Abstract Base Classes (ABCs) according to PEP 3119.\n\nUse it.",
+    "  two  spaces, tabs\tand a trailing newline\n",
+]
 
 
 @pytest.fixture(scope="module")
@@ -31,8 +42,12 @@ def bpe_dir(tmp_path_factory, texts):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<|endoftext|>"], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=["<|endoftext|>"],
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(texts, trainer)
     tok.save(str(out / "tokenizer.json"))
     tok.model.save(str(out))  # vocab.json, merges.txt
@@ -45,10 +60,18 @@ def sp_model(tmp_path_factory, texts) -> str:
 
     out = tmp_path_factory.mktemp("sp")
     lines = [line for t in texts for line in t.splitlines() if line.strip()]
-    spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_prefix=str(out / "sp"), vocab_size=800,
-                                   model_type="bpe", byte_fallback=True, character_coverage=0.995,
-                                   normalization_rule_name="identity", remove_extra_whitespaces=False,
-                                   num_threads=2, minloglevel=2)
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines),
+        model_prefix=str(out / "sp"),
+        vocab_size=800,
+        model_type="bpe",
+        byte_fallback=True,
+        character_coverage=0.995,
+        normalization_rule_name="identity",
+        remove_extra_whitespaces=False,
+        num_threads=2,
+        minloglevel=2,
+    )
     return str(out / "sp.model")
 
 
@@ -66,9 +89,12 @@ def test_byte_tokenizer_round_trip_and_specials():
 def test_tokenizers_are_megatron_tokenizers(bpe_dir, sp_model):
     from megatron.core.datasets.megatron_tokenizer import MegatronLegacyTokenizer
 
-    for tok in (ByteTokenizer(), HuggingFaceTokenizer(str(bpe_dir / "tokenizer.json")),
-                SentencePieceTokenizer(sp_model),
-                GPT2BPETokenizer(str(bpe_dir / "vocab.json"), str(bpe_dir / "merges.txt"))):
+    for tok in (
+        ByteTokenizer(),
+        HuggingFaceTokenizer(str(bpe_dir / "tokenizer.json")),
+        SentencePieceTokenizer(sp_model),
+        GPT2BPETokenizer(str(bpe_dir / "vocab.json"), str(bpe_dir / "merges.txt")),
+    ):
         assert isinstance(tok, MegatronLegacyTokenizer)
         assert tok.unique_identifiers["class"] == type(tok).__name__
         assert 0 <= tok.eod < tok.vocab_size
@@ -78,8 +104,13 @@ def test_huggingface_round_trip(bpe_dir):
     from tokenizers import Tokenizer
 
     ref = Tokenizer.from_file(str(bpe_dir / "tokenizer.json"))
-    tok = build_tokenizer(DataOptions(mock_data=True, tokenizer_type="HuggingFaceTokenizer",
-                                      tokenizer_model=str(bpe_dir / "tokenizer.json")))
+    tok = build_tokenizer(
+        DataOptions(
+            mock_data=True,
+            tokenizer_type="HuggingFaceTokenizer",
+            tokenizer_model=str(bpe_dir / "tokenizer.json"),
+        )
+    )
     assert isinstance(tok, HuggingFaceTokenizer)
     assert tok.eod == ref.token_to_id("<|endoftext|>")
     assert tok.vocab_size == ref.get_vocab_size() == 400
@@ -129,8 +160,13 @@ def test_sentencepiece_round_trip(sp_model):
 
 
 def test_gpt2_bpe_matches_the_same_model_and_round_trips(bpe_dir):
-    tok = build_tokenizer(TokenizerOptions("GPT2BPETokenizer", vocab_file=str(bpe_dir / "vocab.json"),
-                                           merge_file=str(bpe_dir / "merges.txt")))
+    tok = build_tokenizer(
+        TokenizerOptions(
+            "GPT2BPETokenizer",
+            vocab_file=str(bpe_dir / "vocab.json"),
+            merge_file=str(bpe_dir / "merges.txt"),
+        )
+    )
     hf = HuggingFaceTokenizer(str(bpe_dir / "tokenizer.json"))
     vocab = json.loads((bpe_dir / "vocab.json").read_text())
     assert tok.vocab_size == len(vocab) and tok.eod == vocab["<|endoftext|>"]
@@ -139,16 +175,29 @@ def test_gpt2_bpe_matches_the_same_model_and_round_trips(bpe_dir):
         assert tok.detokenize(tok.tokenize(text)) == text
 
 
-@pytest.mark.parametrize("opts, match", [
-    (TokenizerOptions("WordPiece"), "'WordPiece' is not supported; use one of ByteTokenizer"),
-    (TokenizerOptions("HuggingFaceTokenizer"), "HuggingFaceTokenizer needs --tokenizer-model"),
-    (TokenizerOptions("SentencePieceTokenizer"), "SentencePieceTokenizer needs --tokenizer-model"),
-    (TokenizerOptions("GPT2BPETokenizer", vocab_file="v.json"), "needs --vocab-file vocab.json --merge-file"),
-    (TokenizerOptions("HuggingFaceTokenizer", tokenizer_model="/nonexistent/tokenizer.json"),
-     "'/nonexistent/tokenizer.json' does not exist"),
-    (TokenizerOptions("SentencePieceTokenizer", tokenizer_model="/nonexistent/x.model"),
-     "'/nonexistent/x.model' does not exist"),
-])
+@pytest.mark.parametrize(
+    "opts, match",
+    [
+        (TokenizerOptions("WordPiece"), "'WordPiece' is not supported; use one of ByteTokenizer"),
+        (TokenizerOptions("HuggingFaceTokenizer"), "HuggingFaceTokenizer needs --tokenizer-model"),
+        (
+            TokenizerOptions("SentencePieceTokenizer"),
+            "SentencePieceTokenizer needs --tokenizer-model",
+        ),
+        (
+            TokenizerOptions("GPT2BPETokenizer", vocab_file="v.json"),
+            "needs --vocab-file vocab.json --merge-file",
+        ),
+        (
+            TokenizerOptions("HuggingFaceTokenizer", tokenizer_model="/nonexistent/tokenizer.json"),
+            "'/nonexistent/tokenizer.json' does not exist",
+        ),
+        (
+            TokenizerOptions("SentencePieceTokenizer", tokenizer_model="/nonexistent/x.model"),
+            "'/nonexistent/x.model' does not exist",
+        ),
+    ],
+)
 def test_bad_tokenizer_flags(opts, match):
     with pytest.raises(CaptureError, match=match):
         build_tokenizer(opts)
@@ -162,7 +211,14 @@ def test_unreadable_tokenizer_files(tmp_path, bpe_dir):
     with pytest.raises(CaptureError, match="not a SentencePiece model"):
         build_tokenizer(TokenizerOptions("SentencePieceTokenizer", tokenizer_model=str(bad)))
     with pytest.raises(CaptureError, match="--merge-file .* does not exist"):
-        build_tokenizer(TokenizerOptions("GPT2BPETokenizer", vocab_file=str(bpe_dir / "vocab.json"),
-                                         merge_file=str(tmp_path / "missing.txt")))
+        build_tokenizer(
+            TokenizerOptions(
+                "GPT2BPETokenizer",
+                vocab_file=str(bpe_dir / "vocab.json"),
+                merge_file=str(tmp_path / "missing.txt"),
+            )
+        )
     with pytest.raises(CaptureError, match="holds no tokenizer.json"):
-        build_tokenizer(TokenizerOptions("HuggingFaceTokenizer", tokenizer_model=str(tmp_path / "..")))
+        build_tokenizer(
+            TokenizerOptions("HuggingFaceTokenizer", tokenizer_model=str(tmp_path / ".."))
+        )

@@ -12,12 +12,13 @@ Allocations are aligned first; then every event, with a release named by its all
 that union (so two releases of the same op are never confused), or by its op for a storage from
 before the window.
 """
+
 from __future__ import annotations
 
 import numpy as np
 
-from capture_megatron.records import Timeline
 from capture_megatron.fit.terms import TRANSIENT_TERMS, Sizes
+from capture_megatron.records import Timeline
 
 TOLERANCE = 1e-9
 """Relative tolerance of 'the same multiple of a term'."""
@@ -25,8 +26,9 @@ SAME_TENSOR, SAME_OP = 2.0, 1.0
 """Alignment scores of a pair of events."""
 
 
-def _ratios(z: Sizes, nbytes) -> np.ndarray:
-    """(events, terms): each event's bytes per unit of each term at sizes z (nan where a term is 0)."""
+def _ratios(z: Sizes, nbytes: tuple[int, ...] | list[int]) -> np.ndarray:
+    """(events, terms): each event's bytes per unit of each term at sizes z (nan where a term is
+    0)."""
     terms = np.array([fn(z) for fn in TRANSIENT_TERMS.values()], dtype=np.float64)
     with np.errstate(divide="ignore", invalid="ignore"):
         out = np.asarray(nbytes, dtype=np.float64)[:, None] / terms[None, :]
@@ -35,17 +37,22 @@ def _ratios(z: Sizes, nbytes) -> np.ndarray:
 
 
 class _Union:
-    """The union being built: tokens, stable ids, and per entry the ratios of its first sample and the
-    terms on which every sample merged so far agreed."""
+    """The union being built: tokens, stable ids, and per entry the ratios of its first sample and
+    the terms on which every sample merged so far agreed."""
 
     def __init__(self, tokens: list[str], ratios: np.ndarray):
         self.tokens, self.ids = list(tokens), list(range(len(tokens)))
         self.ratios, self.agree = ratios, ~np.isnan(ratios)
         self.next_id = len(tokens)
 
-    def _scores(self, tokens: list[str], ratios: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _scores(
+        self, tokens: list[str], ratios: np.ndarray
+    ) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]]:
         codes = {t: i for i, t in enumerate(sorted(set(self.tokens) | set(tokens)))}
-        same_op = np.array([codes[t] for t in self.tokens])[:, None] == np.array([codes[t] for t in tokens])[None, :]
+        same_op = (
+            np.array([codes[t] for t in self.tokens])[:, None]
+            == np.array([codes[t] for t in tokens])[None, :]
+        )
         ii, jj = np.nonzero(same_op)
         a, b = self.ratios[ii], ratios[jj]
         agree = self.agree[ii] & (np.abs(a - b) <= TOLERANCE * np.fmax(np.abs(a), np.abs(b)))
@@ -57,7 +64,10 @@ class _Union:
         """Merge one sequence; return the union id of each of its events."""
         weights, (ii, jj, agree) = self._scores(tokens, ratios)
         agreement = {(int(i), int(j)): row for i, j, row in zip(ii, jj, agree)}
-        rows, mine = [], [0] * len(tokens)  # rows: (token, id, ratios, agreeing terms) of the new union
+        rows, mine = (
+            [],
+            [0] * len(tokens),
+        )  # rows: (token, id, ratios, agreeing terms) of the new union
 
         def fresh(k: int) -> None:
             mine[k] = self.next_id
@@ -66,10 +76,14 @@ class _Union:
 
         a = b = 0
         for ua, lb in _best_pairs(weights) + [(len(self.tokens), len(tokens))]:
-            rows += [(self.tokens[k], self.ids[k], self.ratios[k], self.agree[k]) for k in range(a, ua)]
+            rows += [
+                (self.tokens[k], self.ids[k], self.ratios[k], self.agree[k]) for k in range(a, ua)
+            ]
             for k in range(b, lb):
                 fresh(k)
-            if ua < len(self.tokens):  # a matched pair: one entry, agreeing where both samples agree
+            if ua < len(
+                self.tokens
+            ):  # a matched pair: one entry, agreeing where both samples agree
                 mine[lb] = self.ids[ua]
                 rows.append((self.tokens[ua], self.ids[ua], self.ratios[ua], agreement[(ua, lb)]))
             a, b = ua + 1, lb + 1
@@ -85,7 +99,9 @@ def _best_pairs(weights: np.ndarray) -> list[tuple[int, int]]:
     n, m = weights.shape
     table = np.zeros((n + 1, m + 1))
     for i in range(1, n + 1):
-        table[i, 1:] = np.maximum.accumulate(np.maximum(table[i - 1, 1:], table[i - 1, :-1] + weights[i - 1]))
+        table[i, 1:] = np.maximum.accumulate(
+            np.maximum(table[i - 1, 1:], table[i - 1, :-1] + weights[i - 1])
+        )
     pairs, i, j = [], n, m
     while i > 0 and j > 0:
         w = weights[i - 1, j - 1]
@@ -111,7 +127,13 @@ def _align(seqs: list[list[str]], ratios: list[np.ndarray]) -> tuple[list[str], 
     return union.tokens, [[position[u] for u in m] for m in maps]
 
 
-def align(zs: list[Sizes], lines: list[Timeline], before: list[list[int]] | None = None) -> tuple:
+Alignment = tuple[list[str], list[str], list[list[int]]]
+"""(union op sequence, its alignment tokens, per timeline the union position of each event)."""
+
+
+def align(
+    zs: list[Sizes], lines: list[Timeline], before: list[list[int]] | None = None
+) -> Alignment:
     """(union op sequence, its alignment tokens, per timeline the union position of each event).
 
     Tokens: '+17' an allocation at place 17 of the allocations' union, '-17' its release, '-p5' the
@@ -119,23 +141,31 @@ def align(zs: list[Sizes], lines: list[Timeline], before: list[list[int]] | None
     previous window's union position of each of its events), '-op' any other release."""
     ratios = [_ratios(z, line.nbytes) for z, line in zip(zs, lines)]
     allocs = [[i for i, op in enumerate(line.ops) if op[0] == "+"] for line in lines]
-    _, where = _align([[line.ops[i] for i in idx] for line, idx in zip(lines, allocs)],
-                      [r[idx] for r, idx in zip(ratios, allocs)])
+    _, where = _align(
+        [[line.ops[i] for i in idx] for line, idx in zip(lines, allocs)],
+        [r[idx] for r, idx in zip(ratios, allocs)],
+    )
     keys = []
     for n, (line, idx, pos) in enumerate(zip(lines, allocs, where)):
         uid = dict(zip(idx, pos))
         origins = line.origins or (-1,) * len(line.ops)
-        keys.append([_token(op, o, uid[i] if op[0] == "+" else None, uid, before[n] if before else None)
-                     for i, (op, o) in enumerate(zip(line.ops, origins))])
+        keys.append(
+            [
+                _token(op, o, uid[i] if op[0] == "+" else None, uid, before[n] if before else None)
+                for i, (op, o) in enumerate(zip(line.ops, origins))
+            ]
+        )
     union, maps = _align(keys, ratios)
     names = list(union)
-    for line, where in zip(lines, maps):
-        for op, pos in zip(line.ops, where):
-            names[pos] = op
+    for line, positions in zip(lines, maps):
+        for op, at in zip(line.ops, positions):
+            names[at] = op
     return names, union, maps
 
 
-def _token(op: str, origin: int, place: int | None, uid: dict, before: list[int] | None) -> str:
+def _token(
+    op: str, origin: int, place: int | None, uid: dict[int, int], before: list[int] | None
+) -> str:
     if place is not None:
         return f"+{place}"
     if origin >= 0:

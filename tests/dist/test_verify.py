@@ -1,0 +1,134 @@
+"""`verify` on the CPU — the plan's predicted peaks are within 2% of the measured
+ones on every rank, and the planned layout's measured worst rank is below Megatron's uniform split
+at identical settings (real torchrun, gloo, 4 ranks; each config trains the plan and the uniform
+split)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from harness import cli, train
+
+MODEL = [
+    "--num-layers",
+    "8",
+    "--hidden-size",
+    "64",
+    "--num-attention-heads",
+    "4",
+    "--seq-length",
+    "128",
+    "--max-position-embeddings",
+    "128",
+    "--vocab-size",
+    "512",
+    "--micro-batch-size",
+    "2",
+    "--global-batch-size",
+    "16",
+]
+LLAMA = [
+    "--swiglu",
+    "--normalization",
+    "RMSNorm",
+    "--position-embedding-type",
+    "rope",
+    "--group-query-attention",
+    "--num-query-groups",
+    "2",
+    "--disable-bias-linear",
+    "--untie-embeddings-and-output-weights",
+    "--hidden-dropout",
+    "0",
+    "--attention-dropout",
+    "0",
+]
+PP4 = ["--pipeline-model-parallel-size", "4", "--tensor-model-parallel-size", "1"]
+PP2TP2 = [
+    "--pipeline-model-parallel-size",
+    "2",
+    "--tensor-model-parallel-size",
+    "2",
+    "--sequence-parallel",
+]
+PP2DP2 = [
+    "--pipeline-model-parallel-size",
+    "2",
+    "--tensor-model-parallel-size",
+    "1",
+    "--use-distributed-optimizer",
+]
+SELECTIVE = ["--recompute-granularity", "selective"]
+NONE = ["--recompute-granularity", "none"]
+NOVPP = ["--num-virtual-stages-per-pipeline-rank", "1"]
+CONFIGS = {
+    # name: (flags the plan fixes, flags of Megatron's uniform split at the same settings)
+    "pp4": ([*PP4, *NONE, *NOVPP], PP4),
+    "pp2_tp2_sp_selective": ([*PP2TP2, *SELECTIVE, *NOVPP], [*PP2TP2, *SELECTIVE]),
+    "pp2_dp2_distopt": ([*PP2DP2, *NONE, *NOVPP], PP2DP2),
+    "pp4_vpp2_selective": (
+        [*PP4, *SELECTIVE, "--num-virtual-stages-per-pipeline-rank", "2"],
+        [*PP4, *SELECTIVE, "--num-virtual-stages-per-pipeline-rank", "2"],
+    ),
+    "pp4_per_stage_full": (
+        [*PP4, "--recompute-granularity", "full", *NOVPP],
+        [
+            *PP4,
+            "--recompute-granularity",
+            "full",
+            "--recompute-method",
+            "block",
+            "--recompute-num-layers",
+            "2",
+        ],
+    ),
+    "pp4_bf16": ([*PP4, "--bf16", *SELECTIVE, *NOVPP], [*PP4, "--bf16", *SELECTIVE]),
+    "pp4_llama": ([*PP4, *LLAMA, *NONE, *NOVPP], [*PP4, *LLAMA]),
+}
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_plan_predicts_within_2_percent_and_beats_uniform(name, tmp_path):
+    plan_flags, uniform_flags = CONFIGS[name]
+    out = tmp_path / "verify.json"
+    done = cli(
+        [
+            "verify",
+            *MODEL,
+            *plan_flags,
+            "--nproc",
+            "4",
+            "--device",
+            "cpu",
+            "--mock-data",
+            "--train-iters",
+            "2",
+            "--no-progress",
+            "--json",
+            str(out),
+            "--keep",
+            str(tmp_path),
+        ],
+        timeout=600,
+        cwd=str(tmp_path),
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    result = json.loads(out.read_text())
+    assert result["max_abs_error"] <= 0.02
+    balanced = max(r["measured_bytes"] for r in result["ranks"])
+    run = train(
+        4,
+        [*MODEL, *uniform_flags, "--mock-data", "--train-iters", "2", "--no-progress"],
+        str(tmp_path),
+        "uniform",
+    )
+    assert run.returncode == 0, run.output[-3000:]
+    uniform = max(run.report.stage_peaks())
+    print(
+        f"{name}: layout {result['plan']['layout']} worst {balanced / 2**20:.2f} MiB vs uniform "
+        f"{run.report.plan.layout} {uniform / 2**20:.2f} MiB: "
+        f"{100 * (1 - balanced / uniform):.1f}% lower; "
+        f"max prediction error {100 * result['max_abs_error']:.2f}%"
+    )
+    assert balanced < uniform

@@ -1,0 +1,130 @@
+"""The package's layering, read from its import statements (CONTRIBUTING.md, docs/ARCHITECTURE.md):
+stages import only the stages below them, nothing outside cli/ imports cli/, the pure packages never
+import torch or Megatron (not even inside a function), and no module import cycle exists."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections import defaultdict
+
+import pytest
+from imports import Edge, edges, modules, unit
+
+ALLOWED = {
+    "__init__": set(),
+    "errors": set(),
+    "serial": set(),
+    "config": {"errors", "serial"},
+    "records": {"__init__", "config", "errors", "serial"},
+    "cache": {"__init__", "config"},
+    "fit": {"config", "records", "errors", "serial"},
+    "predict": {"config", "records", "fit", "errors", "serial"},
+    "plan": {"__init__", "config", "records", "fit", "predict", "errors", "serial"},
+    "memory": set(),
+    "data": {"config", "errors"},
+    "megatron": {"config", "errors", "serial"},
+    "profile": {
+        *("__init__", "cache", "config", "errors", "fit", "megatron", "memory", "predict"),
+        *("records", "serial"),
+    },
+    "train": {"config", "data", "errors", "megatron", "memory", "serial"},
+    "pretrain_gpt": {"train"},
+    "cli": {
+        *("__init__", "cache", "config", "data", "errors", "fit", "megatron", "memory", "plan"),
+        *("predict", "profile", "records", "serial", "train"),
+    },
+}
+"""Which top-level units each unit may import (capture_megatron.<unit>)."""
+PURE = ("__init__", "errors", "serial", "config", "records", "cache", "fit", "predict", "plan")
+"""Units that never import torch, Megatron or anything that does: the planner runs without them."""
+HEAVY = ("torch", "megatron", "transformer_engine", "apex")
+"""Third-party packages the pure units must not import."""
+
+
+def _internal() -> list[Edge]:
+    return [e for e in edges() if e.target.startswith("capture_megatron")]
+
+
+def test_every_unit_is_in_the_table():
+    assert {unit(m) for m in modules()} == set(ALLOWED)
+
+
+def test_units_import_only_what_the_layering_allows():
+    bad = [
+        f"{e.source}:{e.line} imports {e.target}"
+        for e in _internal()
+        if unit(e.target) != unit(e.source) and unit(e.target) not in ALLOWED[unit(e.source)]
+    ]
+    assert not bad, "layering broken:\n" + "\n".join(bad)
+
+
+def test_nothing_outside_cli_imports_cli():
+    bad = [e for e in _internal() if unit(e.target) == "cli" and unit(e.source) != "cli"]
+    assert not bad, bad
+
+
+def test_pure_units_never_import_torch_or_megatron():
+    bad = [
+        f"{e.source}:{e.line} imports {e.target}"
+        for e in edges()
+        if unit(e.source) in PURE and e.target in HEAVY
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one node (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            part = stack[stack.index(v) :]
+            del stack[stack.index(v) :]
+            if len(part) > 1:
+                found.append(sorted(part))
+
+    for v in list(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+@pytest.mark.parametrize("level", ["module", "unit"])
+def test_no_import_cycles(level):
+    graph: dict[str, set[str]] = defaultdict(set)
+    name = (lambda m: m) if level == "module" else unit
+    for e in _internal():
+        if name(e.source) != name(e.target):
+            graph[name(e.source)].add(name(e.target))
+    for node in list(graph):
+        graph.setdefault(node, set())
+    assert _cycles(graph) == []
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert _cycles(defaultdict(set, graph)) == [["a", "b", "c"]]
+
+
+def test_planning_imports_no_torch():
+    code = (
+        "import sys; import capture_megatron.plan, capture_megatron.predict, capture_megatron.fit, "
+        "capture_megatron.config, capture_megatron.profile, capture_megatron.train, "
+        "capture_megatron.megatron.flags, capture_megatron.megatron.args; "
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'megatron')); "
+        "print(heavy); sys.exit(1 if heavy else 0)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr

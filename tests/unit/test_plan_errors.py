@@ -1,0 +1,133 @@
+"""Plans that cannot be made: the error names the smallest setup that would fit, the CUDA margin,
+or why no candidate exists (one line, exit code 2). These profile a small model (fake device)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+SMALL = [
+    "--num-layers",
+    "24",
+    "--hidden-size",
+    "512",
+    "--num-attention-heads",
+    "8",
+    "--seq-length",
+    "512",
+    "--vocab-size",
+    "32000",
+    "--bf16",
+    "--device",
+    "fake",
+    "--no-progress",
+]
+FIXED = [
+    "--tensor-model-parallel-size",
+    "1",
+    "--micro-batch-size",
+    "1",
+    "--recompute-granularity",
+    "full",
+    "--num-virtual-stages-per-pipeline-rank",
+    "1",
+    "--use-distributed-optimizer",
+]
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory) -> str:
+    return str(tmp_path_factory.mktemp("cache"))
+
+
+def plan(args: list[str], cache: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, OMP_NUM_THREADS="1", CAPTURE_MEGATRON_CACHE=cache)
+    return subprocess.run(
+        [sys.executable, "-m", "capture_megatron.cli", "plan", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+
+
+def error_line(done: subprocess.CompletedProcess) -> str:
+    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    lines = [
+        ln for ln in done.stderr.splitlines() if ln.startswith("capture-megatron plan: error:")
+    ]
+    assert len(lines) == 1, done.stderr[-3000:]
+    return lines[0]
+
+
+def test_impossible_budget_names_the_smallest_setup(cache):
+    fits = plan(
+        [*SMALL, *FIXED, "--gpus", "8", "--gpu-memory-gib", "3", "--global-batch-size", "64"], cache
+    )
+    assert fits.returncode == 0, fits.stderr[-3000:]
+    line = error_line(
+        plan(
+            [*SMALL, *FIXED, "--gpus", "1", "--gpu-memory-gib", "3", "--global-batch-size", "64"],
+            cache,
+        )
+    )
+    assert "no plan fits 3 GiB on 1 GPUs" in line and "the smallest fitting setup is" in line, line
+    gpus = int(line.split("the smallest fitting setup is ")[1].split()[0])
+    assert 1 < gpus <= 8
+    # and the setup it names does fit
+    assert (
+        plan(
+            [
+                *SMALL,
+                *FIXED,
+                "--gpus",
+                str(gpus),
+                "--gpu-memory-gib",
+                "3",
+                "--global-batch-size",
+                "64",
+            ],
+            cache,
+        ).returncode
+        == 0
+    )
+
+
+def test_budget_below_the_cuda_margin(cache):
+    line = error_line(plan([*SMALL, *FIXED, "--gpus", "8", "--gpu-memory-gib", "1.5"], cache))
+    assert "context and allocator margin alone take 2.0 GiB" in line, line
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (
+            ["--num-attention-heads", "15", "--hidden-size", "600"],
+            "heads 15 / query groups 15 divide by none of TP",
+        ),
+        (["--num-layers", "2", "--pipeline-model-parallel-size", "4"], "layers 2 < PP 4"),
+    ],
+)
+def test_shapes_no_plan_can_serve(cache, args, expected):
+    base = [a for a in SMALL]
+    for flag, value in zip(args[::2], args[1::2]):
+        if flag in base:
+            base[base.index(flag) + 1] = value
+        else:
+            base += [flag, value]
+    line = error_line(
+        plan(
+            [*base, "--gpus", "8", "--gpu-memory-gib", "80", "--tensor-model-parallel-size", "4"]
+            if "heads" in expected
+            else [*base, "--gpus", "8", "--gpu-memory-gib", "80"],
+            cache,
+        )
+    )
+    assert expected in line, line
