@@ -8,6 +8,8 @@ import types
 import typing
 from typing import Any, TypeVar
 
+from capture_megatron.errors import CaptureError
+
 T = TypeVar("T")
 
 
@@ -68,3 +70,15 @@ class JsonMixin:
     def from_json(cls: type[T], text: str) -> T:
         """Rebuild an object written by to_json()."""
         return from_plain(cls, json.loads(text))
+
+
+def load_json(path: str, what: str) -> Any:
+    """The JSON in file `path`; a CaptureError starting with `what` (e.g. '--hf-config x.json')
+    when it cannot be read or parsed."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except OSError as err:
+        raise CaptureError(f"{what}: {err.strerror}") from None
+    except json.JSONDecodeError as err:
+        raise CaptureError(f"{what} is not valid JSON (line {err.lineno}: {err.msg})") from None

@@ -3,25 +3,16 @@ Python."""
 
 from __future__ import annotations
 
-import json
-
 from capture_megatron.config.model import ModelShape
 from capture_megatron.errors import CaptureError
+from capture_megatron.serial import load_json
 
 _HF_REQUIRED = ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size")
 
 
 def from_hf_config(path: str, seq_length: int | None = None) -> ModelShape:
     """ModelShape of a Llama / Mistral / Qwen2-style Hugging Face config.json."""
-    try:
-        with open(path) as f:
-            cfg = json.load(f)
-    except OSError as err:
-        raise CaptureError(f"--hf-config {path}: {err.strerror}") from None
-    except json.JSONDecodeError as err:
-        raise CaptureError(
-            f"--hf-config {path} is not valid JSON (line {err.lineno}: {err.msg})"
-        ) from None
+    cfg = load_json(path, f"--hf-config {path}")
     if not isinstance(cfg, dict):
         raise CaptureError(f"--hf-config {path} does not hold a JSON object")
     missing = [k for k in _HF_REQUIRED if not isinstance(cfg.get(k), int)]

@@ -17,7 +17,7 @@ from capture_megatron.plan.baselines import Baseline
 from capture_megatron.plan.emit import model_args, plan_args
 from capture_megatron.plan.search import Evaluated
 from capture_megatron.predict import StageMemory
-from capture_megatron.serial import from_plain, to_plain
+from capture_megatron.serial import from_plain, load_json, to_plain
 
 PARTS = ("params", "grads", "optimizer", "activations", "transient", "other")
 """The parts of a rank's peak in the breakdown, bottom to top."""
@@ -165,15 +165,7 @@ def read_plan(path: str) -> PlanFile:
 
 
 def _load(path: str) -> dict[str, Any]:
-    try:
-        with open(path) as f:
-            data = json.load(f)
-    except OSError as err:
-        raise CaptureError(f"--plan-json {path}: {err.strerror}") from None
-    except json.JSONDecodeError as err:
-        raise CaptureError(
-            f"--plan-json {path} is not valid JSON (line {err.lineno}: {err.msg})"
-        ) from None
+    data = load_json(path, f"--plan-json {path}")
     if not isinstance(data, dict) or data.get("capture_megatron_plan") != PLAN_FORMAT:
         raise CaptureError(
             f"--plan-json {path} is not a plan written by `capture-megatron plan --json` (format "

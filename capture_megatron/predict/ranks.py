@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 from capture_megatron.config import ModelShape, ParallelPlan
 from capture_megatron.errors import CaptureError
-from capture_megatron.fit import MemoryModel, ShapeConstants, Sizes, VariantModel
+from capture_megatron.fit import MemoryModel, ShapeConstants, Sizes, VariantModel, shape_sizes
 from capture_megatron.predict.schedule import ScheduleSpec, events
 from capture_megatron.predict.static import structured_static
-from capture_megatron.records import Variant
+from capture_megatron.records import ProbeShape, Variant
 from capture_megatron.serial import JsonMixin
 
 
@@ -78,18 +78,8 @@ def variant_of(shape: ModelShape, plan: ParallelPlan) -> Variant:
 
 
 def sizes_for(shape: ModelShape, plan: ParallelPlan) -> Sizes:
-    """Regression sizes of a (shape, plan)."""
-    return Sizes(
-        b=plan.micro_batch_size,
-        s=shape.seq_length,
-        h=shape.hidden_size,
-        a=shape.num_attention_heads,
-        g=shape.groups,
-        d=shape.head_dim,
-        f=shape.ffn,
-        V=shape.padded_vocab(plan.tp),
-        t=plan.tp,
-    )
+    """Regression sizes of a (shape, plan): those of the model's own probe shape."""
+    return shape_sizes(ProbeShape.of(shape, plan.tp, plan.micro_batch_size))
 
 
 def find_variant(model: MemoryModel, variant: Variant) -> VariantModel:

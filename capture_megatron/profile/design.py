@@ -14,7 +14,8 @@ import numpy as np
 
 from capture_megatron.config import ModelShape
 from capture_megatron.config.parallel import tp_fits
-from capture_megatron.fit.terms import ACTIVATION_TERMS, PARAMETER_TERMS, Sizes
+from capture_megatron.fit import shape_sizes
+from capture_megatron.fit.terms import ACTIVATION_TERMS, PARAMETER_TERMS
 from capture_megatron.records import Probe, ProbeShape, Variant
 
 DESIGN_SHAPES = 24
@@ -41,20 +42,6 @@ RECOMPUTE_PROBES = (
 )
 
 
-def _sizes(p: ProbeShape) -> Sizes:
-    return Sizes(
-        b=p.micro_batch_size,
-        s=p.seq_length,
-        h=p.hidden_size,
-        a=p.num_attention_heads,
-        g=p.num_query_groups,
-        d=p.kv_channels,
-        f=p.ffn_hidden_size,
-        V=p.padded_vocab,
-        t=p.tp,
-    )
-
-
 def _candidate(rng: random.Random, tps: tuple[int, ...]) -> ProbeShape:
     t = rng.choice(tps)
     a = t * rng.choice((1, 2, 3, 4, 4, 6)) if t > 1 else rng.choice((2, 3, 4, 6))
@@ -77,7 +64,7 @@ def _candidate(rng: random.Random, tps: tuple[int, ...]) -> ProbeShape:
 
 
 def _full_rank(shapes: list[ProbeShape]) -> bool:
-    zs = [_sizes(p) for p in shapes]
+    zs = [shape_sizes(p) for p in shapes]
     for table in (ACTIVATION_TERMS, PARAMETER_TERMS):
         x = np.array([[fn(z) for fn in table.values()] for z in zs])
         x = x / np.maximum(np.abs(x).max(axis=0), 1e-30)

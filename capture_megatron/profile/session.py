@@ -14,6 +14,7 @@ Devices:
 from __future__ import annotations
 
 import contextlib
+import warnings
 from dataclasses import dataclass
 
 from capture_megatron import __version__
@@ -22,6 +23,11 @@ from capture_megatron.errors import CaptureError
 from capture_megatron.profile.design import model_probes
 from capture_megatron.profile.options import DEVICES, ProfileOptions
 from capture_megatron.records import Probe, ProfileRecord, Variant
+
+DEPRECATED_COLLECTIVES = (
+    r"`torch\.distributed\.(reduce_scatter_tensor|all_gather_into_tensor)` is deprecated"
+)
+"""torch's warning on the collective names megatron-core 0.16.1 still calls."""
 
 
 @dataclass(frozen=True)
@@ -100,7 +106,9 @@ def run_probes(
     from capture_megatron.profile.probe import measure
 
     records = []
-    with measuring(device, impl) as (setup, meter):
+    with measuring(device, impl) as (setup, meter), warnings.catch_warnings():
+        # megatron-core 0.16.1 calls torch's deprecated collective names; nothing a user can act on
+        warnings.filterwarnings("ignore", DEPRECATED_COLLECTIVES, FutureWarning)
         for probe in tqdm(
             probes,
             desc=f"profiling ({device})",

@@ -14,7 +14,7 @@ from imports import Edge, edges, modules, unit
 ALLOWED = {
     "__init__": set(),
     "errors": set(),
-    "serial": set(),
+    "serial": {"errors"},
     "config": {"errors", "serial"},
     "records": {"__init__", "config", "errors", "serial"},
     "cache": {"__init__", "config"},
