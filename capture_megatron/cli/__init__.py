@@ -30,6 +30,10 @@ COMMANDS = {
         "capture_megatron.cli.fit",
         "fit per-component memory regressions -> memory_model.json",
     ),
+    "predict": (
+        "capture_megatron.cli.predict",
+        "per-rank peak memory of the run a Megatron-LM command line describes",
+    ),
     "plan": (
         "capture_megatron.cli.plan",
         "memory-balanced layout and TP/PP/DP choice for a cluster",

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import argparse
 
-from capture_megatron.cli.plan import add_plan_flags, run_plan
+from capture_megatron.cli.inputs import add_plan_flags
+from capture_megatron.cli.plan import run_plan
 from capture_megatron.config import (
     CheckpointOptions,
     ModelShape,
@@ -18,6 +19,7 @@ from capture_megatron.config import (
     ParallelPlan,
     RunOptions,
 )
+from capture_megatron.config.fields import to_flags
 from capture_megatron.errors import CaptureError
 from capture_megatron.megatron import flags
 from capture_megatron.megatron.args import data_options
@@ -30,7 +32,7 @@ def build_parser() -> flags.FlagParser:
     p = flags.FlagParser(
         prog="capture-megatron launch", description=(__doc__ or "").splitlines()[0]
     )
-    add_plan_flags(p)
+    add_plan_flags(p, training=True)
     flags.add_data_flags(p)
     flags.add_training_flags(p)
     flags.add_checkpoint_flags(p)
@@ -73,9 +75,7 @@ def main(argv: list[str]) -> int:
         flags.from_namespace(CheckpointOptions, ns),
     )
     shape, plan = _planned(ns, opts, gpus)
-    train_args = (
-        model_args(shape) + plan_args(plan) + [a for o in options for a in flags.to_flags(o)]
-    )
+    train_args = model_args(shape) + plan_args(plan) + [a for o in options for a in to_flags(o)]
     with open(opts.sbatch, "w") as f:
         f.write(render(opts, ns.gpus_per_node, train_args, plan.tp))
     print(

@@ -33,6 +33,7 @@ def build_parser() -> flags.FlagParser:
         prog="capture-megatron profile", description=(__doc__ or "").splitlines()[0]
     )
     flags.add_model_flags(p)
+    flags.add_kernel_flags(p)
     flags.add_parallel_flags(p)
     g = p.add_argument_group("profiling")
     g.add_argument("--device", default="cpu", help="cpu, cuda or fake")

@@ -44,6 +44,10 @@ def print_plan(result: PlanResult) -> None:
     _print_stages(result, unit, uname)
     _print_baselines(result, unit, uname)
     print("megatron_args: " + " ".join(result.to_plain()["megatron_args"]))
+    for note in result.notes:
+        print(f"note: {note}")
+    if result.ignored_flags:
+        print("ignored (cannot change memory): " + " ".join(result.ignored_flags))
 
 
 def _print_stages(result: PlanResult, unit: float, uname: str) -> None:

@@ -16,9 +16,11 @@ import os
 import tempfile
 
 from capture_megatron.cache import Calibration, record_calibration
-from capture_megatron.cli.plan import add_plan_flags, run_plan
+from capture_megatron.cli.inputs import add_plan_flags
+from capture_megatron.cli.plan import run_plan
 from capture_megatron.cli.render import print_checks, save_checks_png
 from capture_megatron.config import BuildOptions, OptimOptions, RunOptions
+from capture_megatron.config.fields import to_flags
 from capture_megatron.errors import CaptureError
 from capture_megatron.megatron import flags
 from capture_megatron.megatron.args import data_options
@@ -33,7 +35,7 @@ def build_parser() -> flags.FlagParser:
     p = flags.FlagParser(
         prog="capture-megatron verify", description=(__doc__ or "").splitlines()[0]
     )
-    add_plan_flags(p)
+    add_plan_flags(p, training=True)
     flags.add_data_flags(p)
     flags.add_training_flags(p, train_iters=4)
     g = p.add_argument_group("verification")
@@ -63,7 +65,7 @@ def training_args(ns: argparse.Namespace, result: PlanResult, report_path: str) 
     return (
         model_args(result.shape)
         + plan_args(result.best.plan)
-        + [a for o in options for a in flags.to_flags(o)]
+        + [a for o in options for a in to_flags(o)]
     )
 
 

@@ -62,6 +62,23 @@ def flagged_fields(cls: type) -> list[tuple[dataclasses.Field, Flag]]:
     return out
 
 
+def to_flags(obj: Any) -> list[str]:
+    """The flags that set every field of `obj` that differs from its default (Megatron's names)."""
+    out: list[str] = []
+    for field, spec in flagged_fields(type(obj)):
+        value = getattr(obj, field.name)
+        if value == field.default:
+            continue
+        if isinstance(value, bool):
+            if value != spec.negate:
+                out.append(spec.name)
+        elif isinstance(value, tuple):
+            out += [spec.name, *map(str, value)]
+        else:
+            out += [spec.name, str(value)]
+    return out
+
+
 @functools.cache
 def field_docs(cls: type) -> dict[str, str]:
     """Each field's docstring (the string literal under its annotation), by field name; for every

@@ -97,3 +97,28 @@ def first_last_split(
     if last is not None:
         per_rank[-1] = last // vpp
     return tuple(per_rank[i % pp] for i in range(pp * vpp))
+
+
+def accounted_split(
+    num_layers: int, pp: int, vpp: int, embedding: bool, loss: bool
+) -> tuple[int, ...]:
+    """Megatron's even split when --account-for-embedding/loss-in-pipeline-split count the
+    embedding / the loss as one more layer each: (num_layers + those) / (pp * vpp) per virtual
+    stage, minus the embedding on the first virtual stage and the loss on the last
+    (megatron/core/transformer/transformer_block.py get_num_layers_to_build)."""
+    total = num_layers + int(embedding) + int(loss)
+    if total % (pp * vpp):
+        require(
+            [
+                f"--num-layers {num_layers} plus the accounted embedding/loss ({total}) does not "
+                f"split evenly over {pp} pipeline stages"
+                + (f" x {vpp} virtual stages" if vpp > 1 else "")
+            ],
+            "pipeline split",
+        )
+    layers = [total // (pp * vpp)] * (pp * vpp)
+    layers[0] -= int(embedding)
+    layers[-1] -= int(loss)
+    if min(layers) < 0:
+        require(["a stage would hold fewer than zero layers"], "pipeline split")
+    return tuple(layers)

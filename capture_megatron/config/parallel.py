@@ -82,6 +82,9 @@ class ParallelPlan(JsonMixin):
     """Megatron sequence parallelism over the TP group (--sequence-parallel)."""
     distributed_optimizer: bool = False
     """Shard optimizer state over DP (--use-distributed-optimizer)."""
+    microbatch_group_size: int = 0
+    """Interleaved schedule: micro-batches per virtual stage in a row; 0 means PP
+    (--microbatch-group-size-per-virtual-pipeline-stage)."""
 
     def __post_init__(self) -> None:
         p: list[str] = []
@@ -152,7 +155,7 @@ class Cluster(JsonMixin):
     gpus: int
     """Accelerators available (processes for a CPU run)."""
     gpu_memory_bytes: int
-    """Memory per accelerator."""
+    """Usable memory per accelerator; 0 when unknown (a prediction without a fit check)."""
     gpus_per_node: int = 8
     """Accelerators per node; tensor parallelism stays inside a node."""
     device: str = "cuda"
@@ -162,7 +165,7 @@ class Cluster(JsonMixin):
         p: list[str] = []
         if self.gpus < 1:
             p.append(f"--gpus {self.gpus} must be at least 1")
-        if self.gpu_memory_bytes <= 0:
+        if self.gpu_memory_bytes < 0:
             p.append(f"--gpu-memory-gib {self.gpu_memory_bytes / GIB:g} must be positive")
         if self.gpus_per_node < 1:
             p.append(f"--gpus-per-node {self.gpus_per_node} must be at least 1")
@@ -231,6 +234,18 @@ class ParallelFlags:
     """Transformer layers on the first pipeline stage (the rest split evenly)."""
     decoder_last_pipeline_num_layers: int | None = flag("--decoder-last-pipeline-num-layers", None)
     """Transformer layers on the last pipeline stage (the rest split evenly)."""
+    account_for_embedding_in_pipeline_split: bool | None = flag(
+        "--account-for-embedding-in-pipeline-split", None
+    )
+    """Count the embedding as one layer when splitting layers evenly over stages."""
+    account_for_loss_in_pipeline_split: bool | None = flag(
+        "--account-for-loss-in-pipeline-split", None
+    )
+    """Count the output layer and loss as one layer when splitting layers evenly over stages."""
+    microbatch_group_size_per_vp_stage: int | None = flag(
+        "--microbatch-group-size-per-virtual-pipeline-stage", None
+    )
+    """Interleaved schedule: consecutive micro-batches per virtual stage (default: PP)."""
     sequence_parallel: bool | None = flag("--sequence-parallel", None)
     """Megatron sequence parallelism over the TP group."""
     use_distributed_optimizer: bool | None = flag("--use-distributed-optimizer", None)

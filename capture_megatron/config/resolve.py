@@ -8,7 +8,7 @@ Pure Python (no torch).
 
 from __future__ import annotations
 
-from capture_megatron.config.layout import first_last_split, parse_layout
+from capture_megatron.config.layout import accounted_split, first_last_split, parse_layout
 from capture_megatron.config.model import ModelShape
 from capture_megatron.config.parallel import (
     ParallelFlags,
@@ -67,8 +67,10 @@ def _split(flags: ParallelFlags, num_layers: int, pp: int) -> tuple[tuple[int, .
                 "decoder_last_pipeline_num_layers",
                 "num_layers_per_virtual_pipeline_stage",
                 "num_virtual_stages_per_pipeline_rank",
+                "account_for_embedding_in_pipeline_split",
+                "account_for_loss_in_pipeline_split",
             )
-            if getattr(flags, f) is not None
+            if getattr(flags, f)
         ]
         if clash:
             raise CaptureError(
@@ -77,8 +79,17 @@ def _split(flags: ParallelFlags, num_layers: int, pp: int) -> tuple[tuple[int, .
             )
         counts = parse_layout(flags.pipeline_model_parallel_layout, pp, num_layers)
         return counts, len(counts) // pp
-    vpp = _vpp(flags, num_layers, pp)
+    embedding = bool(flags.account_for_embedding_in_pipeline_split)
+    loss = bool(flags.account_for_loss_in_pipeline_split)
+    vpp = _vpp(flags, num_layers + int(embedding) + int(loss), pp)
     first, last = flags.decoder_first_pipeline_num_layers, flags.decoder_last_pipeline_num_layers
+    if (embedding or loss) and (first is not None or last is not None):
+        raise CaptureError(
+            "--decoder-first/last-pipeline-num-layers cannot be combined with "
+            "--account-for-embedding/loss-in-pipeline-split (Megatron refuses it too)"
+        )
+    if embedding or loss:
+        return accounted_split(num_layers, pp, vpp, embedding, loss), vpp
     if first is None and last is None:
         if num_layers % (pp * vpp):
             raise CaptureError(
@@ -110,7 +121,10 @@ def parallel_plan(flags: ParallelFlags, shape: ModelShape, world_size: int) -> P
     pp = flags.pipeline_model_parallel_size or 1
     cp = flags.context_parallel_size or 1
     if cp != 1:
-        raise CaptureError(f"--context-parallel-size {cp}: capture-megatron supports only 1")
+        raise CaptureError(
+            f"--context-parallel-size {cp}: context parallelism (CP > 1) changes memory in a way "
+            "capture-megatron does not model yet; give --context-parallel-size 1 or leave it out"
+        )
     problems = []
     if tp >= 1 and (shape.num_attention_heads % tp or shape.groups % tp):
         problems.append(
@@ -146,6 +160,7 @@ def parallel_plan(flags: ParallelFlags, shape: ModelShape, world_size: int) -> P
         recompute=recompute(flags, pp),
         sequence_parallel=bool(flags.sequence_parallel),
         distributed_optimizer=bool(flags.use_distributed_optimizer),
+        microbatch_group_size=flags.microbatch_group_size_per_vp_stage or 0,
     )
     check_plan_fits_model(shape, plan)
     return plan

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from capture_megatron.config.fields import flag
+from capture_megatron.config.kernels import Kernels
 from capture_megatron.config.model import ModelShape
 from capture_megatron.config.parallel import ParallelPlan
 from capture_megatron.errors import require
@@ -16,8 +17,15 @@ from capture_megatron.serial import JsonMixin
 
 LR_DECAY_STYLES = ("constant", "linear", "cosine", "inverse-square-root", "WSD")
 """Megatron's --lr-decay-style choices."""
-IMPLEMENTATIONS = ("local", "transformer_engine", "auto")
-"""Megatron's --transformer-impl choices, and auto (TE when importable on CUDA)."""
+OPTIMIZERS = ("adam", "sgd", "muon", "dist_muon")
+"""Megatron-LM's --optimizer choices."""
+NOT_ADAM = (
+    "only Adam (Megatron-LM's default) is modelled and trained; other optimizers keep other "
+    "state (SGD one momentum buffer, Muon its own), not modelled yet"
+)
+"""Why a non-Adam optimizer is refused."""
+CKPT_FORMATS = ("torch", "torch_dist", "torch_dcp", "fsdp_dtensor")
+"""Megatron-LM's --ckpt-format choices (the format does not change training memory)."""
 
 
 @dataclass(frozen=True)
@@ -46,8 +54,9 @@ class OptimOptions(JsonMixin):
     """Adam epsilon."""
     initial_loss_scale: float = flag("--initial-loss-scale", 4294967296.0)
     """fp16 only: starting dynamic loss scale."""
-    optimizer: str = flag("--optimizer", "adam", choices=("adam",))
-    """The optimizer (Adam, as Megatron-LM's default)."""
+    optimizer: str = flag("--optimizer", "adam", choices=OPTIMIZERS)
+    """The optimizer: Megatron-LM's choices are accepted, Adam (its default) is the one
+    capture-megatron models and trains."""
 
     def __post_init__(self) -> None:
         p = []
@@ -64,6 +73,8 @@ class OptimOptions(JsonMixin):
         for name in ("adam_beta1", "adam_beta2"):
             if not 0 <= getattr(self, name) < 1:
                 p.append(f"--{name.replace('_', '-')} {getattr(self, name)} not in [0, 1)")
+        if self.optimizer != "adam":
+            p.append(f"--optimizer {self.optimizer}: {NOT_ADAM}")
         require(p, "optimizer settings")
 
 
@@ -128,16 +139,21 @@ class CheckpointOptions(JsonMixin):
     """Load weights only and restart the iteration count at 0."""
     exit_on_missing_checkpoint: bool = flag("--exit-on-missing-checkpoint", False)
     """Fail instead of starting fresh when --load holds no checkpoint."""
-    ckpt_format: str = flag("--ckpt-format", "torch_dist", choices=("torch_dist",))
-    """Checkpoint format (megatron.core.dist_checkpointing's torch_dist)."""
+    ckpt_format: str = flag("--ckpt-format", "torch_dist", choices=CKPT_FORMATS)
+    """Checkpoint format: Megatron-LM's choices are accepted by predict and plan (the format does
+    not change training memory); capture-megatron trains with torch_dist
+    (megatron.core.dist_checkpointing)."""
 
     def __post_init__(self) -> None:
-        require(
-            [f"--save-interval {self.save_interval} must be >= 0"]
-            if self.save_interval < 0
-            else [],
-            "checkpoint settings",
-        )
+        p = []
+        if self.save_interval < 0:
+            p.append(f"--save-interval {self.save_interval} must be >= 0")
+        if self.ckpt_format != "torch_dist":
+            p.append(
+                f"--ckpt-format {self.ckpt_format}: capture-megatron saves and resumes "
+                "torch_dist checkpoints (megatron.core.dist_checkpointing) only"
+            )
+        require(p, "checkpoint settings")
 
 
 @dataclass(frozen=True)
@@ -178,13 +194,6 @@ class RunOptions(JsonMixin):
 class BuildOptions(JsonMixin):
     """How the model is built beyond its shape and plan."""
 
-    transformer_impl: str = flag(
-        "--transformer-impl",
-        "auto",
-        choices=IMPLEMENTATIONS,
-        note="(auto: Transformer Engine when importable on CUDA, else Megatron's local spec)",
-    )
-    """The layer implementation: local, transformer_engine, or auto."""
     init_method_std: float = flag("--init-method-std", 0.02)
     """Standard deviation of the normal weight initialisation."""
     layernorm_epsilon: float = flag("--norm-epsilon", 1e-5)
@@ -210,4 +219,6 @@ class TrainConfig:
     run: RunOptions
     """Loop length, logging, measurement."""
     build: BuildOptions
-    """Model build options (implementation, init)."""
+    """Model build options (initialisation, norm epsilon, RoPE base)."""
+    kernels: Kernels = Kernels(transformer_impl="auto")
+    """Layer implementation and fused kernels (training: TE when importable on CUDA, else local)."""

@@ -10,6 +10,7 @@ from capture_megatron.config import (
     BuildOptions,
     CheckpointOptions,
     DataOptions,
+    Kernels,
     ModelShape,
     OptimOptions,
     ParallelFlags,
@@ -79,4 +80,5 @@ def train_config(ns: argparse.Namespace, world_size: int, vocab_size: int | None
         checkpoint=from_namespace(CheckpointOptions, ns),
         run=from_namespace(RunOptions, ns),
         build=from_namespace(BuildOptions, ns),
+        kernels=from_namespace(Kernels, ns),
     )

@@ -100,6 +100,7 @@ def transformer_config(
         recompute_granularity=granularity,
         recompute_method=plan.recompute.method if full else None,
         recompute_num_layers=n_recompute if full else None,
+        microbatch_group_size_per_vp_stage=plan.microbatch_group_size or None,
     )
 
 
@@ -165,11 +166,11 @@ def build_chunks(
     shape: ModelShape,
     plan: ParallelPlan,
     opts: BuildOptions = BuildOptions(),
-    impl: str | None = None,
+    impl: str = "local",
     seed: int = 1234,
 ) -> list:
     """This rank's model chunks (one per virtual stage), unwrapped GPTModels with initialised
-    weights.
+    weights, in the resolved implementation `impl` (resolve_impl).
 
     Needs torch.distributed and megatron's parallel_state initialised for `plan`.
     """
@@ -177,7 +178,6 @@ def build_chunks(
 
     from capture_megatron.megatron.init import init_weights
 
-    impl = impl or resolve_impl(opts.transformer_impl)
     pp_rank = ps.get_pipeline_model_parallel_rank()
     config = transformer_config(shape, plan, pp_rank, opts)
     chunks = []

@@ -3,9 +3,10 @@ torch.
 
 Flag names, meanings and defaults follow megatron/training/arguments.py (core_v0.16.1). Every flag
 is declared once, on the dataclass field it sets (capture_megatron.config.fields): `add_fields`
-builds an argparse group from a dataclass, `from_namespace` reads the parsed values back into it and
-`to_flags` writes an object out as flags. A flag that Megatron-LM knows but capture-megatron does
-not implement is an error that names it -- never silently ignored; so is a flag neither knows.
+builds an argparse group from a dataclass, `from_namespace` reads the parsed values back into it,
+and config.fields.to_flags writes an object out as flags. On strict parsers (training), a flag that
+Megatron-LM knows but capture-megatron does not implement is an error that names it -- never
+silently ignored; so is a flag neither knows (with the closest spelling as a suggestion).
 """
 
 from __future__ import annotations
@@ -15,13 +16,13 @@ import dataclasses
 import difflib
 import types
 import typing
-from importlib import resources
 from typing import Any, NoReturn, TypeVar
 
 from capture_megatron.config import (
     BuildOptions,
     CheckpointOptions,
     DataOptions,
+    Kernels,
     ModelShape,
     OptimOptions,
     ParallelFlags,
@@ -29,6 +30,7 @@ from capture_megatron.config import (
 )
 from capture_megatron.config.fields import Flag, field_docs, flagged_fields
 from capture_megatron.errors import CaptureError
+from capture_megatron.megatron.megatron_lm import flag_names
 
 T = TypeVar("T")
 
@@ -39,12 +41,6 @@ class FlagParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         """argparse's error hook: raise instead of printing usage and exiting."""
         raise CaptureError(message)
-
-
-def megatron_flag_names() -> frozenset[str]:
-    """Every --flag Megatron-LM core_v0.16.1's arguments.py defines."""
-    text = resources.files("capture_megatron.megatron").joinpath("megatron_flags.txt").read_text()
-    return frozenset(line.strip() for line in text.splitlines() if line.strip())
 
 
 def _base_type(hint: Any) -> Any:
@@ -88,17 +84,18 @@ def add_fields(
     *,
     unset: bool = False,
     defaults: dict[str, Any] | None = None,
+    only: tuple[str, ...] = (),
 ) -> None:
     """An argument group with one flag per flag field of dataclass `cls` (help: the field's
-    docstring). With `unset` every default is None, so `given` can tell what was typed. Flags the
-    parser already has are left to their first declaration."""
+    docstring). With `unset` every default is None, so `given` can tell what was typed; `only`
+    limits the group to those fields. Flags the parser already has keep their first declaration."""
     present = set(parser._option_string_actions)
     hints = typing.get_type_hints(cls)
     docs = field_docs(cls)
     doc = (cls.__doc__ or "").strip().splitlines()[0]
     group = parser.add_argument_group(title or doc.rstrip("."))
     for field, spec in flagged_fields(cls):
-        if spec.name in present:
+        if spec.name in present or (only and field.name not in only):
             continue
         default = (defaults or {}).get(field.name, field.default)
         group.add_argument(
@@ -123,32 +120,20 @@ def from_namespace(cls: type[T], ns: argparse.Namespace, **extra: Any) -> T:
     return cls(**given(cls, ns), **extra)
 
 
-def to_flags(obj: Any) -> list[str]:
-    """The flags that set every field of `obj` that differs from its default (Megatron's names)."""
-    out: list[str] = []
-    for field, spec in flagged_fields(type(obj)):
-        value = getattr(obj, field.name)
-        if value == field.default:
-            continue
-        if isinstance(value, bool):
-            if value != spec.negate:
-                out.append(spec.name)
-        elif isinstance(value, tuple):
-            out += [spec.name, *map(str, value)]
-        else:
-            out += [spec.name, str(value)]
-    return out
-
-
 def add_model_flags(p: argparse.ArgumentParser) -> None:
-    """Model architecture flags (ModelShape, BuildOptions), plus Megatron's switches for GQA and
-    precision."""
+    """Model architecture flags (ModelShape), plus Megatron's switches for GQA and precision."""
     add_fields(p, ModelShape, "model (Megatron flags)", unset=True)
     g = p.add_argument_group("model switches (Megatron flags)")
     g.add_argument("--group-query-attention", action="store_true", help="Use --num-query-groups.")
     g.add_argument("--bf16", action="store_true", help="Train in bfloat16 (mixed precision).")
     g.add_argument("--fp16", action="store_true", help="Train in float16 (mixed precision).")
-    add_fields(p, BuildOptions, "model build (Megatron flags)")
+
+
+def add_kernel_flags(p: argparse.ArgumentParser, training: bool = False) -> None:
+    """Layer implementation and fused kernels (Kernels). Megatron-LM's defaults, except that
+    training here defaults to --transformer-impl auto (TE when importable on CUDA, else local)."""
+    defaults = {"transformer_impl": "auto"} if training else None
+    add_fields(p, Kernels, "kernels (Megatron flags)", defaults=defaults)
 
 
 def add_parallel_flags(p: argparse.ArgumentParser) -> None:
@@ -157,9 +142,11 @@ def add_parallel_flags(p: argparse.ArgumentParser) -> None:
 
 
 def add_training_flags(p: argparse.ArgumentParser, **defaults: Any) -> None:
-    """Optimizer, schedule, loop length and logging (OptimOptions, RunOptions)."""
+    """Optimizer, schedule, loop length, logging and initialisation (OptimOptions, RunOptions,
+    BuildOptions)."""
     add_fields(p, OptimOptions, "optimizer (Megatron flags)", defaults=defaults)
     add_fields(p, RunOptions, "training run (Megatron flags)", defaults=defaults)
+    add_fields(p, BuildOptions, "model build (Megatron flags)", defaults=defaults)
 
 
 def add_data_flags(p: argparse.ArgumentParser) -> None:
@@ -177,8 +164,9 @@ def parse_flags(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Na
     ns, rest = parser.parse_known_args(argv)
     if not rest:
         return ns
-    known = megatron_flag_names()
+    known = flag_names()
     ours = [a for action in parser._actions for a in action.option_strings]
+    candidates = sorted(set(ours) | known)
     unsupported, unknown = [], []
     for token in rest:
         name = token.split("=", 1)[0]
@@ -187,7 +175,7 @@ def parse_flags(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Na
         elif name in known:
             unsupported.append(name)
         else:
-            close = difflib.get_close_matches(name, ours, n=1)
+            close = difflib.get_close_matches(name, candidates, n=1)
             unknown.append(name + (f" (did you mean {close[0]}?)" if close else ""))
     parts = []
     if unsupported:

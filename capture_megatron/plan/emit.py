@@ -23,6 +23,11 @@ def plan_args(plan: ParallelPlan) -> list[str]:
     ]
     if plan.pp > 1:
         out += ["--pipeline-model-parallel-layout", plan.layout]
+    if plan.microbatch_group_size:
+        out += [
+            "--microbatch-group-size-per-virtual-pipeline-stage",
+            str(plan.microbatch_group_size),
+        ]
     if plan.cp > 1:
         out += ["--context-parallel-size", str(plan.cp)]
     if plan.sequence_parallel:

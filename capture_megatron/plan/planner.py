@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from capture_megatron.config import GIB, Cluster, ModelShape, ParallelPlan
+from capture_megatron.config import GIB, Cluster, Kernels, ModelShape, ParallelPlan
 from capture_megatron.config.fields import flag
 from capture_megatron.errors import CaptureError
 from capture_megatron.fit import MemoryModel, ModelSource, Needs
@@ -59,6 +59,8 @@ class PlanOptions:
     """Predict this plan instead of searching."""
     calibration: float = 1.0
     """Measured / predicted peak of verified runs on this device (scales the predicted peaks)."""
+    kernels: Kernels = Kernels()
+    """The layer implementation and fused kernels the run uses (Megatron-LM's defaults)."""
 
     def margins(self, cluster: Cluster) -> Margins:
         """The memory margins these options set for `cluster`."""
@@ -96,7 +98,9 @@ def plan(
     if options.fixed is not None:
         model = source(needs_of(shape, [options.fixed]))
         fixed = evaluate_plan(model, shape, options.fixed, cluster, margins, hw)
-        return _result(model, shape, cluster, (fixed,), 1)
+        return _result(model, shape, cluster, options, (fixed,), 1)
+    if not cluster.gpu_memory_bytes:
+        raise CaptureError("planning needs the usable memory per GPU: give --gpu-memory-gib")
     gbs = global_batch(options, cluster)
     plans = list(candidates(shape, cluster, gbs, options.space))
     if not plans:
@@ -106,19 +110,20 @@ def plan(
     ranked, considered = search_.best(options.objective, options.top)
     if not ranked[0].fits:
         raise search_.no_fit(ranked[0])
-    return _result(model, shape, cluster, ranked, considered)
+    return _result(model, shape, cluster, options, ranked, considered)
 
 
 def _result(
     model: MemoryModel,
     shape: ModelShape,
     cluster: Cluster,
+    options: PlanOptions,
     ranked: tuple[Evaluated, ...],
     considered: int,
 ) -> PlanResult:
     origin = ModelOrigin(model.device, model.transformer_impl, model.versions)
     baselines = baselines_for(model, shape, ranked[0].plan)
-    return PlanResult(shape, cluster, ranked, considered, baselines, origin)
+    return PlanResult(shape, cluster, ranked, considered, baselines, origin, options.kernels)
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from capture_megatron import __version__
-from capture_megatron.config import Cluster, ModelShape, ParallelPlan, Recompute
+from capture_megatron.config import Cluster, Kernels, ModelShape, ParallelPlan, Recompute
+from capture_megatron.config.fields import to_flags
 from capture_megatron.config.layout import parse_layout
 from capture_megatron.errors import CaptureError
 from capture_megatron.plan.baselines import Baseline
@@ -53,6 +54,12 @@ class PlanResult:
     """Other systems' splits at the chosen plan's sizes and recompute."""
     origin: ModelOrigin
     """The memory model's device, implementation and versions."""
+    kernels: Kernels = Kernels()
+    """The layer implementation and fused kernels of the run."""
+    ignored_flags: tuple[str, ...] = ()
+    """Megatron-LM flags given that cannot change memory (accepted and ignored)."""
+    notes: tuple[str, ...] = ()
+    """Assumptions the result rests on (e.g. a vocabulary assumed for a file not readable here)."""
 
     @property
     def best(self) -> Evaluated:
@@ -72,13 +79,16 @@ class PlanResult:
             "plan": _plan_section(best.plan),
             "predicted_peak_bytes": list(best.rank_peaks),
             "breakdown": _breakdown(best.stages),
-            "megatron_args": plan_args(best.plan),
+            "megatron_args": plan_args(best.plan) + to_flags(self.kernels),
             "model_args": model_args(self.shape),
             "model": to_plain(self.shape),
             "baselines": {b.name: _baseline_entry(b, best.peak) for b in self.baselines},
             "needed_bytes_per_gpu": int(best.needed),
             "gpu_memory_bytes": self.cluster.gpu_memory_bytes,
-            "fits": best.fits,
+            "fits": best.fits if self.cluster.gpu_memory_bytes else None,
+            "kernels": to_plain(self.kernels),
+            "ignored_flags": list(self.ignored_flags),
+            "notes": list(self.notes),
             "estimated_step_seconds": best.step_seconds,
             "memory_model": to_plain(self.origin),
         }

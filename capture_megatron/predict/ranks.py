@@ -227,11 +227,16 @@ schedule still holds or -1)."""
 
 
 @functools.lru_cache(maxsize=4096)
-def schedule_states(pp: int, num_microbatches: int, vpp: int, pp_rank: int) -> tuple[Moment, ...]:
+def schedule_states(
+    pp: int, num_microbatches: int, vpp: int, pp_rank: int, group: int = 0
+) -> tuple[Moment, ...]:
     """The distinct Moments of a rank's schedule that can be its peak, in first-seen order."""
     live, held = [0] * vpp, -1
     seen: dict[Moment, None] = {}
-    for ev in events(ScheduleSpec(pp=pp, num_microbatches=num_microbatches, vpp=vpp), pp_rank):
+    spec = ScheduleSpec(
+        pp=pp, num_microbatches=num_microbatches, vpp=vpp, microbatch_group_size=group
+    )
+    for ev in events(spec, pp_rank):
         seen.setdefault((ev.kind, ev.chunk, tuple(live), held), None)
         live[ev.chunk] += 1 if ev.kind == "F" else -1
         if ev.kind == "B":
@@ -289,9 +294,10 @@ def rank_memory(
     static = params + grads + opt + other
     step = max(c.step for c in chunks)
     best = (static + step, 0.0, step, "step", (0,) * plan.vpp)
-    for kind, chunk, live, held in schedule_states(
-        plan.pp, plan.num_microbatches, plan.vpp, pp_rank
-    ):
+    moments = schedule_states(
+        plan.pp, plan.num_microbatches, plan.vpp, pp_rank, plan.microbatch_group_size
+    )
+    for kind, chunk, live, held in moments:
         c = chunks[chunk]
         transient = (chunks[held].input_bytes if held >= 0 else 0.0) + (
             c.input_bytes + c.forward if kind == "F" else c.backward

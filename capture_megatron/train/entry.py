@@ -21,6 +21,7 @@ def build_parser(prog: str = "python -m capture_megatron.pretrain_gpt") -> flags
     """The training command's parser: Megatron's flag names."""
     parser = flags.FlagParser(prog=prog, description=(__doc__ or "").splitlines()[0])
     flags.add_model_flags(parser)
+    flags.add_kernel_flags(parser, training=True)
     flags.add_parallel_flags(parser)
     flags.add_training_flags(parser)
     flags.add_data_flags(parser)

@@ -159,7 +159,7 @@ def run_training(cfg: TrainConfig, env: DistEnv) -> MemoryReport:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     cpu_compat.apply("cpu")
     meter = make_meter(device)
-    impl = resolve_impl(cfg.build.transformer_impl)
+    impl = resolve_impl(cfg.kernels.transformer_impl)
     if is_logging_rank():
         print(describe(cfg, env) + f" | {impl} spec on {device}", flush=True)
     init_parallel_state(cfg.plan, cfg.run.seed)

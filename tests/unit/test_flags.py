@@ -16,7 +16,7 @@ from capture_megatron.config import (
     ParallelFlags,
     RunOptions,
 )
-from capture_megatron.config.fields import field_docs, flagged_fields
+from capture_megatron.config.fields import field_docs, flagged_fields, to_flags
 from capture_megatron.errors import CaptureError
 from capture_megatron.megatron import flags
 from capture_megatron.megatron.args import model_shape, shape_overrides
@@ -61,9 +61,7 @@ OPTIONS = {
         progress=False,
         overlap_grad_reduce=True,
     ),
-    BuildOptions: dict(
-        transformer_impl="local", init_method_std=0.01, layernorm_epsilon=1e-6, rotary_base=500000
-    ),
+    BuildOptions: dict(init_method_std=0.01, layernorm_epsilon=1e-6, rotary_base=500000),
 }
 
 
@@ -86,13 +84,13 @@ def test_objects_round_trip_through_their_flags(cls):
         "2",
         "--seq-length",
         "4",
-        *flags.to_flags(obj),
+        *to_flags(obj),
     ]
     if cls is not DataOptions:
         argv.append("--mock-data")
     ns = flags.parse_flags(build_parser(), argv)
     assert flags.from_namespace(cls, ns) == obj
-    assert flags.to_flags(cls(**{} if cls is not DataOptions else {"mock_data": True})) == (
+    assert to_flags(cls(**{} if cls is not DataOptions else {"mock_data": True})) == (
         ["--mock-data"] if cls is DataOptions else []
     )
 

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow
 ROOT = pathlib.Path(capture_megatron.__file__).parent.parent
 PACKAGE_DATA = (
     "py.typed",
-    "megatron/megatron_flags.txt",
+    "megatron/megatron_args.json",
     "train/templates/sbatch_torchrun.sh",
     "train/templates/sbatch_tasks.sh",
 )

@@ -1,0 +1,106 @@
+"""Benchmark: `capture-megatron predict` on Megatron-LM's own functional tests.
+
+The cases (core_v0.16.1, 8 x H100; tests/data/megatron_lm_functional_tests.json): each case's
+MODEL_ARGS verbatim, the last pipeline stage's predicted peak against its measured
+mem-max-allocated-bytes.
+
+Cases whose names contain "resume" are the held-out set (nothing is tuned on them); the others are
+the development set. Cases without a stated world size are skipped; refused cases are listed with
+the reason.
+
+    python bench/conformance.py [--device fake] [--models gpt]
+                                [--out bench/results/conformance.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import statistics
+import sys
+from typing import Any
+
+from tqdm import tqdm
+
+from capture_megatron.cli.inputs import cluster_of
+from capture_megatron.cli.plan import plan_and_report
+from capture_megatron.cli.predict import build_parser
+from capture_megatron.errors import CaptureError
+from capture_megatron.megatron import flags
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CORPUS = os.path.join(ROOT, "tests", "data", "megatron_lm_functional_tests.json")
+
+
+def cases(models: tuple[str, ...]) -> list[dict[str, Any]]:
+    """The corpus's cases of these model families."""
+    with open(CORPUS) as f:
+        return [c for c in json.load(f)["cases"] if c["model"] in models]
+
+
+def predict_case(case: dict[str, Any], device: str) -> dict[str, Any]:
+    """Predict one case verbatim; its last stage's predicted and measured peak (or why refused)."""
+    row = {
+        "name": case["name"],
+        "held_out": "resume" in case["name"],
+        "measured": case["measured"]["max_allocated_bytes"],
+    }
+    if not case["world_size"]:
+        return {**row, "skipped": "no world size in the H100 recipe"}
+    argv = [*case["argv"], "--gpus", str(case["world_size"]), "--no-progress"]
+    argv += ["--device", device] if device else []
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            ns = flags.parse_flags(build_parser(), argv)
+            result = plan_and_report(
+                ns, cluster_of(ns, need_memory=False), ns.device, False, fixed_plan=True
+            )
+    except CaptureError as err:
+        return {**row, "refused": str(err)}
+    predicted = result.best.rank_peaks[-1]
+    return {
+        **row,
+        "predicted": predicted,
+        "error": (predicted - row["measured"]) / row["measured"],
+        "layout": result.best.plan.layout,
+        "kernels": result.to_plain()["kernels"],
+    }
+
+
+def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Worst and median |error| of the predicted cases, per set."""
+    out = {}
+    for name, held in (("development", False), ("held_out", True)):
+        errs = [abs(r["error"]) for r in rows if "error" in r and r["held_out"] == held]
+        out[name] = {
+            "cases": len(errs),
+            "max_abs_error": max(errs, default=None),
+            "median_abs_error": statistics.median(errs) if errs else None,
+            "refused": sum(1 for r in rows if "refused" in r and r["held_out"] == held),
+        }
+    return out
+
+
+def main() -> None:
+    """Predict every case and write the results."""
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--device", default="", help="memory model device (default: the planner's)")
+    ap.add_argument("--models", default="gpt", help="comma-separated: gpt, moe, mixtral")
+    ap.add_argument("--out", default=os.path.join(ROOT, "bench/results/conformance.json"))
+    ns = ap.parse_args()
+    rows = [predict_case(c, ns.device) for c in tqdm(cases(tuple(ns.models.split(","))))]
+    result = {"device": ns.device or "default", "summary": summary(rows), "cases": rows}
+    with open(ns.out, "w") as f:
+        json.dump(result, f, indent=1)
+    for r in rows:
+        why = r.get("refused") or r.get("skipped") or ""
+        tail = f"{100 * r['error']:+7.1f}%" if "error" in r else why[:110]
+        print(f"{r['name'][:64]:64s} {tail}", file=sys.stdout)
+    print(json.dumps(result["summary"], indent=1))
+
+
+if __name__ == "__main__":
+    main()

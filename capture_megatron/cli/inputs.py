@@ -1,0 +1,188 @@
+"""What the planning commands read from their command lines: the model (flags, --preset or
+--hf-config; the vocabulary from the tokenizer when --vocab-size is absent), the cluster, the
+PlanOptions, and the memory model or the source that profiles it."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+
+from capture_megatron.cache import calibration_factor
+from capture_megatron.config import (
+    GIB,
+    Cluster,
+    DataOptions,
+    Kernels,
+    ModelShape,
+    ParallelFlags,
+    hf,
+    presets,
+)
+from capture_megatron.config.resolve import parallel_plan
+from capture_megatron.errors import CaptureError
+from capture_megatron.fit import MemoryModel, ModelSource, read_model
+from capture_megatron.megatron import flags, megatron_lm
+from capture_megatron.megatron.args import model_shape, shape_overrides
+from capture_megatron.plan import PlanOptions, space_from
+
+GPT2_VOCAB = 50257
+"""Entries of GPT-2's BPE vocab.json: Megatron-LM's default tokenizer (GPT2BPETokenizer)."""
+
+
+def add_cluster_flags(p: argparse.ArgumentParser) -> None:
+    """The model source, the cluster, the memory model and the outputs."""
+    g = p.add_argument_group("model source, cluster and outputs")
+    g.add_argument("--preset", help=f"model shape by name: {', '.join(presets.PRESETS)}")
+    g.add_argument("--hf-config", help="a Hugging Face config.json (Llama, Mistral, Qwen2 style)")
+    g.add_argument("--gpus", type=int, help="processes/GPUs available (required)")
+    g.add_argument(
+        "--gpu-memory-gib",
+        type=float,
+        help="usable memory per GPU (default with --device cpu: this host's)",
+    )
+    g.add_argument(
+        "--gpus-per-node", type=int, default=8, help="tensor parallelism stays inside a node"
+    )
+    g.add_argument(
+        "--device",
+        default="",
+        help="memory model device: cpu, cuda or fake (default: cuda if available, else fake)",
+    )
+    g.add_argument(
+        "--memory-model", default="", help="a fitted memory_model.json (else profile on the spot)"
+    )
+    g.add_argument("--json", default="", help="write the result as JSON here")
+    g.add_argument("--png", default="", help="write the per-stage memory breakdown plot here")
+    g.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
+
+
+def add_plan_flags(p: argparse.ArgumentParser, training: bool = False) -> None:
+    """Model, kernel and parallel flags, PlanOptions and the cluster flags (`training`: the
+    kernels' defaults of capture-megatron's own training, for commands that train the plan)."""
+    flags.add_model_flags(p)
+    flags.add_kernel_flags(p, training=training)
+    flags.add_parallel_flags(p)
+    flags.add_fields(p, PlanOptions, "planning")
+    add_cluster_flags(p)
+
+
+def add_megatron_line(p: argparse.ArgumentParser) -> None:
+    """The rest of a Megatron-LM pretrain_gpt.py command line, with Megatron-LM's defaults: the
+    training, data and checkpoint flags capture-megatron knows, then every other flag
+    (capture_megatron.megatron.megatron_lm: ignored when it cannot change memory, else refused)."""
+    flags.add_training_flags(p)
+    flags.add_fields(
+        p, DataOptions, "data (Megatron flags)", defaults={"tokenizer_type": "GPT2BPETokenizer"}
+    )
+    flags.add_checkpoint_flags(p)
+    megatron_lm.add_megatron_lm_flags(p)
+
+
+def tokenizer_vocab(ns: argparse.Namespace) -> tuple[int, str]:
+    """(vocabulary, how it was found) from the tokenizer flags, for a line without --vocab-size."""
+    kind = getattr(ns, "tokenizer_type", None)
+    if kind == "GPT2BPETokenizer":
+        path = ns.vocab_file
+        if path and os.path.isfile(path):
+            with open(path) as f:
+                return len(json.load(f)), f"GPT-2 BPE vocabulary read from {path}"
+        return GPT2_VOCAB, (
+            f"GPT-2 BPE vocabulary of {GPT2_VOCAB} assumed (--vocab-file "
+            f"{path or '(none)'} is not readable here)"
+        )
+    if kind in ("HuggingFaceTokenizer", "SentencePieceTokenizer", "GPTSentencePieceTokenizer"):
+        from capture_megatron.data.tokenizers import TokenizerOptions, build_tokenizer
+
+        tok = build_tokenizer(
+            TokenizerOptions(kind, ns.tokenizer_model, ns.vocab_file, ns.merge_file)
+        )
+        return tok.vocab_size, f"vocabulary of {ns.tokenizer_model}"
+    raise CaptureError(
+        f"give --vocab-size (the vocabulary of --tokenizer-type {kind} is not known here)"
+    )
+
+
+def resolve_shape(ns: argparse.Namespace) -> tuple[ModelShape, str]:
+    """The model (--preset or --hf-config, with any model flag overriding it; else the model flags)
+    and a note on how its vocabulary was found ("" when given)."""
+    if ns.preset and ns.hf_config:
+        raise CaptureError("give --preset or --hf-config, not both")
+    if ns.preset or ns.hf_config:
+        base = (
+            presets.preset(ns.preset)
+            if ns.preset
+            else hf.from_hf_config(ns.hf_config, ns.seq_length)
+        )
+        return dataclasses.replace(base, **shape_overrides(ns)), ""
+    if ns.vocab_size is not None or not hasattr(ns, "tokenizer_type"):
+        return model_shape(ns), ""
+    vocab, how = tokenizer_vocab(ns)
+    return model_shape(ns, vocab), how
+
+
+def cluster_of(
+    ns: argparse.Namespace, gpus: int | None = None, need_memory: bool = True
+) -> Cluster:
+    """The cluster from --gpus (or `gpus`, when the command knows them) / --gpu-memory-gib /
+    --gpus-per-node / the device (`need_memory` False: memory may stay unknown, 0)."""
+    device = "cpu" if ns.device in ("cpu", "fake-cpu") else "cuda"
+    gpus = ns.gpus if gpus is None else gpus
+    if gpus is None:
+        raise CaptureError("--gpus is required (how many GPUs or processes the plan may use)")
+    memory = ns.gpu_memory_gib
+    if memory is not None and memory <= 0:
+        raise CaptureError(f"--gpu-memory-gib {memory:g} must be positive")
+    if memory is None and device == "cpu":
+        import psutil
+
+        memory = psutil.virtual_memory().total / GIB
+    elif memory is None and need_memory:
+        raise CaptureError("--gpu-memory-gib is required (usable memory per GPU, e.g. 80)")
+    return Cluster(
+        gpus=gpus,
+        gpu_memory_bytes=int((memory or 0) * GIB),
+        gpus_per_node=ns.gpus_per_node,
+        device=device,
+    )
+
+
+def plan_options(
+    ns: argparse.Namespace,
+    shape: ModelShape,
+    cluster: Cluster,
+    device: str,
+    fixed_plan: bool = False,
+) -> PlanOptions:
+    """PlanOptions from the flags: the fixed sizes, the batch, the kernels, a given layout (or,
+    with `fixed_plan`, the whole run the flags describe), the calibration of the memory model's
+    device (none with --memory-model)."""
+    fixed = flags.from_namespace(ParallelFlags, ns)
+    whole = fixed_plan or bool(fixed.pipeline_model_parallel_layout)
+    given_plan = parallel_plan(fixed, shape, cluster.gpus) if whole else None
+    scale = 1.0
+    if not ns.memory_model:
+        from capture_megatron.profile import default_device
+
+        scale = calibration_factor(default_device(device))
+    return flags.from_namespace(
+        PlanOptions,
+        ns,
+        space=space_from(fixed),
+        fixed=given_plan,
+        global_batch_size=fixed.global_batch_size or 0,
+        calibration=scale,
+        kernels=flags.from_namespace(Kernels, ns),
+    )
+
+
+def memory_of(
+    ns: argparse.Namespace, shape: ModelShape, device: str, progress: bool
+) -> MemoryModel | ModelSource:
+    """The memory model from --memory-model, or a source that profiles on the spot (cached)."""
+    if ns.memory_model:
+        return read_model(ns.memory_model)
+    from capture_megatron.profile import memory_source
+
+    return memory_source(shape, device, progress=progress)

@@ -1,0 +1,38 @@
+"""`capture-megatron predict <pretrain_gpt.py flags, verbatim> --gpus N [--gpu-memory-gib G]`: the
+per-rank forecast of exactly the run those flags describe.
+
+Megatron-LM's own split (or the layout / first-last / account-for-embedding-loss flags given), its
+recompute, precision, transformer implementation and attention backend, with Megatron-LM's defaults
+where a flag is absent. Every pretrain_gpt.py flag is accepted: those that cannot change memory are
+ignored (and listed), those that change memory in a way not modelled are refused by name (exit 2).
+Writes --json (the plan JSON's fields) and --png.
+"""
+
+from __future__ import annotations
+
+from capture_megatron.cli.inputs import add_cluster_flags, add_megatron_line, cluster_of
+from capture_megatron.cli.plan import plan_and_report
+from capture_megatron.megatron import flags
+from capture_megatron.plan import PlanOptions
+
+
+def build_parser() -> flags.FlagParser:
+    """A whole Megatron-LM command line, the cluster, and the memory margins."""
+    p = flags.FlagParser(
+        prog="capture-megatron predict", description=(__doc__ or "").splitlines()[0]
+    )
+    flags.add_model_flags(p)
+    flags.add_kernel_flags(p)
+    flags.add_parallel_flags(p)
+    flags.add_fields(p, PlanOptions, "memory margins", only=("reserve_fraction", "context_gib"))
+    add_cluster_flags(p)
+    add_megatron_line(p)
+    return p
+
+
+def main(argv: list[str]) -> int:
+    """Entry point."""
+    ns = flags.parse_flags(build_parser(), argv)
+    cluster = cluster_of(ns, need_memory=False)
+    plan_and_report(ns, cluster, ns.device, ns.progress, fixed_plan=True)
+    return 0

@@ -1,0 +1,266 @@
+"""What capture-megatron does with each of Megatron-LM's pretrain_gpt.py arguments (core_v0.16.1,
+megatron_args.json) that none of its own option classes declares, keyed by the flag's first
+spelling. Pure Python.
+
+- IGNORED: cannot change a rank's peak of allocated bytes during training iterations (logging,
+  paths, data, tokenizer, learning-rate schedules, checkpointing, evaluation, fault tolerance,
+  inference-only and RL-only settings, kernels that keep the same tensors). Accepted and ignored.
+- UNMODELLED: changes memory in a way the model does not cover yet; refused, with the reason, when
+  given with a value other than Megatron-LM's default (`--context-parallel-size 1` is fine).
+Every argument is in exactly one of: our option classes, IGNORED, UNMODELLED
+(tests/unit/test_megatron_policy.py checks the table is complete).
+"""
+
+from __future__ import annotations
+
+IGNORED_PREFIXES = tuple(
+    """
+    --log- --tensorboard --wandb- --timing-log --one-logger --app-tag --inprocess- --ft-
+    --straggler --rerun --error-injection --profile --eval- --fim- --tokenizer- --tiktoken-
+    --data- --dataloader- --ckpt- --dist-ckpt --non-persistent --save- --load- --lr- --grpo-
+    --rl- --langrl- --inference- --dino- --biencoder- --ict- --retriever- --indexer- --vision-
+    --swin- --img- --muon- --replication --async- --exit- --manual-gc
+    --tp-comm-overlap-rs --no-tp-comm --disable-straggler --no-manual-gc --no-ckpt- --no-log-
+    --distributed-timeout --train- --valid- --test- --per-split --per-dataset --mid-level
+    --object-storage --sft- --cuda-graph-warmup --decode- --weight-decay-incr --start-weight
+    --end-weight --min-loss --loss-scale --hysteresis
+""".split()
+)
+"""Flags with these prefixes are IGNORED (unless UNMODELLED)."""
+
+IGNORED = frozenset(
+    """
+    --accumulate-allreduce-grads-in-fp32 --adlr-autoresume --adlr-autoresume-interval
+    --allow-ambiguous-pad-tokens --apply-layernorm-1p --apply-residual-connection-post-layernorm
+    --apply-wd-to-qk-layernorm --auto-detect-ckpt-format --batch-invariant-mode
+    --bert-embedder-type --bert-load --bert-no-binary-head --block-data-path --calc-ft-timeouts
+    --calculate-per-token-loss --check-for-large-grads --check-for-spiky-loss
+    --check-weight-hash-across-dp-replicas-interval --ckpt-convert-format --ckpt-convert-save
+    --ckpt-convert-update-legacy-dist-opt-format --ckpt-step --classes-fraction
+    --config-logger-dir --create-all-gather-group --data-parallel-random-init
+    --data-per-class-fraction --dataloader-type --ddp-average-in-collective --decoder-seq-length
+    --decoupled-lr --decoupled-min-lr --decrease-batch-size-if-needed --deterministic-mode
+    --disable-bf16-reduced-precision-matmul --disable-chunked-prefill
+    --disable-gloo-process-groups --disable-mamba-mem-eff-path --disable-msc
+    --distrib-optim-fully-reshardable-mem-efficient --dump-param-to-param-group-map
+    --embedding-init-method-std --embedding-path --empty-unused-memory-level
+    --enable-chunked-prefill --enable-ft-package --ep-overlap-early-attn-memory-release
+    --evidence-data-path --fake-process-group --first-last-layers-bf16 --flash-decode
+    --fp4-param-gather --full-validation --glu-linear-offset --head-lr-mult
+    --high-priority-stream-groups --ict-load --inference-fuse-tp-communication
+    --inference-rng-tracker --init-method-xavier-uniform --init-model-with-meta-device
+    --iter-per-epoch --iterations-to-skip --lazy-mpu-init --legacy-tokenizer --local-rank
+    --logging-level --mask-factor --mask-prob --mask-type --max-tokens-to-oom
+    --memory-snapshot-path --merge-file --min-offloaded-tensor-size --mlp-chunks-for-prefill
+    --mock-data --multiple-validation-sets --nccl-all-reduce-for-prefill
+    --nccl-communicator-config-path --no-align-grad-reduce --no-align-param-gather
+    --no-async-tensor-model-parallel-allreduce --no-barrier-with-level-1-timing
+    --no-check-for-nan-in-loss-and-grad --no-create-attention-mask-in-dataloader
+    --no-data-sharding --no-gradient-reduce-div-fusion --no-initialization --no-mmap-bin-files
+    --no-one-logger --no-overlap-p2p-communication --no-persist-layer-norm --no-pin-cpu-grads
+    --no-pin-cpu-params --no-save-optim --no-save-rng --no-scatter-gather-tensors-in-pipeline
+    --no-strict-fsdp-dtensor-load --no-use-tokenizer-model-from-checkpoint-args
+    --no-weight-decay-cond-type --num-channels --num-classes --num-dataset-builder-threads
+    --num-layers-at-end-in-bf16 --num-layers-at-start-in-bf16 --num-workers --onnx-safe
+    --openai-gelu --output-bert-embeddings --overlap-p2p-communication-warmup-flush
+    --overlap-param-gather-with-optimizer-step --override-opt-param-scheduler --patch-dim
+    --phase-transition-iterations --pipeline-model-parallel-comm-backend --pretrained-checkpoint
+    --query-in-block-prob --record-memory-history --refit-method --reset-attention-mask
+    --reset-position-ids --result-rejected-tracker-filename --rope-scaling-factor
+    --rotary-interleaved --rotary-seq-len-interpolation-factor --run-workload-inspector-server
+    --sample-rate --sft --sgd-momentum --sharp-enabled-group --short-seq-prob --skip-train
+    --split --te-rng-tracker --test-mode --titles-data-path
+    --torch-fsdp2-no-reshard-after-forward --tp-comm-bootstrap-backend --tp-comm-overlap-cfg
+    --train-samples --train-sync-interval --trust-remote-code --use-checkpoint-args
+    --use-checkpoint-opt-param-scheduler --use-cpu-initialization --use-dist-ckpt
+    --use-legacy-static-engine --use-mcore-models --use-mp-args-from-checkpoint-args
+    --use-one-sent-docs --use-persistent-ckpt-worker --use-pytorch-profiler
+    --use-ring-exchange-p2p --use-rope-scaling --use-sharp --use-tp-pp-dp-mapping --vocab-file
+    --warmup --wgrad-deferral-limit
+""".split()
+)
+"""Flags that cannot change the peak of allocated bytes in training iterations."""
+
+_MOE = "mixture-of-experts layers are not modelled yet"
+_MLA = "multi-latent attention is not modelled yet"
+_FP8 = "low-precision (fp8 / fp4) training is not modelled yet"
+_FSDP = "fully sharded data parallelism is not modelled yet"
+_OFFLOAD = "CPU offloading is not modelled yet"
+_GRAPH = "CUDA graphs keep their own static buffers, not modelled yet"
+_ARCH = "this architecture change is not modelled yet"
+_KERNEL = "this kernel choice keeps different tensors, not modelled yet"
+
+_REASONS = {
+    "hierarchical context parallelism is not modelled yet": """
+        --hierarchical-context-parallel-sizes
+    """,
+    "dynamic context parallelism is not modelled yet": """
+        --max-seqlen-per-dp-cp-rank
+    """,
+    "hybrid context parallelism is not modelled yet": """
+        --hybrid-context-parallel
+    """,
+    "context parallelism is not modelled yet": """
+        --cp-comm-type
+    """,
+    _MOE: """
+        --expert-model-parallel-size --expert-tensor-parallel-size --moe-aux-loss-coeff
+        --moe-extended-tp --moe-layer-freq --moe-pad-experts-for-cuda-graph-inference
+        --moe-router-load-balancing-type --moe-upcycling-granularity --moe-use-upcycling
+        --num-experts --overlap-moe-expert-parallel-comm
+    """,
+    _MLA: """
+        --cache-mla-latents --kv-lora-rank --mscale --mscale-all-dim --multi-latent-attention
+        --q-lora-rank --qk-head-dim --qk-pos-emb-head-dim --rotary-scaling-factor --v-head-dim
+    """,
+    _FP8: """
+        --fp4-format --fp4-param-gather --fp4-quantizer-factory --fp4-recipe
+        --fp8-amax-compute-algo --fp8-amax-history-len --fp8-format --fp8-interval --fp8-margin
+        --fp8-param-gather --fp8-quantizer-factory --fp8-recipe --keep-fp8-transpose-cache
+        --kitchen-attention-backend --no-fp8-wgrad --reuse-grad-buf-for-mxfp8-param-ag
+        --te-precision-config-file --use-kitchen-attention
+    """,
+    _FSDP: """
+        --data-parallel-sharding-strategy --enable-full-sharding-in-hsdp --fsdp-double-buffer
+        --fsdp-manual-registration --no-gradient-reduce-div-fusion --outer-dp-sharding-strategy
+        --suggested-communication-unit-size --torch-fsdp2-no-reshard-after-forward
+        --use-megatron-fsdp --use-torch-fsdp2
+    """,
+    _OFFLOAD: """
+        --cpu-offloading-num-layers --fine-grained-activation-offloading --no-pin-cpu-grads
+        --no-pin-cpu-params --offload-modules --optimizer-cpu-offload
+        --optimizer-offload-fraction --overlap-cpu-optimizer-d2h-h2d
+        --use-torch-optimizer-for-cpu-offload
+    """,
+    _GRAPH: """
+        --cuda-graph-impl --cuda-graph-scope --decode-only-cuda-graphs --enable-cuda-graph
+        --external-cuda-graph
+    """,
+    "multi-token prediction layers are not modelled yet": """
+        --mtp-loss-scaling-factor --mtp-num-layers --mtp-standalone
+    """,
+    "TP communication overlap keeps userbuffers, not modelled yet": """
+        --tp-comm-overlap
+    """,
+    "NCCL user buffers are not modelled yet": """
+        --use-nccl-ub
+    """,
+    _ARCH: """
+        --activation-func-clamp-value --attention-output-gate --decoder-num-layers
+        --disable-mamba-mem-eff-path --dsa-indexer-head-dim --dsa-indexer-loss-coeff
+        --dsa-indexer-n-heads --dsa-indexer-topk --dsa-indexer-use-sparse-loss
+        --encoder-num-layers --experimental-attention-variant
+        --heterogeneous-layers-config-encoded-json --heterogeneous-layers-config-path
+        --hybrid-attention-ratio --hybrid-mlp-ratio --hybrid-override-pattern --is-hybrid-model
+        --linear-attention-freq --linear-conv-kernel-dim --linear-key-head-dim
+        --linear-num-key-heads --linear-num-value-heads --linear-value-head-dim --mamba-head-dim
+        --mamba-num-groups --mamba-num-heads --mamba-state-dim --mrope-section
+        --no-clone-scatter-output-in-embedding --no-position-embedding --no-rope-freq --qk-clip
+        --qk-clip-alpha --qk-clip-threshold --qk-l2-norm --qk-layernorm --quick-geglu
+        --relative-attention-max-distance --relative-attention-num-buckets --rope-type
+        --rotary-percent --spec --squared-relu --use-fused-weighted-squared-relu
+        --use-rotary-position-embeddings --vocab-extra-ids --window-attn-skip-freq --window-size
+    """,
+    "symmetric-memory all-reduce buffers are not modelled yet": """
+        --symmetric-ar-type
+    """,
+    "symmetric-memory registration is not modelled yet": """
+        --disable-symmetric-registration
+    """,
+    "delayed weight-gradient computation keeps activations longer, not modelled yet": """
+        --delay-wgrad-compute
+    """,
+    "deferred embedding weight gradients keep activations longer, not modelled yet": """
+        --defer-embedding-wgrad-compute
+    """,
+    "distributed saved activations are not modelled yet": """
+        --distribute-saved-activations
+    """,
+    ("selective recompute of modules other than the attention core is not modelled yet"): """
+        --recompute-modules
+    """,
+    _KERNEL: """
+        --ddp-reduce-scatter-with-fp32-accumulation --disable-jit-fuser --enable-experimental
+        --softmax-type --use-te-activation-func
+    """,
+    "fp32 residual connections are not modelled yet": """
+        --fp32-residual-connection
+    """,
+    "QKV biases are not modelled yet": """
+        --add-qkv-bias
+    """,
+    "a padded vocabulary given directly is not modelled yet (give --vocab-size)": """
+        --padded-vocab-size
+    """,
+    "give --seq-length": """
+        --encoder-seq-length
+    """,
+    "give --micro-batch-size": """
+        --batch-size
+    """,
+    "give --tensor-model-parallel-size": """
+        --model-parallel-size
+    """,
+    "give --recompute-granularity / --recompute-method": """
+        --checkpoint-activations
+    """,
+    "Megatron's legacy models are not modelled": """
+        --use-legacy-models
+    """,
+    "RL training steps are not modelled": """
+        --perform-rl-step
+    """,
+    "a batch-size ramp-up changes the micro-batches in flight, not modelled yet": """
+        --rampup-batch-size
+    """,
+    "bf16 gradient buffers are not modelled yet": """
+        --grad-reduce-in-bf16
+    """,
+    "fp16 cross entropy is not modelled yet": """
+        --fp16-lm-cross-entropy
+    """,
+    "precision-aware optimizer state is not modelled yet": """
+        --exp-avg-dtype --exp-avg-sq-dtype --main-grads-dtype --main-params-dtype
+        --use-precision-aware-optimizer
+    """,
+    "several distributed-optimizer instances are not modelled yet": """
+        --num-distributed-optimizer-instances
+    """,
+    "gradient-buffer bucketing is not modelled yet": """
+        --ddp-bucket-size --ddp-num-buckets
+    """,
+    "gradient-buffer bucket padding is not modelled yet": """
+        --ddp-pad-buckets-for-high-nccl-busbw
+    """,
+    "give --attention-backend flash": """
+        --use-flash-attn
+    """,
+    "a YAML config replaces the command line: give the flags": """
+        --yaml-cfg
+    """,
+}
+
+UNMODELLED: dict[str, str] = {
+    flag: reason for reason, flags in _REASONS.items() for flag in flags.split()
+}
+"""Flags that change memory in ways not modelled: refused when not at Megatron-LM's default."""
+UNMODELLED_PREFIXES = ("--moe-",)
+"""Flags with these prefixes are UNMODELLED (mixture of experts)."""
+
+
+def ignored(*spellings: str) -> bool:
+    """Whether a Megatron-LM flag (any of its spellings) cannot change the training peak."""
+    if unmodelled_reason(*spellings) is not None:
+        return False
+    return any(f in IGNORED or f.startswith(IGNORED_PREFIXES) for f in spellings)
+
+
+def unmodelled_reason(*spellings: str) -> str | None:
+    """Why a non-default value of a Megatron-LM flag (any of its spellings) is refused (None: it
+    is not)."""
+    for flag in spellings:
+        if flag in UNMODELLED:
+            return UNMODELLED[flag]
+        if flag.startswith(UNMODELLED_PREFIXES):
+            return _MOE
+    return None
