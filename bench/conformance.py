@@ -51,6 +51,8 @@ def predict_case(case: dict[str, Any], device: str) -> dict[str, Any]:
     if not case["world_size"]:
         return {**row, "skipped": "no world size in the H100 recipe"}
     argv = [*case["argv"], "--gpus", str(case["world_size"]), "--no-progress"]
+    cublas = case["env_vars"].get("CUBLAS_WORKSPACE_CONFIG")
+    argv += ["--cublas-workspace-config", cublas] if cublas else []
     argv += ["--device", device] if device else []
     try:
         with contextlib.redirect_stdout(io.StringIO()):

@@ -30,9 +30,11 @@ def cache_dir() -> str:
     return os.environ.get("CAPTURE_MEGATRON_CACHE") or default
 
 
-def records_path(shape: ModelShape, device: str) -> str:
-    """The records file of a model shape profiled on `device` with the installed versions."""
-    key = f"{device}|{shape.to_json()}|{__version__}|{version('torch')}|{version('megatron-core')}"
+def records_path(shape: ModelShape, device: str, kernels: str = "cpu") -> str:
+    """The records file of a model shape profiled on `device` for a kernel set with the installed
+    versions."""
+    soft = f"{__version__}|{version('torch')}|{version('megatron-core')}"
+    key = f"{device}|{kernels}|{shape.to_json()}|{soft}"
     digest = hashlib.sha1(key.encode()).hexdigest()[:16]
     return os.path.join(cache_dir(), f"{device}-{digest}.jsonl")
 

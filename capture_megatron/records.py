@@ -20,7 +20,7 @@ from capture_megatron.config import ModelShape
 from capture_megatron.errors import CaptureError, require
 from capture_megatron.serial import JsonMixin, from_plain, to_plain
 
-RECORD_FORMAT = 1
+RECORD_FORMAT = 2
 """Version of the records file layout (the header line says it)."""
 
 
@@ -158,9 +158,10 @@ class ProfileRecord(JsonMixin):
     """Measured memory of one chunk probe (all values in bytes, for the TP rank 0 process)."""
 
     device: str
-    """cpu, cuda or fake (FakeTensorMode on the host)."""
-    transformer_impl: str
-    """local or transformer_engine."""
+    """cpu, fake-cpu, fake-cuda or cuda (capture_megatron.profile.options.DEVICES)."""
+    kernels: str
+    """The kernel set measured: 'cpu', or 'gpu:' + the GPU kernels' key
+    (capture_megatron.config.kernels.kernel_set)."""
     versions: tuple[str, str, str]
     """(capture-megatron, torch, megatron-core) versions that measured it."""
     variant: Variant
@@ -203,6 +204,10 @@ class ProfileRecord(JsonMixin):
     it."""
     buffers: tuple[BufferBytes, ...]
     """Megatron's global memory buffers held after the probe."""
+    workspace_bytes: int = 0
+    """GPU kernel sets: what every training process allocates once and keeps beyond the probe's
+    buffers (cuBLAS / TE GEMM workspaces; capture_megatron.config.kernels.Kernels.workspace_bytes);
+    0 for CPU kernels."""
     timelines: tuple[Timeline, ...] = ()
     """The forward, backward and step windows event by event, when profiled with timelines
     (cpu/fake)."""

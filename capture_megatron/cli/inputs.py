@@ -48,7 +48,9 @@ def add_cluster_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--device",
         default="",
-        help="memory model device: cpu, cuda or fake (default: cuda if available, else fake)",
+        help="memory model device: cuda (a real GPU), fake-cuda (alias fake: the GPU kernels on "
+        "fake CUDA tensors), cpu or fake-cpu (CPU kernels: for CPU runs); default: cuda if "
+        "available, else fake-cuda",
     )
     g.add_argument(
         "--memory-model", default="", help="a fitted memory_model.json (else profile on the spot)"
@@ -185,4 +187,4 @@ def memory_of(
         return read_model(ns.memory_model)
     from capture_megatron.profile import memory_source
 
-    return memory_source(shape, device, progress=progress)
+    return memory_source(shape, device, progress, flags.from_namespace(Kernels, ns))

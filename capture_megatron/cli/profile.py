@@ -1,4 +1,4 @@
-"""`capture-megatron profile <Megatron model flags> --device {cpu,cuda,fake} --out records.jsonl`.
+"""`capture-megatron profile <Megatron model flags> --device {cpu,fake-cpu,fake-cuda,cuda} --out F`.
 
 Probes the model's own sizes (anchors: exact predictions later) at the TP sizes and micro-batch
 sizes asked for, and by default a design of small shapes on which every regression term is
@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from capture_megatron.config import ModelShape
+from capture_megatron.config import Kernels, ModelShape
 from capture_megatron.errors import CaptureError
 from capture_megatron.megatron import flags
 from capture_megatron.megatron.args import model_shape
@@ -36,7 +36,12 @@ def build_parser() -> flags.FlagParser:
     flags.add_kernel_flags(p)
     flags.add_parallel_flags(p)
     g = p.add_argument_group("profiling")
-    g.add_argument("--device", default="cpu", help="cpu, cuda or fake")
+    g.add_argument(
+        "--device",
+        default="cpu",
+        help="cpu, fake-cpu (CPU kernels, no data), fake-cuda (alias fake: the GPU kernels on "
+        "fake CUDA tensors) or cuda",
+    )
     g.add_argument("--out", required=True, help="records file (JSON lines)")
     g.add_argument(
         "--probe-tp",
@@ -87,7 +92,7 @@ def options_of(ns: argparse.Namespace, shape: ModelShape) -> ProfileOptions:
     )
     return ProfileOptions(
         device=ns.device,
-        transformer_impl=ns.transformer_impl,
+        kernels=flags.from_namespace(Kernels, ns),
         tps=tps,
         micro_batch_sizes=mbs,
         variants=variants_for(ns, shape),
@@ -108,7 +113,7 @@ def main(argv: list[str]) -> int:
     records = profile(shape, options)
     write_records(list(records), ns.out)
     print(
-        f"profiled {len(records)} probes on {ns.device} ({records[0].transformer_impl} spec) in "
+        f"profiled {len(records)} probes on {ns.device} (kernels {records[0].kernels}) in "
         f"{time.perf_counter() - start:.1f} s -> {ns.out}"
     )
     return 0

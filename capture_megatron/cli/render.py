@@ -26,7 +26,7 @@ def print_plan(result: PlanResult) -> None:
     print(
         f"{result.considered} plans considered for {shape.num_layers} layers x h "
         f"{shape.hidden_size} on {cluster.gpus} GPUs of {cluster.gpu_memory_bytes / GIB:g} GiB "
-        f"(memory model: {result.origin.device})"
+        f"(memory model: {result.origin.device}, kernels {result.origin.kernels})"
     )
     print(
         f"  {'TP':>3} {'PP':>3} {'DP':>4} {'VPP':>3} {'mbs':>3} {'recompute':>9} {'SP':>3} "
@@ -145,7 +145,7 @@ def print_quality(model: MemoryModel) -> None:
     """The fit-quality table."""
     v = model.versions
     print(
-        f"memory model: {model.device}, {model.transformer_impl} spec, capture-megatron {v[0]}, "
+        f"memory model: {model.device}, kernels {model.kernels}, capture-megatron {v[0]}, "
         f"torch {v[1]}, megatron-core {v[2]}"
     )
     print(

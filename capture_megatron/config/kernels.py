@@ -6,10 +6,12 @@ output; CUDA dropout keeps 1-byte masks. Pure Python.
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from dataclasses import dataclass
 
 from capture_megatron.config.fields import flag
-from capture_megatron.errors import require
+from capture_megatron.errors import CaptureError, require
 from capture_megatron.serial import JsonMixin
 
 IMPLEMENTATIONS = ("local", "transformer_engine", "auto")
@@ -53,6 +55,20 @@ class Kernels(JsonMixin):
         "--no-gradient-accumulation-fusion", True, negate=True
     )
     """Weight gradients accumulated straight into the fp32 main gradients (needs TE or apex)."""
+    deterministic_mode: bool = flag("--deterministic-mode", False)
+    """Deterministic kernels (flash-attn's backward then keeps one dq accumulator per SM split)."""
+    create_attention_mask_in_dataloader: bool = flag(
+        "--no-create-attention-mask-in-dataloader", True, negate=True
+    )
+    """Megatron's GPT dataset builds a bool [b, 1, s, s] attention mask per micro-batch, which the
+    first and last stages receive and pass to the layers."""
+    cublas_workspace_config: str = flag(
+        "--cublas-workspace-config",
+        "",
+        note="(capture-megatron: the run's $CUBLAS_WORKSPACE_CONFIG, e.g. :4096:8; default: "
+        "torch's on Hopper, 32 MiB)",
+    )
+    """The training run's CUBLAS_WORKSPACE_CONFIG (sizes torch's cuBLAS workspaces)."""
 
     def __post_init__(self) -> None:
         p = []
@@ -64,7 +80,82 @@ class Kernels(JsonMixin):
             )
         require(p, "kernel settings")
 
+    def workspace_bytes(self) -> int:
+        """GPU memory every training process allocates once and keeps, which no probe sees:
+        torch's cuBLAS workspace for each (handle, stream) pair — the forward runs on the main
+        thread's handle, the backward on autograd's device thread's, hence two; sized by
+        CUBLAS_WORKSPACE_CONFIG as the sum of SIZE KiB x COUNT, default 4096 x 8 on sm90
+        (pytorch aten/src/ATen/cuda/CublasHandlePool.cpp: parseChosenWorkspaceSize,
+        getNewWorkspace allocates through the caching allocator) — and, with Transformer Engine,
+        TE's one cuBLAS workspace of 32 MiB + 1 KiB on sm90 (transformer_engine/pytorch/
+        cpp_extensions/gemm.py get_cublas_workspace, a torch.empty)."""
+        cublas = cublas_workspace_size(self.cublas_workspace_config)
+        te = TE_WORKSPACE if self.for_gpu().transformer_impl == "transformer_engine" else 0
+        return CUBLAS_HANDLES * cublas + te
+
     @property
     def softmax_in_fp32(self) -> bool:
         """Whether the unfused softmax runs in fp32 (Megatron: either flag implies it)."""
         return self.attention_softmax_in_fp32 or self.apply_query_key_layer_scaling
+
+    def for_gpu(self) -> Kernels:
+        """These kernels as a GPU run resolves them: `auto` implementation means Transformer
+        Engine (Megatron-LM's default; capture-megatron's own training picks it when TE imports)."""
+        if self.transformer_impl == "auto":
+            return dataclasses.replace(self, transformer_impl="transformer_engine")
+        return self
+
+    def key(self) -> str:
+        """A short, canonical name of the settings that change what layers keep, e.g.
+        'transformer_engine/unfused/softmax-fp32' (defaults are not named)."""
+        parts = [self.transformer_impl, self.attention_backend]
+        if self.softmax_in_fp32:
+            parts.append("softmax-fp32")
+        for name in NEGATED:
+            if not getattr(self, name):
+                parts.append("no-" + name.replace("_", "-"))
+        if self.cross_entropy_loss_fusion:
+            parts.append("ce-fusion-" + self.cross_entropy_fusion_impl)
+        if self.cublas_workspace_config:
+            parts.append("cublas" + self.cublas_workspace_config)
+        return "/".join(parts)
+
+
+NEGATED = (
+    "masked_softmax_fusion",
+    "bias_gelu_fusion",
+    "bias_swiglu_fusion",
+    "bias_dropout_fusion",
+    "rope_fusion",
+    "gradient_accumulation_fusion",
+)
+"""Fusions on by default in Megatron-LM (named in Kernels.key() when turned off)."""
+CUBLAS_HANDLES = 2
+"""cuBLAS handles a training process uses (main thread: forward; autograd's device thread:
+backward); torch keeps one workspace per (handle, stream)."""
+CUBLAS_DEFAULT = ":4096:8"
+"""torch's default CUBLAS_WORKSPACE_CONFIG on sm90 (Hopper), 32 MiB."""
+TE_WORKSPACE = 32 * 1024 * 1024 + 1024
+"""Transformer Engine's cuBLAS workspace on sm90 (get_cublas_workspace_size_bytes)."""
+CPU_KERNELS = "cpu"
+"""The kernel set of CPU runs: the local spec with torch's CPU kernels, no fused kernels."""
+
+
+def cublas_workspace_size(config: str) -> int:
+    """Bytes of one torch cuBLAS workspace for a CUBLAS_WORKSPACE_CONFIG value (':SIZE:COUNT'
+    pairs, SIZE in KiB; '' is torch's sm90 default); CaptureError for an unparsable value."""
+    pairs = re.findall(r":([0-9]+):([0-9]+)", config or CUBLAS_DEFAULT)
+    if not pairs:
+        raise CaptureError(
+            f"--cublas-workspace-config {config!r}: expected :SIZE:COUNT pairs (SIZE in KiB), "
+            "e.g. :4096:8"
+        )
+    return sum(int(size) * 1024 * int(count) for size, count in pairs)
+
+
+def kernel_set(device: str, kernels: Kernels) -> str:
+    """The name of the kernel set a memory model of `device` describes: 'cpu' for the CPU devices
+    (what CPU training allocates), else 'gpu:' + the GPU kernels' key."""
+    if device in ("cpu", "fake-cpu"):
+        return CPU_KERNELS
+    return "gpu:" + kernels.for_gpu().key()

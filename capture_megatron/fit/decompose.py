@@ -176,6 +176,7 @@ def fit_variant(records: list[ProfileRecord]) -> VariantModel:
         layer_saved_rc_next=_regress_all(zs, [a.layer_saved_rc_next for a in anchors])
         if full
         else None,
+        workspace_bytes=max(r.workspace_bytes for r in records),
         windows=fit_windows(zs, list(table.values())),
     )
 
@@ -184,7 +185,7 @@ def fit(records: list[ProfileRecord]) -> MemoryModel:
     """Fit every variant present in `records` (which must come from one device/impl/version)."""
     if not records:
         raise CaptureError("no records to fit")
-    origins = {(r.device, r.transformer_impl, r.versions) for r in records}
+    origins = {(r.device, r.kernels, r.versions) for r in records}
     if len(origins) > 1:
         raise CaptureError(
             f"records mix devices/implementations/versions {sorted(origins)}; fit each separately"
@@ -195,7 +196,7 @@ def fit(records: list[ProfileRecord]) -> MemoryModel:
     device, impl, versions = origins.pop()
     return MemoryModel(
         device=device,
-        transformer_impl=impl,
+        kernels=impl,
         versions=versions,
         variants=tuple(fit_variant(rs) for rs in by_variant.values()),
     )

@@ -152,6 +152,8 @@ class VariantModel(JsonMixin):
     """(size, min, max) over the probes, for extrapolation warnings."""
     layer_saved_rc_next: Regression | None = None
     """R2 over shapes (full recompute only)."""
+    workspace_bytes: int = 0
+    """GPU-only allocations every process keeps (cuBLAS / TE workspaces; 0 for CPU kernels)."""
     windows: tuple[ProbeWindow, ...] = ()
     """Replayed allocation timelines of the probes' windows (records profiled with timelines); where
     present they give the saved bytes and peaks instead of the regressions."""
@@ -181,9 +183,9 @@ class MemoryModel(JsonMixin):
     """The fitted memory model of one device / implementation / software stack."""
 
     device: str
-    """cpu, cuda or fake."""
-    transformer_impl: str
-    """local or transformer_engine."""
+    """Where it was profiled: cpu, fake-cpu, fake-cuda or cuda."""
+    kernels: str
+    """The kernel set it describes: 'cpu' or 'gpu:' + the GPU kernels' key."""
     versions: tuple[str, str, str]
     """(capture-megatron, torch, megatron-core) of the probes."""
     variants: tuple[VariantModel, ...]

@@ -2,18 +2,23 @@
 
 Every pipeline rank gets its own TransformerConfig so that each stage can recompute a different
 number of layers ('block' method); the pipeline layout (``--pipeline-model-parallel-layout``) places
-uneven stages and virtual stages. The local spec is used on CPU; the Transformer Engine spec when TE
-is importable on CUDA (unless told otherwise).
+uneven stages and virtual stages.
+
+Kernels: None means the CPU kernel set (the local spec, no fused kernels: what runs on CPU). Given
+Kernels set the fusions and the attention backend as Megatron-LM's flags do; on a real GPU with
+transformer_engine the TE spec is built, on the fake-cuda device the local spec with the GPU kernel
+modules of capture_megatron.megatron.gpu (what TE's modules keep; see docs/MEMORY_MODEL.md).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import torch
 import torch.nn.functional as F
 
-from capture_megatron.config import ModelShape, ParallelPlan
+from capture_megatron.config import Kernels, ModelShape, ParallelPlan
 from capture_megatron.config.training import BuildOptions
 from capture_megatron.megatron import cpu_compat
 from capture_megatron.megatron.norms import LocalNorm
@@ -46,8 +51,63 @@ def resolve_impl(requested: str) -> str:
     return requested
 
 
+def kernel_fields(shape: ModelShape, kernels: Kernels | None) -> dict:
+    """TransformerConfig's kernel fields: all fusions off for the CPU set (None), else as
+    Megatron-LM's core_transformer_config_from_args derives them from its flags."""
+    if kernels is None:
+        return {
+            "masked_softmax_fusion": False,
+            "bias_activation_fusion": False,
+            "bias_dropout_fusion": False,
+            "apply_rope_fusion": False,
+        }
+    rope = shape.position_embedding_type == "rope"
+    activation = (
+        kernels.bias_swiglu_fusion
+        if shape.swiglu
+        else kernels.bias_gelu_fusion and shape.add_bias_linear
+    )
+    return {
+        "masked_softmax_fusion": kernels.masked_softmax_fusion,
+        "bias_activation_fusion": activation,
+        "bias_dropout_fusion": kernels.bias_dropout_fusion,
+        "apply_rope_fusion": kernels.rope_fusion and rope,
+        "attention_softmax_in_fp32": kernels.softmax_in_fp32,
+        "apply_query_key_layer_scaling": kernels.apply_query_key_layer_scaling,
+        "cross_entropy_loss_fusion": kernels.cross_entropy_loss_fusion,
+        "cross_entropy_fusion_impl": kernels.cross_entropy_fusion_impl,
+        "deterministic_mode": kernels.deterministic_mode,
+    }
+
+
+def gpu_kernels(kernels: Kernels, impl: str) -> Kernels:
+    """The kernels a training run on a real GPU builds with: `impl` (resolve_impl) and the fused
+    kernels asked for; CaptureError naming the flag when a fused kernel's extension is missing."""
+    import importlib.util
+
+    from capture_megatron.errors import CaptureError
+
+    needs = (
+        (kernels.masked_softmax_fusion, "scaled_upper_triang_masked_softmax_cuda",
+         "--no-masked-softmax-fusion"),
+        (kernels.rope_fusion and impl != "transformer_engine", "transformer_engine",
+         "--no-rope-fusion"),
+    )  # fmt: skip
+    for wanted, module, off in needs:
+        if wanted and importlib.util.find_spec(module) is None:
+            raise CaptureError(
+                f"the fused kernel extension {module} is not installed; install it (apex / "
+                f"Transformer Engine) or give {off}"
+            )
+    return dataclasses.replace(kernels, transformer_impl=impl)
+
+
 def transformer_config(
-    shape: ModelShape, plan: ParallelPlan, pp_rank: int, opts: BuildOptions = BuildOptions()
+    shape: ModelShape,
+    plan: ParallelPlan,
+    pp_rank: int,
+    opts: BuildOptions = BuildOptions(),
+    kernels: Kernels | None = None,
 ):
     """Megatron TransformerConfig of one pipeline rank (recompute differs per rank)."""
     from megatron.core.transformer.transformer_config import TransformerConfig
@@ -58,7 +118,6 @@ def transformer_config(
     granularity = (
         "full" if full else ("selective" if plan.recompute.granularity == "selective" else None)
     )
-    on_cpu = cpu_compat.active_device() is not None
     return TransformerConfig(
         num_layers=shape.num_layers,
         hidden_size=shape.hidden_size,
@@ -90,10 +149,6 @@ def transformer_config(
         perform_initialization=True,
         use_cpu_initialization=False,
         gradient_accumulation_fusion=False,
-        masked_softmax_fusion=not on_cpu and shape.dtype != "fp32",
-        bias_activation_fusion=False,
-        bias_dropout_fusion=False,
-        apply_rope_fusion=False,
         persist_layer_norm=False,
         batch_p2p_comm=False,
         deallocate_pipeline_outputs=True,
@@ -101,43 +156,66 @@ def transformer_config(
         recompute_method=plan.recompute.method if full else None,
         recompute_num_layers=n_recompute if full else None,
         microbatch_group_size_per_vp_stage=plan.microbatch_group_size or None,
+        **kernel_fields(shape, kernels),
     )
 
 
-def layer_spec(shape: ModelShape, impl: str):
-    """The ModuleSpec of one transformer layer for the resolved implementation.
+def real_te(kernels: Kernels | None) -> bool:
+    """Whether the chunk is built from Transformer Engine's own modules (a real GPU with TE)."""
+    fake = cpu_compat.active_device() == "fake-cuda"
+    return kernels is not None and kernels.transformer_impl == "transformer_engine" and not fake
 
-    The local spec's norms are replaced by LocalNorm (same torch modules, but usable with SP).
+
+def layer_spec(shape: ModelShape, kernels: Kernels | None):
+    """The ModuleSpec of one transformer layer for the kernels.
+
+    The local spec's norms are replaced by LocalNorm (same torch modules, but usable with SP); on
+    the fake-cuda device its core attention is the GPU kernel module of the attention backend.
     """
     from megatron.core.models.gpt import gpt_layer_specs as specs
 
-    if impl == "transformer_engine":
+    if real_te(kernels):
         return specs.get_gpt_layer_with_transformer_engine_spec(normalization=shape.normalization)
     spec = specs.get_gpt_layer_local_spec(normalization=shape.normalization)
-    return dataclasses.replace(
-        spec,
-        submodules=dataclasses.replace(
-            spec.submodules, input_layernorm=LocalNorm, pre_mlp_layernorm=LocalNorm
-        ),
-    )
+    norm = _norm(kernels)
+    layer = dataclasses.replace(spec.submodules, input_layernorm=norm, pre_mlp_layernorm=norm)
+    if kernels is not None and cpu_compat.active_device() == "fake-cuda":
+        from capture_megatron.megatron.gpu.select import core_attention
+
+        attn = layer.self_attention
+        inner = dataclasses.replace(attn.submodules, core_attention=core_attention(kernels))
+        layer = dataclasses.replace(
+            layer, self_attention=dataclasses.replace(attn, submodules=inner)
+        )
+    return dataclasses.replace(spec, submodules=layer)
 
 
-def block_spec(spec, impl: str, num_layers: int):
+def block_spec(spec, kernels: Kernels | None, num_layers: int):
     """TransformerBlockSubmodules of one model chunk: `num_layers` layers and the final norm."""
     from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 
-    if impl == "transformer_engine":
+    if real_te(kernels):
         from megatron.core.extensions.transformer_engine import TENorm
 
         return TransformerBlockSubmodules(layer_specs=[spec] * num_layers, layer_norm=TENorm)
-    return TransformerBlockSubmodules(layer_specs=[spec] * num_layers, layer_norm=LocalNorm)
+    return TransformerBlockSubmodules(layer_specs=[spec] * num_layers, layer_norm=_norm(kernels))
+
+
+def _norm(kernels: Kernels | None):
+    """The norm module: TE's fused norm for TE kernels on the fake-cuda device, else LocalNorm."""
+    te = kernels is not None and kernels.transformer_impl == "transformer_engine"
+    if te and cpu_compat.active_device() == "fake-cuda":
+        from capture_megatron.megatron.gpu.norm import TENorm
+
+        return TENorm
+    return LocalNorm
 
 
 def build_gpt(
     shape: ModelShape,
     plan: ParallelPlan,
     config,
-    impl: str,
+    kernels: Kernels | None,
     num_layers: int,
     pre_process: bool,
     post_process: bool,
@@ -145,32 +223,38 @@ def build_gpt(
     opts: BuildOptions = BuildOptions(),
 ):
     """One GPTModel chunk holding `num_layers` transformer layers (and the ends it is told to
-    hold)."""
+    hold). GPU kernels: on the GPU, as Megatron-LM's get_model moves it there (on the fake-cuda
+    device it is built there: fake parameters cannot be moved)."""
     from megatron.core.models.gpt import GPTModel
 
-    return GPTModel(
-        config=config,
-        transformer_layer_spec=block_spec(layer_spec(shape, impl), impl, num_layers),
-        vocab_size=shape.padded_vocab(plan.tp),
-        max_sequence_length=shape.max_positions,
-        pre_process=pre_process,
-        post_process=post_process,
-        share_embeddings_and_output_weights=not shape.untie_embeddings_and_output_weights,
-        position_embedding_type=shape.position_embedding_type,
-        rotary_base=opts.rotary_base,
-        vp_stage=vp_stage,
-    )
+    fake_cuda = cpu_compat.active_device() == "fake-cuda"
+    with torch.device("cuda") if fake_cuda else contextlib.nullcontext():
+        model = GPTModel(
+            config=config,
+            transformer_layer_spec=block_spec(layer_spec(shape, kernels), kernels, num_layers),
+            vocab_size=shape.padded_vocab(plan.tp),
+            max_sequence_length=shape.max_positions,
+            pre_process=pre_process,
+            post_process=post_process,
+            share_embeddings_and_output_weights=not shape.untie_embeddings_and_output_weights,
+            position_embedding_type=shape.position_embedding_type,
+            rotary_base=opts.rotary_base,
+            vp_stage=vp_stage,
+        )
+    if kernels is not None and not fake_cuda:
+        model.cuda(torch.cuda.current_device())
+    return model
 
 
 def build_chunks(
     shape: ModelShape,
     plan: ParallelPlan,
     opts: BuildOptions = BuildOptions(),
-    impl: str = "local",
+    kernels: Kernels | None = None,
     seed: int = 1234,
 ) -> list:
     """This rank's model chunks (one per virtual stage), unwrapped GPTModels with initialised
-    weights, in the resolved implementation `impl` (resolve_impl).
+    weights, with `kernels` (None: the CPU set; else their transformer_impl resolved).
 
     Needs torch.distributed and megatron's parallel_state initialised for `plan`.
     """
@@ -179,7 +263,7 @@ def build_chunks(
     from capture_megatron.megatron.init import init_weights
 
     pp_rank = ps.get_pipeline_model_parallel_rank()
-    config = transformer_config(shape, plan, pp_rank, opts)
+    config = transformer_config(shape, plan, pp_rank, opts, kernels)
     chunks = []
     for vp in range(plan.vpp):
         vp_stage = vp if plan.vpp > 1 else None
@@ -187,7 +271,7 @@ def build_chunks(
             shape,
             plan,
             config,
-            impl,
+            kernels,
             plan.chunks_of(pp_rank)[vp],
             pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
             post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),

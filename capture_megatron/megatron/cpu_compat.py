@@ -36,6 +36,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 _STATE = {"device": None, "mode": None}
+FAKE_CUDA_CAPABILITY = (9, 0)
+"""The compute capability the fake CUDA device reports (Hopper)."""
 _CUDA_TYPES = {
     torch.float32: "torch.cuda.FloatTensor",
     torch.float16: "torch.cuda.HalfTensor",
@@ -78,6 +80,17 @@ class CudaDeviceMode(TorchFunctionMode):
             and _is_cuda(args[1])
         ):
             args = (args[0], self.device) + tuple(args[2:])
+        return func(*args, **kwargs)
+
+
+class CudaTypeMode(TorchFunctionMode):
+    """Answers ``Tensor.type()`` of fake CUDA tensors with the CUDA type string (FakeTensor
+    answers 'torch.BFloat16Tensor'; megatron's optimizer dispatches on the CUDA name)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.Tensor.type and len(args) == 1 and not kwargs and args[0].is_cuda:
+            return _CUDA_TYPES.get(args[0].dtype, func(*args))
         return func(*args, **kwargs)
 
 
@@ -152,6 +165,30 @@ def needed() -> bool:
 def active_device() -> str | None:
     """The host device the patches redirect to, or None when they are not applied."""
     return _STATE["device"]
+
+
+def apply_fake_cuda() -> None:
+    """Patch torch/megatron for the fake-cuda device (capture_megatron.profile.fake_cuda): CUDA
+    tensors stay CUDA tensors; only what needs the CUDA runtime is answered here (the current
+    device is 0, synchronize / empty_cache do nothing, RNG states are CPU generator states), and
+    the GPU kernel modules are installed (capture_megatron.megatron.gpu). Idempotent."""
+    if _STATE["device"] == "fake-cuda":
+        return
+    from capture_megatron.megatron.gpu.install import install
+
+    torch.cuda.current_device = lambda: 0
+    torch.cuda.synchronize = lambda *a, **k: None
+    torch.cuda.empty_cache = lambda: None
+    # torch.distributed asks for sm90+ before a broadcast of a CUDA tensor; the GPU kernel set
+    # models Hopper (H100 / H200), as Megatron-LM's measured functional tests do
+    torch.cuda.get_device_capability = lambda *a, **k: FAKE_CUDA_CAPABILITY
+    _install_rng()
+    install()
+    if _STATE["mode"] is not None:
+        _STATE["mode"].__exit__(None, None, None)
+    mode = CudaTypeMode()
+    mode.__enter__()
+    _STATE.update(device="fake-cuda", mode=mode)
 
 
 def apply(device: str = "cpu") -> None:

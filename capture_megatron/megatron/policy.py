@@ -39,7 +39,7 @@ IGNORED = frozenset(
     --ckpt-convert-update-legacy-dist-opt-format --ckpt-step --classes-fraction
     --config-logger-dir --create-all-gather-group --data-parallel-random-init
     --data-per-class-fraction --dataloader-type --ddp-average-in-collective --decoder-seq-length
-    --decoupled-lr --decoupled-min-lr --decrease-batch-size-if-needed --deterministic-mode
+    --decoupled-lr --decoupled-min-lr --decrease-batch-size-if-needed
     --disable-bf16-reduced-precision-matmul --disable-chunked-prefill
     --disable-gloo-process-groups --disable-mamba-mem-eff-path --disable-msc
     --distrib-optim-fully-reshardable-mem-efficient --dump-param-to-param-group-map
@@ -55,7 +55,7 @@ IGNORED = frozenset(
     --mock-data --multiple-validation-sets --nccl-all-reduce-for-prefill
     --nccl-communicator-config-path --no-align-grad-reduce --no-align-param-gather
     --no-async-tensor-model-parallel-allreduce --no-barrier-with-level-1-timing
-    --no-check-for-nan-in-loss-and-grad --no-create-attention-mask-in-dataloader
+    --no-check-for-nan-in-loss-and-grad
     --no-data-sharding --no-gradient-reduce-div-fusion --no-initialization --no-mmap-bin-files
     --no-one-logger --no-overlap-p2p-communication --no-persist-layer-norm --no-pin-cpu-grads
     --no-pin-cpu-params --no-save-optim --no-save-rng --no-scatter-gather-tensors-in-pipeline

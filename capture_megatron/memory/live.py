@@ -25,8 +25,11 @@ from torch.utils._pytree import tree_leaves
 class LiveTensorTracker(TorchDispatchMode):
     """Current and peak bytes of the storages created while the mode is active."""
 
-    def __init__(self):
+    def __init__(self, device: str | None = None):
         super().__init__()
+        self.device = device
+        """Count only tensors on this device type (e.g. 'cuda' for fake CUDA tensors: the CPU
+        scalars megatron keeps beside them are not GPU memory); None: every tensor."""
         self.current_bytes = 0
         self.peak_bytes = 0
         self._sizes: dict[int, int] = {}
@@ -92,7 +95,8 @@ class LiveTensorTracker(TorchDispatchMode):
             tensors = list(tensors.parameters()) + list(tensors.buffers())
         self._op = "existing"
         for t in tensors:
-            self._register(t.untyped_storage())
+            if self.device is None or t.device.type == self.device:
+                self._register(t.untyped_storage())
         self.peak_bytes = max(self.peak_bytes, self.current_bytes)
 
     def reset_peak(self) -> None:
@@ -110,6 +114,8 @@ class LiveTensorTracker(TorchDispatchMode):
         self._op = func.__name__
         for t in tree_leaves(out):
             if not isinstance(t, torch.Tensor) or t.device.type == "meta":
+                continue
+            if self.device is not None and t.device.type != self.device:
                 continue
             storage = t.untyped_storage()
             key = storage._cdata

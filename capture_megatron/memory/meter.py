@@ -50,8 +50,8 @@ class CpuMeter(MemoryMeter):
 
     device = "cpu"
 
-    def __init__(self):
-        self.tracker = LiveTensorTracker()
+    def __init__(self, only: str | None = None):
+        self.tracker = LiveTensorTracker(only)
         self.tracker.__enter__()
 
     def current(self) -> int:
@@ -80,7 +80,8 @@ class CpuMeter(MemoryMeter):
 
 
 class FakeMeter(CpuMeter):
-    """CpuMeter for FakeTensorMode tensors (create it while the fake mode is active)."""
+    """CpuMeter for FakeTensorMode tensors (create it while the fake mode is active); `only`:
+    count the tensors of this device type only ('cuda' on the fake-cuda device)."""
 
     device = "fake"
 
@@ -118,8 +119,10 @@ _METERS: dict[str, MemoryMeter] = {}
 
 def make_meter(device: str) -> MemoryMeter:
     """The process's meter for `device` (cpu and cuda meters are created once and shared)."""
-    if device == "fake":
+    if device in ("fake", "fake-cpu"):
         return FakeMeter()
+    if device == "fake-cuda":
+        return FakeMeter(only="cuda")
     if device not in _METERS:
         _METERS[device] = {"cpu": CpuMeter, "cuda": CudaMeter}[device]()
     return _METERS[device]

@@ -67,6 +67,7 @@ def step_seconds(
         for r in range(p):
             k = plan.layers_of(r)
             n = min(plan.recompute.layers_on(r), k) if plan.recompute.granularity == "full" else 0
+            n = k if n and plan.recompute.method == "uniform" else n  # uniform recomputes all
             extra = n * fwd + (k * core if plan.recompute.granularity == "selective" else 0.0)
             compute = (3 * k * fwd + extra) / rate + k * tp_comm + (head if r == p - 1 else 0.0)
             stage_times.append(compute / v)

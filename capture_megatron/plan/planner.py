@@ -121,7 +121,7 @@ def _result(
     ranked: tuple[Evaluated, ...],
     considered: int,
 ) -> PlanResult:
-    origin = ModelOrigin(model.device, model.transformer_impl, model.versions)
+    origin = ModelOrigin(model.device, model.kernels, model.versions)
     baselines = baselines_for(model, shape, ranked[0].plan)
     return PlanResult(shape, cluster, ranked, considered, baselines, origin, options.kernels)
 

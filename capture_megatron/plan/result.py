@@ -31,9 +31,9 @@ class ModelOrigin:
     """Where the memory model behind a plan came from."""
 
     device: str
-    """cpu, cuda or fake."""
-    transformer_impl: str
-    """local or transformer_engine."""
+    """Where it was profiled: cpu, fake-cpu, fake-cuda or cuda."""
+    kernels: str
+    """The kernel set it describes: 'cpu' or 'gpu:' + the GPU kernels' key."""
     versions: tuple[str, str, str]
     """(capture-megatron, torch, megatron-core) of the probes."""
 

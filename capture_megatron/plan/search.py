@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from typing import Any
 
 from capture_megatron.config import GIB, Cluster, ModelShape, ParallelFlags, ParallelPlan, Recompute
 from capture_megatron.config.parallel import tp_fits
@@ -44,11 +45,30 @@ class Space:
     """Sequence parallelism (only with TP > 1)."""
     distributed_optimizer: tuple[bool, ...] = (False, True)
     """Megatron's distributed optimizer (only with DP > 1)."""
+    recompute_method: str = ""
+    """Full recompute's method as given (block or uniform); empty: block, counts searched."""
+    recompute_layers: tuple[int, ...] = ()
+    """Full recompute's layer counts as given: one n (--recompute-num-layers) or one per pipeline
+    stage; empty: the planner chooses per-stage block counts."""
+
+    @property
+    def keeps_recompute(self) -> bool:
+        """Whether full recompute's method and counts were given (and are kept as given)."""
+        return bool(self.recompute_layers)
+
+    def full_recompute(self, pp: int) -> Recompute:
+        """The full-recompute setting of a candidate with `pp` stages."""
+        if not self.recompute_layers:
+            return Recompute("full", "block", (1,) * pp)
+        counts = self.recompute_layers
+        return Recompute(
+            "full", self.recompute_method or "block", counts if len(counts) == pp else counts * pp
+        )
 
 
 def space_from(flags: ParallelFlags) -> Space:
     """The search space with the values the command line fixed."""
-    fixed: dict[str, tuple] = {}
+    fixed: dict[str, Any] = {}
     if flags.tensor_model_parallel_size:
         fixed["tp"] = (flags.tensor_model_parallel_size,)
     if flags.pipeline_model_parallel_size:
@@ -59,6 +79,13 @@ def space_from(flags: ParallelFlags) -> Space:
         fixed["micro_batch_size"] = (flags.micro_batch_size,)
     if flags.recompute_granularity or flags.recompute_activations:
         fixed["recompute"] = (flags.recompute_granularity or "selective",)
+    if flags.recompute_granularity == "full":
+        per_stage = flags.recompute_num_layers_per_stage
+        if per_stage:
+            fixed["recompute_layers"] = tuple(int(x) for x in per_stage.split(","))
+        elif flags.recompute_num_layers is not None:
+            fixed["recompute_layers"] = (flags.recompute_num_layers,)
+        fixed["recompute_method"] = flags.recompute_method or ""
     if flags.sequence_parallel:
         fixed["sequence_parallel"] = (True,)
     if flags.use_distributed_optimizer:
@@ -125,9 +152,13 @@ def rank_peak_fn(
     return peak
 
 
-def balanced(model: MemoryModel, shape: ModelShape, plan: ParallelPlan) -> ParallelPlan:
-    """The plan with its layers re-split by the exact min-max partition."""
-    full = plan.recompute.granularity == "full"
+def balanced(
+    model: MemoryModel, shape: ModelShape, plan: ParallelPlan, keep_recompute: bool = False
+) -> ParallelPlan:
+    """The plan with its layers re-split by the exact min-max partition (full recompute: every
+    layer of each chunk recomputed, block method, for the trimming that follows; unless
+    `keep_recompute`: the plan's own recompute is kept as given)."""
+    full = plan.recompute.granularity == "full" and not keep_recompute
     part = min_max_partition(
         shape.num_layers, plan.pp, plan.vpp, rank_peak_fn(model, shape, plan, full)
     )
@@ -234,7 +265,7 @@ def _variants(
             ):
                 continue
             for rc in space.recompute:
-                recompute = Recompute("full", "block", (1,) * pp) if rc == "full" else Recompute(rc)
+                recompute = space.full_recompute(pp) if rc == "full" else Recompute(rc)
                 for do in space.distributed_optimizer:
                     if (do and dp == 1 and len(space.distributed_optimizer) > 1) or _dominated(
                         do, dp, space.distributed_optimizer
@@ -293,10 +324,12 @@ def search(
         raise CaptureError(f"--objective {objective!r} is not one of {', '.join(OBJECTIVES)}")
     plans = list(candidates(shape, cluster, gbs, space))
     if objective == "throughput":
-        return _fastest(model, shape, cluster, plans, margins, hw, top)
+        return _fastest(model, shape, cluster, plans, margins, hw, top, space.keeps_recompute)
     plans = [p for p in plans if not _memory_dominated(p, space)]
+    keep = space.keeps_recompute
     results = [
-        evaluate_plan(model, shape, balanced(model, shape, p), cluster, margins, hw) for p in plans
+        evaluate_plan(model, shape, balanced(model, shape, p, keep), cluster, margins, hw)
+        for p in plans
     ]
     ranked = sorted(results, key=lambda e: (not e.fits, e.peak, e.step_seconds))
     return SearchResult(tuple(ranked[:top]), len(results))
@@ -318,6 +351,7 @@ def _fastest(
     margins: Margins,
     hw: Hardware,
     top: int,
+    keep_recompute: bool,
 ) -> SearchResult:
     def sizes(p: ParallelPlan, recompute: str) -> tuple:
         return (
@@ -337,9 +371,9 @@ def _fastest(
 
     def run(plan: ParallelPlan) -> Evaluated:
         if plan not in done:
-            fitted = trim_recompute(
-                model, shape, balanced(model, shape, plan), cluster.gpu_memory_bytes, margins
-            )
+            fitted = balanced(model, shape, plan, keep_recompute)
+            if not keep_recompute:
+                fitted = trim_recompute(model, shape, fitted, cluster.gpu_memory_bytes, margins)
             done[plan] = evaluate_plan(model, shape, fitted, cluster, margins, hw)
         return done[plan]
 

@@ -65,7 +65,7 @@ class StageMemory(JsonMixin):
     transient: float
     """Temporaries of the forward/backward/step running at the peak."""
     other: float
-    """Megatron's global buffers."""
+    """Megatron's global buffers and, for GPU kernels, the cuBLAS / TE workspaces."""
     phase: str
     """forward, backward or step: what runs at the peak."""
     inflight: tuple[int, ...]
@@ -143,6 +143,26 @@ def _activations(
     return inp, saved, fwd, bwd
 
 
+def _uniform(sc: ShapeConstants, kind: str, k: int, n: int) -> tuple[float, float, float, float]:
+    """(input, saved, forward peak, backward peak) of a chunk with k layers all recomputed n at a
+    time (--recompute-method uniform: megatron checkpoints groups of n consecutive layers, the last
+    group holding the rest). Each group keeps only its input, as one recomputed layer does (r for
+    the first, r2 for the others); the backward of a group of m recomputes m layers at once, so it
+    holds m - 1 layers' activations more than a recomputed layer's backward; the groups after it
+    are freed by then."""
+    c = sc.chunk(kind)
+    s, r = sc.layer_saved, (sc.layer_saved_rc or 0.0)
+    r2 = r if sc.layer_saved_rc_next is None else sc.layer_saved_rc_next
+    groups = -(-k // n)
+    last = k - (groups - 1) * n
+    saved = c.saved1 - s + r + (groups - 1) * r2
+    fwd = c.need("fwdrc") + (groups - 1) * r2
+    bwd = c.need("bwdrc") + (last - 1) * s
+    if groups > 1:
+        bwd = max(bwd, c.need("bwdrc") + (n - 1) * s - r2)
+    return c.input_bytes, saved, fwd, bwd
+
+
 def chunk_cost(
     vm: VariantModel,
     shape: ModelShape,
@@ -156,7 +176,10 @@ def chunk_cost(
     kind = chunk_kind(plan, pp_rank, vp)
     k = plan.chunks_of(pp_rank)[vp] if layers is None else layers
     n = min(plan.recompute.layers_on(pp_rank), k) if plan.recompute.granularity == "full" else 0
-    inp, saved, fwd, bwd = _activations(sc, kind, k, n)
+    if n and plan.recompute.method == "uniform":
+        inp, saved, fwd, bwd = _uniform(sc, kind, k, n)
+    else:
+        inp, saved, fwd, bwd = _activations(sc, kind, k, n)
     c = sc.chunk(kind)
     step = c.need("step0") if k == 0 and kind != "middle" else c.step1
     pre, post = _ends(sc, kind)
@@ -291,6 +314,7 @@ def rank_memory(
     grads = sum(c.grads for c in chunks)
     opt = sum(c.optimizer for c in chunks)
     other = _buffers(vm, sizes_for(shape, plan), any(c.layers for c in chunks))
+    other += vm.workspace_bytes
     static = params + grads + opt + other
     step = max(c.step for c in chunks)
     best = (static + step, 0.0, step, "step", (0,) * plan.vpp)

@@ -12,10 +12,11 @@ from __future__ import annotations
 import contextlib
 import gc
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-from capture_megatron.config import ModelShape, ParallelPlan, Recompute
+from capture_megatron.config import Kernels, ModelShape, ParallelPlan, Recompute
 from capture_megatron.config.training import BuildOptions, OptimOptions, RunOptions
 from capture_megatron.megatron.builder import TORCH_DTYPES, build_gpt, transformer_config
 from capture_megatron.megatron.training import (
@@ -26,6 +27,9 @@ from capture_megatron.megatron.training import (
 )
 from capture_megatron.predict.static import chunk_static
 from capture_megatron.records import BufferBytes, Probe, ProfileRecord, Timeline
+
+if TYPE_CHECKING:
+    from capture_megatron.profile.session import Setup
 
 
 def model_shape(probe: Probe) -> ModelShape:
@@ -74,21 +78,22 @@ def parallel_plan(probe: Probe) -> ParallelPlan:
     )
 
 
-def _batch(shape: ModelShape, b: int) -> dict:
+def _batch(shape: ModelShape, b: int, device: str) -> dict:
     s = shape.seq_length
-    tokens = torch.randint(0, shape.vocab_size, (b, s))
+    tokens = torch.randint(0, shape.vocab_size, (b, s), device=device)
     return {
         "tokens": tokens,
         "labels": torch.roll(tokens, -1, 1),
-        "loss_mask": torch.ones(b, s),
-        "position_ids": torch.arange(s).expand(b, s).contiguous(),
+        "loss_mask": torch.ones(b, s, device=device),
+        "position_ids": torch.arange(s, device=device).expand(b, s).contiguous(),
     }
 
 
-def _hidden(shape: ModelShape, plan: ParallelPlan) -> torch.Tensor:
+def _hidden(shape: ModelShape, plan: ParallelPlan, device: str) -> torch.Tensor:
     """An activation tensor as stages exchange it: [s (/ tp under SP), b, h] in the model dtype."""
     s = shape.seq_length // (plan.tp if plan.sequence_parallel else 1)
-    return torch.randn(s, plan.micro_batch_size, shape.hidden_size, dtype=TORCH_DTYPES[shape.dtype])
+    size = (s, plan.micro_batch_size, shape.hidden_size)
+    return torch.randn(size, dtype=TORCH_DTYPES[shape.dtype], device=device)
 
 
 def _storages_bytes(tensors, exclude: set) -> int:
@@ -146,6 +151,8 @@ class _Chunk:
     plan: ParallelPlan
     first: bool
     last: bool
+    device: str
+    kernels: Kernels | None
 
 
 @contextlib.contextmanager
@@ -180,13 +187,13 @@ def _default_dtype(dtype):
         torch.set_default_dtype(saved)
 
 
-def build(probe: Probe, impl: str, fake: bool = False) -> _Chunk:
+def build(probe: Probe, setup: Setup) -> _Chunk:
     """Build, wrap (Float16Module, DDP) and give an optimizer to the probe's chunk."""
-    shape, plan = model_shape(probe), parallel_plan(probe)
-    config = transformer_config(shape, plan, 0, BuildOptions())
+    shape, plan, fake = model_shape(probe), parallel_plan(probe), setup.fake
+    config = transformer_config(shape, plan, 0, BuildOptions(), setup.kernels)
     first, last = probe.kind in ("first", "only"), probe.kind in ("last", "only")
     with _default_dtype(config.params_dtype if fake else None):
-        gpt = build_gpt(shape, plan, config, impl, probe.layers, first, last, None)
+        gpt = build_gpt(shape, plan, config, setup.kernels, probe.layers, first, last, None)
     run = RunOptions(train_iters=2)
     with _no_dtype_casts(fake):
         model = wrap_model([gpt], shape, plan, run, check_for_nan_in_grad=not fake)
@@ -194,15 +201,26 @@ def build(probe: Probe, impl: str, fake: bool = False) -> _Chunk:
         model, shape, plan, OptimOptions(), run.train_iters, use_gloo_process_groups=False
     )
     config = set_schedule_hooks(model, optimizer, run)
-    return _Chunk(model[0], optimizer, config, shape, plan, first, last)
+    device = setup.tensor_device
+    return _Chunk(model[0], optimizer, config, shape, plan, first, last, device, setup.kernels)
 
 
 def _forward(chunk: _Chunk, input_tensor):
     from megatron.core.pipeline_parallel import schedules
 
-    batch = iter([_batch(chunk.shape, chunk.plan.micro_batch_size)])
+    b, step = chunk.plan.micro_batch_size, forward_step
+    if chunk.kernels is None:
+        batch = iter([_batch(chunk.shape, b, chunk.device)])
+    else:  # a GPU run: what Megatron-LM's pretrain_gpt hands each stage
+        from capture_megatron.megatron.gpu.batch import megatron_lm_batch, megatron_lm_forward_step
+
+        mask = chunk.kernels.create_attention_mask_in_dataloader
+        batch = iter(
+            [megatron_lm_batch(chunk.shape, b, chunk.first, chunk.last, mask, chunk.device)]
+        )
+        step = megatron_lm_forward_step
     output, _ = schedules.forward_step(
-        forward_step,
+        step,
         batch,
         chunk.model,
         1,
@@ -256,7 +274,8 @@ def iteration(
 
     chunk.model.zero_grad_buffer()
     chunk.optimizer.zero_grad()
-    input_tensor = None if chunk.first else _hidden(chunk.shape, chunk.plan).requires_grad_()
+    hidden = None if chunk.first else _hidden(chunk.shape, chunk.plan, chunk.device)
+    input_tensor = None if hidden is None else hidden.requires_grad_()
     out = {"input_bytes": 0 if input_tensor is None else input_tensor.nbytes}
     windows = _Windows(meter, timelines)
     start = meter.current()
@@ -294,18 +313,11 @@ def iteration(
     return out, tuple(windows.lines)
 
 
-def measure(
-    probe: Probe,
-    meter,
-    device: str,
-    impl: str,
-    versions: tuple[str, str, str],
-    timelines: bool = False,
-) -> ProfileRecord:
+def measure(probe: Probe, meter, setup: Setup, timelines: bool = False) -> ProfileRecord:
     """Build and run the probe (two iterations) and return what the second one measured (with the
-    windows' allocation timelines when `timelines`, on cpu and fake devices)."""
-    fake = device == "fake"
-    chunk = build(probe, impl, fake)
+    windows' allocation timelines when `timelines`, not on cuda)."""
+    fake = setup.fake
+    chunk = build(probe, setup)
     iteration(chunk, meter, fake)
     got, lines = iteration(chunk, meter, fake, timelines)
     param_bytes, grad_bytes, optimizer_bytes = _static_bytes(chunk.model, chunk.optimizer)
@@ -318,9 +330,9 @@ def measure(
         ).optimizer
     numels = tuple(p.numel() for p in chunk.model.parameters())
     record = ProfileRecord(
-        device=device,
-        transformer_impl=impl,
-        versions=versions,
+        device=setup.device,
+        kernels=setup.kernel_set,
+        versions=setup.versions,
         variant=probe.variant,
         shape=probe.shape,
         kind=probe.kind,
@@ -340,6 +352,7 @@ def measure(
         residual_bytes=got["residual_bytes"],
         step_peak=got["step_peak"],
         buffers=_buffers(),
+        workspace_bytes=setup.kernels.workspace_bytes() if setup.kernels is not None else 0,
         timelines=lines,
     )
     del chunk

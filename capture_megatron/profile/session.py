@@ -1,14 +1,18 @@
 """Run many probes in one process: device set-up, meters, progress bar.
 
 Devices:
-- cpu:  real tensors on the host; exact live-storage accounting (capture_megatron.memory).
-- fake: FakeTensorMode on the host: no data, no compute, so a 70B-class layer profiles on a laptop.
-        Fake tensors follow the kernels of the device they fake — here the CPU's (dropout keeps a
-        mask in the activation dtype, softmax keeps fp32 copies): fake numbers equal cpu numbers
-        exactly, not a GPU's. The optimizer step reads gradient norms and cannot run on fake
-        tensors, so its transient is not measured (optimizer state is computed from the parameters
-        instead).
-- cuda: the caching allocator's statistics (max_memory_allocated, reset between probes).
+- cpu:       real tensors on the host; exact live-storage accounting (capture_megatron.memory).
+- fake-cpu:  FakeTensorMode on the host: no data, no compute, so a 70B-class layer profiles on a
+             laptop. Fake tensors follow the kernels of the device they fake — the CPU's (dropout
+             keeps a mask in the activation dtype, softmax keeps fp32 copies): its numbers equal
+             cpu numbers exactly, not a GPU's.
+- fake-cuda: FakeTensorMode on fake CUDA tensors (capture_megatron.profile.fake_cuda), in a worker
+             process: CUDA's dispatch (1-byte dropout masks, fp32 norm statistics) and the GPU
+             kernel set (capture_megatron.megatron.gpu: flash / cuDNN-fused / unfused attention,
+             the fused softmax, fused RoPE, Megatron's fused bias-activation and bias-dropout).
+- cuda:      the caching allocator's statistics (max_memory_allocated, reset between probes).
+On the fake devices the optimizer step reads gradient norms and cannot run, so its transient is
+not measured (optimizer state is computed from the parameters instead).
 """
 
 from __future__ import annotations
@@ -18,16 +22,23 @@ import warnings
 from dataclasses import dataclass
 
 from capture_megatron import __version__
-from capture_megatron.config import ModelShape
+from capture_megatron.config import Kernels, ModelShape
+from capture_megatron.config.kernels import kernel_set
 from capture_megatron.errors import CaptureError
 from capture_megatron.profile.design import model_probes
-from capture_megatron.profile.options import DEVICES, ProfileOptions
+from capture_megatron.profile.options import FAKE_DEVICES, ProfileOptions, device_name
 from capture_megatron.records import Probe, ProfileRecord, Variant
 
 DEPRECATED_COLLECTIVES = (
     r"`torch\.distributed\.(reduce_scatter_tensor|all_gather_into_tensor)` is deprecated"
 )
 """torch's warning on the collective names megatron-core 0.16.1 still calls."""
+PROBE_IRRELEVANT = (
+    r"(Transformer Engine and )?Apex (is|are) not installed",
+    r"full scope is deprecated",
+)
+"""megatron-core's import-time warnings about the machine that profiles (missing apex / TE, a
+deprecated default of its own config): they say nothing about the run being predicted."""
 
 
 @dataclass(frozen=True)
@@ -35,11 +46,23 @@ class Setup:
     """What a profiling session measures with."""
 
     device: str
-    """cpu, cuda or fake."""
-    impl: str
-    """local or transformer_engine (resolved)."""
+    """cpu, fake-cpu, fake-cuda or cuda."""
+    kernels: Kernels | None
+    """The GPU kernels the probes are built with (None: the local spec on CPU kernels)."""
+    kernel_set: str
+    """Its name (capture_megatron.config.kernels.kernel_set), recorded with every probe."""
     versions: tuple[str, str, str]
     """(capture-megatron, torch, megatron-core)."""
+
+    @property
+    def fake(self) -> bool:
+        """Whether probes run under FakeTensorMode."""
+        return self.device in FAKE_DEVICES
+
+    @property
+    def tensor_device(self) -> str:
+        """Where the probes' own tensors (batch, received activations) live."""
+        return "cuda" if self.device in ("cuda", "fake-cuda") else "cpu"
 
 
 def versions() -> tuple[str, str, str]:
@@ -50,86 +73,116 @@ def versions() -> tuple[str, str, str]:
     return (__version__, torch.__version__, megatron.core.__version__)
 
 
-def check_device(device: str) -> None:
-    """CaptureError for an unknown or unusable device."""
-    import torch
+def check_device(device: str) -> str:
+    """The device's canonical name; CaptureError for an unknown or unusable device."""
+    name = device_name(device)
+    if name == "cuda":
+        import torch
 
-    if device not in DEVICES:
-        raise CaptureError(f"--device {device!r} is not one of {', '.join(DEVICES)}")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise CaptureError(
-            "--device cuda: this machine has no usable CUDA device; use --device cpu or fake"
-        )
+        if not torch.cuda.is_available():
+            raise CaptureError(
+                "--device cuda: this machine has no usable CUDA device; use --device fake-cuda "
+                "(the GPU kernels on fake CUDA tensors) or cpu"
+            )
+    return name
+
+
+def _setup(device: str, kernels: Kernels) -> Setup:
+    from capture_megatron.megatron.builder import resolve_impl
+
+    if device in ("cpu", "fake-cpu"):
+        return Setup(device, None, kernel_set(device, kernels), versions())
+    gpu = kernels.for_gpu()
+    if device == "cuda":
+        import dataclasses
+
+        gpu = dataclasses.replace(gpu, transformer_impl=resolve_impl(kernels.transformer_impl))
+    return Setup(device, gpu, kernel_set(device, gpu), versions())
 
 
 @contextlib.contextmanager
-def measuring(device: str, impl: str = "auto"):
+def measuring(device: str, kernels: Kernels = Kernels()):
     """Yield (Setup, meter) with the device's patches, modes and meter active."""
-    import torch
-
     from capture_megatron.megatron import cpu_compat
-    from capture_megatron.megatron.builder import resolve_impl
     from capture_megatron.memory.meter import make_meter
 
-    check_device(device)
-    if device != "cuda":
+    device = check_device(device)
+    if device == "fake-cuda":
+        from capture_megatron.profile import fake_cuda
+
+        if not fake_cuda.loaded():
+            raise CaptureError("fake-cuda probes run in the worker process (profile.worker)")
+        cpu_compat.apply_fake_cuda()
+    elif device != "cuda":
         cpu_compat.apply("cpu")
-    resolved = resolve_impl(impl) if device == "cuda" else "local"
-    setup = Setup(device, resolved, versions())
-    if device != "fake":
+    setup = _setup(device, kernels)
+    if not setup.fake:
         yield setup, make_meter(device)
         return
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     with FakeTensorMode(allow_non_fake_inputs=True):
-        meter = make_meter("fake")
+        meter = make_meter(device)
         try:
             yield setup, meter
         finally:
             getattr(meter, "stop", lambda: None)()
-    del torch
 
 
 def run_probes(
     probes: list[Probe],
     device: str,
-    impl: str = "auto",
+    kernels: Kernels = Kernels(),
     progress: bool = True,
     timelines: bool = False,
 ) -> list[ProfileRecord]:
-    """Measure every probe (tqdm progress bar) and return the records; with `timelines` (cpu, fake)
-    each record carries its windows' allocation timelines, from which fit() builds exact
-    transient-peak models."""
+    """Measure every probe (tqdm progress bar) and return the records; with `timelines` (not on
+    cuda) each record carries its windows' allocation timelines, from which fit() builds exact
+    transient-peak models. fake-cuda probes run in a worker process (profile.worker)."""
+    device = device_name(device)
+    if device == "fake-cuda":
+        from capture_megatron.profile import fake_cuda
+
+        if not fake_cuda.loaded():
+            from capture_megatron.profile.remote import run_in_worker
+
+            return run_in_worker(probes, kernels, progress, timelines)
+    records: list[ProfileRecord] = []
+    with warnings.catch_warnings():
+        # megatron-core 0.16.1 calls torch's deprecated collective names; nothing a user can act on
+        warnings.filterwarnings("ignore", DEPRECATED_COLLECTIVES, FutureWarning)
+        for message in PROBE_IRRELEVANT:
+            warnings.filterwarnings("ignore", message, UserWarning)
+        with measuring(device, kernels) as (setup, meter):
+            records += _run(probes, meter, setup, progress, timelines)
+    return records
+
+
+def _run(probes: list[Probe], meter, setup: Setup, progress: bool, timelines: bool):
     from tqdm import tqdm
 
+    for probe in tqdm(
+        probes,
+        desc=f"profiling ({setup.device})",
+        unit="probe",
+        disable=not progress,
+        dynamic_ncols=True,
+    ):
+        yield _measure(probe, meter, setup, timelines)
+
+
+def _measure(probe: Probe, meter, setup: Setup, timelines: bool) -> ProfileRecord:
     from capture_megatron.profile.groups import fake_job
     from capture_megatron.profile.probe import measure
 
-    records = []
-    with measuring(device, impl) as (setup, meter), warnings.catch_warnings():
-        # megatron-core 0.16.1 calls torch's deprecated collective names; nothing a user can act on
-        warnings.filterwarnings("ignore", DEPRECATED_COLLECTIVES, FutureWarning)
-        for probe in tqdm(
-            probes,
-            desc=f"profiling ({device})",
-            unit="probe",
-            disable=not progress,
-            dynamic_ncols=True,
-        ):
-            with fake_job(probe.shape.tp, probe.dp):
-                try:
-                    records.append(
-                        measure(probe, meter, setup.device, setup.impl, setup.versions, timelines)
-                    )
-                except (
-                    AssertionError,
-                    ValueError,
-                ) as err:  # megatron's own validation of the shape
-                    raise CaptureError(
-                        f"megatron-core rejects the probe {probe.kind} chunk with {probe.layers} "
-                        f"layers at {probe.shape}: {err}"
-                    ) from None
-    return records
+    with fake_job(probe.shape.tp, probe.dp):
+        try:
+            return measure(probe, meter, setup, timelines)
+        except (AssertionError, ValueError) as err:  # megatron's own validation of the shape
+            raise CaptureError(
+                f"megatron-core rejects the probe {probe.kind} chunk with {probe.layers} "
+                f"layers at {probe.shape}: {err}"
+            ) from None
 
 
 def profile(
@@ -138,7 +191,7 @@ def profile(
     """Profile `shape`: its own sizes at the options' TP and micro-batch sizes (exact anchors later)
     and, unless options.design is off, the design shapes every regression term needs, for each
     variant; CaptureError when no probe fits."""
-    check_device(options.device)
+    device = device_name(options.device)
     variants = list(options.variants) or [Variant.of(shape)]
     tps, mbs = list(options.tps), list(options.micro_batch_sizes)
     probes = model_probes(shape, variants, tps, mbs, design=options.design)
@@ -147,7 +200,5 @@ def profile(
             f"no probe fits: TP sizes {tps} do not divide heads {shape.num_attention_heads} / "
             f"groups {shape.groups} / ffn {shape.ffn} (or SP needs TP > 1)"
         )
-    timelines = options.timelines and options.device != "cuda"
-    return tuple(
-        run_probes(probes, options.device, options.transformer_impl, options.progress, timelines)
-    )
+    timelines = options.timelines and device != "cuda"
+    return tuple(run_probes(probes, device, options.kernels, options.progress, timelines))

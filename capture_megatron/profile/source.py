@@ -11,27 +11,30 @@ from __future__ import annotations
 import os
 
 from capture_megatron.cache import records_path
-from capture_megatron.config import ModelShape
+from capture_megatron.config import Kernels, ModelShape
+from capture_megatron.config.kernels import kernel_set
 from capture_megatron.errors import CaptureError
 from capture_megatron.fit import MemoryModel, ModelSource, Needs, fit
+from capture_megatron.profile.options import device_name
 from capture_megatron.records import read_records, write_records
 
 
 def default_device(requested: str = "") -> str:
-    """The device to profile on: `requested`, else cuda when usable, else fake (which reproduces
-    the host's kernels exactly)."""
+    """The device to profile on: `requested` (its canonical name), else cuda when usable, else
+    fake-cuda (the GPU kernel set on fake CUDA tensors: what GPU clusters run)."""
     if requested:
-        return requested
+        return device_name(requested)
     import torch
 
-    return "cuda" if torch.cuda.is_available() else "fake"
+    return "cuda" if torch.cuda.is_available() else "fake-cuda"
 
 
 def profiled_model(
-    shape: ModelShape, device: str, needs: Needs, progress: bool = True
+    shape: ModelShape, device: str, kernels: Kernels, needs: Needs, progress: bool = True
 ) -> MemoryModel:
-    """A memory model holding anchors for every (variant, probe shape) in `needs`."""
-    path = records_path(shape, device)
+    """A memory model of `kernels` on `device` holding anchors for every (variant, probe shape)
+    in `needs`."""
+    path = records_path(shape, device, kernel_set(device, kernels))
     records = read_records(path) if os.path.exists(path) else []
     have = {(r.variant, r.shape) for r in records}
     missing = sorted(((v, s) for v, s in needs if (v, s) not in have), key=str)
@@ -41,11 +44,12 @@ def profiled_model(
 
         probes = [p for v, s in missing for p in probes_for(v, [s])]
         print(
-            f"profiling {len(probes)} probes on {device} for {len(missing)} new (variant, size) "
+            f"profiling {len(probes)} probes on {device} ({kernel_set(device, kernels)}) for "
+            f"{len(missing)} new (variant, size) "
             f"pairs (cached in {path})",
             flush=True,
         )
-        records += run_probes(probes, device, progress=progress)
+        records += run_probes(probes, device, kernels, progress=progress)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         write_records(records, path + ".tmp")
         os.replace(path + ".tmp", path)
@@ -54,12 +58,14 @@ def profiled_model(
     return fit(records)
 
 
-def memory_source(shape: ModelShape, device: str = "", progress: bool = True) -> ModelSource:
-    """The ModelSource for plan(): profile `shape` on `device` (default_device) on demand,
-    cached."""
+def memory_source(
+    shape: ModelShape, device: str = "", progress: bool = True, kernels: Kernels = Kernels()
+) -> ModelSource:
+    """The ModelSource for plan(): profile `shape` with `kernels` on `device` (default_device) on
+    demand, cached."""
     resolved = default_device(device)
 
     def source(needs: Needs) -> MemoryModel:
-        return profiled_model(shape, resolved, needs, progress)
+        return profiled_model(shape, resolved, kernels, needs, progress)
 
     return source

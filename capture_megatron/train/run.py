@@ -149,7 +149,7 @@ def run_training(cfg: TrainConfig, env: DistEnv) -> MemoryReport:
     report."""
     from megatron.core import parallel_state as ps
 
-    from capture_megatron.megatron.builder import resolve_impl
+    from capture_megatron.megatron.builder import gpu_kernels, resolve_impl
     from capture_megatron.memory.meter import make_meter
     from capture_megatron.train.checkpoint import load_checkpoint
     from capture_megatron.train.loop import run_iterations
@@ -160,10 +160,11 @@ def run_training(cfg: TrainConfig, env: DistEnv) -> MemoryReport:
     cpu_compat.apply("cpu")
     meter = make_meter(device)
     impl = resolve_impl(cfg.kernels.transformer_impl)
+    kernels = gpu_kernels(cfg.kernels, impl) if device == "cuda" else None
     if is_logging_rank():
         print(describe(cfg, env) + f" | {impl} spec on {device}", flush=True)
     init_parallel_state(cfg.plan, cfg.run.seed)
-    trainer = build_trainer(cfg.shape, cfg.plan, cfg.optim, cfg.run, cfg.build, impl)
+    trainer = build_trainer(cfg.shape, cfg.plan, cfg.optim, cfg.run, cfg.build, kernels)
     loaded = cfg.checkpoint.load
     start, consumed = load_checkpoint(cfg.checkpoint, trainer, cfg.plan) if loaded else (0, 0)
     iterators = _iterators(cfg, consumed)

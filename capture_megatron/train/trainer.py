@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from capture_megatron.config import ModelShape, ParallelPlan
+from capture_megatron.config import Kernels, ModelShape, ParallelPlan
 from capture_megatron.config.training import BuildOptions, OptimOptions, RunOptions
 from capture_megatron.megatron.builder import build_chunks
 from capture_megatron.megatron.training import make_optimizer, set_schedule_hooks, wrap_model
@@ -57,10 +57,10 @@ def build_trainer(
     optim: OptimOptions,
     run: RunOptions,
     build: BuildOptions,
-    impl: str,
+    kernels: Kernels | None,
 ) -> Trainer:
     """Everything a rank needs to run train steps (parallel state must be initialised)."""
-    chunks = build_chunks(shape, plan, build, impl=impl, seed=run.seed)
+    chunks = build_chunks(shape, plan, build, kernels=kernels, seed=run.seed)
     model = wrap_model(chunks, shape, plan, run)
     optimizer, scheduler = make_optimizer(model, shape, plan, optim, run.train_iters)
     config = set_schedule_hooks(model, optimizer, run)

@@ -77,7 +77,7 @@ def test_train(name, tmp_path):
 @pytest.mark.parametrize(
     "argv, message",
     [
-        ("--device tpu", "--device 'tpu' is not one of cpu, cuda, fake"),
+        ("--device tpu", "--device 'tpu' is not one of cpu, fake-cpu, fake-cuda, cuda"),
         ("--device cuda", "no usable CUDA device"),
         ("--hidden-size 66", "hidden 66 not divisible by heads 4"),
     ],

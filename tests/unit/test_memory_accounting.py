@@ -44,6 +44,7 @@ def test_megatron_layer_forward_equals_saved_tensors_plus_output():
     from capture_megatron.megatron import cpu_compat
     from capture_megatron.profile.groups import fake_job
     from capture_megatron.profile.probe import _hidden, build
+    from capture_megatron.profile.session import Setup
     from capture_megatron.records import Probe, ProbeShape, Variant
 
     cpu_compat.apply("cpu")
@@ -60,14 +61,15 @@ def test_megatron_layer_forward_equals_saved_tensors_plus_output():
     )
     with LiveTensorTracker() as tracker, fake_job(1, 1):
         chunk = build(
-            Probe(variant, ProbeShape(2, 32, 64, 4, 2, 16, 128, 128, 1), "middle", 1), "local"
+            Probe(variant, ProbeShape(2, 32, 64, 4, 2, 16, 128, 128, 1), "middle", 1),
+            Setup("cpu", None, "cpu", ("", "", "")),
         )
         layer = chunk.model.module.decoder.layers[0]
         out = x = None
         for _ in range(2):  # the second pass: cached masks / RoPE tables already exist
             del out, x  # drop the first pass's graph before measuring the second
             gc.collect()
-            x = _hidden(chunk.shape, chunk.plan).requires_grad_()
+            x = _hidden(chunk.shape, chunk.plan, "cpu").requires_grad_()
             saved = {}
             params = {p.untyped_storage()._cdata for p in chunk.model.parameters()} | {
                 x.untyped_storage()._cdata

@@ -125,7 +125,7 @@ def test_installed_wheel_runs_help_plan_and_launch(venv, tmp_path):
         env=env,
     )
     plan = json.loads(plan_json.read_text())
-    assert plan["plan"]["pp"] == 2 and plan["memory_model"]["device"] == "fake"
+    assert plan["plan"]["pp"] == 2 and plan["memory_model"]["device"] == "fake-cuda"
     assert (tmp_path / "plan.png").stat().st_size > 0
     job = tmp_path / "job.sh"
     run(

@@ -1,0 +1,42 @@
+"""The fake-cuda worker process: `python -m capture_megatron.profile.worker JOB.json OUT.jsonl`
+(started by capture_megatron.profile.remote.run_in_worker).
+
+Loads the fake CUDA shim before torch, runs the job's probes on the fake-cuda device and writes
+the records; a CaptureError is written to OUT.jsonl.error for the parent to raise.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from capture_megatron.config import Kernels
+from capture_megatron.errors import CaptureError
+from capture_megatron.records import Probe, write_records
+from capture_megatron.serial import from_plain
+
+
+def main(argv: list[str]) -> int:
+    """Worker entry point: JOB.json OUT.jsonl."""
+    job_path, out = argv
+    try:
+        from capture_megatron.profile import fake_cuda
+
+        fake_cuda.load()
+        from capture_megatron.profile.session import run_probes
+
+        with open(job_path) as f:
+            job = json.load(f)
+        probes = [from_plain(Probe, p) for p in job["probes"]]
+        kernels = from_plain(Kernels, job["kernels"])
+        records = run_probes(probes, "fake-cuda", kernels, job["progress"], job["timelines"])
+    except CaptureError as err:
+        with open(out + ".error", "w") as f:
+            f.write(str(err))
+        return 2
+    write_records(records, out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
