@@ -23,8 +23,9 @@ from capture_megatron.config import GIB, Cluster
 from capture_megatron.config.presets import preset as preset_shape
 from capture_megatron.plan.baselines import baselines_for
 from capture_megatron.plan.costmodel import Hardware
+from capture_megatron.plan.margins import Margins
 from capture_megatron.plan.planner import needs_of
-from capture_megatron.plan.search import Margins, Space, balanced, candidates, evaluate_plan
+from capture_megatron.plan.search import Space, balanced, candidates, evaluate_plan
 from capture_megatron.profile.source import profiled_model
 from capture_megatron.records import read_records
 
@@ -51,7 +52,7 @@ APPROACHES = ("capture", "uniform", "megatron-first-last", "deepspeed-parameters
 GBS = 1024
 
 
-MARGINS = Margins(reserve_fraction=0.08, context_bytes=2 * GIB)
+MARGINS = Margins()
 """CUDA margins: the planner's defaults."""
 
 

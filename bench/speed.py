@@ -19,9 +19,10 @@ import time
 
 from capture_megatron.config import GIB, Cluster
 from capture_megatron.config.presets import preset
+from capture_megatron.plan.margins import Margins
 from capture_megatron.plan.partition import min_max_partition
 from capture_megatron.plan.planner import needs_of
-from capture_megatron.plan.search import Margins, Space, candidates, search
+from capture_megatron.plan.search import Space, candidates, search
 from capture_megatron.profile.source import profiled_model
 
 GBS = 1536
@@ -83,7 +84,7 @@ def main() -> None:
     t0 = time.perf_counter()
     model = profiled_model(shape, "fake", needs, progress=True)
     first_profile = time.perf_counter() - t0
-    margins = Margins(reserve_fraction=0.08, context_bytes=2 * GIB)
+    margins = Margins()
     out = {
         "partition_1000_layers_64_stages_s": median_seconds(partition_1000_over_64, ns.repeats),
         "candidates_175b_1024": len(plans),

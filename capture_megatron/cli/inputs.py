@@ -35,12 +35,17 @@ def add_cluster_flags(p: argparse.ArgumentParser) -> None:
     """The model source, the cluster, the memory model and the outputs."""
     g = p.add_argument_group("model source, cluster and outputs")
     g.add_argument("--preset", help=f"model shape by name: {', '.join(presets.PRESETS)}")
-    g.add_argument("--hf-config", help="a Hugging Face config.json (Llama, Mistral, Qwen2 style)")
+    g.add_argument("--hf-config", help="a Hugging Face config.json (Llama / Mistral style)")
     g.add_argument("--gpus", type=int, help="processes/GPUs available (required)")
     g.add_argument(
         "--gpu-memory-gib",
         type=float,
-        help="usable memory per GPU (default with --device cpu: this host's)",
+        help=(
+            "usable memory per GPU: what one process may take of the card (e.g. 80 for an "
+            "80 GiB H100 that runs nothing else); a plan fits when its forecast plus the "
+            "allocator reserve (--reserve-fraction) and the memory outside the allocator "
+            "(--context-gib) is at most this (default with --device cpu: this host's)"
+        ),
     )
     g.add_argument(
         "--gpus-per-node", type=int, default=8, help="tensor parallelism stays inside a node"

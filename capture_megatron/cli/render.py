@@ -4,6 +4,7 @@ measured per rank (verify), and the fit-quality table."""
 from __future__ import annotations
 
 from capture_megatron.config import GIB
+from capture_megatron.config.kernels import VALIDATION
 from capture_megatron.fit import MemoryModel
 from capture_megatron.fit.quality import quality_rows
 from capture_megatron.plan import PlanResult
@@ -28,6 +29,7 @@ def print_plan(result: PlanResult) -> None:
         f"{shape.hidden_size} on {cluster.gpus} GPUs of {cluster.gpu_memory_bytes / GIB:g} GiB "
         f"(memory model: {result.origin.device}, kernels {result.origin.kernels})"
     )
+    print(f"  validated: {VALIDATION.get(result.origin.device, 'not validated')}")
     print(
         f"  {'TP':>3} {'PP':>3} {'DP':>4} {'VPP':>3} {'mbs':>3} {'recompute':>9} {'SP':>3} "
         f"{'DO':>3} {'peak ' + uname:>9} {'need ' + uname:>9} {'fits':>4} {'step s':>8}  layout"

@@ -159,3 +159,15 @@ def kernel_set(device: str, kernels: Kernels) -> str:
     if device in ("cpu", "fake-cpu"):
         return CPU_KERNELS
     return "gpu:" + kernels.for_gpu().key()
+
+
+VALIDATION = {
+    "cpu": "CPU kernels, measured exactly; checked against CPU training runs under torchrun "
+    "(tests/dist: every rank within 2%)",
+    "fake-cpu": "CPU kernels on fake tensors; equal to CPU measurements (tests/unit)",
+    "fake-cuda": "GPU kernel set (Transformer Engine / fused CUDA kernels emulated, "
+    "docs/MEMORY_MODEL.md) on a fake CUDA device; checked against Megatron-LM's own "
+    "functional tests measured on 8 x H100 (docs/BENCHMARKS.md, conformance)",
+    "cuda": "measured on this machine's GPU",
+}
+"""How a memory model profiled on each device was validated (named in every plan's output)."""

@@ -115,16 +115,21 @@ def _vpp(flags: ParallelFlags, num_layers: int, pp: int) -> int:
     return num_layers // (pp * per)
 
 
+def refuse_context_parallel(cp: int | None) -> None:
+    """CaptureError for a context-parallel size other than 1 (not modelled yet)."""
+    if cp not in (None, 1):
+        raise CaptureError(
+            f"--context-parallel-size {cp}: context parallelism (CP > 1) changes memory in a way "
+            "capture-megatron does not model yet; give --context-parallel-size 1 or leave it out"
+        )
+
+
 def parallel_plan(flags: ParallelFlags, shape: ModelShape, world_size: int) -> ParallelPlan:
     """ParallelPlan of a training run on `world_size` processes (unset sizes default to 1)."""
     tp = flags.tensor_model_parallel_size or 1
     pp = flags.pipeline_model_parallel_size or 1
     cp = flags.context_parallel_size or 1
-    if cp != 1:
-        raise CaptureError(
-            f"--context-parallel-size {cp}: context parallelism (CP > 1) changes memory in a way "
-            "capture-megatron does not model yet; give --context-parallel-size 1 or leave it out"
-        )
+    refuse_context_parallel(cp)
     problems = []
     if tp >= 1 and (shape.num_attention_heads % tp or shape.groups % tp):
         problems.append(

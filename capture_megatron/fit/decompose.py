@@ -79,6 +79,7 @@ def _kind_constants(
         fwd1=one.forward_peak,
         bwd1=one.backward_peak,
         step1=one.step_peak,
+        buffers1=sum(b.nbytes for b in one.buffers),
     )
     numels: tuple[int, ...] = ()
     if kind in END_KINDS:
@@ -88,6 +89,7 @@ def _kind_constants(
             fwd0=zero.forward_peak,
             bwd0=zero.backward_peak,
             step0=zero.step_peak,
+            buffers0=sum(b.nbytes for b in zero.buffers),
         )
         numels = zero.param_numels
     if full:
@@ -125,7 +127,11 @@ def _chunk_model(kind: str, anchors: list[ShapeConstants]) -> ChunkModel:
     for f in dataclasses.fields(KindConstants):
         if f.name in ("kind", "end_numels") or getattr(rows[0], f.name) is None:
             continue
-        term_set = "step" if f.name.startswith("step") else "activation"
+        term_set = (
+            "step"
+            if f.name.startswith("step")
+            else ("buffer" if f.name.startswith("buffers") else "activation")
+        )
         fields.append((f.name, regress(term_set, zs, [getattr(r, f.name) for r in rows])))
     n_ends = len(rows[0].end_numels)
     ends = tuple(regress("parameter", zs, [r.end_numels[i] for r in rows]) for i in range(n_ends))
@@ -171,7 +177,7 @@ def fit_variant(records: list[ProfileRecord]) -> VariantModel:
             regress("parameter", zs, [n[i] for n in numels]) for i in range(len(numels[0]))
         ),
         chunks=tuple(_chunk_model(k, anchors) for k in KINDS),
-        buffers=regress("activation", zs, [a.buffers for a in anchors]),
+        buffers=regress("buffer", zs, [a.buffers for a in anchors]),
         ranges=_ranges(anchors),
         layer_saved_rc_next=_regress_all(zs, [a.layer_saved_rc_next for a in anchors])
         if full

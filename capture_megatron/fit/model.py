@@ -54,6 +54,10 @@ class KindConstants(JsonMixin):
     """Backward peak with two layers, the first recomputed."""
     end_numels: tuple[int, ...] = ()
     """Element counts of the end parameters (embedding, or final norm + output layer)."""
+    buffers1: float = 0.0
+    """Persistent buffers (Megatron's global buffers, TE's dummy wgrads) with one layer."""
+    buffers0: float | None = None
+    """Persistent buffers without layers."""
 
     def need(self, name: str) -> float:
         """A constant that only some probes give (saved0, fwdrc, ...); CaptureError when absent."""

@@ -84,7 +84,19 @@ STEP_TERMS = {
 """Terms for the optimizer step's temporaries (per-tensor Adam on CPU scales with the largest
 tensors)."""
 
-TERM_SETS = {"activation": ACTIVATION_TERMS, "parameter": PARAMETER_TERMS, "step": STEP_TERMS}
+BUFFER_TERMS = {
+    **ACTIVATION_TERMS,
+    **{k: v for k, v in PARAMETER_TERMS.items() if k not in ACTIVATION_TERMS},
+}
+"""Terms for persistent buffers: Megatron's global buffers (activation-sized: attention scores,
+sequence-parallel gathers) and TE's dummy weight gradients (parameter-sized)."""
+
+TERM_SETS = {
+    "activation": ACTIVATION_TERMS,
+    "parameter": PARAMETER_TERMS,
+    "step": STEP_TERMS,
+    "buffer": BUFFER_TERMS,
+}
 
 TRANSIENT_TERMS = {
     **ACTIVATION_TERMS,

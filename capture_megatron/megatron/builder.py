@@ -60,6 +60,7 @@ def kernel_fields(shape: ModelShape, kernels: Kernels | None) -> dict:
             "bias_activation_fusion": False,
             "bias_dropout_fusion": False,
             "apply_rope_fusion": False,
+            "gradient_accumulation_fusion": False,
         }
     rope = shape.position_embedding_type == "rope"
     activation = (
@@ -77,6 +78,7 @@ def kernel_fields(shape: ModelShape, kernels: Kernels | None) -> dict:
         "cross_entropy_loss_fusion": kernels.cross_entropy_loss_fusion,
         "cross_entropy_fusion_impl": kernels.cross_entropy_fusion_impl,
         "deterministic_mode": kernels.deterministic_mode,
+        "gradient_accumulation_fusion": kernels.gradient_accumulation_fusion,
     }
 
 
@@ -148,7 +150,6 @@ def transformer_config(
         # overwrites the values with the partition-independent ones.
         perform_initialization=True,
         use_cpu_initialization=False,
-        gradient_accumulation_fusion=False,
         persist_layer_norm=False,
         batch_p2p_comm=False,
         deallocate_pipeline_outputs=True,
@@ -170,23 +171,21 @@ def layer_spec(shape: ModelShape, kernels: Kernels | None):
     """The ModuleSpec of one transformer layer for the kernels.
 
     The local spec's norms are replaced by LocalNorm (same torch modules, but usable with SP); on
-    the fake-cuda device its core attention is the GPU kernel module of the attention backend.
+    the fake-cuda device the GPU kernel set's modules replace what TE would build
+    (capture_megatron.megatron.gpu.spec).
     """
     from megatron.core.models.gpt import gpt_layer_specs as specs
 
     if real_te(kernels):
         return specs.get_gpt_layer_with_transformer_engine_spec(normalization=shape.normalization)
     spec = specs.get_gpt_layer_local_spec(normalization=shape.normalization)
-    norm = _norm(kernels)
-    layer = dataclasses.replace(spec.submodules, input_layernorm=norm, pre_mlp_layernorm=norm)
     if kernels is not None and cpu_compat.active_device() == "fake-cuda":
-        from capture_megatron.megatron.gpu.select import core_attention
+        from capture_megatron.megatron.gpu.spec import gpu_layer_spec
 
-        attn = layer.self_attention
-        inner = dataclasses.replace(attn.submodules, core_attention=core_attention(kernels))
-        layer = dataclasses.replace(
-            layer, self_attention=dataclasses.replace(attn, submodules=inner)
-        )
+        return gpu_layer_spec(spec, kernels, LocalNorm)
+    layer = dataclasses.replace(
+        spec.submodules, input_layernorm=LocalNorm, pre_mlp_layernorm=LocalNorm
+    )
     return dataclasses.replace(spec, submodules=layer)
 
 
@@ -198,17 +197,12 @@ def block_spec(spec, kernels: Kernels | None, num_layers: int):
         from megatron.core.extensions.transformer_engine import TENorm
 
         return TransformerBlockSubmodules(layer_specs=[spec] * num_layers, layer_norm=TENorm)
-    return TransformerBlockSubmodules(layer_specs=[spec] * num_layers, layer_norm=_norm(kernels))
+    norm = LocalNorm
+    if kernels is not None and cpu_compat.active_device() == "fake-cuda":
+        from capture_megatron.megatron.gpu.spec import layer_norm
 
-
-def _norm(kernels: Kernels | None):
-    """The norm module: TE's fused norm for TE kernels on the fake-cuda device, else LocalNorm."""
-    te = kernels is not None and kernels.transformer_impl == "transformer_engine"
-    if te and cpu_compat.active_device() == "fake-cuda":
-        from capture_megatron.megatron.gpu.norm import TENorm
-
-        return TENorm
-    return LocalNorm
+        norm = layer_norm(kernels, LocalNorm)
+    return TransformerBlockSubmodules(layer_specs=[spec] * num_layers, layer_norm=norm)
 
 
 def build_gpt(

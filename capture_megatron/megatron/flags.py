@@ -36,7 +36,13 @@ T = TypeVar("T")
 
 
 class FlagParser(argparse.ArgumentParser):
-    """ArgumentParser whose errors are one-paragraph CaptureErrors (exit 2, no usage dump)."""
+    """ArgumentParser whose errors are one-paragraph CaptureErrors (exit 2, no usage dump). Like
+    Megatron-LM's parser it takes no abbreviations: `--num-layer` is a typo with a suggestion,
+    not a prefix of one of several flags."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         """argparse's error hook: raise instead of printing usage and exiting."""

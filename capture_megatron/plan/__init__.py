@@ -14,9 +14,10 @@ result holds the PlanResult and its JSON, planner ties them together.
 
 from capture_megatron.plan.baselines import Baseline
 from capture_megatron.plan.emit import model_args, plan_args
+from capture_megatron.plan.margins import Margins
 from capture_megatron.plan.planner import PlanOptions, plan
 from capture_megatron.plan.result import PlanFile, PlanResult, read_plan
-from capture_megatron.plan.search import OBJECTIVES, Evaluated, Margins, Space, space_from
+from capture_megatron.plan.search import OBJECTIVES, Evaluated, Space, space_from
 
 __all__ = [
     "OBJECTIVES",

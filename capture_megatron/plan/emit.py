@@ -6,7 +6,8 @@ objects."""
 
 from __future__ import annotations
 
-from capture_megatron.config import ModelShape, ParallelPlan
+from capture_megatron.config import Kernels, ModelShape, ParallelPlan
+from capture_megatron.config.fields import to_flags
 
 
 def plan_args(plan: ParallelPlan) -> list[str]:
@@ -104,3 +105,16 @@ def model_args(shape: ModelShape) -> list[str]:
     elif shape.dtype == "fp16":
         out.append("--fp16")
     return out
+
+
+def kernel_args(kernels: Kernels) -> list[str]:
+    """The layer implementation and attention backend, always named (the kernel set the forecast
+    assumed), and every other kernel setting that differs from Megatron-LM's default."""
+    named = ["--transformer-impl", kernels.transformer_impl]
+    named += ["--attention-backend", kernels.attention_backend]
+    rest = to_flags(kernels)
+    for flag in ("--transformer-impl", "--attention-backend"):
+        if flag in rest:
+            at = rest.index(flag)
+            del rest[at : at + 2]
+    return named + rest

@@ -125,17 +125,30 @@ def _balanced(caps: list[int], n: int) -> list[int]:
     return totals
 
 
-def min_max_partition(num_layers: int, pp: int, vpp: int, rank_peak: RankPeak) -> Partition:
-    """The split of `num_layers` minimising the largest rank peak (see the module docstring)."""
+def min_max_partition(
+    num_layers: int, pp: int, vpp: int, rank_peak: RankPeak, unit: int = 1
+) -> Partition:
+    """The split of `num_layers` minimising the largest rank peak (see the module docstring), every
+    chunk holding a multiple of `unit` layers (uniform recompute of `unit` layers at a time)."""
     require(
         [
             f"{name} {val} must be >= 1"
-            for name, val in (("layers", num_layers), ("pp", pp), ("vpp", vpp))
+            for name, val in (("layers", num_layers), ("pp", pp), ("vpp", vpp), ("unit", unit))
             if val < 1
         ]
-        + (["virtual stages need pp > 1"] if vpp > 1 and pp == 1 else []),
+        + (["virtual stages need pp > 1"] if vpp > 1 and pp == 1 else [])
+        + (
+            [f"{num_layers} layers cannot be split in groups of {unit} (uniform recompute)"]
+            if num_layers % unit
+            else []
+        ),
         "partition",
     )
+    if unit > 1:
+        part = min_max_partition(
+            num_layers // unit, pp, vpp, lambda r, c: rank_peak(r, tuple(unit * k for k in c))
+        )
+        return evaluate(tuple(unit * k for k in part.layers_per_stage), pp, vpp, rank_peak)
     ranks = _Ranks(pp, vpp, rank_peak, num_layers)
     cap = _bisect_cap(ranks, num_layers)
     caps = [ranks.capacity(r, cap * (1 + TIE)) for r in range(pp)]

@@ -18,6 +18,7 @@ from capture_megatron.errors import CaptureError
 from capture_megatron.fit import MemoryModel, ModelSource, Needs
 from capture_megatron.plan.baselines import baselines_for
 from capture_megatron.plan.costmodel import Hardware
+from capture_megatron.plan.margins import CONTEXT_GIB, RESERVE_FRACTION
 from capture_megatron.plan.result import ModelOrigin, PlanResult
 from capture_megatron.plan.search import (
     OBJECTIVES,
@@ -45,10 +46,15 @@ class PlanOptions:
     """What the search optimises."""
     top: int = flag("--top", 8)
     """Plans kept in the ranking (shown in the table)."""
-    reserve_fraction: float = flag("--reserve-fraction", 0.08, note="(calibrate with verify)")
-    """CUDA: the allocator's reserve above allocated, as a fraction."""
-    context_gib: float = flag("--context-gib", 2.0)
-    """CUDA: context + NCCL + workspaces per GPU, in GiB."""
+    reserve_fraction: float = flag(
+        "--reserve-fraction", RESERVE_FRACTION, note="(calibrate with verify --refit)"
+    )
+    """CUDA: the caching allocator's reserve above allocated, as a fraction of the peak (default:
+    the 1.9% measured on a dense Megatron run, rounded up; ../shared/GPU_FIDELITY.md section 8)."""
+    context_gib: float = flag("--context-gib", CONTEXT_GIB)
+    """CUDA: memory per process outside the allocator (CUDA context, NCCL), in GiB (default: the
+    3.9 GiB upper bound measured on a dense Megatron run; GPU_FIDELITY.md section 8). cuBLAS and
+    TE workspaces are allocator memory and are in the forecast itself."""
     mfu: float = flag("--mfu", 0.4)
     """Cost model: the fraction of peak FLOP/s the matmuls reach."""
     space: Space = Space()

@@ -11,11 +11,11 @@ from typing import Any
 
 from capture_megatron import __version__
 from capture_megatron.config import Cluster, Kernels, ModelShape, ParallelPlan, Recompute
-from capture_megatron.config.fields import to_flags
+from capture_megatron.config.kernels import VALIDATION
 from capture_megatron.config.layout import parse_layout
 from capture_megatron.errors import CaptureError
 from capture_megatron.plan.baselines import Baseline
-from capture_megatron.plan.emit import model_args, plan_args
+from capture_megatron.plan.emit import kernel_args, model_args, plan_args
 from capture_megatron.plan.search import Evaluated
 from capture_megatron.predict import StageMemory
 from capture_megatron.serial import from_plain, load_json, to_plain
@@ -79,7 +79,7 @@ class PlanResult:
             "plan": _plan_section(best.plan),
             "predicted_peak_bytes": list(best.rank_peaks),
             "breakdown": _breakdown(best.stages),
-            "megatron_args": plan_args(best.plan) + to_flags(self.kernels),
+            "megatron_args": plan_args(best.plan) + kernel_args(self.kernels),
             "model_args": model_args(self.shape),
             "model": to_plain(self.shape),
             "baselines": {b.name: _baseline_entry(b, best.peak) for b in self.baselines},
@@ -91,6 +91,7 @@ class PlanResult:
             "notes": list(self.notes),
             "estimated_step_seconds": best.step_seconds,
             "memory_model": to_plain(self.origin),
+            "validation": VALIDATION.get(self.origin.device, "not validated"),
         }
 
     def to_json(self) -> str:

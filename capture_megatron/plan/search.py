@@ -15,11 +15,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
-from capture_megatron.config import GIB, Cluster, ModelShape, ParallelFlags, ParallelPlan, Recompute
+from capture_megatron.config import Cluster, ModelShape, ParallelFlags, ParallelPlan, Recompute
 from capture_megatron.config.parallel import tp_fits
+from capture_megatron.config.resolve import refuse_context_parallel
 from capture_megatron.errors import CaptureError
 from capture_megatron.fit import MemoryModel
 from capture_megatron.plan.costmodel import Hardware, step_seconds
+from capture_megatron.plan.margins import Margins
 from capture_megatron.plan.partition import RankPeak, min_max_partition
 from capture_megatron.predict import StageMemory, find_variant, rank_memory, variant_of
 
@@ -67,7 +69,8 @@ class Space:
 
 
 def space_from(flags: ParallelFlags) -> Space:
-    """The search space with the values the command line fixed."""
+    """The search space with the values the command line fixed (CaptureError for CP > 1)."""
+    refuse_context_parallel(flags.context_parallel_size)
     fixed: dict[str, Any] = {}
     if flags.tensor_model_parallel_size:
         fixed["tp"] = (flags.tensor_model_parallel_size,)
@@ -91,25 +94,6 @@ def space_from(flags: ParallelFlags) -> Space:
     if flags.use_distributed_optimizer:
         fixed["distributed_optimizer"] = (True,)
     return replace(Space(), **fixed)
-
-
-@dataclass(frozen=True)
-class Margins:
-    """What a GPU must hold beyond a plan's predicted peak of allocated bytes."""
-
-    reserve_fraction: float = 0.08
-    """CUDA: the caching allocator's reserve above allocated, as a fraction of the peak."""
-    context_bytes: float = 2.0 * GIB
-    """CUDA: the context, NCCL and kernel workspaces, outside the allocator."""
-    calibration: float = 1.0
-    """Measured / predicted peak of verified runs on this device (`verify --refit`)."""
-    on_cpu: bool = False
-    """CPU processes: no allocator reserve and no CUDA context."""
-
-    def needed(self, peak: float) -> float:
-        """Bytes a GPU must have for a predicted peak."""
-        peak = peak * self.calibration
-        return peak if self.on_cpu else peak * (1 + self.reserve_fraction) + self.context_bytes
 
 
 @dataclass(frozen=True)
@@ -159,8 +143,11 @@ def balanced(
     layer of each chunk recomputed, block method, for the trimming that follows; unless
     `keep_recompute`: the plan's own recompute is kept as given)."""
     full = plan.recompute.granularity == "full" and not keep_recompute
+    rc = plan.recompute
+    uniform = keep_recompute and rc.granularity == "full" and rc.method == "uniform"
+    unit = max(rc.num_layers) if uniform else 1
     part = min_max_partition(
-        shape.num_layers, plan.pp, plan.vpp, rank_peak_fn(model, shape, plan, full)
+        shape.num_layers, plan.pp, plan.vpp, rank_peak_fn(model, shape, plan, full), max(unit, 1)
     )
     plan = replace(plan, layers_per_stage=part.layers_per_stage)
     if full:

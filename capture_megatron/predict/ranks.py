@@ -44,6 +44,9 @@ class ChunkCost:
     """Gradient-buffer bytes."""
     optimizer: int
     """Optimizer-state bytes (this DP rank's shard)."""
+    buffers: float
+    """Persistent buffers the chunk needs on its rank (Megatron's global buffers, TE's dummy
+    wgrads); a rank holds the largest of its chunks'."""
 
 
 @dataclass(frozen=True)
@@ -194,7 +197,10 @@ def chunk_cost(
         plan.distributed_optimizer,
         shared,
     )
-    return ChunkCost(kind, k, inp + saved, inp, fwd, bwd, step, st.params, st.grads, st.optimizer)
+    buffers = c.buffers1 if k else (c.need("buffers0") if kind != "middle" else 0.0)
+    return ChunkCost(
+        kind, k, inp + saved, inp, fwd, bwd, step, st.params, st.grads, st.optimizer, buffers
+    )
 
 
 def _cached_chunk(
@@ -237,11 +243,6 @@ def _shared_end(kind: str, shape: ModelShape, plan: ParallelPlan, count: int) ->
     if shape.untie_embeddings_and_output_weights or plan.pp == 1 or count == 0:
         return None
     return {"first": "pre", "last": "post"}.get(kind)
-
-
-def _buffers(vm: VariantModel, z: Sizes, any_layers: bool) -> float:
-    """Megatron's global memory buffers (only transformer layers allocate them)."""
-    return max(vm.constants(z).buffers, 0.0) if any_layers else 0.0
 
 
 Moment = tuple[str, int, tuple[int, ...], int]
@@ -313,8 +314,7 @@ def rank_memory(
     params = sum(c.params for c in chunks)
     grads = sum(c.grads for c in chunks)
     opt = sum(c.optimizer for c in chunks)
-    other = _buffers(vm, sizes_for(shape, plan), any(c.layers for c in chunks))
-    other += vm.workspace_bytes
+    other = max(c.buffers for c in chunks) + vm.workspace_bytes
     static = params + grads + opt + other
     step = max(c.step for c in chunks)
     best = (static + step, 0.0, step, "step", (0,) * plan.vpp)

@@ -128,16 +128,20 @@ def _static_bytes(model, optimizer) -> tuple[int, int, int]:
     return param_bytes, grad_bytes, _storages_bytes(opt_tensors, model_ptrs)
 
 
-def _buffers() -> tuple[BufferBytes, ...]:
+def _buffers(gpu: bool) -> tuple[BufferBytes, ...]:
+    """Megatron's global memory buffers and, for the GPU kernel set, TE's dummy wgrad buffers."""
     from megatron.core import parallel_state as ps
 
-    held = ps.get_global_memory_buffer().buffer
-    return tuple(
-        sorted(
-            BufferBytes(name, str(dtype).replace("torch.", ""), t.numel() * t.element_size())
-            for (name, dtype), t in held.items()
-        )
-    )
+    held = [(name, dtype, t) for (name, dtype), t in ps.get_global_memory_buffer().buffer.items()]
+    if gpu:
+        from capture_megatron.megatron.gpu.linear import DUMMY_WGRADS
+
+        held += [("te_dummy_wgrad", dtype, t) for (_, dtype), t in DUMMY_WGRADS.items()]
+    found = [
+        BufferBytes(name, str(dtype).replace("torch.", ""), t.numel() * t.element_size())
+        for name, dtype, t in held
+    ]
+    return tuple(sorted(found, key=lambda b: (b.name, b.dtype, b.nbytes)))
 
 
 @dataclass
@@ -317,6 +321,10 @@ def measure(probe: Probe, meter, setup: Setup, timelines: bool = False) -> Profi
     """Build and run the probe (two iterations) and return what the second one measured (with the
     windows' allocation timelines when `timelines`, not on cuda)."""
     fake = setup.fake
+    if setup.device == "fake-cuda":  # TE's dummy wgrad buffers of this probe's shapes only
+        from capture_megatron.megatron.gpu.linear import DUMMY_WGRADS
+
+        DUMMY_WGRADS.clear()
     chunk = build(probe, setup)
     iteration(chunk, meter, fake)
     got, lines = iteration(chunk, meter, fake, timelines)
@@ -351,7 +359,7 @@ def measure(probe: Probe, meter, setup: Setup, timelines: bool = False) -> Profi
         backward_peak=got["backward_peak"],
         residual_bytes=got["residual_bytes"],
         step_peak=got["step_peak"],
-        buffers=_buffers(),
+        buffers=_buffers(setup.device == "fake-cuda"),
         workspace_bytes=setup.kernels.workspace_bytes() if setup.kernels is not None else 0,
         timelines=lines,
     )

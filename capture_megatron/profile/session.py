@@ -36,9 +36,11 @@ DEPRECATED_COLLECTIVES = (
 PROBE_IRRELEVANT = (
     r"(Transformer Engine and )?Apex (is|are) not installed",
     r"full scope is deprecated",
+    r"When using async grad allreduce it is recommended to set the environment variable",
 )
-"""megatron-core's import-time warnings about the machine that profiles (missing apex / TE, a
-deprecated default of its own config): they say nothing about the run being predicted."""
+"""megatron-core's warnings about the machine that profiles (missing apex / TE, a deprecated
+default of its own config, the profiling process's CUDA_DEVICE_MAX_CONNECTIONS): they say nothing
+about the run being predicted."""
 
 
 @dataclass(frozen=True)

@@ -132,3 +132,41 @@ def test_plan_predicts_within_2_percent_and_beats_uniform(name, tmp_path):
         f"max prediction error {100 * result['max_abs_error']:.2f}%"
     )
     assert balanced < uniform
+
+
+@pytest.mark.parametrize("group", [1, 2])
+def test_uniform_recompute_is_kept_and_predicted_within_2_percent(group, tmp_path):
+    """`--recompute-method uniform --recompute-num-layers n` recomputes every layer, n at a time:
+    the plan keeps it as given and its forecast is within 2% of what the 4 ranks measure."""
+    out = tmp_path / "verify.json"
+    uniform = ["--recompute-granularity", "full", "--recompute-method", "uniform"]
+    done = cli(
+        [
+            "verify",
+            *MODEL,
+            *PP4,
+            *NOVPP,
+            *uniform,
+            "--recompute-num-layers",
+            str(group),
+            "--nproc",
+            "4",
+            "--device",
+            "cpu",
+            "--mock-data",
+            "--train-iters",
+            "2",
+            "--no-progress",
+            "--json",
+            str(out),
+        ],
+        timeout=600,
+        cwd=str(tmp_path),
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    result = json.loads(out.read_text())
+    recompute = result["plan"]["recompute"]
+    assert (recompute["granularity"], recompute["method"]) == ("full", "uniform")
+    assert set(recompute["num_layers"]) == {group}
+    print(f"uniform n={group}: max prediction error {100 * result['max_abs_error']:.2f}%")
+    assert result["max_abs_error"] <= 0.02

@@ -135,7 +135,8 @@ def test_megatron_lm_command_runs_the_balanced_plan(tmp_path):
         and layout.count("t") == 24
         and layout != "Etttttt|tttttt|tttttt|ttttttL"
     )
-    counts = [int(c) for c in args[args.index("--recompute-num-layers-per-stage") + 1].split(",")]
-    assert len(counts) == 4 and args[args.index("--recompute-method") + 1] == "block"
-    assert int(args[args.index("--recompute-num-layers") + 1]) == max(counts)
+    # The user's recompute (uniform, 1 layer per group) is kept as given, never re-planned.
+    assert args[args.index("--recompute-method") + 1] == "uniform"
+    assert args[args.index("--recompute-num-layers") + 1] == "1"
+    assert "--recompute-num-layers-per-stage" not in args
     assert "--data-path" in args and "GPT2BPETokenizer" in args and "--no-progress" not in args

@@ -6,7 +6,9 @@
 - megatron.core.models.common.embeddings.rope_utils.fused_apply_rotary_pos_emb: megatron's hook
   for Transformer Engine's fused RoPE (config.apply_rope_fusion);
 - megatron.core.fusions.fused_cross_entropy.calculate_gradients: with the buffer its compiled
-  form allocates (capture_megatron.megatron.gpu.compiled).
+  form allocates (capture_megatron.megatron.gpu.compiled);
+- apex's fused_weight_gradient_mlp_cuda and TE's get_dummy_wgrad in megatron's linear layers
+  (capture_megatron.megatron.gpu.linear).
 Never called on a real GPU or for CPU runs.
 """
 
@@ -19,7 +21,7 @@ def install() -> None:
     """Register the fake-cuda kernels (idempotent)."""
     from megatron.core.models.common.embeddings import rope_utils
 
-    from capture_megatron.megatron.gpu import compiled
+    from capture_megatron.megatron.gpu import compiled, linear
     from capture_megatron.megatron.gpu.rope import fused_apply_rotary_pos_emb
     from capture_megatron.megatron.gpu.softmax import extensions
 
@@ -27,3 +29,4 @@ def install() -> None:
         sys.modules.setdefault(name, module)
     rope_utils.fused_apply_rotary_pos_emb = fused_apply_rotary_pos_emb
     compiled.install()
+    linear.install()

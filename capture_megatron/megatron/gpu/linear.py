@@ -1,0 +1,140 @@
+"""Transformer Engine's linear layers and weight-gradient fusion, on megatron's own linear code.
+
+megatron's ColumnParallelLinear / RowParallelLinear keep what TE's Linear / LayerNormLinear keep
+for backward — the local input (the sequence-parallel shard, re-gathered in backward) and the
+weight — and allocate the same dgrad, reduce-scatter and wgrad tensors (TE 5671fd36
+module/linear.py, layernorm_linear.py; docs/MEMORY_MODEL.md). Two things differ, both handled
+here:
+1. Sequence parallelism: megatron all-gathers a column-parallel layer's input into its persistent
+   global buffer; TE gathers into a fresh tensor and frees it after the GEMM (forward,
+   layernorm_linear.py:272-276, 378-380) and after the wgrad GEMM (backward). TELinearFunction
+   runs megatron's autograd function with fresh gather buffers (linear_qkv, linear_fc1; the
+   output layer stays megatron's, with its global buffer, as in a TE run).
+2. --gradient-accumulation-fusion (Megatron-LM's default): the wgrad GEMM accumulates into the fp32
+   main gradient in place (apex's fused_weight_gradient_mlp_cuda / TE's fused wgrad: no new
+   tensor), and autograd gets TE's dummy wgrad: one persistent buffer per distinct weight shape
+   (module/base.py:66, 81-94 get_dummy_wgrad), which megatron's own linear layers use too when TE
+   is installed (megatron/core/tensor_parallel/layers.py:587-603).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import types
+
+import torch
+
+from capture_megatron.megatron.gpu.common import is_fake
+
+DUMMY_WGRADS: dict[tuple[tuple[int, ...], torch.dtype], torch.Tensor] = {}
+"""TE's get_dummy_wgrad cache: one buffer per (shape, dtype), kept for the process's life."""
+
+
+def dummy_wgrad(shape: list[int], dtype: torch.dtype, zero: bool = False) -> torch.Tensor:
+    """TE's get_dummy_wgrad: the cached buffer of this shape and dtype (allocated once)."""
+    key = (tuple(shape), dtype)
+    if key not in DUMMY_WGRADS:
+        DUMMY_WGRADS[key] = torch.empty(shape, dtype=dtype, device=torch.cuda.current_device())
+    if zero:
+        DUMMY_WGRADS[key].zero_()
+    return DUMMY_WGRADS[key]
+
+
+def _accumulate(total_input: torch.Tensor, grad_output: torch.Tensor, main_grad: torch.Tensor):
+    """The fused wgrad GEMM: main_grad += grad_output^T total_input, in place."""
+    if not is_fake(main_grad):
+        g = grad_output.reshape(-1, grad_output.shape[-1])
+        x = total_input.reshape(-1, total_input.shape[-1])
+        main_grad.add_((g.t().to(main_grad.dtype)) @ x.to(main_grad.dtype))
+
+
+def wgrad_extension() -> types.ModuleType:
+    """apex's fused_weight_gradient_mlp_cuda as megatron calls it."""
+    module = types.ModuleType("fused_weight_gradient_mlp_cuda", f"fake-cuda kernels ({__name__})")
+    module.wgrad_gemm_accum_fp32 = _accumulate  # type: ignore[attr-defined]
+    module.wgrad_gemm_accum_fp16 = _accumulate  # type: ignore[attr-defined]
+    return module
+
+
+class _FreshBuffers:
+    """A global memory buffer that hands out a new tensor on every request (TE's gathers)."""
+
+    def get_tensor(self, shape, dtype, name):
+        """A new tensor of the shape and dtype."""
+        del name
+        return torch.empty(shape, dtype=dtype, device=torch.cuda.current_device())
+
+
+@contextlib.contextmanager
+def _fresh_gather_buffers():
+    from megatron.core.tensor_parallel import layers
+
+    saved = layers.get_global_memory_buffer
+    layers.get_global_memory_buffer = _FreshBuffers
+    try:
+        yield
+    finally:
+        layers.get_global_memory_buffer = saved
+
+
+def _function():
+    from megatron.core.tensor_parallel.layers import (
+        LinearWithGradAccumulationAndAsyncCommunication as Megatron,
+    )
+
+    class TELinearFunction(Megatron):
+        """megatron's linear autograd function with TE's transient sequence-parallel gathers."""
+
+        @staticmethod
+        def forward(ctx, *args):  # type: ignore[override]
+            """megatron's forward, gathering into a fresh tensor."""
+            with _fresh_gather_buffers():
+                return Megatron.forward(ctx, *args)
+
+        @staticmethod
+        def backward(ctx, *grads):  # type: ignore[override]
+            """megatron's backward, re-gathering into a fresh tensor."""
+            with _fresh_gather_buffers():
+                return Megatron.backward(ctx, *grads)
+
+    return TELinearFunction
+
+
+def te_linear(input, weight, bias, gradient_accumulation_fusion, allreduce_dgrad,
+              sequence_parallel, grad_output_buffer=None, wgrad_deferral_limit=None,
+              async_grad_allreduce=None, tp_group=None):  # fmt: skip
+    """megatron's linear_with_grad_accumulation_and_async_allreduce on TELinearFunction."""
+    from megatron.core.tensor_parallel.layers import get_tensor_model_parallel_group_if_none
+
+    del async_grad_allreduce
+    tp_group = get_tensor_model_parallel_group_if_none(tp_group)
+    return _function().apply(
+        input, weight, bias, gradient_accumulation_fusion, allreduce_dgrad, sequence_parallel,
+        grad_output_buffer, wgrad_deferral_limit, tp_group,
+    )  # fmt: skip
+
+
+def te_column_linear():
+    """megatron's ColumnParallelLinear with TE's gathers (linear_qkv and linear_fc1 of TE)."""
+    from megatron.core.tensor_parallel.layers import ColumnParallelLinear
+
+    class TEColumnParallelLinear(ColumnParallelLinear):
+        """ColumnParallelLinear whose sequence-parallel gathers are transient, as in TE."""
+
+        def _forward_impl(self, input, weight, *args, **kwargs):
+            return te_linear(input, weight, *args, **kwargs)
+
+    return TEColumnParallelLinear
+
+
+def install() -> None:
+    """Make megatron's fused wgrad path and TE's dummy wgrad available (idempotent)."""
+    import sys
+
+    from megatron.core.tensor_parallel import layers
+
+    ext = sys.modules.setdefault("fused_weight_gradient_mlp_cuda", wgrad_extension())
+    layers.fused_weight_gradient_mlp_cuda = ext
+    layers._grad_accum_fusion_available = True
+    layers.HAVE_TE = True
+    layers.get_dummy_wgrad = dummy_wgrad

@@ -1,0 +1,95 @@
+"""`predict` and `plan` on bad Megatron-LM command lines and on Hugging Face configs of models that
+are not modelled (issue 12, must-show 5): one paragraph naming the offending flag or field, exit 2,
+no traceback. Everything here fails before any profiling starts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from test_cli_errors import cli, one_error
+
+from capture_megatron.config.hf import from_hf_config
+from capture_megatron.errors import CaptureError
+
+HF = Path(__file__).parents[1] / "data" / "hf_configs"
+GPT = (
+    "--num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 32 "
+    "--max-position-embeddings 32 --micro-batch-size 1 --global-batch-size 8 --vocab-size 512 "
+    "--gpus 8 --no-progress"
+)
+
+TYPOS = {
+    "num_layer": ("--num-layer 4", "--num-layer", "did you mean --num-layers"),
+    "backend": (
+        "--attention-backnd flash",
+        "--attention-backnd",
+        "did you mean --attention-backend",
+    ),
+    "tp": (
+        "--tensor-model-paralel-size 2",
+        "--tensor-model-paralel-size",
+        "did you mean --tensor-model-parallel-size",
+    ),
+    "recompute": (
+        "--recompute-granularty full",
+        "--recompute-granularty",
+        "did you mean --recompute-granularity",
+    ),
+}
+UNMODELLED = {
+    "moe": ("--num-experts 8", "--num-experts 8"),
+    "cp": ("--context-parallel-size 2", "--context-parallel-size 2"),
+    "mla": ("--multi-latent-attention", "--multi-latent-attention"),
+    "fp8": ("--fp8-format hybrid", "--fp8-format hybrid"),
+    "fsdp": ("--use-megatron-fsdp", "--use-megatron-fsdp"),
+}
+REFUSED_HF = {
+    "Mixtral-8x7B-v0.1": ("model_type 'mixtral'", "num_local_experts 8", "mixture of experts"),
+    "Qwen2-57B-A14B": ("model_type 'qwen2_moe'", "num_experts 64", "mixture of experts"),
+    "DeepSeek-V2-Lite": ("n_routed_experts 64", "kv_lora_rank 512", "multi-latent attention"),
+    "Qwen2-7B": ("model_type 'qwen2'", "--add-qkv-bias"),
+}
+
+
+@pytest.mark.parametrize("command", ["predict", "plan"])
+@pytest.mark.parametrize("name", sorted(TYPOS))
+def test_typos_get_the_closest_flag(command, name, tmp_path):
+    extra, typo, hint = TYPOS[name]
+    argv = [command, *GPT.split(), *extra.split()]
+    if command == "plan":
+        argv += ["--gpu-memory-gib", "80"]
+    line = one_error(cli(argv, str(tmp_path)), command)
+    assert typo in line and hint in line, line
+
+
+@pytest.mark.parametrize("command", ["predict", "plan"])
+@pytest.mark.parametrize("name", sorted(UNMODELLED))
+def test_unmodelled_features_are_refused_by_name(command, name, tmp_path):
+    extra, shown = UNMODELLED[name]
+    argv = [command, *GPT.split(), *extra.split()]
+    if command == "plan":
+        argv += ["--gpu-memory-gib", "80"]
+    line = one_error(cli(argv, str(tmp_path)), command)
+    assert shown in line and "not model" in line, line
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED_HF))
+def test_moe_mla_and_biased_hf_configs_are_refused(name, tmp_path):
+    argv = ["plan", "--hf-config", str(HF / f"{name}.json"), "--gpus", "8"]
+    line = one_error(cli([*argv, "--gpu-memory-gib", "80", "--no-progress"], str(tmp_path)), "plan")
+    for part in REFUSED_HF[name]:
+        assert part in line, line
+    with pytest.raises(CaptureError):
+        from_hf_config(str(HF / f"{name}.json"))
+
+
+def test_dense_hf_configs_map_exactly():
+    llama = from_hf_config(str(HF / "Meta-Llama-3-8B.json"))
+    assert (llama.num_layers, llama.hidden_size, llama.ffn_hidden_size) == (32, 4096, 14336)
+    assert (llama.num_query_groups, llama.vocab_size, llama.seq_length) == (8, 128256, 4096)
+    assert llama.swiglu and llama.untie_embeddings_and_output_weights and not llama.add_bias_linear
+    mistral = from_hf_config(str(HF / "Mistral-7B-v0.1.json"))  # window 4096 = the sequence
+    assert mistral.num_query_groups == 8 and mistral.max_position_embeddings == 32768
+    with pytest.raises(CaptureError, match="sliding_window 4096 .shorter than the sequence 8192"):
+        from_hf_config(str(HF / "Mistral-7B-v0.1.json"), seq_length=8192)
