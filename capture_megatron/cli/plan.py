@@ -47,7 +47,12 @@ def plan_and_report(
     shape, vocab_note = resolve_shape(ns)
     options = plan_options(ns, shape, cluster, device, fixed_plan)
     result = plan(shape, cluster, options, memory_of(ns, shape, device, progress))
-    notes = tuple(n for n in (vocab_note,) if n)
+    sp_note = (
+        "--sequence-parallel is off at TP 1, as Megatron-LM turns it off"
+        if getattr(ns, "sequence_parallel", False) and result.best.plan.tp == 1
+        else ""
+    )
+    notes = tuple(n for n in (vocab_note, sp_note) if n)
     result = dataclasses.replace(result, ignored_flags=ignored, notes=notes)
     print_plan(result)
     if ns.json:

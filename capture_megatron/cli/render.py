@@ -26,7 +26,7 @@ def print_plan(result: PlanResult) -> None:
     shape, cluster = result.shape, result.cluster
     print(
         f"{result.considered} plans considered for {shape.num_layers} layers x h "
-        f"{shape.hidden_size} on {cluster.gpus} GPUs of {cluster.gpu_memory_bytes / GIB:g} GiB "
+        f"{shape.hidden_size} on {cluster.gpus} GPUs of {_memory(cluster.gpu_memory_bytes)} "
         f"(memory model: {result.origin.device}, kernels {result.origin.kernels})"
     )
     print(f"  validated: {VALIDATION.get(result.origin.device, 'not validated')}")
@@ -40,7 +40,8 @@ def print_plan(result: PlanResult) -> None:
             f"  {p.tp:3d} {p.pp:3d} {p.dp:4d} {p.vpp:3d} {p.micro_batch_size:3d} "
             f"{p.recompute.granularity:>9} {'y' if p.sequence_parallel else 'n':>3} "
             f"{'y' if p.distributed_optimizer else 'n':>3} {e.peak / unit:9.3f} "
-            f"{e.needed / unit:9.3f} {'yes' if e.fits else 'no':>4} {e.step_seconds:8.3f}  "
+            f"{e.needed / unit:9.3f} {_fits(e.fits, cluster.gpu_memory_bytes):>4} "
+            f"{e.step_seconds:8.3f}  "
             f"{p.layout}"
         )
     _print_stages(result, unit, uname)
@@ -50,6 +51,15 @@ def print_plan(result: PlanResult) -> None:
         print(f"note: {note}")
     if result.ignored_flags:
         print("ignored (cannot change memory): " + " ".join(result.ignored_flags))
+
+
+def _memory(nbytes: int) -> str:
+    return f"{nbytes / GIB:g} GiB" if nbytes else "unstated memory"
+
+
+def _fits(fits: bool, memory: int) -> str:
+    """yes / no, or '-' when no GPU memory was given (predict without --gpu-memory-gib)."""
+    return "-" if not memory else "yes" if fits else "no"
 
 
 def _print_stages(result: PlanResult, unit: float, uname: str) -> None:

@@ -163,7 +163,7 @@ def parallel_plan(flags: ParallelFlags, shape: ModelShape, world_size: int) -> P
         global_batch_size=gbs,
         layers_per_stage=counts,
         recompute=recompute(flags, pp),
-        sequence_parallel=bool(flags.sequence_parallel),
+        sequence_parallel=bool(flags.sequence_parallel) and tp > 1,  # as Megatron-LM: off at TP 1
         distributed_optimizer=bool(flags.use_distributed_optimizer),
         microbatch_group_size=flags.microbatch_group_size_per_vp_stage or 0,
     )

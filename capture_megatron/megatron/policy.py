@@ -5,6 +5,9 @@ spelling. Pure Python.
 - IGNORED: cannot change a rank's peak of allocated bytes during training iterations (logging,
   paths, data, tokenizer, learning-rate schedules, checkpointing, evaluation, fault tolerance,
   inference-only and RL-only settings, kernels that keep the same tensors). Accepted and ignored.
+  `--rampup-batch-size` is here too: the ramp only lowers the micro-batches per step, and the
+  micro-batches a pipeline rank holds, min(pp - rank, micro-batches), never fall as they grow, so
+  the run's peak is the one at the full --global-batch-size that is predicted.
 - UNMODELLED: changes memory in a way the model does not cover yet; refused, with the reason, when
   given with a value other than Megatron-LM's default (`--context-parallel-size 1` is fine).
 Every argument is in exactly one of: our option classes, IGNORED, UNMODELLED
@@ -30,6 +33,7 @@ IGNORED_PREFIXES = tuple(
 
 IGNORED = frozenset(
     """
+    --rampup-batch-size
     --accumulate-allreduce-grads-in-fp32 --adlr-autoresume --adlr-autoresume-interval
     --allow-ambiguous-pad-tokens --apply-layernorm-1p --apply-residual-connection-post-layernorm
     --apply-wd-to-qk-layernorm --auto-detect-ckpt-format --batch-invariant-mode
@@ -209,9 +213,6 @@ _REASONS = {
     """,
     "RL training steps are not modelled": """
         --perform-rl-step
-    """,
-    "a batch-size ramp-up changes the micro-batches in flight, not modelled yet": """
-        --rampup-batch-size
     """,
     "bf16 gradient buffers are not modelled yet": """
         --grad-reduce-in-bf16

@@ -245,11 +245,11 @@ def _variants(
         if vpp > 1 and (m < pp or (m % pp and m % pp < pp)):
             continue
         for sp in space.sequence_parallel:
-            if (
-                (sp and tp == 1)
-                or not tp_fits(shape, tp, sp)
-                or _dominated(sp, tp, space.sequence_parallel)
-            ):
+            if sp and tp == 1:  # Megatron-LM turns sequence parallelism off at TP 1
+                if False in space.sequence_parallel:
+                    continue
+                sp = False
+            if not tp_fits(shape, tp, sp) or _dominated(sp, tp, space.sequence_parallel):
                 continue
             for rc in space.recompute:
                 recompute = space.full_recompute(pp) if rc == "full" else Recompute(rc)
