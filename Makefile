@@ -13,6 +13,9 @@ LINTED := capture_megatron tests bench
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
+	# the fake CUDA device (the default GPU memory model) compiles a small shim with g++
+	command -v g++ >/dev/null || { command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && \
+	    apt-get install -y -qq g++ >/dev/null; } || echo "warning: install g++ for --device fake-cuda"
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet torch==2.13.0

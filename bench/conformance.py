@@ -46,6 +46,7 @@ def predict_case(case: dict[str, Any], device: str) -> dict[str, Any]:
     row = {
         "name": case["name"],
         "held_out": "resume" in case["name"],
+        "world_size": case["world_size"],
         "measured": case["measured"]["max_allocated_bytes"],
     }
     if not case["world_size"]:

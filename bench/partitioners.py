@@ -1,8 +1,9 @@
 """Benchmark: the memory-balanced plan vs Megatron uniform, Megatron first/last and DeepSpeed
 'parameters' for GPT-3 and Llama-2 presets on 8 to 1024 GPUs of 80 GiB, and the fewest GPUs each
-approach fits on. Every number is predicted by the memory model profiled here in fake mode (real
-megatron-core chunks under FakeTensorMode at the models' true sizes, bf16, selective recompute with
-sequence parallelism, micro-batch 1, distributed optimizer, no interleaving).
+approach fits on. Every number is predicted by the memory model profiled here on the GPU kernel set
+(fake CUDA: real megatron-core chunks with Megatron-LM's default kernels -- Transformer Engine,
+cuDNN fused attention -- under FakeTensorMode at the models' true sizes, bf16, selective
+recompute with sequence parallelism, micro-batch 1, distributed optimizer, no interleaving).
 
     python bench/partitioners.py [--presets gpt3-1.3b,...] [--out bench/results/partitioners.json]
 """
@@ -19,7 +20,8 @@ import time
 from tqdm import tqdm
 
 from capture_megatron.cache import records_path
-from capture_megatron.config import GIB, Cluster
+from capture_megatron.config import GIB, Cluster, Kernels
+from capture_megatron.config.kernels import kernel_set
 from capture_megatron.config.presets import preset as preset_shape
 from capture_megatron.plan.baselines import baselines_for
 from capture_megatron.plan.costmodel import Hardware
@@ -52,6 +54,8 @@ APPROACHES = ("capture", "uniform", "megatron-first-last", "deepspeed-parameters
 GBS = 1024
 
 
+KERNELS = Kernels()
+"""Megatron-LM's default kernels: Transformer Engine, attention backend auto (cuDNN fused)."""
 MARGINS = Margins()
 """CUDA margins: the planner's defaults."""
 
@@ -103,9 +107,9 @@ def run(preset: str) -> dict:
     ]
     needs = needs_of(shape, plans)
     t0 = time.perf_counter()
-    model = profiled_model(shape, "fake", needs, progress=True)
+    model = profiled_model(shape, "fake-cuda", KERNELS, needs, progress=True)
     profile_s = time.perf_counter() - t0
-    probes = len(read_records(records_path(shape, "fake")))
+    probes = len(read_records(records_path(shape, "fake-cuda", kernel_set("fake-cuda", KERNELS))))
     rows = [per_cluster(model, shape, g) for g in tqdm(GPUS, desc=preset, leave=False)]
     fewest: dict[str, int | None] = {a: None for a in APPROACHES}
     for g in MIN_GPUS:  # ascending until every approach has fitted once

@@ -9,6 +9,7 @@ import json
 import os
 import platform
 
+from capture_megatron.config import Kernels
 from capture_megatron.config.presets import preset
 from capture_megatron.fit import shape_sizes
 from capture_megatron.predict import find_variant
@@ -132,40 +133,39 @@ def quality_table(data: dict) -> list[str]:
     return out
 
 
-# (recompute, SP, Korthikanti et al. bytes per layer / (s*b*h), Megatron's estimator or None),
-# t = 8
+# (recompute, SP, Korthikanti et al. bytes per layer / (s*b*h) with flash attention: no as²b term,
+# as their selective-recompute formula), t = 8
 SETTINGS = (
-    ("none", False, lambda a, s, h, f, t: 10 + 24 / t + 5 * a * s / (h * t), None),
-    ("selective", False, lambda a, s, h, f, t: 10 + 24 / t, lambda a, s, h, f, t: 10 + 24 / t),
-    ("none", True, lambda a, s, h, f, t: (34 + 5 * a * s / h) / t, None),
-    ("selective", True, lambda a, s, h, f, t: 34 / t, lambda a, s, h, f, t: (18 + 4 * f / h) / t),
-    ("full", True, lambda a, s, h, f, t: 2 / t, None),
+    ("none", False, lambda a, s, h, f, t: 10 + 24 / t),
+    ("none", True, lambda a, s, h, f, t: 34 / t),
+    ("full", True, lambda a, s, h, f, t: 2 / t),
 )
+FLASH = Kernels(attention_backend="flash")
+"""The GPU kernel set of the comparison: Transformer Engine layers, flash attention."""
 
 
 def korthikanti_rows(data: dict) -> list[str]:
-    """Profiled bytes one layer keeps per micro-batch (TP 8, bf16, b = 1; with full recompute its
-    stored input) vs Korthikanti et al. and Megatron's theoretical_memory_usage."""
+    """Profiled bytes one layer keeps per micro-batch on the GPU kernel set with flash attention
+    (TP 8, bf16, b = 1; with full recompute its stored input) vs Korthikanti et al.'s 34·sbh."""
     out = [
-        "| model | recompute | SP | profiled (MiB) | Korthikanti (MiB) | "
-        "theoretical_memory_usage (MiB) | profiled / Korthikanti |",
+        "| model | recompute | SP | profiled (MiB) | Korthikanti, flash (MiB) | "
+        "profiled / Korthikanti | profiled - Korthikanti (sbh/t) |",
         "|---|---|---|---|---|---|---|",
     ]
     for res in data["results"]:
         shape = preset(res["preset"])
         z = ProbeShape.of(shape, 8, 1)
-        needs = frozenset((Variant.of(shape, rc, sp), z) for rc, sp, _, _ in SETTINGS)
-        model = profiled_model(shape, "fake", needs, progress=False)
+        needs = frozenset((Variant.of(shape, rc, sp), z) for rc, sp, _ in SETTINGS)
+        model = profiled_model(shape, "fake-cuda", FLASH, needs, progress=False)
         sbh = shape.seq_length * shape.hidden_size
         dims = (shape.num_attention_heads, shape.seq_length, shape.hidden_size, shape.ffn, 8)
-        for rc, sp, korthikanti, megatron in SETTINGS:
+        for rc, sp, korthikanti in SETTINGS:
             c = find_variant(model, Variant.of(shape, rc, sp)).constants(shape_sizes(z))
             saved = c.layer_saved_rc_next if rc == "full" else c.layer_saved
             k = korthikanti(*dims) * sbh
-            m = f"{megatron(*dims) * sbh / 2**20:.1f}" if megatron else "-"
             out.append(
                 f"| {res['preset']} | {rc} | {'yes' if sp else 'no'} | {saved / 2**20:.1f} | "
-                f"{k / 2**20:.1f} | {m} | {saved / k:.2f} |"
+                f"{k / 2**20:.1f} | {saved / k:.2f} | {(saved - k) / (sbh / 8):+.2f} |"
             )
     return out
 
@@ -208,6 +208,45 @@ def breakdown_tables(data: list) -> list[str]:
     return out
 
 
+def _cell(text: str) -> str:
+    """Text inside a markdown table cell (pipes escaped)."""
+    return text.replace("|", "\\|")
+
+
+def conformance_tables(data: dict) -> list[str]:
+    """Megatron-LM's functional tests: predicted vs measured last-stage peak, per set."""
+    out = []
+    for title, held in (("Development cases", False), ('Held-out cases ("resume")', True)):
+        rows = [r for r in data["cases"] if r["held_out"] == held]
+        summary = data["summary"]["held_out" if held else "development"]
+        worst, median = summary["max_abs_error"], summary["median_abs_error"]
+        out += [
+            f"### {title}",
+            "",
+            f"{summary['cases']} predicted: worst |error| "
+            f"{'n/a' if worst is None else f'{100 * worst:.2f}%'}, median "
+            f"{'n/a' if median is None else f'{100 * median:.2f}%'}; {summary['refused']} refused.",
+            "",
+            "| case | GPUs | measured GiB | predicted GiB | error | layout / why refused |",
+            "|---|---|---|---|---|---|",
+        ]
+        for r in rows:
+            gpus = r.get("world_size") or "-"
+            if "error" in r:
+                out.append(
+                    f"| {r['name']} | {gpus} | {r['measured'] / 2**30:.3f} | "
+                    f"{r['predicted'] / 2**30:.3f} | {100 * r['error']:+.2f}% | "
+                    f"`{_cell(r['layout'])}` |"
+                )
+            else:
+                why = (r.get("refused") or r.get("skipped") or "").replace("|", "/")
+                out.append(
+                    f"| {r['name']} | {gpus} | {r['measured'] / 2**30:.3f} | - | - | {why} |"
+                )
+        out.append("")
+    return out
+
+
 def _read(path: str) -> str:
     with open(path) as f:
         return f.read()
@@ -223,6 +262,14 @@ def main() -> None:
         gbs=part["global_batch_size"],
         **{k.replace("-", "_"): v for k, v in speed.items()},
     )
+    conformance = os.path.join(ROOT, "bench/results/conformance.json")
+    if os.path.exists(conformance):
+        text += (
+            "\n## Conformance: Megatron-LM's functional tests (8 x H100, last pipeline stage)\n\n"
+            + _read(os.path.join(ROOT, "bench/CONFORMANCE.md"))
+            + "\n"
+            + "\n".join(conformance_tables(json.loads(_read(conformance))))
+        )
     text += "\n## Predicted worst-rank peak at CAPTURE's sizes\n\n" + "\n".join(at) + "\n"
     text += (
         "\n## Each approach at its own best sizes (lowest peak over TP/PP/DP)\n\n"
@@ -239,8 +286,11 @@ def main() -> None:
     quality = os.path.join(ROOT, "bench/results/profile_quality.json")
     if os.path.exists(quality):
         text += "\n\n" + "\n".join(quality_table(json.loads(_read(quality))))
-    text += "\n\n## Saved activations per layer vs Korthikanti et al. (2022)\n\n" + "\n".join(
-        korthikanti_rows(part)
+    text += (
+        "\n\n## Saved activations per layer vs Korthikanti et al. (2022), GPU kernel set\n\n"
+        + _read(os.path.join(ROOT, "bench/KORTHIKANTI.md"))
+        + "\n"
+        + "\n".join(korthikanti_rows(part))
     )
     breakdown = os.path.join(ROOT, "bench/results/saved_breakdown.json")
     if os.path.exists(breakdown):

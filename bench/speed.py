@@ -17,7 +17,7 @@ import sys
 import tempfile
 import time
 
-from capture_megatron.config import GIB, Cluster
+from capture_megatron.config import GIB, Cluster, Kernels
 from capture_megatron.config.presets import preset
 from capture_megatron.plan.margins import Margins
 from capture_megatron.plan.partition import min_max_partition
@@ -72,6 +72,10 @@ def profile_70b() -> None:
         subprocess.run(cmd, capture_output=True, check=True)
 
 
+KERNELS = Kernels()
+"""Megatron-LM's default kernels (Transformer Engine, cuDNN fused attention), on fake CUDA."""
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=7)
@@ -82,7 +86,7 @@ def main() -> None:
     plans = list(candidates(shape, cluster, GBS, Space()))
     needs = needs_of(shape, plans)
     t0 = time.perf_counter()
-    model = profiled_model(shape, "fake", needs, progress=True)
+    model = profiled_model(shape, "fake-cuda", KERNELS, needs, progress=True)
     first_profile = time.perf_counter() - t0
     margins = Margins()
     out = {

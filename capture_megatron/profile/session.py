@@ -36,7 +36,7 @@ DEPRECATED_COLLECTIVES = (
 PROBE_IRRELEVANT = (
     r"(Transformer Engine and )?Apex (is|are) not installed",
     r"full scope is deprecated",
-    r"When using async grad allreduce it is recommended to set the environment variable",
+    r".*recommended to set the environment variable CUDA_DEVICE_MAX_CONNECTIONS",
 )
 """megatron-core's warnings about the machine that profiles (missing apex / TE, a deprecated
 default of its own config, the profiling process's CUDA_DEVICE_MAX_CONNECTIONS): they say nothing
