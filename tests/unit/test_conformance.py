@@ -16,7 +16,12 @@ from pathlib import Path
 import pytest
 
 BENCH = Path(__file__).parents[2] / "bench" / "conformance.py"
-NOT_MODELLED = ("--context-parallel-size", "--multi-latent-attention", "--num-experts")
+NOT_MODELLED = (
+    "--context-parallel-size",
+    "--multi-latent-attention",
+    "--num-experts",
+    "--expert-tensor-parallel-size",
+)
 
 
 def _conformance():
