@@ -88,33 +88,23 @@ CONFIGS = {
 }
 
 
-@pytest.mark.parametrize("name", list(CONFIGS))
-def test_plan_predicts_within_2_percent_and_beats_uniform(name, tmp_path):
-    plan_flags, uniform_flags = CONFIGS[name]
+def verify(flags: list[str], tmp_path) -> dict:
+    """`verify` of the model with these flags on 4 CPU ranks (2 iterations); its JSON result."""
     out = tmp_path / "verify.json"
+    run = ["--nproc", "4", "--device", "cpu", "--mock-data", "--train-iters", "2"]
     done = cli(
-        [
-            "verify",
-            *MODEL,
-            *plan_flags,
-            "--nproc",
-            "4",
-            "--device",
-            "cpu",
-            "--mock-data",
-            "--train-iters",
-            "2",
-            "--no-progress",
-            "--json",
-            str(out),
-            "--keep",
-            str(tmp_path),
-        ],
+        ["verify", *MODEL, *flags, *run, "--no-progress", "--json", str(out)],
         timeout=600,
         cwd=str(tmp_path),
     )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-    result = json.loads(out.read_text())
+    return json.loads(out.read_text())
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_plan_predicts_within_2_percent_and_beats_uniform(name, tmp_path):
+    plan_flags, uniform_flags = CONFIGS[name]
+    result = verify([*plan_flags, "--keep", str(tmp_path)], tmp_path)
     assert result["max_abs_error"] <= 0.02
     balanced = max(r["measured_bytes"] for r in result["ranks"])
     run = train(
@@ -138,33 +128,8 @@ def test_plan_predicts_within_2_percent_and_beats_uniform(name, tmp_path):
 def test_uniform_recompute_is_kept_and_predicted_within_2_percent(group, tmp_path):
     """`--recompute-method uniform --recompute-num-layers n` recomputes every layer, n at a time:
     the plan keeps it as given and its forecast is within 2% of what the 4 ranks measure."""
-    out = tmp_path / "verify.json"
     uniform = ["--recompute-granularity", "full", "--recompute-method", "uniform"]
-    done = cli(
-        [
-            "verify",
-            *MODEL,
-            *PP4,
-            *NOVPP,
-            *uniform,
-            "--recompute-num-layers",
-            str(group),
-            "--nproc",
-            "4",
-            "--device",
-            "cpu",
-            "--mock-data",
-            "--train-iters",
-            "2",
-            "--no-progress",
-            "--json",
-            str(out),
-        ],
-        timeout=600,
-        cwd=str(tmp_path),
-    )
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-    result = json.loads(out.read_text())
+    result = verify([*PP4, *NOVPP, *uniform, "--recompute-num-layers", str(group)], tmp_path)
     recompute = result["plan"]["recompute"]
     assert (recompute["granularity"], recompute["method"]) == ("full", "uniform")
     assert set(recompute["num_layers"]) == {group}

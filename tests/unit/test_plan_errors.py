@@ -67,62 +67,21 @@ def error_line(done: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
+def on_3_gib(gpus: int) -> list[str]:
+    """The small model on `gpus` GPUs of 3 GiB, with a 2 GiB context margin."""
+    budget = ["--gpu-memory-gib", "3", "--context-gib", "2", "--global-batch-size", "64"]
+    return [*SMALL, *FIXED, "--gpus", str(gpus), *budget]
+
+
 def test_impossible_budget_names_the_smallest_setup(cache):
-    fits = plan(
-        [
-            *SMALL,
-            *FIXED,
-            "--gpus",
-            "8",
-            "--gpu-memory-gib",
-            "3",
-            "--context-gib",
-            "2",
-            "--global-batch-size",
-            "64",
-        ],
-        cache,
-    )
+    fits = plan(on_3_gib(8), cache)
     assert fits.returncode == 0, fits.stderr[-3000:]
-    line = error_line(
-        plan(
-            [
-                *SMALL,
-                *FIXED,
-                "--gpus",
-                "1",
-                "--gpu-memory-gib",
-                "3",
-                "--context-gib",
-                "2",
-                "--global-batch-size",
-                "64",
-            ],
-            cache,
-        )
-    )
+    line = error_line(plan(on_3_gib(1), cache))
     assert "no plan fits 3 GiB on 1 GPUs" in line and "the smallest fitting setup is" in line, line
     gpus = int(line.split("the smallest fitting setup is ")[1].split()[0])
     assert 1 < gpus <= 8
     # and the setup it names does fit
-    assert (
-        plan(
-            [
-                *SMALL,
-                *FIXED,
-                "--gpus",
-                str(gpus),
-                "--gpu-memory-gib",
-                "3",
-                "--context-gib",
-                "2",
-                "--global-batch-size",
-                "64",
-            ],
-            cache,
-        ).returncode
-        == 0
-    )
+    assert plan(on_3_gib(gpus), cache).returncode == 0
 
 
 def test_budget_below_the_cuda_margin(cache):
