@@ -26,8 +26,9 @@ from capture_megatron.config.presets import preset as preset_shape
 from capture_megatron.plan.baselines import baselines_for
 from capture_megatron.plan.costmodel import Hardware
 from capture_megatron.plan.margins import Margins
-from capture_megatron.plan.planner import needs_of
-from capture_megatron.plan.search import Space, balanced, candidates, evaluate_plan
+from capture_megatron.plan.search import balanced, evaluate_plan
+from capture_megatron.plan.space import Space, candidates
+from capture_megatron.plan.supply import needs_of
 from capture_megatron.profile.source import profiled_model
 from capture_megatron.records import read_records
 

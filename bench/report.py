@@ -247,6 +247,33 @@ def conformance_tables(data: dict) -> list[str]:
     return out
 
 
+def plan_times_table(data: dict) -> list[str]:
+    """Cold and warm `plan` times of the presets and the `profile` time (bench/plan_times.py)."""
+    out = [
+        "## How long a user waits (bench/plan_times.py; medians, fresh process each run)",
+        "",
+        "Default objective (the fastest plan that fits), GPUs of 80 GiB, fake-CUDA memory model. "
+        "Cold: an empty cache (the fake-CUDA shim, compiled once per machine in a few seconds, "
+        "excluded); warm: the same command again. Probes: the fake-CUDA probes the cold run "
+        "profiled (the search profiles only what it visits).",
+        "",
+        "| model | GPUs | cold plan | warm plan | probes |",
+        "|---|---|---|---|---|",
+    ]
+    for row in data["plans"]:
+        out.append(
+            f"| {row['preset']} | {row['gpus']} | {row['cold_s']:.1f} s | {row['warm_s']:.1f} s | "
+            f"{row['probes']} |"
+        )
+    out += [
+        "",
+        f"`capture-megatron profile` of Llama-2-70B (TP 8 + SP, fake CUDA, fresh cache): "
+        f"{data['profile_llama2_70b_s']:.1f} s with the design shapes (shipped for this "
+        f"variant), {data['profile_llama2_70b_no_design_s']:.1f} s with --no-design.",
+    ]
+    return out
+
+
 def _read(path: str) -> str:
     with open(path) as f:
         return f.read()
@@ -262,6 +289,9 @@ def main() -> None:
         gbs=part["global_batch_size"],
         **{k.replace("-", "_"): v for k, v in speed.items()},
     )
+    times = os.path.join(ROOT, "bench/results/plan_times.json")
+    if os.path.exists(times):
+        text += "\n" + "\n".join(plan_times_table(json.loads(_read(times)))) + "\n"
     conformance = os.path.join(ROOT, "bench/results/conformance.json")
     if os.path.exists(conformance):
         text += (

@@ -21,8 +21,9 @@ from capture_megatron.config import GIB, Cluster, Kernels
 from capture_megatron.config.presets import preset
 from capture_megatron.plan.margins import Margins
 from capture_megatron.plan.partition import min_max_partition
-from capture_megatron.plan.planner import needs_of
-from capture_megatron.plan.search import Space, candidates, search
+from capture_megatron.plan.search import search
+from capture_megatron.plan.space import Space, candidates
+from capture_megatron.plan.supply import needs_of
 from capture_megatron.profile.source import profiled_model
 
 GBS = 1536

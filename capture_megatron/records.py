@@ -46,6 +46,12 @@ class Variant(JsonMixin):
     """Any dropout probability > 0 (on CPU dropout saves a mask in the activation dtype)."""
     untied: bool
     """Separate output-layer weights."""
+    geglu: bool = False
+    """Gated tanh-GELU MLP (GeGLU)."""
+    add_qkv_bias: bool = False
+    """Biases in the QKV projection (without the other linear biases)."""
+    window_size: tuple[int, ...] = ()
+    """Sliding-window attention (left, right); empty: full causal attention."""
 
     @classmethod
     def of(
@@ -62,6 +68,9 @@ class Variant(JsonMixin):
             add_bias_linear=shape.add_bias_linear,
             dropout=shape.hidden_dropout > 0 or shape.attention_dropout > 0,
             untied=shape.untie_embeddings_and_output_weights,
+            geglu=shape.geglu,
+            add_qkv_bias=shape.add_qkv_bias,
+            window_size=shape.window_size,
         )
 
 

@@ -35,7 +35,11 @@ def add_cluster_flags(p: argparse.ArgumentParser) -> None:
     """The model source, the cluster, the memory model and the outputs."""
     g = p.add_argument_group("model source, cluster and outputs")
     g.add_argument("--preset", help=f"model shape by name: {', '.join(presets.PRESETS)}")
-    g.add_argument("--hf-config", help="a Hugging Face config.json (Llama / Mistral style)")
+    g.add_argument(
+        "--hf-config",
+        help="a Hugging Face config.json, or the model directory holding it (llama, mistral, "
+        "gemma, qwen2, phi3; gemma2 is read but refused); the sequence length: --seq-length",
+    )
     g.add_argument("--gpus", type=int, help="processes/GPUs available (required)")
     g.add_argument(
         "--gpu-memory-gib",
@@ -111,22 +115,22 @@ def tokenizer_vocab(ns: argparse.Namespace) -> tuple[int, str]:
     )
 
 
-def resolve_shape(ns: argparse.Namespace) -> tuple[ModelShape, str]:
+def resolve_shape(ns: argparse.Namespace) -> tuple[ModelShape, tuple[str, ...]]:
     """The model (--preset or --hf-config, with any model flag overriding it; else the model flags)
-    and a note on how its vocabulary was found ("" when given)."""
+    and notes on how it was read: the HF config's defaults and choices (sequence length, window,
+    precision), how the vocabulary was found."""
     if ns.preset and ns.hf_config:
         raise CaptureError("give --preset or --hf-config, not both")
-    if ns.preset or ns.hf_config:
-        base = (
-            presets.preset(ns.preset)
-            if ns.preset
-            else hf.from_hf_config(ns.hf_config, ns.seq_length)
-        )
-        return dataclasses.replace(base, **shape_overrides(ns)), ""
+    overrides = shape_overrides(ns) if ns.preset or ns.hf_config else {}
+    if ns.preset:
+        return dataclasses.replace(presets.preset(ns.preset), **overrides), ()
+    if ns.hf_config:
+        read = hf.read_hf_config(ns.hf_config, ns.seq_length, overrides.get("dtype")).checked()
+        return dataclasses.replace(read.shape, **overrides), read.notes
     if ns.vocab_size is not None or not hasattr(ns, "tokenizer_type"):
-        return model_shape(ns), ""
+        return model_shape(ns), ()
     vocab, how = tokenizer_vocab(ns)
-    return model_shape(ns, vocab), how
+    return model_shape(ns, vocab), (how,)
 
 
 def cluster_of(

@@ -18,6 +18,7 @@ import subprocess
 from capture_megatron.config import GIB, Cluster
 from capture_megatron.errors import CaptureError
 from capture_megatron.plan import plan_args
+from capture_megatron.plan.emit import GEGLU_NOTE
 
 WRAPPER = "capture_megatron.megatron.lm_pretrain_gpt"
 """The module torchrun runs (-m): Megatron-LM's pretrain_gpt.py with per-stage recompute."""
@@ -61,9 +62,12 @@ def megatron_args_for(
     user_args: list[str], gpus: int, gpu_memory_gib: float, device: str, progress: bool = True
 ) -> list[str]:
     """Plan from the user's flags (printing the table) and return the flags to run."""
+    from capture_megatron.cli.inputs import resolve_shape
     from capture_megatron.cli.plan import build_parser, plan_and_report
 
     ns, _others = build_parser().parse_known_args(user_args)  # the rest passes through unchanged
+    if resolve_shape(ns)[0].geglu:
+        raise CaptureError(f"{GEGLU_NOTE}; run it with capture-megatron launch or train instead")
     kind = "cpu" if device == "cpu" else "cuda"
     cluster = Cluster(gpus=gpus, gpu_memory_bytes=int(gpu_memory_gib * GIB), device=kind)
     planned = plan_args(plan_and_report(ns, cluster, device, progress).best.plan)

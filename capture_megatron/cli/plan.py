@@ -19,11 +19,13 @@ from capture_megatron.cli.inputs import (
     plan_options,
     resolve_shape,
 )
-from capture_megatron.config import Cluster
+from capture_megatron.config import Cluster, ModelShape
+from capture_megatron.config.kernels import kernel_set
 from capture_megatron.config.training import NOT_ADAM
 from capture_megatron.errors import CaptureError
 from capture_megatron.megatron import flags, megatron_lm
-from capture_megatron.plan import PlanResult, plan
+from capture_megatron.plan import PlanOptions, PlanResult, model_notes, plan
+from capture_megatron.plan.window import window_problem
 
 
 def build_parser(prog: str = "capture-megatron plan") -> flags.FlagParser:
@@ -32,6 +34,21 @@ def build_parser(prog: str = "capture-megatron plan") -> flags.FlagParser:
     add_plan_flags(p)
     add_megatron_line(p)
     return p
+
+
+def _check_window(
+    ns: argparse.Namespace, shape: ModelShape, device: str, options: PlanOptions
+) -> None:
+    """Refuse a sliding window the kernels' memory model does not hold before profiling (plan()
+    refuses it too, once it has the memory model)."""
+    if ns.memory_model or not shape.window_size:
+        return
+    from capture_megatron.profile import default_device
+
+    kernels = options.kernels
+    problem = window_problem(shape, kernel_set(default_device(device), kernels), kernels)
+    if problem:
+        raise CaptureError(problem + ".")
 
 
 def plan_and_report(
@@ -44,15 +61,16 @@ def plan_and_report(
     if getattr(ns, "optimizer", "adam") != "adam":
         raise CaptureError(f"--optimizer {ns.optimizer}: {NOT_ADAM}.")
     ignored = megatron_lm.check(ns) if any(megatron_lm.given(ns)) else ()
-    shape, vocab_note = resolve_shape(ns)
+    shape, shape_notes = resolve_shape(ns)
     options = plan_options(ns, shape, cluster, device, fixed_plan)
+    _check_window(ns, shape, device, options)
     result = plan(shape, cluster, options, memory_of(ns, shape, device, progress))
     sp_note = (
         "--sequence-parallel is off at TP 1, as Megatron-LM turns it off"
         if getattr(ns, "sequence_parallel", False) and result.best.plan.tp == 1
         else ""
     )
-    notes = tuple(n for n in (vocab_note, sp_note) if n)
+    notes = (*shape_notes, *model_notes(shape), *((sp_note,) if sp_note else ()))
     result = dataclasses.replace(result, ignored_flags=ignored, notes=notes)
     print_plan(result)
     if ns.json:

@@ -38,9 +38,9 @@ def build_parser() -> flags.FlagParser:
     g = p.add_argument_group("profiling")
     g.add_argument(
         "--device",
-        default="cpu",
+        default="",
         help="cpu, fake-cpu (CPU kernels, no data), fake-cuda (alias fake: the GPU kernels on "
-        "fake CUDA tensors) or cuda",
+        "fake CUDA tensors) or cuda; default: as `plan`, cuda if available, else fake-cuda",
     )
     g.add_argument("--out", required=True, help="records file (JSON lines)")
     g.add_argument(
@@ -90,8 +90,10 @@ def options_of(ns: argparse.Namespace, shape: ModelShape) -> ProfileOptions:
         if ns.probe_micro_batch_sizes
         else (ns.micro_batch_size or 1,)
     )
+    from capture_megatron.profile import default_device
+
     return ProfileOptions(
-        device=ns.device,
+        device=default_device(ns.device),
         kernels=flags.from_namespace(Kernels, ns),
         tps=tps,
         micro_batch_sizes=mbs,
@@ -113,7 +115,7 @@ def main(argv: list[str]) -> int:
     records = profile(shape, options)
     write_records(list(records), ns.out)
     print(
-        f"profiled {len(records)} probes on {ns.device} (kernels {records[0].kernels}) in "
+        f"profiled {len(records)} probes on {options.device} (kernels {records[0].kernels}) in "
         f"{time.perf_counter() - start:.1f} s -> {ns.out}"
     )
     return 0

@@ -3,11 +3,12 @@ measured per rank (verify), and the fit-quality table."""
 
 from __future__ import annotations
 
-from capture_megatron.config import GIB
+from capture_megatron.config import GIB, Recompute
 from capture_megatron.config.kernels import VALIDATION
 from capture_megatron.fit import MemoryModel
 from capture_megatron.fit.quality import quality_rows
 from capture_megatron.plan import PlanResult
+from capture_megatron.plan.explain import units
 from capture_megatron.plan.result import PARTS
 from capture_megatron.train.compare import RankCheck
 
@@ -21,40 +22,73 @@ def unit_of(nbytes: float) -> tuple[float, str]:
 
 
 def print_plan(result: PlanResult) -> None:
-    """The top plans, the chosen plan's stages, and the baselines."""
+    """The top plans with a legend, why the first was chosen, its stages, the baselines and its
+    Megatron flags (with the stock Megatron-LM alternative when they need capture-megatron)."""
     unit, uname = unit_of(max(e.peak for e in result.ranked))
     shape, cluster = result.shape, result.cluster
     print(
         f"{result.considered} plans considered for {shape.num_layers} layers x h "
-        f"{shape.hidden_size} on {cluster.gpus} GPUs of {_memory(cluster.gpu_memory_bytes)} "
-        f"(memory model: {result.origin.device}, kernels {result.origin.kernels})"
+        f"{shape.hidden_size} on {cluster.gpus} {units(cluster)} of "
+        f"{_memory(cluster.gpu_memory_bytes)} (memory model: {result.origin.device}, kernels "
+        f"{result.origin.kernels})"
     )
     print(f"  validated: {VALIDATION.get(result.origin.device, 'not validated')}")
     print(
         f"  {'TP':>3} {'PP':>3} {'DP':>4} {'VPP':>3} {'mbs':>3} {'recompute':>9} {'SP':>3} "
-        f"{'DO':>3} {'peak ' + uname:>9} {'need ' + uname:>9} {'fits':>4} {'step s':>8}  layout"
+        f"{'DO':>3} {'peak ' + uname:>9} {'need ' + uname:>9} {'fits':>4} {'step s':>7}  layout"
     )
     for e in result.ranked:
         p = e.plan
         print(
             f"  {p.tp:3d} {p.pp:3d} {p.dp:4d} {p.vpp:3d} {p.micro_batch_size:3d} "
             f"{p.recompute.granularity:>9} {'y' if p.sequence_parallel else 'n':>3} "
-            f"{'y' if p.distributed_optimizer else 'n':>3} {e.peak / unit:9.3f} "
-            f"{e.needed / unit:9.3f} {_fits(e.fits, cluster.gpu_memory_bytes):>4} "
-            f"{e.step_seconds:8.3f}  "
-            f"{p.layout}"
+            f"{'y' if p.distributed_optimizer else 'n':>3} {e.peak / unit:9.2f} "
+            f"{e.needed / unit:9.2f} {_fits(e.fits, cluster.gpu_memory_bytes):>4} "
+            f"{_step(result, e.step_seconds):>7}  {p.layout}"
         )
+    for line in legend(result):
+        print(f"  {line}")
+    for i, line in enumerate(result.reasoning):
+        print(("why: " if i == 0 else "  ") + line)
     _print_stages(result, unit, uname)
     _print_baselines(result, unit, uname)
-    print("megatron_args: " + " ".join(result.to_plain()["megatron_args"]))
+    _print_args(result, unit, uname)
     for note in result.notes:
         print(f"note: {note}")
     if result.ignored_flags:
         print("ignored (cannot change memory): " + " ".join(result.ignored_flags))
 
 
+def legend(result: PlanResult) -> list[str]:
+    """What the table's columns mean, once."""
+    m, memory = result.margins, _memory(result.cluster.gpu_memory_bytes)
+    calibrated = f" x {m.calibration:.3f} calibration" if m.calibration != 1.0 else ""
+    if m.on_cpu:
+        need = f"need = peak{calibrated} (CPU processes: no allocator reserve or CUDA context)"
+        step = "step s: not estimated for CPU processes (the cost model is for GPUs)"
+    else:
+        need = (
+            f"need = peak{calibrated} + allocator reserve ({100 * m.reserve_fraction:g}%) + "
+            f"CUDA context and NCCL ({m.context_bytes / GIB:g} GiB)"
+        )
+        step = "step s: the cost model's estimate per optimizer step (--mfu), to rank plans"
+    fits = f"need <= {memory}" if result.cluster.gpu_memory_bytes else "- (no --gpu-memory-gib)"
+    return [
+        f"peak: predicted peak of allocated memory on the worst pipeline rank; {need}; fits: "
+        f"{fits}",
+        f"{step}; SP sequence parallel, DO distributed optimizer, VPP virtual stages per "
+        "rank, mbs micro-batch size; layout: --pipeline-model-parallel-layout (E embedding, "
+        "t layer, L output layer, | between stages)",
+    ]
+
+
 def _memory(nbytes: int) -> str:
-    return f"{nbytes / GIB:g} GiB" if nbytes else "unstated memory"
+    return f"{round(nbytes / GIB, 1):g} GiB" if nbytes else "unstated memory"
+
+
+def _step(result: PlanResult, seconds: float) -> str:
+    """The estimated step time, or '-' where the cost model does not apply (CPU processes)."""
+    return f"{seconds:.3f}" if result.on_gpu else "-"
 
 
 def _fits(fits: bool, memory: int) -> str:
@@ -62,25 +96,61 @@ def _fits(fits: bool, memory: int) -> str:
     return "-" if not memory else "yes" if fits else "no"
 
 
+def _recompute_words(rc: Recompute) -> str:
+    if rc.granularity == "full":
+        return f"full recompute ({rc.method}) of {list(rc.num_layers)} layers per stage"
+    return "no recompute" if rc.granularity == "none" else "selective recompute"
+
+
 def _print_stages(result: PlanResult, unit: float, uname: str) -> None:
-    print(f"chosen plan, per pipeline rank ({uname}):")
-    print(f"  {'rank':>4} " + " ".join(f"{k:>11}" for k in PARTS) + f" {'peak':>9}  phase")
-    for s, peak in zip(result.best.stages, result.best.rank_peaks):
+    best = result.best
+    print(f"chosen plan, per pipeline rank ({uname}; {_recompute_words(best.plan.recompute)}):")
+    print(
+        f"  {'rank':>4} {'layers':>6} {'in flight':>9} "
+        + " ".join(f"{k:>11}" for k in PARTS)
+        + f" {'peak':>9}  phase"
+    )
+    for s, peak in zip(best.stages, best.rank_peaks):
         parts = " ".join(f"{int(getattr(s, k)) / unit:11.3f}" for k in PARTS)
-        print(f"  {s.pp_rank:4d} {parts} {peak / unit:9.3f}  {s.phase}")
+        layers = best.plan.layers_of(s.pp_rank)
+        alive = "+".join(str(n) for n in s.inflight)
+        print(f"  {s.pp_rank:4d} {layers:6d} {alive:>9} {parts} {peak / unit:9.3f}  {s.phase}")
+    print(
+        "  in flight: micro-batches alive per chunk at the peak; activations: what they hold, "
+        "the running one included (its saved tensors so far; with full recompute the layers "
+        "recomputed for its backward); transient: the running forward / backward / step's "
+        "temporaries beyond that; other: Megatron's global buffers and GPU workspaces"
+    )
 
 
 def _print_baselines(result: PlanResult, unit: float, uname: str) -> None:
+    print("other systems' splits at the plan's sizes and recompute:")
     for b in result.baselines:
         if b.partition is None:
-            print(f"  {b.name:22s} unavailable: {b.reason}")
+            print(f"  {b.name:22s} {result.comparison(b)}")
             continue
-        worst = max(int(x) for x in b.partition.rank_peaks)
-        lower = 100 * (1 - result.best.peak / b.partition.peak)
+        same = b.recompute == result.best.plan.recompute
+        rc = "the same recompute" if same else _recompute_words(b.recompute)
         print(
-            f"  {b.name:22s} worst rank {worst / unit:8.3f} {uname}, layers "
-            f"{list(b.partition.layers_per_stage)}; the plan is {lower:.1f}% lower"
+            f"  {b.name:22s} layers {list(b.partition.layers_per_stage)}, {rc}: worst rank "
+            f"{b.partition.peak / unit:.2f} {uname}; {result.comparison(b)}"
         )
+
+
+def _print_args(result: PlanResult, unit: float, uname: str) -> None:
+    print("megatron_args: " + " ".join(result.megatron_args()))
+    for note in result.flag_notes():
+        print(f"  needs: {note}")
+    alt = result.stock_alternative
+    if alt is None:
+        return
+    step = f", step {alt.step_seconds:.3f} s" if result.on_gpu else ""
+    print(
+        f"stock Megatron-LM alternative (TP {alt.plan.tp}, PP {alt.plan.pp}, DP {alt.plan.dp}, "
+        f"{_recompute_words(alt.plan.recompute)}): peak {alt.peak / unit:.2f} {uname}, need "
+        f"{alt.needed / unit:.2f} {uname}{step}"
+    )
+    print("  megatron_args: " + " ".join(result.megatron_args(alt)))
 
 
 def save_plan_png(result: PlanResult, path: str) -> None:

@@ -32,6 +32,9 @@ class Flag:
     """The accepted values (empty: any value of the field's type)."""
     note: str = ""
     """Help text added after the field's docstring."""
+    sep: str = ""
+    """For a tuple field: its values given as one word joined by this (Megatron-LM's tuple_type,
+    e.g. --window-size 4096,0); empty: one word per value."""
 
 
 def flag(
@@ -41,9 +44,10 @@ def flag(
     negate: bool = False,
     choices: tuple[str, ...] = (),
     note: str = "",
+    sep: str = "",
 ) -> Any:
     """A dataclass field set by the flag `name` (no default: the field is required)."""
-    meta = {FLAG: Flag(name, negate, tuple(choices), note)}
+    meta = {FLAG: Flag(name, negate, tuple(choices), note, sep)}
     return dataclasses.field(default=default, metadata=meta)
 
 
@@ -72,6 +76,8 @@ def to_flags(obj: Any) -> list[str]:
         if isinstance(value, bool):
             if value != spec.negate:
                 out.append(spec.name)
+        elif isinstance(value, tuple) and spec.sep:
+            out += [spec.name, spec.sep.join(map(str, value))]
         elif isinstance(value, tuple):
             out += [spec.name, *map(str, value)]
         else:

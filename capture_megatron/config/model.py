@@ -56,6 +56,12 @@ class ModelShape(JsonMixin):
     """Megatron pads the vocabulary to a multiple of this times TP."""
     swiglu: bool = flag("--swiglu", False)
     """Gated SiLU MLP."""
+    geglu: bool = flag(
+        "--geglu",
+        False,
+        note="(capture-megatron: stock Megatron-LM's pretrain_gpt.py has no flag for it)",
+    )
+    """Gated tanh-GELU MLP (GeGLU, Gemma's): megatron-core's gated_linear_unit with GELU."""
     normalization: str = flag("--normalization", "LayerNorm", choices=NORMALIZATIONS)
     """LayerNorm or RMSNorm."""
     untie_embeddings_and_output_weights: bool = flag("--untie-embeddings-and-output-weights", False)
@@ -66,6 +72,19 @@ class ModelShape(JsonMixin):
     """learned_absolute or rope."""
     add_bias_linear: bool = flag("--disable-bias-linear", True, negate=True)
     """Biases in linear layers (off with --disable-bias-linear)."""
+    add_qkv_bias: bool = flag("--add-qkv-bias", False)
+    """Biases in the QKV projection only (Qwen2's; implied by linear biases)."""
+    norm_epsilon: float = flag("--norm-epsilon", 1e-5)
+    """Epsilon of the LayerNorm / RMSNorm."""
+    rotary_base: int = flag("--rotary-base", 10000)
+    """RoPE base (theta)."""
+    use_rope_scaling: bool = flag("--use-rope-scaling", False)
+    """Llama 3.x RoPE frequency scaling (low / high frequency factors 1 / 4, original 8192
+    positions)."""
+    rope_scaling_factor: float = flag("--rope-scaling-factor", 8.0)
+    """Llama 3.x RoPE scaling factor."""
+    window_size: tuple[int, ...] = flag("--window-size", (), sep=",", note="(e.g. 4096,0)")
+    """Sliding-window attention: (left, right) tokens each query sees; empty: full causal."""
     hidden_dropout: float = flag("--hidden-dropout", 0.1)
     """Dropout after attention and MLP."""
     attention_dropout: float = flag("--attention-dropout", 0.1)
@@ -113,12 +132,34 @@ class ModelShape(JsonMixin):
         for name in ("hidden_dropout", "attention_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 p.append(f"{name} {getattr(self, name)} not in [0, 1)")
+        return p + self._feature_problems()
+
+    def _feature_problems(self) -> list[str]:
+        p: list[str] = []
+        if self.swiglu and self.geglu:
+            p.append("--swiglu and --geglu are two MLP activations: give one")
+        if self.use_rope_scaling and self.position_embedding_type != "rope":
+            p.append("--use-rope-scaling needs --position-embedding-type rope")
+        if self.rotary_base < 1 or self.rope_scaling_factor <= 0 or self.norm_epsilon <= 0:
+            p.append(
+                f"--rotary-base {self.rotary_base}, --rope-scaling-factor "
+                f"{self.rope_scaling_factor} and --norm-epsilon {self.norm_epsilon} must be "
+                "positive"
+            )
+        window = self.window_size
+        if window and (len(window) != 2 or min(window) < -1):
+            p.append(f"--window-size {window} must be two counts (left,right), -1 for unbounded")
         return p
 
     @property
     def ffn(self) -> int:
         """MLP width with Megatron's default applied."""
         return self.ffn_hidden_size or 4 * self.hidden_size
+
+    @property
+    def gated(self) -> bool:
+        """Whether the MLP is gated (SwiGLU or GeGLU: fc1 is twice as wide)."""
+        return self.swiglu or self.geglu
 
     @property
     def groups(self) -> int:

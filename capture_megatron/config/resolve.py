@@ -124,6 +124,37 @@ def refuse_context_parallel(cp: int | None) -> None:
         )
 
 
+def refuse_dropped_recompute(flags: ParallelFlags) -> None:
+    """CaptureError for recompute flags the planner could not keep as given: a method or layer
+    counts without --recompute-granularity full, --recompute-method uniform without its group
+    size, per-stage counts with the uniform method."""
+    full = flags.recompute_granularity == "full"
+    given = {
+        "--recompute-method": flags.recompute_method,
+        "--recompute-num-layers": flags.recompute_num_layers,
+        "--recompute-num-layers-per-stage": flags.recompute_num_layers_per_stage,
+    }
+    stray = [f"{k} {v}" for k, v in given.items() if v is not None]
+    if stray and not full:
+        raise CaptureError(
+            f"{', '.join(stray)}: only full recompute has a method and layer counts (recompute "
+            f"given: {flags.recompute_granularity or 'none'}); add --recompute-granularity full, "
+            "or leave them out"
+        )
+    per_stage = flags.recompute_num_layers_per_stage
+    if full and flags.recompute_method == "uniform" and per_stage:
+        raise CaptureError(
+            "--recompute-num-layers-per-stage needs --recompute-method block (uniform recomputes "
+            "every layer of a stage, n at a time)"
+        )
+    if full and flags.recompute_method == "uniform" and flags.recompute_num_layers is None:
+        raise CaptureError(
+            "--recompute-method uniform needs --recompute-num-layers n (layers per recomputed "
+            "group), as Megatron-LM does; or give --recompute-method block without a count to "
+            "let the planner choose the layers recomputed per stage"
+        )
+
+
 def parallel_plan(flags: ParallelFlags, shape: ModelShape, world_size: int) -> ParallelPlan:
     """ParallelPlan of a training run on `world_size` processes (unset sizes default to 1)."""
     tp = flags.tensor_model_parallel_size or 1

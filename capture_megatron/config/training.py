@@ -196,10 +196,6 @@ class BuildOptions(JsonMixin):
 
     init_method_std: float = flag("--init-method-std", 0.02)
     """Standard deviation of the normal weight initialisation."""
-    layernorm_epsilon: float = flag("--norm-epsilon", 1e-5)
-    """Norm epsilon."""
-    rotary_base: int = flag("--rotary-base", 10000)
-    """RoPE base."""
 
 
 @dataclass(frozen=True)
@@ -219,6 +215,6 @@ class TrainConfig:
     run: RunOptions
     """Loop length, logging, measurement."""
     build: BuildOptions
-    """Model build options (initialisation, norm epsilon, RoPE base)."""
+    """Model build options (initialisation)."""
     kernels: Kernels = Kernels(transformer_impl="auto")
     """Layer implementation and fused kernels (training: TE when importable on CUDA, else local)."""

@@ -8,6 +8,11 @@ Kernels: None means the CPU kernel set (the local spec, no fused kernels: what r
 Kernels set the fusions and the attention backend as Megatron-LM's flags do; on a real GPU with
 transformer_engine the TE spec is built, on the fake-cuda device the local spec with the GPU kernel
 modules of capture_megatron.megatron.gpu (what TE's modules keep; see docs/MEMORY_MODEL.md).
+
+The rest of the architecture goes to megatron-core as Megatron-LM's flags send it: GeGLU
+(--geglu: gated_linear_unit with GELU), QKV biases, the norm epsilon, the RoPE base and Llama 3
+scaling, the sliding window (window_size: the local spec's unfused softmax builds its mask; the GPU
+kernel set's flash / cuDNN attention keep nothing for it).
 """
 
 from __future__ import annotations
@@ -63,10 +68,12 @@ def kernel_fields(shape: ModelShape, kernels: Kernels | None) -> dict:
             "gradient_accumulation_fusion": False,
         }
     rope = shape.position_embedding_type == "rope"
+    # GeGLU (capture-megatron's --geglu) fuses through megatron's bias_geglu_impl, which takes no
+    # bias too: --no-bias-gelu-fusion turns it off, as it does the ungated GeLU's
     activation = (
         kernels.bias_swiglu_fusion
         if shape.swiglu
-        else kernels.bias_gelu_fusion and shape.add_bias_linear
+        else kernels.bias_gelu_fusion and (shape.add_bias_linear or shape.geglu)
     )
     return {
         "masked_softmax_fusion": kernels.masked_softmax_fusion,
@@ -80,6 +87,19 @@ def kernel_fields(shape: ModelShape, kernels: Kernels | None) -> dict:
         "deterministic_mode": kernels.deterministic_mode,
         "gradient_accumulation_fusion": kernels.gradient_accumulation_fusion,
     }
+
+
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    """GELU with the tanh approximation (Gemma's gelu_pytorch_tanh): the unfused GeGLU's gate."""
+    return F.gelu(x, approximate="tanh")
+
+
+def activation(shape: ModelShape, fused: bool):
+    """TransformerConfig's activation_func: SiLU for SwiGLU; for GeGLU F.gelu when fused (megatron
+    dispatches on it to bias_geglu_impl, the tanh approximation) else tanh-GELU; else F.gelu."""
+    if shape.swiglu:
+        return F.silu
+    return gelu_tanh if shape.geglu and not fused else F.gelu
 
 
 def gpu_kernels(kernels: Kernels, impl: str) -> Kernels:
@@ -120,6 +140,7 @@ def transformer_config(
     granularity = (
         "full" if full else ("selective" if plan.recompute.granularity == "selective" else None)
     )
+    fields = kernel_fields(shape, kernels)
     return TransformerConfig(
         num_layers=shape.num_layers,
         hidden_size=shape.hidden_size,
@@ -137,11 +158,13 @@ def transformer_config(
         pipeline_dtype=dtype,
         bf16=shape.dtype == "bf16",
         fp16=shape.dtype == "fp16",
-        gated_linear_unit=shape.swiglu,
-        activation_func=F.silu if shape.swiglu else F.gelu,
+        gated_linear_unit=shape.gated,
+        activation_func=activation(shape, fields["bias_activation_fusion"]),
         normalization=shape.normalization,
-        layernorm_epsilon=opts.layernorm_epsilon,
+        layernorm_epsilon=shape.norm_epsilon,
         add_bias_linear=shape.add_bias_linear,
+        add_qkv_bias=shape.add_qkv_bias,
+        window_size=tuple(shape.window_size) or None,
         hidden_dropout=shape.hidden_dropout,
         attention_dropout=shape.attention_dropout,
         init_method_std=opts.init_method_std,
@@ -157,7 +180,7 @@ def transformer_config(
         recompute_method=plan.recompute.method if full else None,
         recompute_num_layers=n_recompute if full else None,
         microbatch_group_size_per_vp_stage=plan.microbatch_group_size or None,
-        **kernel_fields(shape, kernels),
+        **fields,
     )
 
 
@@ -214,7 +237,6 @@ def build_gpt(
     pre_process: bool,
     post_process: bool,
     vp_stage: int | None,
-    opts: BuildOptions = BuildOptions(),
 ):
     """One GPTModel chunk holding `num_layers` transformer layers (and the ends it is told to
     hold). GPU kernels: on the GPU, as Megatron-LM's get_model moves it there (on the fake-cuda
@@ -232,7 +254,9 @@ def build_gpt(
             post_process=post_process,
             share_embeddings_and_output_weights=not shape.untie_embeddings_and_output_weights,
             position_embedding_type=shape.position_embedding_type,
-            rotary_base=opts.rotary_base,
+            rotary_base=shape.rotary_base,
+            rope_scaling=shape.use_rope_scaling,
+            rope_scaling_factor=shape.rope_scaling_factor,
             vp_stage=vp_stage,
         )
     if kernels is not None and not fake_cuda:
@@ -270,7 +294,6 @@ def build_chunks(
             pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
             post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
             vp_stage=vp_stage,
-            opts=opts,
         )
         init_weights(model, shape, opts, seed)
         chunks.append(model)

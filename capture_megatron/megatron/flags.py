@@ -70,6 +70,9 @@ def _argument(
     if kind is bool:
         kwargs["action"] = "store_false" if spec.negate else "store_true"
         kwargs["default"] = None if unset else default
+    elif typing.get_origin(kind) is tuple and spec.sep:
+        item = typing.get_args(kind)[0]
+        kwargs.update(type=_joined(item, spec.sep), default=None if unset else default)
     elif typing.get_origin(kind) is tuple:
         kwargs.update(
             nargs="+", type=typing.get_args(kind)[0], default=None if unset else list(default)
@@ -81,6 +84,16 @@ def _argument(
     if default is dataclasses.MISSING:
         kwargs.update(required=not unset, default=None)
     return kwargs
+
+
+def _joined(item: type, sep: str) -> Any:
+    """An argparse type: one word of values joined by `sep` ("4096,0" or "(4096,0)") -> tuple."""
+
+    def parse(text: str) -> tuple:
+        return tuple(item(x) for x in text.strip().strip("()").split(sep))
+
+    parse.__name__ = f"'{sep}'-separated {item.__name__}s"
+    return parse
 
 
 def add_fields(

@@ -70,7 +70,7 @@ IGNORED = frozenset(
     --overlap-param-gather-with-optimizer-step --override-opt-param-scheduler --patch-dim
     --phase-transition-iterations --pipeline-model-parallel-comm-backend --pretrained-checkpoint
     --query-in-block-prob --record-memory-history --refit-method --reset-attention-mask
-    --reset-position-ids --result-rejected-tracker-filename --rope-scaling-factor
+    --reset-position-ids --result-rejected-tracker-filename
     --rotary-interleaved --rotary-seq-len-interpolation-factor --run-workload-inspector-server
     --sample-rate --sft --sgd-momentum --sharp-enabled-group --short-seq-prob --skip-train
     --split --te-rng-tracker --test-mode --titles-data-path
@@ -79,7 +79,7 @@ IGNORED = frozenset(
     --use-checkpoint-opt-param-scheduler --use-cpu-initialization --use-dist-ckpt
     --use-legacy-static-engine --use-mcore-models --use-mp-args-from-checkpoint-args
     --use-one-sent-docs --use-persistent-ckpt-worker --use-pytorch-profiler
-    --use-ring-exchange-p2p --use-rope-scaling --use-sharp --use-tp-pp-dp-mapping --vocab-file
+    --use-ring-exchange-p2p --use-sharp --use-tp-pp-dp-mapping --vocab-file
     --warmup --wgrad-deferral-limit
 """.split()
 )
@@ -163,7 +163,7 @@ _REASONS = {
         --qk-clip-alpha --qk-clip-threshold --qk-l2-norm --qk-layernorm --quick-geglu
         --relative-attention-max-distance --relative-attention-num-buckets --rope-type
         --rotary-percent --spec --squared-relu --use-fused-weighted-squared-relu
-        --use-rotary-position-embeddings --vocab-extra-ids --window-attn-skip-freq --window-size
+        --use-rotary-position-embeddings --vocab-extra-ids --window-attn-skip-freq
     """,
     "symmetric-memory all-reduce buffers are not modelled yet": """
         --symmetric-ar-type
@@ -189,9 +189,6 @@ _REASONS = {
     """,
     "fp32 residual connections are not modelled yet": """
         --fp32-residual-connection
-    """,
-    "QKV biases are not modelled yet": """
-        --add-qkv-bias
     """,
     "a padded vocabulary given directly is not modelled yet (give --vocab-size)": """
         --padded-vocab-size

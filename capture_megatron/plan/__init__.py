@@ -8,16 +8,19 @@ capture_megatron.profile.memory_source).
     result.write("plan.json")          # the plan JSON (docs/ARCHITECTURE.md)
 
 partition splits layers over stages (exact min-max), search balances and ranks candidate sizes,
-costmodel estimates step time, baselines predicts other systems' splits, emit writes Megatron flags,
-result holds the PlanResult and its JSON, planner ties them together.
+costmodel estimates step time, baselines predicts other systems' splits, emit writes Megatron flags
+(and model_notes what stock Megatron-LM cannot build), window says whether a sliding window is
+modelled under the run's kernels, result holds the PlanResult and its JSON, planner ties them
+together.
 """
 
 from capture_megatron.plan.baselines import Baseline
-from capture_megatron.plan.emit import model_args, plan_args
+from capture_megatron.plan.emit import model_args, model_notes, plan_args
 from capture_megatron.plan.margins import Margins
 from capture_megatron.plan.planner import PlanOptions, plan
 from capture_megatron.plan.result import PlanFile, PlanResult, read_plan
-from capture_megatron.plan.search import OBJECTIVES, Evaluated, Space, space_from
+from capture_megatron.plan.search import OBJECTIVES, Evaluated
+from capture_megatron.plan.space import Space, space_from
 
 __all__ = [
     "OBJECTIVES",
@@ -29,6 +32,7 @@ __all__ = [
     "PlanResult",
     "Space",
     "model_args",
+    "model_notes",
     "plan",
     "plan_args",
     "read_plan",

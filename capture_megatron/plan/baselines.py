@@ -8,20 +8,33 @@
   the embedding, the transformer layers and the head are weighted by their parameter counts and
   split into contiguous parts minimising the largest part (bisection on the bottleneck, parts filled
   left to right); the transformer layers of each part form its stage.
-Pure Python.
+Each split is then predicted at the plan's own sizes and recompute (`baseline_recompute`): the
+plan's recompute flag for flag when it is not full recompute or was given; when the planner chose
+the full-recompute counts, the same rule on the baseline's own stages -- every layer recomputed
+when the plan recomputes every layer it holds (min-peak), else the fewest layers that fit the same
+memory, as the plan's counts were trimmed (throughput). Pure Python.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from capture_megatron.config import ModelShape, ParallelPlan
+from capture_megatron.config import Cluster, ModelShape, ParallelPlan, Recompute
 from capture_megatron.config.layout import first_last_split
 from capture_megatron.errors import CaptureError
 from capture_megatron.fit import MemoryModel
+from capture_megatron.plan.costmodel import Hardware
+from capture_megatron.plan.margins import Margins
 from capture_megatron.plan.partition import Partition, RankPeak, evaluate
-from capture_megatron.plan.search import rank_peak_fn
+from capture_megatron.plan.search import evaluate_plan, rank_peak_fn, trim_recompute
 from capture_megatron.predict import find_variant, sizes_for, variant_of
+
+BASES = {
+    "same": "the plan's recompute",
+    "every-layer": "every layer recomputed, as the plan",
+    "fewest-that-fit": "the fewest recomputed layers that fit, as the plan's",
+}
+"""How a baseline's recompute follows the plan's (Baseline.basis), in words."""
 
 
 @dataclass(frozen=True)
@@ -36,6 +49,16 @@ class Baseline:
     """The Megatron flags that select it (first/last), if any."""
     reason: str = ""
     """Why there is no split."""
+    recompute: Recompute = Recompute()
+    """The recompute setting the split is predicted at (see basis)."""
+    basis: str = "same"
+    """How that follows the plan's recompute: a key of BASES."""
+    needed: float = 0.0
+    """Memory its worst rank needs with the allocator/context margin (bytes)."""
+    fits: bool = False
+    """needed <= the cluster's memory per GPU."""
+    step_seconds: float = 0.0
+    """Estimated step time (the cost model's)."""
 
 
 def uniform(num_layers: int, pp: int, vpp: int, rank_peak: RankPeak) -> Baseline:
@@ -133,16 +156,78 @@ def deepspeed_parameters(
 
 
 def baselines_for(
-    model: MemoryModel, shape: ModelShape, plan: ParallelPlan
+    model: MemoryModel,
+    shape: ModelShape,
+    plan: ParallelPlan,
+    cluster: Cluster | None = None,
+    margins: Margins | None = None,
+    hw: Hardware = Hardware(),
+    given: bool = False,
+    floor: int = 0,
 ) -> tuple[Baseline, ...]:
     """Uniform, the best Megatron first/last choice and DeepSpeed's 'parameters' split at the
-    plan's own sizes and recompute."""
-    peak = rank_peak_fn(model, shape, plan, plan.recompute.granularity == "full")
+    plan's own sizes and recompute (`given`: the plan's recompute was given and is kept flag for
+    flag; `cluster`: the memory trimmed counts must fit, None: no trimming; `floor`: the fewest
+    layers a trimmed stage keeps recomputing, as the search's trim_recompute)."""
+    full_choice = plan.recompute.granularity == "full" and not given
+    peak = rank_peak_fn(model, shape, plan, full_choice)
     sc = find_variant(model, variant_of(shape, plan)).constants(sizes_for(shape, plan))
     emb, head = sum(sc.chunk("first").end_numels), sum(sc.chunk("last").end_numels)
     n, pp, vpp = shape.num_layers, plan.pp, plan.vpp
-    return (
+    splits = (
         uniform(n, pp, vpp, peak),
         megatron_first_last(n, pp, vpp, peak),
         deepspeed_parameters(n, pp, vpp, emb, sum(sc.layer_numels), head, peak),
+    )
+    cluster = cluster or Cluster(gpus=plan.world_size, gpu_memory_bytes=0)
+    margins = margins or Margins()
+    setting = (given, floor)
+    return tuple(_predicted(b, model, shape, plan, cluster, margins, hw, setting) for b in splits)
+
+
+def baseline_recompute(
+    plan: ParallelPlan, layers_per_stage: tuple[int, ...], given: bool
+) -> tuple[Recompute, str]:
+    """(recompute, basis) of a baseline split of the plan's sizes: the plan's own recompute when
+    it is not full or was given; else every layer of the split's stages, to be trimmed to the
+    fewest that fit ("fewest-that-fit") unless the plan recomputes every layer it holds."""
+    rc = plan.recompute
+    if rc.granularity != "full" or given:
+        return rc, "same"
+    split = replace(plan, layers_per_stage=layers_per_stage)
+    every = tuple(max(split.chunks_of(r)) for r in range(plan.pp))
+    all_held = all(n >= max(plan.chunks_of(r)) for r, n in enumerate(rc.num_layers))
+    return Recompute("full", "block", every), "every-layer" if all_held else "fewest-that-fit"
+
+
+def _predicted(
+    b: Baseline,
+    model: MemoryModel,
+    shape: ModelShape,
+    plan: ParallelPlan,
+    cluster: Cluster,
+    margins: Margins,
+    hw: Hardware,
+    setting: tuple[bool, int],
+) -> Baseline:
+    """The baseline split predicted at the plan's sizes and recompute (baseline_recompute;
+    `setting`: (given, floor) as baselines_for's)."""
+    if b.partition is None:
+        return b
+    layers = b.partition.layers_per_stage
+    rc, basis = baseline_recompute(plan, layers, setting[0])
+    split = replace(plan, layers_per_stage=layers, recompute=rc)
+    if basis == "fewest-that-fit" and cluster.gpu_memory_bytes:
+        cap = cluster.gpu_memory_bytes
+        split = trim_recompute(model, shape, split, cap, margins, setting[1])
+    e = evaluate_plan(model, shape, split, cluster, margins, hw)
+    part = Partition(layers, e.peak, tuple(s.peak for s in e.stages))
+    return replace(
+        b,
+        partition=part,
+        recompute=split.recompute,
+        basis=basis,
+        needed=e.needed,
+        fits=e.fits,
+        step_seconds=e.step_seconds,
     )

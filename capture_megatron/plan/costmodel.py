@@ -42,7 +42,7 @@ def layer_forward_flops(shape: ModelShape, b: int) -> float:
     )
     qkv = 2 * b * s * h * (a + 2 * g) * d
     proj = 2 * b * s * a * d * h
-    mlp = 2 * b * s * h * f * (3 if shape.swiglu else 2)
+    mlp = 2 * b * s * h * f * (3 if shape.gated else 2)
     core = 4 * b * a * s * s * d
     return qkv + proj + mlp + core
 

@@ -39,25 +39,32 @@ def plan_args(plan: ParallelPlan) -> list[str]:
     if rc.granularity == "selective":
         out += ["--recompute-granularity", "selective"]
     elif rc.granularity == "full":
-        if len(set(rc.num_layers)) == 1:
-            out += [
-                "--recompute-granularity",
-                "full",
-                "--recompute-method",
-                rc.method,
-                "--recompute-num-layers",
-                str(rc.num_layers[0]),
-            ]
+        out += ["--recompute-granularity", "full", "--recompute-method", rc.method]
+        n = stock_recompute_count(plan)
+        if n is not None:
+            out += ["--recompute-num-layers", str(n)]
         else:
-            out += [
-                "--recompute-granularity",
-                "full",
-                "--recompute-method",
-                "block",
-                "--recompute-num-layers-per-stage",
-                ",".join(str(n) for n in rc.num_layers),
-            ]
+            out += ["--recompute-num-layers-per-stage", ",".join(str(n) for n in rc.num_layers)]
     return out
+
+
+def stock_recompute_count(plan: ParallelPlan) -> int | None:
+    """The one --recompute-num-layers that recomputes what the plan's per-stage counts do, or None
+    when no single count does (then only capture-megatron's per-stage flag expresses the plan).
+
+    Megatron's block method recomputes the first min(n, k) layers of each chunk of k layers, so a
+    stage whose count covers all its layers agrees with any count at least its largest chunk; a
+    stage recomputing fewer than its largest chunk needs exactly its own count."""
+    rc = plan.recompute
+    if rc.granularity != "full":
+        return None
+    largest = [max(plan.chunks_of(r)) for r in range(plan.pp)]
+    exact = {n for n, k in zip(rc.num_layers, largest) if n < k}
+    if len(exact) > 1:
+        return None
+    n = exact.pop() if exact else max(rc.num_layers)
+    covered = all(m == n or (m >= k and n >= k) for m, k in zip(rc.num_layers, largest))
+    return n if covered else None
 
 
 def model_args(shape: ModelShape) -> list[str]:
@@ -94,6 +101,7 @@ def model_args(shape: ModelShape) -> list[str]:
         out += ["--position-embedding-type", shape.position_embedding_type]
     if not shape.add_bias_linear:
         out.append("--disable-bias-linear")
+    out += feature_args(shape)
     out += [
         "--hidden-dropout",
         repr(shape.hidden_dropout),
@@ -107,14 +115,93 @@ def model_args(shape: ModelShape) -> list[str]:
     return out
 
 
-def kernel_args(kernels: Kernels) -> list[str]:
+def feature_args(shape: ModelShape) -> list[str]:
+    """The architecture flags beyond the sizes that differ from Megatron-LM's defaults: GeGLU,
+    QKV biases, norm epsilon, RoPE base and scaling, sliding window."""
+    out = ["--geglu"] if shape.geglu else []
+    if shape.add_qkv_bias:
+        out.append("--add-qkv-bias")
+    if shape.norm_epsilon != 1e-5:
+        out += ["--norm-epsilon", repr(shape.norm_epsilon)]
+    if shape.rotary_base != 10000:
+        out += ["--rotary-base", str(shape.rotary_base)]
+    if shape.use_rope_scaling:
+        out.append("--use-rope-scaling")
+    if shape.use_rope_scaling or shape.rope_scaling_factor != 8.0:
+        out += ["--rope-scaling-factor", repr(shape.rope_scaling_factor)]
+    if shape.window_size:
+        out += ["--window-size", ",".join(map(str, shape.window_size))]
+    return out
+
+
+GEGLU_NOTE = (
+    "--geglu (GeGLU: the gated tanh-GELU MLP) is capture-megatron's flag: stock Megatron-LM's "
+    "pretrain_gpt.py cannot build this model (it has --swiglu, and --quick-geglu, which is "
+    "x * sigmoid(1.702 x), a different activation); capture-megatron's own pretrain_gpt "
+    "(capture-megatron train / verify / launch) builds it"
+)
+"""What model_notes says of a GeGLU model."""
+
+
+def model_notes(shape: ModelShape) -> tuple[str, ...]:
+    """What the emitted model flags cannot do in stock Megatron-LM (core_v0.16.1), for the CLI to
+    print with them."""
+    notes = [GEGLU_NOTE] if shape.geglu else []
+    if shape.use_rope_scaling and shape.rope_scaling_factor != 8.0:
+        notes.append(
+            f"--rope-scaling-factor {shape.rope_scaling_factor:g}: stock Megatron-LM's "
+            "pretrain_gpt.py (gpt_builders.py) passes --use-rope-scaling but not the factor to "
+            "GPTModel, so it builds factor 8; capture-megatron's pretrain_gpt uses the factor "
+            "(either way the memory is the same)"
+        )
+    return tuple(notes)
+
+
+def resolved_impl(kernels: Kernels, gpu: bool = True) -> str:
+    """The layer implementation as Megatron-LM names it: `auto` is what capture-megatron's
+    training picks for it (Transformer Engine on a GPU, the local spec on CPU)."""
+    if kernels.transformer_impl != "auto":
+        return kernels.transformer_impl
+    return "transformer_engine" if gpu else "local"
+
+
+def kernel_args(kernels: Kernels, gpu: bool = True) -> list[str]:
     """The layer implementation and attention backend, always named (the kernel set the forecast
-    assumed), and every other kernel setting that differs from Megatron-LM's default."""
-    named = ["--transformer-impl", kernels.transformer_impl]
+    assumed), and every other kernel setting that differs from Megatron-LM's default, in
+    Megatron-LM's own flags: `auto` is named as the implementation it picks (resolved_impl; `gpu`:
+    a GPU kernel set), and the cuBLAS workspace is an environment variable (see flag_notes)."""
+    named = ["--transformer-impl", resolved_impl(kernels, gpu)]
     named += ["--attention-backend", kernels.attention_backend]
     rest = to_flags(kernels)
-    for flag in ("--transformer-impl", "--attention-backend"):
+    for flag in ("--transformer-impl", "--attention-backend", "--cublas-workspace-config"):
         if flag in rest:
             at = rest.index(flag)
             del rest[at : at + 2]
     return named + rest
+
+
+PER_STAGE_NOTE = (
+    "these flags need capture-megatron's per-stage recompute (its pretrain_gpt, or the "
+    "`capture-megatron megatron-lm` wrapper / patch: patches/README.md); stock Megatron-LM rejects "
+    "--recompute-num-layers-per-stage"
+)
+"""What a plan whose flags hold --recompute-num-layers-per-stage says next to them."""
+
+
+def flag_notes(plan: ParallelPlan, kernels: Kernels, gpu: bool = True) -> tuple[str, ...]:
+    """What running the plan's megatron_args needs beyond stock Megatron-LM (empty: nothing;
+    `gpu`: a GPU kernel set)."""
+    notes = []
+    if "--recompute-num-layers-per-stage" in plan_args(plan):
+        notes.append(PER_STAGE_NOTE)
+    if kernels.transformer_impl == "auto":
+        notes.append(
+            f"--transformer-impl auto is written as {resolved_impl(kernels, gpu)}, what auto "
+            f"picks {'on a GPU' if gpu else 'on CPU'} (Megatron-LM has no auto)"
+        )
+    if kernels.cublas_workspace_config:
+        notes.append(
+            f"set CUBLAS_WORKSPACE_CONFIG={kernels.cublas_workspace_config} in the training "
+            "environment (the forecast assumes it; it is not a Megatron-LM flag)"
+        )
+    return tuple(notes)

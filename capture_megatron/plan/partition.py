@@ -22,10 +22,18 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+
 from capture_megatron.errors import require
 
 RankPeak = Callable[[int, tuple[int, ...]], float]
+"""rank_peak(pp_rank, chunk_counts) -> predicted peak bytes."""
+RankTable = Callable[[int, int], np.ndarray]
+"""table(pp_rank, limit) -> the rank's peak for every chunk count 0..limit (one axis per chunk),
+equal to rank_peak's values (capture_megatron.predict.table); used up to TABLE_CHUNKS chunks."""
 TIE = 1e-9
+TABLE_CHUNKS = 2
+"""Tables are used up to this many chunks per rank ((limit + 1) ** vpp entries)."""
 
 
 @dataclass(frozen=True)
@@ -91,17 +99,92 @@ class _Ranks:
         return lo
 
 
+class _TableRanks(_Ranks):
+    """_Ranks on bulk tables (one or two chunks per rank): each rank's table of peaks over its
+    chunk counts, and the curve of the best split's peak for every total, grown by doubling the
+    largest count as totals beyond it are asked for."""
+
+    def __init__(self, pp: int, vpp: int, rank_peak: RankPeak, limit: int, table: RankTable):
+        super().__init__(pp, vpp, rank_peak, limit)
+        self.table = table
+        self.tables: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    def _curve(self, rank: int, total: int) -> tuple[np.ndarray, np.ndarray]:
+        """(table, best peak for every total 0..its largest count) covering `total`."""
+        have = self.tables.get(rank)
+        if have is None or len(have[1]) <= total:
+            size = 2 * (len(have[1]) - 1) if have is not None else 2 * -(-self.limit // self.pp) + 2
+            table = self.table(rank, min(max(total, size), self.limit))
+            if self.vpp == 1:
+                curve = table
+            else:  # minimum over each anti-diagonal a + b = t with t <= the largest count
+                k = table.shape[0]
+                curve = np.full(2 * k - 1, np.inf)
+                np.minimum.at(
+                    curve, np.add.outer(np.arange(k), np.arange(k)).ravel(), table.ravel()
+                )
+                curve = curve[:k]
+            have = (table, curve)
+            self.tables[rank] = have
+        return have
+
+    def _best(self, rank: int, total: int) -> tuple[float, tuple[int, ...]]:
+        """As _Ranks._best, read from the table."""
+        table, curve = self._curve(rank, total)
+        if self.vpp == 1:
+            return float(table[total]), (total,)
+        first = np.arange(total + 1)
+        costs = table[first, total - first]
+        low = costs.min()
+        a = min(np.flatnonzero(costs == low), key=lambda i: (max(i, total - i), i))
+        return float(low), (int(a), total - int(a))
+
+    def capacity(self, rank: int, cap: float) -> int:
+        """The largest total whose best split stays <= cap (-1 when none does)."""
+        curve = self._curve(rank, 0)[1]
+        while True:
+            fits = np.flatnonzero(curve <= cap)
+            if not len(fits):
+                return -1
+            if fits[-1] < len(curve) - 1 or len(curve) > self.limit:
+                return int(fits[-1])
+            curve = self._curve(rank, len(curve))[1]
+
+
+def _feasible(ranks: _Ranks, n: int, cap: float) -> bool:
+    caps = [ranks.capacity(r, cap) for r in range(ranks.pp)]
+    return min(caps) >= 0 and sum(caps) >= n
+
+
+def _table_cap(ranks: _TableRanks, n: int, hi: float) -> float:
+    """C* on tables: the smallest of the ranks' best-split peaks (each curve grown to what `hi`
+    needs first) under which all ranks hold n layers -- a bisection over those values."""
+    for r in range(ranks.pp):
+        ranks.capacity(r, hi)
+    values = np.unique(np.concatenate([ranks.tables[r][1] for r in range(ranks.pp)]))
+    values = values[values <= hi]
+    lo, top = 0, len(values) - 1  # values[top] == hi is feasible
+    while lo < top:
+        mid = (lo + top) // 2
+        if _feasible(ranks, n, float(values[mid])):
+            top = mid
+        else:
+            lo = mid + 1
+    return float(values[top])
+
+
 def _bisect_cap(ranks: _Ranks, n: int) -> float:
     """The optimal cap C* (exact: ends on an achieved rank_peak value)."""
     pp = ranks.pp
     hi = max(ranks.best(r, -(-n // pp))[0] for r in range(pp))  # a feasible cap: the even split
+    if isinstance(ranks, _TableRanks):
+        return _table_cap(ranks, n, hi)
     lo = min(ranks.best(r, 0)[0] for r in range(pp))
     for _ in range(200):
         if hi - lo <= TIE * max(abs(hi), 1.0):
             break
         mid = (lo + hi) / 2
-        caps = [ranks.capacity(r, mid) for r in range(pp)]
-        if min(caps) >= 0 and sum(caps) >= n:
+        if _feasible(ranks, n, mid):
             hi = mid
         else:
             lo = mid
@@ -126,10 +209,16 @@ def _balanced(caps: list[int], n: int) -> list[int]:
 
 
 def min_max_partition(
-    num_layers: int, pp: int, vpp: int, rank_peak: RankPeak, unit: int = 1
+    num_layers: int,
+    pp: int,
+    vpp: int,
+    rank_peak: RankPeak,
+    unit: int = 1,
+    table: RankTable | None = None,
 ) -> Partition:
     """The split of `num_layers` minimising the largest rank peak (see the module docstring), every
-    chunk holding a multiple of `unit` layers (uniform recompute of `unit` layers at a time)."""
+    chunk holding a multiple of `unit` layers (uniform recompute of `unit` layers at a time);
+    `table`, when given, supplies the same peaks in bulk (faster, identical result)."""
     require(
         [
             f"{name} {val} must be >= 1"
@@ -149,7 +238,11 @@ def min_max_partition(
             num_layers // unit, pp, vpp, lambda r, c: rank_peak(r, tuple(unit * k for k in c))
         )
         return evaluate(tuple(unit * k for k in part.layers_per_stage), pp, vpp, rank_peak)
-    ranks = _Ranks(pp, vpp, rank_peak, num_layers)
+    ranks = (
+        _TableRanks(pp, vpp, rank_peak, num_layers, table)
+        if table is not None and vpp <= TABLE_CHUNKS
+        else _Ranks(pp, vpp, rank_peak, num_layers)
+    )
     cap = _bisect_cap(ranks, num_layers)
     caps = [ranks.capacity(r, cap * (1 + TIE)) for r in range(pp)]
     totals = _balanced(caps, num_layers)

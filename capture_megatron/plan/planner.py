@@ -1,10 +1,11 @@
 """plan(): the planning step from a model and a cluster to a PlanResult (pure Python).
 
-The memory model comes ready (a MemoryModel) or from a ModelSource, which is asked for exactly the
-(variant, probe shape) pairs the candidate plans need (capture_megatron.profile.memory_source
-profiles them on the spot and caches them). With a fixed plan nothing is searched: the result holds
-its prediction. Otherwise the candidates of the search space are balanced and ranked by the
-objective, and when none fits, the error names the smallest setup that would.
+The memory model comes ready (a MemoryModel) or from a ModelSource, which is asked for the
+(variant, probe shape) pairs of the plans the search visits (capture_megatron.plan.supply;
+capture_megatron.profile.memory_source profiles them on the spot and caches them). With a fixed
+plan nothing is searched: the result holds its prediction. Otherwise the candidates of the search
+space are balanced and ranked by the objective, and when none fits, the error names the smallest
+setup that would.
 """
 
 from __future__ import annotations
@@ -15,22 +16,22 @@ from dataclasses import dataclass
 from capture_megatron.config import GIB, Cluster, Kernels, ModelShape, ParallelPlan
 from capture_megatron.config.fields import flag
 from capture_megatron.errors import CaptureError
-from capture_megatron.fit import MemoryModel, ModelSource, Needs
+from capture_megatron.fit import MemoryModel, ModelSource
 from capture_megatron.plan.baselines import baselines_for
 from capture_megatron.plan.costmodel import Hardware
-from capture_megatron.plan.margins import CONTEXT_GIB, RESERVE_FRACTION
+from capture_megatron.plan.explain import Context, plans_explained, reasoning, stock_alternative
+from capture_megatron.plan.margins import CONTEXT_GIB, RESERVE_FRACTION, Margins
 from capture_megatron.plan.result import ModelOrigin, PlanResult
 from capture_megatron.plan.search import (
     OBJECTIVES,
     Evaluated,
-    Margins,
-    Space,
-    candidates,
     evaluate_plan,
+    memory_dominated,
     search,
 )
-from capture_megatron.predict import variant_of
-from capture_megatron.records import ProbeShape
+from capture_megatron.plan.space import Space, candidates
+from capture_megatron.plan.supply import Supply
+from capture_megatron.plan.window import window_problem
 
 
 @dataclass(frozen=True)
@@ -39,9 +40,10 @@ class PlanOptions:
 
     objective: str = flag(
         "--objective",
-        "min-peak",
+        "throughput",
         choices=OBJECTIVES,
-        note="(min-peak: lowest worst-rank peak; throughput: fastest plan that fits; min-gpus)",
+        note="(throughput, the default: the fastest estimated step among plans that fit; "
+        "min-peak: the lowest worst-rank peak; min-gpus: the fewest GPUs on which a plan fits)",
     )
     """What the search optimises."""
     top: int = flag("--top", 8)
@@ -75,13 +77,6 @@ class PlanOptions:
         )
 
 
-def needs_of(shape: ModelShape, plans: list[ParallelPlan]) -> Needs:
-    """The (variant, probe shape) pairs predicting `plans` needs."""
-    return frozenset(
-        (variant_of(shape, p), ProbeShape.of(shape, p.tp, p.micro_batch_size)) for p in plans
-    )
-
-
 def global_batch(options: PlanOptions, cluster: Cluster) -> int:
     """The global batch: given, or one (fixed, else single) micro-batch per GPU."""
     mbs = options.space.micro_batch_size
@@ -99,23 +94,25 @@ def plan(
         raise CaptureError(
             "plan() needs a memory model or a source (capture_megatron.profile.memory_source)"
         )
-    source: ModelSource = memory if callable(memory) else (lambda _needs: memory)
+    supply = Supply(shape, memory)
     hw, margins = Hardware(efficiency=options.mfu), options.margins(cluster)
     if options.fixed is not None:
-        model = source(needs_of(shape, [options.fixed]))
+        model = supply.complete([options.fixed])
         fixed = evaluate_plan(model, shape, options.fixed, cluster, margins, hw)
         return _result(model, shape, cluster, options, (fixed,), 1)
     if not cluster.gpu_memory_bytes:
         raise CaptureError("planning needs the usable memory per GPU: give --gpu-memory-gib")
     gbs = global_batch(options, cluster)
-    plans = list(candidates(shape, cluster, gbs, options.space))
-    if not plans:
+    if not any(candidates(shape, cluster, gbs, options.space)):
         raise CaptureError(_why_no_candidate(shape, cluster, gbs, options.space))
-    model = source(needs_of(shape, plans))
-    search_ = _Search(model, shape, cluster, gbs, options.space, margins, hw)
+    first = next(candidates(shape, cluster, gbs, options.space))
+    supply.want(plans_explained(shape, options.space, first))  # plain DP, for the reasoning
+    search_ = _Search(supply, shape, cluster, gbs, options.space, margins, hw)
     ranked, considered = search_.best(options.objective, options.top)
     if not ranked[0].fits:
         raise search_.no_fit(ranked[0])
+    explained = plans_explained(shape, options.space, ranked[0].plan)
+    model = supply.complete([e.plan for e in ranked] + explained)
     return _result(model, shape, cluster, options, ranked, considered)
 
 
@@ -127,16 +124,35 @@ def _result(
     ranked: tuple[Evaluated, ...],
     considered: int,
 ) -> PlanResult:
+    problem = window_problem(shape, model.kernels, options.kernels)
+    if problem:
+        raise CaptureError(problem + ".")
     origin = ModelOrigin(model.device, model.kernels, model.versions)
-    baselines = baselines_for(model, shape, ranked[0].plan)
-    return PlanResult(shape, cluster, ranked, considered, baselines, origin, options.kernels)
+    hw, margins, space = Hardware(efficiency=options.mfu), options.margins(cluster), options.space
+    objective = "fixed" if options.fixed is not None else options.objective
+    given = options.fixed is not None or space.keeps_recompute
+    floor = 1 if space.recompute == ("full",) else 0
+    baselines = baselines_for(model, shape, ranked[0].plan, cluster, margins, hw, given, floor)
+    ctx = Context(model, shape, cluster, space, margins, hw, objective)
+    return PlanResult(
+        shape,
+        cluster,
+        ranked,
+        considered,
+        baselines,
+        origin,
+        options.kernels,
+        reasoning=reasoning(ctx, ranked, considered),
+        stock_alternative=stock_alternative(ctx, ranked),
+        margins=margins,
+    )
 
 
 @dataclass(frozen=True)
 class _Search:
     """One model's search over clusters of different sizes (for min-gpus and no-fit messages)."""
 
-    model: MemoryModel
+    supply: Supply
     shape: ModelShape
     cluster: Cluster
     gbs: int
@@ -147,7 +163,7 @@ class _Search:
     def run(self, cluster: Cluster, objective: str, top: int) -> tuple[tuple[Evaluated, ...], int]:
         """(ranked plans, candidates considered) on `cluster`."""
         found = search(
-            self.model,
+            self.supply,
             self.shape,
             cluster,
             self.gbs,
@@ -171,7 +187,15 @@ class _Search:
 
     def smallest_fit(self, limit: int) -> tuple[int, Evaluated] | None:
         """(gpus, plan) of the fewest GPUs up to `limit` on which some plan fits, else None."""
-        for n in gpu_counts(self.cluster, limit):
+        counts = gpu_counts(self.cluster, limit)
+        clusters = [dataclasses.replace(self.cluster, gpus=n) for n in counts]
+        self.supply.complete(  # every pair these min-peak searches need, in one round
+            p
+            for c in clusters
+            for p in candidates(self.shape, c, self.gbs, self.space)
+            if not memory_dominated(p, self.space)
+        )
+        for n in counts:
             ranked, _ = self.run(dataclasses.replace(self.cluster, gpus=n), "min-peak", 1)
             if ranked and ranked[0].fits:
                 return n, ranked[0]

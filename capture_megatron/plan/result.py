@@ -14,8 +14,9 @@ from capture_megatron.config import Cluster, Kernels, ModelShape, ParallelPlan, 
 from capture_megatron.config.kernels import VALIDATION
 from capture_megatron.config.layout import parse_layout
 from capture_megatron.errors import CaptureError
-from capture_megatron.plan.baselines import Baseline
-from capture_megatron.plan.emit import kernel_args, model_args, plan_args
+from capture_megatron.plan.baselines import BASES, Baseline
+from capture_megatron.plan.emit import flag_notes, kernel_args, model_args, plan_args
+from capture_megatron.plan.margins import Margins
 from capture_megatron.plan.search import Evaluated
 from capture_megatron.predict import StageMemory
 from capture_megatron.serial import from_plain, load_json, to_plain
@@ -60,6 +61,13 @@ class PlanResult:
     """Megatron-LM flags given that cannot change memory (accepted and ignored)."""
     notes: tuple[str, ...] = ()
     """Assumptions the result rests on (e.g. a vocabulary assumed for a file not readable here)."""
+    reasoning: tuple[str, ...] = ()
+    """Why the plan was chosen and what the simpler setups need, one sentence each."""
+    stock_alternative: Evaluated | None = None
+    """When the plan's flags need capture-megatron's per-stage recompute: the best plan stock
+    Megatron-LM runs (None when the plan's own flags are stock)."""
+    margins: Margins = Margins()
+    """The margins `needed` adds to a peak (allocator reserve, CUDA context)."""
 
     @property
     def best(self) -> Evaluated:
@@ -70,6 +78,23 @@ class PlanResult:
         """One baseline by name (uniform, megatron-first-last, deepspeed-parameters)."""
         return next(b for b in self.baselines if b.name == name)
 
+    @property
+    def on_gpu(self) -> bool:
+        """Whether the plan is for GPUs (the cost model's step times apply), not CPU processes."""
+        return self.cluster.device != "cpu"
+
+    def megatron_args(self, e: Evaluated | None = None) -> list[str]:
+        """The Megatron flags of the chosen plan (or of `e`): parallel settings and kernels."""
+        return plan_args((e or self.best).plan) + kernel_args(self.kernels, self._gpu_kernels)
+
+    def flag_notes(self) -> tuple[str, ...]:
+        """What the chosen plan's megatron_args need beyond stock Megatron-LM (empty: nothing)."""
+        return flag_notes(self.best.plan, self.kernels, self._gpu_kernels)
+
+    @property
+    def _gpu_kernels(self) -> bool:
+        return self.origin.kernels != "cpu"
+
     def to_plain(self) -> dict[str, Any]:
         """The plan JSON as plain data (docs/ARCHITECTURE.md's contract)."""
         best = self.best
@@ -79,20 +104,74 @@ class PlanResult:
             "plan": _plan_section(best.plan),
             "predicted_peak_bytes": list(best.rank_peaks),
             "breakdown": _breakdown(best.stages),
-            "megatron_args": plan_args(best.plan) + kernel_args(self.kernels),
+            "megatron_args": self.megatron_args(),
+            "megatron_args_notes": list(self.flag_notes()),
+            "stock_alternative": self._stock_entry(),
             "model_args": model_args(self.shape),
             "model": to_plain(self.shape),
-            "baselines": {b.name: _baseline_entry(b, best.peak) for b in self.baselines},
+            "baselines": {b.name: self._baseline_entry(b) for b in self.baselines},
             "needed_bytes_per_gpu": int(best.needed),
             "gpu_memory_bytes": self.cluster.gpu_memory_bytes,
             "fits": best.fits if self.cluster.gpu_memory_bytes else None,
             "kernels": to_plain(self.kernels),
             "ignored_flags": list(self.ignored_flags),
             "notes": list(self.notes),
-            "estimated_step_seconds": best.step_seconds,
+            "reasoning": list(self.reasoning),
+            "estimated_step_seconds": best.step_seconds if self.on_gpu else None,
             "memory_model": to_plain(self.origin),
             "validation": VALIDATION.get(self.origin.device, "not validated"),
         }
+
+    def _stock_entry(self) -> dict[str, Any] | None:
+        e = self.stock_alternative
+        if e is None:
+            return None
+        return {
+            "plan": _plan_section(e.plan),
+            "megatron_args": self.megatron_args(e),
+            "predicted_peak_bytes": list(e.rank_peaks),
+            "needed_bytes_per_gpu": int(e.needed),
+            "fits": e.fits,
+            "estimated_step_seconds": e.step_seconds if self.on_gpu else None,
+        }
+
+    def comparison(self, b: Baseline) -> str:
+        """How the plan compares with a baseline, in words (never a negative '% lower')."""
+        if b.partition is None:
+            return f"unavailable: {b.reason}"
+        best, peak = self.best, b.partition.peak
+        if peak > best.peak:
+            words = f"the plan's worst rank is {100 * (1 - best.peak / peak):.1f}% lower"
+        elif peak < best.peak:
+            words = f"its worst rank is {100 * (1 - peak / best.peak):.1f}% below the plan's"
+        else:
+            words = "the same worst-rank peak as the plan"
+        if self.cluster.gpu_memory_bytes and best.fits and not b.fits:
+            words += "; it does not fit where the plan does"
+        if b.recompute != best.plan.recompute and self.on_gpu:
+            words += (
+                f"; estimated step {b.step_seconds:.2f} s vs the plan's {best.step_seconds:.2f} s"
+            )
+        return words
+
+    def _baseline_entry(self, b: Baseline) -> dict[str, Any]:
+        if b.partition is None:
+            return {"unavailable": b.reason}
+        lower = 1 - self.best.peak / b.partition.peak
+        entry: dict[str, Any] = {
+            "layers_per_stage": list(b.partition.layers_per_stage),
+            "recompute": to_plain(b.recompute),
+            "recompute_basis": BASES[b.basis],
+            "predicted_peak_bytes": [int(x) for x in b.partition.rank_peaks],
+            "needed_bytes_per_gpu": int(b.needed),
+            "fits": b.fits if self.cluster.gpu_memory_bytes else None,
+            "estimated_step_seconds": b.step_seconds if self.on_gpu else None,
+            "reduction_by_plan": lower if lower >= 0 else None,
+            "comparison": self.comparison(b),
+        }
+        if b.flags:
+            entry["megatron_args"] = list(b.flags)
+        return entry
 
     def to_json(self) -> str:
         """The plan JSON text."""
@@ -126,19 +205,6 @@ def _breakdown(stages: tuple[StageMemory, ...]) -> list[dict[str, Any]]:
         {"pp_rank": s.pp_rank, **{k: int(getattr(s, k)) for k in PARTS}, "phase": s.phase}
         for s in stages
     ]
-
-
-def _baseline_entry(b: Baseline, best_peak: float) -> dict[str, Any]:
-    if b.partition is None:
-        return {"unavailable": b.reason}
-    entry: dict[str, Any] = {
-        "layers_per_stage": list(b.partition.layers_per_stage),
-        "predicted_peak_bytes": [int(x) for x in b.partition.rank_peaks],
-        "reduction_by_plan": 1 - best_peak / b.partition.peak,
-    }
-    if b.flags:
-        entry["megatron_args"] = list(b.flags)
-    return entry
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,9 @@ class ChunkCost:
     buffers: float
     """Persistent buffers the chunk needs on its rank (Megatron's global buffers, TE's dummy
     wgrads); a rank holds the largest of its chunks'."""
+    recomputed: float = 0.0
+    """Of `backward`: the activations a full-recompute backward re-creates and holds at its peak
+    (the recomputed layer's, or the group's with the uniform method; 0 without recompute)."""
 
 
 @dataclass(frozen=True)
@@ -64,9 +67,13 @@ class StageMemory(JsonMixin):
     optimizer: float
     """Optimizer state."""
     activations: float
-    """Activations of the micro-batches in flight at the peak."""
+    """Activations held at the peak: those of the micro-batches in flight, including the one whose
+    forward runs (what it has saved so far, its received input included) or whose backward runs
+    (with full recompute, the recomputed layers' activations re-created for it)."""
     transient: float
-    """Temporaries of the forward/backward/step running at the peak."""
+    """Temporaries of the forward/backward/step running at the peak, beyond those activations
+    (e.g. logits and loss, gradients being computed, the input gradient the schedule still
+    holds)."""
     other: float
     """Megatron's global buffers and, for GPU kernels, the cuBLAS / TE workspaces."""
     phase: str
@@ -101,7 +108,9 @@ def find_variant(model: MemoryModel, variant: Variant) -> VariantModel:
         f"the {model.device} memory model has no fit for {variant.dtype}, recompute "
         f"{variant.recompute}, sequence parallel {variant.sequence_parallel}, swiglu "
         f"{variant.swiglu}, {variant.normalization}, {variant.position_embedding_type}, dropout "
-        f"{variant.dropout}, untied {variant.untied} (fitted: {have}); profile that variant"
+        f"{variant.dropout}, untied {variant.untied}, geglu {variant.geglu}, qkv bias "
+        f"{variant.add_qkv_bias}, window {variant.window_size or 'none'} (fitted: {have}); "
+        "profile that variant"
     )
 
 
@@ -118,14 +127,15 @@ def chunk_kind(plan: ParallelPlan, pp_rank: int, vp: int) -> str:
 
 def _activations(
     sc: ShapeConstants, kind: str, k: int, n: int
-) -> tuple[float, float, float, float]:
-    """(input, saved, forward peak, backward peak) of a chunk with k layers, n recomputed."""
+) -> tuple[float, float, float, float, float]:
+    """(input, saved, forward peak, backward peak, recomputed) of a chunk with k layers, n
+    recomputed; `recomputed`: the activations the backward re-creates at its peak."""
     c = sc.chunk(kind)
     inp = c.input_bytes
     if k == 0:
         if kind == "middle":  # an empty stage passes its input on; the schedule keeps the input
-            return inp, 0.0, 0.0, inp
-        return inp, c.need("saved0"), c.need("fwd0"), c.need("bwd0")
+            return inp, 0.0, 0.0, inp, 0.0
+        return inp, c.need("saved0"), c.need("fwd0"), c.need("bwd0"), 0.0
     s, r = sc.layer_saved, (sc.layer_saved_rc or 0.0)
     r2 = r if sc.layer_saved_rc_next is None else sc.layer_saved_rc_next
     kept = r + (n - 1) * r2 if n else 0.0  # the first recomputed layer, then each further one
@@ -137,22 +147,27 @@ def _activations(
         if n < k
         else c.need("fwdrc") + (k - 1) * r2
     )
+    # a recomputed layer's backward re-creates what the layer saves, less its kept input
+    again = max(s - r2, 0.0)
     if n == 0:
-        bwd = c.bwd1
+        bwd, redone = c.bwd1, 0.0
     elif n < k:
-        bwd = max(c.bwd1, c.need("bwdmix") - (k - n - 1) * s)
+        mixed = c.need("bwdmix") - (k - n - 1) * s
+        bwd, redone = max(c.bwd1, mixed), (again if mixed >= c.bwd1 else 0.0)
     else:
-        bwd = c.need("bwdrc")
-    return inp, saved, fwd, bwd
+        bwd, redone = c.need("bwdrc"), again
+    return inp, saved, fwd, bwd, min(redone, max(bwd, 0.0))
 
 
-def _uniform(sc: ShapeConstants, kind: str, k: int, n: int) -> tuple[float, float, float, float]:
-    """(input, saved, forward peak, backward peak) of a chunk with k layers all recomputed n at a
-    time (--recompute-method uniform: megatron checkpoints groups of n consecutive layers, the last
-    group holding the rest). Each group keeps only its input, as one recomputed layer does (r for
-    the first, r2 for the others); the backward of a group of m recomputes m layers at once, so it
-    holds m - 1 layers' activations more than a recomputed layer's backward; the groups after it
-    are freed by then."""
+def _uniform(
+    sc: ShapeConstants, kind: str, k: int, n: int
+) -> tuple[float, float, float, float, float]:
+    """(input, saved, forward peak, backward peak, recomputed) of a chunk with k layers all
+    recomputed n at a time (--recompute-method uniform: megatron checkpoints groups of n
+    consecutive layers, the last group holding the rest). Each group keeps only its input, as one
+    recomputed layer does (r for the first, r2 for the others); the backward of a group of m
+    recomputes m layers at once, so it holds m - 1 layers' activations more than a recomputed
+    layer's backward; the groups after it are freed by then."""
     c = sc.chunk(kind)
     s, r = sc.layer_saved, (sc.layer_saved_rc or 0.0)
     r2 = r if sc.layer_saved_rc_next is None else sc.layer_saved_rc_next
@@ -160,10 +175,11 @@ def _uniform(sc: ShapeConstants, kind: str, k: int, n: int) -> tuple[float, floa
     last = k - (groups - 1) * n
     saved = c.saved1 - s + r + (groups - 1) * r2
     fwd = c.need("fwdrc") + (groups - 1) * r2
-    bwd = c.need("bwdrc") + (last - 1) * s
-    if groups > 1:
-        bwd = max(bwd, c.need("bwdrc") + (n - 1) * s - r2)
-    return c.input_bytes, saved, fwd, bwd
+    bwd, group = c.need("bwdrc") + (last - 1) * s, last
+    if groups > 1 and c.need("bwdrc") + (n - 1) * s - r2 > bwd:
+        bwd, group = c.need("bwdrc") + (n - 1) * s - r2, n
+    redone = max(group * s - r2, 0.0)
+    return c.input_bytes, saved, fwd, bwd, min(redone, max(bwd, 0.0))
 
 
 def chunk_cost(
@@ -180,9 +196,9 @@ def chunk_cost(
     k = plan.chunks_of(pp_rank)[vp] if layers is None else layers
     n = min(plan.recompute.layers_on(pp_rank), k) if plan.recompute.granularity == "full" else 0
     if n and plan.recompute.method == "uniform":
-        inp, saved, fwd, bwd = _uniform(sc, kind, k, n)
+        inp, saved, fwd, bwd, redone = _uniform(sc, kind, k, n)
     else:
-        inp, saved, fwd, bwd = _activations(sc, kind, k, n)
+        inp, saved, fwd, bwd, redone = _activations(sc, kind, k, n)
     c = sc.chunk(kind)
     step = c.need("step0") if k == 0 and kind != "middle" else c.step1
     pre, post = _ends(sc, kind)
@@ -199,7 +215,18 @@ def chunk_cost(
     )
     buffers = c.buffers1 if k else (c.need("buffers0") if kind != "middle" else 0.0)
     return ChunkCost(
-        kind, k, inp + saved, inp, fwd, bwd, step, st.params, st.grads, st.optimizer, buffers
+        kind,
+        k,
+        inp + saved,
+        inp,
+        fwd,
+        bwd,
+        step,
+        st.params,
+        st.grads,
+        st.optimizer,
+        buffers,
+        redone,
     )
 
 
@@ -298,6 +325,17 @@ def _upper_hull(front: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
     return hull
 
 
+def _running(c: ChunkCost, kind: str) -> float:
+    """Of the peak of the forward ("F") or backward ("B") running on chunk `c`: the activations
+    it holds beyond the micro-batches alive before it. A forward holds its received input and
+    what it has saved by its peak (at most its saved bytes; the rest of its peak is temporaries);
+    a backward's micro-batch is already counted alive, and with full recompute its peak holds the
+    recomputed layers' activations again."""
+    if kind == "F":
+        return c.input_bytes + max(min(c.inflight - c.input_bytes, c.forward), 0.0)
+    return c.recomputed
+
+
 def rank_memory(
     vm: VariantModel,
     shape: ModelShape,
@@ -328,10 +366,11 @@ def rank_memory(
         )
         acts = sum(n * ch.inflight for n, ch in zip(live, chunks))
         if static + acts + transient > best[0]:
+            running = _running(c, kind)  # moved from transient to activations: same total
             best = (
                 static + acts + transient,
-                acts,
-                transient,
+                acts + running,
+                transient - running,
                 "forward" if kind == "F" else "backward",
                 live,
             )

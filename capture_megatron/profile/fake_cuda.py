@@ -62,13 +62,14 @@ def shim_path() -> str:
         return path
     torch_dir = _torch_dir()
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    src = path[:-3] + ".cpp"
+    src = f"{path[:-3]}-{os.getpid()}.cpp"  # own files: workers may compile at the same time
+    tmp = f"{path}.{os.getpid()}.tmp"
     with open(src, "wb") as f:
         f.write(source)
     lib = os.path.join(torch_dir, "lib")
     cmd = [
         _compiler(), "-O1", "-shared", "-fPIC", "-std=c++17",
-        "-I", os.path.join(torch_dir, "include"), src, "-o", path + ".tmp",
+        "-I", os.path.join(torch_dir, "include"), src, "-o", tmp,
         "-L", lib, "-Wl,--no-as-needed", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{lib}",
     ]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True)
@@ -77,7 +78,7 @@ def shim_path() -> str:
             f"compiling the fake CUDA shim failed ({' '.join(cmd[:1])} exit {done.returncode}): "
             f"{done.stderr.strip()[-600:]}"
         )
-    os.replace(path + ".tmp", path)
+    os.replace(tmp, path)
     return path
 
 

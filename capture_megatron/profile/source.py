@@ -24,9 +24,16 @@ def default_device(requested: str = "") -> str:
     fake-cuda (the GPU kernel set on fake CUDA tensors: what GPU clusters run)."""
     if requested:
         return device_name(requested)
+    if not _nvidia_driver():  # no driver, no CUDA: skip importing torch (3 s) to find that out
+        return "fake-cuda"
     import torch
 
     return "cuda" if torch.cuda.is_available() else "fake-cuda"
+
+
+def _nvidia_driver() -> bool:
+    """Whether this machine shows an NVIDIA driver (its device nodes or its proc entry)."""
+    return os.path.exists("/dev/nvidiactl") or os.path.exists("/proc/driver/nvidia/version")
 
 
 def profiled_model(

@@ -8,6 +8,7 @@ the records; a CaptureError is written to OUT.jsonl.error for the parent to rais
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 from capture_megatron.config import Kernels
@@ -29,7 +30,10 @@ def main(argv: list[str]) -> int:
             job = json.load(f)
         probes = [from_plain(Probe, p) for p in job["probes"]]
         kernels = from_plain(Kernels, job["kernels"])
-        records = run_probes(probes, "fake-cuda", kernels, job["progress"], job["timelines"])
+        fd = job["progress_fd"]
+        records = run_probes(
+            probes, "fake-cuda", kernels, False, job["timelines"], lambda: os.write(fd, b".")
+        )
     except CaptureError as err:
         with open(out + ".error", "w") as f:
             f.write(str(err))

@@ -89,9 +89,13 @@ CONFIGS = {
 
 
 def verify(flags: list[str], tmp_path) -> dict:
-    """`verify` of the model with these flags on 4 CPU ranks (2 iterations); its JSON result."""
+    """`verify` of the model with these flags on 4 CPU ranks (2 iterations); its JSON result. The
+    plan is the lowest-peak one (--objective min-peak): these tests compare the memory-balanced
+    layout with Megatron's uniform split at the same recompute (the default objective,
+    throughput, would recompute the fewest layers the host's memory allows)."""
     out = tmp_path / "verify.json"
     run = ["--nproc", "4", "--device", "cpu", "--mock-data", "--train-iters", "2"]
+    run += ["--objective", "min-peak"]
     done = cli(
         ["verify", *MODEL, *flags, *run, "--no-progress", "--json", str(out)],
         timeout=600,

@@ -61,7 +61,7 @@ OPTIONS = {
         progress=False,
         overlap_grad_reduce=True,
     ),
-    BuildOptions: dict(init_method_std=0.01, layernorm_epsilon=1e-6, rotary_base=500000),
+    BuildOptions: dict(init_method_std=0.01),
 }
 
 

@@ -130,11 +130,11 @@ def test_megatron_lm_command_runs_the_balanced_plan(tmp_path):
     for flag in ("--pipeline-model-parallel-size", "--recompute-method", "--recompute-num-layers"):
         assert args.count(flag) == 1, flag
     layout = args[args.index("--pipeline-model-parallel-layout") + 1].strip("'")
-    assert (
-        layout.count("|") == 3
-        and layout.count("t") == 24
-        and layout != "Etttttt|tttttt|tttttt|ttttttL"
-    )
+    # PP 4 as given, times the virtual stages the planner chose (the default objective,
+    # throughput, may interleave); the balanced split, not Megatron's even one
+    stages = layout.count("|") + 1
+    assert stages in (4, 8) and layout.count("t") == 24, layout
+    assert layout not in ("Etttttt|tttttt|tttttt|ttttttL", "Ettt|ttt|ttt|ttt|ttt|ttt|ttt|tttL")
     # The user's recompute (uniform, 1 layer per group) is kept as given, never re-planned.
     assert args[args.index("--recompute-method") + 1] == "uniform"
     assert args[args.index("--recompute-num-layers") + 1] == "1"

@@ -48,7 +48,7 @@ REFUSED_HF = {
     "Mixtral-8x7B-v0.1": ("model_type 'mixtral'", "num_local_experts 8", "mixture of experts"),
     "Qwen2-57B-A14B": ("model_type 'qwen2_moe'", "num_experts 64", "mixture of experts"),
     "DeepSeek-V2-Lite": ("n_routed_experts 64", "kv_lora_rank 512", "multi-latent attention"),
-    "Qwen2-7B": ("model_type 'qwen2'", "--add-qkv-bias"),
+    "Phi-3-mini-128k-instruct": ("rope_scaling type 'longrope'",),
 }
 
 
@@ -75,7 +75,7 @@ def test_unmodelled_features_are_refused_by_name(command, name, tmp_path):
 
 
 @pytest.mark.parametrize("name", sorted(REFUSED_HF))
-def test_moe_mla_and_biased_hf_configs_are_refused(name, tmp_path):
+def test_moe_mla_and_longrope_hf_configs_are_refused(name, tmp_path):
     argv = ["plan", "--hf-config", str(HF / f"{name}.json"), "--gpus", "8"]
     line = one_error(cli([*argv, "--gpu-memory-gib", "80", "--no-progress"], str(tmp_path)), "plan")
     for part in REFUSED_HF[name]:
@@ -91,5 +91,8 @@ def test_dense_hf_configs_map_exactly():
     assert llama.swiglu and llama.untie_embeddings_and_output_weights and not llama.add_bias_linear
     mistral = from_hf_config(str(HF / "Mistral-7B-v0.1.json"))  # window 4096 = the sequence
     assert mistral.num_query_groups == 8 and mistral.max_position_embeddings == 32768
-    with pytest.raises(CaptureError, match="sliding_window 4096 .shorter than the sequence 8192"):
-        from_hf_config(str(HF / "Mistral-7B-v0.1.json"), seq_length=8192)
+    assert mistral.window_size == ()
+    longer = from_hf_config(str(HF / "Mistral-7B-v0.1.json"), seq_length=8192)
+    assert longer.window_size == (4096, 0)  # Megatron-LM's --window-size 4096,0
+    qwen2 = from_hf_config(str(HF / "Qwen2-7B.json"))
+    assert qwen2.add_qkv_bias and not qwen2.add_bias_linear and qwen2.rotary_base == 1000000

@@ -267,5 +267,5 @@ def test_full_recompute_chunks_of_any_depth(variant):
             [Probe(variant, shape, "middle", k, n) for k, n in cases], "cpu", progress=False
         ),
     ):
-        _, saved, fwd, bwd = _activations(sc, "middle", k, n)
+        _, saved, fwd, bwd, _ = _activations(sc, "middle", k, n)
         assert (saved, fwd, bwd) == (rec.saved_bytes, rec.forward_peak, rec.backward_peak), (k, n)

@@ -1,0 +1,122 @@
+"""Benchmark: how long a user waits for `capture-megatron plan` and `capture-megatron profile`.
+
+Cold: a fresh cache (nothing profiled; the compiled fake-CUDA shim, built once per machine in a few
+seconds, is copied in). Warm: the same command again on that cache. Each command runs as a user
+types it, in a fresh process (imports included), default objective, fake-CUDA memory model; the
+medians of --repeats runs are reported (this machine is shared: medians, one run each in turn).
+
+    python bench/plan_times.py [--repeats 3] [--out bench/results/plan_times.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from capture_megatron.cache import cache_dir
+
+CASES = (
+    ("gpt3-1.3b", 8),
+    ("llama2-7b", 8),
+    ("llama3-8b", 8),
+    ("gpt3-13b", 16),
+    ("llama2-70b", 64),
+    ("llama3-70b", 64),
+    ("gpt3-175b", 1024),
+)
+"""(preset, GPUs of 80 GiB) planned."""
+LLAMA2_70B = (
+    "--num-layers 80 --hidden-size 8192 --ffn-hidden-size 28672 --num-attention-heads 64 "
+    "--group-query-attention --num-query-groups 8 --swiglu --normalization RMSNorm "
+    "--position-embedding-type rope --disable-bias-linear --untie-embeddings-and-output-weights "
+    "--hidden-dropout 0 --attention-dropout 0 --bf16 --seq-length 4096 --vocab-size 32000 "
+    "--tensor-model-parallel-size 8 --sequence-parallel --micro-batch-size 1"
+).split()
+
+
+def _fresh_cache() -> str:
+    tmp = tempfile.mkdtemp(prefix="capture-bench-")
+    shim = os.path.join(cache_dir(), "fake_cuda")
+    if os.path.isdir(shim):
+        shutil.copytree(shim, os.path.join(tmp, "fake_cuda"))
+    return tmp
+
+
+def _timed(argv: list[str], cache: str) -> float:
+    env = {**os.environ, "CAPTURE_MEGATRON_CACHE": cache}
+    t0 = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-m", "capture_megatron.cli", *argv], capture_output=True, env=env
+    )
+    if done.returncode:
+        raise SystemExit(f"{' '.join(argv)} failed: {done.stderr.decode()[-2000:]}")
+    return time.perf_counter() - t0
+
+
+def _lines(path: str) -> int:
+    with open(path) as f:
+        return sum(1 for _ in f)
+
+
+def plan_times(name: str, gpus: int, repeats: int) -> dict:
+    """Median cold and warm wall times of one preset's default plan."""
+    argv = ["plan", "--preset", name, "--gpus", str(gpus), "--gpu-memory-gib", "80"]
+    cold, warm, probes = [], [], 0
+    for _ in range(repeats):
+        cache = _fresh_cache()
+        try:
+            cold.append(_timed([*argv, "--no-progress"], cache))
+            warm.append(_timed([*argv, "--no-progress"], cache))
+            probes = sum(_lines(p) - 1 for p in glob.glob(os.path.join(cache, "fake-cuda-*.jsonl")))
+        finally:
+            shutil.rmtree(cache, ignore_errors=True)
+    return {
+        "preset": name,
+        "gpus": gpus,
+        "cold_s": statistics.median(cold),
+        "warm_s": statistics.median(warm),
+        "probes": probes,
+        "cold_runs_s": cold,
+    }
+
+
+def profile_time(repeats: int, design: bool) -> float:
+    """Median wall time of `capture-megatron profile` of Llama-2-70B (fake CUDA, fresh cache)."""
+    times = []
+    for _ in range(repeats):
+        cache = _fresh_cache()
+        try:
+            out = os.path.join(cache, "records.jsonl")
+            argv = ["profile", *LLAMA2_70B, "--device", "fake-cuda", "--no-progress", "--out", out]
+            times.append(_timed(argv + ([] if design else ["--no-design"]), cache))
+        finally:
+            shutil.rmtree(cache, ignore_errors=True)
+    return statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--out", default="bench/results/plan_times.json")
+    ns = ap.parse_args()
+    out = {
+        "workers": os.cpu_count(),
+        "plans": [plan_times(name, gpus, ns.repeats) for name, gpus in CASES],
+        "profile_llama2_70b_s": profile_time(ns.repeats, design=True),
+        "profile_llama2_70b_no_design_s": profile_time(ns.repeats, design=False),
+    }
+    with open(ns.out, "w") as f:
+        json.dump(out, f, indent=1)
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()

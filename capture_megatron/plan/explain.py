@@ -1,0 +1,183 @@
+"""Why the planner chose its plan, in a few factual lines, and the best plan stock Megatron-LM runs
+beside a plan that needs capture-megatron's per-stage recompute. Pure Python.
+
+The reasons name the objective's measure of the chosen plan and what the simpler setups would
+need at the same global batch: plain data parallelism (TP 1, PP 1) and the chosen sizes without
+recompute -- each only when the planner chose that part of the plan (nothing is said about sizes
+given on the command line) and the memory model holds its variant.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from capture_megatron.config import GIB, Cluster, ModelShape, ParallelPlan, Recompute
+from capture_megatron.errors import CaptureError
+from capture_megatron.fit import MemoryModel
+from capture_megatron.plan.costmodel import Hardware
+from capture_megatron.plan.emit import stock_recompute_count
+from capture_megatron.plan.margins import Margins
+from capture_megatron.plan.search import Evaluated, Space, balanced, evaluate_plan
+
+
+@dataclass(frozen=True)
+class Context:
+    """What explaining a planning run needs: its model, cluster, space, margins and objective."""
+
+    model: MemoryModel
+    """The memory model the plans were predicted with."""
+    shape: ModelShape
+    """The model planned."""
+    cluster: Cluster
+    """The machines planned for."""
+    space: Space
+    """What the search could choose (one-element tuples: given on the command line)."""
+    margins: Margins
+    """The allocator / CUDA context margins."""
+    hw: Hardware
+    """The cost model's hardware."""
+    objective: str
+    """min-peak, throughput or min-gpus; 'fixed' for a plan given whole (only predicted)."""
+
+    def evaluate(self, plan: ParallelPlan) -> Evaluated | None:
+        """The plan predicted, or None when the memory model lacks its variant."""
+        try:
+            return evaluate_plan(self.model, self.shape, plan, self.cluster, self.margins, self.hw)
+        except CaptureError:
+            return None
+
+
+def units(cluster: Cluster) -> str:
+    """What the cluster's devices are called: GPUs, or processes for a CPU run."""
+    return "processes" if cluster.device == "cpu" else "GPUs"
+
+
+def gib(nbytes: float) -> str:
+    """Bytes as GiB with one decimal, e.g. '23.5 GiB'."""
+    return f"{round(nbytes / GIB, 1):g} GiB"
+
+
+def ranked_key(objective: str) -> Callable[[Evaluated], tuple]:
+    """The sort key of an objective: fitting plans first, then its measure."""
+    if objective == "throughput":
+        return lambda e: (not e.fits, e.step_seconds, e.peak)
+    return lambda e: (not e.fits, e.peak, e.step_seconds)
+
+
+def reasoning(ctx: Context, ranked: tuple[Evaluated, ...], considered: int) -> tuple[str, ...]:
+    """Why ranked[0] was chosen and what the simpler setups need, one sentence each."""
+    lines = [_why(ctx, ranked, considered)]
+    if ctx.objective != "fixed":
+        lines += [
+            line for line in (_plain_dp(ctx, ranked[0]), _no_recompute(ctx, ranked[0])) if line
+        ]
+    return tuple(lines)
+
+
+def _why(ctx: Context, ranked: tuple[Evaluated, ...], considered: int) -> str:
+    best, gpu = ranked[0], ctx.cluster.device != "cpu"
+    if ctx.objective == "fixed":
+        return "the run the flags describe is predicted as given; nothing is searched"
+    if ctx.objective == "min-gpus":
+        return (
+            f"the fewest {units(ctx.cluster)} on which a plan fits: {best.plan.world_size} of "
+            f"{ctx.cluster.gpus} (objective min-gpus)"
+        )
+    if ctx.objective == "min-peak":
+        why = f"the lowest predicted worst-rank peak ({gib(best.peak)})"
+    elif gpu:
+        why = f"the fastest estimated step ({best.step_seconds:.2f} s) that fits"
+    else:
+        why = "the fastest that fits by the cost model's estimate (made for GPUs; not shown)"
+    why += f", of the {considered} plans balanced and predicted (objective {ctx.objective})"
+    rc = best.plan.recompute
+    if rc.granularity == "full" and ctx.objective == "throughput" and not ctx.space.keeps_recompute:
+        why += f"; full recompute of {list(rc.num_layers)} layers per stage: the fewest that fit"
+    return why
+
+
+def _versus(ctx: Context, e: Evaluated) -> str:
+    """'needs X > Y' or 'fits (needs X), slower / higher peak' for a simpler setup."""
+    cap = gib(ctx.cluster.gpu_memory_bytes)
+    if not e.fits:
+        return f"needs {gib(e.needed)} > {cap}"
+    if ctx.objective == "throughput" and ctx.cluster.device != "cpu":
+        return f"fits ({gib(e.needed)} of {cap}) at an estimated {e.step_seconds:.2f} s per step"
+    return f"fits ({gib(e.needed)} of {cap}) with a worst-rank peak of {gib(e.peak)}"
+
+
+def plain_dp(shape: ModelShape, space: Space, p: ParallelPlan) -> ParallelPlan | None:
+    """Plain data parallelism on the plan's GPUs and batch (None when the space or the batch rules
+    it out, or the plan is it)."""
+    if (p.tp, p.pp) == (1, 1) or len(space.tp) == 1 or len(space.pp) == 1 or 1 not in space.tp:
+        return None
+    n, gbs = p.world_size, p.global_batch_size
+    mbs = p.micro_batch_size if gbs % (p.micro_batch_size * n) == 0 else 1
+    if gbs % (mbs * n):
+        return None
+    return ParallelPlan(
+        tp=1,
+        pp=1,
+        dp=n,
+        micro_batch_size=mbs,
+        global_batch_size=gbs,
+        layers_per_stage=(shape.num_layers,),
+        distributed_optimizer=n > 1 and True in space.distributed_optimizer,
+    )
+
+
+def plans_explained(shape: ModelShape, space: Space, best: ParallelPlan) -> list[ParallelPlan]:
+    """The plans the reasoning predicts beside the chosen one (their memory must be known)."""
+    plain = plain_dp(shape, space, best)
+    return [replace(best, recompute=Recompute())] + ([plain] if plain is not None else [])
+
+
+def _plain_dp(ctx: Context, best: Evaluated) -> str:
+    plain = plain_dp(ctx.shape, ctx.space, best.plan)
+    e = None if plain is None else ctx.evaluate(plain)
+    if plain is None or e is None:
+        return ""
+    what = (
+        f"TP 1, PP 1, DP {plain.dp}, micro-batch {plain.micro_batch_size}"
+        f"{', distributed optimizer' if plain.distributed_optimizer else ''}"
+    )
+    return f"plain data parallelism ({what}, no recompute) {_versus(ctx, e)}"
+
+
+def _no_recompute(ctx: Context, best: Evaluated) -> str:
+    p, space = best.plan, ctx.space
+    if p.recompute.granularity == "none" or "none" not in space.recompute:
+        return ""
+    try:
+        light = balanced(ctx.model, ctx.shape, replace(p, recompute=Recompute()))
+    except CaptureError:
+        return ""
+    e = ctx.evaluate(light)
+    if e is None:
+        return ""
+    return f"the same sizes without recompute (layers re-balanced) {_versus(ctx, e)}"
+
+
+def is_stock(plan: ParallelPlan) -> bool:
+    """Whether stock Megatron-LM flags express the plan's recompute (no per-stage counts)."""
+    return plan.recompute.granularity != "full" or stock_recompute_count(plan) is not None
+
+
+def stock_alternative(ctx: Context, ranked: tuple[Evaluated, ...]) -> Evaluated | None:
+    """The best plan stock Megatron-LM runs, when ranked[0] needs per-stage recompute counts
+    (None otherwise): the chosen sizes and layout with its largest count on every stage (the
+    fewest layers one count can recompute and still fit, as each stage's count is its fewest),
+    or a ranked plan with stock flags that the objective puts ahead of it."""
+    best = ranked[0]
+    if is_stock(best.plan):
+        return None
+    n = max(best.plan.recompute.num_layers)
+    same = ctx.evaluate(
+        replace(best.plan, recompute=Recompute("full", "block", (n,) * best.plan.pp))
+    )
+    options = [e for e in ranked[1:] if e.fits and is_stock(e.plan)]
+    options += [same] if same is not None else []
+    if not options:
+        return None
+    return min(options, key=ranked_key(ctx.objective))

@@ -1,0 +1,150 @@
+"""The search space: what the planner may choose (Space, with what the command line fixed) and
+every candidate plan Megatron can run on a cluster (candidates). Pure Python."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from typing import Any
+
+from capture_megatron.config import Cluster, ModelShape, ParallelFlags, ParallelPlan, Recompute
+from capture_megatron.config.parallel import tp_fits
+from capture_megatron.config.resolve import refuse_context_parallel, refuse_dropped_recompute
+
+
+@dataclass(frozen=True)
+class Space:
+    """What the search may choose; a one-element tuple fixes a value (given on the command line)."""
+
+    tp: tuple[int, ...] = (1, 2, 4, 8)
+    """Tensor-parallel sizes (kept within a node)."""
+    pp: tuple[int, ...] = ()
+    """Pipeline sizes; empty: every size up to the layer count."""
+    vpp: tuple[int, ...] = (1, 2)
+    """Virtual stages per pipeline rank."""
+    micro_batch_size: tuple[int, ...] = (1, 2)
+    """Micro-batch sizes."""
+    recompute: tuple[str, ...] = ("none", "selective", "full")
+    """Recompute granularities."""
+    sequence_parallel: tuple[bool, ...] = (False, True)
+    """Sequence parallelism (only with TP > 1)."""
+    distributed_optimizer: tuple[bool, ...] = (False, True)
+    """Megatron's distributed optimizer (only with DP > 1)."""
+    recompute_method: str = ""
+    """Full recompute's method as given (block or uniform); empty: block, counts searched."""
+    recompute_layers: tuple[int, ...] = ()
+    """Full recompute's layer counts as given: one n (--recompute-num-layers) or one per pipeline
+    stage; empty: the planner chooses per-stage block counts."""
+
+    @property
+    def keeps_recompute(self) -> bool:
+        """Whether full recompute's method and counts were given (and are kept as given)."""
+        return bool(self.recompute_layers)
+
+    def full_recompute(self, pp: int) -> Recompute:
+        """The full-recompute setting of a candidate with `pp` stages."""
+        if not self.recompute_layers:
+            return Recompute("full", "block", (1,) * pp)
+        counts = self.recompute_layers
+        return Recompute(
+            "full", self.recompute_method or "block", counts if len(counts) == pp else counts * pp
+        )
+
+
+def space_from(flags: ParallelFlags) -> Space:
+    """The search space with the values the command line fixed (CaptureError for CP > 1)."""
+    refuse_context_parallel(flags.context_parallel_size)
+    refuse_dropped_recompute(flags)
+    fixed: dict[str, Any] = {}
+    if flags.tensor_model_parallel_size:
+        fixed["tp"] = (flags.tensor_model_parallel_size,)
+    if flags.pipeline_model_parallel_size:
+        fixed["pp"] = (flags.pipeline_model_parallel_size,)
+    if flags.num_virtual_stages_per_pipeline_rank:
+        fixed["vpp"] = (flags.num_virtual_stages_per_pipeline_rank,)
+    if flags.micro_batch_size:
+        fixed["micro_batch_size"] = (flags.micro_batch_size,)
+    if flags.recompute_granularity or flags.recompute_activations:
+        fixed["recompute"] = (flags.recompute_granularity or "selective",)
+    if flags.recompute_granularity == "full":
+        per_stage = flags.recompute_num_layers_per_stage
+        if per_stage:
+            fixed["recompute_layers"] = tuple(int(x) for x in per_stage.split(","))
+        elif flags.recompute_num_layers is not None:
+            fixed["recompute_layers"] = (flags.recompute_num_layers,)
+        fixed["recompute_method"] = flags.recompute_method or ""
+    if flags.sequence_parallel:
+        fixed["sequence_parallel"] = (True,)
+    if flags.use_distributed_optimizer:
+        fixed["distributed_optimizer"] = (True,)
+    return replace(Space(), **fixed)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def candidates(
+    shape: ModelShape, cluster: Cluster, gbs: int, space: Space
+) -> Iterator[ParallelPlan]:
+    """Every plan of the space that Megatron can run on exactly cluster.gpus processes."""
+    for tp in space.tp:
+        if tp > cluster.gpus_per_node or cluster.gpus % tp:
+            continue
+        for pp in space.pp or tuple(_divisors(cluster.gpus // tp)):
+            if cluster.gpus % (tp * pp) or pp > shape.num_layers:
+                continue
+            dp = cluster.gpus // (tp * pp)
+            for vpp in space.vpp:
+                if vpp > 1 and (pp == 1 or pp * vpp > shape.num_layers):
+                    continue
+                yield from _variants(shape, tp, pp, dp, vpp, gbs, space)
+
+
+def _dominated(on: bool, size: int, allowed: tuple[bool, ...]) -> bool:
+    """Sequence parallelism (TP > 1) and the distributed optimizer (DP > 1) move the same bytes as
+    their absence (reduce-scatter + all-gather instead of all-reduce) and only lower memory, so when
+    the space allows both, the plan without them is dominated and not searched."""
+    return not on and size > 1 and True in allowed
+
+
+def _variants(
+    shape: ModelShape, tp: int, pp: int, dp: int, vpp: int, gbs: int, space: Space
+) -> Iterator[ParallelPlan]:
+    for mbs in space.micro_batch_size:
+        if gbs % (mbs * dp):
+            continue
+        m = gbs // (mbs * dp)
+        if vpp > 1 and (m < pp or (m % pp and m % pp < pp)):
+            continue
+        for sp in space.sequence_parallel:
+            if sp and tp == 1:  # Megatron-LM turns sequence parallelism off at TP 1
+                if False in space.sequence_parallel:
+                    continue
+                sp = False
+            if not tp_fits(shape, tp, sp) or _dominated(sp, tp, space.sequence_parallel):
+                continue
+            for rc in space.recompute:
+                recompute = space.full_recompute(pp) if rc == "full" else Recompute(rc)
+                for do in space.distributed_optimizer:
+                    if (do and dp == 1 and len(space.distributed_optimizer) > 1) or _dominated(
+                        do, dp, space.distributed_optimizer
+                    ):
+                        continue
+                    stages = pp * vpp
+                    layers = tuple(
+                        shape.num_layers // stages + (1 if i < shape.num_layers % stages else 0)
+                        for i in range(stages)
+                    )
+                    yield ParallelPlan(
+                        tp=tp,
+                        pp=pp,
+                        dp=dp,
+                        vpp=vpp,
+                        micro_batch_size=mbs,
+                        global_batch_size=gbs,
+                        layers_per_stage=layers,
+                        recompute=recompute,
+                        sequence_parallel=sp,
+                        distributed_optimizer=do,
+                    )

@@ -1,0 +1,33 @@
+"""Whether a model's sliding window (--window-size) is modelled under the run's kernels (pure
+Python).
+
+The cpu kernel set builds the window: the local spec's unfused softmax makes its [s, s] mask each
+forward, and the profiler measures it. The GPU kernel set models Transformer Engine's flash and
+cuDNN fused attention, which take the window as a kernel argument and keep nothing for it; it does
+not emulate the masks TE's unfused attention or the local spec's softmax build for a window, so a
+model with a window is refused with those kernels, never planned as if it had none.
+"""
+
+from __future__ import annotations
+
+from capture_megatron.config import Kernels, ModelShape
+
+WINDOW_BACKENDS = ("flash", "fused", "auto")
+"""Transformer Engine attention backends under which a sliding window changes no memory."""
+
+
+def window_problem(shape: ModelShape, kernel_set: str, kernels: Kernels) -> str:
+    """Why the model's sliding window is not modelled under `kernels` on `kernel_set` ('cpu' or
+    'gpu:...', capture_megatron.config.kernels.kernel_set); '' when it is."""
+    if not shape.window_size or not kernel_set.startswith("gpu"):
+        return ""
+    gpu = kernels.for_gpu()
+    if gpu.transformer_impl == "transformer_engine" and gpu.attention_backend in WINDOW_BACKENDS:
+        return ""
+    return (
+        f"--window-size {','.join(map(str, shape.window_size))} with --transformer-impl "
+        f"{gpu.transformer_impl} --attention-backend {gpu.attention_backend}: that unfused "
+        "attention builds sliding-window masks the GPU memory model does not hold; use "
+        "--transformer-impl transformer_engine with --attention-backend flash, fused or auto, "
+        "under which the window changes no memory"
+    )

@@ -1,0 +1,91 @@
+"""Rank peaks in bulk: one pipeline rank's predicted peak for every split of up to `limit` layers
+per chunk, as a numpy array, bit for bit what rank_memory computes one split at a time.
+
+The partitioner asks for thousands of splits of each plan (every total, every way to spread it over
+a rank's chunks); one table costs a few array operations over all of the schedule's moments at once
+instead of a Python loop per split. Additions happen in rank_memory's order, so the numbers are
+identical (sums of byte counts below 2^53 are exact in float64). Pure Python + numpy."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from capture_megatron.config import ModelShape, ParallelPlan
+from capture_megatron.fit import VariantModel
+from capture_megatron.predict.ranks import _cached_chunk, chunk_kind, schedule_states
+
+
+def _along(values: list[float], axis: int, ndim: int) -> np.ndarray:
+    """`values` as an array laid along `axis` of an `ndim`-dimensional table (size 1 elsewhere)."""
+    shape = [1] * ndim
+    shape[axis] = len(values)
+    return np.asarray(values, dtype=np.float64).reshape(shape)
+
+
+FIELDS = ("params", "grads", "optimizer", "buffers", "step", "inflight", "input_bytes")
+"""The ChunkCost fields a table reads; forward and backward are read as input + forward and
+backward."""
+
+
+def _chunk_arrays(
+    vm: VariantModel,
+    shape: ModelShape,
+    plan: ParallelPlan,
+    pp_rank: int,
+    v: int,
+    limit: int,
+    cache: dict | None,
+) -> dict[str, np.ndarray]:
+    """Chunk v's cost fields for 0..limit layers, as arrays along axis v (memoised in `cache` by
+    what they depend on: kind, recompute count, limit)."""
+    n = plan.recompute.layers_on(pp_rank) if plan.recompute.granularity == "full" else 0
+    key = ("table", chunk_kind(plan, pp_rank, v), n, v, limit)
+    if cache is not None and key in cache:
+        return cache[key]
+    costs = [_cached_chunk(vm, shape, plan, pp_rank, v, k, cache) for k in range(limit + 1)]
+    out = {name: _along([getattr(c, name) for c in costs], v, plan.vpp) for name in FIELDS}
+    out["forward"] = out["input_bytes"] + _along([c.forward for c in costs], v, plan.vpp)
+    out["backward"] = _along([c.backward for c in costs], v, plan.vpp)
+    if cache is not None:
+        cache[key] = out
+    return out
+
+
+def peak_table(
+    vm: VariantModel,
+    shape: ModelShape,
+    plan: ParallelPlan,
+    pp_rank: int,
+    limit: int,
+    cache: dict | None = None,
+) -> np.ndarray:
+    """table[k0, k1, ...] = rank_memory(vm, shape, plan, pp_rank, (k0, k1, ...)).peak for every
+    chunk count 0..limit (plan.vpp dimensions)."""
+    vpp = plan.vpp
+    ch = [_chunk_arrays(vm, shape, plan, pp_rank, v, limit, cache) for v in range(vpp)]
+    zero = np.zeros([1] * vpp)
+    params = sum((c["params"] for c in ch), zero)
+    grads = sum((c["grads"] for c in ch), zero)
+    opt = sum((c["optimizer"] for c in ch), zero)
+    other, step = ch[0]["buffers"], ch[0]["step"]
+    for c in ch[1:]:
+        other, step = np.maximum(other, c["buffers"]), np.maximum(step, c["step"])
+    static = params + grads + opt + (other + vm.workspace_bytes)
+    best = np.broadcast_to(static + step, (limit + 1,) * vpp).copy()
+    # moments with the same (kind, chunk, held) add the same transient; rounding is monotone, so
+    # the largest of their activations gives the largest total
+    groups: dict[tuple[str, int, int], list[tuple[int, ...]]] = {}
+    for kind, chunk, live, held in schedule_states(
+        plan.pp, plan.num_microbatches, plan.vpp, pp_rank, plan.microbatch_group_size
+    ):
+        groups.setdefault((kind, chunk, held), []).append(live)
+    for (kind, chunk, held), lives in groups.items():
+        counts = np.asarray(lives, dtype=np.float64)
+        acts = zero
+        for v in range(vpp):
+            acts = acts + counts[:, v].reshape((-1,) + (1,) * vpp) * ch[v]["inflight"]
+        transient = (ch[held]["input_bytes"] if held >= 0 else 0.0) + (
+            ch[chunk]["forward"] if kind == "F" else ch[chunk]["backward"]
+        )
+        np.maximum(best, static + acts.max(axis=0) + transient, out=best)
+    return best

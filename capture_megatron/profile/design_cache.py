@@ -1,0 +1,63 @@
+"""Design-shape records shared by every model of a variant, cached and shipped.
+
+The design shapes (capture_megatron.profile.design) do not depend on the model: only on the
+variant (dtype, recompute, SP, MLP and norm kinds, ...), the TP sizes probed, the device and kernel
+set, whether timelines are recorded, and the software versions. So they are profiled once per such
+key and kept in $CAPTURE_MEGATRON_CACHE/design/; the package also ships them for the variants of
+its presets on the default GPU kernel set (capture_megatron/profile/design/*.jsonl.gz, written by
+bench/ship_design.py with the pinned torch and megatron-core), so that a new model's `profile`
+runs only its own (anchor) probes. A shipped file is used only when its key -- versions included --
+matches exactly; otherwise the probes run as before and are cached.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import os
+import tempfile
+from importlib import resources
+from importlib.metadata import version
+
+from capture_megatron import __version__
+from capture_megatron.cache import cache_dir
+from capture_megatron.records import ProfileRecord, Variant, read_records, write_records
+
+SHIPPED = "design"
+"""Folder of capture_megatron.profile holding the shipped design records."""
+
+
+def design_key(
+    device: str, kernel_set: str, variant: Variant, tps: tuple[int, ...], timelines: bool
+) -> str:
+    """The file name (without suffix) of one variant's design records."""
+    soft = f"{__version__}|{version('torch')}|{version('megatron-core')}"
+    key = f"{device}|{kernel_set}|{variant.to_json()}|{tps}|{timelines}|{soft}"
+    return f"{device}-{hashlib.sha1(key.encode()).hexdigest()[:16]}"
+
+
+def _cached(name: str) -> str:
+    return os.path.join(cache_dir(), "design", name + ".jsonl")
+
+
+def load_design(name: str) -> list[ProfileRecord] | None:
+    """The design records of key `name` from the cache or the package, else None."""
+    path = _cached(name)
+    if os.path.exists(path):
+        return read_records(path)
+    shipped = resources.files("capture_megatron.profile").joinpath(SHIPPED, name + ".jsonl.gz")
+    if not shipped.is_file():
+        return None
+    with tempfile.TemporaryDirectory(prefix="capture-megatron-") as tmp:
+        plain = os.path.join(tmp, "records.jsonl")
+        with open(plain, "wb") as f:
+            f.write(gzip.decompress(shipped.read_bytes()))
+        return read_records(plain)
+
+
+def store_design(name: str, records: list[ProfileRecord]) -> None:
+    """Cache the design records of key `name`."""
+    path = _cached(name)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    write_records(records, f"{path}.{os.getpid()}.tmp")
+    os.replace(f"{path}.{os.getpid()}.tmp", path)
