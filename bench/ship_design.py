@@ -23,7 +23,7 @@ from capture_megatron.config.presets import preset
 from capture_megatron.profile import ProfileOptions, profile
 from capture_megatron.profile.design import variant_tps
 from capture_megatron.profile.design_cache import design_key, load_design
-from capture_megatron.records import Variant
+from capture_megatron.records import Variant, write_records
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "capture_megatron", "profile", "design")
@@ -47,7 +47,9 @@ def main() -> None:
                     key = design_key("fake-cuda", kernels, variant, variant_tps(variant, tp), True)
                     records = load_design(key)
                     assert records, key
-                    with open(os.path.join(cache, "design", key + ".jsonl"), "rb") as f:
+                    plain = os.path.join(cache, key + ".plain.jsonl")
+                    write_records(records, plain)  # from the cache, or the shipped file
+                    with open(plain, "rb") as f:
                         data = f.read()
                     with open(os.path.join(OUT, key + ".jsonl.gz"), "wb") as f:
                         f.write(gzip.compress(data, mtime=0))

@@ -58,8 +58,9 @@ def profiled_model(
         )
         records += run_probes(probes, device, kernels, progress=progress)
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        write_records(records, path + ".tmp")
-        os.replace(path + ".tmp", path)
+        tmp = f"{path}.{os.getpid()}.tmp"  # concurrent planners of one model never share a tmp
+        write_records(records, tmp)
+        os.replace(tmp, path)
     if not records:
         raise CaptureError("nothing to profile: no candidate plan fits the model's shape")
     return fit(records)
