@@ -35,6 +35,8 @@ class Flag:
     sep: str = ""
     """For a tuple field: its values given as one word joined by this (Megatron-LM's tuple_type,
     e.g. --window-size 4096,0); empty: one word per value."""
+    aliases: tuple[str, ...] = ()
+    """Megatron-LM's other spellings of the flag (e.g. --override-opt-param-scheduler)."""
 
 
 def flag(
@@ -45,9 +47,10 @@ def flag(
     choices: tuple[str, ...] = (),
     note: str = "",
     sep: str = "",
+    aliases: tuple[str, ...] = (),
 ) -> Any:
     """A dataclass field set by the flag `name` (no default: the field is required)."""
-    meta = {FLAG: Flag(name, negate, tuple(choices), note, sep)}
+    meta = {FLAG: Flag(name, negate, tuple(choices), note, sep, tuple(aliases))}
     return dataclasses.field(default=default, metadata=meta)
 
 

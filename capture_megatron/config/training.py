@@ -139,6 +139,19 @@ class CheckpointOptions(JsonMixin):
     """Load weights only and restart the iteration count at 0."""
     exit_on_missing_checkpoint: bool = flag("--exit-on-missing-checkpoint", False)
     """Fail instead of starting fresh when --load holds no checkpoint."""
+    override_opt_param_scheduler: bool = flag(
+        "--override-opt_param-scheduler", False, aliases=("--override-opt-param-scheduler",)
+    )
+    """On resume, take the learning-rate schedule (--lr, --min-lr, --lr-warmup-iters, the decay
+    iterations and style, weight decay) from this run's flags, not from the checkpoint."""
+    use_checkpoint_opt_param_scheduler: bool = flag(
+        "--use-checkpoint-opt_param-scheduler",
+        False,
+        aliases=("--use-checkpoint-opt-param-scheduler",),
+    )
+    """On resume, keep the checkpoint's learning-rate schedule and ignore this run's schedule
+    flags. Without either flag a resume whose schedule differs from the checkpoint's is refused,
+    as in Megatron-LM."""
     ckpt_format: str = flag("--ckpt-format", "torch_dist", choices=CKPT_FORMATS)
     """Checkpoint format: Megatron-LM's choices are accepted by predict and plan (the format does
     not change training memory); capture-megatron trains with torch_dist
@@ -148,6 +161,11 @@ class CheckpointOptions(JsonMixin):
         p = []
         if self.save_interval < 0:
             p.append(f"--save-interval {self.save_interval} must be >= 0")
+        if self.override_opt_param_scheduler and self.use_checkpoint_opt_param_scheduler:
+            p.append(
+                "--override-opt_param-scheduler (this run's schedule) and "
+                "--use-checkpoint-opt_param-scheduler (the checkpoint's) contradict: give one"
+            )
         if self.ckpt_format != "torch_dist":
             p.append(
                 f"--ckpt-format {self.ckpt_format}: capture-megatron saves and resumes "

@@ -119,6 +119,7 @@ def add_fields(
         default = (defaults or {}).get(field.name, field.default)
         group.add_argument(
             spec.name,
+            *(a for a in spec.aliases if a not in present),
             **_argument(field, spec, hints[field.name], docs.get(field.name, ""), unset, default),
         )
 

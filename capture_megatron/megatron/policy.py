@@ -67,7 +67,7 @@ IGNORED = frozenset(
     --no-weight-decay-cond-type --num-channels --num-classes --num-dataset-builder-threads
     --num-layers-at-end-in-bf16 --num-layers-at-start-in-bf16 --num-workers --onnx-safe
     --openai-gelu --output-bert-embeddings --overlap-p2p-communication-warmup-flush
-    --overlap-param-gather-with-optimizer-step --override-opt-param-scheduler --patch-dim
+    --overlap-param-gather-with-optimizer-step --patch-dim
     --phase-transition-iterations --pipeline-model-parallel-comm-backend --pretrained-checkpoint
     --query-in-block-prob --record-memory-history --refit-method --reset-attention-mask
     --reset-position-ids --result-rejected-tracker-filename
@@ -76,7 +76,7 @@ IGNORED = frozenset(
     --split --te-rng-tracker --test-mode --titles-data-path
     --torch-fsdp2-no-reshard-after-forward --tp-comm-bootstrap-backend --tp-comm-overlap-cfg
     --train-samples --train-sync-interval --trust-remote-code --use-checkpoint-args
-    --use-checkpoint-opt-param-scheduler --use-cpu-initialization --use-dist-ckpt
+    --use-cpu-initialization --use-dist-ckpt
     --use-legacy-static-engine --use-mcore-models --use-mp-args-from-checkpoint-args
     --use-one-sent-docs --use-persistent-ckpt-worker --use-pytorch-profiler
     --use-ring-exchange-p2p --use-sharp --use-tp-pp-dp-mapping --vocab-file

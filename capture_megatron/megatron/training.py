@@ -12,8 +12,9 @@ from functools import partial
 import torch
 
 from capture_megatron.config import ModelShape, ParallelPlan
-from capture_megatron.config.training import OptimOptions, RunOptions
+from capture_megatron.config.training import CheckpointOptions, OptimOptions, RunOptions
 from capture_megatron.megatron.builder import TORCH_DTYPES
+from capture_megatron.megatron.schedule import schedule
 
 
 def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
@@ -76,8 +77,11 @@ def make_optimizer(
     optim: OptimOptions,
     train_iters: int,
     use_gloo_process_groups: bool = True,
+    resume: CheckpointOptions | None = None,
 ):
-    """get_megatron_optimizer + OptimizerParamScheduler as Megatron-LM configures them.
+    """get_megatron_optimizer + OptimizerParamScheduler as Megatron-LM configures them (`resume`:
+    its --override-opt_param-scheduler / --use-checkpoint-opt_param-scheduler, both off by
+    default as in Megatron-LM).
 
     Profiling probes run on torch's fake backend, which has no gloo groups: they pass False.
     """
@@ -102,22 +106,25 @@ def make_optimizer(
     optimizer = get_megatron_optimizer(
         config, model, use_gloo_process_groups=use_gloo_process_groups
     )
-    gbs = plan.global_batch_size
-    decay_iters = optim.lr_decay_iters or train_iters
+    s = schedule(optim, train_iters, plan.global_batch_size)
+    resume = resume or CheckpointOptions()
+    wsd = optim.lr_decay_style == "WSD"
     scheduler = OptimizerParamScheduler(
         optimizer,
         init_lr=0.0 if optim.lr_warmup_iters else optim.lr,
-        max_lr=optim.lr,
-        min_lr=optim.min_lr,
-        lr_warmup_steps=optim.lr_warmup_iters * gbs,
-        lr_decay_steps=decay_iters * gbs,
-        lr_decay_style=optim.lr_decay_style,
-        start_wd=optim.weight_decay,
-        end_wd=optim.weight_decay,
-        wd_incr_steps=decay_iters * gbs,
-        wd_incr_style="constant",
-        wsd_decay_steps=decay_iters * gbs if optim.lr_decay_style == "WSD" else None,
-        lr_wsd_decay_style="linear" if optim.lr_decay_style == "WSD" else None,
+        max_lr=s.max_lr,
+        min_lr=s.min_lr,
+        lr_warmup_steps=s.lr_warmup_steps,
+        lr_decay_steps=s.lr_decay_steps,
+        lr_decay_style=s.lr_decay_style,
+        start_wd=s.start_wd,
+        end_wd=s.end_wd,
+        wd_incr_steps=s.wd_incr_steps,
+        wd_incr_style=s.wd_incr_style,
+        use_checkpoint_opt_param_scheduler=resume.use_checkpoint_opt_param_scheduler,
+        override_opt_param_scheduler=resume.override_opt_param_scheduler,
+        wsd_decay_steps=s.lr_decay_steps if wsd else None,
+        lr_wsd_decay_style="linear" if wsd else None,
     )
     return optimizer, scheduler
 

@@ -6,7 +6,9 @@ Layout of --save DIR (Megatron-LM's): ``iter_0000003/`` per checkpoint and
 the tracker file atomically (write + fsync + os.replace). A run killed during a save therefore
 leaves the previous checkpoint as the loadable one (a stale .partial directory is removed by the
 next save). Model weights and optimizer state are saved fully reshardable (the distributed optimizer
-with 'fully_reshardable'), so a checkpoint loads under another TP / PP / VPP / layout / DP."""
+with 'fully_reshardable'), so a checkpoint loads under another TP / PP / VPP / layout / DP, within
+the rules of train.resume (same padded vocabulary; Megatron-LM's rule for the LR schedule), which
+preflight checks before launch and load_checkpoint again on every rank."""
 
 from __future__ import annotations
 
@@ -14,13 +16,15 @@ import glob
 import os
 import shutil
 import time
+import warnings
 
 import torch
 
-from capture_megatron.config import ModelShape, ParallelPlan
-from capture_megatron.config.training import CheckpointOptions
+from capture_megatron.config import ModelShape, ParallelPlan, TrainConfig
 from capture_megatron.errors import CaptureError
 from capture_megatron.megatron import ckpt_fixes
+from capture_megatron.megatron.schedule import Schedule, schedule
+from capture_megatron.train.resume import SavedRun, check_resume, loads_optimizer
 
 TRACKER = "latest_checkpointed_iteration.txt"
 PAUSE_ENV = "CAPTURE_MEGATRON_TEST_SAVE_PAUSE"
@@ -147,6 +151,8 @@ def save_checkpoint(
         checkpoint_version=3.0,
         shape=shape.to_json(),
         plan=plan.to_json(),
+        vocab_size=shape.vocab_size,
+        padded_vocab_size=shape.padded_vocab(plan.tp),
     )
     dist_checkpointing.save(state, partial, content_metadata=_content_metadata(plan))
     seconds, _, at = os.environ.get(PAUSE_ENV, "").partition("@")
@@ -165,12 +171,13 @@ def _content_metadata(plan: ParallelPlan) -> dict:
     return meta
 
 
-def load_checkpoint(opts: CheckpointOptions, trainer, plan: ParallelPlan) -> tuple[int, int]:
-    """Resume from the newest complete checkpoint in opts.load; returns (iteration,
-    consumed_samples)."""
+def load_checkpoint(cfg: TrainConfig, trainer) -> tuple[int, int]:
+    """Resume from the newest complete checkpoint in --load; returns (iteration,
+    consumed_samples). What the resume may change is checked first (train.resume)."""
     from megatron.core import dist_checkpointing
     from megatron.core.utils import unwrap_model
 
+    opts, plan = cfg.checkpoint, cfg.plan
     iteration = latest_iteration(opts.load)
     if iteration is None:
         if opts.exit_on_missing_checkpoint:
@@ -178,21 +185,14 @@ def load_checkpoint(opts: CheckpointOptions, trainer, plan: ParallelPlan) -> tup
         return 0, 0
     path = iteration_dir(opts.load, iteration)
     common = dist_checkpointing.load_common_state_dict(path)
-    saved = ParallelPlan.from_json(common["plan"])
-    with_optim = not (opts.no_load_optim or opts.finetune)
-    with_rng = not (opts.no_load_rng or opts.finetune) and (saved.pp, saved.tp) == (
+    saved = SavedRun.from_common(path, common)
+    current = Schedule.from_state(trainer.scheduler.state_dict())
+    check_resume(saved, common, cfg, current)
+    with_optim = loads_optimizer(opts)
+    with_rng = not (opts.no_load_rng or opts.finetune) and (saved.plan.pp, saved.plan.tp) == (
         plan.pp,
         plan.tp,
     )
-    if saved.distributed_optimizer != plan.distributed_optimizer and with_optim:
-        raise CaptureError(
-            f"--load {path}: the checkpoint was saved "
-            f"{'with' if saved.distributed_optimizer else 'without'}"
-            " --use-distributed-optimizer and this run is "
-            f"{'with' if plan.distributed_optimizer else 'without'}"
-            " it; megatron-core cannot convert optimizer state between the two: match the flag, "
-            "or load weights only with --no-load-optim"
-        )
     if with_optim:
         _allocate_distributed_optimizer_state(trainer.optimizer)
     state = _sharded_state(trainer, plan, with_optim=with_optim, with_rng=with_rng, loading=True)
@@ -233,3 +233,21 @@ def _restore_rng(state: dict) -> None:
     if state.get("cuda") is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
     get_cuda_rng_tracker().set_states(state["tracker"])
+
+
+def preflight(cfg: TrainConfig) -> None:
+    """Before launching: check the newest checkpoint under --load against `cfg` (nothing to
+    check without --load or when it holds no checkpoint yet)."""
+    if not cfg.checkpoint.load:
+        return
+    with warnings.catch_warnings():  # megatron-core warns at import that TE / Apex are absent
+        warnings.simplefilter("ignore")
+        from megatron.core import dist_checkpointing
+
+    iteration = latest_iteration(cfg.checkpoint.load)
+    if iteration is None:
+        return
+    path = iteration_dir(cfg.checkpoint.load, iteration)
+    common = dist_checkpointing.load_common_state_dict(path)
+    current = schedule(cfg.optim, cfg.run.train_iters, cfg.plan.global_batch_size)
+    check_resume(SavedRun.from_common(path, common), common, cfg, current)

@@ -2,9 +2,10 @@
 size.
 
 run_torchrun (used by `capture-megatron train`, `verify` and `demo`) checks every flag for a job of
-N processes (heads vs TP, world size vs TP x PP, batch divisibility, layout, data paths) before any
-process starts, so bad input is one clear paragraph with exit code 2 — never a torchrun traceback —
-then runs `torchrun --standalone --nproc-per-node N -m capture_megatron.pretrain_gpt ...`."""
+N processes (heads vs TP, world size vs TP x PP, batch divisibility, layout, data paths; with
+--load, what the resume would change: train.resume) before any process starts, so bad input is
+one clear paragraph with exit code 2 — never a torchrun traceback — then runs
+`torchrun --standalone --nproc-per-node N -m capture_megatron.pretrain_gpt ...`."""
 
 from __future__ import annotations
 
@@ -33,13 +34,18 @@ def torchrun_command(nproc: int, train_args: list[str], standalone: bool = True)
 
 
 def validate(nproc: int, train_args: list[str]) -> TrainConfig:
-    """Parse `train_args` as pretrain_gpt would for `nproc` processes (CaptureError on bad
-    input)."""
+    """Parse `train_args` as pretrain_gpt would for `nproc` processes and check a resume against
+    its checkpoint (CaptureError on bad input)."""
     if nproc < 1:
         raise CaptureError(f"--nproc {nproc} must be at least 1")
     from capture_megatron.train.entry import parse_config
 
-    return parse_config(train_args, nproc)
+    cfg = parse_config(train_args, nproc)
+    if cfg.checkpoint.load:
+        from capture_megatron.train.checkpoint import preflight
+
+        preflight(cfg)
+    return cfg
 
 
 def run_torchrun(

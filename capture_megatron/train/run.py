@@ -164,9 +164,10 @@ def run_training(cfg: TrainConfig, env: DistEnv) -> MemoryReport:
     if is_logging_rank():
         print(describe(cfg, env) + f" | {impl} spec on {device}", flush=True)
     init_parallel_state(cfg.plan, cfg.run.seed)
-    trainer = build_trainer(cfg.shape, cfg.plan, cfg.optim, cfg.run, cfg.build, kernels)
-    loaded = cfg.checkpoint.load
-    start, consumed = load_checkpoint(cfg.checkpoint, trainer, cfg.plan) if loaded else (0, 0)
+    trainer = build_trainer(
+        cfg.shape, cfg.plan, cfg.optim, cfg.run, cfg.build, kernels, resume=cfg.checkpoint
+    )
+    start, consumed = load_checkpoint(cfg, trainer) if cfg.checkpoint.load else (0, 0)
     iterators = _iterators(cfg, consumed)
     setup_bytes = meter.current()
     meter.reset_peak()

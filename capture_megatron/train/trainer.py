@@ -13,7 +13,12 @@ import numpy as np
 import torch
 
 from capture_megatron.config import Kernels, ModelShape, ParallelPlan
-from capture_megatron.config.training import BuildOptions, OptimOptions, RunOptions
+from capture_megatron.config.training import (
+    BuildOptions,
+    CheckpointOptions,
+    OptimOptions,
+    RunOptions,
+)
 from capture_megatron.megatron.builder import build_chunks
 from capture_megatron.megatron.training import make_optimizer, set_schedule_hooks, wrap_model
 
@@ -58,10 +63,12 @@ def build_trainer(
     run: RunOptions,
     build: BuildOptions,
     kernels: Kernels | None,
+    resume: CheckpointOptions | None = None,
 ) -> Trainer:
-    """Everything a rank needs to run train steps (parallel state must be initialised)."""
+    """Everything a rank needs to run train steps (parallel state must be initialised); `resume`
+    tells the scheduler which schedule a resume follows when it differs from the checkpoint's."""
     chunks = build_chunks(shape, plan, build, kernels=kernels, seed=run.seed)
     model = wrap_model(chunks, shape, plan, run)
-    optimizer, scheduler = make_optimizer(model, shape, plan, optim, run.train_iters)
+    optimizer, scheduler = make_optimizer(model, shape, plan, optim, run.train_iters, resume=resume)
     config = set_schedule_hooks(model, optimizer, run)
     return Trainer(model=model, optimizer=optimizer, scheduler=scheduler, config=config)

@@ -63,8 +63,25 @@ def train(
     env: dict | None = None,
 ) -> Run:
     """Run pretrain_gpt on `nproc` gloo ranks with --memory-report; returns the finished Run."""
+    return _run(lambda a: torchrun_command(nproc, a), args, workdir, name, timeout, env)
+
+
+def train_single(args: list[str], workdir: str, name: str, timeout: float = 300) -> Run:
+    """Run pretrain_gpt as one process without a launcher (its 'single' mode: a gloo group of one,
+    what a one-rank torchrun job gets, without torchrun's few seconds of start-up)."""
+    return _run(
+        lambda a: [sys.executable, "-m", "capture_megatron.pretrain_gpt", *a],
+        args,
+        workdir,
+        name,
+        timeout,
+        None,
+    )
+
+
+def _run(command, args: list[str], workdir: str, name: str, timeout: float, env) -> Run:
     report_path = os.path.join(workdir, f"{name}.json")
-    cmd = torchrun_command(nproc, [*args, "--memory-report", report_path])
+    cmd = command([*args, "--memory-report", report_path])
     full_env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **(env or {}))
     proc = subprocess.run(
         cmd, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=workdir

@@ -51,7 +51,13 @@ OPTIONS = {
         merge_file="m.txt",
         eod_mask_loss=True,
     ),
-    CheckpointOptions: dict(save="ckpt", load="ckpt", save_interval=50, no_load_optim=True),
+    CheckpointOptions: dict(
+        save="ckpt",
+        load="ckpt",
+        save_interval=50,
+        no_load_optim=True,
+        override_opt_param_scheduler=True,
+    ),
     RunOptions: dict(
         train_iters=7,
         log_interval=2,

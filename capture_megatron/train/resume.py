@@ -1,0 +1,147 @@
+"""What a resume may change, checked against the checkpoint before any state is loaded.
+
+Run twice: by `capture-megatron train` before torchrun starts (checkpoint.preflight, so a refused
+resume is one paragraph and exit code 2), and by every rank in checkpoint.load_checkpoint (for runs
+started with torchrun directly). Pure Python: the callers read the checkpoint.
+
+- The vocabulary. Megatron pads it to a multiple of --make-vocab-size-divisible-by x TP, and the
+  padding rows of the output layer take part in the softmax like any other (megatron-core neither
+  masks nor drops their logits; GPTModel's output layer has no bias). megatron-core loads the word
+  embeddings and output layer with allow_shape_mismatch: rows a larger padding adds are zero (logit
+  0, so they take probability mass) and rows a smaller one drops took mass too; either way the
+  loaded model computes another function. No value of a new row gives it zero probability, so the
+  outputs are preserved exactly only when the padded sizes are equal: a resume under another
+  padded size is refused, naming both sizes and the --make-vocab-size-divisible-by that makes them
+  equal. A different true vocabulary (another tokenizer) is refused too.
+- The learning-rate schedule: Megatron-LM's rule (capture_megatron.megatron.schedule).
+- The distributed optimizer: megatron-core cannot convert optimizer state between the two layouts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from capture_megatron.config import ModelShape, ParallelPlan, TrainConfig
+from capture_megatron.config.training import CheckpointOptions
+from capture_megatron.errors import CaptureError
+from capture_megatron.megatron import schedule as sched
+
+
+@dataclass(frozen=True)
+class SavedRun:
+    """What a checkpoint's common state says about the run that saved it."""
+
+    path: str
+    """The checkpoint directory (iter_NNNNNNN)."""
+    shape: ModelShape
+    """The saved model's shape (its true, unpadded vocabulary included)."""
+    plan: ParallelPlan
+    """The saved run's parallel plan."""
+    vocab_size: int
+    """The true vocabulary (tokenizer's or --vocab-size), before Megatron's padding."""
+    padded_vocab_size: int
+    """Rows of the saved word embeddings and output layer."""
+
+    @classmethod
+    def from_common(cls, path: str, common: dict[str, Any]) -> SavedRun:
+        """From dist_checkpointing.load_common_state_dict(path); checkpoints written before the
+        vocabulary was recorded explicitly derive it from the saved shape and TP."""
+        shape = ModelShape.from_json(common["shape"])
+        plan = ParallelPlan.from_json(common["plan"])
+        return cls(
+            path=path,
+            shape=shape,
+            plan=plan,
+            vocab_size=int(common.get("vocab_size", shape.vocab_size)),
+            padded_vocab_size=int(common.get("padded_vocab_size", shape.padded_vocab(plan.tp))),
+        )
+
+
+def loads_optimizer(opts: CheckpointOptions) -> bool:
+    """Whether a resume loads optimizer and scheduler state (Megatron-LM: not with
+    --no-load-optim or --finetune)."""
+    return not (opts.no_load_optim or opts.finetune)
+
+
+def divisor_for(vocab: int, padded: int, tp: int, multiple: int = 0) -> int | None:
+    """A --make-vocab-size-divisible-by that pads `vocab` to `padded` rows at `tp`: the one that
+    keeps the saved run's `multiple` (divisor x TP) when TP divides it, else the smallest (None:
+    none does, `padded` is not a multiple of `tp`)."""
+    if padded % tp or padded < vocab:
+        return None
+    candidates = ([multiple] if multiple % tp == 0 else []) + list(range(tp, padded + 1, tp))
+    for m in candidates:
+        if m and padded % m == 0 and padded - m < vocab:
+            return m // tp
+    return None
+
+
+def _vocab_fix(saved: SavedRun, tp: int) -> str:
+    multiple = saved.shape.make_vocab_size_divisible_by * saved.plan.tp
+    divisor = divisor_for(saved.vocab_size, saved.padded_vocab_size, tp, multiple)
+    if divisor is None:
+        return (
+            f"No --make-vocab-size-divisible-by pads it to {saved.padded_vocab_size} rows at TP "
+            f"{tp} ({saved.padded_vocab_size} is not a multiple of {tp}): resume at TP "
+            f"{saved.plan.tp} or another TP that divides {saved.padded_vocab_size}."
+        )
+    return (
+        f"Give --make-vocab-size-divisible-by {divisor} to pad it to {saved.padded_vocab_size} "
+        f"rows at TP {tp} too (or resume at TP {saved.plan.tp})."
+    )
+
+
+def check_vocab(saved: SavedRun, shape: ModelShape, tp: int) -> None:
+    """CaptureError unless this run has the checkpoint's true vocabulary and padded size."""
+    if shape.vocab_size != saved.vocab_size:
+        raise CaptureError(
+            f"--load {saved.path}: the checkpoint was trained on a vocabulary of "
+            f"{saved.vocab_size} tokens and this run's has {shape.vocab_size} (another tokenizer "
+            "or --vocab-size), so its embedding rows would stand for other tokens. Resume with "
+            f"the checkpoint's tokenizer (or --vocab-size {saved.vocab_size})."
+        )
+    padded = shape.padded_vocab(tp)
+    if padded == saved.padded_vocab_size:
+        return
+    raise CaptureError(
+        f"--load {saved.path}: the checkpoint pads its vocabulary of {saved.vocab_size} tokens "
+        f"to {saved.padded_vocab_size} rows (--make-vocab-size-divisible-by "
+        f"{saved.shape.make_vocab_size_divisible_by} x TP {saved.plan.tp}) and this run would "
+        f"pad it to {padded} rows (--make-vocab-size-divisible-by "
+        f"{shape.make_vocab_size_divisible_by} x TP {tp}). Every padding row takes part in "
+        "Megatron's softmax, so loading into another padded size changes the model's outputs "
+        "(stock Megatron-LM refuses the shape mismatch too). " + _vocab_fix(saved, tp)
+    )
+
+
+def _check_optimizer_layout(saved: SavedRun, plan: ParallelPlan) -> None:
+    if saved.plan.distributed_optimizer == plan.distributed_optimizer:
+        return
+    raise CaptureError(
+        f"--load {saved.path}: the checkpoint was saved "
+        f"{'with' if saved.plan.distributed_optimizer else 'without'}"
+        " --use-distributed-optimizer and this run is "
+        f"{'with' if plan.distributed_optimizer else 'without'}"
+        " it; megatron-core cannot convert optimizer state between the two: match the flag, "
+        "or load weights only with --no-load-optim"
+    )
+
+
+def check_resume(
+    saved: SavedRun, common: dict[str, Any], cfg: TrainConfig, current: sched.Schedule
+) -> None:
+    """Every rule above; `current` is this run's schedule (the live scheduler's on a rank)."""
+    check_vocab(saved, cfg.shape, cfg.plan.tp)
+    if not loads_optimizer(cfg.checkpoint):
+        return
+    _check_optimizer_layout(saved, cfg.plan)
+    sched.check_resume(
+        common["opt_param_scheduler"],
+        saved.plan.global_batch_size,
+        current,
+        cfg.plan.global_batch_size,
+        cfg.checkpoint,
+        saved.path,
+        int(common["iteration"]),
+    )
