@@ -107,12 +107,15 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default="bench/results/plan_times.json")
     ns = ap.parse_args()
+    load_start = os.getloadavg()[1]
     out = {
         "workers": os.cpu_count(),
         "plans": [plan_times(name, gpus, ns.repeats) for name, gpus in CASES],
         "profile_llama2_70b_s": profile_time(ns.repeats, design=True),
         "profile_llama2_70b_no_design_s": profile_time(ns.repeats, design=False),
     }
+    # the machine is shared: the 5-minute load average at the start and end says how busy it was
+    out["load_average_5min"] = [load_start, os.getloadavg()[1]]
     with open(ns.out, "w") as f:
         json.dump(out, f, indent=1)
     print(json.dumps(out, indent=1))

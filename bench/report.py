@@ -271,6 +271,12 @@ def plan_times_table(data: dict) -> list[str]:
         f"{data['profile_llama2_70b_s']:.1f} s with the design shapes (shipped for this "
         f"variant), {data['profile_llama2_70b_no_design_s']:.1f} s with --no-design.",
     ]
+    if "load_average_5min" in data:
+        start, end = data["load_average_5min"]
+        out.append(
+            f"Measured on {data['workers']} cores with other work running: 5-minute load average "
+            f"{start:.1f} at the start, {end:.1f} at the end."
+        )
     return out
 
 
