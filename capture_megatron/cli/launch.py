@@ -3,12 +3,16 @@ script.
 
 Plans for K x G GPUs (or takes --plan-json from `capture-megatron plan`), then renders the batch
 script (capture_megatron.train.slurm) that trains exactly that plan with the data, training and
-checkpoint flags given.
+checkpoint flags given. With --requeue the ranks save on a signal before the time limit and the job
+requeues itself and resumes; a warning (printed and in the script) says when the cost model's run
+time exceeds --time.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import sys
 
 from capture_megatron.cli.inputs import add_plan_flags
 from capture_megatron.cli.plan import run_plan
@@ -20,11 +24,16 @@ from capture_megatron.config import (
     RunOptions,
 )
 from capture_megatron.config.fields import to_flags
-from capture_megatron.errors import CaptureError
+from capture_megatron.errors import CaptureError, require
 from capture_megatron.megatron import flags
 from capture_megatron.megatron.args import data_options
 from capture_megatron.plan import model_args, plan_args, read_plan
-from capture_megatron.train.slurm import SlurmOptions, render
+from capture_megatron.plan.costmodel import Hardware, step_seconds
+from capture_megatron.train.slurm import SlurmOptions, TrainRun, render
+from capture_megatron.train.slurm_time import run_time_warning
+
+SIGNAL = "SIGUSR1"
+"""The signal a --requeue job's ranks save and exit on (the script's #SBATCH --signal=B:USR1)."""
 
 
 def build_parser() -> flags.FlagParser:
@@ -37,6 +46,13 @@ def build_parser() -> flags.FlagParser:
     flags.add_training_flags(p)
     flags.add_checkpoint_flags(p)
     flags.add_fields(p, SlurmOptions, "slurm")
+    p.add_argument(
+        "--exclusive",
+        dest="exclusive",
+        action="store_true",
+        default=True,
+        help="Allocate whole nodes (the default; --no-exclusive shares them).",
+    )
     return p
 
 
@@ -56,10 +72,8 @@ def _planned(
     return result.shape, result.best.plan
 
 
-def main(argv: list[str]) -> int:
-    """Entry point."""
-    ns = flags.parse_flags(build_parser(), argv)
-    opts = flags.from_namespace(SlurmOptions, ns)
+def _job_gpus(ns: argparse.Namespace, opts: SlurmOptions) -> int:
+    """nodes x --gpus-per-node, checked against --gpus when given."""
     if ns.gpus_per_node < 1:
         raise CaptureError(f"--gpus-per-node {ns.gpus_per_node} must be at least 1")
     gpus = opts.nodes * ns.gpus_per_node
@@ -68,19 +82,80 @@ def main(argv: list[str]) -> int:
             f"--gpus {ns.gpus} differs from --nodes {opts.nodes} x "
             f"--gpus-per-node {ns.gpus_per_node}"
         )
-    options = (
-        data_options(ns),
-        flags.from_namespace(OptimOptions, ns),
-        flags.from_namespace(RunOptions, ns),
-        flags.from_namespace(CheckpointOptions, ns),
+    return gpus
+
+
+def _requeue_run(opts: SlurmOptions, run: RunOptions, ckpt: CheckpointOptions, argv: list[str]):
+    """RunOptions with Megatron-LM's exit-signal handler on SIGUSR1 under --requeue, after
+    refusing what would make a requeued start lose its progress."""
+    if not opts.requeue:
+        return run
+    problems = []
+    if not ckpt.save:
+        problems.append(
+            "--requeue needs --save DIR: the ranks save their checkpoint there on the signal "
+            "and every requeued start resumes from it"
+        )
+    for name, value in (
+        ("--finetune", ckpt.finetune),
+        ("--no-load-optim", ckpt.no_load_optim),
+        ("--no-load-rng", ckpt.no_load_rng),
+    ):
+        if value:
+            problems.append(
+                f"{name} would apply to every requeued start too, which must resume its own "
+                f"checkpoint in full: run the {name} job without --requeue first"
+            )
+    given = any(a == "--exit-signal" or a.startswith("--exit-signal=") for a in argv)
+    if given and run.exit_signal != SIGNAL:
+        problems.append(
+            f"--exit-signal {run.exit_signal}: --requeue signals the ranks with {SIGNAL}"
+        )
+    require(problems, "--requeue job")
+    return dataclasses.replace(run, exit_signal_handler=True, exit_signal=SIGNAL)
+
+
+def _time_note(shape: ModelShape, plan: ParallelPlan, opts: SlurmOptions, iters: int) -> str:
+    """The warning when the cost model's run time exceeds --time (GPU jobs: the cost model
+    describes GPUs)."""
+    if opts.cpu:
+        return ""
+    hw = Hardware()
+    basis = (
+        f"the cost model's GPU: {hw.peak_flops / 1e12:.0f} TFLOP/s at "
+        f"{hw.efficiency:.0%} of peak, H100-class"
     )
+    lead = opts.lead if opts.requeue else None
+    return run_time_warning(step_seconds(shape, plan, hw), iters, opts.time, lead, basis)
+
+
+def main(argv: list[str]) -> int:
+    """Entry point."""
+    ns = flags.parse_flags(build_parser(), argv)
+    opts = flags.from_namespace(SlurmOptions, ns)
+    gpus = _job_gpus(ns, opts)
+    ckpt = flags.from_namespace(CheckpointOptions, ns)
+    run = _requeue_run(opts, flags.from_namespace(RunOptions, ns), ckpt, argv)
     shape, plan = _planned(ns, opts, gpus)
-    train_args = model_args(shape) + plan_args(plan) + [a for o in options for a in to_flags(o)]
+    given_ckpt = dataclasses.replace(ckpt, load="") if opts.requeue else ckpt
+    options = (data_options(ns), flags.from_namespace(OptimOptions, ns), run, given_ckpt)
+    note = _time_note(shape, plan, opts, run.train_iters)
+    job = TrainRun(
+        args=tuple(model_args(shape) + plan_args(plan) + [a for o in options for a in to_flags(o)]),
+        tp=plan.tp,
+        train_iters=run.train_iters,
+        save=ckpt.save,
+        load=ckpt.load,
+        notes=(note,) if note else (),
+    )
     with open(opts.sbatch, "w") as f:
-        f.write(render(opts, ns.gpus_per_node, train_args, plan.tp))
+        f.write(render(opts, ns.gpus_per_node, job))
+    if note:
+        print(f"capture-megatron launch: warning: {note}", file=sys.stderr)
     print(
         f"wrote {opts.sbatch}: {opts.nodes} nodes x {ns.gpus_per_node} "
-        f"{'processes' if opts.cpu else 'GPUs'}, {opts.mode} mode, layout {plan.layout}; "
+        f"{'processes' if opts.cpu else 'GPUs'}, {opts.mode} mode, layout {plan.layout}"
+        f"{', requeued before the time limit' if opts.requeue else ''}; "
         f"submit with: sbatch {opts.sbatch}"
     )
     return 0

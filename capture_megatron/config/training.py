@@ -26,6 +26,18 @@ NOT_ADAM = (
 """Why a non-Adam optimizer is refused."""
 CKPT_FORMATS = ("torch", "torch_dist", "torch_dcp", "fsdp_dtensor")
 """Megatron-LM's --ckpt-format choices (the format does not change training memory)."""
+EXIT_SIGNALS = (
+    "SIGTERM",
+    "SIGINT",
+    "SIGHUP",
+    "SIGQUIT",
+    "SIGUSR1",
+    "SIGUSR2",
+    "SIGALRM",
+    "SIGXCPU",
+)
+"""--exit-signal choices, by name (Megatron-LM's spelling): the signals that ask a job to stop
+(Slurm's --signal, preemption, time limits)."""
 
 
 @dataclass(frozen=True)
@@ -196,6 +208,11 @@ class RunOptions(JsonMixin):
     """Overlap the distributed optimizer's param all-gather with forward."""
     exit_interval: int = flag("--exit-interval", 0)
     """Exit (after saving when --save is set) once the iteration is a multiple of this."""
+    exit_signal_handler: bool = flag("--exit-signal-handler", False)
+    """On --exit-signal, finish the iteration, save a checkpoint (with --save) and exit (what
+    `launch --requeue` relies on)."""
+    exit_signal: str = flag("--exit-signal", "SIGTERM", choices=EXIT_SIGNALS)
+    """The signal --exit-signal-handler waits for, by name (e.g. SIGUSR1)."""
 
     def __post_init__(self) -> None:
         p = []

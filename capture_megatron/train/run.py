@@ -7,6 +7,7 @@ import torch
 from capture_megatron.config import TrainConfig
 from capture_megatron.megatron import cpu_compat
 from capture_megatron.train.dist_env import DistEnv, init_distributed, is_logging_rank
+from capture_megatron.train.exit_signal import ExitSignal
 from capture_megatron.train.report import MemoryReport, RankMemory
 
 
@@ -69,14 +70,18 @@ def print_peaks(report: MemoryReport) -> None:
         )
 
 
-def _checkpoint_hook(cfg, trainer, window: PeakWindow, start_consumed: int, start_iter: int):
+def _checkpoint_hook(cfg, trainer, window: PeakWindow, start: tuple[int, int], stop=None):
+    """on_step for run_iterations: save at --save-interval, --exit-interval, the last iteration
+    and when `stop` (an ExitSignal) was received; returns True to leave the loop."""
     from capture_megatron.train.checkpoint import save_checkpoint
 
+    start_consumed, start_iter = start
     saved = set()
 
     def on_step(it: int, final: bool = False) -> bool:
         interval, exit_iv = cfg.checkpoint.save_interval, cfg.run.exit_interval
-        exiting = bool(exit_iv and it % exit_iv == 0)
+        signalled = stop is not None and not final and stop.received()
+        exiting = bool(exit_iv and it % exit_iv == 0) or signalled
         due = interval and it % interval == 0
         if (
             cfg.checkpoint.save
@@ -90,6 +95,12 @@ def _checkpoint_hook(cfg, trainer, window: PeakWindow, start_consumed: int, star
             saved.add(it)
             if is_logging_rank():
                 print(f"saved checkpoint {path}", flush=True)
+        if signalled and is_logging_rank():
+            print(
+                f"{stop.signal.name} received: exiting after iteration {it} of "
+                f"{cfg.run.train_iters}" + (" (checkpoint saved)" if cfg.checkpoint.save else ""),
+                flush=True,
+            )
         return exiting
 
     return on_step
@@ -155,6 +166,7 @@ def run_training(cfg: TrainConfig, env: DistEnv) -> MemoryReport:
     from capture_megatron.train.loop import run_iterations
     from capture_megatron.train.trainer import build_trainer, init_parallel_state
 
+    stop = ExitSignal(cfg.run.exit_signal) if cfg.run.exit_signal_handler else None
     init_distributed(env, cfg.run.distributed_backend)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     cpu_compat.apply("cpu")
@@ -167,12 +179,15 @@ def run_training(cfg: TrainConfig, env: DistEnv) -> MemoryReport:
     trainer = build_trainer(
         cfg.shape, cfg.plan, cfg.optim, cfg.run, cfg.build, kernels, resume=cfg.checkpoint
     )
-    start, consumed = load_checkpoint(cfg, trainer) if cfg.checkpoint.load else (0, 0)
+    loaded = cfg.checkpoint.load
+    start, consumed = load_checkpoint(cfg, trainer) if loaded else (0, 0)
+    if start and is_logging_rank():
+        print(f"resumed from checkpoint iteration {start} in {loaded}", flush=True)
     iterators = _iterators(cfg, consumed)
     setup_bytes = meter.current()
     meter.reset_peak()
     window = PeakWindow(meter)
-    hook = _checkpoint_hook(cfg, trainer, window, consumed, start)
+    hook = _checkpoint_hook(cfg, trainer, window, (consumed, start), stop)
     stats = run_iterations(
         trainer,
         iterators,

@@ -32,7 +32,15 @@ host="$(hostname -s)"
 mem="$(awk '/MemTotal/ {print int($2 / 1024 * 0.9)}' /proc/meminfo)"
 sed -e "s|@HOST@|$host|g" -e "s|@RUN@|$run|g" -e "s|@MEM@|$mem|g" \
     -e "s|@CTLD_PORT@|${CAPTURE_SLURMCTLD_PORT:-16817}|g" -e "s|@D_PORT@|${CAPTURE_SLURMD_PORT:-16818}|g" \
-    "$here/slurm.conf.in" > "$run/slurm.conf"
+    "$here/slurm.conf.in" > "$run/slurm.conf.new"
+# Daemons started from an older configuration (e.g. before a node or partition was added) restart.
+if [ -f "$run/slurm.conf" ] && ! cmp -s "$run/slurm.conf.new" "$run/slurm.conf"; then
+  for daemon in slurmd slurmctld; do
+    if [ -s "$run/$daemon.pid" ]; then kill "$(cat "$run/$daemon.pid")" 2>/dev/null || true; fi
+  done
+  for _ in $(seq 1 30); do pgrep -x slurmctld >/dev/null || pgrep -x slurmd >/dev/null || break; sleep 1; done
+fi
+mv "$run/slurm.conf.new" "$run/slurm.conf"
 export SLURM_CONF="$run/slurm.conf"
 
 if ! pgrep -x slurmctld >/dev/null; then /usr/sbin/slurmctld -f "$SLURM_CONF"; fi
