@@ -56,11 +56,14 @@ def _compiler() -> str:
 def shim_path() -> str:
     """The compiled shim for the installed torch (compiled on first use)."""
     source = resources.files("capture_megatron.profile").joinpath(SOURCE).read_bytes()
-    key = hashlib.sha1(source + version("torch").encode() + sys.version.encode()).hexdigest()
+    torch_dir = _torch_dir()
+    # the shim links torch's libraries by absolute path (rpath): one shim per torch installation,
+    # so that another venv (or a removed one) never hands its shim to this one
+    stamp = version("torch") + sys.version + torch_dir
+    key = hashlib.sha1(source + stamp.encode()).hexdigest()
     path = os.path.join(cache_dir(), "fake_cuda", f"libfake_cuda-{key[:16]}.so")
     if os.path.exists(path):
         return path
-    torch_dir = _torch_dir()
     os.makedirs(os.path.dirname(path), exist_ok=True)
     src = f"{path[:-3]}-{os.getpid()}.cpp"  # own files: workers may compile at the same time
     tmp = f"{path}.{os.getpid()}.tmp"
