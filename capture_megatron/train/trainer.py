@@ -14,6 +14,7 @@ import torch
 
 from capture_megatron.config import Kernels, ModelShape, ParallelPlan
 from capture_megatron.config.training import BuildOptions, OptimOptions, RunOptions
+from capture_megatron.megatron import quiet
 from capture_megatron.megatron.builder import build_chunks
 from capture_megatron.megatron.training import make_optimizer, set_schedule_hooks, wrap_model
 
@@ -49,6 +50,7 @@ def init_parallel_state(plan: ParallelPlan, seed: int) -> None:
     np.random.seed(rank_seed)
     torch.manual_seed(rank_seed)
     model_parallel_cuda_manual_seed(rank_seed)
+    quiet.initialize_rerun_state_machine()
 
 
 def build_trainer(
