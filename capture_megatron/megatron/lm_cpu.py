@@ -60,11 +60,6 @@ class _Stream:
         """Nothing to synchronize."""
 
 
-def needed() -> bool:
-    """True when this process has no usable CUDA device."""
-    return not torch.cuda.is_available()
-
-
 def apply() -> None:
     """Patch torch and Megatron-LM (already on sys.path) for a CPU run (see the module's doc)."""
     cpu_compat.apply("cpu")

@@ -88,9 +88,9 @@ def _load(checkout: str) -> dict:
 
 def _cpu_shims() -> bool:
     """Apply the CPU shims and flags when there is no CUDA device; whether they were applied."""
-    from capture_megatron.megatron import lm_cpu
+    from capture_megatron.megatron import cpu_compat, lm_cpu
 
-    if not lm_cpu.needed():
+    if not cpu_compat.needed():
         return False
     lm_cpu.apply()
     sys.argv += list(lm_cpu.CPU_FLAGS)
