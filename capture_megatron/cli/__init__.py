@@ -12,6 +12,7 @@ import importlib
 import sys
 
 from capture_megatron.errors import CaptureError
+from capture_megatron.megatron import quiet
 
 COMMANDS = {
     "demo": (
@@ -74,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    quiet.install()  # megatron-core's warnings that do not concern the user, before it is imported
     try:
         module = importlib.import_module(COMMANDS[name][0])
         return int(module.main(rest) or 0)

@@ -20,6 +20,7 @@ import psutil
 from capture_megatron.cli.render import MIB, save_plan_png
 from capture_megatron.config import GIB, Cluster, ModelShape
 from capture_megatron.errors import CaptureError
+from capture_megatron.megatron.flags import summary
 from capture_megatron.plan import PlanOptions, PlanResult, Space, model_args, plan, plan_args
 from capture_megatron.train.report import MemoryReport
 
@@ -54,7 +55,7 @@ def _dataset(workdir: str) -> str:
     if not os.path.exists(prefix + "_text_document.idx"):
         jsonl = os.path.join(workdir, "stdlib.jsonl")
         stdlib_corpus(jsonl, max_bytes=600_000)
-        preprocess(jsonl, prefix, TokenizerOptions())
+        preprocess(jsonl, prefix, TokenizerOptions(), append_eod=True)
     return prefix + "_text_document"
 
 
@@ -111,9 +112,7 @@ def main(argv: list[str]) -> int:
     from capture_megatron.cli.render import print_plan
     from capture_megatron.profile import memory_source
 
-    p = argparse.ArgumentParser(
-        prog="capture-megatron demo", description=(__doc__ or "").splitlines()[0]
-    )
+    p = argparse.ArgumentParser(prog="capture-megatron demo", description=summary(__doc__))
     p.add_argument(
         "--workdir", default=os.path.join("runs", "demo"), help="dataset, reports and plot"
     )

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from capture_megatron.cli.render import print_quality
 from capture_megatron.fit import fit, write_model
-from capture_megatron.megatron.flags import FlagParser
+from capture_megatron.megatron.flags import FlagParser, summary
 from capture_megatron.records import read_records
 
 
 def main(argv: list[str]) -> int:
     """Entry point."""
-    p = FlagParser(prog="capture-megatron fit", description=(__doc__ or "").splitlines()[0])
+    p = FlagParser(prog="capture-megatron fit", description=summary(__doc__))
     p.add_argument("records", help="records file written by `capture-megatron profile`")
     p.add_argument("--out", required=True, help="write the memory model JSON here")
     p.add_argument("--quiet", action="store_true", help="do not print the fit-quality table")

@@ -38,9 +38,7 @@ SIGNAL = "SIGUSR1"
 
 def build_parser() -> flags.FlagParser:
     """Plan flags + the training run's flags + the Slurm job's."""
-    p = flags.FlagParser(
-        prog="capture-megatron launch", description=(__doc__ or "").splitlines()[0]
-    )
+    p = flags.FlagParser(prog="capture-megatron launch", description=flags.summary(__doc__))
     add_plan_flags(p, training=True)
     flags.add_data_flags(p)
     flags.add_training_flags(p)

@@ -1,11 +1,13 @@
 """`capture-megatron megatron-lm --megatron-lm PATH --nproc-per-node N <your pretrain_gpt.py
-flags>`.
+flags>`: plan, then run your Megatron-LM checkout's pretrain_gpt.py with the plan.
 
 Plans from the model, batch and parallel flags you already pass to Megatron-LM's pretrain_gpt.py
 (sizes you give stay fixed), prints the plan, and runs your checkout's pretrain_gpt through
 capture_megatron.megatron.lm_pretrain_gpt under torchrun with the balanced
 --pipeline-model-parallel-layout and per-stage recompute; every other flag is passed through
-unchanged. --dry-run prints the command.
+unchanged. --dry-run prints the command. Before anything else it checks that the checkout can
+start here (Megatron-LM's scripts import more than megatron-core declares) and names every missing
+module with the pip command that installs it.
 """
 
 from __future__ import annotations
@@ -14,9 +16,12 @@ import argparse
 import os
 import shlex
 import subprocess
+import sys
 
 from capture_megatron.config import GIB, Cluster
 from capture_megatron.errors import CaptureError
+from capture_megatron.megatron import lm_deps
+from capture_megatron.megatron.flags import summary
 from capture_megatron.plan import plan_args
 from capture_megatron.plan.emit import GEGLU_NOTE
 
@@ -77,11 +82,9 @@ def megatron_args_for(
     return strip_planned(user_args) + planned
 
 
-def main(argv: list[str]) -> int:
-    """Entry point."""
-    p = argparse.ArgumentParser(
-        prog="capture-megatron megatron-lm", description=__doc__.splitlines()[0]
-    )
+def build_parser() -> argparse.ArgumentParser:
+    """The wrapper's own flags (the rest of the command line is the user's pretrain_gpt.py's)."""
+    p = argparse.ArgumentParser(prog="capture-megatron megatron-lm", description=summary(__doc__))
     p.add_argument("--megatron-lm", required=True, help="your Megatron-LM checkout (core_v0.16.x)")
     p.add_argument("--nproc-per-node", type=int, required=True)
     p.add_argument("--nnodes", type=int, default=1)
@@ -92,11 +95,16 @@ def main(argv: list[str]) -> int:
     p.add_argument(
         "--plan-device",
         default="",
-        help="memory model device (cuda, fake); default: cuda if usable",
+        help="memory model device (cuda, fake, cpu); default: cuda if usable, else fake",
     )
     p.add_argument("--dry-run", action="store_true", help="print the command instead of running it")
     p.add_argument("--no-progress", action="store_true", help="no progress bar while profiling")
-    ns, user = p.parse_known_args(argv)
+    return p
+
+
+def main(argv: list[str]) -> int:
+    """Entry point."""
+    ns, user = build_parser().parse_known_args(argv)
     if not os.path.isfile(os.path.join(ns.megatron_lm, "pretrain_gpt.py")):
         raise CaptureError(
             f"--megatron-lm {ns.megatron_lm} holds no pretrain_gpt.py (a Megatron-LM checkout)"
@@ -105,11 +113,11 @@ def main(argv: list[str]) -> int:
         raise CaptureError(
             f"--nproc-per-node {ns.nproc_per_node} and --nnodes {ns.nnodes} must be >= 1"
         )
+    lm_deps.check(ns.megatron_lm)
     args = megatron_args_for(
         user, ns.nproc_per_node * ns.nnodes, ns.gpu_memory_gib, ns.plan_device, not ns.no_progress
     )
-    cmd = [
-        "torchrun",
+    launcher = [
         "--nproc-per-node",
         str(ns.nproc_per_node),
         "--nnodes",
@@ -125,8 +133,19 @@ def main(argv: list[str]) -> int:
         *args,
     ]
     env = {"MEGATRON_LM": os.path.abspath(ns.megatron_lm), "CUDA_DEVICE_MAX_CONNECTIONS": "1"}
-    text = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) + " " + shlex.join(cmd)
-    print(text, flush=True)
+    text = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+    print(f"{text} {shlex.join(['torchrun', *launcher])}", flush=True)
     if ns.dry_run:
         return 0
-    return subprocess.run(cmd, env=dict(os.environ, **env)).returncode
+    lm_deps.build_helper(ns.megatron_lm)
+    # torchrun as this interpreter's module: the console script may not be on PATH
+    cmd = [sys.executable, "-m", "torch.distributed.run", *launcher]
+    full = dict(os.environ, **env, PATH=lm_deps.launch_path())
+    rc = subprocess.run(cmd, env=full).returncode
+    if rc != 0:
+        print(
+            f"capture-megatron megatron-lm: Megatron-LM's pretrain_gpt.py failed (torchrun exit "
+            f"code {rc}); the failing rank's own error is above torchrun's report.",
+            file=sys.stderr,
+        )
+    return rc

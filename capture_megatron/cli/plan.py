@@ -1,4 +1,5 @@
-"""`capture-megatron plan <a Megatron-LM command line> --gpus N --gpu-memory-gib G`.
+"""`capture-megatron plan <a Megatron-LM command line> --gpus N --gpu-memory-gib G`: the
+memory-balanced pipeline layout and TP/PP/DP/VPP choice for a cluster.
 
 Parallel sizes given on the command line are fixed, the rest searched; with
 --pipeline-model-parallel-layout nothing is searched and the plan is only predicted. Every
@@ -30,7 +31,7 @@ from capture_megatron.plan.window import window_problem
 
 def build_parser(prog: str = "capture-megatron plan") -> flags.FlagParser:
     """The plan command's parser: a whole Megatron-LM command line plus the cluster."""
-    p = flags.FlagParser(prog=prog, description=(__doc__ or "").splitlines()[0])
+    p = flags.FlagParser(prog=prog, description=flags.summary(__doc__))
     add_plan_flags(p)
     add_megatron_line(p)
     return p

@@ -13,14 +13,13 @@ from __future__ import annotations
 from capture_megatron.cli.inputs import add_cluster_flags, add_megatron_line, cluster_of
 from capture_megatron.cli.plan import plan_and_report
 from capture_megatron.megatron import flags
+from capture_megatron.megatron.flags import summary
 from capture_megatron.plan import PlanOptions
 
 
 def build_parser() -> flags.FlagParser:
     """A whole Megatron-LM command line, the cluster, and the memory margins."""
-    p = flags.FlagParser(
-        prog="capture-megatron predict", description=(__doc__ or "").splitlines()[0]
-    )
+    p = flags.FlagParser(prog="capture-megatron predict", description=summary(__doc__))
     flags.add_model_flags(p)
     flags.add_kernel_flags(p)
     flags.add_parallel_flags(p)

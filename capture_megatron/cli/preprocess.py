@@ -8,6 +8,7 @@ import sys
 
 from capture_megatron.data.preprocess import preprocess
 from capture_megatron.data.tokenizers import TOKENIZER_TYPES, TokenizerOptions
+from capture_megatron.megatron.flags import summary
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,14 +40,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--append-eod",
         dest="append_eod",
         action="store_true",
-        default=True,
-        help="end every document with the tokenizer's EOD token (default: on)",
+        default=False,
+        help="end every document with the tokenizer's EOD token so that training sees where "
+        "documents end (off by default, as in Megatron-LM's tools/preprocess_data.py)",
     )
-    g.add_argument(
-        "--no-append-eod",
-        dest="append_eod",
-        action="store_false",
-        help="do not append EOD (Megatron-LM's default)",
+    g.add_argument(  # the default since 0.3; still accepted from earlier command lines
+        "--no-append-eod", dest="append_eod", action="store_false", help=argparse.SUPPRESS
     )
     g = parser.add_argument_group("output")
     g.add_argument("--output-prefix", required=True, help="writes <prefix>_<key>_document.bin/.idx")
@@ -56,7 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(argv: list[str] | None = None) -> int:
     """`capture-megatron preprocess ...`; returns 0 (CaptureError on bad input)."""
     parser = argparse.ArgumentParser(
-        prog="capture-megatron preprocess", description=(__doc__ or "").splitlines()[0]
+        prog="capture-megatron preprocess", description=summary(__doc__)
     )
     add_arguments(parser)
     ns = parser.parse_args(sys.argv[1:] if argv is None else argv)

@@ -1,4 +1,5 @@
-"""`capture-megatron profile <Megatron model flags> --device {cpu,fake-cpu,fake-cuda,cuda} --out F`.
+"""`capture-megatron profile <Megatron model flags> --device {cpu,fake-cpu,fake-cuda,cuda} --out F`:
+measure real Megatron-Core pieces' memory into profile records.
 
 Probes the model's own sizes (anchors: exact predictions later) at the TP sizes and micro-batch
 sizes asked for, and by default a design of small shapes on which every regression term is
@@ -13,6 +14,7 @@ from capture_megatron.config import Kernels, ModelShape
 from capture_megatron.errors import CaptureError
 from capture_megatron.megatron import flags
 from capture_megatron.megatron.args import model_shape
+from capture_megatron.megatron.flags import summary
 from capture_megatron.profile import ProfileOptions
 from capture_megatron.records import Variant, write_records
 
@@ -29,9 +31,7 @@ def _ints(text: str, what: str) -> tuple[int, ...]:
 
 def build_parser() -> flags.FlagParser:
     """Model flags plus the profile command's own."""
-    p = flags.FlagParser(
-        prog="capture-megatron profile", description=(__doc__ or "").splitlines()[0]
-    )
+    p = flags.FlagParser(prog="capture-megatron profile", description=summary(__doc__))
     flags.add_model_flags(p)
     flags.add_kernel_flags(p)
     flags.add_parallel_flags(p)

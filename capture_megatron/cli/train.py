@@ -7,21 +7,25 @@ from __future__ import annotations
 import argparse
 import sys
 
+from capture_megatron.megatron.flags import summary
 from capture_megatron.train.launch import failure_message, run_torchrun
+
+NPROC_HELP = "processes on this node (torchrun) (default: 1)"
+"""--nproc's help text."""
 
 
 def main(argv: list[str]) -> int:
     """Entry point: --nproc N plus pretrain_gpt's Megatron flags."""
     parser = argparse.ArgumentParser(prog="capture-megatron train", add_help=False)
-    parser.add_argument("--nproc", type=int, default=1, help="processes on this node (torchrun)")
+    parser.add_argument("--nproc", type=int, default=1, help=NPROC_HELP)
     parser.add_argument("-h", "--help", action="store_true")
     ns, rest = parser.parse_known_args(argv)
     if ns.help:
         from capture_megatron.train.entry import build_parser
 
-        full = build_parser("capture-megatron train --nproc N")
+        full = build_parser("capture-megatron train", summary(__doc__))
         full.add_argument_group("launch").add_argument(
-            "--nproc", type=int, default=1, help="processes on this node (torchrun)"
+            "--nproc", type=int, default=1, help=NPROC_HELP
         )
         full.print_help()
         return 0

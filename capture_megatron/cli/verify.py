@@ -32,9 +32,7 @@ from capture_megatron.train.report import MemoryReport
 
 def build_parser() -> flags.FlagParser:
     """The plan command's flags plus data/training flags and verify's own."""
-    p = flags.FlagParser(
-        prog="capture-megatron verify", description=(__doc__ or "").splitlines()[0]
-    )
+    p = flags.FlagParser(prog="capture-megatron verify", description=flags.summary(__doc__))
     add_plan_flags(p, training=True)
     flags.add_data_flags(p)
     flags.add_training_flags(p, train_iters=4)

@@ -4,11 +4,11 @@ Modelled on Megatron-LM's tools/preprocess_data.py and writing the same files, s
 trains under Megatron-LM: `<output-prefix>_<key>_document.bin/.idx` per JSON key (`--json-keys text`
 by default), one document per JSON line (a list of strings gives one sequence per sentence, as
 Megatron's), token dtype uint16 when the vocabulary is under 65,500, else int32 (Megatron's
-`DType.optimal_dtype`). Differences from Megatron-LM: `--append-eod` is ON by default (turn it off
-with `--no-append-eod`), since a GPT must see where documents end; a `.txt`/`.md` input is read as
-plain text whose blank-line-separated paragraphs are the documents; documents that tokenize to
-nothing are skipped. Files are written under temporary names and renamed at the end, so an error
-never leaves half a dataset behind.
+`DType.optimal_dtype`). As there, the EOD token ends each document only with `--append-eod` (off by
+default; a GPT corpus usually wants it, so that training sees where documents end). Differences
+from Megatron-LM: a `.txt`/`.md` input is read as plain text whose blank-line-separated paragraphs
+are the documents; documents that tokenize to nothing are skipped. Files are written under
+temporary names and renamed at the end, so an error never leaves half a dataset behind.
 """
 
 from __future__ import annotations
@@ -188,7 +188,7 @@ def preprocess(
     output_prefix: str,
     tokenizer: TokenizerOptions,
     json_keys=("text",),
-    append_eod: bool = True,
+    append_eod: bool = False,
     workers: int = 1,
     progress: bool = True,
 ) -> PreprocessResult:

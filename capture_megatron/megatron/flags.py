@@ -35,6 +35,12 @@ from capture_megatron.megatron.megatron_lm import flag_names
 T = TypeVar("T")
 
 
+def summary(doc: str | None) -> str:
+    """A command's description for --help: the first paragraph of its module docstring, whole
+    (argparse re-wraps it)."""
+    return " ".join((doc or "").strip().split("\n\n")[0].split())
+
+
 class FlagParser(argparse.ArgumentParser):
     """ArgumentParser whose errors are one-paragraph CaptureErrors (exit 2, no usage dump). Like
     Megatron-LM's parser it takes no abbreviations: `--num-layer` is a typo with a suggestion,

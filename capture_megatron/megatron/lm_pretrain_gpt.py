@@ -12,7 +12,9 @@ It adds one flag, --recompute-num-layers-per-stage (one count per pipeline stage
 model builder so that each pipeline rank builds its chunks with its own recompute_num_layers (0:
 no recompute on that stage). Everything else is the user's pretrain_gpt.py, run unchanged.
 `capture-megatron megatron-lm` writes this command for a plan. Not runnable without a Megatron-LM
-checkout (megatron.training is not part of the megatron-core wheel); see patches/README.md.
+checkout (megatron.training is not part of the megatron-core wheel); see patches/README.md. Where
+torch sees no CUDA device, Megatron-LM runs on CPU with the shims of
+capture_megatron.megatron.lm_cpu (a check of the wrapper; Megatron-LM itself needs CUDA).
 """
 
 from __future__ import annotations
@@ -42,6 +44,15 @@ def stage_recompute(args, pp_rank: int):
     return staged
 
 
+def _first_of_stage(parallel_state) -> bool:
+    """Whether this process is the first (TP 0, DP 0, CP 0) of its pipeline stage."""
+    return (
+        parallel_state.get_tensor_model_parallel_rank() == 0
+        and parallel_state.get_data_parallel_rank() == 0
+        and parallel_state.get_context_parallel_rank() == 0
+    )
+
+
 def add_capture_args(parser, inner=None):
     """extra_args_provider: the per-stage flag (and the script's own extra args, if any)."""
     parser = inner(parser) if inner else parser
@@ -55,6 +66,43 @@ def add_capture_args(parser, inner=None):
     return parser
 
 
+def _load(checkout: str) -> dict:
+    """pretrain_gpt.py's globals (its main block not run), after the CPU shims where needed."""
+    sys.path.insert(0, checkout)
+    try:
+        cpu = _cpu_shims()
+        module = runpy.run_path(
+            os.path.join(checkout, "pretrain_gpt.py"), run_name="capture_pretrain_gpt"
+        )
+    except ModuleNotFoundError as err:
+        print(
+            f"capture-megatron: error: Megatron-LM's pretrain_gpt.py in {checkout} imports "
+            f"{err.name!r}, which is not installed here; `capture-megatron megatron-lm` names "
+            "every missing module and the pip command before it launches.",
+            file=sys.stderr,
+        )
+        raise SystemExit(2) from None
+    module["capture_cpu"] = cpu
+    return module
+
+
+def _cpu_shims() -> bool:
+    """Apply the CPU shims and flags when there is no CUDA device; whether they were applied."""
+    from capture_megatron.megatron import cpu_compat, lm_cpu
+
+    if not cpu_compat.needed():
+        return False
+    lm_cpu.apply()
+    sys.argv += list(lm_cpu.CPU_FLAGS)
+    if os.environ.get("RANK", "0") == "0":
+        print(
+            "capture-megatron: no CUDA device: running Megatron-LM on CPU (gloo) with "
+            "capture-megatron's CPU shims and " + " ".join(lm_cpu.CPU_FLAGS),
+            flush=True,
+        )
+    return True
+
+
 def main() -> None:
     """Run $MEGATRON_LM's pretrain_gpt.py with the per-stage recompute builder and flag."""
     checkout = os.environ.get("MEGATRON_LM")
@@ -62,10 +110,7 @@ def main() -> None:
         raise SystemExit(
             "set MEGATRON_LM to a Megatron-LM checkout (core_v0.16.x) holding pretrain_gpt.py"
         )
-    sys.path.insert(0, checkout)
-    module = runpy.run_path(
-        os.path.join(checkout, "pretrain_gpt.py"), run_name="capture_pretrain_gpt"
-    )
+    module = _load(checkout)
     from functools import partial
 
     from megatron.core import parallel_state
@@ -77,14 +122,28 @@ def main() -> None:
         args, pre_process, post_process, vp_stage=None, config=None, pg_collection=None
     ):
         pp_rank = parallel_state.get_pipeline_model_parallel_rank()
-        return builder(
-            stage_recompute(args, pp_rank),
+        staged = stage_recompute(args, pp_rank)
+        model = builder(
+            staged,
             pre_process,
             post_process,
             vp_stage,
             config=config,
             pg_collection=pg_collection,
         )
+        if staged is not args and not vp_stage and _first_of_stage(parallel_state):
+            built = model.config  # what Megatron built the chunk with
+            count = built.recompute_num_layers if built.recompute_granularity == "full" else 0
+            print(
+                f"capture-megatron: pipeline rank {pp_rank} recomputes {count} layer(s) per "
+                "model chunk",
+                flush=True,
+            )
+        if module["capture_cpu"]:
+            from capture_megatron.megatron.lm_cpu import gloo_p2p
+
+            model = gloo_p2p(model)
+        return model
 
     inner = module.get("add_modelopt_args") if module.get("has_nvidia_modelopt") else None
     module["train_valid_test_datasets_provider"].is_distributed = True

@@ -26,21 +26,19 @@ from capture_megatron import __version__
 from capture_megatron.config import Kernels, ModelShape
 from capture_megatron.config.kernels import kernel_set
 from capture_megatron.errors import CaptureError
+from capture_megatron.megatron import quiet
 from capture_megatron.profile.design import model_probes
 from capture_megatron.profile.options import FAKE_DEVICES, ProfileOptions, device_name
 from capture_megatron.records import Probe, ProfileRecord, Variant
 
-DEPRECATED_COLLECTIVES = (
-    r"`torch\.distributed\.(reduce_scatter_tensor|all_gather_into_tensor)` is deprecated"
-)
-"""torch's warning on the collective names megatron-core 0.16.1 still calls."""
 PROBE_IRRELEVANT = (
-    r"(Transformer Engine and )?Apex (is|are) not installed",
-    r"full scope is deprecated",
     r".*recommended to set the environment variable CUDA_DEVICE_MAX_CONNECTIONS",
+    r"If you are using transformer_engine as the transformer implementation, the core_attn",
 )
-"""megatron-core's warnings about the machine that profiles (missing apex / TE, a deprecated
-default of its own config, the profiling process's CUDA_DEVICE_MAX_CONNECTIONS): they say nothing
+"""megatron-core's warnings about the profiling process itself, beyond those silenced everywhere
+(capture_megatron.megatron.quiet): its CUDA_DEVICE_MAX_CONNECTIONS, and the advice against
+recomputing core attention with TE's fused attention, given for every probe that models
+Megatron-LM's own selective recompute (whose default module is core_attn). They say nothing
 about the run being predicted."""
 
 
@@ -155,9 +153,10 @@ def run_probes(
     records: list[ProfileRecord] = []
     with warnings.catch_warnings():
         # megatron-core 0.16.1 calls torch's deprecated collective names; nothing a user can act on
-        warnings.filterwarnings("ignore", DEPRECATED_COLLECTIVES, FutureWarning)
+        quiet.install()
         for message in PROBE_IRRELEVANT:
             warnings.filterwarnings("ignore", message, UserWarning)
+        quiet.initialize_rerun_state_machine()  # the probes' schedules would, with a warning
         with measuring(device, kernels) as (setup, meter):
             for record in _run(probes, meter, setup, progress, timelines):
                 records.append(record)

@@ -13,6 +13,7 @@ import sys
 
 from capture_megatron.config import Kernels
 from capture_megatron.errors import CaptureError
+from capture_megatron.megatron import quiet
 from capture_megatron.records import Probe, write_records
 from capture_megatron.serial import from_plain
 
@@ -20,6 +21,7 @@ from capture_megatron.serial import from_plain
 def main(argv: list[str]) -> int:
     """Worker entry point: JOB.json OUT.jsonl."""
     job_path, out = argv
+    quiet.install()  # before megatron-core is imported: some of its warnings come at import
     try:
         from capture_megatron.profile import fake_cuda
 

@@ -98,10 +98,12 @@ def check_data_paths(opts: DataOptions) -> None:
                 or prefix.endswith((".bin", ".idx"))
                 else ""
             )
+            found = [p for p in wanted if p not in missing]
+            state = f"{missing[0]} is missing (found {found[0]})" if found else "neither exists"
             raise CaptureError(
-                f"--data-path prefix {prefix!r} has no dataset: looked for {' and '.join(wanted)} "
-                f"and {' and '.join(missing)} is missing{hint}; write one with `capture-megatron "
-                f"preprocess --input FILE --output-prefix PREFIX`"
+                f"--data-path prefix {prefix!r} has no dataset: it needs {' and '.join(wanted)}, "
+                f"and {state}{hint}; write one with `capture-megatron preprocess --input FILE "
+                "--output-prefix PREFIX`"
             )
 
 

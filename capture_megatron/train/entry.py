@@ -12,14 +12,16 @@ import sys
 
 from capture_megatron.config import TrainConfig
 from capture_megatron.errors import CaptureError
-from capture_megatron.megatron import flags
+from capture_megatron.megatron import flags, quiet
 from capture_megatron.megatron.args import data_options, train_config
 from capture_megatron.train.dist_env import read_env
 
 
-def build_parser(prog: str = "python -m capture_megatron.pretrain_gpt") -> flags.FlagParser:
+def build_parser(
+    prog: str = "python -m capture_megatron.pretrain_gpt", description: str = ""
+) -> flags.FlagParser:
     """The training command's parser: Megatron's flag names."""
-    parser = flags.FlagParser(prog=prog, description=(__doc__ or "").splitlines()[0])
+    parser = flags.FlagParser(prog=prog, description=description or flags.summary(__doc__))
     flags.add_model_flags(parser)
     flags.add_kernel_flags(parser, training=True)
     flags.add_parallel_flags(parser)
@@ -47,6 +49,7 @@ def parse_config(argv: list[str], world_size: int) -> TrainConfig:
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the process exit code (2 for bad input, printed once)."""
     argv = sys.argv[1:] if argv is None else argv
+    quiet.install()  # before megatron-core is imported: some of its warnings come at import
     env = read_env()
     try:
         cfg = parse_config(argv, env.world_size)

@@ -6,6 +6,7 @@ import torch
 
 from capture_megatron.config import TrainConfig
 from capture_megatron.megatron import cpu_compat
+from capture_megatron.megatron.quiet import kernels_line
 from capture_megatron.train.dist_env import DistEnv, init_distributed, is_logging_rank
 from capture_megatron.train.exit_signal import ExitSignal
 from capture_megatron.train.report import MemoryReport, RankMemory
@@ -174,7 +175,7 @@ def run_training(cfg: TrainConfig, env: DistEnv) -> MemoryReport:
     impl = resolve_impl(cfg.kernels.transformer_impl)
     kernels = gpu_kernels(cfg.kernels, impl) if device == "cuda" else None
     if is_logging_rank():
-        print(describe(cfg, env) + f" | {impl} spec on {device}", flush=True)
+        print(describe(cfg, env) + " | " + kernels_line(impl, device), flush=True)
     init_parallel_state(cfg.plan, cfg.run.seed)
     trainer = build_trainer(
         cfg.shape, cfg.plan, cfg.optim, cfg.run, cfg.build, kernels, resume=cfg.checkpoint

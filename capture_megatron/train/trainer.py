@@ -19,6 +19,7 @@ from capture_megatron.config.training import (
     OptimOptions,
     RunOptions,
 )
+from capture_megatron.megatron import quiet
 from capture_megatron.megatron.builder import build_chunks
 from capture_megatron.megatron.training import make_optimizer, set_schedule_hooks, wrap_model
 
@@ -54,6 +55,7 @@ def init_parallel_state(plan: ParallelPlan, seed: int) -> None:
     np.random.seed(rank_seed)
     torch.manual_seed(rank_seed)
     model_parallel_cuda_manual_seed(rank_seed)
+    quiet.initialize_rerun_state_machine()
 
 
 def build_trainer(

@@ -31,6 +31,7 @@ def data_prefix(tmp_path_factory) -> str:
             prefix,
             "--tokenizer-type",
             "ByteTokenizer",
+            "--append-eod",
         ]
     )
     assert done.returncode == 0, done.stdout + done.stderr

@@ -49,7 +49,7 @@ CHILD = textwrap.dedent("""
 def fresh_prefix(tmp_path) -> str:
     stdlib_corpus(str(tmp_path / "corpus.jsonl"), max_bytes=40_000)
     return preprocess(
-        str(tmp_path / "corpus.jsonl"), str(tmp_path / "c"), TokenizerOptions()
+        str(tmp_path / "corpus.jsonl"), str(tmp_path / "c"), TokenizerOptions(), append_eod=True
     ).prefixes[0]
 
 

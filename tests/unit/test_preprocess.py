@@ -3,6 +3,7 @@ written."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 from pathlib import Path
@@ -46,7 +47,9 @@ def _texts(path: str) -> list[str]:
 
 def test_jsonl_round_trip_with_eod(tmp_path, corpus, capsys):
     assert (
-        cli_preprocess.main(["--input", corpus, "--output-prefix", str(tmp_path / "out" / "c")])
+        cli_preprocess.main(
+            ["--input", corpus, "--output-prefix", str(tmp_path / "out" / "c"), "--append-eod"]
+        )
         == 0
     )
     printed = capsys.readouterr().out
@@ -96,7 +99,7 @@ def test_no_append_eod_and_huggingface_tokenizer(tmp_path, corpus):
 def test_plain_text_paragraphs_are_documents(tmp_path):
     src = tmp_path / "notes.txt"
     src.write_text("first paragraph\nstill first\n\n\n  \nsecond one\n\nthird\n", encoding="utf-8")
-    result = pp.preprocess(str(src), str(tmp_path / "t"), TokenizerOptions())
+    result = pp.preprocess(str(src), str(tmp_path / "t"), TokenizerOptions(), append_eod=True)
     *docs, _ = _read(result.prefixes[0])
     decoded = [ByteTokenizer().detokenize(d) for d in docs]
     assert decoded == ["first paragraph\nstill first", "second one", "third"]
@@ -114,7 +117,11 @@ def test_several_keys_sentence_lists_and_empty_documents(tmp_path):
     ]
     src.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n", encoding="utf-8")
     result = pp.preprocess(
-        str(src), str(tmp_path / "k"), TokenizerOptions(), json_keys=("text", "title")
+        str(src),
+        str(tmp_path / "k"),
+        TokenizerOptions(),
+        json_keys=("text", "title"),
+        append_eod=True,
     )
     assert result.documents == 3 and result.skipped == 1
     from megatron.core.datasets.indexed_dataset import IndexedDataset
@@ -217,3 +224,19 @@ def test_bad_input_files(tmp_path):
                 str(tmp_path / "o"),
             ]
         )
+
+
+def test_eod_is_appended_only_when_asked_as_in_megatron_lm(tmp_path, capsys):
+    """Megatron-LM's tools/preprocess_data.py appends EOD only with --append-eod; so does ours."""
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"text": "ab"}\n{"text": "c"}\n', encoding="utf-8")
+    for name, extra in (("plain", []), ("eod", ["--append-eod"])):
+        argv = ["--input", str(src), "--output-prefix", str(tmp_path / name), *extra]
+        assert cli_preprocess.main(argv) == 0
+    *plain, _ = _read(str(tmp_path / "plain_text_document"))
+    *eod, _ = _read(str(tmp_path / "eod_text_document"))
+    assert [d.tolist() for d in plain] == [[97, 98], [99]]
+    assert [d.tolist() for d in eod] == [[97, 98, 256], [99, 256]]
+    parser = argparse.ArgumentParser()
+    cli_preprocess.add_arguments(parser)
+    assert "off by default, as in Megatron-LM" in " ".join(parser.format_help().split())

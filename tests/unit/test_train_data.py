@@ -24,7 +24,7 @@ def prefix(tmp_path_factory) -> str:
     root = tmp_path_factory.mktemp("data")
     stdlib_corpus(str(root / "corpus.jsonl"), max_bytes=40_000)
     return preprocess(
-        str(root / "corpus.jsonl"), str(root / "corpus"), TokenizerOptions()
+        str(root / "corpus.jsonl"), str(root / "corpus"), TokenizerOptions(), append_eod=True
     ).prefixes[0]
 
 
@@ -180,6 +180,12 @@ def test_missing_data_names_the_prefix_and_files(tmp_path, prefix):
             and "nothing.idx" in msg
             and "capture-megatron preprocess" in msg
         )
+        assert msg.count("nothing.bin") == msg.count("nothing.idx") == 1, msg  # said once
+        assert "neither exists" in msg
+    (tmp_path / "half.bin").write_bytes(b"")
+    with pytest.raises(CaptureError) as err:
+        td.check_data_paths(DataOptions(data_path=(str(tmp_path / "half"),)))
+    assert f"{tmp_path / 'half.idx'} is missing (found {tmp_path / 'half.bin'})" in str(err.value)
     with pytest.raises(CaptureError, match="ends in _text_document"):
         td.check_data_paths(DataOptions(data_path=(prefix + ".bin",)))
     td.check_data_paths(DataOptions(data_path=(prefix,)))
