@@ -269,7 +269,9 @@ def plan_times_table(data: dict) -> list[str]:
         "",
         f"`capture-megatron profile` of Llama-2-70B (TP 8 + SP, fake CUDA, fresh cache): "
         f"{data['profile_llama2_70b_s']:.1f} s with the design shapes (shipped for this "
-        f"variant), {data['profile_llama2_70b_no_design_s']:.1f} s with --no-design.",
+        f"variant; loading them and writing the records with their timelines is most of it), "
+        f"{data['profile_llama2_70b_no_design_s']:.1f} s with --no-design (the model's own sizes "
+        "only: what `plan` needs, not enough to fit other sizes).",
     ]
     if "load_average_5min" in data:
         start, end = data["load_average_5min"]
