@@ -48,16 +48,32 @@ PLANNED = {
 """Flags the plan decides: flag -> whether it takes a value."""
 
 
+def planner_only() -> dict[str, bool]:
+    """The planner's own flags that Megatron-LM's pretrain_gpt.py does not know (--objective,
+    --reserve-fraction, --hf-config, ...): flag -> whether it takes a value. They steer the plan
+    and are not passed on (Megatron-LM would refuse them)."""
+    from capture_megatron.cli.plan import build_parser as plan_parser
+    from capture_megatron.megatron.megatron_lm import flag_names
+
+    known = flag_names()
+    return {
+        flag: action.nargs != 0
+        for flag, action in plan_parser()._option_string_actions.items()
+        if flag.startswith("--") and flag not in known and flag != "--help"
+    }
+
+
 def strip_planned(args: list[str]) -> list[str]:
-    """The user's flags without those the plan sets."""
+    """The user's flags without those the plan sets and those only the planner reads."""
+    drop = {**planner_only(), **PLANNED}
     out, skip = [], False
     for arg in args:
         if skip:
             skip = False
             continue
         name = arg.split("=", 1)[0]
-        if name in PLANNED:
-            skip = PLANNED[name] and "=" not in arg
+        if name in drop:
+            skip = drop[name] and "=" not in arg
             continue
         out.append(arg)
     return out
@@ -71,6 +87,13 @@ def megatron_args_for(
     from capture_megatron.cli.plan import build_parser, plan_and_report
 
     ns, _others = build_parser().parse_known_args(user_args)  # the rest passes through unchanged
+    named = [f for f, v in (("--preset", ns.preset), ("--hf-config", ns.hf_config)) if v]
+    if named:  # the planner would read the model from them, but Megatron-LM never sees them
+        raise CaptureError(
+            f"{' and '.join(named)}: the megatron-lm wrapper runs your pretrain_gpt.py flags, and "
+            "Megatron-LM builds its model from those alone; pass the model flags (--num-layers, "
+            "--hidden-size, ...) instead, so that the plan and the run describe the same model"
+        )
     if resolve_shape(ns)[0].geglu:
         raise CaptureError(f"{GEGLU_NOTE}; run it with capture-megatron launch or train instead")
     kind = "cpu" if device == "cpu" else "cuda"

@@ -103,3 +103,20 @@ def test_a_real_checkout_needs_more_than_megatron_core_declares():
     # megatron/rl imported by training.py (pydantic)
     assert {"six", "regex", "triton", "pydantic"} <= set(found), found
     assert found["triton"] == "megatron/core/transformer/custom_layers/batch_invariant_kernels.py"
+
+
+def test_planner_only_flags_are_not_passed_to_megatron_lm():
+    """--objective, --json, --reserve-fraction steer the plan; Megatron-LM would refuse them."""
+    from capture_megatron.cli.megatron_lm import strip_planned
+
+    user = ["--num-layers", "4", "--objective", "min-peak", "--json=p.json", "--reserve-fraction"]
+    user += ["0.05", "--seq-length", "8", "--micro-batch-size", "2", "--sequence-parallel"]
+    assert strip_planned(user) == ["--num-layers", "4", "--seq-length", "8"]
+
+
+def test_a_model_the_run_would_not_see_is_refused():
+    """A preset or HF config would shape the plan but not Megatron-LM's model: refused."""
+    from capture_megatron.cli.megatron_lm import megatron_args_for
+
+    with pytest.raises(CaptureError, match="--preset: the megatron-lm wrapper runs your"):
+        megatron_args_for(["--preset", "gpt3-1.3b"], 8, 80.0, "fake-cuda", progress=False)
