@@ -297,6 +297,6 @@ def test_our_pretrain_gpt_takes_the_emitted_flags_and_megatron_lm_refuses_geglu(
     batch = ["--micro-batch-size", "1", "--global-batch-size", "1", "--mock-data"]
     config = parse_config([*model_args(shape), *batch], world_size=1)
     assert config.shape == shape and config.shape.geglu
-    argv = ["--hf-config", str(HF / "gemma-7b.json"), "--micro-batch-size", "1"]
+    argv = [*model_args(shape), "--micro-batch-size", "1"]  # the flags the plan emitted for Gemma
     with pytest.raises(CaptureError, match="stock Megatron-LM's pretrain_gpt.py cannot build"):
         megatron_args_for(argv, gpus=8, gpu_memory_gib=80, device="fake", progress=False)
