@@ -21,6 +21,8 @@ import sys
 import tempfile
 import time
 
+from speed import LLAMA2_70B  # bench/speed.py: the same Llama-2-70B command line
+
 from capture_megatron.cache import cache_dir
 from capture_megatron.profile.fake_cuda import shim_path
 
@@ -34,13 +36,6 @@ CASES = (
     ("gpt3-175b", 1024),
 )
 """(preset, GPUs of 80 GiB) planned."""
-LLAMA2_70B = (
-    "--num-layers 80 --hidden-size 8192 --ffn-hidden-size 28672 --num-attention-heads 64 "
-    "--group-query-attention --num-query-groups 8 --swiglu --normalization RMSNorm "
-    "--position-embedding-type rope --disable-bias-linear --untie-embeddings-and-output-weights "
-    "--hidden-dropout 0 --attention-dropout 0 --bf16 --seq-length 4096 --vocab-size 32000 "
-    "--tensor-model-parallel-size 8 --sequence-parallel --micro-batch-size 1"
-).split()
 
 
 def _fresh_cache() -> str:
