@@ -81,11 +81,7 @@ class Supply:
 
     def complete(self, plans: Iterable[ParallelPlan]) -> MemoryModel:
         """A model that predicts every one of `plans` (all their pairs at once)."""
-        if self.source is None:
-            assert self.model is not None
-            return self.model
-        new = {p for p in map(self._pair, plans) if p not in self.have}
-        return self.model if not new and self.model is not None else self._grow(new)
+        return self.model_for(plans)  # no upcoming plans: exactly the missing pairs, one round
 
     def _pair(self, plan: ParallelPlan) -> Pair:
         return pair_of(self.shape, plan)

@@ -152,8 +152,7 @@ def run_probes(
             return run_in_worker(probes, kernels, progress, timelines)
     records: list[ProfileRecord] = []
     with warnings.catch_warnings():
-        # megatron-core 0.16.1 calls torch's deprecated collective names; nothing a user can act on
-        quiet.install()
+        quiet.install()  # again inside catch_warnings, which restores the filters on exit
         for message in PROBE_IRRELEVANT:
             warnings.filterwarnings("ignore", message, UserWarning)
         quiet.initialize_rerun_state_machine()  # the probes' schedules would, with a warning
