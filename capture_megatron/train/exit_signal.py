@@ -20,6 +20,15 @@ class ExitSignal:
     def __init__(self, name: str) -> None:
         self.signal = signal.Signals[name]
         self.caught = False
+        # Slurm delivers the signal to every process of the job step. megatron-core's checkpoint
+        # writer reports through a Manager process it spawns (a fresh interpreter) at the first
+        # save; the signal's default action would kill it and fail the very save the signal asks
+        # for. Started here with the signal ignored (an ignored disposition survives exec), it
+        # never sees it.
+        signal.signal(self.signal, signal.SIG_IGN)
+        from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+        filesystem_async._get_write_results_queue()
         signal.signal(self.signal, self._catch)
 
     def _catch(self, signum, frame) -> None:
