@@ -5,7 +5,6 @@ PlanOptions, and the memory model or the source that profiles it."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 
@@ -24,7 +23,7 @@ from capture_megatron.config.resolve import parallel_plan
 from capture_megatron.errors import CaptureError
 from capture_megatron.fit import MemoryModel, ModelSource, read_model
 from capture_megatron.megatron import flags, megatron_lm
-from capture_megatron.megatron.args import model_shape, shape_overrides
+from capture_megatron.megatron.args import model_shape, overridden, shape_overrides
 from capture_megatron.plan import PlanOptions, space_from
 
 GPT2_VOCAB = 50257
@@ -121,12 +120,12 @@ def resolve_shape(ns: argparse.Namespace) -> tuple[ModelShape, tuple[str, ...]]:
     precision), how the vocabulary was found."""
     if ns.preset and ns.hf_config:
         raise CaptureError("give --preset or --hf-config, not both")
-    overrides = shape_overrides(ns) if ns.preset or ns.hf_config else {}
     if ns.preset:
-        return dataclasses.replace(presets.preset(ns.preset), **overrides), ()
+        return overridden(presets.preset(ns.preset), ns), ()
     if ns.hf_config:
-        read = hf.read_hf_config(ns.hf_config, ns.seq_length, overrides.get("dtype")).checked()
-        return dataclasses.replace(read.shape, **overrides), read.notes
+        dtype = shape_overrides(ns).get("dtype")
+        read = hf.read_hf_config(ns.hf_config, ns.seq_length, dtype).checked()
+        return overridden(read.shape, ns), read.notes
     if ns.vocab_size is not None or not hasattr(ns, "tokenizer_type"):
         return model_shape(ns), ()
     vocab, how = tokenizer_vocab(ns)

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from capture_megatron.config.fields import flag
-from capture_megatron.errors import require
+from capture_megatron.config.moe import Experts
+from capture_megatron.errors import CaptureError, require
 from capture_megatron.serial import JsonMixin
 
 GIB = 1 << 30
@@ -91,6 +92,8 @@ class ModelShape(JsonMixin):
     """Dropout on attention probabilities."""
     dtype: str = "fp32"
     """Parameter/activation precision: fp32, bf16 (--bf16) or fp16 (--fp16)."""
+    moe: Experts = Experts()
+    """Mixture-of-experts layers (Megatron's MoE flags; none by default)."""
 
     def __post_init__(self) -> None:
         require(self._problems(), "model shape")
@@ -149,12 +152,31 @@ class ModelShape(JsonMixin):
         window = self.window_size
         if window and (len(window) != 2 or min(window) < -1):
             p.append(f"--window-size {window} must be two counts (left,right), -1 for unbounded")
-        return p
+        return p + self._moe_problems()
+
+    def _moe_problems(self) -> list[str]:
+        if not self.moe.enabled:
+            return []
+        try:
+            self.moe.pattern(self.num_layers)
+        except CaptureError as err:
+            return [str(err)]
+        return []
 
     @property
     def ffn(self) -> int:
         """MLP width with Megatron's default applied."""
         return self.ffn_hidden_size or 4 * self.hidden_size
+
+    @property
+    def moe_ffn(self) -> int:
+        """A routed expert's MLP width (Megatron's default: --ffn-hidden-size)."""
+        return self.moe.ffn(self.ffn)
+
+    @property
+    def moe_layers(self) -> tuple[bool, ...]:
+        """Per transformer layer, whether it is an MoE layer."""
+        return self.moe.pattern(self.num_layers)
 
     @property
     def gated(self) -> bool:

@@ -20,6 +20,8 @@ RECOMPUTE_GRANULARITIES = ("none", "selective", "full")
 """Activation recomputation granularities (none: keep every activation)."""
 RECOMPUTE_METHODS = ("block", "uniform")
 """Megatron's --recompute-method choices."""
+CP_COMM_TYPES = ("p2p", "a2a", "allgather", "a2a+p2p")
+"""Megatron's --cp-comm-type choices."""
 
 
 @dataclass(frozen=True)
@@ -75,7 +77,17 @@ class ParallelPlan(JsonMixin):
     vpp: int = 1
     """Virtual pipeline stages (model chunks) per pipeline rank."""
     cp: int = 1
-    """Context-parallel size (kept at 1 by the planner)."""
+    """Context-parallel size (--context-parallel-size): each rank holds 1/cp of every
+    sequence."""
+    ep: int = 1
+    """Expert-parallel size (--expert-model-parallel-size): the routed experts split over ep
+    ranks."""
+    etp: int = 0
+    """Expert tensor-parallel size (--expert-tensor-parallel-size); 0 means the TP size, as
+    Megatron's default."""
+    cp_comm_type: str = "p2p"
+    """Context parallelism's attention communication (--cp-comm-type): p2p, a2a, allgather or
+    a2a+p2p."""
     recompute: Recompute = Recompute()
     """Activation recomputation per pipeline stage."""
     sequence_parallel: bool = False
@@ -112,7 +124,36 @@ class ParallelPlan(JsonMixin):
             p.append(f"{len(self.recompute.num_layers)} recompute entries for pp {self.pp}")
         if self.vpp > 1 and self.pp == 1:
             p.append("virtual pipeline stages need PP > 1")
+        p += self._expert_problems()
         require(p, "parallel plan")
+
+    def _expert_problems(self) -> list[str]:
+        p: list[str] = []
+        if self.ep < 1 or self.etp < 0:
+            p.append(f"EP {self.ep} must be >= 1 and ETP {self.etp} >= 1")
+        elif min(self.tp, self.cp, self.dp) >= 1 and (self.tp * self.cp * self.dp) % (
+            self.ep * self.expert_tp
+        ):
+            ranks = self.tp * self.cp * self.dp
+            p.append(
+                f"EP {self.ep} x ETP {self.expert_tp} does not divide the {ranks}"
+                f" ranks of a pipeline stage (TP {self.tp} x CP {self.cp} x DP {self.dp}); use an "
+                "EP x ETP that divides it"
+            )
+        if self.cp_comm_type not in CP_COMM_TYPES:
+            p.append(f"--cp-comm-type {self.cp_comm_type!r} not one of {CP_COMM_TYPES}")
+        return p
+
+    @property
+    def expert_tp(self) -> int:
+        """Expert tensor-parallel size with Megatron's default (TP) applied."""
+        return self.etp or self.tp
+
+    @property
+    def expert_dp(self) -> int:
+        """Expert-data-parallel size: the ranks of a pipeline stage over EP x ETP (the expert
+        optimizer state shards over them)."""
+        return max(self.tp * self.cp * self.dp // (self.ep * self.expert_tp), 1)
 
     @property
     def world_size(self) -> int:
@@ -204,7 +245,50 @@ def check_plan_fits_model(shape: ModelShape, plan: ParallelPlan) -> None:
                 p.append(
                     f"uniform recompute of {plan.recompute.layers_on(r)} does not divide {n} layers"
                 )
+    p += expert_problems(shape, plan) + context_problems(shape, plan)
     require(p, "plan for this model")
+
+
+def expert_problems(shape: ModelShape, plan: ParallelPlan) -> list[str]:
+    """Why Megatron cannot split `shape`'s experts as `plan` says (empty: it can)."""
+    moe = shape.moe
+    if not moe.enabled:
+        return (
+            [f"EP {plan.ep} needs --num-experts (the model has no experts)"] if plan.ep > 1 else []
+        )
+    p = []
+    if moe.num_experts % plan.ep:
+        fits = [e for e in range(1, moe.num_experts + 1) if moe.num_experts % e == 0]
+        p.append(
+            f"experts {moe.num_experts} not divisible by EP {plan.ep} (EP can be one of "
+            f"{', '.join(map(str, fits))})"
+        )
+    if shape.moe_ffn % plan.expert_tp:
+        p.append(f"expert ffn hidden {shape.moe_ffn} not divisible by ETP {plan.expert_tp}")
+    if plan.tp > 1 and not plan.sequence_parallel:
+        p.append(
+            f"MoE layers with TP {plan.tp} need --sequence-parallel (megatron-core refuses to "
+            "train MoE with TP > 1 without it)"
+        )
+    return p
+
+
+def context_problems(shape: ModelShape, plan: ParallelPlan) -> list[str]:
+    """Why Megatron cannot split `shape`'s sequences over `plan`'s CP ranks (empty: it can)."""
+    if plan.cp == 1:
+        return []
+    p = []
+    if shape.seq_length % (2 * plan.cp):
+        p.append(
+            f"seq length {shape.seq_length} not divisible by 2 x CP {plan.cp} (causal context "
+            "parallelism gives every CP rank two chunks)"
+        )
+    if plan.sequence_parallel and shape.seq_length % (2 * plan.cp * plan.tp):
+        p.append(
+            f"seq length {shape.seq_length} not divisible by 2 x CP {plan.cp} x TP {plan.tp} "
+            "for sequence parallel"
+        )
+    return p
 
 
 @dataclass(frozen=True)
@@ -217,7 +301,14 @@ class ParallelFlags:
     pipeline_model_parallel_size: int | None = flag("--pipeline-model-parallel-size", None)
     """Pipeline-parallel size."""
     context_parallel_size: int | None = flag("--context-parallel-size", None)
-    """Context-parallel size (only 1 is supported)."""
+    """Context-parallel size."""
+    cp_comm_type: str | None = flag("--cp-comm-type", None, choices=CP_COMM_TYPES)
+    """Context parallelism's attention communication (Megatron's default p2p; CPU runs
+    all-gather)."""
+    expert_model_parallel_size: int | None = flag("--expert-model-parallel-size", None)
+    """Expert-parallel size."""
+    expert_tensor_parallel_size: int | None = flag("--expert-tensor-parallel-size", None)
+    """Expert tensor-parallel size (default: the TP size)."""
     num_layers_per_virtual_pipeline_stage: int | None = flag(
         "--num-layers-per-virtual-pipeline-stage", None
     )

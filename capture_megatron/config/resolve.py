@@ -160,14 +160,13 @@ def parallel_plan(flags: ParallelFlags, shape: ModelShape, world_size: int) -> P
     tp = flags.tensor_model_parallel_size or 1
     pp = flags.pipeline_model_parallel_size or 1
     cp = flags.context_parallel_size or 1
-    refuse_context_parallel(cp)
     problems = []
     if tp >= 1 and (shape.num_attention_heads % tp or shape.groups % tp):
         problems.append(
             f"heads {shape.num_attention_heads} (query groups {shape.groups}) not divisible by "
             f"TP {tp}"
         )
-    if tp < 1 or pp < 1 or world_size % (tp * pp * cp):
+    if tp < 1 or pp < 1 or cp < 1 or world_size % (tp * pp * cp):
         problems.append(
             f"world size {world_size} is not divisible by TP {tp} x PP {pp}"
             + (f" x CP {cp}" if cp > 1 else "")
@@ -197,6 +196,9 @@ def parallel_plan(flags: ParallelFlags, shape: ModelShape, world_size: int) -> P
         sequence_parallel=bool(flags.sequence_parallel) and tp > 1,  # as Megatron-LM: off at TP 1
         distributed_optimizer=bool(flags.use_distributed_optimizer),
         microbatch_group_size=flags.microbatch_group_size_per_vp_stage or 0,
+        ep=flags.expert_model_parallel_size or 1,
+        etp=flags.expert_tensor_parallel_size or 0,
+        cp_comm_type=flags.cp_comm_type or "p2p",
     )
     check_plan_fits_model(shape, plan)
     return plan

@@ -4,6 +4,7 @@ training options, TrainConfig). The argparse Namespace stops here. Pure Python (
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from typing import Any
 
 from capture_megatron.config import (
@@ -17,6 +18,7 @@ from capture_megatron.config import (
     RunOptions,
     TrainConfig,
 )
+from capture_megatron.config.moe import Experts
 from capture_megatron.config.resolve import parallel_plan
 from capture_megatron.errors import CaptureError, require
 from capture_megatron.megatron.flags import from_namespace, given
@@ -46,6 +48,13 @@ def shape_overrides(ns: argparse.Namespace) -> dict[str, Any]:
     return values
 
 
+def overridden(base: ModelShape, ns: argparse.Namespace) -> ModelShape:
+    """`base` (a preset's or an HF config's model) with the model flags given on the command line
+    replacing its fields (MoE flags replace single fields of its experts)."""
+    experts = dataclasses.replace(base.moe, **given(Experts, ns))
+    return dataclasses.replace(base, **shape_overrides(ns), moe=experts)
+
+
 def model_shape(ns: argparse.Namespace, vocab_size: int | None = None) -> ModelShape:
     """ModelShape from model flags; `vocab_size` (the tokenizer's) fills in a missing
     --vocab-size."""
@@ -60,7 +69,7 @@ def model_shape(ns: argparse.Namespace, vocab_size: int | None = None) -> ModelS
             f"--vocab-size {given_vocab} is smaller than the tokenizer's {vocab_size}"
         )
     values.setdefault("vocab_size", vocab_size)
-    return ModelShape(**values)
+    return ModelShape(**values, moe=Experts(**given(Experts, ns)))
 
 
 def data_options(ns: argparse.Namespace) -> DataOptions:

@@ -29,6 +29,7 @@ from capture_megatron.config import (
     RunOptions,
 )
 from capture_megatron.config.fields import Flag, field_docs, flagged_fields
+from capture_megatron.config.moe import Experts
 from capture_megatron.errors import CaptureError
 from capture_megatron.megatron.megatron_lm import flag_names
 
@@ -149,6 +150,7 @@ def from_namespace(cls: type[T], ns: argparse.Namespace, **extra: Any) -> T:
 def add_model_flags(p: argparse.ArgumentParser) -> None:
     """Model architecture flags (ModelShape), plus Megatron's switches for GQA and precision."""
     add_fields(p, ModelShape, "model (Megatron flags)", unset=True)
+    add_fields(p, Experts, "mixture of experts (Megatron flags)", unset=True)
     g = p.add_argument_group("model switches (Megatron flags)")
     g.add_argument("--group-query-attention", action="store_true", help="Use --num-query-groups.")
     g.add_argument("--bf16", action="store_true", help="Train in bfloat16 (mixed precision).")

@@ -9,7 +9,10 @@ spelling. Pure Python.
   micro-batches a pipeline rank holds, min(pp - rank, micro-batches), never fall as they grow, so
   the run's peak is the one at the full --global-batch-size that is predicted.
 - UNMODELLED: changes memory in a way the model does not cover yet; refused, with the reason, when
-  given with a value other than Megatron-LM's default (`--context-parallel-size 1` is fine).
+  given with a value other than Megatron-LM's default.
+Routing details that choose which experts get tokens but not how many a forecast allows for
+(group-limited routing, top-k scaling, the expert-bias update rate -- its bias is E floats per
+layer --, the drop policy, logging) are IGNORED.
 Every argument is in exactly one of: our option classes, IGNORED, UNMODELLED
 (tests/unit/test_megatron_policy.py checks the table is complete).
 """
@@ -81,11 +84,14 @@ IGNORED = frozenset(
     --use-one-sent-docs --use-persistent-ckpt-worker --use-pytorch-profiler
     --use-ring-exchange-p2p --use-sharp --use-tp-pp-dp-mapping --vocab-file
     --warmup --wgrad-deferral-limit
+    --moe-router-num-groups --moe-router-group-topk --moe-router-topk-scaling-factor
+    --moe-router-bias-update-rate --moe-token-drop-policy --moe-per-layer-logging
+    --moe-router-enable-expert-bias
 """.split()
 )
 """Flags that cannot change the peak of allocated bytes in training iterations."""
 
-_MOE = "mixture-of-experts layers are not modelled yet"
+_MOE = "this mixture-of-experts option is not modelled yet"
 _MLA = "multi-latent attention is not modelled yet"
 _FP8 = "low-precision (fp8 / fp4) training is not modelled yet"
 _FSDP = "fully sharded data parallelism is not modelled yet"
@@ -104,14 +110,9 @@ _REASONS = {
     "hybrid context parallelism is not modelled yet": """
         --hybrid-context-parallel
     """,
-    "context parallelism is not modelled yet": """
-        --cp-comm-type
-    """,
     _MOE: """
-        --expert-model-parallel-size --expert-tensor-parallel-size --moe-aux-loss-coeff
-        --moe-extended-tp --moe-layer-freq --moe-pad-experts-for-cuda-graph-inference
-        --moe-router-load-balancing-type --moe-upcycling-granularity --moe-use-upcycling
-        --num-experts --overlap-moe-expert-parallel-comm
+        --moe-extended-tp --moe-pad-experts-for-cuda-graph-inference
+        --moe-upcycling-granularity --moe-use-upcycling --overlap-moe-expert-parallel-comm
     """,
     _MLA: """
         --cache-mla-latents --kv-lora-rank --mscale --mscale-all-dim --multi-latent-attention
@@ -243,7 +244,8 @@ UNMODELLED: dict[str, str] = {
 }
 """Flags that change memory in ways not modelled: refused when not at Megatron-LM's default."""
 UNMODELLED_PREFIXES = ("--moe-",)
-"""Flags with these prefixes are UNMODELLED (mixture of experts)."""
+"""Flags with these prefixes are UNMODELLED (mixture-of-experts options beyond those the Experts
+class declares and those IGNORED)."""
 
 
 def ignored(*spellings: str) -> bool:
@@ -259,6 +261,6 @@ def unmodelled_reason(*spellings: str) -> str | None:
     for flag in spellings:
         if flag in UNMODELLED:
             return UNMODELLED[flag]
-        if flag.startswith(UNMODELLED_PREFIXES):
+        if flag.startswith(UNMODELLED_PREFIXES) and flag not in IGNORED:
             return _MOE
     return None

@@ -101,7 +101,7 @@ def model_args(shape: ModelShape) -> list[str]:
         out += ["--position-embedding-type", shape.position_embedding_type]
     if not shape.add_bias_linear:
         out.append("--disable-bias-linear")
-    out += feature_args(shape)
+    out += feature_args(shape) + to_flags(shape.moe)
     out += [
         "--hidden-dropout",
         repr(shape.hidden_dropout),

@@ -16,6 +16,7 @@ from capture_megatron.errors import CaptureError
 from capture_megatron.fit import MemoryModel, ShapeConstants, Sizes, VariantModel, shape_sizes
 from capture_megatron.predict.schedule import ScheduleSpec, events
 from capture_megatron.predict.static import structured_static
+from capture_megatron.predict.support import refuse_unforecast
 from capture_megatron.records import ProbeShape, Variant
 from capture_megatron.serial import JsonMixin
 
@@ -84,6 +85,7 @@ class StageMemory(JsonMixin):
 
 def variant_of(shape: ModelShape, plan: ParallelPlan) -> Variant:
     """The categorical settings a (shape, plan) needs from the memory model."""
+    refuse_unforecast(shape, plan)
     return Variant.of(shape, plan.recompute.granularity, plan.sequence_parallel)
 
 

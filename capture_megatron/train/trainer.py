@@ -49,6 +49,8 @@ def init_parallel_state(plan: ParallelPlan, seed: int) -> None:
         pipeline_model_parallel_size=plan.pp,
         virtual_pipeline_model_parallel_size=plan.vpp if plan.vpp > 1 else None,
         context_parallel_size=plan.cp,
+        expert_model_parallel_size=plan.ep,
+        expert_tensor_parallel_size=plan.expert_tp,
     )
     rank_seed = seed + 100 * ps.get_pipeline_model_parallel_rank()
     random.seed(rank_seed)

@@ -75,18 +75,21 @@ def test_ignored_and_refused_flags():
         ["--eval-interval", "100", "--tensorboard-dir", "/tmp/tb", "--log-throughput"]
     ) == ("--eval-interval", "--log-throughput", "--tensorboard-dir")
     with pytest.raises(CaptureError) as err:
-        _check(["--num-experts", "8", "--fp8-format", "hybrid", "--eval-iters", "3"])
+        _check(["--moe-use-upcycling", "--fp8-format", "hybrid", "--eval-iters", "3"])
     text = str(err.value)
-    assert "--num-experts 8 (mixture-of-experts layers are not modelled yet)" in text
+    assert "--moe-use-upcycling (this mixture-of-experts option is not modelled yet)" in text
     assert "--fp8-format hybrid (low-precision (fp8 / fp4) training is not modelled yet)" in text
     assert "--eval-iters" not in text
 
 
 def test_defaults_given_explicitly_are_accepted():
-    assert _check(["--expert-model-parallel-size", "1", "--softmax-type", "vanilla"]) == (
-        "--expert-model-parallel-size",
+    assert _check(["--moe-upcycling-granularity", "1", "--softmax-type", "vanilla"]) == (
+        "--moe-upcycling-granularity",
         "--softmax-type",
     )
+    with pytest.raises(CaptureError, match="--moe-extended-tp"):
+        _check(["--moe-extended-tp"])
+    assert _check(["--moe-router-group-topk", "2"]) == ("--moe-router-group-topk",)
 
 
 def test_a_typo_gets_the_closest_megatron_flag():

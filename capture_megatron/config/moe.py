@@ -1,0 +1,173 @@
+"""Experts: a model's mixture-of-experts layers in Megatron's terms, each field with its flag.
+
+Megatron-LM's defaults (core_v0.16.1) are the fields' defaults; `num_experts` 0 means a dense
+model. `moe_layer_freq` is kept as Megatron spells it (an integer N: every N-th layer from the
+first is an MoE layer; or a Python list expression such as "([0]*3+[1]*58)") and evaluated here
+without eval(). Pure Python: no torch import here.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass
+
+from capture_megatron.config.fields import flag
+from capture_megatron.errors import CaptureError
+from capture_megatron.serial import JsonMixin
+
+DISPATCHERS = ("allgather", "alltoall", "flex")
+"""Megatron's --moe-token-dispatcher-type choices."""
+BALANCING = ("aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none")
+"""Megatron's --moe-router-load-balancing-type choices."""
+SCORE_FUNCTIONS = ("softmax", "sigmoid")
+"""Megatron's --moe-router-score-function choices."""
+
+
+@dataclass(frozen=True)
+class Experts(JsonMixin):
+    """Mixture-of-experts layers (Megatron's MoE flags); num_experts 0 means a dense model."""
+
+    num_experts: int = flag("--num-experts", 0)
+    """Routed experts per MoE layer (0: no MoE layers)."""
+    moe_router_topk: int = flag("--moe-router-topk", 2)
+    """Experts each token is routed to."""
+    moe_ffn_hidden_size: int = flag("--moe-ffn-hidden-size", 0)
+    """Each routed expert's MLP width; 0 means --ffn-hidden-size."""
+    moe_shared_expert_intermediate_size: int = flag("--moe-shared-expert-intermediate-size", 0)
+    """Width of the shared experts' MLP, all shared experts together (0: none)."""
+    moe_layer_freq: str = flag("--moe-layer-freq", "1", note='(N, or e.g. "([0]*3+[1]*58)")')
+    """Which layers are MoE layers: every N-th from the first, or a 0/1 pattern per layer."""
+    moe_token_dispatcher_type: str = flag(
+        "--moe-token-dispatcher-type", "allgather", choices=DISPATCHERS
+    )
+    """How tokens reach the experts' ranks."""
+    moe_expert_capacity_factor: float = flag(
+        "--moe-expert-capacity-factor", 0.0, note="(0 or absent: dropless)"
+    )
+    """Tokens an expert takes, as a factor of the balanced share; 0 means dropless routing."""
+    moe_pad_expert_input_to_capacity: bool = flag("--moe-pad-expert-input-to-capacity", False)
+    """Pad every expert's input to its capacity (static shapes)."""
+    moe_grouped_gemm: bool = flag("--moe-grouped-gemm", False)
+    """One grouped GEMM over a rank's local experts (TE's GroupedMLP)."""
+    moe_router_load_balancing_type: str = flag(
+        "--moe-router-load-balancing-type", "aux_loss", choices=BALANCING
+    )
+    """The router's load-balancing strategy."""
+    moe_aux_loss_coeff: float = flag("--moe-aux-loss-coeff", 0.0)
+    """Scaling of the load-balancing loss."""
+    moe_router_score_function: str = flag(
+        "--moe-router-score-function", "softmax", choices=SCORE_FUNCTIONS
+    )
+    """Softmax or sigmoid routing scores."""
+    moe_router_pre_softmax: bool = flag("--moe-router-pre-softmax", False)
+    """Softmax before the top-k selection."""
+    moe_router_dtype: str = flag("--moe-router-dtype", "", choices=("", "fp32", "fp64"))
+    """Precision of the routing computation (empty: the model's)."""
+    moe_imbalance_factor: float = flag(
+        "--moe-imbalance-factor",
+        0.0,
+        note="(capture-megatron; 0: the worst case)",
+    )
+    """Dropless routing only: the most tokens any expert receives, as a factor of its balanced
+    share, that the forecast assumes. 0 means the worst case (every token of the expert's ranks
+    routed to it)."""
+
+    def __post_init__(self) -> None:
+        p: list[str] = []
+        if self.num_experts < 0:
+            p.append(f"--num-experts {self.num_experts} must be >= 0")
+        if self.num_experts and not 1 <= self.moe_router_topk <= self.num_experts:
+            p.append(
+                f"--moe-router-topk {self.moe_router_topk} must be between 1 and --num-experts "
+                f"{self.num_experts}"
+            )
+        for name in ("moe_ffn_hidden_size", "moe_shared_expert_intermediate_size"):
+            if getattr(self, name) < 0:
+                p.append(f"--{name.replace('_', '-')} {getattr(self, name)} must be >= 0")
+        if self.moe_expert_capacity_factor < 0 or self.moe_imbalance_factor < 0:
+            p.append(
+                f"--moe-expert-capacity-factor {self.moe_expert_capacity_factor} and "
+                f"--moe-imbalance-factor {self.moe_imbalance_factor} must be >= 0"
+            )
+        if self.moe_pad_expert_input_to_capacity and not self.moe_expert_capacity_factor:
+            p.append("--moe-pad-expert-input-to-capacity needs --moe-expert-capacity-factor")
+        if self.moe_expert_capacity_factor and self.moe_router_load_balancing_type == "sinkhorn":
+            p.append(
+                "--moe-expert-capacity-factor works only with aux_loss, seq_aux_loss, "
+                "global_aux_loss or none load balancing (Megatron refuses sinkhorn)"
+            )
+        if p:
+            raise CaptureError("mixture of experts: " + "; ".join(p))
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the model has MoE layers."""
+        return self.num_experts > 0
+
+    @property
+    def dropless(self) -> bool:
+        """Whether routing drops no token (no capacity factor): tokens per expert vary."""
+        return self.enabled and not self.moe_expert_capacity_factor
+
+    def ffn(self, dense_ffn: int) -> int:
+        """A routed expert's MLP width with Megatron's default (the dense width) applied."""
+        return self.moe_ffn_hidden_size or dense_ffn
+
+    def pattern(self, num_layers: int) -> tuple[bool, ...]:
+        """Per layer, whether it is an MoE layer (all False for a dense model)."""
+        if not self.enabled:
+            return (False,) * num_layers
+        return moe_layer_pattern(self.moe_layer_freq, num_layers)
+
+
+_LIST_EXPR = re.compile(r"^[\[\]\(\)\d\s,*+]+$")
+
+
+def moe_layer_pattern(freq: str, num_layers: int) -> tuple[bool, ...]:
+    """Megatron's --moe-layer-freq for `num_layers` layers: N (layer i is MoE when i % N == 0) or
+    a list expression of 0/1 with exactly one entry per layer; CaptureError otherwise."""
+    text = freq.strip()
+    if text.isdigit():
+        n = int(text)
+        if n < 1:
+            raise CaptureError(f"--moe-layer-freq {freq!r} must be at least 1")
+        return tuple(i % n == 0 for i in range(num_layers))
+    values = _list_value(text) if _LIST_EXPR.match(text) else None
+    if values is None or any(v not in (0, 1) for v in values):
+        raise CaptureError(
+            f"--moe-layer-freq {freq!r} is neither an integer nor a list expression of 0 and 1 "
+            'such as "([0]*3+[1]*58)"'
+        )
+    if len(values) != num_layers:
+        raise CaptureError(
+            f"--moe-layer-freq {freq!r} gives {len(values)} layers but --num-layers is {num_layers}"
+        )
+    return tuple(bool(v) for v in values)
+
+
+def _list_value(text: str) -> list[int] | None:
+    """The value of a list expression of integer lists, '+' and '* int' (no eval: the parsed
+    expression is walked, and anything else is refused)."""
+    try:
+        value = _walk(ast.parse(text, mode="eval").body)
+    except (SyntaxError, ValueError, TypeError):
+        return None
+    return value if isinstance(value, list) else None
+
+
+def _walk(node: ast.AST) -> list[int] | int:
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        return node.value
+    if isinstance(node, ast.List):
+        items = [_walk(e) for e in node.elts]
+        if any(not isinstance(i, int) for i in items):
+            raise ValueError("nested list")
+        return [int(i) for i in items]  # type: ignore[arg-type]
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult)):
+        left, right = _walk(node.left), _walk(node.right)
+        if isinstance(node.op, ast.Add) and isinstance(left, list) and isinstance(right, list):
+            return left + right
+        if isinstance(node.op, ast.Mult) and isinstance(left, list) and isinstance(right, int):
+            return left * right
+    raise ValueError("not a list expression")
