@@ -85,9 +85,10 @@ class ParallelPlan(JsonMixin):
     etp: int = 0
     """Expert tensor-parallel size (--expert-tensor-parallel-size); 0 means the TP size, as
     Megatron's default."""
-    cp_comm_type: str = "p2p"
+    cp_comm_type: str = ""
     """Context parallelism's attention communication (--cp-comm-type): p2p, a2a, allgather or
-    a2a+p2p."""
+    a2a+p2p; empty when not given (Megatron-LM's p2p with Transformer Engine; the CPU kernel set
+    all-gathers)."""
     recompute: Recompute = Recompute()
     """Activation recomputation per pipeline stage."""
     sequence_parallel: bool = False
@@ -140,7 +141,7 @@ class ParallelPlan(JsonMixin):
                 f" ranks of a pipeline stage (TP {self.tp} x CP {self.cp} x DP {self.dp}); use an "
                 "EP x ETP that divides it"
             )
-        if self.cp_comm_type not in CP_COMM_TYPES:
+        if self.cp_comm_type and self.cp_comm_type not in CP_COMM_TYPES:
             p.append(f"--cp-comm-type {self.cp_comm_type!r} not one of {CP_COMM_TYPES}")
         return p
 

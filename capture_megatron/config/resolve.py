@@ -198,7 +198,7 @@ def parallel_plan(flags: ParallelFlags, shape: ModelShape, world_size: int) -> P
         microbatch_group_size=flags.microbatch_group_size_per_vp_stage or 0,
         ep=flags.expert_model_parallel_size or 1,
         etp=flags.expert_tensor_parallel_size or 0,
-        cp_comm_type=flags.cp_comm_type or "p2p",
+        cp_comm_type=flags.cp_comm_type or "",
     )
     check_plan_fits_model(shape, plan)
     return plan
