@@ -1,15 +1,18 @@
 """Model shapes from a Hugging Face config.json (--hf-config FILE, or a model directory holding
-config.json): the dense decoder-only types llama, mistral, gemma, gemma2, qwen2 and phi3, each field
-a config leaves out taken from its type's transformers default (DEFAULTS, sources cited there).
+config.json): the decoder-only types llama, mistral, gemma, gemma2, qwen2 and phi3, and with
+experts mixtral, qwen2_moe, qwen3_moe, deepseek_v2 and deepseek_v3 (capture_megatron.config.hf_moe),
+each field a config leaves out taken from its type's transformers default (DEFAULTS, sources cited
+there).
 
 Read into Megatron's terms: RMSNorm, RoPE (base, Llama 3 scaling), SwiGLU or GeGLU, GQA and
-head_dim, tied embeddings, QKV biases (Qwen2's are implicit), the norm epsilon and a sliding window
-(Megatron-LM's --window-size when it is shorter than the sequence). The training precision is bf16
-whatever torch_dtype says (that is how the file's weights are stored). The sequence length is the
-one given, else min(max_position_embeddings, 4096), stated in a note. Configs with experts,
-multi-latent attention, MLP biases or RoPE scalings Megatron-LM cannot build are an error naming
-them; Gemma-2 is read (its shape and parameter count are right) but lists what megatron-core's GPT
-layer cannot build, and planning it is refused (HfModel.checked), never a silent dense plan.
+head_dim, tied embeddings, QKV biases (Qwen2's are implicit), the norm epsilon, a sliding window
+(Megatron-LM's --window-size when it is shorter than the sequence) and the experts. The training
+precision is bf16 whatever torch_dtype says (that is how the file's weights are stored). The
+sequence length is the one given, else min(max_position_embeddings, 4096), stated in a note.
+Multi-latent attention (DeepSeek), MLP biases or RoPE scalings Megatron-LM cannot build are an error
+naming them; Gemma-2 and Qwen3-MoE are read (their shape and parameter count are right) but list
+what megatron-core's GPT layer (as modelled here) cannot build, and planning them is refused
+(HfModel.checked), never a silent plan of another model.
 
 Gemma also scales the embedding output by sqrt(h) and keeps RMSNorm weights as (1 + w)
 (Megatron-LM's --apply-layernorm-1p parameterisation): neither changes a parameter count or the
@@ -23,7 +26,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from capture_megatron.config.hf_fields import activation, rope
+from capture_megatron.config.hf_moe import MOE_TYPES, expert_parameters, experts_of
 from capture_megatron.config.model import ModelShape
+from capture_megatron.config.moe import Experts
 from capture_megatron.errors import CaptureError
 from capture_megatron.serial import load_json
 
@@ -65,33 +70,32 @@ DEFAULTS = {
     "gemma2": TypeDefaults(True, "gelu_pytorch_tanh", 1e-6, 8192, 9216, 4, 256, 4096),
     "qwen2": TypeDefaults(False, "silu", 1e-6, 32768, 22016, 32, None, 4096),
     "phi3": TypeDefaults(False, "silu", 1e-5, 4096, 8192, None, None, None),
+    # transformers v4.57.1's configuration_<type>.py for the types with experts
+    "mixtral": TypeDefaults(False, "silu", 1e-5, 4096 * 32, 14336, 8, None, None),
+    "qwen2_moe": TypeDefaults(False, "silu", 1e-6, 32768, 5632, 16, None, 4096),
+    "qwen3_moe": TypeDefaults(False, "silu", 1e-6, 32768, 6144, 4, None, 4096),
+    "deepseek_v2": TypeDefaults(False, "silu", 1e-6, 2048, 11008, None, None, None),
+    "deepseek_v3": TypeDefaults(False, "silu", 1e-6, 4096, 18432, 128, None, None),
 }
 """transformers v4.46.3's defaults per model_type (the comment above names the files). Phi-3
 fuses q, k, v into qkv_proj and gate, up into gate_up_proj: the same parameters as Megatron's
 linear_qkv and linear_fc1. Qwen2's sliding window only applies with use_sliding_window (default
 false)."""
 MODEL_TYPES = tuple(DEFAULTS)
-"""HF model types read from config.json (dense decoder-only models)."""
+"""HF model types read from config.json (decoder-only; those of hf_moe.MOE_TYPES with
+experts)."""
 DEFAULT_SEQ_LENGTH = 4096
 """Sequence length when --seq-length is not given (at most the config's positions)."""
 _HF_REQUIRED = ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size")
-_MOE = "mixture of experts is not modelled yet"
 _MLA = "multi-latent attention is not modelled yet"
 _REFUSED = {
-    "num_local_experts": _MOE,
-    "num_experts": _MOE,
-    "n_routed_experts": _MOE,
-    "n_shared_experts": _MOE,
-    "moe_intermediate_size": _MOE,
-    "num_experts_per_tok": _MOE,
-    "shared_expert_intermediate_size": _MOE,
     "kv_lora_rank": _MLA,
     "q_lora_rank": _MLA,
     "qk_rope_head_dim": _MLA,
     "mlp_bias": "MLP biases without the other linear biases have no Megatron-LM flag",
 }
 """Config fields that change memory in ways not modelled, with the reason (when set, non-zero)."""
-_O_PROJ_BIAS = ("llama", "gemma", "gemma2")
+_O_PROJ_BIAS = ("llama", "gemma", "gemma2", "qwen3_moe")
 """Types whose attention_bias also puts a bias on o_proj (Megatron-LM: QKV only, or all)."""
 
 
@@ -144,7 +148,9 @@ def parameter_count(shape: ModelShape) -> int:
     layer += (h + gate * f + h) if bias else 0
     vocab = shape.vocab_size * h * (2 if shape.untie_embeddings_and_output_weights else 1)
     learned = shape.max_positions * h if shape.position_embedding_type != "rope" else 0
-    return shape.num_layers * layer + vocab + learned + norm * h
+    moe_mlp, dense_mlp = expert_parameters(shape) if shape.moe.enabled else (0, 0)
+    moe = sum(shape.moe_layers) * (moe_mlp - dense_mlp)
+    return shape.num_layers * layer + moe + vocab + learned + norm * h
 
 
 def _config_path(path: str) -> str:
@@ -182,8 +188,8 @@ def _load(path: str) -> dict[str, Any]:
         raise CaptureError(
             f"--hf-config {path} describes a model capture-megatron does not model yet: "
             + "; ".join(refused)
-            + ". Planning it as a dense model would give a wrong plan; give a dense config of "
-            "one of those types, or the model's flags without these features."
+            + ". Planning it without them would plan another model; give a config of one of "
+            "those types, or the model's flags without these features."
         )
     return cfg
 
@@ -230,7 +236,8 @@ def _read(path: str, cfg: dict[str, Any], seq_length: int | None, dtype: str | N
         ),
         position_embedding_type="rope",
         add_bias_linear=False,
-        add_qkv_bias=kind == "qwen2",  # Qwen2Attention: q/k/v_proj bias=True, o_proj none
+        # Qwen2Attention: q/k/v_proj bias=True, o_proj none; Qwen2-MoE: its qkv_bias
+        add_qkv_bias=kind == "qwen2" or (kind == "qwen2_moe" and cfg.get("qkv_bias", True)),
         norm_epsilon=float(cfg.get("rms_norm_eps") or base.rms_norm_eps),
         rotary_base=rotary_base,
         use_rope_scaling=scaling,
@@ -239,10 +246,12 @@ def _read(path: str, cfg: dict[str, Any], seq_length: int | None, dtype: str | N
         hidden_dropout=_hidden_dropout(cfg),
         attention_dropout=float(cfg.get("attention_dropout") or 0.0),
         dtype=dtype or "bf16",
+        moe=experts_of(cfg, kind) if kind in MOE_TYPES else Experts(),
     )
     stored = "" if dtype else _precision_note(cfg)
     notes += tuple(n for n in (act_note, window_note, stored) if n)
-    return HfModel(path, shape, notes, _gemma2_unmodelled(cfg, kind, shape))
+    unmodelled = _gemma2_unmodelled(cfg, kind, shape) + _qk_norm(kind)
+    return HfModel(path, shape, notes, unmodelled)
 
 
 def _sequence(positions: int, seq_length: int | None) -> tuple[int, tuple[str, ...]]:
@@ -267,7 +276,7 @@ def _window(cfg: dict[str, Any], kind: str, seq: int) -> tuple[tuple[int, ...], 
     width = cfg.get("sliding_window", DEFAULTS[kind].sliding_window)
     if kind in ("llama", "gemma", "gemma2") or not width:  # gemma2: _gemma2_unmodelled
         return (), ""
-    if kind == "qwen2":
+    if kind in ("qwen2", "qwen2_moe", "qwen3_moe"):
         if not cfg.get("use_sliding_window", False):
             return (), ""
         layers, first = cfg["num_hidden_layers"], cfg.get("max_window_layers", 28)
@@ -346,6 +355,19 @@ def _gemma2_unmodelled(cfg: dict[str, Any], kind: str, shape: ModelShape) -> tup
             )
         )
     return tuple(found)
+
+
+def _qk_norm(kind: str) -> tuple[Unmodelled, ...]:
+    """Qwen3-MoE's per-head RMSNorm of queries and keys (empty for other types)."""
+    if kind != "qwen3_moe":
+        return ()
+    return (
+        Unmodelled(
+            "q_norm and k_norm",
+            "Qwen3 normalises every head's queries and keys (Megatron-LM's --qk-layernorm, not "
+            "modelled yet)",
+        ),
+    )
 
 
 def from_hf_config(path: str, seq_length: int | None = None) -> ModelShape:

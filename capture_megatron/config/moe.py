@@ -36,6 +36,8 @@ class Experts(JsonMixin):
     """Each routed expert's MLP width; 0 means --ffn-hidden-size."""
     moe_shared_expert_intermediate_size: int = flag("--moe-shared-expert-intermediate-size", 0)
     """Width of the shared experts' MLP, all shared experts together (0: none)."""
+    moe_shared_expert_gate: bool = flag("--moe-shared-expert-gate", False)
+    """A sigmoid gate on the shared experts' output (Qwen2-MoE's)."""
     moe_layer_freq: str = flag("--moe-layer-freq", "1", note='(N, or e.g. "([0]*3+[1]*58)")')
     """Which layers are MoE layers: every N-th from the first, or a 0/1 pattern per layer."""
     moe_token_dispatcher_type: str = flag(

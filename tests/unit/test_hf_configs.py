@@ -58,6 +58,46 @@ def test_published_configs_read_to_their_parameter_counts(name):
         assert parameter_count(shape) == count
 
 
+MOE = {
+    # name: (published parameters, routed experts, top-k, expert width, shared width, gate, freq)
+    "Mixtral-8x7B-v0.1": (46.7e9, 8, 2, 0, 0, False, "1"),
+    "Qwen2-57B-A14B": (57e9, 64, 8, 2560, 20480, True, "1"),
+}
+"""Published totals: Mistral AI's Mixtral 8x7B announcement (46.7B parameters), Qwen2's model card
+(Qwen2-57B-A14B: 57B). Mixtral's routed experts keep intermediate_size (moe_ffn_hidden_size 0:
+Megatron's default, the dense width)."""
+
+
+@pytest.mark.parametrize("name", sorted(MOE))
+def test_moe_configs_read_their_experts(name):
+    count, experts, topk, width, shared, gate, freq = MOE[name]
+    shape = read_hf_config(str(HF / f"{name}.json")).shape
+    moe = shape.moe
+    assert parameter_count(shape) == pytest.approx(count, rel=0.01)
+    assert (moe.num_experts, moe.moe_router_topk, moe.moe_ffn_hidden_size) == (experts, topk, width)
+    assert (moe.moe_shared_expert_intermediate_size, moe.moe_shared_expert_gate) == (shared, gate)
+    assert moe.moe_layer_freq == freq and moe.dropless
+    args = _parse([*model_args(shape), "--gpus", "8"])
+    assert model_shape(args) == shape  # the emitted MoE flags parse back into the same model
+
+
+def test_moe_layer_patterns_follow_each_types_rules(tmp_path):
+    base = json.loads((HF / "Qwen2-57B-A14B.json").read_text())
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**base, "decoder_sparse_step": 2, "mlp_only_layers": [5]}))
+    shape = read_hf_config(str(path)).shape
+    assert shape.moe_layers == tuple(i != 5 and i % 2 == 1 for i in range(28))
+    assert shape.moe.moe_layer_freq.startswith("([0]*1+[1]*1+")
+    v3 = {**base, "model_type": "deepseek_v3", "first_k_dense_replace": 3}
+    path.write_text(json.dumps({k: v for k, v in v3.items() if k != "num_experts"}))
+    shape = read_hf_config(str(path)).shape
+    assert shape.moe.moe_layer_freq == "([0]*3+[1]*25)" and shape.moe.num_experts == 256
+    qwen3 = {**base, "model_type": "qwen3_moe"}
+    path.write_text(json.dumps(qwen3))
+    with pytest.raises(CaptureError, match="q_norm and k_norm"):
+        read_hf_config(str(path)).checked()
+
+
 def test_absent_fields_take_each_types_transformers_default(tmp_path):
     gemma = json.loads((HF / "gemma-7b.json").read_text())
     assert "tie_word_embeddings" not in gemma and gemma["hidden_act"] == "gelu"

@@ -45,9 +45,7 @@ UNMODELLED = {
     "fsdp": ("--use-megatron-fsdp", "--use-megatron-fsdp"),
 }
 REFUSED_HF = {
-    "Mixtral-8x7B-v0.1": ("model_type 'mixtral'", "num_local_experts 8", "mixture of experts"),
-    "Qwen2-57B-A14B": ("model_type 'qwen2_moe'", "num_experts 64", "mixture of experts"),
-    "DeepSeek-V2-Lite": ("n_routed_experts 64", "kv_lora_rank 512", "multi-latent attention"),
+    "DeepSeek-V2-Lite": ("kv_lora_rank 512", "multi-latent attention"),
     "Phi-3-mini-128k-instruct": ("rope_scaling type 'longrope'",),
 }
 
