@@ -10,6 +10,7 @@ from typing import Any
 from capture_megatron.config import Cluster, ModelShape, ParallelFlags, ParallelPlan, Recompute
 from capture_megatron.config.parallel import tp_fits
 from capture_megatron.config.resolve import refuse_context_parallel, refuse_dropped_recompute
+from capture_megatron.errors import CaptureError
 
 
 @dataclass(frozen=True)
@@ -51,9 +52,26 @@ class Space:
         )
 
 
+def refuse_experts_sizes(flags: ParallelFlags) -> None:
+    """CaptureError for expert-parallel sizes given to the planner (it does not search or keep
+    them yet: MoE layers are not forecast)."""
+    given = {
+        "--expert-model-parallel-size": flags.expert_model_parallel_size,
+        "--expert-tensor-parallel-size": flags.expert_tensor_parallel_size,
+    }
+    shown = [f"{k} {v}" for k, v in given.items() if v not in (None, 1)]
+    if shown:
+        raise CaptureError(
+            f"{', '.join(shown)}: the planner does not search or keep expert-parallel sizes yet "
+            "(mixture-of-experts layers are not forecast); leave them out, or train the run "
+            "directly with `capture-megatron train`"
+        )
+
+
 def space_from(flags: ParallelFlags) -> Space:
     """The search space with the values the command line fixed (CaptureError for CP > 1)."""
     refuse_context_parallel(flags.context_parallel_size)
+    refuse_experts_sizes(flags)
     refuse_dropped_recompute(flags)
     fixed: dict[str, Any] = {}
     if flags.tensor_model_parallel_size:

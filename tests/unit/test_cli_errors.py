@@ -57,6 +57,14 @@ TRAIN_CASES = {
         "--global-batch-size 15 --mock-data",
         "--global-batch-size 15 is not divisible by --micro-batch-size 2 x DP 2",
     ),
+    "experts_ep": (
+        "--num-experts 3 --expert-model-parallel-size 2 --disable-bias-linear --mock-data",
+        "experts 3 not divisible by EP 2 (EP can be one of 1, 3)",
+    ),
+    "cp_seq": (
+        "--context-parallel-size 2 --seq-length 30 --max-position-embeddings 30 --mock-data",
+        "seq length 30 not divisible by 2 x CP 2",
+    ),
     "data": ("--data-path /nonexistent/corpus_text_document", "/nonexistent/corpus_text_document"),
     "no_data": ("", "no data: give --data-path PREFIX"),
     "flags": (

@@ -44,6 +44,37 @@ UNMODELLED = {
     "fp8": ("--fp8-format hybrid", "--fp8-format hybrid"),
     "fsdp": ("--use-megatron-fsdp", "--use-megatron-fsdp"),
 }
+MISFITS = {
+    # name: (command, extra flags, what the one paragraph names)
+    "experts_ep": (
+        "predict",
+        "--num-experts 6 --expert-model-parallel-size 4 --disable-bias-linear",
+        "experts 6 not divisible by EP 4 (EP can be one of 1, 2, 3, 6)",
+    ),
+    "ep_etp_world": (
+        "predict",
+        "--num-experts 8 --expert-model-parallel-size 4 --expert-tensor-parallel-size 4",
+        "EP 4 x ETP 4 does not divide the 8 ranks of a pipeline stage",
+    ),
+    "cp_seq": (
+        "predict",
+        "--context-parallel-size 4 --seq-length 36 --max-position-embeddings 36",
+        "seq length 36 not divisible by 2 x CP 4",
+    ),
+    "ep_planned": ("plan", "--expert-model-parallel-size 2", "--expert-model-parallel-size 2"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MISFITS))
+def test_expert_and_context_misfits_are_one_paragraph(name, tmp_path):
+    command, extra, shown = MISFITS[name]
+    argv = [command, *GPT.split(), *extra.split()]
+    if command == "plan":
+        argv += ["--gpu-memory-gib", "80"]
+    line = one_error(cli(argv, str(tmp_path)), command)
+    assert shown in line, line
+
+
 REFUSED_HF = {
     "DeepSeek-V2-Lite": ("kv_lora_rank 512", "multi-latent attention"),
     "Phi-3-mini-128k-instruct": ("rope_scaling type 'longrope'",),
