@@ -17,11 +17,33 @@ from dataclasses import dataclass
 
 from capture_megatron import __version__
 from capture_megatron.config import ModelShape
+from capture_megatron.config.moe import Experts
 from capture_megatron.errors import CaptureError, require
 from capture_megatron.serial import JsonMixin, from_plain, to_plain
 
 RECORD_FORMAT = 2
 """Version of the records file layout (the header line says it)."""
+
+
+@dataclass(frozen=True)
+class ExpertsProbe(JsonMixin):
+    """The MoE layers a probe builds and how they split: fitted per value (categorical), at the
+    model's own shapes.
+
+    Routing whose token counts vary (dropless, or a capacity without padding) is probed as its
+    bound: every expert padded to a capacity (`bound` says which), so that the bytes are those of
+    the most tokens the forecast allows for."""
+
+    experts: Experts
+    """The model's MoE settings, with a padded capacity factor where routing is bounded."""
+    ep: int
+    """Expert-parallel size."""
+    etp: int
+    """Expert tensor-parallel size."""
+    bound: str
+    """exact (capacity-padded routing: the bytes are exact), capacity (the capacity factor caps
+    the tokens), imbalance (the user's --moe-imbalance-factor) or worst (every token of the
+    expert's ranks routed to it)."""
 
 
 @dataclass(frozen=True)
@@ -52,12 +74,19 @@ class Variant(JsonMixin):
     """Biases in the QKV projection (without the other linear biases)."""
     window_size: tuple[int, ...] = ()
     """Sliding-window attention (left, right); empty: full causal attention."""
+    moe: ExpertsProbe | None = None
+    """MoE layers (None: a dense model)."""
 
     @classmethod
     def of(
-        cls, shape: ModelShape, recompute: str = "none", sequence_parallel: bool = False
+        cls,
+        shape: ModelShape,
+        recompute: str = "none",
+        sequence_parallel: bool = False,
+        moe: ExpertsProbe | None = None,
     ) -> Variant:
-        """The Variant of a model under a recompute granularity and sequence-parallel setting."""
+        """The Variant of a model under a recompute granularity and sequence-parallel setting
+        (`moe`: its experts as probed, for a model with experts)."""
         return cls(
             dtype=shape.dtype,
             recompute=recompute,
@@ -71,6 +100,7 @@ class Variant(JsonMixin):
             geglu=shape.geglu,
             add_qkv_bias=shape.add_qkv_bias,
             window_size=shape.window_size,
+            moe=moe,
         )
 
 
@@ -220,6 +250,9 @@ class ProfileRecord(JsonMixin):
     timelines: tuple[Timeline, ...] = ()
     """The forward, backward and step windows event by event, when profiled with timelines
     (cpu/fake)."""
+    param_expert: tuple[bool, ...] = ()
+    """Per parameter of param_numels, whether it is a routed expert's (in DDP's expert buffer,
+    sharded over the expert-data-parallel ranks); empty: none is."""
 
     def timeline(self, window: str) -> Timeline | None:
         """The timeline of one window, if recorded."""

@@ -117,6 +117,7 @@ def shape_constants(probes: dict[ProbeKey, ProfileRecord], full: bool) -> ShapeC
         chunks=tuple(_kind_constants(k, probes, z, full) for k in KINDS),
         buffers=sum(b.nbytes for b in one.buffers),
         layer_saved_rc_next=rc2,
+        layer_expert=one.param_expert,
     )
 
 
@@ -184,6 +185,7 @@ def fit_variant(records: list[ProfileRecord]) -> VariantModel:
         else None,
         workspace_bytes=max(r.workspace_bytes for r in records),
         windows=fit_windows(zs, list(table.values())),
+        layer_expert=anchors[0].layer_expert,
     )
 
 

@@ -88,6 +88,8 @@ class ShapeConstants(JsonMixin):
     layer_saved_rc_next: float | None = None
     """R2: what each recomputed layer after the first keeps (its input; full recompute only). The
     first recomputed layer of a chunk may keep less (its input is the chunk's input): R."""
+    layer_expert: tuple[bool, ...] = ()
+    """Per entry of layer_numels, whether it is a routed expert's parameter (empty: none is)."""
 
     def chunk(self, kind: str) -> KindConstants:
         """The constants of one kind."""
@@ -161,6 +163,8 @@ class VariantModel(JsonMixin):
     windows: tuple[ProbeWindow, ...] = ()
     """Replayed allocation timelines of the probes' windows (records profiled with timelines); where
     present they give the saved bytes and peaks instead of the regressions."""
+    layer_expert: tuple[bool, ...] = ()
+    """Per entry of layer_numels, whether it is a routed expert's parameter (empty: none is)."""
 
     def constants(self, z: Sizes) -> ShapeConstants:
         """Exact constants when `z` was probed, else the replayed timelines' / regressions'
@@ -178,6 +182,7 @@ class VariantModel(JsonMixin):
             chunks=tuple(c.at(z) for c in self.chunks),
             buffers=self.buffers.predict(z),
             layer_saved_rc_next=rc2,
+            layer_expert=self.layer_expert,
         )
         return _replayed(regressed, self.windows) if self.windows else regressed
 

@@ -15,8 +15,8 @@ from capture_megatron.config import ModelShape, ParallelPlan
 from capture_megatron.errors import CaptureError
 from capture_megatron.fit import MemoryModel, ShapeConstants, Sizes, VariantModel, shape_sizes
 from capture_megatron.predict.schedule import ScheduleSpec, events
-from capture_megatron.predict.static import structured_static
-from capture_megatron.predict.support import refuse_unforecast
+from capture_megatron.predict.static import layer_static
+from capture_megatron.predict.support import experts_probe, refuse_unforecast
 from capture_megatron.records import ProbeShape, Variant
 from capture_megatron.serial import JsonMixin
 
@@ -86,7 +86,8 @@ class StageMemory(JsonMixin):
 def variant_of(shape: ModelShape, plan: ParallelPlan) -> Variant:
     """The categorical settings a (shape, plan) needs from the memory model."""
     refuse_unforecast(shape, plan)
-    return Variant.of(shape, plan.recompute.granularity, plan.sequence_parallel)
+    moe = experts_probe(shape, plan)
+    return Variant.of(shape, plan.recompute.granularity, plan.sequence_parallel, moe)
 
 
 def sizes_for(shape: ModelShape, plan: ParallelPlan) -> Sizes:
@@ -205,16 +206,11 @@ def chunk_cost(
     step = c.need("step0") if k == 0 and kind != "middle" else c.step1
     pre, post = _ends(sc, kind)
     shared = _shared_end(kind, shape, plan, len(pre) + k * len(sc.layer_numels) + len(post))
-    st = structured_static(
-        pre,
-        tuple(sc.layer_numels),
-        k,
-        post,
-        shape.dtype,
-        plan.dp,
-        plan.distributed_optimizer,
-        shared,
-    )
+    dp = (plan.dp * plan.cp, plan.expert_dp)
+    st = layer_static(
+        pre, sc.layer_numels, sc.layer_expert, k, post, shape.dtype, dp,
+        plan.distributed_optimizer, shared,
+    )  # fmt: skip
     buffers = c.buffers1 if k else (c.need("buffers0") if kind != "middle" else 0.0)
     return ChunkCost(
         kind,

@@ -192,3 +192,27 @@ def structured_static(
             elements, params = elements + e, params + c
     total = buckets[-1][1]
     return StaticBytes(total * pbytes, total * gbytes, elements * (8 + master) + 4 * params)
+
+
+def layer_static(
+    pre: tuple[int, ...],
+    layer: tuple[int, ...],
+    expert: tuple[bool, ...],
+    k: int,
+    post: tuple[int, ...],
+    dtype: str,
+    dp: tuple[int, int],
+    distributed_optimizer: bool,
+    shared: str | None = None,
+) -> StaticBytes:
+    """structured_static of a chunk whose layers hold routed experts: DDP keeps the parameters
+    `expert` marks in a buffer of their own, sharded over the expert-data-parallel ranks, the rest
+    over the data-parallel (x context-parallel) ranks. `dp`: (data-parallel ranks, expert-data-
+    parallel ranks)."""
+    if not any(expert):
+        return structured_static(pre, layer, k, post, dtype, dp[0], distributed_optimizer, shared)
+    dense = tuple(n for n, e in zip(layer, expert) if not e)
+    routed = tuple(n for n, e in zip(layer, expert) if e)
+    a = structured_static(pre, dense, k, post, dtype, dp[0], distributed_optimizer, shared)
+    b = structured_static((), routed, k, (), dtype, dp[1], distributed_optimizer)
+    return StaticBytes(a.params + b.params, a.grads + b.grads, a.optimizer + b.optimizer)

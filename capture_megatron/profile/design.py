@@ -117,6 +117,7 @@ def model_probes(
             for b in micro_batch_sizes
             if tp_fits(shape, t, variant.sequence_parallel)
         ]
-        shapes = anchors + (design_shapes(variant_tps(variant, max(tps))) if design else [])
+        designed = design and variant.moe is None  # MoE variants: their own shapes only
+        shapes = anchors + (design_shapes(variant_tps(variant, max(tps))) if designed else [])
         probes += probes_for(variant, shapes)
     return probes

@@ -1,4 +1,5 @@
-"""Process groups for probes: this process is rank 0 of a `tp x dp` job of torch's fake backend.
+"""Process groups for probes: this process is rank 0 of a `tp x dp` job of torch's fake backend
+(EP x ETP expert groups carved from it for MoE probes).
 
 The fake backend (torch.testing's FakeStore + backend "fake") completes every collective without
 moving data, so one process builds and runs exactly what TP/DP rank 0 of a real job holds — the
@@ -13,8 +14,9 @@ import torch
 
 
 @contextlib.contextmanager
-def fake_job(tp: int, dp: int, seed: int = 1234):
-    """Initialise torch.distributed (fake, world tp*dp, rank 0) and megatron's parallel_state."""
+def fake_job(tp: int, dp: int, ep: int = 1, etp: int | None = None, seed: int = 1234):
+    """Initialise torch.distributed (fake, world tp*dp, rank 0) and megatron's parallel_state
+    (with `ep` x `etp` expert groups; etp None: TP)."""
     from megatron.core import parallel_state as ps
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
     from torch.testing._internal.distributed.fake_pg import FakeStore
@@ -31,6 +33,8 @@ def fake_job(tp: int, dp: int, seed: int = 1234):
         ps.initialize_model_parallel(
             tensor_model_parallel_size=tp,
             pipeline_model_parallel_size=1,
+            expert_model_parallel_size=ep,
+            expert_tensor_parallel_size=etp,
             create_gloo_process_groups=False,
         )
         torch.manual_seed(seed)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from capture_megatron.config import Kernels, ModelShape, ParallelPlan, Recompute
+from capture_megatron.config.moe import Experts
 from capture_megatron.config.training import BuildOptions, OptimOptions, RunOptions
 from capture_megatron.megatron.builder import TORCH_DTYPES, build_gpt, transformer_config
 from capture_megatron.megatron.training import (
@@ -26,6 +27,7 @@ from capture_megatron.megatron.training import (
     wrap_model,
 )
 from capture_megatron.predict.static import chunk_static
+from capture_megatron.profile.experts import expert_mask, probe_world, refuse_fake_cuda_experts
 from capture_megatron.records import BufferBytes, Probe, ProfileRecord, Timeline
 
 if TYPE_CHECKING:
@@ -57,6 +59,7 @@ def model_shape(probe: Probe) -> ModelShape:
         hidden_dropout=drop,
         attention_dropout=drop,
         dtype=v.dtype,
+        moe=v.moe.experts if v.moe is not None else Experts(),
     )
 
 
@@ -68,12 +71,15 @@ def parallel_plan(probe: Probe) -> ParallelPlan:
     else:
         recompute = Recompute(v.recompute)
     b = probe.shape.micro_batch_size
+    dp, ep, etp = probe_world(probe)
     return ParallelPlan(
         tp=probe.shape.tp,
         pp=1,
-        dp=probe.dp,
+        dp=dp,
+        ep=ep,
+        etp=etp,
         micro_batch_size=b,
-        global_batch_size=b * probe.dp,
+        global_batch_size=b * dp,
         layers_per_stage=(max(probe.layers, 1),),
         recompute=recompute,
         sequence_parallel=v.sequence_parallel,
@@ -197,6 +203,7 @@ def _default_dtype(dtype):
 def build(probe: Probe, setup: Setup) -> _Chunk:
     """Build, wrap (Float16Module, DDP) and give an optimizer to the probe's chunk."""
     shape, plan, fake = model_shape(probe), parallel_plan(probe), setup.fake
+    refuse_fake_cuda_experts(shape, setup.device)
     config = transformer_config(shape, plan, 0, BuildOptions(), setup.kernels)
     first, last = probe.kind in ("first", "only"), probe.kind in ("last", "only")
     with _default_dtype(config.params_dtype if fake else None):
@@ -365,6 +372,7 @@ def measure(probe: Probe, meter, setup: Setup, timelines: bool = False) -> Profi
         buffers=_buffers(setup.device == "fake-cuda"),
         workspace_bytes=setup.kernels.workspace_bytes() if setup.kernels is not None else 0,
         timelines=lines,
+        param_expert=expert_mask(chunk.model),
     )
     del chunk
     gc.collect()

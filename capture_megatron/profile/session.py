@@ -188,9 +188,10 @@ def _run(probes: list[Probe], meter, setup: Setup, progress: bool, timelines: bo
 
 def _measure(probe: Probe, meter, setup: Setup, timelines: bool) -> ProfileRecord:
     from capture_megatron.profile.groups import fake_job
+    from capture_megatron.profile.experts import probe_world
     from capture_megatron.profile.probe import measure
 
-    with fake_job(probe.shape.tp, probe.dp):
+    with fake_job(probe.shape.tp, *probe_world(probe)):
         try:
             return measure(probe, meter, setup, timelines)
         except (AssertionError, ValueError) as err:  # megatron's own validation of the shape
@@ -223,7 +224,7 @@ def profile(
     anchors = len(probes)
     found: list[ProfileRecord] = []
     missing: list[tuple[str, int, int]] = []  # (design key, first probe, probes)
-    for variant in variants if options.design else []:
+    for variant in [v for v in variants if v.moe is None] if options.design else []:
         design_tps = variant_tps(variant, max(tps))
         name = design_key(
             device, _setup(device, options.kernels).kernel_set, variant, design_tps, timelines
