@@ -3,7 +3,9 @@
 Per micro-batch and pipeline stage: transformer-layer FLOPs (forward 2 x matmul work + attention;
 backward twice that; full recompute adds a forward, selective recompute re-runs the attention core)
 at a stated fraction of peak FLOP/s, plus tensor-parallel all-reduces (4 per layer per micro-batch,
-ring over NVLink bandwidth; with SP reduce-scatter + all-gather of the same volume). The pipeline
+ring over NVLink bandwidth; with SP reduce-scatter + all-gather of the same volume). MoE layers
+count the top-k routed experts' and the shared experts' FLOPs per token and the expert-parallel
+all-to-alls (every layer taken as an MoE layer). The pipeline
 takes (m + (p - 1) / v) slowest-stage micro-batch times (the bubble (p - 1)/(m v)), plus pipeline
 sends and the data-parallel gradient all-reduce (ring over the network bandwidth). Calibrate
 `efficiency` from measured step times (capture-megatron verify) for absolute numbers.
@@ -42,9 +44,24 @@ def layer_forward_flops(shape: ModelShape, b: int) -> float:
     )
     qkv = 2 * b * s * h * (a + 2 * g) * d
     proj = 2 * b * s * a * d * h
+    if shape.moe.enabled:  # top-k routed experts and the shared experts per token, the router
+        moe = shape.moe
+        f = moe.moe_router_topk * shape.moe_ffn + moe.moe_shared_expert_intermediate_size
+        proj += 2 * b * s * h * moe.num_experts
     mlp = 2 * b * s * h * f * (3 if shape.gated else 2)
     core = 4 * b * a * s * s * d
     return qkv + proj + mlp + core
+
+
+def expert_comm(shape: ModelShape, plan: ParallelPlan, act_bytes: float, hw: Hardware) -> float:
+    """Seconds of one MoE layer's expert-parallel all-to-alls per micro-batch (dispatch and
+    combine, forward and backward: 4 x top-k copies of the tokens, the (ep - 1) / ep that leave the
+    rank; over NVLink while EP x TP stays in a node, else the network); 0 without EP."""
+    if not shape.moe.enabled or plan.ep == 1:
+        return 0.0
+    moved = 4 * shape.moe.moe_router_topk * act_bytes / plan.tp * (plan.ep - 1) / plan.ep
+    rate = hw.intra_node_bytes_per_s if plan.ep * plan.tp <= 8 else hw.inter_node_bytes_per_s
+    return moved / rate
 
 
 def step_seconds(
@@ -59,6 +76,7 @@ def step_seconds(
     core = 4 * b * shape.num_attention_heads * shape.seq_length**2 * shape.head_dim / t
     act_bytes = b * shape.seq_length * shape.hidden_size * dtype_bytes(shape.dtype)
     tp_comm = 0.0 if t == 1 else 4 * 2 * (t - 1) / t * act_bytes / hw.intra_node_bytes_per_s
+    tp_comm += expert_comm(shape, plan, act_bytes, hw)
     head = 3 * 2 * b * shape.seq_length * shape.hidden_size * shape.padded_vocab(t) / t / rate
     if bound:
         per_chunk = (shape.num_layers * (3 * fwd / rate + tp_comm) + head) / (p * v)

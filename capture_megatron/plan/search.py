@@ -252,12 +252,12 @@ def _fastest(
     floor: int = 0,
 ) -> SearchResult:
     def sizes(p: ParallelPlan, recompute: str) -> tuple:
-        return (p.tp, p.pp, p.dp, p.micro_batch_size, recompute, p.sequence_parallel,
+        return (p.tp, p.pp, p.dp, p.ep, p.micro_batch_size, recompute, p.sequence_parallel,
                 p.distributed_optimizer)  # fmt: skip
 
     # the lightest twin: no interleaving and full recompute when the space has them
     flat = {sizes(p, p.recompute.granularity): p for p in plans if p.vpp == 1}
-    light = {key: plan for key, plan in flat.items() if key[4] == "full"}
+    light = {key: plan for key, plan in flat.items() if key[5] == "full"}
     done: dict[ParallelPlan, Evaluated] = {}
     order = sorted(plans, key=lambda p: step_seconds(shape, p, hw, bound=True))
 

@@ -36,6 +36,9 @@ class Space:
     recompute_layers: tuple[int, ...] = ()
     """Full recompute's layer counts as given: one n (--recompute-num-layers) or one per pipeline
     stage; empty: the planner chooses per-stage block counts."""
+    ep: tuple[int, ...] = ()
+    """Expert-parallel sizes; empty: for a model with experts every size Megatron allows (it
+    divides the experts and the TP x DP ranks of a stage; the expert TP is the TP), else 1."""
 
     @property
     def keeps_recompute(self) -> bool:
@@ -53,18 +56,13 @@ class Space:
 
 
 def refuse_experts_sizes(flags: ParallelFlags) -> None:
-    """CaptureError for expert-parallel sizes given to the planner (it does not search or keep
-    them yet: MoE layers are not forecast)."""
-    given = {
-        "--expert-model-parallel-size": flags.expert_model_parallel_size,
-        "--expert-tensor-parallel-size": flags.expert_tensor_parallel_size,
-    }
-    shown = [f"{k} {v}" for k, v in given.items() if v not in (None, 1)]
-    if shown:
+    """CaptureError for an expert tensor-parallel size other than the TP given to the planner (it
+    keeps ETP = TP, Megatron's default)."""
+    etp = flags.expert_tensor_parallel_size
+    if etp is not None and etp != flags.tensor_model_parallel_size:
         raise CaptureError(
-            f"{', '.join(shown)}: the planner does not search or keep expert-parallel sizes yet "
-            "(mixture-of-experts layers are not forecast); leave them out, or train the run "
-            "directly with `capture-megatron train`"
+            f"--expert-tensor-parallel-size {etp}: the planner keeps the expert TP equal to the "
+            "TP (Megatron's default); give the same --tensor-model-parallel-size, or leave it out"
         )
 
 
@@ -95,6 +93,8 @@ def space_from(flags: ParallelFlags) -> Space:
         fixed["sequence_parallel"] = (True,)
     if flags.use_distributed_optimizer:
         fixed["distributed_optimizer"] = (True,)
+    if flags.expert_model_parallel_size:
+        fixed["ep"] = (flags.expert_model_parallel_size,)
     return replace(Space(), **fixed)
 
 
@@ -119,6 +119,23 @@ def candidates(
                 yield from _variants(shape, tp, pp, dp, vpp, gbs, space)
 
 
+def expert_sizes(shape: ModelShape, tp: int, dp: int, space: Space) -> list[int]:
+    """The EP sizes of a (TP, DP) candidate: those of the space that divide the experts and the
+    TP x DP ranks of a stage (expert TP = TP); [1] for a dense model."""
+    if not shape.moe.enabled:
+        return [1]
+    experts = shape.moe.num_experts
+    allowed = space.ep or tuple(_divisors(experts))
+    return [e for e in allowed if experts % e == 0 and (tp * dp) % (e * tp) == 0]
+
+
+def _skipped_sp(shape: ModelShape, tp: int, sp: bool, space: Space) -> bool:
+    """Whether a sequence-parallel setting is skipped: TP cannot split the model with it, it is
+    dominated, or MoE layers with TP > 1 lack it (megatron-core trains MoE + TP only with SP)."""
+    moe_without = shape.moe.enabled and tp > 1 and not sp
+    return not tp_fits(shape, tp, sp) or _dominated(sp, tp, space.sequence_parallel) or moe_without
+
+
 def _dominated(on: bool, size: int, allowed: tuple[bool, ...]) -> bool:
     """Sequence parallelism (TP > 1) and the distributed optimizer (DP > 1) move the same bytes as
     their absence (reduce-scatter + all-gather instead of all-reduce) and only lower memory, so when
@@ -140,7 +157,7 @@ def _variants(
                 if False in space.sequence_parallel:
                     continue
                 sp = False
-            if not tp_fits(shape, tp, sp) or _dominated(sp, tp, space.sequence_parallel):
+            if _skipped_sp(shape, tp, sp, space):
                 continue
             for rc in space.recompute:
                 recompute = space.full_recompute(pp) if rc == "full" else Recompute(rc)
@@ -154,15 +171,17 @@ def _variants(
                         shape.num_layers // stages + (1 if i < shape.num_layers % stages else 0)
                         for i in range(stages)
                     )
-                    yield ParallelPlan(
-                        tp=tp,
-                        pp=pp,
-                        dp=dp,
-                        vpp=vpp,
-                        micro_batch_size=mbs,
-                        global_batch_size=gbs,
-                        layers_per_stage=layers,
-                        recompute=recompute,
-                        sequence_parallel=sp,
-                        distributed_optimizer=do,
-                    )
+                    for ep in expert_sizes(shape, tp, dp, space):
+                        yield ParallelPlan(
+                            tp=tp,
+                            pp=pp,
+                            dp=dp,
+                            ep=ep,
+                            vpp=vpp,
+                            micro_batch_size=mbs,
+                            global_batch_size=gbs,
+                            layers_per_stage=layers,
+                            recompute=recompute,
+                            sequence_parallel=sp,
+                            distributed_optimizer=do,
+                        )

@@ -187,8 +187,8 @@ def _run(probes: list[Probe], meter, setup: Setup, progress: bool, timelines: bo
 
 
 def _measure(probe: Probe, meter, setup: Setup, timelines: bool) -> ProfileRecord:
-    from capture_megatron.profile.groups import fake_job
     from capture_megatron.profile.experts import probe_world
+    from capture_megatron.profile.groups import fake_job
     from capture_megatron.profile.probe import measure
 
     with fake_job(probe.shape.tp, *probe_world(probe)):
