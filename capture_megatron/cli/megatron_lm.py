@@ -44,6 +44,8 @@ PLANNED = {
     "--recompute-activations": False,
     "--sequence-parallel": False,
     "--use-distributed-optimizer": False,
+    "--expert-model-parallel-size": True,
+    "--expert-tensor-parallel-size": True,
 }
 """Flags the plan decides: flag -> whether it takes a value."""
 

@@ -31,6 +31,12 @@ def plan_args(plan: ParallelPlan) -> list[str]:
         ]
     if plan.cp > 1:
         out += ["--context-parallel-size", str(plan.cp)]
+    if plan.cp_comm_type:
+        out += ["--cp-comm-type", plan.cp_comm_type]
+    if plan.ep > 1:
+        out += ["--expert-model-parallel-size", str(plan.ep)]
+    if plan.etp:
+        out += ["--expert-tensor-parallel-size", str(plan.etp)]
     if plan.sequence_parallel:
         out.append("--sequence-parallel")
     if plan.distributed_optimizer:

@@ -189,6 +189,8 @@ def _plan_section(p: ParallelPlan) -> dict[str, Any]:
         "pp": p.pp,
         "dp": p.dp,
         "cp": p.cp,
+        "ep": p.ep,
+        "etp": p.expert_tp,
         "vpp": p.vpp,
         "micro_batch_size": p.micro_batch_size,
         "global_batch_size": p.global_batch_size,
