@@ -160,7 +160,36 @@ def model_notes(shape: ModelShape) -> tuple[str, ...]:
             "GPTModel, so it builds factor 8; capture-megatron's pretrain_gpt uses the factor "
             "(either way the memory is the same)"
         )
-    return tuple(notes)
+    return tuple(notes) + routing_notes(shape)
+
+
+def routing_notes(shape: ModelShape) -> tuple[str, ...]:
+    """Which token counts the forecast of the MoE layers allows for (empty for a dense model)."""
+    moe = shape.moe
+    if not moe.enabled:
+        return ()
+    if moe.moe_expert_capacity_factor:
+        padded = moe.moe_pad_expert_input_to_capacity
+        return (
+            f"MoE routing: capacity factor {moe.moe_expert_capacity_factor:g}"
+            + (
+                ", padded: the expert bytes are exact"
+                if padded
+                else "; the forecast pads every expert to its capacity (a bound)"
+            ),
+        )
+    worst = moe.num_experts / moe.moe_router_topk
+    if moe.moe_imbalance_factor:
+        return (
+            f"MoE routing is dropless: the forecast is a bound, every expert receiving at most "
+            f"{min(moe.moe_imbalance_factor, worst):g} x its balanced share of tokens "
+            "(--moe-imbalance-factor)",
+        )
+    return (
+        f"MoE routing is dropless: the forecast is the worst case, every token of an expert's "
+        f"ranks routed to it ({worst:g} x its balanced share); give --moe-imbalance-factor F "
+        "for the bound you trust",
+    )
 
 
 def resolved_impl(kernels: Kernels, gpu: bool = True) -> str:
