@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from capture_megatron.config import Kernels, ModelShape, ParallelPlan
+from capture_megatron.config.context import te_comm_type
 from capture_megatron.config.training import BuildOptions
 from capture_megatron.megatron import cpu_compat
 from capture_megatron.megatron.norms import LocalNorm
@@ -152,6 +153,7 @@ def transformer_config(
         pipeline_model_parallel_size=plan.pp,
         virtual_pipeline_model_parallel_size=plan.vpp if plan.vpp > 1 else None,
         context_parallel_size=plan.cp,
+        cp_comm_type=te_comm_type(plan, real_te(kernels)),
         sequence_parallel=plan.sequence_parallel,
         pipeline_model_parallel_layout=plan.layout if plan.pp > 1 else None,
         params_dtype=dtype,
@@ -244,11 +246,14 @@ def build_gpt(
     device it is built there: fake parameters cannot be moved)."""
     from megatron.core.models.gpt import GPTModel
 
+    from capture_megatron.megatron.cp_attention import with_context_parallel
+
     fake_cuda = cpu_compat.active_device() == "fake-cuda"
+    spec = with_context_parallel(layer_spec(shape, kernels), plan, real_te(kernels))
     with torch.device("cuda") if fake_cuda else contextlib.nullcontext():
         model = GPTModel(
             config=config,
-            transformer_layer_spec=block_spec(layer_spec(shape, kernels), kernels, num_layers),
+            transformer_layer_spec=block_spec(spec, kernels, num_layers),
             vocab_size=shape.padded_vocab(plan.tp),
             max_sequence_length=shape.max_positions,
             pre_process=pre_process,

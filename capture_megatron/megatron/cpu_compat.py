@@ -16,7 +16,8 @@ call sites it serves:
    device. Served call sites: ``pipeline_parallel/schedules.py`` (total_num_tokens),
    ``optimizer/optimizer.py`` (found_inf, _scale_one), ``optimizer/grad_scaler.py``,
    ``optimizer/clip_grads.py`` (norms), ``transformer/utils.get_default_causal_mask``,
-   ``dist_checkpointing/exchange_utils.py`` and ``strategies/state_dict_saver.py``.
+   ``dist_checkpointing/exchange_utils.py`` and ``strategies/state_dict_saver.py``; and drops
+   ``pin_memory=True`` (``rope_utils.get_pos_emb_on_this_cp_rank`` pins its CP chunk indices).
 4. The same mode answers ``Tensor.type()`` with the CUDA type string (``clip_grads.py`` asserts
    'torch.cuda.FloatTensor'; ``optimizer.py`` / ``distrib_optimizer.py`` dispatch on it) and makes
    ``Tensor.cuda()`` an identity (``language_module.py`` moves tied embeddings before all-reduce).
@@ -73,6 +74,8 @@ class CudaDeviceMode(TorchFunctionMode):
             return _CUDA_TYPES.get(args[0].dtype, func(*args))
         if "device" in kwargs and _is_cuda(kwargs["device"]):
             kwargs = dict(kwargs, device=self.device)
+        if kwargs.get("pin_memory"):  # no pinned-memory allocator without CUDA
+            kwargs = dict(kwargs, pin_memory=False)
         if (
             func in (torch.Tensor.to, torch.empty_like)
             and args

@@ -30,9 +30,26 @@ def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
     )
 
 
+def batch_on_this_cp_rank(batch: dict) -> dict:
+    """This context-parallel rank's part of a micro-batch, as Megatron-LM's get_batch slices it
+    (megatron.core.utils.get_batch_on_this_cp_rank: the sequence in 2 x cp chunks, rank r keeps
+    chunks r and 2cp-1-r of tokens, labels, loss_mask, position_ids); the batch itself with CP 1."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.utils import get_batch_on_this_cp_rank
+
+    if not ps.model_parallel_is_initialized() or ps.get_context_parallel_world_size() == 1:
+        return batch
+    return get_batch_on_this_cp_rank(dict(batch))
+
+
 def forward_step(data_iterator, model):
-    """Megatron's forward_step_func: run a chunk on the next micro-batch."""
-    batch = next(data_iterator)
+    """Megatron's forward_step_func: run a chunk on the next micro-batch (this CP rank's part).
+
+    With CP each rank's loss is the mean over its own tokens (megatron-core's schedules divide the
+    sum by loss_func's token count) and DDP averages gradients over DP x CP, as in Megatron-LM: the
+    gradient equals one process's when the CP ranks hold equally many unmasked tokens; the reported
+    'lm loss' (sums and counts all-reduced over DP x CP) equals it always."""
+    batch = batch_on_this_cp_rank(next(data_iterator))
     output = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
     return output, partial(loss_func, batch["loss_mask"])
 

@@ -65,7 +65,8 @@ def _metadata(plan: ParallelPlan) -> dict:
 
 
 def _rng_object(plan: ParallelPlan):
-    """This rank's RNG states as a ShardedObject indexed (pp_rank, tp_rank), replicated over DP."""
+    """This rank's RNG states as a ShardedObject indexed (pp_rank, tp_rank), replicated over DP x CP
+    (Megatron-LM's get_rng_state: CP ranks of a TP/PP position hold the same states)."""
     from megatron.core import parallel_state as ps
     from megatron.core.dist_checkpointing.mapping import ShardedObject
     from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
@@ -80,7 +81,7 @@ def _rng_object(plan: ParallelPlan):
         state,
         (plan.pp, plan.tp),
         (ps.get_pipeline_model_parallel_rank(), ps.get_tensor_model_parallel_rank()),
-        replica_id=ps.get_data_parallel_rank(),
+        replica_id=ps.get_data_parallel_rank(with_context_parallel=True),
     )
 
 

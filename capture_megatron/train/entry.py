@@ -43,7 +43,26 @@ def parse_config(argv: list[str], world_size: int) -> TrainConfig:
         if not data.mock_data:
             check_data_paths(data)
         vocab = tokenizer_vocab_size(data)
-    return train_config(ns, world_size, vocab)
+    cfg = train_config(ns, world_size, vocab)
+    check_context_parallel(cfg)
+    return cfg
+
+
+def check_context_parallel(cfg: TrainConfig) -> None:
+    """CaptureError when --cp-comm-type names an algorithm this machine's attention lacks (see
+    capture_megatron.config.context): checked before torchrun starts and again on every rank."""
+    if cfg.plan.cp == 1:
+        return
+    import torch
+
+    from capture_megatron.config.context import check_comm_type
+    from capture_megatron.megatron.builder import resolve_impl
+
+    uses_te = (
+        torch.cuda.is_available()
+        and resolve_impl(cfg.kernels.transformer_impl) == "transformer_engine"
+    )
+    check_comm_type(cfg.plan, uses_te)
 
 
 def main(argv: list[str] | None = None) -> int:

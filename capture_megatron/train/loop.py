@@ -32,13 +32,17 @@ class StepResult:
 
 
 def _global_loss(reports: list, device) -> float:
-    """Token-mean loss of the whole global batch, known on every rank afterwards."""
+    """Token-mean loss of the whole global batch, known on every rank afterwards (sums and token
+    counts all-reduced over DP x CP, as Megatron-LM's train_step reduces 'lm loss', then over
+    the pipeline)."""
     from megatron.core import parallel_state as ps
 
     total = torch.zeros(2, dtype=torch.float64, device=device)
     for report in reports:
         total += report["lm loss"].to(torch.float64)
-    torch.distributed.all_reduce(total, group=ps.get_data_parallel_group())
+    torch.distributed.all_reduce(
+        total, group=ps.get_data_parallel_group(with_context_parallel=True)
+    )
     torch.distributed.all_reduce(total, group=ps.get_pipeline_model_parallel_group())
     return float(total[0] / total[1].clamp(min=1))
 

@@ -33,6 +33,8 @@ class RankMemory(JsonMixin):
     yet)."""
     reserved_bytes: int = 0
     """CUDA only: peak bytes the caching allocator reserved (allocated + its reserve); 0 on CPU."""
+    cp_rank: int = 0
+    """Context-parallel rank (0 without context parallelism, and in reports written before it)."""
 
 
 @dataclass(frozen=True)

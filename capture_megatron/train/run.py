@@ -61,13 +61,15 @@ def _gather_report(cfg, device: str, impl: str, mine: RankMemory, stats: list) -
 
 def print_peaks(report: MemoryReport) -> None:
     """Per-rank measured peak table on the console."""
+    cp = report.plan.cp > 1
     print(f"measured peak memory per rank ({report.device}, {report.transformer_impl} spec):")
-    print("  rank  pp  tp  dp  layers       peak MiB")
+    print("  rank  pp  tp  dp" + ("  cp" if cp else "") + "  layers       peak MiB")
     for r in report.ranks:
         held = f"{r.layers[0]}-{r.layers[-1]}" if r.layers else "-"
         print(
-            f"  {r.rank:4d} {r.pp_rank:3d} {r.tp_rank:3d} {r.dp_rank:3d}  {held:10s} "
-            f"{r.peak_bytes / 2**20:10.2f}"
+            f"  {r.rank:4d} {r.pp_rank:3d} {r.tp_rank:3d} {r.dp_rank:3d}"
+            + (f" {r.cp_rank:3d}" if cp else "")
+            + f"  {held:10s} {r.peak_bytes / 2**20:10.2f}"
         )
 
 
@@ -113,6 +115,7 @@ def describe(cfg: TrainConfig, env: DistEnv) -> str:
     return (
         f"capture-megatron: {env.world_size} processes ({env.source}) | "
         f"TP {p.tp} PP {p.pp} DP {p.dp}"
+        + (f" CP {p.cp}" if p.cp > 1 else "")
         + (f" VPP {p.vpp}" if p.vpp > 1 else "")
         + f" | layout {p.layout} | micro-batch "
         f"{p.micro_batch_size} x {p.num_microbatches} | {cfg.shape.dtype}"
@@ -153,6 +156,7 @@ def _rank_memory(env: DistEnv, trainer, window: PeakWindow, meter, setup_bytes: 
         layers=_layers_held(trainer),
         setup_bytes=int(setup_bytes),
         reserved_bytes=int(meter.reserved()) if hasattr(meter, "reserved") else 0,
+        cp_rank=ps.get_context_parallel_rank(),
     )
 
 

@@ -2,7 +2,10 @@
 
 Real torchrun + gloo + megatron-core; the same partition-independent initial weights; real data.
 Losses must agree to 1e-4 relative and gradient norms likewise (bf16: both to 2e-3, the bf16
-reduction-order noise measured on this model).
+reduction-order noise measured on this model). Context parallelism (cp*: the all-gather attention of
+capture_megatron.megatron.cp_attention) shares the single-process references: learned absolute
+positions (position_ids sliced per CP rank) and RoPE + GQA (the rotary table sliced per CP rank),
+with TP + SP, and with PP + the distributed optimizer (sharded over DP x CP).
 """
 
 from __future__ import annotations
@@ -65,6 +68,30 @@ CASES = {
         ],
         "llama",
     ),
+    # saves at the end too (into the test's directory): the RNG states are replicated over CP
+    "cp2": (2, ["--context-parallel-size", "2", "--save", "ckpt", "--save-interval", "3"], "fp32"),
+    "llama_cp2_tp2_sp": (
+        4,
+        [
+            "--context-parallel-size",
+            "2",
+            "--tensor-model-parallel-size",
+            "2",
+            "--sequence-parallel",
+        ],
+        "llama",
+    ),
+    "llama_cp2_pp2_distopt": (
+        4,
+        [
+            "--context-parallel-size",
+            "2",
+            "--pipeline-model-parallel-size",
+            "2",
+            "--use-distributed-optimizer",
+        ],
+        "llama",
+    ),
 }
 REFERENCES = {
     "fp32": [],
@@ -110,8 +137,9 @@ def test_plan_matches_single_process(name, reference, data_prefix, tmp_path):
     assert losses(run) == pytest.approx(ref_losses, rel=tol)
     assert grad_norms(run) == pytest.approx(ref_norms, rel=tol)
     # the plan really ran: every rank reported, with the layout asked for
-    assert len(run.report.ranks) == nproc
-    held = sorted(
-        layer for r in run.report.ranks if r.tp_rank == 0 and r.dp_rank == 0 for layer in r.layers
-    )
-    assert held == list(range(1, 9))
+    ranks = run.report.ranks
+    assert len(ranks) == nproc
+    first = [r for r in ranks if r.tp_rank == 0 and r.dp_rank == 0 and r.cp_rank == 0]
+    assert sorted(layer for r in first for layer in r.layers) == list(range(1, 9))
+    cp = run.report.plan.cp
+    assert sorted(r.cp_rank for r in ranks) == sorted(list(range(cp)) * (nproc // cp))

@@ -66,6 +66,10 @@ TRAIN_CASES = {
         "seq length 30 not divisible by 2 x CP 2",
     ),
     "data": ("--data-path /nonexistent/corpus_text_document", "/nonexistent/corpus_text_document"),
+    "cp_comm_type": (
+        "--context-parallel-size 2 --cp-comm-type p2p --mock-data",
+        "p2p (ring), a2a (all-to-all) and a2a+p2p are Transformer Engine's algorithms",
+    ),
     "no_data": ("", "no data: give --data-path PREFIX"),
     "flags": (
         "--mock-data --use-flash-attn --frobnicate",
