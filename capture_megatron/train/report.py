@@ -33,6 +33,8 @@ class RankMemory(JsonMixin):
     yet)."""
     reserved_bytes: int = 0
     """CUDA only: peak bytes the caching allocator reserved (allocated + its reserve); 0 on CPU."""
+    ep_rank: int = 0
+    """Expert-parallel rank (which slice of the routed experts this rank holds; 0 without EP)."""
 
 
 @dataclass(frozen=True)
