@@ -99,8 +99,31 @@ class Experts(JsonMixin):
                 "--moe-expert-capacity-factor works only with aux_loss, seq_aux_loss, "
                 "global_aux_loss or none load balancing (Megatron refuses sinkhorn)"
             )
+        p += self._router_problems()
         if p:
             raise CaptureError("mixture of experts: " + "; ".join(p))
+
+    def _router_problems(self) -> list[str]:
+        """Router settings megatron-core refuses while building or running the model."""
+        p = []
+        if self.moe_router_load_balancing_type == "sinkhorn" and self.moe_aux_loss_coeff:
+            p.append(
+                f"--moe-aux-loss-coeff {self.moe_aux_loss_coeff} with "
+                "--moe-router-load-balancing-type sinkhorn (megatron-core's router asserts that "
+                "sinkhorn routing has no aux loss; leave the coefficient at 0)"
+            )
+        if (
+            self.num_experts
+            and self.moe_router_topk == 1
+            and self.moe_router_score_function == "softmax"
+            and not self.moe_router_pre_softmax
+            and self.moe_router_load_balancing_type != "sinkhorn"
+        ):
+            p.append(
+                "--moe-router-topk 1 with softmax scores needs --moe-router-pre-softmax "
+                "(megatron-core refuses it: a softmax over one selected expert has zero gradient)"
+            )
+        return p
 
     @property
     def enabled(self) -> bool:

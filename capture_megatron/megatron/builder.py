@@ -12,7 +12,9 @@ modules of capture_megatron.megatron.gpu (what TE's modules keep; see docs/MEMOR
 The rest of the architecture goes to megatron-core as Megatron-LM's flags send it: GeGLU
 (--geglu: gated_linear_unit with GELU), QKV biases, the norm epsilon, the RoPE base and Llama 3
 scaling, the sliding window (window_size: the local spec's unfused softmax builds its mask; the GPU
-kernel set's flash / cuDNN attention keep nothing for it).
+kernel set's flash / cuDNN attention keep nothing for it). Mixture-of-experts models (--num-experts)
+get Megatron's MoE fields and a decoder block spec mixing MoE and dense layers
+(capture_megatron.megatron.moe), as Megatron-LM's gpt_builder builds them.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import torch.nn.functional as F
 from capture_megatron.config import Kernels, ModelShape, ParallelPlan
 from capture_megatron.config.context import te_comm_type
 from capture_megatron.config.training import BuildOptions
-from capture_megatron.megatron import cpu_compat
+from capture_megatron.megatron import cpu_compat, moe
 from capture_megatron.megatron.norms import LocalNorm
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -183,6 +185,7 @@ def transformer_config(
         recompute_num_layers=n_recompute if full else None,
         microbatch_group_size_per_vp_stage=plan.microbatch_group_size or None,
         cuda_graph_scope=[],  # the default "full" warns "deprecated"; [] is its same-meaning twin
+        **moe.config_fields(shape, plan),
         **fields,
     )
 
@@ -242,18 +245,29 @@ def build_gpt(
     vp_stage: int | None,
 ):
     """One GPTModel chunk holding `num_layers` transformer layers (and the ends it is told to
-    hold). GPU kernels: on the GPU, as Megatron-LM's get_model moves it there (on the fake-cuda
-    device it is built there: fake parameters cannot be moved)."""
+    hold); with experts, megatron's decoder block spec for this rank and `vp_stage` (refused on
+    the fake-cuda device). GPU kernels: on the GPU, as Megatron-LM's get_model moves it there (on
+    the fake-cuda device it is built there: fake parameters cannot be moved)."""
     from megatron.core.models.gpt import GPTModel
 
     from capture_megatron.megatron.cp_attention import with_context_parallel
 
     fake_cuda = cpu_compat.active_device() == "fake-cuda"
-    spec = with_context_parallel(layer_spec(shape, kernels), plan, real_te(kernels))
+    if shape.moe.enabled:
+        if fake_cuda:
+            from capture_megatron.errors import CaptureError
+
+            raise CaptureError(moe.FAKE_CUDA_REFUSAL)
+        spec = moe.block_spec(config, shape, real_te(kernels), vp_stage, num_layers)
+        layers = [with_context_parallel(s, plan, real_te(kernels)) for s in spec.layer_specs]
+        spec = dataclasses.replace(spec, layer_specs=layers)
+    else:
+        layer = with_context_parallel(layer_spec(shape, kernels), plan, real_te(kernels))
+        spec = block_spec(layer, kernels, num_layers)
     with torch.device("cuda") if fake_cuda else contextlib.nullcontext():
         model = GPTModel(
             config=config,
-            transformer_layer_spec=block_spec(spec, kernels, num_layers),
+            transformer_layer_spec=spec,
             vocab_size=shape.padded_vocab(plan.tp),
             max_sequence_length=shape.max_positions,
             pre_process=pre_process,

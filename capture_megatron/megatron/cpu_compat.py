@@ -23,6 +23,8 @@ call sites it serves:
    ``Tensor.cuda()`` an identity (``language_module.py`` moves tied embeddings before all-reduce).
 5. ``torch.cuda.synchronize`` / ``empty_cache`` become no-ops (p2p_communication, DDP, checkpoint
    strategies call them unconditionally).
+6. Mixture-of-experts layers: the router's TE GEMM name, the alltoall dispatcher's CUDA stream and
+   its split sizes (capture_megatron.megatron.moe_cpu, which lists the call sites).
 
 Settings that are not patches but are required for correct results on gloo (enforced by the model
 builder): ``batch_p2p_comm=False`` (PP+VPP gives wrong gradients otherwise), no CUDA-only fusions
@@ -35,6 +37,8 @@ import contextlib
 
 import torch
 from torch.overrides import TorchFunctionMode
+
+from capture_megatron.megatron import moe_cpu
 
 _STATE = {"device": None, "mode": None}
 FAKE_CUDA_CAPABILITY = (9, 0)
@@ -205,6 +209,7 @@ def apply(device: str = "cpu") -> None:
     torch.cuda.synchronize = lambda *a, **k: None
     torch.cuda.empty_cache = lambda: None
     _install_rng()
+    moe_cpu.apply()
     mode = CudaDeviceMode(device)
     mode.__enter__()
     _STATE.update(device=device, mode=mode)

@@ -23,6 +23,7 @@ import torch
 from capture_megatron.config import ModelShape, ParallelPlan, TrainConfig
 from capture_megatron.errors import CaptureError
 from capture_megatron.megatron import ckpt_fixes
+from capture_megatron.megatron.ckpt_rechain import plain_values, rechained_common
 from capture_megatron.megatron.schedule import Schedule, schedule
 from capture_megatron.train.resume import SavedRun, check_resume, loads_optimizer
 
@@ -64,9 +65,17 @@ def _metadata(plan: ParallelPlan) -> dict:
     return meta
 
 
+def _rng_shards(plan: ParallelPlan) -> tuple[int, ...]:
+    """How the RNG states are sharded, as Megatron-LM's get_rng_state shards them: by (PP, TP),
+    and by DP too when EP > 1 (the expert-parallel RNG differs between the DP ranks of an EP
+    group)."""
+    return (plan.pp, plan.tp, plan.dp * plan.cp) if plan.ep > 1 else (plan.pp, plan.tp)
+
+
 def _rng_object(plan: ParallelPlan):
-    """This rank's RNG states as a ShardedObject indexed (pp_rank, tp_rank), replicated over DP x CP
-    (Megatron-LM's get_rng_state: CP ranks of a TP/PP position hold the same states)."""
+    """This rank's RNG states as a ShardedObject indexed (pp_rank, tp_rank[, dp_rank]) by
+    _rng_shards, replicated over DP x CP when not indexed by it (Megatron-LM's get_rng_state: CP
+    ranks of a TP/PP position hold the same states)."""
     from megatron.core import parallel_state as ps
     from megatron.core.dist_checkpointing.mapping import ShardedObject
     from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
@@ -76,12 +85,15 @@ def _rng_object(plan: ParallelPlan):
         "tracker": get_cuda_rng_tracker().get_states(),
         "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
     }
+    shards = _rng_shards(plan)
+    dp_rank = ps.get_data_parallel_rank(with_context_parallel=True)
+    offset = (ps.get_pipeline_model_parallel_rank(), ps.get_tensor_model_parallel_rank())
     return ShardedObject(
         "rng_state",
         state,
-        (plan.pp, plan.tp),
-        (ps.get_pipeline_model_parallel_rank(), ps.get_tensor_model_parallel_rank()),
-        replica_id=ps.get_data_parallel_rank(with_context_parallel=True),
+        shards,
+        offset + ((dp_rank,) if len(shards) == 3 else ()),
+        replica_id=0 if len(shards) == 3 else dp_rank,
     )
 
 
@@ -190,14 +202,15 @@ def load_checkpoint(cfg: TrainConfig, trainer) -> tuple[int, int]:
     current = Schedule.from_state(trainer.scheduler.state_dict())
     check_resume(saved, common, cfg, current)
     with_optim = loads_optimizer(opts)
-    with_rng = not (opts.no_load_rng or opts.finetune) and (saved.plan.pp, saved.plan.tp) == (
-        plan.pp,
-        plan.tp,
+    with_rng = not (opts.no_load_rng or opts.finetune) and _rng_shards(saved.plan) == _rng_shards(
+        plan
     )
     if with_optim:
         _allocate_distributed_optimizer_state(trainer.optimizer)
     state = _sharded_state(trainer, plan, with_optim=with_optim, with_rng=with_rng, loading=True)
-    loaded = dist_checkpointing.load(state, path)
+    # the optimizer's common state in this run's chain (EP 1 <-> EP > 1: ckpt_rechain)
+    common_strategy = rechained_common(plain_values(state["optimizer"])) if with_optim else None
+    loaded = dist_checkpointing.load(state, path, common_strategy=common_strategy)
     chunks = unwrap_model(trainer.model)
     for i, chunk in enumerate(chunks):
         chunk.load_state_dict(loaded[_model_key(i, len(chunks))], strict=True)

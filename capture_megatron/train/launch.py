@@ -34,13 +34,20 @@ def torchrun_command(nproc: int, train_args: list[str], standalone: bool = True)
 
 
 def validate(nproc: int, train_args: list[str]) -> TrainConfig:
-    """Parse `train_args` as pretrain_gpt would for `nproc` processes and check a resume against
-    its checkpoint (CaptureError on bad input)."""
+    """Parse `train_args` as pretrain_gpt would for `nproc` processes, refuse what the CPU kernel
+    set cannot run when this machine has no CUDA, and check a resume against its checkpoint
+    (CaptureError on bad input)."""
     if nproc < 1:
         raise CaptureError(f"--nproc {nproc} must be at least 1")
     from capture_megatron.train.entry import parse_config
 
     cfg = parse_config(train_args, nproc)
+    import torch
+
+    if not torch.cuda.is_available():  # the ranks will train on the CPU kernel set
+        from capture_megatron.megatron.moe import refuse_on_cpu
+
+        refuse_on_cpu(cfg.shape)
     if cfg.checkpoint.load:
         from capture_megatron.train.checkpoint import preflight
 

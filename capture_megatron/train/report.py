@@ -35,6 +35,8 @@ class RankMemory(JsonMixin):
     """CUDA only: peak bytes the caching allocator reserved (allocated + its reserve); 0 on CPU."""
     cp_rank: int = 0
     """Context-parallel rank (0 without context parallelism, and in reports written before it)."""
+    ep_rank: int = 0
+    """Expert-parallel rank (which slice of the routed experts this rank holds; 0 without EP)."""
 
 
 @dataclass(frozen=True)

@@ -115,6 +115,30 @@ def check_vocab(saved: SavedRun, shape: ModelShape, tp: int) -> None:
     )
 
 
+def _experts(shape: ModelShape) -> str:
+    """The expert weights a model holds, in words (what must match to load them)."""
+    if not shape.moe.enabled:
+        return "no experts"
+    moe_layers = [i + 1 for i, m in enumerate(shape.moe_layers) if m]
+    shared = shape.moe.moe_shared_expert_intermediate_size
+    return f"{shape.moe.num_experts} experts of width {shape.moe_ffn} in layers {moe_layers}" + (
+        f" and shared experts of width {shared}" if shared else ""
+    )
+
+
+def check_experts(saved: SavedRun, shape: ModelShape) -> None:
+    """CaptureError unless this run's MoE layers hold the same expert weights as the
+    checkpoint's (EP and ETP may differ: the experts reshard)."""
+    if _experts(saved.shape) == _experts(shape):
+        return
+    raise CaptureError(
+        f"--load {saved.path}: the checkpoint's model has {_experts(saved.shape)} and this "
+        f"run's has {_experts(shape)}; its weights cannot be loaded into this model. Give the "
+        "checkpoint's --num-experts, --moe-layer-freq, --moe-ffn-hidden-size and "
+        "--moe-shared-expert-intermediate-size."
+    )
+
+
 def _check_optimizer_layout(saved: SavedRun, plan: ParallelPlan) -> None:
     if saved.plan.distributed_optimizer == plan.distributed_optimizer:
         return
@@ -133,6 +157,7 @@ def check_resume(
 ) -> None:
     """Every rule above; `current` is this run's schedule (the live scheduler's on a rank)."""
     check_vocab(saved, cfg.shape, cfg.plan.tp)
+    check_experts(saved, cfg.shape)
     if not loads_optimizer(cfg.checkpoint):
         return
     _check_optimizer_layout(saved, cfg.plan)

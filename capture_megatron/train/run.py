@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from capture_megatron.config import TrainConfig
-from capture_megatron.megatron import cpu_compat
+from capture_megatron.megatron import cpu_compat, moe
 from capture_megatron.megatron.quiet import kernels_line
 from capture_megatron.train.dist_env import DistEnv, init_distributed, is_logging_rank
 from capture_megatron.train.exit_signal import ExitSignal
@@ -63,12 +63,19 @@ def print_peaks(report: MemoryReport) -> None:
     """Per-rank measured peak table on the console."""
     cp = report.plan.cp > 1
     print(f"measured peak memory per rank ({report.device}, {report.transformer_impl} spec):")
-    print("  rank  pp  tp  dp" + ("  cp" if cp else "") + "  layers       peak MiB")
+    ep = report.plan.ep > 1
+    print(
+        "  rank  pp  tp  dp"
+        + ("  cp" if cp else "")
+        + ("  ep" if ep else "")
+        + "  layers       peak MiB"
+    )
     for r in report.ranks:
         held = f"{r.layers[0]}-{r.layers[-1]}" if r.layers else "-"
         print(
             f"  {r.rank:4d} {r.pp_rank:3d} {r.tp_rank:3d} {r.dp_rank:3d}"
             + (f" {r.cp_rank:3d}" if cp else "")
+            + (f" {r.ep_rank:3d}" if ep else "")
             + f"  {held:10s} {r.peak_bytes / 2**20:10.2f}"
         )
 
@@ -157,6 +164,7 @@ def _rank_memory(env: DistEnv, trainer, window: PeakWindow, meter, setup_bytes: 
         setup_bytes=int(setup_bytes),
         reserved_bytes=int(meter.reserved()) if hasattr(meter, "reserved") else 0,
         cp_rank=ps.get_context_parallel_rank(),
+        ep_rank=ps.get_expert_model_parallel_rank(),
     )
 
 
@@ -171,9 +179,11 @@ def run_training(cfg: TrainConfig, env: DistEnv) -> MemoryReport:
     from capture_megatron.train.loop import run_iterations
     from capture_megatron.train.trainer import build_trainer, init_parallel_state
 
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu":
+        moe.refuse_on_cpu(cfg.shape)
     stop = ExitSignal(cfg.run.exit_signal) if cfg.run.exit_signal_handler else None
     init_distributed(env, cfg.run.distributed_backend)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
     cpu_compat.apply("cpu")
     meter = make_meter(device)
     impl = resolve_impl(cfg.kernels.transformer_impl)

@@ -1,0 +1,138 @@
+"""Mixture-of-experts layers in the model builder: Megatron's MoE fields of TransformerConfig, the
+decoder block spec that mixes MoE and dense layers, and what the CPU kernel set cannot run.
+
+The fields go to megatron-core's TransformerConfig as Megatron-LM's
+core_transformer_config_from_args sends them (megatron/training/arguments.py, core_v0.16.1):
+``num_moe_experts`` None for a dense model, ``moe_layer_freq`` an int or a 0/1 list,
+``moe_ffn_hidden_size`` with the dense width as default, the optional sizes and factors None when
+not given, expert parallel sizes from the plan.
+
+The layer specs follow Megatron-LM's gpt_builders.gpt_builder: with experts, megatron-core's
+get_gpt_decoder_block_spec builds every layer's spec from --moe-layer-freq (an MoE spec or a
+dense spec per layer) and keeps the layers of this pipeline rank and virtual stage (the layout's
+layer ids, or Megatron's offset without a layout). On the CPU kernel set the local spec's norms
+become LocalNorm (as builder.layer_spec does for dense layers); on a GPU with Transformer Engine
+the TE specs are used unchanged. The fake-cuda device (the GPU kernel set under FakeTensorMode)
+has no MoE modules yet: building MoE there is refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from capture_megatron.config import ModelShape, ParallelPlan
+from capture_megatron.errors import CaptureError
+
+FAKE_CUDA_REFUSAL = (
+    "--num-experts: mixture-of-experts layers are not profiled on the fake GPU kernel set yet "
+    "(capture_megatron.megatron.gpu has no modules for the router, the token dispatcher and the "
+    "experts); train or profile MoE models on the CPU kernel set or on a real GPU"
+)
+"""The refusal for MoE on the fake-cuda device."""
+
+
+def layer_freq(shape: ModelShape) -> int | list[int]:
+    """--moe-layer-freq as Megatron-LM's moe_freq_type gives it to TransformerConfig: an int N, or
+    the list of 0/1 a list expression evaluates to (one entry per layer, checked)."""
+    text = shape.moe.moe_layer_freq.strip()
+    if text.isdigit():
+        return int(text)
+    return [int(v) for v in shape.moe.pattern(shape.num_layers)]
+
+
+def config_fields(shape: ModelShape, plan: ParallelPlan) -> dict:
+    """TransformerConfig's MoE fields for `shape` split as `plan` says (dense: num_moe_experts
+    None and the expert sizes of the plan, which Megatron checks)."""
+    moe = shape.moe
+    sizes = {
+        "expert_model_parallel_size": plan.ep,
+        "expert_tensor_parallel_size": plan.expert_tp,
+    }
+    if not moe.enabled:
+        return {"num_moe_experts": None, **sizes}
+    return {
+        "num_moe_experts": moe.num_experts,
+        "moe_layer_freq": layer_freq(shape),
+        "moe_ffn_hidden_size": shape.moe_ffn,
+        "moe_shared_expert_intermediate_size": moe.moe_shared_expert_intermediate_size or None,
+        "moe_router_topk": moe.moe_router_topk,
+        "moe_token_dispatcher_type": moe.moe_token_dispatcher_type,
+        "moe_expert_capacity_factor": moe.moe_expert_capacity_factor or None,
+        "moe_pad_expert_input_to_capacity": moe.moe_pad_expert_input_to_capacity,
+        "moe_grouped_gemm": moe.moe_grouped_gemm,
+        "moe_router_load_balancing_type": moe.moe_router_load_balancing_type,
+        "moe_aux_loss_coeff": moe.moe_aux_loss_coeff,
+        "moe_router_score_function": moe.moe_router_score_function,
+        "moe_router_pre_softmax": moe.moe_router_pre_softmax,
+        "moe_router_dtype": moe.moe_router_dtype or None,
+        **sizes,
+    }
+
+
+def _local_norms(spec, norm):
+    """A layer spec of the local spec with its two norms replaced by `norm`."""
+    layer = dataclasses.replace(spec.submodules, input_layernorm=norm, pre_mlp_layernorm=norm)
+    return dataclasses.replace(spec, submodules=layer)
+
+
+def block_spec(config, shape: ModelShape, te: bool, vp_stage: int | None, num_layers: int):
+    """TransformerBlockSubmodules of one model chunk of an MoE model: megatron-core's
+    get_gpt_decoder_block_spec for this pipeline rank and `vp_stage` (TE specs when `te`, else
+    the local spec with LocalNorm). `num_layers` is what the plan places there (checked)."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+
+    from capture_megatron.megatron.norms import LocalNorm
+
+    block = get_gpt_decoder_block_spec(
+        config, use_transformer_engine=te, normalization=shape.normalization, vp_stage=vp_stage
+    )
+    if len(block.layer_specs) != num_layers:
+        raise RuntimeError(
+            f"megatron-core placed {len(block.layer_specs)} layers in this chunk, the plan "
+            f"{num_layers}"
+        )
+    if te:
+        return block
+    return dataclasses.replace(
+        block,
+        layer_specs=[_local_norms(s, LocalNorm) for s in block.layer_specs],
+        layer_norm=LocalNorm,
+    )
+
+
+def cpu_refusals(shape: ModelShape) -> list[str]:
+    """What of `shape`'s experts the CPU kernel set (the local spec, no CUDA) cannot run, one
+    sentence per flag (empty for a dense model)."""
+    moe = shape.moe
+    if not moe.enabled:
+        return []
+    p = []
+    if moe.moe_grouped_gemm:
+        p.append(
+            "--moe-grouped-gemm: the local spec builds megatron-core's GroupedMLP, which needs the "
+            "grouped_gemm package's CUDA kernels (on a GPU, Transformer Engine's TEGroupedMLP); "
+            "leave it out to run the experts one after another (SequentialMLP, the same function)"
+        )
+    if moe.moe_token_dispatcher_type == "flex":
+        p.append(
+            "--moe-token-dispatcher-type flex needs DeepEP or HybridEP (CUDA kernels); use "
+            "alltoall or allgather"
+        )
+    if shape.add_bias_linear:
+        p.append(
+            "linear biases (the default without --disable-bias-linear) fail in the local spec's "
+            "experts: megatron-core's MLP adds the expert bias in place (output += bias x "
+            "probability) to the output of RowParallelLinear's custom autograd function, which "
+            "autograd forbids; give --disable-bias-linear"
+        )
+    return p
+
+
+def refuse_on_cpu(shape: ModelShape) -> None:
+    """CaptureError naming every MoE flag the CPU kernel set cannot run."""
+    p = cpu_refusals(shape)
+    if p:
+        raise CaptureError(
+            "the CPU kernel set (megatron-core's local spec without CUDA) cannot train this "
+            "mixture of experts: " + "; ".join(p) + "."
+        )
