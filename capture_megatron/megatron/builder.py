@@ -137,7 +137,6 @@ def transformer_config(
     """Megatron TransformerConfig of one pipeline rank (recompute differs per rank)."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    dtype = TORCH_DTYPES[shape.dtype]
     n_recompute = plan.recompute.layers_on(pp_rank)
     full = plan.recompute.granularity == "full" and n_recompute > 0
     granularity = (
@@ -158,8 +157,8 @@ def transformer_config(
         cp_comm_type=te_comm_type(plan, real_te(kernels)),
         sequence_parallel=plan.sequence_parallel,
         pipeline_model_parallel_layout=plan.layout if plan.pp > 1 else None,
-        params_dtype=dtype,
-        pipeline_dtype=dtype,
+        params_dtype=TORCH_DTYPES[shape.dtype],
+        pipeline_dtype=TORCH_DTYPES[shape.dtype],
         bf16=shape.dtype == "bf16",
         fp16=shape.dtype == "fp16",
         gated_linear_unit=shape.gated,

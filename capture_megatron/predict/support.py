@@ -10,19 +10,18 @@ from capture_megatron.records import ExpertsProbe
 
 
 def refuse_unforecast(shape: ModelShape, plan: ParallelPlan) -> None:
-    """CaptureError for what the memory model cannot forecast yet: CP > 1, dense and MoE layers
-    mixed in one model."""
+    """CaptureError for what the memory model cannot forecast yet: CP > 1, MoE layers."""
     if plan.cp > 1:
         raise CaptureError(
             f"context parallelism CP {plan.cp}: capture-megatron trains this, but its memory "
             "forecast does not model it yet; leave out --context-parallel-size to forecast the "
             "run without it"
         )
-    if shape.moe.enabled and not all(shape.moe_layers):
+    if shape.moe.enabled:
         raise CaptureError(
-            f"--moe-layer-freq {shape.moe.moe_layer_freq}: dense and MoE layers in one model are "
-            "trained, but the memory forecast models only models whose every layer is an MoE "
-            "layer yet"
+            "mixture-of-experts layers: capture-megatron trains them (EP, EP x PP, EP x TP), but "
+            "its memory forecast does not model them yet (the probes of their chunks are not "
+            "finished); leave out the MoE flags to forecast the dense model"
         )
 
 
