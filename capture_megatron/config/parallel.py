@@ -266,6 +266,15 @@ def expert_problems(shape: ModelShape, plan: ParallelPlan) -> list[str]:
         )
     if shape.moe_ffn % plan.expert_tp:
         p.append(f"expert ffn hidden {shape.moe_ffn} not divisible by ETP {plan.expert_tp}")
+    if plan.ep == 1 and plan.expert_tp != plan.tp:
+        p.append(
+            f"ETP {plan.expert_tp} differs from TP {plan.tp} with EP 1: megatron-core 0.16.1 "
+            "treats expert weights as ordinary data-parallel weights unless EP > 1 "
+            "(tensor_parallel/layers.py marks them allreduce=True), so their gradients are "
+            "reduced over the wrong ranks (measured: TP 2 with ETP 1, and ETP 2 with TP 1, "
+            "leave the single process's gradients from the first step); use EP > 1 or leave "
+            "--expert-tensor-parallel-size at the TP size"
+        )
     if plan.tp > 1 and not plan.sequence_parallel:
         p.append(
             f"MoE layers with TP {plan.tp} need --sequence-parallel (megatron-core refuses to "

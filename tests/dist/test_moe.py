@@ -8,7 +8,8 @@ weights; real data. Losses and gradient norms must agree to 1e-4 relative (fp32)
 To stay within the suite's time budget the cases share runs: the single-process reference trains
 6 iterations (the LR schedule is fixed by --lr-decay-iters, so its first 3 are what a 3-iteration
 run sees); the EP2 run saves at iteration 3 and is both an equivalence case and the checkpoint
-that EP1 resumes from; EP2 x PP2 runs on the mixed dense/MoE model with an uneven layout.
+that EP1 resumes from; EP2 x PP2 runs on the mixed dense/MoE model with an uneven layout, the
+allgather dispatcher and the distributed optimizer.
 """
 
 from __future__ import annotations
@@ -95,11 +96,6 @@ CASES = {
         ],
         "moe",
     ),
-    "ep2_allgather": (
-        2,
-        ["--expert-model-parallel-size", "2", "--moe-token-dispatcher-type", "allgather"],
-        "moe",
-    ),
     "mixed_ep2_pp2_layout": (
         4,
         [
@@ -111,6 +107,8 @@ CASES = {
             "--pipeline-model-parallel-layout",
             "Et|tttL",
             "--use-distributed-optimizer",
+            "--moe-token-dispatcher-type",  # the last one given counts (MOE says alltoall)
+            "allgather",
         ],
         "mixed",
     ),

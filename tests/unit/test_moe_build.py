@@ -148,3 +148,20 @@ def test_fake_gpu_kernel_set_refuses_moe(monkeypatch):
     monkeypatch.setattr(cpu_compat, "active_device", lambda: "fake-cuda")
     with pytest.raises(CaptureError, match="not profiled on the fake GPU kernel set yet"):
         builder.build_gpt(_shape(), _plan(), None, None, 4, True, True, None)
+
+
+def test_expert_tp_other_than_tp_needs_ep():
+    """megatron-core 0.16.1 reduces expert gradients over the dense DP group when EP is 1: an
+    expert TP other than TP would train wrong gradients (measured), so it is refused."""
+    from capture_megatron.config.parallel import check_plan_fits_model
+
+    for plan in (
+        _plan(tp=2, dp=1, etp=1, sequence_parallel=True),
+        _plan(dp=2, etp=2, global_batch_size=2),
+    ):
+        with pytest.raises(CaptureError, match=r"ETP \d differs from TP \d with EP 1"):
+            check_plan_fits_model(_shape(), plan)
+    check_plan_fits_model(_shape(), _plan(dp=4, ep=2, etp=2, global_batch_size=4))
+    check_plan_fits_model(
+        _shape(), _plan(tp=2, dp=2, ep=2, etp=1, sequence_parallel=True, global_batch_size=2)
+    )
