@@ -29,7 +29,8 @@ def experts_probe(shape: ModelShape, plan: ParallelPlan) -> ExpertsProbe | None:
     """How `plan`'s MoE layers are probed (None for a dense model): capacity-padded routing as
     it is (exact); any other routing padded to the capacity that bounds it -- the capacity
     factor, else the user's --moe-imbalance-factor, else the worst case (capacity factor
-    experts / top-k: every token of the expert's ranks routed to it)."""
+    experts / top-k: every token of the expert's ranks routed to it). Reached only once
+    refuse_unforecast lets MoE through (the probes of MoE chunks are not finished)."""
     moe = shape.moe
     if not moe.enabled:
         return None
