@@ -76,6 +76,8 @@ class Variant(JsonMixin):
     """Sliding-window attention (left, right); empty: full causal attention."""
     moe: ExpertsProbe | None = None
     """MoE layers (None: a dense model)."""
+    cp: int = 1
+    """Context-parallel size (> 1: fitted per value, at the model's own shapes, like `moe`)."""
 
     @classmethod
     def of(
@@ -84,9 +86,11 @@ class Variant(JsonMixin):
         recompute: str = "none",
         sequence_parallel: bool = False,
         moe: ExpertsProbe | None = None,
+        cp: int = 1,
     ) -> Variant:
         """The Variant of a model under a recompute granularity and sequence-parallel setting
-        (`moe`: its experts as probed, for a model with experts)."""
+        (`moe`: its experts as probed, for a model with experts; `cp`: the context-parallel
+        size)."""
         return cls(
             dtype=shape.dtype,
             recompute=recompute,
@@ -101,6 +105,7 @@ class Variant(JsonMixin):
             add_qkv_bias=shape.add_qkv_bias,
             window_size=shape.window_size,
             moe=moe,
+            cp=cp,
         )
 
 

@@ -33,14 +33,17 @@ def print_plan(result: PlanResult) -> None:
         f"{result.origin.kernels})"
     )
     print(f"  validated: {VALIDATION.get(result.origin.device, 'not validated')}")
+    wide = shape.moe.enabled or any(e.plan.cp > 1 for e in result.ranked)
     print(
-        f"  {'TP':>3} {'PP':>3} {'DP':>4} {'VPP':>3} {'mbs':>3} {'recompute':>9} {'SP':>3} "
-        f"{'DO':>3} {'peak ' + uname:>9} {'need ' + uname:>9} {'fits':>4} {'step s':>7}  layout"
+        f"  {'TP':>3} {'PP':>3} {'DP':>4}{'  CP  EP' if wide else ''} {'VPP':>3} {'mbs':>3} "
+        f"{'recompute':>9} {'SP':>3} {'DO':>3} {'peak ' + uname:>9} {'need ' + uname:>9} "
+        f"{'fits':>4} {'step s':>7}  layout"
     )
     for e in result.ranked:
         p = e.plan
         print(
-            f"  {p.tp:3d} {p.pp:3d} {p.dp:4d} {p.vpp:3d} {p.micro_batch_size:3d} "
+            f"  {p.tp:3d} {p.pp:3d} {p.dp:4d}{f' {p.cp:3d} {p.ep:3d}' if wide else ''} "
+            f"{p.vpp:3d} {p.micro_batch_size:3d} "
             f"{p.recompute.granularity:>9} {'y' if p.sequence_parallel else 'n':>3} "
             f"{'y' if p.distributed_optimizer else 'n':>3} {e.peak / unit:9.2f} "
             f"{e.needed / unit:9.2f} {_fits(e.fits, cluster.gpu_memory_bytes):>4} "
@@ -76,7 +79,8 @@ def legend(result: PlanResult) -> list[str]:
     return [
         f"peak: predicted peak of allocated memory on the worst pipeline rank; {need}; fits: "
         f"{fits}",
-        f"{step}; SP sequence parallel, DO distributed optimizer, VPP virtual stages per "
+        f"{step}; SP sequence parallel, DO distributed optimizer, CP context-parallel and EP "
+        "expert-parallel sizes (shown for MoE or CP plans), VPP virtual stages per "
         "rank, mbs micro-batch size; layout: --pipeline-model-parallel-layout (E embedding, "
         "t layer, L output layer, | between stages)",
     ]

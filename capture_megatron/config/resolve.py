@@ -115,15 +115,6 @@ def _vpp(flags: ParallelFlags, num_layers: int, pp: int) -> int:
     return num_layers // (pp * per)
 
 
-def refuse_context_parallel(cp: int | None) -> None:
-    """CaptureError for a context-parallel size other than 1 (not modelled yet)."""
-    if cp not in (None, 1):
-        raise CaptureError(
-            f"--context-parallel-size {cp}: context parallelism (CP > 1) changes memory in a way "
-            "capture-megatron does not model yet; give --context-parallel-size 1 or leave it out"
-        )
-
-
 def refuse_dropped_recompute(flags: ParallelFlags) -> None:
     """CaptureError for recompute flags the planner could not keep as given: a method or layer
     counts without --recompute-granularity full, --recompute-method uniform without its group

@@ -78,7 +78,9 @@ def _local_norms(spec, norm):
 def block_spec(config, shape: ModelShape, te: bool, vp_stage: int | None, num_layers: int):
     """TransformerBlockSubmodules of one model chunk of an MoE model: megatron-core's
     get_gpt_decoder_block_spec for this pipeline rank and `vp_stage` (TE specs when `te`, else
-    the local spec with LocalNorm). `num_layers` is what the plan places there (checked)."""
+    the local spec with LocalNorm). `num_layers` is what the plan places there (checked; 0 for a
+    chunk of only the ends, which megatron's spec cannot express when its config has one layer,
+    as a probe's has)."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
 
     from capture_megatron.megatron.norms import LocalNorm
@@ -86,6 +88,8 @@ def block_spec(config, shape: ModelShape, te: bool, vp_stage: int | None, num_la
     block = get_gpt_decoder_block_spec(
         config, use_transformer_engine=te, normalization=shape.normalization, vp_stage=vp_stage
     )
+    if num_layers == 0:
+        block = dataclasses.replace(block, layer_specs=[])
     if len(block.layer_specs) != num_layers:
         raise RuntimeError(
             f"megatron-core placed {len(block.layer_specs)} layers in this chunk, the plan "

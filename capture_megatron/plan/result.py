@@ -191,6 +191,7 @@ def _plan_section(p: ParallelPlan) -> dict[str, Any]:
         "cp": p.cp,
         "ep": p.ep,
         "etp": p.expert_tp,
+        "cp_comm_type": p.cp_comm_type,
         "vpp": p.vpp,
         "micro_batch_size": p.micro_batch_size,
         "global_batch_size": p.global_batch_size,
@@ -228,6 +229,8 @@ def read_plan(path: str) -> PlanFile:
         layout = section.pop("layout")
         section["recompute"] = from_plain(Recompute, section["recompute"])
         section["layers_per_stage"] = tuple(section["layers_per_stage"])
+        if section.get("etp") == section.get("tp"):
+            section["etp"] = 0  # expert TP equal to TP is megatron's default: no flag
         plan = ParallelPlan(**section)
         shape = from_plain(ModelShape, data["model"])
     except (KeyError, TypeError, ValueError) as err:

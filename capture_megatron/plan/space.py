@@ -9,7 +9,7 @@ from typing import Any
 
 from capture_megatron.config import Cluster, ModelShape, ParallelFlags, ParallelPlan, Recompute
 from capture_megatron.config.parallel import tp_fits
-from capture_megatron.config.resolve import refuse_context_parallel, refuse_dropped_recompute
+from capture_megatron.config.resolve import refuse_dropped_recompute
 from capture_megatron.errors import CaptureError
 
 
@@ -36,6 +36,9 @@ class Space:
     recompute_layers: tuple[int, ...] = ()
     """Full recompute's layer counts as given: one n (--recompute-num-layers) or one per pipeline
     stage; empty: the planner chooses per-stage block counts."""
+    cp: tuple[int, ...] = (1,)
+    """Context-parallel sizes (by default only 1: a size is searched when given, or when a caller
+    widens the space; the forecast models CP for the CPU kernel set only)."""
     ep: tuple[int, ...] = ()
     """Expert-parallel sizes; empty: for a model with experts every size Megatron allows (it
     divides the experts and the TP x DP ranks of a stage; the expert TP is the TP), else 1."""
@@ -67,8 +70,7 @@ def refuse_experts_sizes(flags: ParallelFlags) -> None:
 
 
 def space_from(flags: ParallelFlags) -> Space:
-    """The search space with the values the command line fixed (CaptureError for CP > 1)."""
-    refuse_context_parallel(flags.context_parallel_size)
+    """The search space with the values the command line fixed."""
     refuse_experts_sizes(flags)
     refuse_dropped_recompute(flags)
     fixed: dict[str, Any] = {}
@@ -93,9 +95,17 @@ def space_from(flags: ParallelFlags) -> Space:
         fixed["sequence_parallel"] = (True,)
     if flags.use_distributed_optimizer:
         fixed["distributed_optimizer"] = (True,)
+    return replace(Space(), **fixed, **_fixed_sizes(flags))
+
+
+def _fixed_sizes(flags: ParallelFlags) -> dict[str, tuple[int, ...]]:
+    """The CP and EP sizes the command line fixed."""
+    fixed = {}
+    if flags.context_parallel_size:
+        fixed["cp"] = (flags.context_parallel_size,)
     if flags.expert_model_parallel_size:
         fixed["ep"] = (flags.expert_model_parallel_size,)
-    return replace(Space(), **fixed)
+    return fixed
 
 
 def _divisors(n: int) -> list[int]:
@@ -109,19 +119,23 @@ def candidates(
     for tp in space.tp:
         if tp > cluster.gpus_per_node or cluster.gpus % tp:
             continue
-        for pp in space.pp or tuple(_divisors(cluster.gpus // tp)):
-            if cluster.gpus % (tp * pp) or pp > shape.num_layers:
+        for cp in space.cp:
+            if cluster.gpus % (tp * cp) or shape.seq_length % (2 * cp) and cp > 1:
                 continue
-            dp = cluster.gpus // (tp * pp)
-            for vpp in space.vpp:
-                if vpp > 1 and (pp == 1 or pp * vpp > shape.num_layers):
+            for pp in space.pp or tuple(_divisors(cluster.gpus // (tp * cp))):
+                if cluster.gpus % (tp * cp * pp) or pp > shape.num_layers:
                     continue
-                yield from _variants(shape, tp, pp, dp, vpp, gbs, space)
+                dp = cluster.gpus // (tp * cp * pp)
+                for vpp in space.vpp:
+                    if vpp > 1 and (pp == 1 or pp * vpp > shape.num_layers):
+                        continue
+                    yield from _variants(shape, (tp, cp, pp, dp), vpp, gbs, space)
 
 
 def expert_sizes(shape: ModelShape, tp: int, dp: int, space: Space) -> list[int]:
     """The EP sizes of a (TP, DP) candidate: those of the space that divide the experts and the
-    TP x DP ranks of a stage (expert TP = TP); [1] for a dense model."""
+    TP x DP ranks of a stage (expert TP = TP; with CP, `dp` counts DP x CP); [1] for a dense
+    model."""
     if not shape.moe.enabled:
         return [1]
     experts = shape.moe.num_experts
@@ -144,8 +158,10 @@ def _dominated(on: bool, size: int, allowed: tuple[bool, ...]) -> bool:
 
 
 def _variants(
-    shape: ModelShape, tp: int, pp: int, dp: int, vpp: int, gbs: int, space: Space
+    shape: ModelShape, sizes: tuple[int, int, int, int], vpp: int, gbs: int, space: Space
 ) -> Iterator[ParallelPlan]:
+    """The candidates of (TP, CP, PP, DP) `sizes` with `vpp` virtual stages."""
+    tp, cp, pp, dp = sizes
     for mbs in space.micro_batch_size:
         if gbs % (mbs * dp):
             continue
@@ -171,11 +187,12 @@ def _variants(
                         shape.num_layers // stages + (1 if i < shape.num_layers % stages else 0)
                         for i in range(stages)
                     )
-                    for ep in expert_sizes(shape, tp, dp, space):
+                    for ep in expert_sizes(shape, tp, dp * cp, space):
                         yield ParallelPlan(
                             tp=tp,
                             pp=pp,
                             dp=dp,
+                            cp=cp,
                             ep=ep,
                             vpp=vpp,
                             micro_batch_size=mbs,

@@ -87,7 +87,7 @@ def variant_of(shape: ModelShape, plan: ParallelPlan) -> Variant:
     """The categorical settings a (shape, plan) needs from the memory model."""
     refuse_unforecast(shape, plan)
     moe = experts_probe(shape, plan)
-    return Variant.of(shape, plan.recompute.granularity, plan.sequence_parallel, moe)
+    return Variant.of(shape, plan.recompute.granularity, plan.sequence_parallel, moe, plan.cp)
 
 
 def sizes_for(shape: ModelShape, plan: ParallelPlan) -> Sizes:

@@ -10,18 +10,13 @@ from capture_megatron.records import ExpertsProbe
 
 
 def refuse_unforecast(shape: ModelShape, plan: ParallelPlan) -> None:
-    """CaptureError for what the memory model cannot forecast yet: CP > 1, MoE layers."""
-    if plan.cp > 1:
+    """CaptureError for what the memory model cannot forecast yet: dense and MoE layers mixed."""
+    if shape.moe.enabled and not all(shape.moe_layers):
         raise CaptureError(
-            f"context parallelism CP {plan.cp}: capture-megatron trains this, but its memory "
-            "forecast does not model it yet; leave out --context-parallel-size to forecast the "
-            "run without it"
-        )
-    if shape.moe.enabled:
-        raise CaptureError(
-            "mixture-of-experts layers: capture-megatron trains them (EP, EP x PP, EP x TP), but "
-            "its memory forecast does not model them yet (the probes of their chunks are not "
-            "finished); leave out the MoE flags to forecast the dense model"
+            f"--moe-layer-freq {shape.moe.moe_layer_freq}: capture-megatron trains dense and "
+            "mixture-of-experts layers mixed, but its memory forecast models a model whose layers "
+            "are all MoE or all dense; forecast it with --moe-layer-freq 1 (every layer MoE: an "
+            "upper bound where the experts weigh more than the dense MLP) or without the MoE flags"
         )
 
 
@@ -29,8 +24,8 @@ def experts_probe(shape: ModelShape, plan: ParallelPlan) -> ExpertsProbe | None:
     """How `plan`'s MoE layers are probed (None for a dense model): capacity-padded routing as
     it is (exact); any other routing padded to the capacity that bounds it -- the capacity
     factor, else the user's --moe-imbalance-factor, else the worst case (capacity factor
-    experts / top-k: every token of the expert's ranks routed to it). Reached only once
-    refuse_unforecast lets MoE through (the probes of MoE chunks are not finished)."""
+    experts / top-k: every token of the expert's ranks routed to it). Every probed layer is an
+    MoE layer."""
     moe = shape.moe
     if not moe.enabled:
         return None
@@ -47,5 +42,6 @@ def experts_probe(shape: ModelShape, plan: ParallelPlan) -> ExpertsProbe | None:
         moe_expert_capacity_factor=factor,
         moe_pad_expert_input_to_capacity=True,
         moe_imbalance_factor=0.0,
+        moe_layer_freq="1",
     )
     return ExpertsProbe(probed, plan.ep, plan.expert_tp, bound)

@@ -117,7 +117,8 @@ def model_probes(
             for b in micro_batch_sizes
             if tp_fits(shape, t, variant.sequence_parallel)
         ]
-        designed = design and variant.moe is None  # MoE variants: their own shapes only
+        # MoE and CP variants: their own shapes only
+        designed = design and variant.moe is None and variant.cp == 1
         shapes = anchors + (design_shapes(variant_tps(variant, max(tps))) if designed else [])
         probes += probes_for(variant, shapes)
     return probes

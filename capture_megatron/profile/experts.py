@@ -3,20 +3,19 @@ parameters are routed experts', and what is not profiled yet."""
 
 from __future__ import annotations
 
-from capture_megatron.config import ModelShape
 from capture_megatron.errors import CaptureError
-from capture_megatron.records import Probe
+from capture_megatron.records import Probe, Variant
 
 
-def probe_world(probe: Probe) -> tuple[int, int, int]:
-    """(dp, ep, etp) of the fake job a probe runs in: its DP, raised to the least multiple for
-    which EP x ETP divides TP x DP."""
-    moe, tp, dp = probe.variant.moe, probe.shape.tp, probe.dp
+def probe_world(probe: Probe) -> tuple[int, int, int, int]:
+    """(dp, ep, etp, cp) of the fake job a probe runs in: its DP, raised to the least multiple for
+    which EP x ETP divides TP x CP x DP."""
+    moe, tp, dp, cp = probe.variant.moe, probe.shape.tp, probe.dp, probe.variant.cp
     if moe is None:
-        return dp, 1, tp
-    while (tp * dp) % (moe.ep * moe.etp):
+        return dp, 1, tp, cp
+    while (tp * cp * dp) % (moe.ep * moe.etp):
         dp += probe.dp
-    return dp, moe.ep, moe.etp
+    return dp, moe.ep, moe.etp, cp
 
 
 def expert_mask(model) -> tuple[bool, ...]:
@@ -26,9 +25,26 @@ def expert_mask(model) -> tuple[bool, ...]:
     return mask if any(mask) else ()
 
 
-def refuse_fake_cuda_experts(shape: ModelShape, device: str) -> None:
-    """CaptureError for MoE layers on the fake CUDA device (not emulated yet)."""
-    if shape.moe.enabled and device == "fake-cuda":
+def reset_aux_loss_tracker() -> None:
+    """Empty megatron's global MoE aux-loss tracker: it sizes its per-layer tensors by the first
+    model that logs into it, and a later probe with more layers would index past them."""
+    from megatron.core.transformer.moe.moe_utils import get_moe_layer_wise_logging_tracker
+
+    get_moe_layer_wise_logging_tracker().clear()
+
+
+def refuse_on_fake_cuda(variant: Variant, device: str) -> None:
+    """CaptureError for MoE layers or context parallelism on the fake CUDA device (not emulated
+    yet)."""
+    if device != "fake-cuda":
+        return
+    if variant.cp > 1:
+        raise CaptureError(
+            f"--context-parallel-size {variant.cp}: context parallelism is not modelled on the "
+            "fake CUDA device yet (TE's context-parallel attention is not emulated); forecast it "
+            "for the CPU kernel set (--device cpu) or profile on a GPU"
+        )
+    if variant.moe is not None:
         raise CaptureError(
             "mixture-of-experts layers are not modelled on the fake CUDA device yet (the GPU "
             "kernel set's MoE modules are not emulated); forecast them for the CPU kernel set "

@@ -14,14 +14,14 @@ import torch
 
 
 @contextlib.contextmanager
-def fake_job(tp: int, dp: int, ep: int = 1, etp: int | None = None, seed: int = 1234):
-    """Initialise torch.distributed (fake, world tp*dp, rank 0) and megatron's parallel_state
-    (with `ep` x `etp` expert groups; etp None: TP)."""
+def fake_job(tp: int, dp: int, ep: int = 1, etp: int | None = None, cp: int = 1, seed: int = 1234):
+    """Initialise torch.distributed (fake, world tp*cp*dp, rank 0) and megatron's parallel_state
+    (with `ep` x `etp` expert groups, etp None: TP; and `cp` context-parallel ranks)."""
     from megatron.core import parallel_state as ps
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    torch.distributed.init_process_group("fake", store=FakeStore(), rank=0, world_size=tp * dp)
+    torch.distributed.init_process_group("fake", store=FakeStore(), rank=0, world_size=tp * cp * dp)
     original_gather = torch.distributed.all_gather_object
     # Object collectives pickle through real tensors (and read them back with .item(), which fake
     # tensors cannot answer). Every rank of the symmetric fake job holds the same object, so the
@@ -33,6 +33,7 @@ def fake_job(tp: int, dp: int, ep: int = 1, etp: int | None = None, seed: int = 
         ps.initialize_model_parallel(
             tensor_model_parallel_size=tp,
             pipeline_model_parallel_size=1,
+            context_parallel_size=cp,
             expert_model_parallel_size=ep,
             expert_tensor_parallel_size=etp,
             create_gloo_process_groups=False,

@@ -27,7 +27,12 @@ from capture_megatron.megatron.training import (
     wrap_model,
 )
 from capture_megatron.predict.static import chunk_static
-from capture_megatron.profile.experts import expert_mask, probe_world, refuse_fake_cuda_experts
+from capture_megatron.profile.experts import (
+    expert_mask,
+    probe_world,
+    refuse_on_fake_cuda,
+    reset_aux_loss_tracker,
+)
 from capture_megatron.records import BufferBytes, Probe, ProfileRecord, Timeline
 
 if TYPE_CHECKING:
@@ -71,11 +76,12 @@ def parallel_plan(probe: Probe) -> ParallelPlan:
     else:
         recompute = Recompute(v.recompute)
     b = probe.shape.micro_batch_size
-    dp, ep, etp = probe_world(probe)
+    dp, ep, etp, cp = probe_world(probe)
     return ParallelPlan(
         tp=probe.shape.tp,
         pp=1,
         dp=dp,
+        cp=cp,
         ep=ep,
         etp=etp,
         micro_batch_size=b,
@@ -99,8 +105,9 @@ def _batch(shape: ModelShape, b: int, device: str) -> dict:
 
 
 def _hidden(shape: ModelShape, plan: ParallelPlan, device: str) -> torch.Tensor:
-    """An activation tensor as stages exchange it: [s (/ tp under SP), b, h] in the model dtype."""
-    s = shape.seq_length // (plan.tp if plan.sequence_parallel else 1)
+    """An activation tensor as stages exchange it: [s / cp (/ tp under SP), b, h] in the model
+    dtype."""
+    s = shape.seq_length // plan.cp // (plan.tp if plan.sequence_parallel else 1)
     size = (s, plan.micro_batch_size, shape.hidden_size)
     return torch.randn(size, dtype=TORCH_DTYPES[shape.dtype], device=device)
 
@@ -203,7 +210,8 @@ def _default_dtype(dtype):
 def build(probe: Probe, setup: Setup) -> _Chunk:
     """Build, wrap (Float16Module, DDP) and give an optimizer to the probe's chunk."""
     shape, plan, fake = model_shape(probe), parallel_plan(probe), setup.fake
-    refuse_fake_cuda_experts(shape, setup.device)
+    refuse_on_fake_cuda(probe.variant, setup.device)
+    reset_aux_loss_tracker()
     config = transformer_config(shape, plan, 0, BuildOptions(), setup.kernels)
     first, last = probe.kind in ("first", "only"), probe.kind in ("last", "only")
     with _default_dtype(config.params_dtype if fake else None):
@@ -241,7 +249,7 @@ def _forward(chunk: _Chunk, input_tensor):
         input_tensor,
         [],
         chunk.config,
-        cp_group_size=1,
+        cp_group_size=chunk.plan.cp,
         is_last_stage=chunk.last,
     )
     return output
@@ -343,7 +351,7 @@ def measure(probe: Probe, meter, setup: Setup, timelines: bool = False) -> Profi
         optimizer_bytes = chunk_static(
             list(p.numel() for p in chunk.model.parameters()),
             probe.variant.dtype,
-            probe.dp,
+            probe.dp * probe.variant.cp,
             probe.distributed_optimizer,
         ).optimizer
     numels = tuple(p.numel() for p in chunk.model.parameters())

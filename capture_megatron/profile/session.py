@@ -141,8 +141,12 @@ def run_probes(
     """Measure every probe (tqdm progress bar; `tick` called after each) and return the records;
     with `timelines` (not on cuda) each record carries its windows' allocation timelines, from
     which fit() builds exact transient-peak models. fake-cuda probes run in worker processes
-    (profile.remote)."""
+    (profile.remote). CaptureError, before any probe runs, for what the device cannot model."""
+    from capture_megatron.profile.experts import refuse_on_fake_cuda
+
     device = device_name(device)
+    for probe in probes:
+        refuse_on_fake_cuda(probe.variant, device)
     if device == "fake-cuda":
         from capture_megatron.profile import fake_cuda
 
@@ -224,7 +228,8 @@ def profile(
     anchors = len(probes)
     found: list[ProfileRecord] = []
     missing: list[tuple[str, int, int]] = []  # (design key, first probe, probes)
-    for variant in [v for v in variants if v.moe is None] if options.design else []:
+    designed = [v for v in variants if v.moe is None and v.cp == 1]
+    for variant in designed if options.design else []:
         design_tps = variant_tps(variant, max(tps))
         name = design_key(
             device, _setup(device, options.kernels).kernel_set, variant, design_tps, timelines

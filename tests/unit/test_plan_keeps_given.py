@@ -15,6 +15,7 @@ from test_cli_errors import cli
 from capture_megatron.config import GIB, Cluster, ParallelFlags, Recompute
 from capture_megatron.errors import CaptureError
 from capture_megatron.plan import PlanOptions, plan, plan_args, space_from
+from capture_megatron.plan.space import candidates
 
 MODEL = (
     "--num-layers 8 --hidden-size 64 --num-attention-heads 4 --seq-length 64 "
@@ -127,9 +128,17 @@ def test_given_full_recompute_stays_full_where_none_would_fit(objective):
             },
             "--recompute-num-layers-per-stage needs --recompute-method block",
         ),
-        ({"context_parallel_size": 2}, "--context-parallel-size 2"),
     ],
 )
 def test_recompute_flags_that_cannot_be_kept_are_refused(given, named):
     with pytest.raises(CaptureError, match=re.escape(named)):
         space_from(ParallelFlags(**given))
+
+
+def test_given_context_parallel_size_is_kept_in_every_candidate():
+    """CP is a size of the search: a given one is fixed, and DP is what TP x CP x PP leave."""
+    space = space_from(ParallelFlags(context_parallel_size=2, tensor_model_parallel_size=2))
+    assert space.cp == (2,)
+    found = list(candidates(SMALL, Cluster(gpus=16, gpu_memory_bytes=80 * GIB), 32, space))
+    assert found and all(p.cp == 2 and p.tp * p.cp * p.pp * p.dp == 16 for p in found)
+    assert {p.pp for p in found} >= {1, 2, 4}

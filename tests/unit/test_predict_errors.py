@@ -38,7 +38,7 @@ TYPOS = {
     ),
 }
 UNMODELLED = {
-    "moe": ("--num-experts 8", "mixture-of-experts layers: capture-megatron trains them"),
+    "moe": ("--num-experts 8", "mixture-of-experts layers are not modelled on the fake CUDA"),
     "cp": ("--context-parallel-size 2", "--context-parallel-size 2"),
     "mla": ("--multi-latent-attention", "--multi-latent-attention"),
     "fp8": ("--fp8-format hybrid", "--fp8-format hybrid"),
