@@ -95,12 +95,13 @@ def space_from(flags: ParallelFlags) -> Space:
         fixed["sequence_parallel"] = (True,)
     if flags.use_distributed_optimizer:
         fixed["distributed_optimizer"] = (True,)
-    return replace(Space(), **fixed, **_fixed_sizes(flags))
+    fixed.update(_fixed_sizes(flags))
+    return replace(Space(), **fixed)
 
 
 def _fixed_sizes(flags: ParallelFlags) -> dict[str, tuple[int, ...]]:
     """The CP and EP sizes the command line fixed."""
-    fixed = {}
+    fixed: dict[str, tuple[int, ...]] = {}
     if flags.context_parallel_size:
         fixed["cp"] = (flags.context_parallel_size,)
     if flags.expert_model_parallel_size:
