@@ -282,6 +282,37 @@ def plan_times_table(data: dict) -> list[str]:
     return out
 
 
+def moe_cp_tables(data: dict) -> list[str]:
+    """Per-rank forecast vs measured of the MoE / CP cases, and the dropless bound over seeds."""
+    out = [
+        f"Model: `{data['model']}`, 2 iterations, fp32, CPU kernel set.",
+        "",
+        "| case | processes | predicted MiB per pipeline rank | measured MiB | max abs error |",
+        "|---|---|---|---|---|",
+    ]
+    for c in data["cases"]:
+        pred = ", ".join(f"{x:.3f}" for x in c["predicted_mib"])
+        meas = ", ".join(f"{x:.3f}" for x in c["measured_mib"])
+        out.append(
+            f"| {c['case']} | {c['processes']} | {pred} | {meas} | "
+            f"{100 * c['max_abs_error']:.2f}% |"
+        )
+    out += [
+        "",
+        f"Dropless routing (`{data['dropless']}`): the forecast's worst-case bound (no "
+        "`--moe-imbalance-factor`) against the measured worst rank, per seed.",
+        "",
+        "| seed | bound MiB | measured MiB | measured / bound |",
+        "|---|---|---|---|",
+    ]
+    for s in data["seeds"]:
+        out.append(
+            f"| {s['seed']} | {s['bound_mib']:.3f} | {s['measured_mib']:.3f} | "
+            f"{s['measured_mib'] / s['bound_mib']:.3f} |"
+        )
+    return out
+
+
 def _read(path: str) -> str:
     with open(path) as f:
         return f.read()
@@ -307,6 +338,12 @@ def main() -> None:
             + _read(os.path.join(ROOT, "bench/CONFORMANCE.md"))
             + "\n"
             + "\n".join(conformance_tables(json.loads(_read(conformance))))
+        )
+    moe_cp = os.path.join(ROOT, "bench/results/moe_cp_cpu.json")
+    if os.path.exists(moe_cp):
+        text += (
+            "\n\n## Mixture-of-experts and context parallelism on the CPU (bench/moe_cp_cpu.py)"
+            "\n\n" + "\n".join(moe_cp_tables(json.loads(_read(moe_cp)))) + "\n"
         )
     text += "\n## Predicted worst-rank peak at CAPTURE's sizes\n\n" + "\n".join(at) + "\n"
     text += (

@@ -33,20 +33,28 @@ def reset_aux_loss_tracker() -> None:
     get_moe_layer_wise_logging_tracker().clear()
 
 
-def refuse_on_fake_cuda(variant: Variant, device: str) -> None:
-    """CaptureError for MoE layers or context parallelism on the fake CUDA device (not emulated
-    yet)."""
-    if device != "fake-cuda":
-        return
-    if variant.cp > 1:
+def refuse_on_fake_device(variant: Variant, device: str) -> None:
+    """CaptureError for what a fake device cannot model yet: on fake-cuda MoE layers (the GPU
+    kernel set's MoE modules are not emulated) and context parallelism (TE's CP attention is not
+    emulated); on fake-cpu MoE layers with another dispatcher than alltoall (the allgather
+    dispatcher selects its tokens by value, which fake tensors do not hold)."""
+    if variant.cp > 1 and device == "fake-cuda":
         raise CaptureError(
             f"--context-parallel-size {variant.cp}: context parallelism is not modelled on the "
             "fake CUDA device yet (TE's context-parallel attention is not emulated); forecast it "
             "for the CPU kernel set (--device cpu) or profile on a GPU"
         )
-    if variant.moe is not None:
+    if variant.moe is not None and device == "fake-cuda":
         raise CaptureError(
             "mixture-of-experts layers are not modelled on the fake CUDA device yet (the GPU "
             "kernel set's MoE modules are not emulated); forecast them for the CPU kernel set "
             "(--device cpu) or profile on a GPU"
+        )
+    dispatcher = variant.moe.experts.moe_token_dispatcher_type if variant.moe else "alltoall"
+    if device == "fake-cpu" and dispatcher != "alltoall":
+        raise CaptureError(
+            f"--moe-token-dispatcher-type {dispatcher} is not modelled under --device fake-cpu: "
+            "the dispatcher selects tokens by their routing values, which fake tensors do not "
+            "hold; forecast it with --device cpu (at sizes that fit this machine), or with the "
+            "alltoall dispatcher"
         )

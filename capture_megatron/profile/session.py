@@ -142,11 +142,11 @@ def run_probes(
     with `timelines` (not on cuda) each record carries its windows' allocation timelines, from
     which fit() builds exact transient-peak models. fake-cuda probes run in worker processes
     (profile.remote). CaptureError, before any probe runs, for what the device cannot model."""
-    from capture_megatron.profile.experts import refuse_on_fake_cuda
+    from capture_megatron.profile.experts import refuse_on_fake_device
 
     device = device_name(device)
     for probe in probes:
-        refuse_on_fake_cuda(probe.variant, device)
+        refuse_on_fake_device(probe.variant, device)
     if device == "fake-cuda":
         from capture_megatron.profile import fake_cuda
 

@@ -40,6 +40,11 @@ TYPOS = {
 UNMODELLED = {
     "moe": ("--num-experts 8", "mixture-of-experts layers are not modelled on the fake CUDA"),
     "cp": ("--context-parallel-size 2", "--context-parallel-size 2"),
+    "moe_fake_cpu_allgather": (
+        "--num-experts 8 --disable-bias-linear --moe-token-dispatcher-type allgather "
+        "--device fake-cpu",
+        "--moe-token-dispatcher-type allgather is not modelled under --device fake-cpu",
+    ),
     "mla": ("--multi-latent-attention", "--multi-latent-attention"),
     "fp8": ("--fp8-format hybrid", "--fp8-format hybrid"),
     "fsdp": ("--use-megatron-fsdp", "--use-megatron-fsdp"),

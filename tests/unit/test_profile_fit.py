@@ -11,13 +11,21 @@ import sys
 
 import pytest
 
+from capture_megatron.config.moe import Experts
 from capture_megatron.errors import CaptureError
 from capture_megatron.fit import fit, sizes_of
 from capture_megatron.predict.heldout import check_records
 from capture_megatron.predict.static import chunk_static
 from capture_megatron.profile.design import design_shapes, probes_for, variant_tps
 from capture_megatron.profile.session import run_probes
-from capture_megatron.records import Probe, ProbeShape, Variant, read_records, write_records
+from capture_megatron.records import (
+    ExpertsProbe,
+    Probe,
+    ProbeShape,
+    Variant,
+    read_records,
+    write_records,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -157,8 +165,26 @@ def test_bf16_sp_selective_variant(tmp_path):
     )
 
 
+PADDED_EXPERTS = Experts(
+    num_experts=4,
+    moe_router_topk=2,
+    moe_token_dispatcher_type="alltoall",
+    moe_expert_capacity_factor=1.0,
+    moe_pad_expert_input_to_capacity=True,
+    moe_aux_loss_coeff=0.01,
+)
+
+
 @pytest.mark.parametrize(
-    "variant", [GPT, LLAMA_BF16_SP, dataclasses.replace(GPT, dtype="bf16", recompute="full")]
+    "variant",
+    [
+        GPT,
+        LLAMA_BF16_SP,
+        dataclasses.replace(GPT, dtype="bf16", recompute="full"),
+        dataclasses.replace(LLAMA_BF16_SP, moe=ExpertsProbe(PADDED_EXPERTS, 2, 2, "exact")),
+        dataclasses.replace(GPT, cp=2),
+    ],
+    ids=["gpt", "llama_bf16_sp", "gpt_bf16_full", "llama_moe_ep2", "gpt_cp2"],
 )
 def test_fake_equals_cpu_for_a_small_shape(variant):
     shape = ProbeShape(2, 64, 64, 4, 2, 16, 192, 256, 2)
