@@ -9,6 +9,8 @@ import json
 import os
 import platform
 
+from report_moe import moe_sections
+
 from capture_megatron.config import Kernels
 from capture_megatron.config.presets import preset
 from capture_megatron.fit import shape_sizes
@@ -282,37 +284,6 @@ def plan_times_table(data: dict) -> list[str]:
     return out
 
 
-def moe_cp_tables(data: dict) -> list[str]:
-    """Per-rank forecast vs measured of the MoE / CP cases, and the dropless bound over seeds."""
-    out = [
-        f"Model: `{data['model']}`, 2 iterations, fp32, CPU kernel set.",
-        "",
-        "| case | processes | predicted MiB per pipeline rank | measured MiB | max abs error |",
-        "|---|---|---|---|---|",
-    ]
-    for c in data["cases"]:
-        pred = ", ".join(f"{x:.3f}" for x in c["predicted_mib"])
-        meas = ", ".join(f"{x:.3f}" for x in c["measured_mib"])
-        out.append(
-            f"| {c['case']} | {c['processes']} | {pred} | {meas} | "
-            f"{100 * c['max_abs_error']:.2f}% |"
-        )
-    out += [
-        "",
-        f"Dropless routing (`{data['dropless']}`): the forecast's worst-case bound (no "
-        "`--moe-imbalance-factor`) against the measured worst rank, per seed.",
-        "",
-        "| seed | bound MiB | measured MiB | measured / bound |",
-        "|---|---|---|---|",
-    ]
-    for s in data["seeds"]:
-        out.append(
-            f"| {s['seed']} | {s['bound_mib']:.3f} | {s['measured_mib']:.3f} | "
-            f"{s['measured_mib'] / s['bound_mib']:.3f} |"
-        )
-    return out
-
-
 def _read(path: str) -> str:
     with open(path) as f:
         return f.read()
@@ -339,12 +310,7 @@ def main() -> None:
             + "\n"
             + "\n".join(conformance_tables(json.loads(_read(conformance))))
         )
-    moe_cp = os.path.join(ROOT, "bench/results/moe_cp_cpu.json")
-    if os.path.exists(moe_cp):
-        text += (
-            "\n\n## Mixture-of-experts and context parallelism on the CPU (bench/moe_cp_cpu.py)"
-            "\n\n" + "\n".join(moe_cp_tables(json.loads(_read(moe_cp)))) + "\n"
-        )
+    text += moe_sections(ROOT)
     text += "\n## Predicted worst-rank peak at CAPTURE's sizes\n\n" + "\n".join(at) + "\n"
     text += (
         "\n## Each approach at its own best sizes (lowest peak over TP/PP/DP)\n\n"

@@ -246,6 +246,13 @@ def _why_no_candidate(shape: ModelShape, cluster: Cluster, gbs: int, space: Spac
         )
     if space.pp and min(space.pp) > shape.num_layers:
         parts.append(f"layers {shape.num_layers} < PP {min(space.pp)}")
+    if shape.moe.enabled and space.ep:
+        parts.append(
+            f"EP {list(space.ep)} x expert TP (= TP) must divide the TP x CP x DP ranks of a "
+            f"stage, and EP the {shape.moe.num_experts} experts"
+        )
+    if any(c > 1 for c in space.cp):
+        parts.append(f"CP {list(space.cp)} must divide the GPUs and the sequence into 2 x CP parts")
     parts.append(
         "check --global-batch-size is a multiple of micro-batch x DP and TP divides the GPUs"
     )

@@ -97,6 +97,11 @@ def test_budget_below_the_cuda_margin(cache):
             "heads 15 / query groups 15 divide by none of TP",
         ),
         (["--num-layers", "2", "--pipeline-model-parallel-size", "4"], "layers 2 < PP 4"),
+        (
+            ["--num-experts", "8", "--expert-model-parallel-size", "8"]
+            + ["--pipeline-model-parallel-size", "2"],
+            "EP [8] x expert TP (= TP) must divide the TP x CP x DP ranks of a stage",
+        ),
     ],
 )
 def test_shapes_no_plan_can_serve(cache, args, expected):
