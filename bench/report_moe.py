@@ -90,8 +90,7 @@ def moe_sections(root: str) -> str:
             data = json.load(f)
         text += (
             "\n## Mixture-of-experts plans at scale, balanced vs uniform (bench/moe_plans.py; "
-            "memory model: CPU kernels under FakeTensorMode, objective min-peak)\n\n"
-            + "\n".join(moe_plan_table(data))
-            + "\n"
+            "memory model: CPU kernels under FakeTensorMode, objective min-peak, selective "
+            "recompute)\n\n" + "\n".join(moe_plan_table(data)) + "\n"
         )
     return text

@@ -19,7 +19,6 @@ BF16_TOL = 2e-3
 
 CASES = {
     # name: (nproc, extra flags, reference name)
-    "tp2": (2, ["--tensor-model-parallel-size", "2"], "fp32"),
     "pp4_layout": (
         4,
         [

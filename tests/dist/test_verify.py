@@ -64,7 +64,6 @@ NONE = ["--recompute-granularity", "none"]
 NOVPP = ["--num-virtual-stages-per-pipeline-rank", "1"]
 CONFIGS = {
     # name: (flags the plan fixes, flags of Megatron's uniform split at the same settings)
-    "pp4": ([*PP4, *NONE, *NOVPP], PP4),
     "pp2_tp2_sp_selective": ([*PP2TP2, *SELECTIVE, *NOVPP], [*PP2TP2, *SELECTIVE]),
     "pp2_dp2_distopt": ([*PP2DP2, *NONE, *NOVPP], PP2DP2),
     "pp4_vpp2_selective": (
@@ -83,8 +82,10 @@ CONFIGS = {
             "2",
         ],
     ),
-    "pp4_bf16": ([*PP4, "--bf16", *SELECTIVE, *NOVPP], [*PP4, "--bf16", *SELECTIVE]),
-    "pp4_llama": ([*PP4, *LLAMA, *NONE, *NOVPP], [*PP4, *LLAMA]),
+    "pp4_llama_bf16_selective": (
+        [*PP4, *LLAMA, "--bf16", *SELECTIVE, *NOVPP],
+        [*PP4, *LLAMA, "--bf16", *SELECTIVE],
+    ),
 }
 
 
@@ -128,7 +129,7 @@ def test_plan_predicts_within_2_percent_and_beats_uniform(name, tmp_path):
     assert balanced < uniform
 
 
-@pytest.mark.parametrize("group", [1, 2])
+@pytest.mark.parametrize("group", [2])
 def test_uniform_recompute_is_kept_and_predicted_within_2_percent(group, tmp_path):
     """`--recompute-method uniform --recompute-num-layers n` recomputes every layer, n at a time:
     the plan keeps it as given and its forecast is within 2% of what the 4 ranks measure."""
