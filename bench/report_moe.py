@@ -73,21 +73,26 @@ def moe_plan_table(data: dict) -> list[str]:
     return out
 
 
+def _result(root: str, name: str) -> dict | None:
+    """bench/results/`name`, or None when that bench has not been run."""
+    path = os.path.join(root, "bench/results", name)
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
 def moe_sections(root: str) -> str:
     """The sections whose results exist ('' when none)."""
     text = ""
-    moe_cp = os.path.join(root, "bench/results/moe_cp_cpu.json")
-    if os.path.exists(moe_cp):
-        with open(moe_cp) as f:
-            data = json.load(f)
+    data = _result(root, "moe_cp_cpu.json")
+    if data is not None:
         text += (
             "\n\n## Mixture-of-experts and context parallelism on the CPU (bench/moe_cp_cpu.py)"
             "\n\n" + "\n".join(moe_cp_tables(data)) + "\n"
         )
-    plans = os.path.join(root, "bench/results/moe_plans.json")
-    if os.path.exists(plans):
-        with open(plans) as f:
-            data = json.load(f)
+    data = _result(root, "moe_plans.json")
+    if data is not None:
         text += (
             "\n## Mixture-of-experts plans at scale, balanced vs uniform (bench/moe_plans.py; "
             "memory model: CPU kernels under FakeTensorMode, objective min-peak, selective "

@@ -79,6 +79,12 @@ class Variant(JsonMixin):
     cp: int = 1
     """Context-parallel size (> 1: fitted per value, at the model's own shapes, like `moe`)."""
 
+    @property
+    def designed(self) -> bool:
+        """Whether the variant is fitted over the regression's design shapes too (dense, CP 1);
+        MoE and CP variants are fitted at the model's own shapes only."""
+        return self.moe is None and self.cp == 1
+
     @classmethod
     def of(
         cls,

@@ -121,7 +121,7 @@ def candidates(
         if tp > cluster.gpus_per_node or cluster.gpus % tp:
             continue
         for cp in space.cp:
-            if cluster.gpus % (tp * cp) or shape.seq_length % (2 * cp) and cp > 1:
+            if cluster.gpus % (tp * cp) or (cp > 1 and shape.seq_length % (2 * cp)):
                 continue
             for pp in space.pp or tuple(_divisors(cluster.gpus // (tp * cp))):
                 if cluster.gpus % (tp * cp * pp) or pp > shape.num_layers:

@@ -117,8 +117,7 @@ def model_probes(
             for b in micro_batch_sizes
             if tp_fits(shape, t, variant.sequence_parallel)
         ]
-        # MoE and CP variants: their own shapes only
-        designed = design and variant.moe is None and variant.cp == 1
+        designed = design and variant.designed
         shapes = anchors + (design_shapes(variant_tps(variant, max(tps))) if designed else [])
         probes += probes_for(variant, shapes)
     return probes

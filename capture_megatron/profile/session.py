@@ -228,8 +228,7 @@ def profile(
     anchors = len(probes)
     found: list[ProfileRecord] = []
     missing: list[tuple[str, int, int]] = []  # (design key, first probe, probes)
-    designed = [v for v in variants if v.moe is None and v.cp == 1]
-    for variant in designed if options.design else []:
+    for variant in [v for v in variants if v.designed] if options.design else []:
         design_tps = variant_tps(variant, max(tps))
         name = design_key(
             device, _setup(device, options.kernels).kernel_set, variant, design_tps, timelines
