@@ -179,7 +179,7 @@ def plan_options(
     return flags.from_namespace(
         PlanOptions,
         ns,
-        space=space_from(fixed),
+        space=space_from(fixed, whole),
         fixed=given_plan,
         global_batch_size=fixed.global_batch_size or 0,
         calibration=scale,

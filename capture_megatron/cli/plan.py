@@ -26,7 +26,7 @@ from capture_megatron.config.training import NOT_ADAM
 from capture_megatron.errors import CaptureError
 from capture_megatron.megatron import flags, megatron_lm
 from capture_megatron.plan import PlanOptions, PlanResult, model_notes, plan
-from capture_megatron.plan.window import window_problem
+from capture_megatron.plan.window import context_problem, window_problem
 
 
 def build_parser(prog: str = "capture-megatron plan") -> flags.FlagParser:
@@ -40,14 +40,17 @@ def build_parser(prog: str = "capture-megatron plan") -> flags.FlagParser:
 def _check_window(
     ns: argparse.Namespace, shape: ModelShape, device: str, options: PlanOptions
 ) -> None:
-    """Refuse a sliding window the kernels' memory model does not hold before profiling (plan()
-    refuses it too, once it has the memory model)."""
-    if ns.memory_model or not shape.window_size:
+    """Refuse a sliding window or a context-parallel attention the kernels' memory model does not
+    hold before profiling (plan() refuses them too, once it has the memory model)."""
+    if ns.memory_model:
         return
     from capture_megatron.profile import default_device
 
-    kernels = options.kernels
-    problem = window_problem(shape, kernel_set(default_device(device), kernels), kernels)
+    kernels, space = options.kernels, options.space
+    kind = kernel_set(default_device(device), kernels)
+    problem = window_problem(shape, kind, kernels) or context_problem(
+        space.cp, space.cp_comm_type, kind, kernels
+    )
     if problem:
         raise CaptureError(problem + ".")
 

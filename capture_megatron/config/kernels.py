@@ -20,6 +20,10 @@ importable on CUDA, else the local spec)."""
 ATTENTION_BACKENDS = ("flash", "fused", "unfused", "local", "auto")
 """--attention-backend choices; auto lets Transformer Engine pick (flash, else cuDNN fused)."""
 
+TE_FUSED_BACKENDS = ("flash", "fused", "auto")
+"""Transformer Engine attention backends that keep no s x s tensor (flash-attn or cuDNN): a sliding
+window changes no memory under them, and they run context parallelism (TE's ring attention)."""
+
 
 @dataclass(frozen=True)
 class Kernels(JsonMixin):

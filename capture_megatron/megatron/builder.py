@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from capture_megatron.config import Kernels, ModelShape, ParallelPlan
 from capture_megatron.config.context import te_comm_type
+from capture_megatron.config.kernels import TE_FUSED_BACKENDS
 from capture_megatron.config.training import BuildOptions
 from capture_megatron.megatron import cpu_compat, moe
 from capture_megatron.megatron.norms import LocalNorm
@@ -154,7 +155,7 @@ def transformer_config(
         pipeline_model_parallel_size=plan.pp,
         virtual_pipeline_model_parallel_size=plan.vpp if plan.vpp > 1 else None,
         context_parallel_size=plan.cp,
-        cp_comm_type=te_comm_type(plan, real_te(kernels)),
+        cp_comm_type=te_comm_type(plan, te_attention(kernels)),
         sequence_parallel=plan.sequence_parallel,
         pipeline_model_parallel_layout=plan.layout if plan.pp > 1 else None,
         params_dtype=TORCH_DTYPES[shape.dtype],
@@ -193,6 +194,15 @@ def real_te(kernels: Kernels | None) -> bool:
     """Whether the chunk is built from Transformer Engine's own modules (a real GPU with TE)."""
     fake = cpu_compat.active_device() == "fake-cuda"
     return kernels is not None and kernels.transformer_impl == "transformer_engine" and not fake
+
+
+def te_attention(kernels: Kernels | None) -> bool:
+    """Whether the core attention is Transformer Engine's flash or fused one, real or the GPU
+    kernel set's on the fake-cuda device (both run context parallelism themselves)."""
+    if real_te(kernels) or kernels is None or cpu_compat.active_device() != "fake-cuda":
+        return real_te(kernels)
+    te = kernels.transformer_impl == "transformer_engine"
+    return te and kernels.attention_backend in TE_FUSED_BACKENDS
 
 
 def layer_spec(shape: ModelShape, kernels: Kernels | None):
@@ -261,7 +271,7 @@ def build_gpt(
         layers = [with_context_parallel(s, plan, real_te(kernels)) for s in spec.layer_specs]
         spec = dataclasses.replace(spec, layer_specs=layers)
     else:
-        layer = with_context_parallel(layer_spec(shape, kernels), plan, real_te(kernels))
+        layer = with_context_parallel(layer_spec(shape, kernels), plan, te_attention(kernels))
         spec = block_spec(layer, kernels, num_layers)
     with torch.device("cuda") if fake_cuda else contextlib.nullcontext():
         model = GPTModel(

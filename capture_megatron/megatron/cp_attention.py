@@ -14,7 +14,10 @@ Which attention a run builds (with_context_parallel, the builder's hook):
 - CP 1: the stock module, untouched.
 - a GPU with Transformer Engine: TEDotProductAttention does CP itself, with --cp-comm-type passed
   to TransformerConfig (capture_megatron.config.context.te_comm_type).
-- the fake-cuda device (GPU kernel set under FakeTensorMode): refused, not profiled yet.
+- the fake-cuda device (GPU kernel set under FakeTensorMode) with TE's flash or fused backend:
+  the kernel set's core attention runs TE's ring (p2p) algorithm itself
+  (capture_megatron.megatron.gpu.cp); the local spec and TE's unfused backend refuse CP, as they
+  do on a GPU.
 - otherwise (the CPU kernel set; the local spec on a GPU without TE): AllGatherCPAttention, which
   all-gathers: --cp-comm-type allgather or none; p2p / a2a / a2a+p2p are refused
   (capture_megatron.config.context.check_comm_type): they are TE's algorithms.
@@ -37,15 +40,16 @@ from capture_megatron.errors import CaptureError
 
 def with_context_parallel(spec, plan: ParallelPlan, uses_te: bool):
     """The transformer layer `spec` with a core attention that supports `plan.cp` (see the
-    module docstring); `uses_te`: the spec is Transformer Engine's."""
-    if plan.cp == 1 or uses_te:
-        return spec
+    module docstring); `uses_te`: the spec is Transformer Engine's (real or the kernel set's)."""
     from capture_megatron.megatron import cpu_compat
 
+    if plan.cp == 1 or uses_te:
+        return spec
     if cpu_compat.active_device() == "fake-cuda":
         raise CaptureError(
-            f"--context-parallel-size {plan.cp}: context parallelism is not profiled on the "
-            "fake GPU kernel set yet; profile and plan with CP 1"
+            f"--context-parallel-size {plan.cp}: Megatron's local attention and Transformer "
+            "Engine's unfused backend do not run context parallelism; use --transformer-impl "
+            "transformer_engine with --attention-backend flash, fused or auto"
         )
     check_comm_type(plan, uses_te=False)
     attention = spec.submodules.self_attention

@@ -31,7 +31,7 @@ from capture_megatron.plan.search import (
 )
 from capture_megatron.plan.space import Space, candidates
 from capture_megatron.plan.supply import Supply
-from capture_megatron.plan.window import window_problem
+from capture_megatron.plan.window import context_problem, window_problem
 
 
 @dataclass(frozen=True)
@@ -124,7 +124,10 @@ def _result(
     ranked: tuple[Evaluated, ...],
     considered: int,
 ) -> PlanResult:
-    problem = window_problem(shape, model.kernels, options.kernels)
+    space = options.space
+    problem = window_problem(shape, model.kernels, options.kernels) or context_problem(
+        space.cp, space.cp_comm_type, model.kernels, options.kernels
+    )
     if problem:
         raise CaptureError(problem + ".")
     origin = ModelOrigin(model.device, model.kernels, model.versions)

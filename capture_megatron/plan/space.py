@@ -39,6 +39,8 @@ class Space:
     cp: tuple[int, ...] = (1,)
     """Context-parallel sizes (by default only 1: a size is searched when given, or when a caller
     widens the space; the forecast models CP for the CPU kernel set only)."""
+    cp_comm_type: str = ""
+    """--cp-comm-type as given ('' when not), kept in every candidate with CP > 1."""
     ep: tuple[int, ...] = ()
     """Expert-parallel sizes; empty: for a model with experts every size Megatron allows (it
     divides the experts and the TP x DP ranks of a stage; the expert TP is the TP), else 1."""
@@ -69,9 +71,11 @@ def refuse_experts_sizes(flags: ParallelFlags) -> None:
         )
 
 
-def space_from(flags: ParallelFlags) -> Space:
-    """The search space with the values the command line fixed."""
-    refuse_experts_sizes(flags)
+def space_from(flags: ParallelFlags, whole_plan: bool = False) -> Space:
+    """The search space with the values the command line fixed (`whole_plan`: the flags give the
+    whole plan, whose expert TP is kept as given)."""
+    if not whole_plan:
+        refuse_experts_sizes(flags)
     refuse_dropped_recompute(flags)
     fixed: dict[str, Any] = {}
     if flags.tensor_model_parallel_size:
@@ -96,7 +100,7 @@ def space_from(flags: ParallelFlags) -> Space:
     if flags.use_distributed_optimizer:
         fixed["distributed_optimizer"] = (True,)
     fixed.update(_fixed_sizes(flags))
-    return replace(Space(), **fixed)
+    return replace(Space(), cp_comm_type=flags.cp_comm_type or "", **fixed)
 
 
 def _fixed_sizes(flags: ParallelFlags) -> dict[str, tuple[int, ...]]:
@@ -194,6 +198,7 @@ def _variants(
                             pp=pp,
                             dp=dp,
                             cp=cp,
+                            cp_comm_type=space.cp_comm_type if cp > 1 else "",
                             ep=ep,
                             vpp=vpp,
                             micro_batch_size=mbs,

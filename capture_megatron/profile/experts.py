@@ -3,6 +3,8 @@ parameters are routed experts', and what is not profiled yet."""
 
 from __future__ import annotations
 
+from capture_megatron.config import Kernels
+from capture_megatron.config.kernels import TE_FUSED_BACKENDS
 from capture_megatron.errors import CaptureError
 from capture_megatron.records import Probe, Variant
 
@@ -33,16 +35,22 @@ def reset_aux_loss_tracker() -> None:
     get_moe_layer_wise_logging_tracker().clear()
 
 
-def refuse_on_fake_device(variant: Variant, device: str) -> None:
+def refuse_on_fake_device(variant: Variant, device: str, kernels: Kernels) -> None:
     """CaptureError for what a fake device cannot model yet: on fake-cuda MoE layers (the GPU
-    kernel set's MoE modules are not emulated) and context parallelism (TE's CP attention is not
-    emulated); on fake-cpu MoE layers with another dispatcher than alltoall (the allgather
-    dispatcher selects its tokens by value, which fake tensors do not hold)."""
-    if variant.cp > 1 and device == "fake-cuda":
+    kernel set's MoE modules are not emulated) and context parallelism without TE's flash or
+    fused attention (Megatron's local attention and TE's unfused backend do not run it); on
+    fake-cpu MoE layers with another dispatcher than alltoall (the allgather dispatcher selects
+    its tokens by value, which fake tensors do not hold)."""
+    gpu = kernels.for_gpu()
+    te = gpu.transformer_impl == "transformer_engine"
+    ring = te and gpu.attention_backend in TE_FUSED_BACKENDS
+    if variant.cp > 1 and device == "fake-cuda" and not ring:
         raise CaptureError(
-            f"--context-parallel-size {variant.cp}: context parallelism is not modelled on the "
-            "fake CUDA device yet (TE's context-parallel attention is not emulated); forecast it "
-            "for the CPU kernel set (--device cpu) or profile on a GPU"
+            f"--context-parallel-size {variant.cp} with --transformer-impl "
+            f"{gpu.transformer_impl} --attention-backend {gpu.attention_backend}: Megatron's "
+            "local attention and Transformer Engine's unfused backend do not run context "
+            "parallelism; use --transformer-impl transformer_engine with --attention-backend "
+            "flash, fused or auto"
         )
     if variant.moe is not None and device == "fake-cuda":
         raise CaptureError(

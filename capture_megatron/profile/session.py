@@ -146,7 +146,7 @@ def run_probes(
 
     device = device_name(device)
     for probe in probes:
-        refuse_on_fake_device(probe.variant, device)
+        refuse_on_fake_device(probe.variant, device, kernels)
     if device == "fake-cuda":
         from capture_megatron.profile import fake_cuda
 

@@ -4,7 +4,8 @@
 Development set only: the dense GPT cases at world size 8 whose names do not contain "resume" (the
 "resume" cases are held out; bench/conformance.py reports them in docs/BENCHMARKS.md). Every
 accepted case's last pipeline stage must be within 5% of its measured peak of allocated bytes and
-the median within 2%; every refused case must be refused for a feature that is not modelled, named.
+the median within 2%, the context-parallel ones (issue 16) within 5%; every refused case must be
+refused for a feature that is not modelled, named.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import pytest
 
 BENCH = Path(__file__).parents[2] / "bench" / "conformance.py"
 NOT_MODELLED = (
-    "--context-parallel-size",
     "--multi-latent-attention",
     "--num-experts",
     "--expert-tensor-parallel-size",
@@ -47,5 +47,7 @@ def test_development_cases_on_the_gpu_kernel_set(tmp_path, monkeypatch):
     worst = max(errors.items(), key=lambda kv: abs(kv[1]))
     assert abs(worst[1]) <= 0.05, errors
     assert statistics.median(abs(e) for e in errors.values()) <= 0.02, errors
+    context_parallel = {n: e for n, e in errors.items() if "_cp2" in n}  # TE's ring attention
+    assert len(context_parallel) >= 5 and max(map(abs, context_parallel.values())) <= 0.05
     for name in ("gpt3_7b_tp1_pp4_memory_speed", "gpt3_7b_tp4_pp1_memory_speed"):
         assert any(n.startswith(name) for n in errors), (name, sorted(errors))

@@ -112,18 +112,47 @@ from capture_megatron.megatron.cp_attention import with_context_parallel
 cpu_compat.apply_fake_cuda()
 plan = ParallelPlan(tp=1, pp=1, dp=1, cp=2, micro_batch_size=1, global_batch_size=1,
                     layers_per_stage=(2,))
+spec = get_gpt_layer_local_spec()
+assert with_context_parallel(spec, plan, uses_te=True) is spec
 try:
-    with_context_parallel(get_gpt_layer_local_spec(), plan, uses_te=False)
+    with_context_parallel(spec, plan, uses_te=False)
 except CaptureError as err:
     print(err)
 """
 
 
-def test_fake_gpu_kernel_set_refuses_cp():
+def test_fake_gpu_kernel_set_runs_cp_with_te_attention_only():
+    """On the fake-cuda device TE's flash / fused attention of the GPU kernel set runs CP itself
+    (the spec is left as it is); the local spec's attention refuses it, as on a GPU."""
     done = subprocess.run(
         [sys.executable, "-c", FAKE_GPU], capture_output=True, text=True, timeout=120
     )
-    assert "not profiled on the fake GPU kernel set" in done.stdout, done.stderr[-2000:]
+    assert "local attention and Transformer Engine's unfused" in done.stdout, done.stderr[-2000:]
+
+
+@pytest.mark.parametrize(
+    ("kernel_set", "impl", "backend", "comm", "refused"),
+    [
+        ("cpu", "local", "auto", "", ""),
+        ("cpu", "local", "auto", "allgather", ""),
+        ("cpu", "local", "auto", "p2p", "--cp-comm-type p2p"),
+        ("gpu:x", "transformer_engine", "flash", "", ""),
+        ("gpu:x", "transformer_engine", "auto", "p2p", ""),
+        ("gpu:x", "transformer_engine", "fused", "a2a", "--cp-comm-type a2a"),
+        ("gpu:x", "transformer_engine", "unfused", "", "--attention-backend unfused"),
+        ("gpu:x", "local", "auto", "", "--transformer-impl local"),
+    ],
+)
+def test_context_problem_names_what_the_kernel_set_does_not_model(
+    kernel_set, impl, backend, comm, refused
+):
+    from capture_megatron.config import Kernels
+    from capture_megatron.plan.window import context_problem
+
+    kernels = Kernels(transformer_impl=impl, attention_backend=backend)
+    problem = context_problem((2,), comm, kernel_set, kernels)
+    assert (refused in problem) if refused else problem == ""
+    assert context_problem((1,), "a2a", kernel_set, kernels) == ""
 
 
 def test_rank_memory_keeps_cp_rank_and_reads_older_reports():

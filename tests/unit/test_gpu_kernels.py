@@ -189,3 +189,40 @@ def test_te_norm_matches_torch_and_keeps_x_and_fp32_statistics(normalization):
     want = torch.autograd.grad(ref(x), [x, *ref.parameters()], grad)
     for a, w in zip(got, want):
         torch.testing.assert_close(a, w)
+
+
+def test_ring_attention_keeps_what_te_p2p_keeps_and_returns_views_of_its_ring():
+    """TE's AttnFuncWithCPAndKVP2P (CP 2, flash bshd) on fake tensors: it keeps q, the last ring
+    buffer (K and V), the merged output, the merged fp32 lse and one rng state per step; dK and dV
+    come back as views of one [2, K+V] ring buffer; real tensors are refused."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from capture_megatron.errors import CaptureError
+    from capture_megatron.megatron.gpu.attention import flash_workspace
+    from capture_megatron.megatron.gpu.cp import RingAttention
+
+    b, s, heads, groups, d = 2, 16, 4, 2, 8
+    with FakeTensorMode():
+        q = torch.empty(b, s, heads, d, dtype=torch.bfloat16, requires_grad=True)
+        k, v = (
+            torch.empty(b, s, groups, d, dtype=torch.bfloat16, requires_grad=True) for _ in "kv"
+        )
+        out = RingAttention.apply(q, k, v, 2, "bshd", flash_workspace)
+        saved = [(tuple(t.shape), t.dtype) for t in _saved(out)]
+        assert saved == [
+            ((b, s, heads, d), torch.bfloat16),
+            ((2 * k.numel(),), torch.bfloat16),
+            ((b, s, heads, d), torch.bfloat16),
+            ((b, heads, s), torch.float32),
+            ((2,), torch.int64),
+            ((2,), torch.int64),
+        ]
+        dq, dk, dv = torch.autograd.grad(out, (q, k, v), torch.empty_like(out))
+        assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
+        ring = dk.untyped_storage()
+        assert (
+            ring.nbytes() == 2 * 2 * k.numel() * 2
+            and dv.untyped_storage().nbytes() == ring.nbytes()
+        )
+    with pytest.raises(CaptureError, match="fake CUDA device only"):
+        RingAttention.apply(*(torch.zeros(1, 2, 1, 1) for _ in "qkv"), 2, "bshd", flash_workspace)

@@ -39,7 +39,14 @@ TYPOS = {
 }
 UNMODELLED = {
     "moe": ("--num-experts 8", "mixture-of-experts layers are not modelled on the fake CUDA"),
-    "cp": ("--context-parallel-size 2", "--context-parallel-size 2"),
+    "cp_a2a": (
+        "--context-parallel-size 2 --cp-comm-type a2a",
+        "--cp-comm-type a2a is not modelled: the GPU memory model emulates",
+    ),
+    "cp_unfused": (
+        "--context-parallel-size 2 --attention-backend unfused",
+        "--attention-backend unfused is not modelled",
+    ),
     "moe_fake_cpu_allgather": (
         "--num-experts 8 --disable-bias-linear --moe-token-dispatcher-type allgather "
         "--device fake-cpu",

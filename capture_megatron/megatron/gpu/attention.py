@@ -11,7 +11,9 @@ import math
 
 import torch
 
+from capture_megatron.errors import CaptureError
 from capture_megatron.megatron.gpu.common import is_fake
+from capture_megatron.megatron.gpu.cp import RingAttention, cudnn_bwd_workspace, flash_bwd_workspace
 from capture_megatron.megatron.gpu.layout import te_qkv
 
 SM_COUNT = 132
@@ -71,14 +73,12 @@ class CuDNNAttention(torch.autograd.Function):
     def backward(ctx, grad):  # type: ignore[override]
         """dQ, dK, dV."""
         q, k, v, out, stats, rng = ctx.saved_tensors
-        s, b, np_, d = q.shape
         dq, dk, dv = (_empty(t.shape, t.dtype, t) for t in (q, k, v))
-        accum = _empty((b, np_, s, d), torch.float32, q)
-        softmax_sum = _empty((b, np_, s, 1), torch.float32, q)
+        scratch = cudnn_bwd_workspace(q)
         if not is_fake(q):
             for dst, src in zip((dq, dk, dv), _reference_grads(q, k, v, grad, ctx.scale, "sbhd")):
                 dst.copy_(src)
-        del accum, softmax_sum
+        del scratch
         return dq, dk, dv, None, None
 
 
@@ -108,18 +108,29 @@ class FlashAttention2(torch.autograd.Function):
     def backward(ctx, grad):  # type: ignore[override]
         """dq, dk, dv."""
         q, k, v, out, lse, rng = ctx.saved_tensors
-        b, s, np_, d = q.shape
-        s_r, d_r = -(-s // 128) * 128, -(-d // 32) * 32
         dq, dk, dv = (_empty(t.shape, t.dtype, t) for t in (q, k, v))
-        softmax_d = _empty((b, np_, s_r), torch.float32, q)
-        splits = -(-SM_COUNT // (b * np_)) if ctx.deterministic else 1
-        accum = _empty((splits, b, s_r, np_, d_r), torch.float32, q)
-        expanded = [_empty(q.shape, q.dtype, q) for _ in range(2)] if k.shape[2] != np_ else []
+        scratch = flash_bwd_workspace(q, k, SM_COUNT, ctx.deterministic)
         if not is_fake(q):
             for dst, src in zip((dq, dk, dv), _reference_grads(q, k, v, grad, ctx.scale, "bshd")):
                 dst.copy_(src)
-        del softmax_d, accum, expanded
+        del scratch
         return dq, dk, dv, None, None
+
+
+def flash_workspace(q: torch.Tensor, k: torch.Tensor) -> list[torch.Tensor]:
+    """Deterministic flash-attn 2 backward temporaries of one ring step (bshd)."""
+    return flash_bwd_workspace(q, k, SM_COUNT, True)
+
+
+def flash_workspace_nondeterministic(q: torch.Tensor, k: torch.Tensor) -> list[torch.Tensor]:
+    """Flash-attn 2 backward temporaries of one ring step (bshd), one dq_accum split."""
+    return flash_bwd_workspace(q, k, SM_COUNT, False)
+
+
+def cudnn_workspace(q: torch.Tensor, k: torch.Tensor) -> list[torch.Tensor]:
+    """cuDNN's backward workspace of one ring step (sbhd)."""
+    del k
+    return cudnn_bwd_workspace(q)
 
 
 def _megatron_module():
@@ -143,11 +154,22 @@ class _CoreAttention(_megatron_module()):  # type: ignore[misc]
         pg_collection=None,
     ):
         super().__init__(config=config)
-        del attention_type, cp_comm_type, pg_collection
+        del attention_type
+        from megatron.core import parallel_state as ps
         from megatron.core.transformer.enums import AttnMaskType
 
         if attn_mask_type != AttnMaskType.causal:
             raise ValueError(f"the GPU kernel set models causal attention, not {attn_mask_type}")
+        # context-parallel ranks of the ring attention (1: none)
+        self.cp = 1
+        if config.context_parallel_size > 1:
+            group = getattr(pg_collection, "cp", None)
+            self.cp = (group if group is not None else ps.get_context_parallel_group()).size()
+        if self.cp > 1 and cp_comm_type not in (None, "p2p"):
+            raise CaptureError(
+                f"--cp-comm-type {cp_comm_type}: the GPU kernel set models Transformer Engine's "
+                "ring (p2p) context-parallel attention only"
+            )
         self.layer_number = layer_number
         self.dropout = config.attention_dropout if attention_dropout is None else attention_dropout
         self.scale = softmax_scale or 1.0 / math.sqrt(config.kv_channels)
@@ -166,8 +188,12 @@ class FusedCoreAttention(_CoreAttention):
         """[sq, b, np, d] x [sk, b, ng, d] -> [sq, b, np * d] (a view of the kept output)."""
         self._check(attention_bias, packed_seq_params)
         q, k, v = te_qkv(query, key, value)
-        dropout = self.dropout if self.training else 0.0
-        out = CuDNNAttention.apply(q, k, v, self.scale, dropout)
+        if self.cp > 1:  # TE makes them contiguous for its context-parallel function
+            q, k, v = (t.contiguous() for t in (q, k, v))
+            out = RingAttention.apply(q, k, v, self.cp, "sbhd", cudnn_workspace)
+        else:
+            dropout = self.dropout if self.training else 0.0
+            out = CuDNNAttention.apply(q, k, v, self.scale, dropout)
         return out.view(out.shape[0], out.shape[1], -1)
 
 
@@ -180,6 +206,10 @@ class FlashCoreAttention(_CoreAttention):
         self._check(attention_bias, packed_seq_params)
         q, k, v = te_qkv(query, key, value)
         q, k, v = (t.transpose(0, 1).contiguous() for t in (q, k, v))  # TE: sbhd -> bshd copies
-        out = FlashAttention2.apply(q, k, v, self.scale, self.deterministic)
+        if self.cp > 1:
+            workspace = flash_workspace if self.deterministic else flash_workspace_nondeterministic
+            out = RingAttention.apply(q, k, v, self.cp, "bshd", workspace)
+        else:
+            out = FlashAttention2.apply(q, k, v, self.scale, self.deterministic)
         b, s = out.shape[:2]
         return out.view(b, s, -1).transpose(0, 1).contiguous()

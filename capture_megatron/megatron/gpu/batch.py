@@ -5,7 +5,9 @@ pipeline stage receives tokens, position_ids and the attention mask; the last st
 loss_mask and the attention mask; other stages nothing. The mask is GPTDataset's bool
 [b, 1, s, s] (megatron/core/datasets/gpt_dataset.py), present unless
 --no-create-attention-mask-in-dataloader. forward_step passes them to the model as
-model(tokens, position_ids, attention_mask, labels=labels).
+model(tokens, position_ids, attention_mask, labels=labels), after get_batch_on_this_cp_rank has
+cut this context-parallel rank's part (its 2 of the 2 x cp sequence chunks, the mask's query rows
+included).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from functools import partial
 import torch
 
 from capture_megatron.config import ModelShape
-from capture_megatron.megatron.training import loss_func
+from capture_megatron.megatron.training import batch_on_this_cp_rank, loss_func
 
 
 def megatron_lm_batch(
@@ -36,8 +38,8 @@ def megatron_lm_batch(
 
 
 def megatron_lm_forward_step(data_iterator, model):
-    """pretrain_gpt.py's forward_step on a megatron_lm_batch."""
-    batch = next(data_iterator)
+    """pretrain_gpt.py's forward_step on a megatron_lm_batch (this CP rank's part)."""
+    batch = batch_on_this_cp_rank(next(data_iterator))
     output = model(
         batch.get("tokens"),
         batch.get("position_ids"),
