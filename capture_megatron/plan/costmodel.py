@@ -5,10 +5,11 @@ backward twice that; full recompute adds a forward, selective recompute re-runs 
 at a stated fraction of peak FLOP/s, plus tensor-parallel all-reduces (4 per layer per micro-batch,
 ring over NVLink bandwidth; with SP reduce-scatter + all-gather of the same volume). MoE layers
 count the top-k routed experts' and the shared experts' FLOPs per token and the expert-parallel
-all-to-alls (every layer taken as an MoE layer). The pipeline
-takes (m + (p - 1) / v) slowest-stage micro-batch times (the bubble (p - 1)/(m v)), plus pipeline
-sends and the data-parallel gradient all-reduce (ring over the network bandwidth). Calibrate
-`efficiency` from measured step times (capture-megatron verify) for absolute numbers.
+all-to-alls (every layer taken as an MoE layer). With context parallelism each rank computes and
+communicates for its s / CP tokens, plus TE's K/V ring (context_comm). The pipeline takes
+(m + (p - 1) / v) slowest-stage micro-batch times (the bubble (p - 1)/(m v)), plus pipeline sends
+and the data-parallel gradient all-reduce (over DP x CP; ring over the network bandwidth).
+Calibrate `efficiency` from measured step times (capture-megatron verify) for absolute numbers.
 """
 
 from __future__ import annotations
@@ -64,6 +65,19 @@ def expert_comm(shape: ModelShape, plan: ParallelPlan, act_bytes: float, hw: Har
     return moved / rate
 
 
+def context_comm(shape: ModelShape, plan: ParallelPlan, hw: Hardware) -> float:
+    """Seconds of one layer's context-parallel ring per micro-batch (TE's p2p: K and V pass
+    cp - 1 times forward, K, V, dK and dV backward, each rank's s / cp tokens of the TP-local
+    query groups; taken as not overlapped; over NVLink while TP x CP stays in a node); 0 without
+    CP."""
+    if plan.cp == 1:
+        return 0.0
+    kv = 2 * plan.micro_batch_size * shape.seq_length / plan.cp * shape.groups * shape.head_dim
+    moved = 3 * (plan.cp - 1) * kv * dtype_bytes(shape.dtype) / plan.tp
+    rate = hw.intra_node_bytes_per_s if plan.cp * plan.tp <= 8 else hw.inter_node_bytes_per_s
+    return moved / rate
+
+
 def step_seconds(
     shape: ModelShape, plan: ParallelPlan, hw: Hardware = Hardware(), bound: bool = False
 ) -> float:
@@ -71,13 +85,13 @@ def step_seconds(
     recompute setting of the plan's sizes: no recompute, and the slowest stage replaced by the mean
     (the search uses it to stop once no unexplored plan can be faster)."""
     b, t, p, v, m = plan.micro_batch_size, plan.tp, plan.pp, plan.vpp, plan.num_microbatches
-    rate = hw.peak_flops * hw.efficiency
-    fwd = layer_forward_flops(shape, b) / t
-    core = 4 * b * shape.num_attention_heads * shape.seq_length**2 * shape.head_dim / t
-    act_bytes = b * shape.seq_length * shape.hidden_size * dtype_bytes(shape.dtype)
+    rate, tokens = hw.peak_flops * hw.efficiency, shape.seq_length / plan.cp  # per CP rank
+    fwd = layer_forward_flops(shape, b) / t / plan.cp
+    core = 4 * b * shape.num_attention_heads * shape.seq_length**2 * shape.head_dim / t / plan.cp
+    act_bytes = b * tokens * shape.hidden_size * dtype_bytes(shape.dtype)
     tp_comm = 0.0 if t == 1 else 4 * 2 * (t - 1) / t * act_bytes / hw.intra_node_bytes_per_s
-    tp_comm += expert_comm(shape, plan, act_bytes, hw)
-    head = 3 * 2 * b * shape.seq_length * shape.hidden_size * shape.padded_vocab(t) / t / rate
+    tp_comm += expert_comm(shape, plan, act_bytes, hw) + context_comm(shape, plan, hw)
+    head = 3 * 2 * b * tokens * shape.hidden_size * shape.padded_vocab(t) / t / rate
     if bound:
         per_chunk = (shape.num_layers * (3 * fwd / rate + tp_comm) + head) / (p * v)
     else:
@@ -94,9 +108,8 @@ def step_seconds(
         2 * m * act_bytes / t / hw.inter_node_bytes_per_s if p > 1 else 0.0
     )
     params = 12 * shape.hidden_size**2 * shape.num_layers / (t * p)
+    ranks = plan.dp * plan.cp  # megatron reduces gradients over DP x CP
     dp_comm = (
-        0.0
-        if plan.dp == 1
-        else 2 * (plan.dp - 1) / plan.dp * params * 4 / hw.inter_node_bytes_per_s
+        0.0 if ranks == 1 else 2 * (ranks - 1) / ranks * params * 4 / hw.inter_node_bytes_per_s
     )
     return pipeline + dp_comm

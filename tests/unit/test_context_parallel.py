@@ -166,3 +166,29 @@ def test_rank_memory_keeps_cp_rank_and_reads_older_reports():
     from capture_megatron.serial import from_plain
 
     assert from_plain(RankMemory, old).cp_rank == 0
+
+
+def test_cost_model_splits_work_over_cp_ranks_and_adds_the_ring():
+    """A CP rank computes for its s / CP tokens: CP 2 on 2 GPUs costs well under one GPU's step,
+    a little more than DP 2 on the same GPUs (TE's K/V ring)."""
+    from capture_megatron.config import ModelShape
+    from capture_megatron.plan.costmodel import Hardware, context_comm, step_seconds
+
+    shape = ModelShape(
+        num_layers=8, hidden_size=1024, num_attention_heads=16, seq_length=8192,
+        max_position_embeddings=8192, vocab_size=32000,
+    )  # fmt: skip
+
+    def plan(dp: int, cp: int) -> ParallelPlan:
+        return ParallelPlan(
+            tp=1, pp=1, dp=dp, cp=cp, micro_batch_size=1, global_batch_size=4,
+            layers_per_stage=(8,),
+        )  # fmt: skip
+
+    one, dp2, cp2 = (step_seconds(shape, plan(dp, cp)) for dp, cp in ((1, 1), (2, 1), (1, 2)))
+    assert dp2 < cp2 < 0.7 * one  # without the split, CP 2 would cost more than one GPU
+    assert (
+        context_comm(shape, plan(2, 1), Hardware())
+        == 0
+        < context_comm(shape, plan(1, 2), Hardware())
+    )
