@@ -37,8 +37,9 @@ class Space:
     """Full recompute's layer counts as given: one n (--recompute-num-layers) or one per pipeline
     stage; empty: the planner chooses per-stage block counts."""
     cp: tuple[int, ...] = (1,)
-    """Context-parallel sizes (by default only 1: a size is searched when given, or when a caller
-    widens the space; the forecast models CP for the CPU kernel set only)."""
+    """Context-parallel sizes (by default only 1: a size is planned when given, or searched when a
+    caller widens the space; the GPU kernel set models TE's ring algorithm, the CPU one the
+    all-gather)."""
     cp_comm_type: str = ""
     """--cp-comm-type as given ('' when not), kept in every candidate with CP > 1."""
     ep: tuple[int, ...] = ()
