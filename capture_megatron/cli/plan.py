@@ -21,12 +21,13 @@ from capture_megatron.cli.inputs import (
     resolve_shape,
 )
 from capture_megatron.config import Cluster, ModelShape
+from capture_megatron.config.context import context_problem
 from capture_megatron.config.kernels import kernel_set
 from capture_megatron.config.training import NOT_ADAM
 from capture_megatron.errors import CaptureError
 from capture_megatron.megatron import flags, megatron_lm
 from capture_megatron.plan import PlanOptions, PlanResult, model_notes, plan
-from capture_megatron.plan.window import context_problem, window_problem
+from capture_megatron.plan.window import window_problem
 
 
 def build_parser(prog: str = "capture-megatron plan") -> flags.FlagParser:

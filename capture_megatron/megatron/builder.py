@@ -199,7 +199,7 @@ def real_te(kernels: Kernels | None) -> bool:
 def te_attention(kernels: Kernels | None) -> bool:
     """Whether the core attention is Transformer Engine's flash or fused one, real or the GPU
     kernel set's on the fake-cuda device (both run context parallelism themselves)."""
-    if real_te(kernels) or kernels is None or cpu_compat.active_device() != "fake-cuda":
+    if kernels is None or cpu_compat.active_device() != "fake-cuda":
         return real_te(kernels)
     te = kernels.transformer_impl == "transformer_engine"
     return te and kernels.attention_backend in TE_FUSED_BACKENDS

@@ -14,6 +14,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from capture_megatron.config import GIB, Cluster, Kernels, ModelShape, ParallelPlan
+from capture_megatron.config.context import context_problem
 from capture_megatron.config.fields import flag
 from capture_megatron.errors import CaptureError
 from capture_megatron.fit import MemoryModel, ModelSource
@@ -31,7 +32,7 @@ from capture_megatron.plan.search import (
 )
 from capture_megatron.plan.space import Space, candidates
 from capture_megatron.plan.supply import Supply
-from capture_megatron.plan.window import context_problem, window_problem
+from capture_megatron.plan.window import window_problem
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ parameters are routed experts', and what is not profiled yet."""
 from __future__ import annotations
 
 from capture_megatron.config import Kernels
-from capture_megatron.config.kernels import TE_FUSED_BACKENDS
+from capture_megatron.config.context import context_problem
 from capture_megatron.errors import CaptureError
 from capture_megatron.records import Probe, Variant
 
@@ -41,17 +41,9 @@ def refuse_on_fake_device(variant: Variant, device: str, kernels: Kernels) -> No
     fused attention (Megatron's local attention and TE's unfused backend do not run it); on
     fake-cpu MoE layers with another dispatcher than alltoall (the allgather dispatcher selects
     its tokens by value, which fake tensors do not hold)."""
-    gpu = kernels.for_gpu()
-    te = gpu.transformer_impl == "transformer_engine"
-    ring = te and gpu.attention_backend in TE_FUSED_BACKENDS
-    if variant.cp > 1 and device == "fake-cuda" and not ring:
-        raise CaptureError(
-            f"--context-parallel-size {variant.cp} with --transformer-impl "
-            f"{gpu.transformer_impl} --attention-backend {gpu.attention_backend}: Megatron's "
-            "local attention and Transformer Engine's unfused backend do not run context "
-            "parallelism; use --transformer-impl transformer_engine with --attention-backend "
-            "flash, fused or auto"
-        )
+    problem = context_problem((variant.cp,), "", "gpu", kernels) if device == "fake-cuda" else ""
+    if problem:
+        raise CaptureError(problem)
     if variant.moe is not None and device == "fake-cuda":
         raise CaptureError(
             "mixture-of-experts layers are not modelled on the fake CUDA device yet (the GPU "

@@ -5,6 +5,7 @@ exactly the tensors its source says the real kernel keeps."""
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import pytest
 import torch
@@ -198,8 +199,9 @@ def test_ring_attention_keeps_what_te_p2p_keeps_and_returns_views_of_its_ring():
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from capture_megatron.errors import CaptureError
-    from capture_megatron.megatron.gpu.attention import flash_workspace
-    from capture_megatron.megatron.gpu.cp import RingAttention
+    from capture_megatron.megatron.gpu.cp import RingAttention, flash_bwd_workspace
+
+    workspace = partial(flash_bwd_workspace, sm_count=132, det=True)
 
     b, s, heads, groups, d = 2, 16, 4, 2, 8
     with FakeTensorMode():
@@ -207,7 +209,7 @@ def test_ring_attention_keeps_what_te_p2p_keeps_and_returns_views_of_its_ring():
         k, v = (
             torch.empty(b, s, groups, d, dtype=torch.bfloat16, requires_grad=True) for _ in "kv"
         )
-        out = RingAttention.apply(q, k, v, 2, "bshd", flash_workspace)
+        out = RingAttention.apply(q, k, v, 2, "bshd", workspace)
         saved = [(tuple(t.shape), t.dtype) for t in _saved(out)]
         assert saved == [
             ((b, s, heads, d), torch.bfloat16),
@@ -225,4 +227,4 @@ def test_ring_attention_keeps_what_te_p2p_keeps_and_returns_views_of_its_ring():
             and dv.untyped_storage().nbytes() == ring.nbytes()
         )
     with pytest.raises(CaptureError, match="fake CUDA device only"):
-        RingAttention.apply(*(torch.zeros(1, 2, 1, 1) for _ in "qkv"), 2, "bshd", flash_workspace)
+        RingAttention.apply(*(torch.zeros(1, 2, 1, 1) for _ in "qkv"), 2, "bshd", workspace)

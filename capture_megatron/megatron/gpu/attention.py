@@ -8,10 +8,10 @@ flash-attn source lines: docs/MEMORY_MODEL.md.
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import torch
 
-from capture_megatron.errors import CaptureError
 from capture_megatron.megatron.gpu.common import is_fake
 from capture_megatron.megatron.gpu.cp import RingAttention, cudnn_bwd_workspace, flash_bwd_workspace
 from capture_megatron.megatron.gpu.layout import te_qkv
@@ -74,7 +74,7 @@ class CuDNNAttention(torch.autograd.Function):
         """dQ, dK, dV."""
         q, k, v, out, stats, rng = ctx.saved_tensors
         dq, dk, dv = (_empty(t.shape, t.dtype, t) for t in (q, k, v))
-        scratch = cudnn_bwd_workspace(q)
+        scratch = cudnn_bwd_workspace(q, k)
         if not is_fake(q):
             for dst, src in zip((dq, dk, dv), _reference_grads(q, k, v, grad, ctx.scale, "sbhd")):
                 dst.copy_(src)
@@ -117,22 +117,6 @@ class FlashAttention2(torch.autograd.Function):
         return dq, dk, dv, None, None
 
 
-def flash_workspace(q: torch.Tensor, k: torch.Tensor) -> list[torch.Tensor]:
-    """Deterministic flash-attn 2 backward temporaries of one ring step (bshd)."""
-    return flash_bwd_workspace(q, k, SM_COUNT, True)
-
-
-def flash_workspace_nondeterministic(q: torch.Tensor, k: torch.Tensor) -> list[torch.Tensor]:
-    """Flash-attn 2 backward temporaries of one ring step (bshd), one dq_accum split."""
-    return flash_bwd_workspace(q, k, SM_COUNT, False)
-
-
-def cudnn_workspace(q: torch.Tensor, k: torch.Tensor) -> list[torch.Tensor]:
-    """cuDNN's backward workspace of one ring step (sbhd)."""
-    del k
-    return cudnn_bwd_workspace(q)
-
-
 def _megatron_module():
     from megatron.core.transformer.module import MegatronModule
 
@@ -154,7 +138,7 @@ class _CoreAttention(_megatron_module()):  # type: ignore[misc]
         pg_collection=None,
     ):
         super().__init__(config=config)
-        del attention_type
+        del attention_type, cp_comm_type  # p2p: others are refused (config.context)
         from megatron.core import parallel_state as ps
         from megatron.core.transformer.enums import AttnMaskType
 
@@ -165,11 +149,6 @@ class _CoreAttention(_megatron_module()):  # type: ignore[misc]
         if config.context_parallel_size > 1:
             group = getattr(pg_collection, "cp", None)
             self.cp = (group if group is not None else ps.get_context_parallel_group()).size()
-        if self.cp > 1 and cp_comm_type not in (None, "p2p"):
-            raise CaptureError(
-                f"--cp-comm-type {cp_comm_type}: the GPU kernel set models Transformer Engine's "
-                "ring (p2p) context-parallel attention only"
-            )
         self.layer_number = layer_number
         self.dropout = config.attention_dropout if attention_dropout is None else attention_dropout
         self.scale = softmax_scale or 1.0 / math.sqrt(config.kv_channels)
@@ -190,7 +169,7 @@ class FusedCoreAttention(_CoreAttention):
         q, k, v = te_qkv(query, key, value)
         if self.cp > 1:  # TE makes them contiguous for its context-parallel function
             q, k, v = (t.contiguous() for t in (q, k, v))
-            out = RingAttention.apply(q, k, v, self.cp, "sbhd", cudnn_workspace)
+            out = RingAttention.apply(q, k, v, self.cp, "sbhd", cudnn_bwd_workspace)
         else:
             dropout = self.dropout if self.training else 0.0
             out = CuDNNAttention.apply(q, k, v, self.scale, dropout)
@@ -207,7 +186,7 @@ class FlashCoreAttention(_CoreAttention):
         q, k, v = te_qkv(query, key, value)
         q, k, v = (t.transpose(0, 1).contiguous() for t in (q, k, v))  # TE: sbhd -> bshd copies
         if self.cp > 1:
-            workspace = flash_workspace if self.deterministic else flash_workspace_nondeterministic
+            workspace = partial(flash_bwd_workspace, sm_count=SM_COUNT, det=self.deterministic)
             out = RingAttention.apply(q, k, v, self.cp, "bshd", workspace)
         else:
             out = FlashAttention2.apply(q, k, v, self.scale, self.deterministic)

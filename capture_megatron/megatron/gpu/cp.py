@@ -45,13 +45,13 @@ def _half_seq(t: torch.Tensor, layout: str) -> torch.Tensor:
     return t.narrow(dim, 0, t.shape[dim] // 2)
 
 
-def flash_bwd_workspace(q: torch.Tensor, k: torch.Tensor, sm_count: int, deterministic: bool):
+def flash_bwd_workspace(q: torch.Tensor, k: torch.Tensor, sm_count: int, det: bool):
     """flash-attn 2's backward temporaries of one call on bshd q [b, s, np, d] and k: softmax_d
     fp32 [b, np, s rounded to 128], dq_accum fp32 [splits, b, s rounded, np, d rounded to 32] (one
-    split per share of the SMs when deterministic) and, with GQA, dk/dv expanded to all heads."""
+    split per share of the SMs when `det`erministic) and, with GQA, dk/dv expanded to all heads."""
     b, s, np_, d = q.shape
     s_r, d_r = -(-s // 128) * 128, -(-d // 32) * 32
-    splits = -(-sm_count // (b * np_)) if deterministic else 1
+    splits = -(-sm_count // (b * np_)) if det else 1
     out = [
         _empty((b, np_, s_r), torch.float32, q),
         _empty((splits, b, s_r, np_, d_r), torch.float32, q),
@@ -61,9 +61,10 @@ def flash_bwd_workspace(q: torch.Tensor, k: torch.Tensor, sm_count: int, determi
     return out
 
 
-def cudnn_bwd_workspace(q: torch.Tensor):
-    """cuDNN F16_arbitrary_seqlen's backward workspace for sbhd q [s, b, np, d]: dQ_accum fp32
-    [b, np, s, d] and softmax_sum fp32 [b, np, s, 1]."""
+def cudnn_bwd_workspace(q: torch.Tensor, k: torch.Tensor):
+    """cuDNN F16_arbitrary_seqlen's backward workspace for sbhd q [s, b, np, d] (any k): dQ_accum
+    fp32 [b, np, s, d] and softmax_sum fp32 [b, np, s, 1]."""
+    del k
     s, b, np_, d = q.shape
     return [
         _empty((b, np_, s, d), torch.float32, q),
@@ -73,7 +74,8 @@ def cudnn_bwd_workspace(q: torch.Tensor):
 
 class RingAttention(torch.autograd.Function):
     """AttnFuncWithCPAndKVP2P on fake tensors (see the module docstring): q, k, v in `layout`
-    ('bshd': flash-attn 2; 'sbhd': cuDNN), causal, `cp` ranks, the last one modelled."""
+    ('bshd': flash-attn 2; 'sbhd': cuDNN), causal, `cp` ranks, the last one modelled;
+    `workspace(q, k)`: the kernel's backward temporaries of one tile."""
 
     @staticmethod
     def forward(ctx, q, k, v, cp: int, layout: str, workspace):  # type: ignore[override]
