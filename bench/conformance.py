@@ -6,7 +6,8 @@ mem-max-allocated-bytes.
 
 Cases whose names contain "resume" are the held-out set (nothing is tuned on them); the others are
 the development set. Cases without a stated world size are skipped; refused cases are listed with
-the reason.
+the reason. Dropless mixture-of-experts cases are predicted at balanced routing, with the worst-case
+bound beside them.
 
     python bench/conformance.py [--device fake] [--models gpt]
                                 [--out bench/results/conformance.json]
@@ -41,17 +42,15 @@ def cases(models: tuple[str, ...]) -> list[dict[str, Any]]:
         return [c for c in json.load(f)["cases"] if c["model"] in models]
 
 
-def predict_case(case: dict[str, Any], device: str) -> dict[str, Any]:
-    """Predict one case verbatim; its last stage's predicted and measured peak (or why refused)."""
-    row = {
-        "name": case["name"],
-        "held_out": "resume" in case["name"],
-        "world_size": case["world_size"],
-        "measured": case["measured"]["max_allocated_bytes"],
-    }
-    if not case["world_size"]:
-        return {**row, "skipped": "no world size in the H100 recipe"}
-    argv = [*case["argv"], "--gpus", str(case["world_size"]), "--no-progress"]
+def dropless(case: dict[str, Any]) -> bool:
+    """Whether the case routes tokens to experts without a capacity (token counts vary)."""
+    argv = case["argv"]
+    return "--num-experts" in argv and "--moe-expert-capacity-factor" not in argv
+
+
+def _predict(case: dict[str, Any], device: str, extra: list[str]):
+    """The last stage's predicted peak and the result, or the CaptureError's text."""
+    argv = [*case["argv"], *extra, "--gpus", str(case["world_size"]), "--no-progress"]
     cublas = case["env_vars"].get("CUBLAS_WORKSPACE_CONFIG")
     argv += ["--cublas-workspace-config", cublas] if cublas else []
     argv += ["--device", device] if device else []
@@ -62,15 +61,40 @@ def predict_case(case: dict[str, Any], device: str) -> dict[str, Any]:
                 ns, cluster_of(ns, need_memory=False), ns.device, False, fixed_plan=True
             )
     except CaptureError as err:
-        return {**row, "refused": str(err)}
+        return str(err)
+    return result
+
+
+def predict_case(case: dict[str, Any], device: str) -> dict[str, Any]:
+    """Predict one case verbatim; its last stage's predicted and measured peak (or why refused).
+    Dropless MoE cases are predicted at balanced routing (--moe-imbalance-factor 1, the routing
+    the measured run's load balancing aims at), and their worst-case bound (every token of an
+    expert's ranks routed to it, the default forecast) is given as `bound`."""
+    row = {
+        "name": case["name"],
+        "held_out": "resume" in case["name"],
+        "world_size": case["world_size"],
+        "measured": case["measured"]["max_allocated_bytes"],
+    }
+    if not case["world_size"]:
+        return {**row, "skipped": "no world size in the H100 recipe"}
+    moe = dropless(case)
+    result = _predict(case, device, ["--moe-imbalance-factor", "1"] if moe else [])
+    if isinstance(result, str):
+        return {**row, "refused": result}
     predicted = result.best.rank_peaks[-1]
-    return {
+    row = {
         **row,
         "predicted": predicted,
         "error": (predicted - row["measured"]) / row["measured"],
         "layout": result.best.plan.layout,
         "kernels": result.to_plain()["kernels"],
     }
+    if moe:
+        worst = _predict(case, device, [])
+        assert not isinstance(worst, str), worst
+        row.update(routing="balanced", bound=worst.best.rank_peaks[-1])
+    return row
 
 
 def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:

@@ -74,6 +74,10 @@ class Experts(JsonMixin):
     """Dropless routing only: the most tokens any expert receives, as a factor of its balanced
     share, that the forecast assumes. 0 means the worst case (every token of the expert's ranks
     routed to it)."""
+    routing_bound: bool = False
+    """Set by the profiler, never by a flag: the capacity and padding are a forecast's bound on
+    routing (capture_megatron.predict.support.experts_probe), not the user's settings; a probe
+    pads sinkhorn routing too, which megatron-core's router allows after any load balancing."""
 
     def __post_init__(self) -> None:
         p: list[str] = []
@@ -94,7 +98,8 @@ class Experts(JsonMixin):
             )
         if self.moe_pad_expert_input_to_capacity and not self.moe_expert_capacity_factor:
             p.append("--moe-pad-expert-input-to-capacity needs --moe-expert-capacity-factor")
-        if self.moe_expert_capacity_factor and self.moe_router_load_balancing_type == "sinkhorn":
+        sinkhorn = self.moe_router_load_balancing_type == "sinkhorn"
+        if self.moe_expert_capacity_factor and sinkhorn and not self.routing_bound:
             p.append(
                 "--moe-expert-capacity-factor works only with aux_loss, seq_aux_loss, "
                 "global_aux_loss or none load balancing (Megatron refuses sinkhorn)"

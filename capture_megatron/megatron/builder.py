@@ -128,6 +128,18 @@ def gpu_kernels(kernels: Kernels, impl: str) -> Kernels:
     return dataclasses.replace(kernels, transformer_impl=impl)
 
 
+def _recompute_fields(plan: ParallelPlan, pp_rank: int) -> dict:
+    """TransformerConfig's recompute fields for one pipeline rank (its full-recompute layers)."""
+    n_recompute = plan.recompute.layers_on(pp_rank)
+    full = plan.recompute.granularity == "full" and n_recompute > 0
+    selective = plan.recompute.granularity == "selective"
+    return {
+        "recompute_granularity": "full" if full else ("selective" if selective else None),
+        "recompute_method": plan.recompute.method if full else None,
+        "recompute_num_layers": n_recompute if full else None,
+    }
+
+
 def transformer_config(
     shape: ModelShape,
     plan: ParallelPlan,
@@ -138,13 +150,8 @@ def transformer_config(
     """Megatron TransformerConfig of one pipeline rank (recompute differs per rank)."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    n_recompute = plan.recompute.layers_on(pp_rank)
-    full = plan.recompute.granularity == "full" and n_recompute > 0
-    granularity = (
-        "full" if full else ("selective" if plan.recompute.granularity == "selective" else None)
-    )
     fields = kernel_fields(shape, kernels)
-    return TransformerConfig(
+    config = TransformerConfig(
         num_layers=shape.num_layers,
         hidden_size=shape.hidden_size,
         num_attention_heads=shape.num_attention_heads,
@@ -180,14 +187,14 @@ def transformer_config(
         persist_layer_norm=False,
         batch_p2p_comm=False,
         deallocate_pipeline_outputs=True,
-        recompute_granularity=granularity,
-        recompute_method=plan.recompute.method if full else None,
-        recompute_num_layers=n_recompute if full else None,
+        **_recompute_fields(plan, pp_rank),
         microbatch_group_size_per_vp_stage=plan.microbatch_group_size or None,
         cuda_graph_scope=[],  # the default "full" warns "deprecated"; [] is its same-meaning twin
         **moe.config_fields(shape, plan),
         **fields,
     )
+    moe.bound_sinkhorn(config, shape)
+    return config
 
 
 def real_te(kernels: Kernels | None) -> bool:
@@ -254,21 +261,21 @@ def build_gpt(
     vp_stage: int | None,
 ):
     """One GPTModel chunk holding `num_layers` transformer layers (and the ends it is told to
-    hold); with experts, megatron's decoder block spec for this rank and `vp_stage` (refused on
-    the fake-cuda device). GPU kernels: on the GPU, as Megatron-LM's get_model moves it there (on
-    the fake-cuda device it is built there: fake parameters cannot be moved)."""
+    hold); with experts, megatron's decoder block spec for this rank and `vp_stage`. GPU
+    kernels: on the GPU, as Megatron-LM's get_model moves it there (on the fake-cuda device it
+    is built there: fake parameters cannot be moved)."""
     from megatron.core.models.gpt import GPTModel
 
     from capture_megatron.megatron.cp_attention import with_context_parallel
 
     fake_cuda = cpu_compat.active_device() == "fake-cuda"
     if shape.moe.enabled:
-        if fake_cuda:
-            from capture_megatron.errors import CaptureError
-
-            raise CaptureError(moe.FAKE_CUDA_REFUSAL)
         spec = moe.block_spec(config, shape, real_te(kernels), vp_stage, num_layers)
-        layers = [with_context_parallel(s, plan, real_te(kernels)) for s in spec.layer_specs]
+        if fake_cuda and kernels is not None:
+            from capture_megatron.megatron.gpu.spec import gpu_block_spec
+
+            spec = gpu_block_spec(spec, kernels)
+        layers = [with_context_parallel(s, plan, te_attention(kernels)) for s in spec.layer_specs]
         spec = dataclasses.replace(spec, layer_specs=layers)
     else:
         layer = with_context_parallel(layer_spec(shape, kernels), plan, te_attention(kernels))

@@ -24,7 +24,8 @@ call sites it serves:
 5. ``torch.cuda.synchronize`` / ``empty_cache`` become no-ops (p2p_communication, DDP, checkpoint
    strategies call them unconditionally).
 6. Mixture-of-experts layers: the router's TE GEMM name, the alltoall dispatcher's CUDA stream and
-   its split sizes (capture_megatron.megatron.moe_cpu, which lists the call sites).
+   its split sizes (capture_megatron.megatron.moe_cpu, which lists the call sites); on fake
+   tensors, what routing values size (capture_megatron.megatron.moe_fake).
 
 Settings that are not patches but are required for correct results on gloo (enforced by the model
 builder): ``batch_p2p_comm=False`` (PP+VPP gives wrong gradients otherwise), no CUDA-only fusions
@@ -38,7 +39,7 @@ import contextlib
 import torch
 from torch.overrides import TorchFunctionMode
 
-from capture_megatron.megatron import moe_cpu
+from capture_megatron.megatron import moe_cpu, moe_fake
 
 _STATE = {"device": None, "mode": None}
 FAKE_CUDA_CAPABILITY = (9, 0)
@@ -191,6 +192,8 @@ def apply_fake_cuda() -> None:
     torch.cuda.get_device_capability = lambda *a, **k: FAKE_CUDA_CAPABILITY
     _install_rng()
     install()
+    moe_cpu.apply()  # no TE, no CUDA streams on this machine: the same names and streams
+    moe_fake.apply()
     if _STATE["mode"] is not None:
         _STATE["mode"].__exit__(None, None, None)
     mode = CudaTypeMode()
@@ -210,6 +213,7 @@ def apply(device: str = "cpu") -> None:
     torch.cuda.empty_cache = lambda: None
     _install_rng()
     moe_cpu.apply()
+    moe_fake.apply()
     mode = CudaDeviceMode(device)
     mode.__enter__()
     _STATE.update(device=device, mode=mode)

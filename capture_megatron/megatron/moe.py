@@ -12,8 +12,13 @@ get_gpt_decoder_block_spec builds every layer's spec from --moe-layer-freq (an M
 dense spec per layer) and keeps the layers of this pipeline rank and virtual stage (the layout's
 layer ids, or Megatron's offset without a layout). On the CPU kernel set the local spec's norms
 become LocalNorm (as builder.layer_spec does for dense layers); on a GPU with Transformer Engine
-the TE specs are used unchanged. The fake-cuda device (the GPU kernel set under FakeTensorMode)
-has no MoE modules yet: building MoE there is refused.
+the TE specs are used unchanged. On the fake-cuda device (the GPU kernel set under
+FakeTensorMode) the local specs get the kernel set's modules (capture_megatron.megatron.gpu.spec).
+
+A probe's routing bound (Experts.routing_bound) pads every expert to a capacity; megatron-core's
+config refuses a capacity factor with sinkhorn routing, although its router applies the capacity
+after any load-balancing type: for sinkhorn the bound is set on the config after its checks
+(bound_sinkhorn).
 """
 
 from __future__ import annotations
@@ -22,13 +27,6 @@ import dataclasses
 
 from capture_megatron.config import ModelShape, ParallelPlan
 from capture_megatron.errors import CaptureError
-
-FAKE_CUDA_REFUSAL = (
-    "--num-experts: mixture-of-experts layers are not profiled on the fake GPU kernel set yet "
-    "(capture_megatron.megatron.gpu has no modules for the router, the token dispatcher and the "
-    "experts); train or profile MoE models on the CPU kernel set or on a real GPU"
-)
-"""The refusal for MoE on the fake-cuda device."""
 
 
 def layer_freq(shape: ModelShape) -> int | list[int]:
@@ -50,6 +48,7 @@ def config_fields(shape: ModelShape, plan: ParallelPlan) -> dict:
     }
     if not moe.enabled:
         return {"num_moe_experts": None, **sizes}
+    capacity = moe.moe_expert_capacity_factor or None
     return {
         "num_moe_experts": moe.num_experts,
         "moe_layer_freq": layer_freq(shape),
@@ -57,8 +56,9 @@ def config_fields(shape: ModelShape, plan: ParallelPlan) -> dict:
         "moe_shared_expert_intermediate_size": moe.moe_shared_expert_intermediate_size or None,
         "moe_router_topk": moe.moe_router_topk,
         "moe_token_dispatcher_type": moe.moe_token_dispatcher_type,
-        "moe_expert_capacity_factor": moe.moe_expert_capacity_factor or None,
-        "moe_pad_expert_input_to_capacity": moe.moe_pad_expert_input_to_capacity,
+        "moe_expert_capacity_factor": None if _sinkhorn_bound(moe) else capacity,
+        "moe_pad_expert_input_to_capacity": moe.moe_pad_expert_input_to_capacity
+        and not _sinkhorn_bound(moe),
         "moe_grouped_gemm": moe.moe_grouped_gemm,
         "moe_router_load_balancing_type": moe.moe_router_load_balancing_type,
         "moe_aux_loss_coeff": moe.moe_aux_loss_coeff,
@@ -67,6 +67,18 @@ def config_fields(shape: ModelShape, plan: ParallelPlan) -> dict:
         "moe_router_dtype": moe.moe_router_dtype or None,
         **sizes,
     }
+
+
+def _sinkhorn_bound(moe) -> bool:
+    return moe.routing_bound and moe.moe_router_load_balancing_type == "sinkhorn"
+
+
+def bound_sinkhorn(config, shape: ModelShape) -> None:
+    """Give a probe's sinkhorn router its routing bound (capacity and padding) after megatron's
+    config checks, which refuse a capacity with sinkhorn (see the module docstring)."""
+    if _sinkhorn_bound(shape.moe):
+        config.moe_expert_capacity_factor = shape.moe.moe_expert_capacity_factor
+        config.moe_pad_expert_input_to_capacity = shape.moe.moe_pad_expert_input_to_capacity
 
 
 def _local_norms(spec, norm):

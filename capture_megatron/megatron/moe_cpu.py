@@ -29,13 +29,8 @@ serves:
    to the largest, all-gathers and drops the padding; the unequal reduce-scatter all-reduces the
    whole input and keeps this rank's part (the same sums; the transient buffers are larger than
    NCCL's). Equal splits keep megatron's own path.
-5. Under FakeTensorMode (the fake-cpu profiling device) ``transformer/moe/experts.py``,
-   ``SequentialMLP.forward``, splits its tokens by ``tokens_per_expert.tolist()``: a fake tensor
-   holds no values. Probes always pad every expert to its capacity
-   (``--moe-pad-expert-input-to-capacity``, capture_megatron.predict.support.experts_probe), where
-   the dispatchers fill those counts with one value (``torch.full`` of the capacity times the ranks
-   sending): the patch hands megatron the same equal counts as a real tensor. Real tensors, and
-   routing without padding, keep megatron's own path.
+What fake tensors need (token counts, masked selects, sinkhorn's loop) is in
+capture_megatron.megatron.moe_fake.
 
 What cannot run on the CPU kernel set is refused before training (capture_megatron.megatron.moe):
 --moe-grouped-gemm (TE's GroupedMLP), the flex dispatcher (DeepEP / HybridEP), biases on the
@@ -120,26 +115,6 @@ def _patch_uneven_collectives() -> None:
     mappings._reduce_scatter_along_first_dim = reduce_scatter_along_first_dim
 
 
-def _patch_fake_token_counts() -> None:
-    import torch
-    from megatron.core.transformer.moe import experts
-    from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
-
-    original = experts.SequentialMLP.forward
-
-    def forward(self, hidden, tokens_per_expert, probs):
-        padded = self.config.moe_pad_expert_input_to_capacity
-        if isinstance(tokens_per_expert, FakeTensor) and padded:
-            n, rows = self.num_local_experts, hidden.shape[0]
-            if rows % n:
-                raise RuntimeError(f"{rows} padded tokens do not split over {n} local experts")
-            with unset_fake_temporarily():
-                tokens_per_expert = torch.full((n,), rows // n, dtype=torch.long)
-        return original(self, hidden, tokens_per_expert, probs)
-
-    experts.SequentialMLP.forward = forward
-
-
 def apply() -> None:
     """Install the patches (idempotent)."""
     if _STATE["applied"]:
@@ -159,5 +134,4 @@ def apply() -> None:
 
     token_dispatcher.all_to_all = all_to_all
     _patch_uneven_collectives()
-    _patch_fake_token_counts()
     _STATE["applied"] = True

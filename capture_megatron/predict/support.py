@@ -43,5 +43,6 @@ def experts_probe(shape: ModelShape, plan: ParallelPlan) -> ExpertsProbe | None:
         moe_pad_expert_input_to_capacity=True,
         moe_imbalance_factor=0.0,
         moe_layer_freq="1",
+        routing_bound=True,
     )
     return ExpertsProbe(probed, plan.ep, plan.expert_tp, bound)

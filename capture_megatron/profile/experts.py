@@ -36,25 +36,27 @@ def reset_aux_loss_tracker() -> None:
 
 
 def refuse_on_fake_device(variant: Variant, device: str, kernels: Kernels) -> None:
-    """CaptureError for what a fake device cannot model yet: on fake-cuda MoE layers (the GPU
-    kernel set's MoE modules are not emulated) and context parallelism without TE's flash or
-    fused attention (Megatron's local attention and TE's unfused backend do not run it); on
-    fake-cpu MoE layers with another dispatcher than alltoall (the allgather dispatcher selects
-    its tokens by value, which fake tensors do not hold)."""
+    """CaptureError for what a fake device cannot model: on fake-cuda context parallelism
+    without TE's flash or fused attention (Megatron's local attention and TE's unfused backend
+    do not run it) and grouped-GEMM experts with linear biases (the kernel set's GroupedLinear
+    has none)."""
     problem = context_problem((variant.cp,), "", "gpu", kernels) if device == "fake-cuda" else ""
     if problem:
         raise CaptureError(problem)
-    if variant.moe is not None and device == "fake-cuda":
+    grouped = variant.moe is not None and variant.moe.experts.moe_grouped_gemm
+    if device == "fake-cuda" and grouped and variant.add_bias_linear:
         raise CaptureError(
-            "mixture-of-experts layers are not modelled on the fake CUDA device yet (the GPU "
-            "kernel set's MoE modules are not emulated); forecast them for the CPU kernel set "
-            "(--device cpu) or profile on a GPU"
+            "--moe-grouped-gemm with linear biases is not modelled on the GPU kernel set (its "
+            "emulation of Transformer Engine's GroupedLinear has no biases); give "
+            "--disable-bias-linear, or leave out --moe-grouped-gemm"
         )
-    dispatcher = variant.moe.experts.moe_token_dispatcher_type if variant.moe else "alltoall"
-    if device == "fake-cpu" and dispatcher != "alltoall":
-        raise CaptureError(
-            f"--moe-token-dispatcher-type {dispatcher} is not modelled under --device fake-cpu: "
-            "the dispatcher selects tokens by their routing values, which fake tensors do not "
-            "hold; forecast it with --device cpu (at sizes that fit this machine), or with the "
-            "alltoall dispatcher"
-        )
+
+
+def grouped_workspace(variant: Variant, device: str) -> int:
+    """Bytes of TE's multi-stream cuBLAS workspaces that grouped-GEMM experts allocate once per
+    process (capture_megatron.megatron.gpu.grouped), on the fake-cuda device; else 0."""
+    if device != "fake-cuda" or variant.moe is None or not variant.moe.experts.moe_grouped_gemm:
+        return 0
+    from capture_megatron.megatron.gpu.grouped import workspace_bytes
+
+    return workspace_bytes()

@@ -29,6 +29,7 @@ from capture_megatron.megatron.training import (
 from capture_megatron.predict.static import chunk_static
 from capture_megatron.profile.experts import (
     expert_mask,
+    grouped_workspace,
     probe_world,
     reset_aux_loss_tracker,
 )
@@ -376,10 +377,18 @@ def measure(probe: Probe, meter, setup: Setup, timelines: bool = False) -> Profi
         residual_bytes=got["residual_bytes"],
         step_peak=got["step_peak"],
         buffers=_buffers(setup.device == "fake-cuda"),
-        workspace_bytes=setup.kernels.workspace_bytes() if setup.kernels is not None else 0,
+        workspace_bytes=_workspaces(probe, setup),
         timelines=lines,
         param_expert=expert_mask(chunk.model),
     )
     del chunk
     gc.collect()
     return record
+
+
+def _workspaces(probe: Probe, setup) -> int:
+    """GEMM workspaces the process keeps that no probe allocates: the kernel set's, and on
+    fake-cuda TE's multi-stream ones of grouped-GEMM experts."""
+    if setup.kernels is None:
+        return 0
+    return setup.kernels.workspace_bytes() + grouped_workspace(probe.variant, setup.device)

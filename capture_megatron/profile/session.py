@@ -34,12 +34,15 @@ from capture_megatron.records import Probe, ProfileRecord, Variant
 PROBE_IRRELEVANT = (
     r".*recommended to set the environment variable CUDA_DEVICE_MAX_CONNECTIONS",
     r"If you are using transformer_engine as the transformer implementation, the core_attn",
+    r"The legacy GroupedMLP will be deprecated",
 )
 """megatron-core's warnings about the profiling process itself, beyond those silenced everywhere
 (capture_megatron.megatron.quiet): its CUDA_DEVICE_MAX_CONNECTIONS, and the advice against
 recomputing core attention with TE's fused attention, given for every probe that models
-Megatron-LM's own selective recompute (whose default module is core_attn). They say nothing
-about the run being predicted."""
+Megatron-LM's own selective recompute (whose default module is core_attn); and the deprecation
+of the local spec's GroupedMLP, which the GPU kernel set builds only to replace it with
+TEGroupedMLP (capture_megatron.megatron.gpu.spec.moe_spec). They say nothing about the run being
+predicted."""
 
 
 @dataclass(frozen=True)

@@ -51,3 +51,21 @@ def test_development_cases_on_the_gpu_kernel_set(tmp_path, monkeypatch):
     assert len(context_parallel) >= 5 and max(map(abs, context_parallel.values())) <= 0.05
     for name in ("gpt3_7b_tp1_pp4_memory_speed", "gpt3_7b_tp4_pp1_memory_speed"):
         assert any(n.startswith(name) for n in errors), (name, sorted(errors))
+
+
+MOE_CASES = (
+    "gpt3_mcore_cp2_pp2_ep2_te_4experts2parallel_nondeterministic",  # sinkhorn, allgather, CP2
+    "gpt3_mcore_te_tp2_pp1_te_8experts_etp1_ep4",  # TE's grouped GEMM, ETP 1 under TP 2
+)
+
+
+@pytest.mark.slow
+def test_moe_cases_on_the_gpu_kernel_set(tmp_path, monkeypatch):
+    """Issue 16, must-show 2 (two development cases; bench/conformance.py runs them all): dropless
+    MoE at balanced routing within 10% of the measured peak, and the worst-case bound above it."""
+    monkeypatch.setenv("CAPTURE_MEGATRON_CACHE", str(tmp_path / "cache"))
+    bench = _conformance()
+    for case in (c for c in bench.cases(("moe",)) if c["name"] in MOE_CASES):
+        row = bench.predict_case(case, "fake-cuda")
+        assert row.get("routing") == "balanced", row.get("refused")
+        assert abs(row["error"]) <= 0.10 and row["bound"] > row["measured"], row

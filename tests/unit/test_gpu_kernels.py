@@ -228,3 +228,34 @@ def test_ring_attention_keeps_what_te_p2p_keeps_and_returns_views_of_its_ring():
         )
     with pytest.raises(CaptureError, match="fake CUDA device only"):
         RingAttention.apply(*(torch.zeros(1, 2, 1, 1) for _ in "qkv"), 2, "bshd", workspace)
+
+
+@pytest.mark.parametrize("fuse", [False, True])
+def test_grouped_linear_matches_per_expert_gemms_and_keeps_input_views(fuse):
+    """TE's _GroupedLinear without fp8: the output is each expert's GEMM over its split of the
+    input; backward keeps only views of the input (no copy), returns one dgrad and, with fused
+    wgrad accumulation, adds into main_grad and hands autograd a fresh tensor per weight (TE's
+    handle_custom_ddp_from_mcore) -- without fusion, the weight gradients themselves."""
+    from capture_megatron.megatron.gpu.grouped import GroupedLinearFunction
+
+    torch.manual_seed(0)
+    splits = [3, 5, 0, 4]
+    x = torch.randn(sum(splits), 6, dtype=torch.float64, requires_grad=True)
+    weights = [torch.randn(7, 6, dtype=torch.float64, requires_grad=True) for _ in splits]
+    for w in weights:
+        w.main_grad = torch.zeros_like(w)
+        w.grad_added_to_main_grad = False
+    out = GroupedLinearFunction.apply(x, splits, fuse, *weights)
+    parts = torch.split(x, splits)
+    torch.testing.assert_close(out, torch.cat([p @ w.t() for p, w in zip(parts, weights)]))
+    saved = _saved(out)
+    assert len(saved) == len(splits)
+    assert all(t.untyped_storage().data_ptr() == x.untyped_storage().data_ptr() for t in saved)
+    grad = torch.randn_like(out)
+    got = torch.autograd.grad(out, [x, *weights], grad)
+    ref_x = torch.cat([g @ w for g, w in zip(torch.split(grad, splits), weights)])
+    torch.testing.assert_close(got[0], ref_x)
+    want = [g.t() @ p for g, p in zip(torch.split(grad, splits), parts)]
+    for w, g, ref in zip(weights, got[1:], want):
+        torch.testing.assert_close(w.main_grad if fuse else g, ref)
+        assert g.shape == w.shape and w.grad_added_to_main_grad == fuse

@@ -142,12 +142,40 @@ def test_moe_layers_follow_pattern_and_layout():
         assert all(local == (2 if m else 0) for _, m, local in built)
 
 
-def test_fake_gpu_kernel_set_refuses_moe(monkeypatch):
-    from capture_megatron.megatron import cpu_compat
+@pytest.mark.parametrize("grouped", [False, True])
+def test_fake_gpu_kernel_set_builds_te_experts(grouped):
+    """On the GPU kernel set an MoE layer gets TE's norms and gathers; grouped-GEMM experts become
+    megatron's TEGroupedMLP on the emulated GroupedLinear (the local spec's legacy GroupedMLP needs
+    the grouped_gemm package), sequential experts keep megatron's linear layers."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.moe.experts import SequentialMLP, TEGroupedMLP
 
-    monkeypatch.setattr(cpu_compat, "active_device", lambda: "fake-cuda")
-    with pytest.raises(CaptureError, match="not profiled on the fake GPU kernel set yet"):
-        builder.build_gpt(_shape(), _plan(), None, None, 4, True, True, None)
+    from capture_megatron.config import Kernels
+    from capture_megatron.megatron.gpu.grouped import ColumnGroupedLinear, RowGroupedLinear
+    from capture_megatron.megatron.gpu.norm import TENorm
+    from capture_megatron.megatron.gpu.spec import gpu_layer_spec
+    from capture_megatron.megatron.norms import LocalNorm
+
+    with pytest.warns(UserWarning, match="legacy GroupedMLP") if grouped else _no_warning():
+        local = get_gpt_layer_local_spec(num_experts=4, moe_grouped_gemm=grouped)
+    layer = gpu_layer_spec(local, Kernels(transformer_impl="transformer_engine"), LocalNorm)
+    parts = layer.submodules
+    assert parts.input_layernorm is TENorm and parts.pre_mlp_layernorm is TENorm
+    experts = parts.mlp.submodules.experts
+    if grouped:
+        assert experts.module is TEGroupedMLP
+        assert experts.submodules.linear_fc1 is ColumnGroupedLinear
+        assert experts.submodules.linear_fc2 is RowGroupedLinear
+    else:
+        assert experts.module is SequentialMLP
+    shared_fc1 = parts.mlp.submodules.shared_experts.submodules.linear_fc1
+    assert shared_fc1.__name__ == "TEColumnParallelLinear"
+
+
+def _no_warning():
+    import contextlib
+
+    return contextlib.nullcontext()
 
 
 def test_expert_tp_other_than_tp_needs_ep():

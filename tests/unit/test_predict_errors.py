@@ -38,7 +38,10 @@ TYPOS = {
     ),
 }
 UNMODELLED = {
-    "moe": ("--num-experts 8", "mixture-of-experts layers are not modelled on the fake CUDA"),
+    "moe_grouped_bias": (
+        "--num-experts 8 --moe-grouped-gemm",
+        "--moe-grouped-gemm with linear biases is not modelled on the GPU kernel set",
+    ),
     "cp_a2a": (
         "--context-parallel-size 2 --cp-comm-type a2a",
         "--cp-comm-type a2a is not modelled: the GPU memory model emulates",
@@ -46,11 +49,6 @@ UNMODELLED = {
     "cp_unfused": (
         "--context-parallel-size 2 --attention-backend unfused",
         "--attention-backend unfused is not modelled",
-    ),
-    "moe_fake_cpu_allgather": (
-        "--num-experts 8 --disable-bias-linear --moe-token-dispatcher-type allgather "
-        "--device fake-cpu",
-        "--moe-token-dispatcher-type allgather is not modelled under --device fake-cpu",
     ),
     "mla": ("--multi-latent-attention", "--multi-latent-attention"),
     "fp8": ("--fp8-format hybrid", "--fp8-format hybrid"),

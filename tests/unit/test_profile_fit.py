@@ -173,6 +173,18 @@ PADDED_EXPERTS = Experts(
     moe_pad_expert_input_to_capacity=True,
     moe_aux_loss_coeff=0.01,
 )
+# a forecast's routing bounds: the allgather dispatcher, and sinkhorn routing (which megatron
+# allows no capacity for) padded to a capacity, whose token counts fake tensors cannot hold
+ALLGATHER_BOUND = dataclasses.replace(
+    PADDED_EXPERTS, moe_token_dispatcher_type="allgather", routing_bound=True
+)
+SINKHORN_BOUND = dataclasses.replace(
+    ALLGATHER_BOUND,
+    moe_router_topk=1,
+    moe_router_load_balancing_type="sinkhorn",
+    moe_aux_loss_coeff=0.0,
+    moe_expert_capacity_factor=1.5,
+)
 
 
 @pytest.mark.parametrize(
@@ -182,9 +194,19 @@ PADDED_EXPERTS = Experts(
         LLAMA_BF16_SP,
         dataclasses.replace(GPT, dtype="bf16", recompute="full"),
         dataclasses.replace(LLAMA_BF16_SP, moe=ExpertsProbe(PADDED_EXPERTS, 2, 2, "exact")),
+        dataclasses.replace(LLAMA_BF16_SP, moe=ExpertsProbe(ALLGATHER_BOUND, 2, 2, "imbalance")),
+        dataclasses.replace(LLAMA_BF16_SP, moe=ExpertsProbe(SINKHORN_BOUND, 2, 1, "imbalance")),
         dataclasses.replace(GPT, cp=2),
     ],
-    ids=["gpt", "llama_bf16_sp", "gpt_bf16_full", "llama_moe_ep2", "gpt_cp2"],
+    ids=[
+        "gpt",
+        "llama_bf16_sp",
+        "gpt_bf16_full",
+        "llama_moe_ep2",
+        "moe_allgather",
+        "moe_sinkhorn",
+        "gpt_cp2",
+    ],  # fmt: skip
 )
 def test_fake_equals_cpu_for_a_small_shape(variant):
     shape = ProbeShape(2, 64, 64, 4, 2, 16, 192, 256, 2)
@@ -208,6 +230,33 @@ def test_fake_equals_cpu_for_a_small_shape(variant):
             assert getattr(a, field) == getattr(b, field), (a.kind, field)
         for field in ("saved_bytes", "forward_peak"):
             assert 0 <= getattr(b, field) - getattr(a, field) <= slack, (a.kind, field)
+
+
+def test_fake_gpu_kernel_set_runs_grouped_and_sequential_experts():
+    """The GPU kernel set profiles MoE layers (the allgather dispatcher, sinkhorn routing padded to
+    its bound): TE's grouped GEMM holds the same parameters and optimizer state as the sequential
+    experts, adds TE's 4 multi-stream cuBLAS workspaces, and keeps no more activations (its
+    input views are the permuted tokens the sequential experts keep as their first linear's
+    input)."""
+    from capture_megatron.megatron.gpu.grouped import workspace_bytes
+
+    shape = ProbeShape(2, 64, 64, 4, 2, 16, 192, 256, 2)
+    sequential, grouped = (
+        dataclasses.replace(
+            LLAMA_BF16_SP,
+            moe=ExpertsProbe(
+                dataclasses.replace(SINKHORN_BOUND, moe_grouped_gemm=g), 2, 2, "imbalance"
+            ),
+        )
+        for g in (False, True)
+    )
+    seq, grp = run_probes(
+        [Probe(v, shape, "middle", 2) for v in (sequential, grouped)], "fake-cuda", progress=False
+    )
+    for field in ("param_bytes", "grad_bytes", "optimizer_bytes", "input_bytes"):
+        assert getattr(seq, field) == getattr(grp, field) > 0, field
+    assert grp.workspace_bytes - seq.workspace_bytes == workspace_bytes() == 4 * (32 * 2**20 + 1024)
+    assert 0 < grp.saved_bytes <= seq.saved_bytes
 
 
 @pytest.mark.parametrize("device", ["fake-cpu", "fake-cuda"])

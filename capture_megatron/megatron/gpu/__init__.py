@@ -11,5 +11,7 @@ and only allocates on fake tensors.
 - softmax: the `scaled_*_softmax_cuda` extensions of Megatron's FusedScaleMaskSoftmax.
 - rope: Transformer Engine's fused RoPE (FusedRoPEFunc).
 - attention: flash / cuDNN-fused attention and TE's unfused attention, per --attention-backend.
+- cp: TE's ring (p2p) context-parallel attention around the flash / fused kernels.
+- grouped: TE's GroupedLinear, the experts of --moe-grouped-gemm (megatron's TEGroupedMLP).
 - install: puts them where megatron-core looks for the real ones.
 """

@@ -28,9 +28,7 @@ def gpu_layer_spec(spec, kernels: Kernels, local_norm):
     attn_parts = dataclasses.replace(attn.submodules, core_attention=core_attention(kernels))
     if te:
         attn_parts = dataclasses.replace(attn_parts, linear_qkv=te_column_linear())
-        mlp = dataclasses.replace(
-            mlp, submodules=dataclasses.replace(mlp.submodules, linear_fc1=te_column_linear())
-        )
+        mlp = moe_spec(mlp) if hasattr(mlp.submodules, "experts") else _te_fc1(mlp)
     layer = dataclasses.replace(
         layer,
         input_layernorm=norm,
@@ -41,6 +39,40 @@ def gpu_layer_spec(spec, kernels: Kernels, local_norm):
     return dataclasses.replace(spec, submodules=layer)
 
 
+def _te_fc1(mlp):
+    """An MLP spec whose linear_fc1 gathers as TE's does."""
+    from capture_megatron.megatron.gpu.linear import te_column_linear
+
+    return dataclasses.replace(
+        mlp, submodules=dataclasses.replace(mlp.submodules, linear_fc1=te_column_linear())
+    )
+
+
+def moe_spec(mlp):
+    """megatron's local MoE spec as TE's: the shared experts' linear_fc1 gathers as TE's does;
+    grouped experts (the local spec's legacy GroupedMLP) become megatron's TEGroupedMLP on the
+    kernel set's GroupedLinear (capture_megatron.megatron.gpu.grouped). Sequential experts keep
+    megatron's linear layers: the dispatcher does their communication, so TE's Linear keeps the
+    same."""
+    from megatron.core.transformer.mlp import MLPSubmodules
+    from megatron.core.transformer.moe.experts import GroupedMLP, TEGroupedMLP
+    from megatron.core.transformer.spec_utils import ModuleSpec
+
+    from capture_megatron.megatron.gpu.grouped import ColumnGroupedLinear, RowGroupedLinear
+
+    parts = mlp.submodules
+    experts = parts.experts
+    if experts.module is GroupedMLP:
+        grouped = MLPSubmodules(linear_fc1=ColumnGroupedLinear, linear_fc2=RowGroupedLinear)
+        experts = ModuleSpec(module=TEGroupedMLP, submodules=grouped)
+    shared = parts.shared_experts
+    if shared is not None:
+        shared = _te_fc1(shared)
+    return dataclasses.replace(
+        mlp, submodules=dataclasses.replace(parts, experts=experts, shared_experts=shared)
+    )
+
+
 def layer_norm(kernels: Kernels, local_norm):
     """TE's fused norm for transformer_engine, else the local spec's norm."""
     if kernels.transformer_impl == "transformer_engine":
@@ -48,3 +80,12 @@ def layer_norm(kernels: Kernels, local_norm):
 
         return TENorm
     return local_norm
+
+
+def gpu_block_spec(block, kernels: Kernels):
+    """A decoder block spec of megatron's local layers (MoE and dense, LocalNorm) with the kernel
+    set's modules in every layer and as the final norm."""
+    from capture_megatron.megatron.norms import LocalNorm
+
+    layers = [gpu_layer_spec(s, kernels, LocalNorm) for s in block.layer_specs]
+    return dataclasses.replace(block, layer_specs=layers, layer_norm=layer_norm(kernels, LocalNorm))
