@@ -1,7 +1,7 @@
 """Plans for mixture-of-experts models at scale (issue 16): Mixtral-8x7B (its published
 config.json) on 16 x 80 GiB and a DeepSeek-V3-sized MoE on 1024 x 80 GiB, the memory-balanced
 layout against the uniform split and the other systems' splits at the same sizes. Memory model:
-the CPU kernel set under FakeTensorMode (fake-cpu; MoE is not emulated on the GPU kernel set yet).
+the GPU kernel set (fake-cuda: Transformer Engine's modules, the experts as TE's grouped GEMM).
 Selective recompute is fixed (Megatron-LM's usual setting for these models): with full recompute,
 which the min-peak objective would pick, the activations nearly vanish and with them the imbalance.
 Writes bench/results/moe_plans.json (rendered by bench/report.py).
@@ -21,7 +21,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROUTING = (
     "--moe-token-dispatcher-type alltoall --moe-expert-capacity-factor 1.0 "
-    "--moe-pad-expert-input-to-capacity --bf16 --micro-batch-size 1 "
+    "--moe-pad-expert-input-to-capacity --moe-grouped-gemm --bf16 --micro-batch-size 1 "
     "--recompute-granularity selective"
 )
 MIXTRAL = (
@@ -47,7 +47,7 @@ def _plan(flags: str, gpus: int, cwd: str) -> dict:
     out = os.path.join(cwd, "plan.json")
     exe = os.path.join(os.path.dirname(sys.executable), "capture-megatron")
     argv = [exe, "plan", *flags.split(), "--gpus", str(gpus), "--gpu-memory-gib", "80"]
-    argv += ["--device", "fake-cpu", "--objective", "min-peak", "--json", out]
+    argv += ["--device", "fake-cuda", "--objective", "min-peak", "--json", out]
     done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=3600)
     if done.returncode:
         raise SystemExit(f"{' '.join(argv)} failed:\n{done.stdout[-2000:]}{done.stderr[-3000:]}")
@@ -86,7 +86,8 @@ def main() -> None:
             )
             print(f"{name}: {plan['layout']} {max(rows[-1]['peaks_gib']):.2f} GiB")
     with open(os.path.join(ROOT, "bench/results/moe_plans.json"), "w") as f:
-        json.dump({"rows": rows}, f, indent=1)
+        model = "the GPU kernel set (fake CUDA, TE's grouped GEMM experts)"
+        json.dump({"memory_model": model, "rows": rows}, f, indent=1)
     print("wrote bench/results/moe_plans.json")
 
 

@@ -95,7 +95,7 @@ def moe_sections(root: str) -> str:
     if data is not None:
         text += (
             "\n## Mixture-of-experts plans at scale, balanced vs uniform (bench/moe_plans.py; "
-            "memory model: CPU kernels under FakeTensorMode, objective min-peak, selective "
-            "recompute)\n\n" + "\n".join(moe_plan_table(data)) + "\n"
+            f"memory model: {data.get('memory_model', 'CPU kernels under FakeTensorMode')}, "
+            "objective min-peak, selective recompute)\n\n" + "\n".join(moe_plan_table(data)) + "\n"
         )
     return text
