@@ -8,6 +8,7 @@ fake process group (collectives complete without data), so each rank's layers ca
 from __future__ import annotations
 
 import dataclasses
+from contextlib import nullcontext
 
 import pytest
 import torch
@@ -156,7 +157,7 @@ def test_fake_gpu_kernel_set_builds_te_experts(grouped):
     from capture_megatron.megatron.gpu.spec import gpu_layer_spec
     from capture_megatron.megatron.norms import LocalNorm
 
-    with pytest.warns(UserWarning, match="legacy GroupedMLP") if grouped else _no_warning():
+    with pytest.warns(UserWarning, match="legacy GroupedMLP") if grouped else nullcontext():
         local = get_gpt_layer_local_spec(num_experts=4, moe_grouped_gemm=grouped)
     layer = gpu_layer_spec(local, Kernels(transformer_impl="transformer_engine"), LocalNorm)
     parts = layer.submodules
@@ -170,12 +171,6 @@ def test_fake_gpu_kernel_set_builds_te_experts(grouped):
         assert experts.module is SequentialMLP
     shared_fc1 = parts.mlp.submodules.shared_experts.submodules.linear_fc1
     assert shared_fc1.__name__ == "TEColumnParallelLinear"
-
-
-def _no_warning():
-    import contextlib
-
-    return contextlib.nullcontext()
 
 
 def test_expert_tp_other_than_tp_needs_ep():
