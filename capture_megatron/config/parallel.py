@@ -175,6 +175,11 @@ class ParallelPlan(JsonMixin):
         """Layer counts of the model chunks (virtual stages) held by one pipeline rank."""
         return tuple(self.layers_per_stage[v * self.pp + pp_rank] for v in range(self.vpp))
 
+    def chunk_starts(self, pp_rank: int) -> tuple[int, ...]:
+        """Index of the first transformer layer of each chunk one pipeline rank holds."""
+        stages = [v * self.pp + pp_rank for v in range(self.vpp)]
+        return tuple(sum(self.layers_per_stage[:i]) for i in stages)
+
     def layers_of(self, pp_rank: int) -> int:
         """Transformer layers held by one pipeline rank."""
         return sum(self.chunks_of(pp_rank))

@@ -25,9 +25,9 @@ from capture_megatron.errors import CaptureError
 from capture_megatron.fit import MemoryModel
 from capture_megatron.plan.costmodel import Hardware
 from capture_megatron.plan.margins import Margins
-from capture_megatron.plan.partition import Partition, RankPeak, evaluate
-from capture_megatron.plan.search import evaluate_plan, rank_peak_fn, trim_recompute
-from capture_megatron.predict import find_variant, sizes_for, variant_of
+from capture_megatron.plan.partition import Partition, Score
+from capture_megatron.plan.search import evaluate_plan, split_score_fn, trim_recompute
+from capture_megatron.predict import layers_for, sizes_for
 
 BASES = {
     "same": "the plan's recompute",
@@ -61,17 +61,17 @@ class Baseline:
     """Estimated step time (the cost model's)."""
 
 
-def uniform(num_layers: int, pp: int, vpp: int, rank_peak: RankPeak) -> Baseline:
+def uniform(num_layers: int, pp: int, vpp: int, score: Score) -> Baseline:
     """Megatron's even split."""
     stages = pp * vpp
     if num_layers % stages:
         return Baseline(
             "uniform", None, reason=f"{num_layers} layers do not split evenly over {stages} stages"
         )
-    return Baseline("uniform", evaluate((num_layers // stages,) * stages, pp, vpp, rank_peak))
+    return Baseline("uniform", score((num_layers // stages,) * stages))
 
 
-def megatron_first_last(num_layers: int, pp: int, vpp: int, rank_peak: RankPeak) -> Baseline:
+def megatron_first_last(num_layers: int, pp: int, vpp: int, score: Score) -> Baseline:
     """The best choice of --decoder-first/last-pipeline-num-layers."""
     if pp < 2:
         return Baseline("megatron-first-last", None, reason="needs PP > 1")
@@ -82,7 +82,7 @@ def megatron_first_last(num_layers: int, pp: int, vpp: int, rank_peak: RankPeak)
                 split = first_last_split(num_layers, pp, vpp, first, last)
             except CaptureError:
                 continue
-            part = evaluate(split, pp, vpp, rank_peak)
+            part = score(split)
             if best is None or part.peak < best[0].peak:
                 best = (part, first, last)
     if best is None:
@@ -138,21 +138,22 @@ def deepspeed_parameters(
     pp: int,
     vpp: int,
     embedding_params: int,
-    layer_params: int,
+    layer_params: list[int],
     head_params: int,
-    rank_peak: RankPeak,
+    score: Score,
 ) -> Baseline:
-    """DeepSpeed's parameter-balanced split (no interleaving in DeepSpeed)."""
+    """DeepSpeed's parameter-balanced split (no interleaving in DeepSpeed); `layer_params`: each
+    transformer layer's parameters, in order."""
     if vpp > 1:
         return Baseline(
             "deepspeed-parameters", None, reason="DeepSpeed has no interleaved schedule"
         )
-    weights = [embedding_params] + [layer_params] * num_layers + [head_params]
+    weights = [embedding_params] + list(layer_params) + [head_params]
     bounds = partition_balanced(weights, pp)
     split = tuple(
         sum(1 for i in range(bounds[s], bounds[s + 1]) if 0 < i <= num_layers) for s in range(pp)
     )
-    return Baseline("deepspeed-parameters", evaluate(split, pp, vpp, rank_peak))
+    return Baseline("deepspeed-parameters", score(split))
 
 
 def baselines_for(
@@ -170,14 +171,16 @@ def baselines_for(
     flag; `cluster`: the memory trimmed counts must fit, None: no trimming; `floor`: the fewest
     layers a trimmed stage keeps recomputing, as the search's trim_recompute)."""
     full_choice = plan.recompute.granularity == "full" and not given
-    peak = rank_peak_fn(model, shape, plan, full_choice)
-    sc = find_variant(model, variant_of(shape, plan)).constants(sizes_for(shape, plan))
+    score = split_score_fn(model, shape, plan, full_choice)
+    layers, z = layers_for(model, shape, plan), sizes_for(shape, plan)
+    sc = layers.main.constants(z)
     emb, head = sum(sc.chunk("first").end_numels), sum(sc.chunk("last").end_numels)
     n, pp, vpp = shape.num_layers, plan.pp, plan.vpp
+    per_layer = [sum(layers.model(m).constants(z).layer_numels) for m in layers.chunk(0, n)]
     splits = (
-        uniform(n, pp, vpp, peak),
-        megatron_first_last(n, pp, vpp, peak),
-        deepspeed_parameters(n, pp, vpp, emb, sum(sc.layer_numels), head, peak),
+        uniform(n, pp, vpp, score),
+        megatron_first_last(n, pp, vpp, score),
+        deepspeed_parameters(n, pp, vpp, emb, per_layer, head, score),
     )
     cluster = cluster or Cluster(gpus=plan.world_size, gpu_memory_bytes=0)
     margins = margins or Margins()

@@ -28,6 +28,11 @@ from capture_megatron.errors import require
 
 RankPeak = Callable[[int, tuple[int, ...]], float]
 """rank_peak(pp_rank, chunk_counts) -> predicted peak bytes."""
+LocatedPeak = Callable[[int, tuple[int, ...], tuple[int, ...]], float]
+"""peak(pp_rank, chunk_counts, chunk_starts) -> bytes: a rank's peak when its layers differ by where
+they sit (dense and MoE layers mixed); chunk_starts: each chunk's first layer."""
+Score = Callable[[tuple[int, ...]], "Partition"]
+"""score(layers_per_stage) -> the split with its predicted peaks."""
 RankTable = Callable[[int, int], np.ndarray]
 """table(pp_rank, limit) -> the rank's peak for every chunk count 0..limit (one axis per chunk),
 equal to rank_peak's values (capture_megatron.predict.table); used up to TABLE_CHUNKS chunks."""
@@ -58,6 +63,19 @@ def evaluate(
     """Score a given split."""
     peaks = tuple(rank_peak(r, _chunks(layers_per_stage, pp, vpp, r)) for r in range(pp))
     return Partition(tuple(layers_per_stage), max(peaks), peaks)
+
+
+def evaluate_located(
+    layers_per_stage: tuple[int, ...], pp: int, vpp: int, peak: LocatedPeak
+) -> Partition:
+    """Score a given split whose layers differ by where they sit."""
+    split = tuple(layers_per_stage)
+    starts = [sum(split[:i]) for i in range(len(split))]
+    peaks = tuple(
+        peak(r, _chunks(split, pp, vpp, r), tuple(starts[v * pp + r] for v in range(vpp)))
+        for r in range(pp)
+    )
+    return Partition(split, max(peaks), peaks)
 
 
 class _Ranks:

@@ -19,12 +19,20 @@ import numpy as np
 from capture_megatron.config import Cluster, ModelShape, ParallelPlan, Recompute
 from capture_megatron.errors import CaptureError
 from capture_megatron.fit import MemoryModel
+from capture_megatron.plan.contiguous import contiguous_partition, descend
 from capture_megatron.plan.costmodel import Hardware, step_seconds
 from capture_megatron.plan.margins import Margins
-from capture_megatron.plan.partition import RankPeak, RankTable, min_max_partition
+from capture_megatron.plan.partition import (
+    LocatedPeak,
+    RankPeak,
+    RankTable,
+    Score,
+    evaluate_located,
+    min_max_partition,
+)
 from capture_megatron.plan.space import Space, candidates
 from capture_megatron.plan.supply import Supply
-from capture_megatron.predict import StageMemory, find_variant, rank_memory, variant_of
+from capture_megatron.predict import StageMemory, layers_for, mixed_layers, rank_memory
 from capture_megatron.predict.table import peak_table
 
 OBJECTIVES = ("min-peak", "throughput", "min-gpus")
@@ -54,21 +62,43 @@ class Evaluated:
         return tuple(int(s.peak) for s in self.stages)
 
 
-def rank_peak_fn(
+def _every_layer(shape: ModelShape, plan: ParallelPlan) -> ParallelPlan:
+    """The plan with every layer of every stage recomputed (more than any stage can hold)."""
+    return replace(plan, recompute=Recompute("full", "block", (shape.num_layers,) * plan.pp))
+
+
+def located_peak_fn(
     model: MemoryModel, shape: ModelShape, plan: ParallelPlan, recompute_all: bool
-) -> RankPeak:
-    """rank_peak(pp_rank, chunk_counts) for the partitioner (full recompute of every layer if
-    asked)."""
-    vm = find_variant(model, variant_of(shape, plan))
-    if recompute_all:  # every layer of every stage recomputed (more than any stage can hold)
-        plan = replace(plan, recompute=Recompute("full", "block", (shape.num_layers,) * plan.pp))
+) -> LocatedPeak:
+    """peak(pp_rank, chunk_counts, chunk_starts) of the plan's sizes (full recompute of every
+    layer if asked), memoised; the starts matter only when dense and MoE layers are mixed."""
+    layers = layers_for(model, shape, plan)
+    plan = _every_layer(shape, plan) if recompute_all else plan
     chunk_cache: dict = {}
 
     @functools.cache
-    def peak(rank: int, counts: tuple[int, ...]) -> float:
-        return rank_memory(vm, shape, plan, rank, counts, chunk_cache).peak
+    def peak(rank: int, counts: tuple[int, ...], starts: tuple[int, ...]) -> float:
+        at = starts if layers.mixed else None
+        return rank_memory(layers, shape, plan, rank, counts, chunk_cache, at).peak
 
     return peak
+
+
+def rank_peak_fn(
+    model: MemoryModel, shape: ModelShape, plan: ParallelPlan, recompute_all: bool
+) -> RankPeak:
+    """rank_peak(pp_rank, chunk_counts) for the partitioner of identical layers (full recompute
+    of every layer if asked)."""
+    peak = located_peak_fn(model, shape, plan, recompute_all)
+    return lambda rank, counts: peak(rank, counts, ())
+
+
+def split_score_fn(
+    model: MemoryModel, shape: ModelShape, plan: ParallelPlan, recompute_all: bool
+) -> Score:
+    """score(layers_per_stage) -> the split's Partition at the plan's sizes (as rank_peak_fn)."""
+    peak = located_peak_fn(model, shape, plan, recompute_all)
+    return lambda split: evaluate_located(split, plan.pp, plan.vpp, peak)
 
 
 def rank_table_fn(
@@ -76,36 +106,57 @@ def rank_table_fn(
 ) -> RankTable:
     """table(pp_rank, limit): rank_peak_fn's values for every chunk count up to `limit`, in bulk
     (capture_megatron.predict.table)."""
-    vm = find_variant(model, variant_of(shape, plan))
-    if recompute_all:
-        plan = replace(plan, recompute=Recompute("full", "block", (shape.num_layers,) * plan.pp))
+    layers = layers_for(model, shape, plan)
+    plan = _every_layer(shape, plan) if recompute_all else plan
     chunk_cache: dict = {}
 
     def table(rank: int, limit: int) -> np.ndarray:
-        return peak_table(vm, shape, plan, rank, limit, chunk_cache)
+        return peak_table(layers, shape, plan, rank, limit, chunk_cache)
 
     return table
+
+
+def _split(
+    model: MemoryModel, shape: ModelShape, plan: ParallelPlan, full: bool, unit: int
+) -> tuple[int, ...]:
+    """The min-max split of the plan's layers: exact for identical layers (any VPP) and for dense
+    and MoE layers mixed with one chunk per rank; mixed with interleaving, the better of two local
+    searches (contiguous.descend), from the exact split of layers all weighing what an MoE layer
+    weighs and from the even split (not proven optimal)."""
+    mixed = mixed_layers(shape)
+    if mixed and plan.vpp == 1:
+        peak = located_peak_fn(model, shape, plan, full)
+        rng = lambda rank, start, k: peak(rank, (k,), (start,))  # noqa: E731
+        return contiguous_partition(shape.num_layers, plan.pp, rng, unit).layers_per_stage
+    if mixed:  # from the split of layers all weighing an MoE layer's, and from the even split
+        heavy = replace(shape, moe=replace(shape.moe, moe_layer_freq="1"))
+        score = split_score_fn(model, shape, plan, full)
+        stages, n = plan.pp * plan.vpp, shape.num_layers // unit
+        even = tuple(unit * (n // stages + (i >= stages - n % stages)) for i in range(stages))
+        starts = (_split(model, heavy, plan, full, unit), even)
+        found = [descend(s, score, unit) for s in starts]
+        return min(found, key=lambda p: p.peak).layers_per_stage
+    return min_max_partition(
+        shape.num_layers,
+        plan.pp,
+        plan.vpp,
+        rank_peak_fn(model, shape, plan, full),
+        unit,
+        rank_table_fn(model, shape, plan, full),
+    ).layers_per_stage
 
 
 def balanced(
     model: MemoryModel, shape: ModelShape, plan: ParallelPlan, keep_recompute: bool = False
 ) -> ParallelPlan:
-    """The plan with its layers re-split by the exact min-max partition (full recompute: every
+    """The plan with its layers re-split by the min-max partition (_split; full recompute: every
     layer of each chunk recomputed, block method, for the trimming that follows; unless
     `keep_recompute`: the plan's own recompute is kept as given)."""
     full = plan.recompute.granularity == "full" and not keep_recompute
     rc = plan.recompute
     uniform = keep_recompute and rc.granularity == "full" and rc.method == "uniform"
     unit = max(rc.num_layers) if uniform else 1
-    part = min_max_partition(
-        shape.num_layers,
-        plan.pp,
-        plan.vpp,
-        rank_peak_fn(model, shape, plan, full),
-        max(unit, 1),
-        rank_table_fn(model, shape, plan, full),
-    )
-    plan = replace(plan, layers_per_stage=part.layers_per_stage)
+    plan = replace(plan, layers_per_stage=_split(model, shape, plan, full, max(unit, 1)))
     if full:
         plan = replace(
             plan,
@@ -128,7 +179,7 @@ def trim_recompute(
     least `floor`: 1 keeps full recompute that was given, 0 may drop it)."""
     if plan.recompute.granularity != "full":
         return plan
-    vm = find_variant(model, variant_of(shape, plan))
+    layers = layers_for(model, shape, plan)
     counts = list(plan.recompute.num_layers)
     for r in range(plan.pp):
         while counts[r] > min(floor, max(plan.chunks_of(r))):
@@ -138,7 +189,7 @@ def trim_recompute(
                     "full", "block", tuple(counts[:r] + [counts[r] - 1] + counts[r + 1 :])
                 ),
             )
-            if margins.needed(rank_memory(vm, shape, trial, r).peak) > cap:
+            if margins.needed(rank_memory(layers, shape, trial, r).peak) > cap:
                 break
             counts[r] -= 1
     if not any(counts):
@@ -155,8 +206,8 @@ def evaluate_plan(
     hw: Hardware,
 ) -> Evaluated:
     """Predict a fixed plan."""
-    vm = find_variant(model, variant_of(shape, plan))
-    stages = tuple(rank_memory(vm, shape, plan, r) for r in range(plan.pp))
+    layers = layers_for(model, shape, plan)
+    stages = tuple(rank_memory(layers, shape, plan, r) for r in range(plan.pp))
     peak = max(s.peak for s in stages)
     needed = margins.needed(peak)
     return Evaluated(

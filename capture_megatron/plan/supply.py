@@ -16,7 +16,7 @@ from collections.abc import Iterable
 
 from capture_megatron.config import ModelShape, ParallelPlan
 from capture_megatron.fit import MemoryModel, ModelSource, Needs
-from capture_megatron.predict import variant_of
+from capture_megatron.predict import variants_of
 from capture_megatron.records import ProbeShape, Variant
 
 FIRST_BATCH = 4
@@ -26,14 +26,16 @@ Pair = tuple[Variant, ProbeShape]
 """A (variant, probe shape) pair of a memory model."""
 
 
-def pair_of(shape: ModelShape, plan: ParallelPlan) -> Pair:
-    """The (variant, probe shape) pair predicting `plan` needs."""
-    return variant_of(shape, plan), ProbeShape.of(shape, plan.tp, plan.micro_batch_size)
+def pairs_of(shape: ModelShape, plan: ParallelPlan) -> tuple[Pair, ...]:
+    """The (variant, probe shape) pairs predicting `plan` needs (two when dense and MoE layers are
+    mixed: the MoE layers' variant and the dense layers')."""
+    probe = ProbeShape.of(shape, plan.tp, plan.micro_batch_size)
+    return tuple((v, probe) for v in variants_of(shape, plan))
 
 
 def needs_of(shape: ModelShape, plans: Iterable[ParallelPlan]) -> Needs:
     """The (variant, probe shape) pairs predicting `plans` needs."""
-    return frozenset(pair_of(shape, p) for p in plans)
+    return frozenset(p for plan in plans for p in pairs_of(shape, plan))
 
 
 class Supply:
@@ -58,7 +60,7 @@ class Supply:
     def want(self, plans: Iterable[ParallelPlan]) -> None:
         """Profile these plans' pairs with the next round that runs anyway."""
         if self.source is not None:
-            self.wanted |= {p for p in map(self._pair, plans) if p not in self.have}
+            self.wanted |= {p for p in self._pairs(plans) if p not in self.have}
 
     def model_for(
         self, plans: Iterable[ParallelPlan], upcoming: Iterable[ParallelPlan] = ()
@@ -68,23 +70,21 @@ class Supply:
         if self.source is None:
             assert self.model is not None
             return self.model
-        new = {p for p in map(self._pair, plans) if p not in self.have}
+        new = {p for p in self._pairs(plans) if p not in self.have}
         if not new and self.model is not None:
             return self.model
         for plan in upcoming:
             if len(new) >= self.batch:
                 break
-            key = self._pair(plan)
-            if key not in self.have:
-                new.add(key)
+            new |= {p for p in self._pairs([plan]) if p not in self.have}
         return self._grow(new)
 
     def complete(self, plans: Iterable[ParallelPlan]) -> MemoryModel:
         """A model that predicts every one of `plans` (all their pairs at once)."""
         return self.model_for(plans)  # no upcoming plans: exactly the missing pairs, one round
 
-    def _pair(self, plan: ParallelPlan) -> Pair:
-        return pair_of(self.shape, plan)
+    def _pairs(self, plans: Iterable[ParallelPlan]) -> Needs:
+        return needs_of(self.shape, plans)
 
     def _grow(self, new: set[Pair]) -> MemoryModel:
         assert self.source is not None

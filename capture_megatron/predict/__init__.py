@@ -10,22 +10,28 @@ optimizer bytes under Megatron's buffer layout, ranks simulates each rank over i
 heldout checks a fitted variant against measured probes.
 """
 
-from capture_megatron.predict.ranks import (
-    StageMemory,
-    chunk_cost,
+from capture_megatron.predict.chunks import chunk_cost
+from capture_megatron.predict.layers import (
+    Layers,
     find_variant,
-    predict,
-    rank_memory,
+    layers_for,
+    mixed_layers,
     sizes_for,
     variant_of,
+    variants_of,
 )
+from capture_megatron.predict.ranks import StageMemory, predict, rank_memory
 
 __all__ = [
+    "Layers",
     "StageMemory",
     "chunk_cost",
     "find_variant",
+    "layers_for",
+    "mixed_layers",
     "predict",
     "rank_memory",
     "sizes_for",
     "variant_of",
+    "variants_of",
 ]

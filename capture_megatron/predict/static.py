@@ -154,7 +154,10 @@ def _block_overlap(b: _Block, lo: int, hi: int) -> tuple[int, int]:
     return elements, params
 
 
-@functools.lru_cache(maxsize=65536)
+Run = tuple[tuple[int, ...], int]
+"""(one layer's parameter element counts, how many such layers follow one another)."""
+
+
 def structured_static(
     pre: tuple[int, ...],
     layer: tuple[int, ...],
@@ -167,17 +170,33 @@ def structured_static(
 ) -> StaticBytes:
     """chunk_static of the parameters pre + layer * k + post (shared: 'pre' for pre[0], 'post' for
     post[-1]), exact and in time independent of k."""
-    numels = len(pre) + k * len(layer) + len(post)
+    return runs_static(pre, ((layer, k),), post, dtype, dp, distributed_optimizer, shared)
+
+
+@functools.lru_cache(maxsize=65536)
+def runs_static(
+    pre: tuple[int, ...],
+    runs: tuple[Run, ...],
+    post: tuple[int, ...],
+    dtype: str,
+    dp: int,
+    distributed_optimizer: bool,
+    shared: str | None = None,
+) -> StaticBytes:
+    """chunk_static of the parameters pre + each run's layer repeated + post, in that order
+    (shared: 'pre' for pre[0], 'post' for post[-1]), exact and in time independent of the runs'
+    lengths."""
+    runs = tuple((layer, k) for layer, k in runs if k and layer)
+    numels = len(pre) + sum(k * len(layer) for layer, k in runs) + len(post)
     if numels == 0:
         return StaticBytes(0, 0, 0)
     pbytes, master = dtype_bytes(dtype), 4 if dtype != "fp32" else 0
     gbytes = 4 if dtype == "bf16" else pbytes
     if not distributed_optimizer:
-        total = sum(pre) + k * sum(layer) + sum(post)
+        total = sum(pre) + sum(k * sum(layer) for layer, k in runs) + sum(post)
         return StaticBytes(total * pbytes, total * gbytes, total * (8 + master) + 4 * numels)
     items: list[Item] = [(n, shared == "post" and i == 0) for i, n in enumerate(reversed(post))]
-    if k:
-        items.append((tuple(reversed(layer)), k))
+    items += [(tuple(reversed(layer)), k) for layer, k in reversed(runs)]
     items += [(n, shared == "pre" and i == len(pre) - 1) for i, n in enumerate(reversed(pre))]
     placed, buckets, _ = _place(items, dp)
     elements = params = 0
@@ -194,25 +213,28 @@ def structured_static(
     return StaticBytes(total * pbytes, total * gbytes, elements * (8 + master) + 4 * params)
 
 
+LayerRun = tuple[tuple[int, ...], tuple[bool, ...], int]
+"""(one layer's parameter element counts, per entry whether it is a routed expert's, how many such
+layers follow one another)."""
+
+
 def layer_static(
     pre: tuple[int, ...],
-    layer: tuple[int, ...],
-    expert: tuple[bool, ...],
-    k: int,
+    runs: tuple[LayerRun, ...],
     post: tuple[int, ...],
     dtype: str,
     dp: tuple[int, int],
     distributed_optimizer: bool,
     shared: str | None = None,
 ) -> StaticBytes:
-    """structured_static of a chunk whose layers hold routed experts: DDP keeps the parameters
-    `expert` marks in a buffer of their own, sharded over the expert-data-parallel ranks, the rest
-    over the data-parallel (x context-parallel) ranks. `dp`: (data-parallel ranks, expert-data-
-    parallel ranks)."""
-    if not any(expert):
-        return structured_static(pre, layer, k, post, dtype, dp[0], distributed_optimizer, shared)
-    dense = tuple(n for n, e in zip(layer, expert) if not e)
-    routed = tuple(n for n, e in zip(layer, expert) if e)
-    a = structured_static(pre, dense, k, post, dtype, dp[0], distributed_optimizer, shared)
-    b = structured_static((), routed, k, (), dtype, dp[1], distributed_optimizer)
+    """runs_static of a chunk whose layers may hold routed experts (dense and MoE layers in any
+    order): DDP keeps the parameters a run's mask marks in a buffer of their own, sharded over the
+    expert-data-parallel ranks, the rest over the data-parallel (x context-parallel) ranks. `dp`:
+    (data-parallel ranks, expert-data-parallel ranks)."""
+    dense = tuple((tuple(n for n, e in zip(lay, ex) if not e), k) for lay, ex, k in runs)
+    a = runs_static(pre, dense, post, dtype, dp[0], distributed_optimizer, shared)
+    routed = tuple((tuple(n for n, e in zip(lay, ex) if e), k) for lay, ex, k in runs)
+    if not any(layer for layer, _ in routed):
+        return a
+    b = runs_static((), routed, (), dtype, dp[1], distributed_optimizer)
     return StaticBytes(a.params + b.params, a.grads + b.grads, a.optimizer + b.optimizer)

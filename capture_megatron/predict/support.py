@@ -1,23 +1,11 @@
-"""What the memory forecast covers, and how a model's experts are probed (pure Python)."""
+"""How a model's experts are probed (pure Python)."""
 
 from __future__ import annotations
 
 import dataclasses
 
 from capture_megatron.config import ModelShape, ParallelPlan
-from capture_megatron.errors import CaptureError
 from capture_megatron.records import ExpertsProbe
-
-
-def refuse_unforecast(shape: ModelShape, plan: ParallelPlan) -> None:
-    """CaptureError for what the memory model cannot forecast yet: dense and MoE layers mixed."""
-    if shape.moe.enabled and not all(shape.moe_layers):
-        raise CaptureError(
-            f"--moe-layer-freq {shape.moe.moe_layer_freq}: capture-megatron trains dense and "
-            "mixture-of-experts layers mixed, but its memory forecast models a model whose layers "
-            "are all MoE or all dense; forecast it with --moe-layer-freq 1 (every layer MoE: an "
-            "upper bound where the experts weigh more than the dense MLP) or without the MoE flags"
-        )
 
 
 def experts_probe(shape: ModelShape, plan: ParallelPlan) -> ExpertsProbe | None:

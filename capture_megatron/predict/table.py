@@ -11,8 +11,9 @@ from __future__ import annotations
 import numpy as np
 
 from capture_megatron.config import ModelShape, ParallelPlan
-from capture_megatron.fit import VariantModel
-from capture_megatron.predict.ranks import _cached_chunk, chunk_kind, schedule_states
+from capture_megatron.predict.chunks import cached_chunk, chunk_kind
+from capture_megatron.predict.layers import Layers
+from capture_megatron.predict.ranks import schedule_states
 
 
 def _along(values: list[float], axis: int, ndim: int) -> np.ndarray:
@@ -28,7 +29,7 @@ backward."""
 
 
 def _chunk_arrays(
-    vm: VariantModel,
+    layers: Layers,
     shape: ModelShape,
     plan: ParallelPlan,
     pp_rank: int,
@@ -42,7 +43,10 @@ def _chunk_arrays(
     key = ("table", chunk_kind(plan, pp_rank, v), n, v, limit)
     if cache is not None and key in cache:
         return cache[key]
-    costs = [_cached_chunk(vm, shape, plan, pp_rank, v, k, cache) for k in range(limit + 1)]
+    costs = [
+        cached_chunk(layers, shape, plan, pp_rank, v, layers.chunk(None, k), cache)
+        for k in range(limit + 1)
+    ]
     out = {name: _along([getattr(c, name) for c in costs], v, plan.vpp) for name in FIELDS}
     out["forward"] = out["input_bytes"] + _along([c.forward for c in costs], v, plan.vpp)
     out["backward"] = _along([c.backward for c in costs], v, plan.vpp)
@@ -52,17 +56,17 @@ def _chunk_arrays(
 
 
 def peak_table(
-    vm: VariantModel,
+    layers: Layers,
     shape: ModelShape,
     plan: ParallelPlan,
     pp_rank: int,
     limit: int,
     cache: dict | None = None,
 ) -> np.ndarray:
-    """table[k0, k1, ...] = rank_memory(vm, shape, plan, pp_rank, (k0, k1, ...)).peak for every
-    chunk count 0..limit (plan.vpp dimensions)."""
+    """table[k0, k1, ...] = rank_memory(layers, shape, plan, pp_rank, (k0, k1, ...)).peak for every
+    chunk count 0..limit (plan.vpp dimensions; layers of one variant, not mixed)."""
     vpp = plan.vpp
-    ch = [_chunk_arrays(vm, shape, plan, pp_rank, v, limit, cache) for v in range(vpp)]
+    ch = [_chunk_arrays(layers, shape, plan, pp_rank, v, limit, cache) for v in range(vpp)]
     zero = np.zeros([1] * vpp)
     params = sum((c["params"] for c in ch), zero)
     grads = sum((c["grads"] for c in ch), zero)
@@ -70,7 +74,7 @@ def peak_table(
     other, step = ch[0]["buffers"], ch[0]["step"]
     for c in ch[1:]:
         other, step = np.maximum(other, c["buffers"]), np.maximum(step, c["step"])
-    static = params + grads + opt + (other + vm.workspace_bytes)
+    static = params + grads + opt + (other + layers.workspace_bytes)
     best = np.broadcast_to(static + step, (limit + 1,) * vpp).copy()
     # moments with the same (kind, chunk, held) add the same transient; rounding is monotone, so
     # the largest of their activations gives the largest total

@@ -1,6 +1,6 @@
 """The per-rank forecast of mixture-of-experts and context-parallel runs on the CPU (issue 16,
-must-show 1): with capacity-padded routing (EP 2) and with CP 2 x PP 2 every rank's predicted peak
-is within 2% of what it measures; with dropless routing the forecast is a stated bound (the worst
+must-show 1): with capacity-padded routing (EP 2; and EP 2 x PP 2 with dense and MoE layers mixed)
+and with CP 2 x PP 2 every rank's predicted peak is within 2% of what it measures; with dropless routing the forecast is a stated bound (the worst
 case unless --moe-imbalance-factor is given) that no seed's measured peak exceeds. Real torchrun +
 gloo, megatron-core's MoE layers, the all-gather CP attention."""
 
@@ -66,6 +66,16 @@ def test_capacity_padded_moe_is_forecast_within_2_percent(tmp_path):
     result = _verify(MOE + PADDED, tmp_path)
     print(f"EP2 padded: max prediction error {100 * result['max_abs_error']:.2f}%")
     assert result["plan"]["ep"] == 2
+    assert result["max_abs_error"] <= 0.02
+
+
+def test_dense_and_moe_layers_mixed_are_forecast_within_2_percent(tmp_path):
+    """--moe-layer-freq with a dense first layer (DeepSeek's pattern) over EP 2 x PP 2: the first
+    stage holds a dense and an MoE layer, composed layer by layer."""
+    mixed = ["--moe-layer-freq", "([0]*1+[1]*3)", "--pipeline-model-parallel-size", "2"]
+    result = _verify(MOE + PADDED + mixed, tmp_path, nproc=4)
+    print(f"mixed dense/MoE EP2 x PP2: max prediction error {100 * result['max_abs_error']:.2f}%")
+    assert (result["plan"]["ep"], result["plan"]["pp"]) == (2, 2)
     assert result["max_abs_error"] <= 0.02
 
 

@@ -79,17 +79,23 @@ def chunk(kind: str, v: Variant) -> ChunkModel:
 
 
 def variant_model(v: Variant) -> VariantModel:
-    """The synthetic fits of one variant (no anchors: every shape is predicted by regression)."""
+    """The synthetic fits of one variant (no anchors: every shape is predicted by regression). An
+    MoE variant's layers hold four experts' MLPs (routed: marked as experts) and save twice what a
+    dense layer saves."""
+    mlp = ({"h*f/t": 1.0}, {"h*f/t": 1.0})
+    experts = 4 * mlp if v.moe is not None else mlp
     layer = tuple(
         reg("parameter", t)
-        for t in ({"h": 1.0}, {"h*a*d/t": 3.0}, {"h*a*d/t": 1.0}, {"h": 1.0})
-        + ({"h*f/t": 1.0}, {"h*f/t": 1.0})
+        for t in ({"h": 1.0}, {"h*a*d/t": 3.0}, {"h*a*d/t": 1.0}, {"h": 1.0}) + experts
     )
+    routed = (False,) * 4 + (True,) * len(experts) if v.moe is not None else ()
+    saved = layer_saved(v) if v.moe is None else plus(layer_saved(v), layer_saved(v))
     kept = reg("activation", hidden(v)) if v.recompute == "full" else None
     return VariantModel(
         variant=v,
         anchors=(),
-        layer_saved=reg("activation", layer_saved(v)),
+        layer_expert=routed,
+        layer_saved=reg("activation", saved),
         layer_saved_rc=kept,
         layer_numels=layer,
         chunks=tuple(chunk(k, v) for k in ("first", "middle", "last", "only")),

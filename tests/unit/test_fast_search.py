@@ -19,7 +19,7 @@ from capture_megatron.plan.partition import min_max_partition
 from capture_megatron.plan.search import rank_peak_fn, rank_table_fn
 from capture_megatron.plan.space import candidates
 from capture_megatron.plan.supply import needs_of
-from capture_megatron.predict import find_variant, rank_memory, variant_of
+from capture_megatron.predict import layers_for, rank_memory
 from capture_megatron.predict.table import peak_table
 from capture_megatron.profile import memory_source
 
@@ -62,11 +62,12 @@ def test_tables_equal_single_calls(source):
     plans = [p for p in _plans() if p.pp == 4 and p.tp == 2]
     model = source(needs_of(SHAPE, plans))
     for p in plans:
-        vm = find_variant(model, variant_of(SHAPE, p))
+        layers = layers_for(model, SHAPE, p)
         for rank in range(p.pp):
-            table = peak_table(vm, SHAPE, p, rank, 5)
+            table = peak_table(layers, SHAPE, p, rank, 5)
             for counts in itertools.product(range(6), repeat=p.vpp):
-                assert table[counts] == rank_memory(vm, SHAPE, p, rank, counts).peak, (p, counts)
+                one = rank_memory(layers, SHAPE, p, rank, counts).peak
+                assert table[counts] == one, (p, counts)
         full = p.recompute.granularity == "full"
         fast = min_max_partition(
             12,

@@ -327,7 +327,7 @@ def test_full_recompute_chunks_of_any_depth(variant):
     """Block recompute of n of k layers: the decomposition (first recomputed layer R, each further
     R2) predicts saved, forward and backward peaks of unprobed (k, n) exactly."""
     from capture_megatron.fit import shape_sizes
-    from capture_megatron.predict.ranks import _activations
+    from capture_megatron.predict.chunks import _activations
 
     shape = ProbeShape(2, 64, 64, 4, 4, 16, 256, 256, 2)
     sc = (

@@ -10,9 +10,7 @@ import pytest
 from synthetic_memory import SMALL, synthetic_source
 
 from capture_megatron.config import ParallelPlan, Recompute
-from capture_megatron.fit import VariantModel
-from capture_megatron.predict import rank_memory, variant_of
-from capture_megatron.predict.ranks import chunk_cost
+from capture_megatron.predict import Layers, chunk_cost, rank_memory, variant_of
 from capture_megatron.records import ProbeShape
 
 PARTS = ("params", "grads", "optimizer", "activations", "transient", "other")
@@ -31,9 +29,9 @@ def stages_plan(recompute: Recompute, layers=(4, 4, 4, 4)) -> ParallelPlan:
     )
 
 
-def fits_of(plan: ParallelPlan) -> VariantModel:
+def fits_of(plan: ParallelPlan) -> Layers:
     probe = ProbeShape.of(SMALL, plan.tp, plan.micro_batch_size)
-    return synthetic_source(frozenset({(variant_of(SMALL, plan), probe)})).variants[0]
+    return Layers(synthetic_source(frozenset({(variant_of(SMALL, plan), probe)})).variants[0])
 
 
 PLANS = {
@@ -76,7 +74,7 @@ def test_a_forward_peak_holds_the_running_micro_batch_as_activations():
     cost = chunk_cost(vm, SMALL, plan, plan.pp - 1, 0)
     saved = cost.inflight - cost.input_bytes
     assert last.activations == pytest.approx(cost.inflight)  # 13 layers' saved + the input
-    assert saved > 12 * vm.layer_saved.predict(fits_sizes(plan))
+    assert saved > 12 * vm.main.layer_saved.predict(fits_sizes(plan))
     # the rest: the forward's temporaries and the input gradient the schedule may still hold
     assert cost.forward - saved <= last.transient <= cost.forward - saved + cost.input_bytes
     assert last.transient < last.activations

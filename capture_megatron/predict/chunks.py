@@ -1,0 +1,223 @@
+"""Predicted costs of one model chunk on one pipeline rank: its activations per micro-batch, its
+forward / backward / step peaks and its static bytes, from the fitted constants of its layers'
+variants (pure Python). Formulas: docs/MEMORY_MODEL.md; a chunk whose layers mix dense and MoE
+layers is composed layer by layer (capture_megatron.predict.mixed)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from capture_megatron.config import ModelShape, ParallelPlan
+from capture_megatron.fit import ShapeConstants, Sizes
+from capture_megatron.predict import mixed
+from capture_megatron.predict.layers import Layers, sizes_for
+from capture_megatron.predict.static import LayerRun, layer_static
+
+
+@dataclass(frozen=True)
+class ChunkCost:
+    """Predicted per-micro-batch and static costs of one model chunk on one rank."""
+
+    kind: str
+    """first, middle, last or only."""
+    layers: int
+    """Transformer layers."""
+    inflight: float
+    """Bytes one micro-batch holds between its forward and backward (received input + saved)."""
+    input_bytes: float
+    """Bytes of the activation received per micro-batch."""
+    forward: float
+    """Forward peak above the live bytes before it (input already received)."""
+    backward: float
+    """Backward peak above the live bytes before it."""
+    step: float
+    """Optimizer-step peak above the live bytes before it."""
+    params: int
+    """Parameter bytes."""
+    grads: int
+    """Gradient-buffer bytes."""
+    optimizer: int
+    """Optimizer-state bytes (this DP rank's shard)."""
+    buffers: float
+    """Persistent buffers the chunk needs on its rank (Megatron's global buffers, TE's dummy
+    wgrads); a rank holds the largest of its chunks'."""
+    recomputed: float = 0.0
+    """Of `backward`: the activations a full-recompute backward re-creates and holds at its peak
+    (the recomputed layer's, or the group's with the uniform method; 0 without recompute)."""
+
+
+def chunk_kind(plan: ParallelPlan, pp_rank: int, vp: int) -> str:
+    """Which ends a chunk holds."""
+    if plan.pp == 1:
+        return "only"
+    if pp_rank == 0 and vp == 0:
+        return "first"
+    if pp_rank == plan.pp - 1 and vp == plan.vpp - 1:
+        return "last"
+    return "middle"
+
+
+def _activations(
+    sc: ShapeConstants, kind: str, k: int, n: int
+) -> tuple[float, float, float, float, float]:
+    """(input, saved, forward peak, backward peak, recomputed) of a chunk with k layers, n
+    recomputed; `recomputed`: the activations the backward re-creates at its peak."""
+    c = sc.chunk(kind)
+    inp = c.input_bytes
+    if k == 0:
+        if kind == "middle":  # an empty stage passes its input on; the schedule keeps the input
+            return inp, 0.0, 0.0, inp, 0.0
+        return inp, c.need("saved0"), c.need("fwd0"), c.need("bwd0"), 0.0
+    s, r = sc.layer_saved, (sc.layer_saved_rc or 0.0)
+    r2 = r if sc.layer_saved_rc_next is None else sc.layer_saved_rc_next
+    kept = r + (n - 1) * r2 if n else 0.0  # the first recomputed layer, then each further one
+    saved = c.saved1 + (k - 1 - n) * s + kept
+    # after recomputed layers the first kept layer's input is a fresh tensor (r2), not the chunk's
+    # input
+    fwd = (
+        c.fwd1 + kept + (k - n - 1) * s + (r2 - r if n else 0.0)
+        if n < k
+        else c.need("fwdrc") + (k - 1) * r2
+    )
+    # a recomputed layer's backward re-creates what the layer saves, less its kept input
+    again = max(s - r2, 0.0)
+    if n == 0:
+        bwd, redone = c.bwd1, 0.0
+    elif n < k:
+        mixed = c.need("bwdmix") - (k - n - 1) * s
+        bwd, redone = max(c.bwd1, mixed), (again if mixed >= c.bwd1 else 0.0)
+    else:
+        bwd, redone = c.need("bwdrc"), again
+    return inp, saved, fwd, bwd, min(redone, max(bwd, 0.0))
+
+
+def _uniform(
+    sc: ShapeConstants, kind: str, k: int, n: int
+) -> tuple[float, float, float, float, float]:
+    """(input, saved, forward peak, backward peak, recomputed) of a chunk with k layers all
+    recomputed n at a time (--recompute-method uniform: megatron checkpoints groups of n
+    consecutive layers, the last group holding the rest). Each group keeps only its input, as one
+    recomputed layer does (r for the first, r2 for the others); the backward of a group of m
+    recomputes m layers at once, so it holds m - 1 layers' activations more than a recomputed
+    layer's backward; the groups after it are freed by then."""
+    c = sc.chunk(kind)
+    s, r = sc.layer_saved, (sc.layer_saved_rc or 0.0)
+    r2 = r if sc.layer_saved_rc_next is None else sc.layer_saved_rc_next
+    groups = -(-k // n)
+    last = k - (groups - 1) * n
+    saved = c.saved1 - s + r + (groups - 1) * r2
+    fwd = c.need("fwdrc") + (groups - 1) * r2
+    bwd, group = c.need("bwdrc") + (last - 1) * s, last
+    if groups > 1 and c.need("bwdrc") + (n - 1) * s - r2 > bwd:
+        bwd, group = c.need("bwdrc") + (n - 1) * s - r2, n
+    redone = max(group * s - r2, 0.0)
+    return c.input_bytes, saved, fwd, bwd, min(redone, max(bwd, 0.0))
+
+
+def _costs(
+    layers: Layers, z: Sizes, kind: str, moe: tuple[bool, ...], n: int, method: str
+) -> mixed.Costs:
+    """(input, saved, forward peak, backward peak, recomputed) of a chunk whose layers are of
+    variants `moe` (per layer: an MoE layer?), the first n recomputed by `method` (n: 0 for
+    none)."""
+    uni = bool(n) and method == "uniform"
+    if len(set(moe)) <= 1:
+        sc = layers.model(moe[0] if moe else True).constants(z)
+        return _uniform(sc, kind, len(moe), n) if uni else _activations(sc, kind, len(moe), n)
+    consts = {m: layers.model(m).constants(z) for m in (False, True)}
+    return (mixed.uniform if uni else mixed.block)(consts.__getitem__, kind, moe, n)
+
+
+def _runs(layers: Layers, z: Sizes, moe: tuple[bool, ...]) -> tuple[LayerRun, ...]:
+    """The chunk's layers as runs of one variant: (parameter numels, expert mask, count)."""
+    runs: list[tuple[bool, int]] = []
+    for m in moe:
+        if runs and runs[-1][0] == m:
+            runs[-1] = (m, runs[-1][1] + 1)
+        else:
+            runs.append((m, 1))
+    out = []
+    for m, count in runs:
+        sc = layers.model(m).constants(z)
+        out.append((sc.layer_numels, sc.layer_expert or (False,) * len(sc.layer_numels), count))
+    return tuple(out)
+
+
+def chunk_cost(
+    layers: Layers,
+    shape: ModelShape,
+    plan: ParallelPlan,
+    pp_rank: int,
+    vp: int,
+    moe: tuple[bool, ...] | None = None,
+) -> ChunkCost:
+    """Predicted costs of one chunk whose layers are of variants `moe` (per layer: an MoE
+    layer?); by default the plan's own chunk."""
+    z = sizes_for(shape, plan)
+    kind = chunk_kind(plan, pp_rank, vp)
+    if moe is None:
+        moe = layers.chunk(plan.chunk_starts(pp_rank)[vp], plan.chunks_of(pp_rank)[vp])
+    k = len(moe)
+    rc = plan.recompute
+    n = min(rc.layers_on(pp_rank), k) if rc.granularity == "full" else 0
+    inp, saved, fwd, bwd, redone = _costs(layers, z, kind, moe, n, rc.method)
+    ends = layers.main.constants(z)
+    kinds = [layers.model(m).constants(z).chunk(kind) for m in sorted(set(moe))]
+    if k == 0:
+        c = ends.chunk(kind)
+        step = c.need("step0") if kind != "middle" else c.step1
+        buffers = c.need("buffers0") if kind != "middle" else 0.0
+    else:
+        step, buffers = max(c.step1 for c in kinds), max(c.buffers1 for c in kinds)
+    pre, post = _ends(ends, kind)
+    runs = _runs(layers, z, moe)
+    count = len(pre) + sum(c * len(numels) for numels, _, c in runs) + len(post)
+    shared = _shared_end(kind, shape, plan, count)
+    dp = (plan.dp * plan.cp, plan.expert_dp)
+    st = layer_static(pre, runs, post, shape.dtype, dp, plan.distributed_optimizer, shared)
+    return ChunkCost(
+        kind, k, inp + saved, inp, fwd, bwd, step, st.params, st.grads, st.optimizer, buffers,
+        redone,
+    )  # fmt: skip
+
+
+def cached_chunk(
+    layers: Layers,
+    shape: ModelShape,
+    plan: ParallelPlan,
+    pp_rank: int,
+    vp: int,
+    moe: tuple[bool, ...],
+    cache: dict | None,
+) -> ChunkCost:
+    """chunk_cost, memoised in `cache` by what it depends on for a fixed plan: kind, layers,
+    recomputed."""
+    if cache is None:
+        return chunk_cost(layers, shape, plan, pp_rank, vp, moe)
+    n = plan.recompute.layers_on(pp_rank) if plan.recompute.granularity == "full" else 0
+    key = (chunk_kind(plan, pp_rank, vp), moe, min(n, len(moe)))
+    if key not in cache:
+        cache[key] = chunk_cost(layers, shape, plan, pp_rank, vp, moe)
+    return cache[key]
+
+
+def _ends(sc: ShapeConstants, kind: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Parameter element counts before and after the layers, in module order: the embedding's
+    tensors first; the final norm and the output layer last."""
+    ends = tuple(sc.chunk(kind).end_numels)
+    if kind == "first":
+        return ends, ()
+    if kind == "last":
+        return (), ends
+    if kind == "only":
+        head = len(sc.chunk("first").end_numels)
+        return ends[:head], ends[head:]
+    return (), ()
+
+
+def _shared_end(kind: str, shape: ModelShape, plan: ParallelPlan, count: int) -> str | None:
+    """Which end holds the tied embedding that DDP gives its own bucket (tied weights with PP >
+    1)."""
+    if shape.untie_embeddings_and_output_weights or plan.pp == 1 or count == 0:
+        return None
+    return {"first": "pre", "last": "post"}.get(kind)

@@ -1,0 +1,108 @@
+"""Which fitted models a plan's transformer layers are predicted from (pure Python).
+
+A model is one variant (every layer dense, or every layer an MoE layer), or -- with Megatron's
+--moe-layer-freq (`2`, `([0]*3+[1]*58)`) -- dense and MoE layers mixed: then the MoE layers come
+from the model's variant and the dense layers from the same settings without experts, and each
+chunk's layers are composed in their order (capture_megatron.predict.mixed)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from capture_megatron.config import ModelShape, ParallelPlan
+from capture_megatron.errors import CaptureError
+from capture_megatron.fit import MemoryModel, Sizes, VariantModel, shape_sizes
+from capture_megatron.predict.support import experts_probe
+from capture_megatron.records import ProbeShape, Variant
+
+
+@dataclass(frozen=True)
+class Layers:
+    """The fitted models of a plan's transformer layers."""
+
+    main: VariantModel
+    """The model's own variant: its MoE layers' for a model with experts, else its layers'."""
+    dense: VariantModel | None = None
+    """The dense layers' variant of a model that mixes dense and MoE layers (None otherwise)."""
+    pattern: tuple[bool, ...] = ()
+    """Per transformer layer, whether it is an MoE layer (a mixed model only; else empty)."""
+
+    @property
+    def mixed(self) -> bool:
+        """Whether dense and MoE layers are mixed (chunks differ by where they start)."""
+        return self.dense is not None
+
+    @property
+    def workspace_bytes(self) -> int:
+        """GPU workspaces every process keeps (the largest any of its layers' kernels needs)."""
+        return max(self.main.workspace_bytes, self.dense.workspace_bytes if self.dense else 0)
+
+    def model(self, moe: bool) -> VariantModel:
+        """The fitted model of an MoE layer (`moe`) or a dense one."""
+        if self.dense is not None and not moe:
+            return self.dense
+        return self.main
+
+    def chunk(self, start: int | None, k: int) -> tuple[bool, ...]:
+        """Per layer of a chunk of `k` layers from layer `start`, whether it is an MoE layer."""
+        if not self.mixed:
+            return (self.main.variant.moe is not None,) * k
+        if start is None:
+            raise ValueError("a chunk of a model mixing dense and MoE layers needs its start")
+        return self.pattern[start : start + k]
+
+
+def mixed_layers(shape: ModelShape) -> bool:
+    """Whether `shape` mixes dense and MoE transformer layers (--moe-layer-freq)."""
+    return shape.moe.enabled and not all(shape.moe_layers)
+
+
+def variant_of(shape: ModelShape, plan: ParallelPlan) -> Variant:
+    """The categorical settings of the model's own layers (its MoE layers' with experts)."""
+    moe = experts_probe(shape, plan)
+    return Variant.of(shape, plan.recompute.granularity, plan.sequence_parallel, moe, plan.cp)
+
+
+def variants_of(shape: ModelShape, plan: ParallelPlan) -> tuple[Variant, ...]:
+    """Every variant a (shape, plan) needs: the model's, and for mixed layers the dense layers'."""
+    main = variant_of(shape, plan)
+    if not mixed_layers(shape):
+        return (main,)
+    return main, Variant.of(
+        shape, plan.recompute.granularity, plan.sequence_parallel, None, plan.cp
+    )
+
+
+def sizes_for(shape: ModelShape, plan: ParallelPlan) -> Sizes:
+    """Regression sizes of a (shape, plan): those of the model's own probe shape."""
+    return shape_sizes(ProbeShape.of(shape, plan.tp, plan.micro_batch_size))
+
+
+def find_variant(model: MemoryModel, variant: Variant) -> VariantModel:
+    """The fitted VariantModel, or a CaptureError naming what is missing."""
+    for vm in model.variants:
+        if vm.variant == variant:
+            return vm
+    have = (
+        "; ".join(
+            f"{v.variant.dtype}/{v.variant.recompute}/sp={v.variant.sequence_parallel}"
+            for v in model.variants
+        )
+        or "none"
+    )
+    raise CaptureError(
+        f"the {model.device} memory model has no fit for {variant.dtype}, recompute "
+        f"{variant.recompute}, sequence parallel {variant.sequence_parallel}, swiglu "
+        f"{variant.swiglu}, {variant.normalization}, {variant.position_embedding_type}, dropout "
+        f"{variant.dropout}, untied {variant.untied}, geglu {variant.geglu}, qkv bias "
+        f"{variant.add_qkv_bias}, window {variant.window_size or 'none'}, experts "
+        f"{'yes' if variant.moe else 'no'} (fitted: {have}); profile that variant"
+    )
+
+
+def layers_for(model: MemoryModel, shape: ModelShape, plan: ParallelPlan) -> Layers:
+    """The fitted models a (shape, plan) is predicted from (a CaptureError when one is missing)."""
+    found = [find_variant(model, v) for v in variants_of(shape, plan)]
+    if len(found) == 1:
+        return Layers(found[0])
+    return Layers(found[0], found[1], shape.moe_layers)
