@@ -29,10 +29,11 @@ MIXTRAL = (
     f"--global-batch-size 256 {ROUTING}"
 )
 # DeepSeek-V3's sizes (61 layers, h 7168, 256 routed experts of 2048 top-8, one shared expert,
-# vocabulary 129280) with grouped-query attention in place of MLA (refused) and every layer MoE
-# (its first three dense layers mixed in are not forecast yet)
+# vocabulary 129280, the first three layers dense as its first_k_dense_replace) with grouped-query
+# attention in place of MLA (refused)
 DEEPSEEK_V3_SIZED = (
-    "--num-layers 61 --hidden-size 7168 --num-attention-heads 128 --group-query-attention "
+    "--num-layers 61 --moe-layer-freq ([0]*3+[1]*58) --hidden-size 7168 "
+    "--num-attention-heads 128 --group-query-attention "
     "--num-query-groups 8 --ffn-hidden-size 18432 --num-experts 256 --moe-router-topk 8 "
     "--moe-ffn-hidden-size 2048 --moe-shared-expert-intermediate-size 2048 --seq-length 4096 "
     "--max-position-embeddings 4096 --vocab-size 129280 --swiglu --normalization RMSNorm "

@@ -1,7 +1,8 @@
 """The per-rank forecast of mixture-of-experts and context-parallel runs on the CPU (issue 16,
 must-show 1): with capacity-padded routing (EP 2; and EP 2 x PP 2 with dense and MoE layers mixed)
-and with CP 2 x PP 2 every rank's predicted peak is within 2% of what it measures; with dropless routing the forecast is a stated bound (the worst
-case unless --moe-imbalance-factor is given) that no seed's measured peak exceeds. Real torchrun +
+and with CP 2 x PP 2 every rank's predicted peak is within 2% of what it measures; with dropless
+routing the forecast is a stated bound (the worst case unless --moe-imbalance-factor is given)
+that no seed's measured peak exceeds. Real torchrun +
 gloo, megatron-core's MoE layers, the all-gather CP attention."""
 
 from __future__ import annotations
