@@ -126,8 +126,11 @@ def _split(
     mixed = mixed_layers(shape)
     if mixed and plan.vpp == 1:
         peak = located_peak_fn(model, shape, plan, full)
-        rng = lambda rank, start, k: peak(rank, (k,), (start,))  # noqa: E731
-        return contiguous_partition(shape.num_layers, plan.pp, rng, unit).layers_per_stage
+
+        def range_peak(rank: int, start: int, k: int) -> float:
+            return peak(rank, (k,), (start,))
+
+        return contiguous_partition(shape.num_layers, plan.pp, range_peak, unit).layers_per_stage
     if mixed:  # from the split of layers all weighing an MoE layer's, and from the even split
         heavy = replace(shape, moe=replace(shape.moe, moe_layer_freq="1"))
         score = split_score_fn(model, shape, plan, full)

@@ -158,21 +158,6 @@ Run = tuple[tuple[int, ...], int]
 """(one layer's parameter element counts, how many such layers follow one another)."""
 
 
-def structured_static(
-    pre: tuple[int, ...],
-    layer: tuple[int, ...],
-    k: int,
-    post: tuple[int, ...],
-    dtype: str,
-    dp: int,
-    distributed_optimizer: bool,
-    shared: str | None = None,
-) -> StaticBytes:
-    """chunk_static of the parameters pre + layer * k + post (shared: 'pre' for pre[0], 'post' for
-    post[-1]), exact and in time independent of k."""
-    return runs_static(pre, ((layer, k),), post, dtype, dp, distributed_optimizer, shared)
-
-
 @functools.lru_cache(maxsize=65536)
 def runs_static(
     pre: tuple[int, ...],

@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from capture_megatron.predict.static import chunk_static, structured_static
+from capture_megatron.predict.static import chunk_static, runs_static
 
 
 @pytest.mark.parametrize("seed", range(300))
@@ -23,7 +23,7 @@ def test_structured_equals_flat_layout(seed):
     for dtype in ("fp32", "bf16"):
         for distopt in (False, True):
             want = chunk_static(flat, dtype, dp, distopt, index)
-            assert structured_static(pre, layer, k, post, dtype, dp, distopt, shared) == want, (
+            assert runs_static(pre, ((layer, k),), post, dtype, dp, distopt, shared) == want, (
                 pre,
                 layer,
                 k,
