@@ -264,6 +264,13 @@ class ProfileRecord(JsonMixin):
     param_expert: tuple[bool, ...] = ()
     """Per parameter of param_numels, whether it is a routed expert's (in DDP's expert buffer,
     sharded over the expert-data-parallel ranks); empty: none is."""
+    retained_bytes: int = 0
+    """Bytes the chunk keeps after its backward until its next forward (MoE layers: the routing
+    tensors' autograd graph holds the leaves the pass started from and their gradients; 0 for
+    dense chunks). The measured iteration starts with them live (the first iteration's), so
+    saved_bytes and forward_peak are net of them."""
+    retained_grad_bytes: int = 0
+    """Of retained_bytes, the chunk's input gradient (the tensor the schedule sends back)."""
 
     def timeline(self, window: str) -> Timeline | None:
         """The timeline of one window, if recorded."""

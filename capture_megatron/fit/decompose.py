@@ -80,6 +80,8 @@ def _kind_constants(
         bwd1=one.backward_peak,
         step1=one.step_peak,
         buffers1=sum(b.nbytes for b in one.buffers),
+        ret1=one.retained_bytes,
+        grad1=one.retained_grad_bytes,
     )
     numels: tuple[int, ...] = ()
     if kind in END_KINDS:
@@ -95,6 +97,11 @@ def _kind_constants(
     if full:
         rc, mix = _need(probes, (kind, 1, 1), z), _need(probes, (kind, 2, 1), z)
         values.update(fwdrc=rc.forward_peak, bwdrc=rc.backward_peak, bwdmix=mix.backward_peak)
+        values.update(retrc=rc.retained_bytes, gradrc=rc.retained_grad_bytes)
+        values.update(retmix=mix.retained_bytes, gradmix=mix.retained_grad_bytes)
+        two = probes.get((kind, 2, 2))
+        if two is not None:
+            values.update(ret2=two.retained_bytes, bwdrc2=two.backward_peak)
     return KindConstants(kind=kind, end_numels=numels, **values)
 
 

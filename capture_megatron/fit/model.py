@@ -58,6 +58,25 @@ class KindConstants(JsonMixin):
     """Persistent buffers (Megatron's global buffers, TE's dummy wgrads) with one layer."""
     buffers0: float | None = None
     """Persistent buffers without layers."""
+    ret1: float | None = None
+    """Bytes one layer's chunk retains after its backward until its next forward (MoE layers: the
+    routing tensors' graph holds the leaves the pass started from and their gradients; 0 for dense
+    layers)."""
+    retrc: float | None = None
+    """Retained bytes with one fully recomputed layer."""
+    retmix: float | None = None
+    """Retained bytes with two layers, the first recomputed."""
+    ret2: float | None = None
+    """Retained bytes with two fully recomputed layers (middle chunks; others with MoE layers)."""
+    grad1: float | None = None
+    """Of ret1, the chunk's input gradient (the tensor the schedule sends back)."""
+    gradrc: float | None = None
+    """Of retrc, the chunk's input gradient."""
+    gradmix: float | None = None
+    """Of retmix, the chunk's input gradient."""
+    bwdrc2: float | None = None
+    """Backward peak with two fully recomputed layers (middle chunks; others with MoE layers): a
+    further recomputed MoE layer adds the gradient it retains."""
 
     def need(self, name: str) -> float:
         """A constant that only some probes give (saved0, fwdrc, ...); CaptureError when absent."""
@@ -136,6 +155,34 @@ def _replayed(sc: ShapeConstants, windows: tuple[ProbeWindow, ...]) -> ShapeCons
     return dataclasses.replace(sc, chunks=tuple(chunks), **layer)
 
 
+def settled(sc: ShapeConstants) -> ShapeConstants:
+    """`sc` as measured (anchors, regressions, replays) with the saved bytes and forward peaks
+    taken above the state before a forward when its chunk retains nothing.
+
+    A probe's measured iteration starts with what the previous iteration's backward left retained
+    (MoE layers: KindConstants.ret1), which its forward releases; so a probe's saved bytes and
+    forward peak are net of it. Here they are given back: saved1 / fwd1 / fwdrc gain the one-layer
+    probe's retained bytes, R and R2 the difference of the retention they measured across. The
+    predictor counts a chunk's retained bytes on its own (capture_megatron.predict.retained)."""
+    mid = sc.chunk("middle")
+    if not (mid.ret1 or mid.retrc):
+        return sc
+    chunks = []
+    for c in sc.chunks:
+        fixed: dict[str, Any] = {}
+        if c.ret1:
+            fixed.update(saved1=c.saved1 + c.ret1, fwd1=c.fwd1 + c.ret1)
+        if c.retrc and c.fwdrc is not None:
+            fixed.update(fwdrc=c.fwdrc + c.retrc)
+        chunks.append(dataclasses.replace(c, **fixed))
+    layer: dict[str, Any] = {}
+    if sc.layer_saved_rc is not None and mid.retmix is not None:
+        layer["layer_saved_rc"] = sc.layer_saved_rc + mid.retmix - (mid.ret1 or 0.0)
+    if sc.layer_saved_rc_next is not None and mid.ret2 is not None and mid.retrc is not None:
+        layer["layer_saved_rc_next"] = sc.layer_saved_rc_next + mid.ret2 - mid.retrc
+    return dataclasses.replace(sc, chunks=tuple(chunks), **layer)
+
+
 @dataclass(frozen=True)
 class VariantModel(JsonMixin):
     """Everything fitted for one Variant."""
@@ -171,7 +218,7 @@ class VariantModel(JsonMixin):
         prediction."""
         for anchor in self.anchors:
             if anchor.sizes == z:
-                return anchor
+                return settled(anchor)
         rc = self.layer_saved_rc.predict(z) if self.layer_saved_rc is not None else None
         rc2 = self.layer_saved_rc_next.predict(z) if self.layer_saved_rc_next is not None else None
         regressed = ShapeConstants(
@@ -184,7 +231,7 @@ class VariantModel(JsonMixin):
             layer_saved_rc_next=rc2,
             layer_expert=self.layer_expert,
         )
-        return _replayed(regressed, self.windows) if self.windows else regressed
+        return settled(_replayed(regressed, self.windows) if self.windows else regressed)
 
 
 @dataclass(frozen=True)

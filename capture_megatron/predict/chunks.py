@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from capture_megatron.config import ModelShape, ParallelPlan
 from capture_megatron.fit import ShapeConstants, Sizes
-from capture_megatron.predict import mixed
+from capture_megatron.predict import mixed, retained
 from capture_megatron.predict.layers import Layers, sizes_for
 from capture_megatron.predict.static import LayerRun, layer_static
 
@@ -44,6 +44,12 @@ class ChunkCost:
     recomputed: float = 0.0
     """Of `backward`: the activations a full-recompute backward re-creates and holds at its peak
     (the recomputed layer's, or the group's with the uniform method; 0 without recompute)."""
+    retained: float = 0.0
+    """Bytes the chunk keeps from its backward until its next forward (MoE layers' routing graph;
+    capture_megatron.predict.retained); `forward` holds them (its chunk's, released as it runs)."""
+    retained_grad: float = 0.0
+    """Of `retained`, the chunk's input gradient (also what the schedule holds after the
+    backward)."""
 
 
 def chunk_kind(plan: ParallelPlan, pp_rank: int, vp: int) -> str:
@@ -116,16 +122,23 @@ def _uniform(
 
 def _costs(
     layers: Layers, z: Sizes, kind: str, moe: tuple[bool, ...], n: int, method: str
-) -> mixed.Costs:
+) -> tuple[mixed.Costs, tuple[float, float]]:
     """(input, saved, forward peak, backward peak, recomputed) of a chunk whose layers are of
     variants `moe` (per layer: an MoE layer?), the first n recomputed by `method` (n: 0 for
-    none)."""
+    none), and (retained bytes, of them its input gradient)."""
     uni = bool(n) and method == "uniform"
     if len(set(moe)) <= 1:
         sc = layers.model(moe[0] if moe else True).constants(z)
-        return _uniform(sc, kind, len(moe), n) if uni else _activations(sc, kind, len(moe), n)
-    consts = {m: layers.model(m).constants(z) for m in (False, True)}
-    return (mixed.uniform if uni else mixed.block)(consts.__getitem__, kind, moe, n)
+        costs = _uniform(sc, kind, len(moe), n) if uni else _activations(sc, kind, len(moe), n)
+        consts = {m: sc for m in (False, True)}
+    else:
+        consts = {m: layers.model(m).constants(z) for m in (False, True)}
+        costs = (mixed.uniform if uni else mixed.block)(consts.__getitem__, kind, moe, n)
+    get = consts.__getitem__
+    ret, grad = retained.retention(get, kind, moe, n, uni)
+    fwd_floor, bwd_floor, growth = retained.peaks(get, kind, moe, n, uni, ret)
+    inp, saved, fwd, bwd, redone = costs
+    return (inp, saved, max(fwd, fwd_floor), max(bwd, bwd_floor) + growth, redone), (ret, grad)
 
 
 def _runs(layers: Layers, z: Sizes, moe: tuple[bool, ...]) -> tuple[LayerRun, ...]:
@@ -160,7 +173,7 @@ def chunk_cost(
     k = len(moe)
     rc = plan.recompute
     n = min(rc.layers_on(pp_rank), k) if rc.granularity == "full" else 0
-    inp, saved, fwd, bwd, redone = _costs(layers, z, kind, moe, n, rc.method)
+    (inp, saved, fwd, bwd, redone), (ret, ret_grad) = _costs(layers, z, kind, moe, n, rc.method)
     ends = layers.main.constants(z)
     kinds = [layers.model(m).constants(z).chunk(kind) for m in sorted(set(moe))]
     if k == 0:
@@ -177,7 +190,7 @@ def chunk_cost(
     st = layer_static(pre, runs, post, shape.dtype, dp, plan.distributed_optimizer, shared)
     return ChunkCost(
         kind, k, inp + saved, inp, fwd, bwd, step, st.params, st.grads, st.optimizer, buffers,
-        redone,
+        redone, ret, ret_grad,
     )  # fmt: skip
 
 

@@ -36,7 +36,8 @@ class StageMemory(JsonMixin):
     activations: float
     """Activations held at the peak: those of the micro-batches in flight, including the one whose
     forward runs (what it has saved so far, its received input included) or whose backward runs
-    (with full recompute, the recomputed layers' activations re-created for it)."""
+    (with full recompute, the recomputed layers' activations re-created for it), and what MoE
+    layers retain from their chunk's last backward."""
     transient: float
     """Temporaries of the forward/backward/step running at the peak, beyond those activations
     (e.g. logits and loss, gradients being computed, the input gradient the schedule still
@@ -49,9 +50,10 @@ class StageMemory(JsonMixin):
     """Micro-batches alive per local chunk at the peak."""
 
 
-Moment = tuple[str, int, tuple[int, ...], int]
+Moment = tuple[str, int, tuple[int, ...], int, tuple[bool, ...]]
 """(kind, chunk, live micro-batches per chunk before the event, chunk whose input gradient the
-schedule still holds or -1)."""
+schedule still holds or -1, per chunk whether its last pass was a backward: it retains what that
+left, capture_megatron.predict.retained; every chunk does at an iteration's start)."""
 
 
 @functools.lru_cache(maxsize=4096)
@@ -59,23 +61,24 @@ def schedule_states(
     pp: int, num_microbatches: int, vpp: int, pp_rank: int, group: int = 0
 ) -> tuple[Moment, ...]:
     """The distinct Moments of a rank's schedule that can be its peak, in first-seen order."""
-    live, held = [0] * vpp, -1
+    live, held, after = [0] * vpp, -1, [True] * vpp
     seen: dict[Moment, None] = {}
     spec = ScheduleSpec(
         pp=pp, num_microbatches=num_microbatches, vpp=vpp, microbatch_group_size=group
     )
     for ev in events(spec, pp_rank):
-        seen.setdefault((ev.kind, ev.chunk, tuple(live), held), None)
+        seen.setdefault((ev.kind, ev.chunk, tuple(live), held, tuple(after)), None)
         live[ev.chunk] += 1 if ev.kind == "F" else -1
+        after[ev.chunk] = ev.kind == "B"
         if ev.kind == "B":
             held = ev.chunk
-    # a moment is dropped when the same (kind, chunk, held) moment has at least as many
-    # micro-batches alive in every chunk: its memory is never higher, so it cannot be the rank's
-    # peak
-    groups: dict[tuple[str, int, int], list[tuple[int, ...]]] = {}
+    # a moment is dropped when the same (kind, chunk, held, retaining) moment has at least as
+    # many micro-batches alive in every chunk: its memory is never higher, so it cannot be the
+    # rank's peak
+    groups: dict[tuple, list[tuple[int, ...]]] = {}
     for state in seen:
-        groups.setdefault((state[0], state[1], state[3]), []).append(state[2])
-    keep: set[tuple[tuple[str, int, int], tuple[int, ...]]] = set()
+        groups.setdefault(_key(state), []).append(state[2])
+    keep: set[tuple[tuple, tuple[int, ...]]] = set()
     for key, lives in groups.items():
         front = [
             alive
@@ -83,7 +86,12 @@ def schedule_states(
             if not any(o != alive and all(a >= b for a, b in zip(o, alive)) for o in lives)
         ]
         keep.update((key, alive) for alive in (_upper_hull(front) if vpp == 2 else front))
-    return tuple(s for s in seen if ((s[0], s[1], s[3]), s[2]) in keep)
+    return tuple(s for s in seen if (_key(s), s[2]) in keep)
+
+
+def _key(state: Moment) -> tuple:
+    """What two moments must share for one to dominate the other by micro-batches alive."""
+    return state[0], state[1], state[3], state[4]
 
 
 def _upper_hull(front: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
@@ -113,6 +121,31 @@ def _running(c: ChunkCost, kind: str) -> float:
     return c.recomputed
 
 
+def _moment(
+    chunks: list[ChunkCost],
+    kind: str,
+    chunk: int,
+    live: tuple[int, ...],
+    held: int,
+    after: tuple[bool, ...],
+) -> tuple[float, float]:
+    """(activations held, transient of the running pass) at one Moment, above the static bytes.
+
+    The activations: the micro-batches alive, and what the other chunks retain from a backward
+    (the running forward's own chunk's retention is in its forward peak; a backward that follows a
+    backward replaces its chunk's retention layer by layer, so it is not counted again). The
+    transient: the running pass's peak and the input gradient the schedule holds, unless that
+    gradient is already counted as retained."""
+    c = chunks[chunk]
+    transient = c.input_bytes + c.forward if kind == "F" else c.backward
+    if held >= 0:
+        h = chunks[held]
+        counted = (after[held] and held != chunk) or (held == chunk and kind == "F")
+        transient += h.input_bytes - (min(h.retained_grad, h.input_bytes) if counted else 0.0)
+    kept = sum(ch.retained for i, ch in enumerate(chunks) if after[i] and i != chunk)
+    return sum(n * ch.inflight for n, ch in zip(live, chunks)) + kept, transient
+
+
 def rank_memory(
     layers: Layers,
     shape: ModelShape,
@@ -140,16 +173,14 @@ def rank_memory(
     other = max(c.buffers for c in chunks) + layers.workspace_bytes
     static = params + grads + opt + other
     step = max(c.step for c in chunks)
-    best = (static + step, 0.0, step, "step", (0,) * plan.vpp)
+    kept = sum(c.retained for c in chunks)  # every chunk's last pass before the step: a backward
+    best = (static + kept + step, kept, step, "step", (0,) * plan.vpp)
     moments = schedule_states(
         plan.pp, plan.num_microbatches, plan.vpp, pp_rank, plan.microbatch_group_size
     )
-    for kind, chunk, live, held in moments:
+    for kind, chunk, live, held, after in moments:
         c = chunks[chunk]
-        transient = (chunks[held].input_bytes if held >= 0 else 0.0) + (
-            c.input_bytes + c.forward if kind == "F" else c.backward
-        )
-        acts = sum(n * ch.inflight for n, ch in zip(live, chunks))
+        acts, transient = _moment(chunks, kind, chunk, live, held, after)
         if static + acts + transient > best[0]:
             running = _running(c, kind)  # moved from transient to activations: same total
             best = (

@@ -23,7 +23,17 @@ def _along(values: list[float], axis: int, ndim: int) -> np.ndarray:
     return np.asarray(values, dtype=np.float64).reshape(shape)
 
 
-FIELDS = ("params", "grads", "optimizer", "buffers", "step", "inflight", "input_bytes")
+FIELDS = (
+    "params",
+    "grads",
+    "optimizer",
+    "buffers",
+    "step",
+    "inflight",
+    "input_bytes",
+    "retained",
+    "retained_grad",
+)
 """The ChunkCost fields a table reads; forward and backward are read as input + forward and
 backward."""
 
@@ -75,21 +85,26 @@ def peak_table(
     for c in ch[1:]:
         other, step = np.maximum(other, c["buffers"]), np.maximum(step, c["step"])
     static = params + grads + opt + (other + layers.workspace_bytes)
-    best = np.broadcast_to(static + step, (limit + 1,) * vpp).copy()
-    # moments with the same (kind, chunk, held) add the same transient; rounding is monotone, so
-    # the largest of their activations gives the largest total
-    groups: dict[tuple[str, int, int], list[tuple[int, ...]]] = {}
-    for kind, chunk, live, held in schedule_states(
+    kept = sum((c["retained"] for c in ch), zero)
+    best = np.broadcast_to(static + kept + step, (limit + 1,) * vpp).copy()
+    # moments with the same (kind, chunk, held, retaining) add the same transient; rounding is
+    # monotone, so the largest of their activations gives the largest total
+    groups: dict[tuple, list[tuple[int, ...]]] = {}
+    for kind, chunk, live, held, after in schedule_states(
         plan.pp, plan.num_microbatches, plan.vpp, pp_rank, plan.microbatch_group_size
     ):
-        groups.setdefault((kind, chunk, held), []).append(live)
-    for (kind, chunk, held), lives in groups.items():
+        groups.setdefault((kind, chunk, held, after), []).append(live)
+    for (kind, chunk, held, after), lives in groups.items():
         counts = np.asarray(lives, dtype=np.float64)
         acts = zero
         for v in range(vpp):
             acts = acts + counts[:, v].reshape((-1,) + (1,) * vpp) * ch[v]["inflight"]
-        transient = (ch[held]["input_bytes"] if held >= 0 else 0.0) + (
-            ch[chunk]["forward"] if kind == "F" else ch[chunk]["backward"]
-        )
-        np.maximum(best, static + acts.max(axis=0) + transient, out=best)
+        others = sum((ch[v]["retained"] for v in range(vpp) if after[v] and v != chunk), zero)
+        transient = ch[chunk]["forward"] if kind == "F" else ch[chunk]["backward"]
+        if held >= 0:
+            h = ch[held]
+            counted = (after[held] and held != chunk) or (held == chunk and kind == "F")
+            grad = np.minimum(h["retained_grad"], h["input_bytes"]) if counted else 0.0
+            transient = transient + (h["input_bytes"] - grad)
+        np.maximum(best, static + (acts + others).max(axis=0) + transient, out=best)
     return best

@@ -41,6 +41,14 @@ RECOMPUTE_PROBES = (
     ("only", 2, 1),
 )
 
+MOE_RECOMPUTE_PROBES = (
+    ("first", 2, 2),
+    ("last", 2, 2),
+    ("only", 2, 2),
+)
+"""MoE layers under full recompute: the backward of two recomputed layers of every kind (each
+further recomputed layer adds the gradient it retains, capture_megatron.predict.retained)."""
+
 
 def _candidate(rng: random.Random, tps: tuple[int, ...]) -> ProbeShape:
     t = rng.choice(tps)
@@ -88,7 +96,9 @@ def design_shapes(
 
 def probes_for(variant: Variant, shapes: list[ProbeShape]) -> list[Probe]:
     """The chunk probes of a variant on the given shapes."""
-    keys = BASE_PROBES + (RECOMPUTE_PROBES if variant.recompute == "full" else ())
+    full = variant.recompute == "full"
+    keys = BASE_PROBES + (RECOMPUTE_PROBES if full else ())
+    keys += MOE_RECOMPUTE_PROBES if full and variant.moe is not None else ()
     return [
         Probe(variant, shape, kind, layers, rc) for shape in shapes for kind, layers, rc in keys
     ]

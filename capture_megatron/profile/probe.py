@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -33,7 +34,8 @@ from capture_megatron.profile.experts import (
     probe_world,
     reset_aux_loss_tracker,
 )
-from capture_megatron.records import BufferBytes, Probe, ProfileRecord, Timeline
+from capture_megatron.profile.held import buffers_held, static_bytes
+from capture_megatron.records import Probe, ProfileRecord, Timeline
 
 if TYPE_CHECKING:
     from capture_megatron.profile.session import Setup
@@ -110,54 +112,6 @@ def _hidden(shape: ModelShape, plan: ParallelPlan, device: str) -> torch.Tensor:
     s = shape.seq_length // plan.cp // (plan.tp if plan.sequence_parallel else 1)
     size = (s, plan.micro_batch_size, shape.hidden_size)
     return torch.randn(size, dtype=TORCH_DTYPES[shape.dtype], device=device)
-
-
-def _storages_bytes(tensors, exclude: set) -> int:
-    seen, total = set(exclude), 0
-    for t in tensors:
-        st = t.untyped_storage()
-        if st._cdata not in seen:
-            seen.add(st._cdata)
-            total += st.nbytes()
-    return total
-
-
-def _static_bytes(model, optimizer) -> tuple[int, int, int]:
-    """(param bytes, grad-buffer bytes, optimizer bytes) by walking the live objects."""
-    buffers = list(model.buffers) + list(getattr(model, "expert_parallel_buffers", []))
-    params = [p for p in model.parameters()]
-    param_bytes = _storages_bytes(
-        [b.param_data for b in buffers if b.param_data is not None] or params, set()
-    )
-    grad_bytes = sum(b.grad_data.numel() * b.grad_data.element_size() for b in buffers)
-    model_ptrs = {t.untyped_storage()._cdata for t in params}
-    model_ptrs |= {b.grad_data.untyped_storage()._cdata for b in buffers}
-    opt_tensors = []
-    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
-        inner = opt.optimizer
-        if inner is None:  # a chunk without parameters
-            continue
-        opt_tensors += [
-            t for state in inner.state.values() for t in state.values() if torch.is_tensor(t)
-        ]
-        opt_tensors += [p for g in inner.param_groups for p in g["params"]]
-    return param_bytes, grad_bytes, _storages_bytes(opt_tensors, model_ptrs)
-
-
-def _buffers(gpu: bool) -> tuple[BufferBytes, ...]:
-    """Megatron's global memory buffers and, for the GPU kernel set, TE's dummy wgrad buffers."""
-    from megatron.core import parallel_state as ps
-
-    held = [(name, dtype, t) for (name, dtype), t in ps.get_global_memory_buffer().buffer.items()]
-    if gpu:
-        from capture_megatron.megatron.gpu.linear import DUMMY_WGRADS
-
-        held += [("te_dummy_wgrad", dtype, t) for (_, dtype), t in DUMMY_WGRADS.items()]
-    found = [
-        BufferBytes(name, str(dtype).replace("torch.", ""), t.numel() * t.element_size())
-        for name, dtype, t in held
-    ]
-    return tuple(sorted(found, key=lambda b: (b.name, b.dtype, b.nbytes)))
 
 
 @dataclass
@@ -286,10 +240,12 @@ class _Windows:
 
 
 def iteration(
-    chunk: _Chunk, meter, fake: bool = False, timelines: bool = False
+    chunk: _Chunk, meter, fake: bool = False, timelines: bool = False, last: bool = False
 ) -> tuple[dict, tuple]:
     """One micro-batch forward + backward + finalize + optimizer step; the measured increments and,
-    with `timelines`, the windows' Timelines."""
+    with `timelines`, the windows' Timelines. The `last` iteration also measures what the chunk
+    retains after it (releasing it; earlier iterations leave it for the next one to start with, as
+    the schedule does)."""
     from megatron.core.pipeline_parallel import schedules
     from megatron.core.utils import get_attr_wrapped_model
 
@@ -314,7 +270,8 @@ def iteration(
     with windows.window("backward", received):
         input_grad = schedules.backward_step(input_tensor, output, grad, None, chunk.config)
     out["backward_peak"] = meter.peak() - before_backward
-    del output, grad, input_grad, input_tensor
+    kept_grad = None if input_grad is None else weakref.ref(input_grad)
+    del output, grad, input_grad, input_tensor, hidden
     # The model keeps the last received input (set_input_tensor); in the schedule that micro-batch
     # is still in flight when the next forward replaces it, so drop it here or the next probe
     # iteration's forward would look cheaper by the input and its gradient.
@@ -331,7 +288,42 @@ def iteration(
             chunk.config.finalize_model_grads_func([chunk.model])
             chunk.optimizer.step()
         out["step_peak"] = meter.peak() - before_step
+    out["retained_bytes"], out["retained_grad_bytes"] = (
+        _retained(chunk, meter, kept_grad) if last else (0, 0)
+    )
     return out, tuple(windows.lines)
+
+
+def _retained(chunk: _Chunk, meter, kept_grad) -> tuple[int, int]:
+    """(bytes, of them the input gradient's) the chunk keeps after its backward until its next
+    forward, measured by releasing them with a forward without autograd.
+
+    Megatron's MoE token dispatchers keep the last pass's routing tensors (`probs`,
+    `routing_map`); after a backward those carry the autograd graph of the pass, which reaches the
+    leaves it started from: a recomputed layer's detached input and the chunk's received input,
+    whose storage and `.grad` (the input gradient) stay alive until the layer's next forward
+    replaces them. Dense layers keep no graph between passes (measured 0, tests/unit/
+    test_retained.py), so only chunks with MoE layers are measured."""
+    if not chunk.shape.moe.enabled:
+        return 0, 0
+    grad = kept_grad() if kept_grad is not None else None
+    grad_bytes = 0 if grad is None else grad.nbytes
+    del grad
+    return release(chunk, meter), grad_bytes
+
+
+def release(chunk: _Chunk, meter) -> int:
+    """Run a forward without autograd (what the next forward frees, it frees) and return how many
+    bytes fewer are live after it."""
+    from megatron.core.utils import get_attr_wrapped_model
+
+    before = meter.current()
+    with torch.no_grad():
+        hidden = None if chunk.first else _hidden(chunk.shape, chunk.plan, chunk.device)
+        output = _forward(chunk, hidden)
+    del output, hidden
+    get_attr_wrapped_model(chunk.model, "set_input_tensor")(None)
+    return before - meter.current()
 
 
 def measure(probe: Probe, meter, setup: Setup, timelines: bool = False) -> ProfileRecord:
@@ -344,8 +336,8 @@ def measure(probe: Probe, meter, setup: Setup, timelines: bool = False) -> Profi
         DUMMY_WGRADS.clear()
     chunk = build(probe, setup)
     iteration(chunk, meter, fake)
-    got, lines = iteration(chunk, meter, fake, timelines)
-    param_bytes, grad_bytes, optimizer_bytes = _static_bytes(chunk.model, chunk.optimizer)
+    got, lines = iteration(chunk, meter, fake, timelines, last=True)
+    param_bytes, grad_bytes, optimizer_bytes = static_bytes(chunk.model, chunk.optimizer)
     if fake:
         optimizer_bytes = chunk_static(
             list(p.numel() for p in chunk.model.parameters()),
@@ -376,10 +368,12 @@ def measure(probe: Probe, meter, setup: Setup, timelines: bool = False) -> Profi
         backward_peak=got["backward_peak"],
         residual_bytes=got["residual_bytes"],
         step_peak=got["step_peak"],
-        buffers=_buffers(setup.device == "fake-cuda"),
+        buffers=buffers_held(setup.device == "fake-cuda"),
         workspace_bytes=_workspaces(probe, setup),
         timelines=lines,
         param_expert=expert_mask(chunk.model),
+        retained_bytes=got["retained_bytes"],
+        retained_grad_bytes=got["retained_grad_bytes"],
     )
     del chunk
     gc.collect()

@@ -65,6 +65,9 @@ def chunk(kind: str, v: Variant) -> ChunkModel:
         "bwdmix": reg("activation", plus(s, bwd_extra, head)),
         "buffers1": reg("buffer", {}),
     }
+    if v.moe is not None:  # routing graphs retain inputs and gradients (predict.retained)
+        fields |= retention(kind, v)
+        fields["bwdrc2"] = reg("activation", plus(s, bwd_extra, head, hidden(v)))
     if kind != "middle":
         fields |= {
             "saved0": reg("activation", head),
@@ -76,6 +79,24 @@ def chunk(kind: str, v: Variant) -> ChunkModel:
     emb, norm = reg("parameter", {"V*h/t": 1.0}), reg("parameter", {"h": 1.0})
     ends = {"first": (emb,), "last": (norm, emb), "only": (emb, norm), "middle": ()}[kind]
     return ChunkModel(kind, tuple(fields.items()), ends)
+
+
+def retention(kind: str, v: Variant) -> dict[str, Regression]:
+    """An MoE chunk's retained bytes: the received input and its gradient (middle / last), each
+    recomputed layer's input and gradient; a further recomputed layer's backward holds one more
+    hidden state."""
+    h = hidden(v)
+    two = plus(h, h)
+    ends = kind in ("middle", "last")
+    return {
+        "ret1": reg("activation", two if ends else {}),
+        "grad1": reg("activation", h if ends else {}),
+        "retrc": reg("activation", two),
+        "gradrc": reg("activation", {}),
+        "retmix": reg("activation", plus(two, h) if ends else two),
+        "gradmix": reg("activation", h if ends else {}),
+        "ret2": reg("activation", plus(two, two)),
+    }
 
 
 def variant_model(v: Variant) -> VariantModel:

@@ -161,18 +161,19 @@ def test_pruned_moments_keep_every_possible_peak():
     for _ in range(200):
         pp, vpp = rng.choice([2, 3, 4, 8]), rng.choice([1, 2, 3])
         m, r = pp * rng.randint(1, 4), rng.randrange(pp)
-        every, live, held = [], [0] * vpp, -1
+        every, live, held, after = [], [0] * vpp, -1, [True] * vpp
         for ev in events(ScheduleSpec(pp=pp, num_microbatches=m, vpp=vpp), r):
-            every.append((ev.kind, ev.chunk, tuple(live), held))
+            every.append((ev.kind, ev.chunk, tuple(live), held, tuple(after)))
             live[ev.chunk] += 1 if ev.kind == "F" else -1
             held = ev.chunk if ev.kind == "B" else held
+            after[ev.chunk] = ev.kind == "B"
         kept = schedule_states(pp, m, vpp, r)
         assert set(kept) <= set(every)
         for _ in range(10):
             w = [rng.random() for _ in range(vpp)]
-            extra = {(s[0], s[1], s[3]): rng.random() * 5 for s in every}
+            extra = {(s[0], s[1], s[3], s[4]): rng.random() * 5 for s in every}
 
             def value(s, w=w, extra=extra):
-                return sum(a * b for a, b in zip(s[2], w)) + extra[(s[0], s[1], s[3])]
+                return sum(a * b for a, b in zip(s[2], w)) + extra[(s[0], s[1], s[3], s[4])]
 
             assert max(map(value, kept)) == pytest.approx(max(map(value, every)), abs=1e-12)

@@ -1,0 +1,57 @@
+"""What a probe's chunk holds for good, read from the live objects: parameters, DDP's gradient
+buffers and the optimizer's state (storages counted once), and Megatron's global memory buffers
+(with the GPU kernel set, TE's dummy wgrad buffers)."""
+
+from __future__ import annotations
+
+import torch
+
+from capture_megatron.records import BufferBytes
+
+
+def _storages_bytes(tensors, exclude: set) -> int:
+    seen, total = set(exclude), 0
+    for t in tensors:
+        st = t.untyped_storage()
+        if st._cdata not in seen:
+            seen.add(st._cdata)
+            total += st.nbytes()
+    return total
+
+
+def static_bytes(model, optimizer) -> tuple[int, int, int]:
+    """(param bytes, grad-buffer bytes, optimizer bytes) by walking the live objects."""
+    buffers = list(model.buffers) + list(getattr(model, "expert_parallel_buffers", []))
+    params = [p for p in model.parameters()]
+    param_bytes = _storages_bytes(
+        [b.param_data for b in buffers if b.param_data is not None] or params, set()
+    )
+    grad_bytes = sum(b.grad_data.numel() * b.grad_data.element_size() for b in buffers)
+    model_ptrs = {t.untyped_storage()._cdata for t in params}
+    model_ptrs |= {b.grad_data.untyped_storage()._cdata for b in buffers}
+    opt_tensors = []
+    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner = opt.optimizer
+        if inner is None:  # a chunk without parameters
+            continue
+        opt_tensors += [
+            t for state in inner.state.values() for t in state.values() if torch.is_tensor(t)
+        ]
+        opt_tensors += [p for g in inner.param_groups for p in g["params"]]
+    return param_bytes, grad_bytes, _storages_bytes(opt_tensors, model_ptrs)
+
+
+def buffers_held(gpu: bool) -> tuple[BufferBytes, ...]:
+    """Megatron's global memory buffers and, for the GPU kernel set, TE's dummy wgrad buffers."""
+    from megatron.core import parallel_state as ps
+
+    held = [(name, dtype, t) for (name, dtype), t in ps.get_global_memory_buffer().buffer.items()]
+    if gpu:
+        from capture_megatron.megatron.gpu.linear import DUMMY_WGRADS
+
+        held += [("te_dummy_wgrad", dtype, t) for (_, dtype), t in DUMMY_WGRADS.items()]
+    found = [
+        BufferBytes(name, str(dtype).replace("torch.", ""), t.numel() * t.element_size())
+        for name, dtype, t in held
+    ]
+    return tuple(sorted(found, key=lambda b: (b.name, b.dtype, b.nbytes)))
