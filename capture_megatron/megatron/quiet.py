@@ -48,6 +48,14 @@ SILENCED = (
         r"torch\.distributed\..*",  # torch warns from its c10d wrapper, on megatron-core's behalf
         "megatron-core 0.16.1 calls torch's old collective names; nothing a user can change",
     ),
+    Silenced(
+        r"The \.grad attribute of a Tensor that is not a leaf Tensor is being accessed",
+        UserWarning,
+        # megatron-core's optimizer; on CPU torch attributes it to the function mode in between
+        r"megatron\.core\.optimizer\..*|capture_megatron\.megatron\.cpu_compat",
+        "megatron-core's distributed optimizer zeroes the .grad of its fp32 shard views (not "
+        "leaves; its zero_grad says so: 'throws grad-access warning'); nothing a user can change",
+    ),
 )
 """Warnings silenced in every capture-megatron process that imports megatron-core."""
 
