@@ -34,6 +34,13 @@ def _v(value: float | None) -> float:
     return float(value or 0.0)
 
 
+def _checkpointed(moe: tuple[bool, ...], n: int, uniform: bool) -> list[int]:
+    """Where the checkpointed units holding an MoE layer start: each of the first n layers (block
+    method), or each group of n layers (uniform method)."""
+    width, span = (n, len(moe)) if uniform else (1, n)
+    return [g for g in range(0, span, width) if any(moe[g : g + width])]
+
+
 def retention(
     consts: Callable[[bool], ShapeConstants],
     kind: str,
@@ -49,15 +56,10 @@ def retention(
     sc = consts(True)
     c, mid = sc.chunk(kind), sc.chunk("middle")
     further = _v(mid.ret2) - _v(mid.retrc)
-    k = len(moe)
-    if uniform and n:
-        starts = [g for g in range(0, k, n) if any(moe[g : g + n])]
-        first = bool(starts) and starts[0] == 0
-        ret = sum(_v(c.retrc) if g == 0 else further for g in starts)
-        return ret, _v(c.gradrc) if first else 0.0
-    ret = sum(_v(c.retrc) if i == 0 else further for i in range(n) if moe[i])
-    grad = _v(c.gradrc) if n and moe[0] else 0.0
-    if any(moe[n:]):
+    starts = _checkpointed(moe, n, uniform and bool(n))
+    ret = sum(_v(c.retrc) if g == 0 else further for g in starts)
+    grad = _v(c.gradrc) if starts and starts[0] == 0 else 0.0
+    if not (uniform and n) and any(moe[n:]):  # kept MoE layers
         if n and moe[0]:
             ret += _v(c.retmix) - _v(c.retrc)
             grad += _v(c.gradmix) - _v(c.gradrc)
@@ -88,8 +90,7 @@ def peaks(
         return floor, none, 0.0
     own, mid = consts(True).chunk(kind), consts(True).chunk("middle")
     step = max(_v(mid.bwdrc2) - _v(mid.bwdrc), 0.0) if mid.bwdrc2 is not None else 0.0
-    width = n if uniform else 1
-    count = sum(1 for g in range(width, len(moe), width) if any(moe[g : g + width]))
+    count = sum(1 for g in _checkpointed(moe, n, uniform) if g > 0)
     if uniform or not count or own.bwdrc2 is None:
         return floor, none, step * count
     return floor, own.bwdrc2 + (count - 1) * step, 0.0
