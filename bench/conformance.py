@@ -10,7 +10,10 @@ the reason. Dropless mixture-of-experts cases are predicted at balanced routing,
 bound beside them.
 
     python bench/conformance.py [--device fake] [--models gpt]
-                                [--out bench/results/conformance.json]
+                                [--out bench/results/conformance.json] [--merge]
+
+With --merge, the cases run replace those of the same name in --out and the rest are kept (to
+re-run one model family); the summary is recomputed over all of them.
 """
 
 from __future__ import annotations
@@ -111,14 +114,28 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def merged(path: str, device: str, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`path`'s cases with these rows in place of those of the same name, in corpus order."""
+    with open(path) as f:
+        old = json.load(f)
+    if old["device"] != device:
+        sys.exit(f"--merge: {path} was predicted for device {old['device']!r}, not {device!r}")
+    new = {r["name"]: r for r in rows}
+    kept = [new.pop(r["name"], r) for r in old["cases"]]
+    return kept + list(new.values())
+
+
 def main() -> None:
     """Predict every case and write the results."""
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--device", default="", help="memory model device (default: the planner's)")
     ap.add_argument("--models", default="gpt", help="comma-separated: gpt, moe, mixtral")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench/results/conformance.json"))
+    ap.add_argument("--merge", action="store_true", help="keep --out's other cases")
     ns = ap.parse_args()
     rows = [predict_case(c, ns.device) for c in tqdm(cases(tuple(ns.models.split(","))))]
+    if ns.merge:
+        rows = merged(ns.out, ns.device or "default", rows)
     result = {"device": ns.device or "default", "summary": summary(rows), "cases": rows}
     with open(ns.out, "w") as f:
         json.dump(result, f, indent=1)

@@ -37,6 +37,18 @@ CASES = (  # (name, flags, processes)
         "--sequence-parallel",
         4,
     ),
+    (
+        "EP2, capacity-padded, full recompute of all 4 layers",
+        f"{PADDED} --expert-model-parallel-size 2 --recompute-granularity full "
+        "--recompute-method block --recompute-num-layers 4",
+        2,
+    ),
+    (
+        "EP2 x PP2, capacity-padded, full recompute of 1 of 2 layers",
+        f"{PADDED} --expert-model-parallel-size 2 --pipeline-model-parallel-size 2 "
+        "--recompute-granularity full --recompute-method block --recompute-num-layers 1",
+        4,
+    ),
     ("CP2", "--context-parallel-size 2", 2),
     ("CP2 x PP2", "--context-parallel-size 2 --pipeline-model-parallel-size 2", 4),
     (

@@ -26,6 +26,10 @@ call sites it serves:
 6. Mixture-of-experts layers: the router's TE GEMM name, the alltoall dispatcher's CUDA stream and
    its split sizes (capture_megatron.megatron.moe_cpu, which lists the call sites); on fake
    tensors, what routing values size (capture_megatron.megatron.moe_fake).
+7. On the cpu device, torch.distributed's blocking collectives return only once gloo's worker
+   thread has dropped the tensors they were given (capture_megatron.megatron.gloo_settle): the
+   temporaries megatron passes them (the MoE dispatcher's permuted tokens) then die where the
+   program drops them, not at a point that races with the next allocations.
 
 Settings that are not patches but are required for correct results on gloo (enforced by the model
 builder): ``batch_p2p_comm=False`` (PP+VPP gives wrong gradients otherwise), no CUDA-only fusions
@@ -39,7 +43,7 @@ import contextlib
 import torch
 from torch.overrides import TorchFunctionMode
 
-from capture_megatron.megatron import moe_cpu, moe_fake
+from capture_megatron.megatron import gloo_settle, moe_cpu, moe_fake
 
 _STATE = {"device": None, "mode": None}
 FAKE_CUDA_CAPABILITY = (9, 0)
@@ -214,6 +218,8 @@ def apply(device: str = "cpu") -> None:
     _install_rng()
     moe_cpu.apply()
     moe_fake.apply()
+    if device == "cpu":
+        gloo_settle.install()
     mode = CudaDeviceMode(device)
     mode.__enter__()
     _STATE.update(device=device, mode=mode)
