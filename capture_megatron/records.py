@@ -271,6 +271,11 @@ class ProfileRecord(JsonMixin):
     saved_bytes and forward_peak are net of them."""
     retained_grad_bytes: int = 0
     """Of retained_bytes, the chunk's input gradient (the tensor the schedule sends back)."""
+    routing_state_bytes: int = 0
+    """Bytes the chunk's MoE token dispatchers keep from their last forward for good (routing
+    probabilities and map, permutation indices, token counts; capture_megatron.profile.held
+    .routing_state_bytes); 0 for dense chunks. Alive from the first forward on, so in none of the
+    measured windows."""
 
     def timeline(self, window: str) -> Timeline | None:
         """The timeline of one window, if recorded."""

@@ -82,6 +82,7 @@ def _kind_constants(
         buffers1=sum(b.nbytes for b in one.buffers),
         ret1=one.retained_bytes,
         grad1=one.retained_grad_bytes,
+        state1=one.routing_state_bytes,
     )
     numels: tuple[int, ...] = ()
     if kind in END_KINDS:

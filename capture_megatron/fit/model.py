@@ -70,6 +70,9 @@ class KindConstants(JsonMixin):
     """Retained bytes with two fully recomputed layers (middle chunks; others with MoE layers)."""
     grad1: float | None = None
     """Of ret1, the chunk's input gradient (the tensor the schedule sends back)."""
+    state1: float | None = None
+    """Bytes one MoE layer's token dispatcher keeps from its last forward for good (routing state,
+    ProfileRecord.routing_state_bytes of the one-layer probe; 0 for dense layers)."""
     gradrc: float | None = None
     """Of retrc, the chunk's input gradient."""
     gradmix: float | None = None

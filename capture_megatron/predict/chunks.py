@@ -50,6 +50,10 @@ class ChunkCost:
     retained_grad: float = 0.0
     """Of `retained`, the chunk's input gradient (also what the schedule holds after the
     backward)."""
+    routing_state: float = 0.0
+    """Bytes the chunk's MoE token dispatchers keep from their layers' last forward for good
+    (routing probabilities and map, permutation indices): alive at every moment after the first
+    forward, counted with the rank's other static bytes (0 without MoE layers)."""
 
 
 def chunk_kind(plan: ParallelPlan, pp_rank: int, vp: int) -> str:
@@ -188,9 +192,10 @@ def chunk_cost(
     shared = _shared_end(kind, shape, plan, count)
     dp = (plan.dp * plan.cp, plan.expert_dp)
     st = layer_static(pre, runs, post, shape.dtype, dp, plan.distributed_optimizer, shared)
+    state = moe.count(True) * float(kinds[-1].state1 or 0.0) if any(moe) else 0.0
     return ChunkCost(
         kind, k, inp + saved, inp, fwd, bwd, step, st.params, st.grads, st.optimizer, buffers,
-        redone, ret, ret_grad,
+        redone, ret, ret_grad, state,
     )  # fmt: skip
 
 

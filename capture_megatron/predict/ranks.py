@@ -1,7 +1,8 @@
 """Predict every pipeline rank's peak memory for a ParallelPlan from a fitted MemoryModel.
 
 A rank's memory is simulated over megatron-core's own schedule (capture_megatron.predict.schedule):
-static bytes (parameters, DDP gradient buffers, optimizer state, Megatron's global buffers) plus,
+static bytes (parameters, DDP gradient buffers, optimizer state, Megatron's global buffers, MoE
+routing state) plus,
 event by event, the activations of the micro-batches in flight on each of its chunks; a forward adds
 its transient peak on top, a backward likewise; the optimizer step adds its own. The peak is the
 maximum over all of them (iterations after the first, when optimizer state exists). Pure Python."""
@@ -43,7 +44,8 @@ class StageMemory(JsonMixin):
     (e.g. logits and loss, gradients being computed, the input gradient the schedule still
     holds)."""
     other: float
-    """Megatron's global buffers and, for GPU kernels, the cuBLAS / TE workspaces."""
+    """Megatron's global buffers, for GPU kernels the cuBLAS / TE workspaces, and what the MoE
+    token dispatchers keep from their last forward (ChunkCost.routing_state)."""
     phase: str
     """forward, backward or step: what runs at the peak."""
     inflight: tuple[int, ...]
@@ -170,7 +172,8 @@ def rank_memory(
     params = sum(c.params for c in chunks)
     grads = sum(c.grads for c in chunks)
     opt = sum(c.optimizer for c in chunks)
-    other = max(c.buffers for c in chunks) + layers.workspace_bytes
+    routing = sum(c.routing_state for c in chunks)
+    other = max(c.buffers for c in chunks) + layers.workspace_bytes + routing
     static = params + grads + opt + other
     step = max(c.step for c in chunks)
     kept = sum(c.retained for c in chunks)  # every chunk's last pass before the step: a backward

@@ -33,6 +33,7 @@ FIELDS = (
     "input_bytes",
     "retained",
     "retained_grad",
+    "routing_state",
 )
 """The ChunkCost fields a table reads; forward and backward are read as input + forward and
 backward."""
@@ -84,7 +85,8 @@ def peak_table(
     other, step = ch[0]["buffers"], ch[0]["step"]
     for c in ch[1:]:
         other, step = np.maximum(other, c["buffers"]), np.maximum(step, c["step"])
-    static = params + grads + opt + (other + layers.workspace_bytes)
+    routing = sum((c["routing_state"] for c in ch), zero)
+    static = params + grads + opt + (other + layers.workspace_bytes + routing)
     kept = sum((c["retained"] for c in ch), zero)
     best = np.broadcast_to(static + kept + step, (limit + 1,) * vpp).copy()
     # moments with the same (kind, chunk, held, retaining) add the same transient; rounding is

@@ -1,6 +1,6 @@
 """What a probe's chunk holds for good, read from the live objects: parameters, DDP's gradient
-buffers and the optimizer's state (storages counted once), and Megatron's global memory buffers
-(with the GPU kernel set, TE's dummy wgrad buffers)."""
+buffers and the optimizer's state (storages counted once), Megatron's global memory buffers
+(with the GPU kernel set, TE's dummy wgrad buffers) and the MoE token dispatchers' routing state."""
 
 from __future__ import annotations
 
@@ -39,6 +39,32 @@ def static_bytes(model, optimizer) -> tuple[int, int, int]:
         ]
         opt_tensors += [p for g in inner.param_groups for p in g["params"]]
     return param_bytes, grad_bytes, _storages_bytes(opt_tensors, model_ptrs)
+
+
+def _tensors(value) -> list:
+    """The tensors of one attribute (a tensor, or a list / tuple holding some)."""
+    items = value if isinstance(value, (list, tuple)) else [value]
+    return [t for t in items if torch.is_tensor(t) and not isinstance(t, torch.nn.Parameter)]
+
+
+def routing_state_bytes(model, device_type: str) -> int:
+    """Bytes the model's MoE token dispatchers hold on `device_type` between iterations: what each
+    keeps from its layer's last forward (megatron's alltoall dispatcher: probs, routing_map,
+    the permutation mapping, split and token counts), storages counted once. Host copies of
+    counts (on a GPU run) are not device memory and are not counted."""
+    seen: set[int] = set()
+    total = 0
+    for module in model.modules():
+        dispatcher = getattr(module, "token_dispatcher", None)
+        if dispatcher is None:
+            continue
+        for value in vars(dispatcher).values():
+            for t in _tensors(value):
+                st = t.untyped_storage()
+                if t.device.type == device_type and st._cdata not in seen:
+                    seen.add(st._cdata)
+                    total += st.nbytes()
+    return total
 
 
 def buffers_held(gpu: bool) -> tuple[BufferBytes, ...]:

@@ -34,7 +34,7 @@ from capture_megatron.profile.experts import (
     probe_world,
     reset_aux_loss_tracker,
 )
-from capture_megatron.profile.held import buffers_held, static_bytes
+from capture_megatron.profile.held import buffers_held, routing_state_bytes, static_bytes
 from capture_megatron.records import Probe, ProfileRecord, Timeline
 
 if TYPE_CHECKING:
@@ -374,6 +374,7 @@ def measure(probe: Probe, meter, setup: Setup, timelines: bool = False) -> Profi
         param_expert=expert_mask(chunk.model),
         retained_bytes=got["retained_bytes"],
         retained_grad_bytes=got["retained_grad_bytes"],
+        routing_state_bytes=routing_state_bytes(chunk.model, torch.device(chunk.device).type),
     )
     del chunk
     gc.collect()
