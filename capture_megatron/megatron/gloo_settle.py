@@ -71,18 +71,21 @@ def settle(tensors: list, counts: list[int]) -> bool:
 
 
 def settled(collective):
-    """`collective` that, when blocking, returns only once gloo has let go of its tensors."""
+    """`collective` that, when blocking, returns only once gloo has let go of its tensors. Should
+    the references not drop within SETTLE_SECONDS (something else keeps them), this collective is
+    no longer waited for: a run is never slowed down more than once."""
     signature = inspect.signature(collective)
+    waiting = [True]
 
     @functools.wraps(collective)
     def call(*args, **kwargs):
         bound = signature.bind(*args, **kwargs)
-        if bound.arguments.get("async_op"):
+        if bound.arguments.get("async_op") or not waiting[0]:
             return collective(*args, **kwargs)
         tensors = [t for v in bound.arguments.values() for t in _tensors(v)]
         counts = [t._use_count() for t in tensors]
         result = collective(*args, **kwargs)
-        settle(tensors, counts)
+        waiting[0] = settle(tensors, counts)
         return result
 
     call.__wrapped_for_gloo__ = True  # type: ignore[attr-defined]

@@ -84,7 +84,7 @@ def chunk(kind: str, v: Variant) -> ChunkModel:
 def retention(kind: str, v: Variant) -> dict[str, Regression]:
     """An MoE chunk's retained bytes: the received input and its gradient (middle / last), each
     recomputed layer's input and gradient; a further recomputed layer's backward holds one more
-    hidden state."""
+    hidden state; and its routing state per MoE layer."""
     h = hidden(v)
     two = plus(h, h)
     ends = kind in ("middle", "last")
@@ -96,6 +96,8 @@ def retention(kind: str, v: Variant) -> dict[str, Regression]:
         "retmix": reg("activation", plus(two, h) if ends else two),
         "gradmix": reg("activation", h if ends else {}),
         "ret2": reg("activation", plus(two, two)),
+        # the dispatcher's routing state: fp32 probs and a bool map over 4 experts, int64 indices
+        "state1": reg("activation", {"b*s": 4 * 5.0 + 2 * 8.0}),
     }
 
 

@@ -49,3 +49,30 @@ def test_blocking_collectives_return_with_their_tensors_released():
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == ["late", "0"]
+
+
+def test_a_collective_whose_tensors_stay_held_is_waited_for_once(monkeypatch):
+    """Where something else keeps the tensors (here an autograd graph saving one), the wait ends
+    after SETTLE_SECONDS and that collective is not waited for again."""
+    import time
+
+    import torch
+
+    from capture_megatron.megatron import gloo_settle
+
+    held = []
+
+    def keeps(tensor, group=None, async_op=False):
+        held.append(tensor * tensor)  # its graph holds the tensor, as a slow worker would
+
+    monkeypatch.setattr(gloo_settle, "SETTLE_SECONDS", 0.2)
+    call = gloo_settle.settled(keeps)
+    t0 = time.monotonic()
+    call(torch.ones(4, requires_grad=True))
+    first = time.monotonic() - t0
+    t0 = time.monotonic()
+    for _ in range(5):
+        call(torch.ones(4, requires_grad=True))
+    later = time.monotonic() - t0
+    assert first >= 0.2 and later < 0.2, (first, later)
+    assert call(torch.ones(4, requires_grad=True), async_op=True) is None and len(held) == 7

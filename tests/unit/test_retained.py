@@ -4,7 +4,8 @@ leaves and their gradients. Measured by the probes, composed per chunk, carried 
 
 - real CPU probes (slow): every chunk of an MoE model under full recompute that the fit did not see
   is predicted exactly (saved bytes, forward from a start that still retains, backward, retained
-  bytes and which of them are the input gradient); a dense chunk retains nothing;
+  bytes and which of them are the input gradient, the dispatchers' routing state: the same per MoE
+  layer on every kind); a dense chunk retains nothing and keeps no routing state;
 - the composition of mixed dense / MoE chunks equals the one-variant formulas for one variant;
 - the bulk peak tables stay bit for bit equal to rank_memory with retention (VPP 1 and 2)."""
 
@@ -88,6 +89,9 @@ def test_unfitted_moe_chunks_under_full_recompute_are_exact():
             r.retained_grad_bytes,
         )
         assert (saved, fwd, bwd, ret, grad) == measured, (kind, k, n)
+        # the dispatchers' routing state: the one-layer probe's per MoE layer, whatever the kind
+        state1 = vm.constants(shape_sizes(shape)).chunk(kind).state1
+        assert r.routing_state_bytes == k * state1 > 0, (kind, k, n)
 
 
 @pytest.mark.slow
@@ -98,6 +102,7 @@ def test_dense_chunks_retain_nothing():
     from capture_megatron.predict import variant_of
     from capture_megatron.profile.experts import probe_world
     from capture_megatron.profile.groups import fake_job
+    from capture_megatron.profile.held import routing_state_bytes
     from capture_megatron.profile.probe import Probe, build, iteration, release
     from capture_megatron.profile.session import measuring
     from capture_megatron.records import ProbeShape
@@ -113,6 +118,7 @@ def test_dense_chunks_retain_nothing():
                 iteration(chunk, meter)
                 iteration(chunk, meter)
                 assert release(chunk, meter) == 0, (kind, k, n)
+                assert routing_state_bytes(chunk.model, "cpu") == 0
 
 
 @pytest.mark.parametrize(
