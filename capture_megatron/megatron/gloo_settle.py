@@ -16,8 +16,8 @@ collective's result is unchanged; only when its temporaries die becomes determin
 program's last reference drops, as with the fake process group the profiler uses and as
 megatron's code reads. Asynchronous calls (`async_op=True`, the pipeline's isend/irecv) are left
 as they are: their tensors outlive the wait in megatron's schedules. Callers that bound a
-collective to a name before `install()` (e.g. the DDP buffers' all-gather / reduce-scatter of
-persistent buffers, whose storage never dies) keep the original.
+collective to a name before `install()` keep the original, except megatron-core's own aliases of
+the all-gather and reduce-scatter (ALIASES), which are rebound.
 
 Used only for CPU training on gloo (capture_megatron.megatron.cpu_compat on the cpu device); on a
 GPU, NCCL is not touched.
@@ -92,12 +92,35 @@ def settled(collective):
     return call
 
 
+ALIASES = (
+    "megatron.core.tensor_parallel.mappings",
+    "megatron.core.tensor_parallel.layers",
+    "megatron.core.distributed.param_and_grad_buffer",
+    "megatron.core.transformer.multi_token_prediction",
+)
+"""megatron-core modules that bind torch.distributed's all-gather / reduce-scatter to a name at
+import (`dist_all_gather_func`, `dist_reduce_scatter_func`): the sequence-parallel gathers and
+scatters of activations go through them. Those imported before `install()` are rebound; those
+imported after it bind the wrapped functions themselves."""
+
+
 def install() -> None:
-    """Wrap torch.distributed's blocking collectives (idempotent)."""
+    """Wrap torch.distributed's blocking collectives and megatron-core's aliases of them
+    (idempotent)."""
+    import sys
+
     import torch.distributed as dist
 
     if _STATE["installed"]:
         return
+    wrapped = {}
     for name in BLOCKING:
-        setattr(dist, name, settled(getattr(dist, name)))
+        original = getattr(dist, name)
+        wrapped[original] = settled(original)
+        setattr(dist, name, wrapped[original])
+    for module in filter(None, map(sys.modules.get, ALIASES)):  # imported later: bind wrapped
+        for attr in ("dist_all_gather_func", "dist_reduce_scatter_func"):
+            alias = getattr(module, attr, None)
+            if alias in wrapped:
+                setattr(module, attr, wrapped[alias])
     _STATE["installed"] = True
