@@ -73,7 +73,7 @@ def settle(tensors: list, counts: list[int]) -> bool:
 def settled(collective):
     """`collective` that, when blocking, returns only once gloo has let go of its tensors. Should
     the references not drop within SETTLE_SECONDS (something else keeps them), this collective is
-    no longer waited for: a run is never slowed down more than once."""
+    no longer waited for: each collective slows a run down at most once."""
     signature = inspect.signature(collective)
     waiting = [True]
 
