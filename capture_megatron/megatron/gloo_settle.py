@@ -29,6 +29,9 @@ import functools
 import inspect
 import time
 
+import torch
+from torch.utils._pytree import tree_leaves
+
 SETTLE_SECONDS = 2.0
 """The longest a caller waits for gloo's worker to drop a collective's tensors (then it goes on)."""
 
@@ -48,17 +51,6 @@ BLOCKING = (
 _STATE = {"installed": False}
 
 
-def _tensors(value) -> list:
-    """The tensors in a collective's argument (a tensor or a list of them)."""
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [t for t in value if isinstance(t, torch.Tensor)]
-    return []
-
-
 def settle(tensors: list, counts: list[int]) -> bool:
     """Wait until each tensor's reference count is back to `counts` (the worker dropped the work);
     False if it is not within SETTLE_SECONDS."""
@@ -75,17 +67,18 @@ def settled(collective):
     the references not drop within SETTLE_SECONDS (something else keeps them), this collective is
     no longer waited for: each collective slows a run down at most once."""
     signature = inspect.signature(collective)
-    waiting = [True]
+    waiting = True
 
     @functools.wraps(collective)
     def call(*args, **kwargs):
+        nonlocal waiting
         bound = signature.bind(*args, **kwargs)
-        if bound.arguments.get("async_op") or not waiting[0]:
+        if bound.arguments.get("async_op") or not waiting:
             return collective(*args, **kwargs)
-        tensors = [t for v in bound.arguments.values() for t in _tensors(v)]
+        tensors = [t for t in tree_leaves(list(bound.arguments.values())) if torch.is_tensor(t)]
         counts = [t._use_count() for t in tensors]
         result = collective(*args, **kwargs)
-        waiting[0] = settle(tensors, counts)
+        waiting = settle(tensors, counts)
         return result
 
     call.__wrapped_for_gloo__ = True  # type: ignore[attr-defined]

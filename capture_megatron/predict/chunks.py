@@ -192,6 +192,7 @@ def chunk_cost(
     shared = _shared_end(kind, shape, plan, count)
     dp = (plan.dp * plan.cp, plan.expert_dp)
     st = layer_static(pre, runs, post, shape.dtype, dp, plan.distributed_optimizer, shared)
+    # kinds are sorted by variant: with MoE layers, the MoE variant's constants come last
     state = moe.count(True) * float(kinds[-1].state1 or 0.0) if any(moe) else 0.0
     return ChunkCost(
         kind, k, inp + saved, inp, fwd, bwd, step, st.params, st.grads, st.optimizer, buffers,

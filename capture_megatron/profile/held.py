@@ -5,6 +5,7 @@ buffers and the optimizer's state (storages counted once), Megatron's global mem
 from __future__ import annotations
 
 import torch
+from torch.utils._pytree import tree_leaves
 
 from capture_megatron.records import BufferBytes
 
@@ -41,30 +42,19 @@ def static_bytes(model, optimizer) -> tuple[int, int, int]:
     return param_bytes, grad_bytes, _storages_bytes(opt_tensors, model_ptrs)
 
 
-def _tensors(value) -> list:
-    """The tensors of one attribute (a tensor, or a list / tuple holding some)."""
-    items = value if isinstance(value, (list, tuple)) else [value]
-    return [t for t in items if torch.is_tensor(t) and not isinstance(t, torch.nn.Parameter)]
-
-
 def routing_state_bytes(model, device_type: str) -> int:
     """Bytes the model's MoE token dispatchers hold on `device_type` between iterations: what each
     keeps from its layer's last forward (megatron's alltoall dispatcher: probs, routing_map,
     the permutation mapping, split and token counts), storages counted once. Host copies of
     counts (on a GPU run) are not device memory and are not counted."""
-    seen: set[int] = set()
-    total = 0
-    for module in model.modules():
-        dispatcher = getattr(module, "token_dispatcher", None)
-        if dispatcher is None:
-            continue
-        for value in vars(dispatcher).values():
-            for t in _tensors(value):
-                st = t.untyped_storage()
-                if t.device.type == device_type and st._cdata not in seen:
-                    seen.add(st._cdata)
-                    total += st.nbytes()
-    return total
+    dispatchers = [
+        vars(m.token_dispatcher) for m in model.modules() if hasattr(m, "token_dispatcher")
+    ]
+    held = [
+        t for t in tree_leaves(dispatchers) if torch.is_tensor(t) and t.device.type == device_type
+    ]
+    params = {p.untyped_storage()._cdata for p in model.parameters()}
+    return _storages_bytes(held, params)
 
 
 def buffers_held(gpu: bool) -> tuple[BufferBytes, ...]:
