@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from capture_megatron import __version__
 from capture_megatron.config import ModelShape
+from capture_megatron.config.model import refuse_unmodelled
 from capture_megatron.config.moe import Experts
 from capture_megatron.errors import CaptureError, require
 from capture_megatron.serial import JsonMixin, from_plain, to_plain
@@ -97,6 +98,7 @@ class Variant(JsonMixin):
         """The Variant of a model under a recompute granularity and sequence-parallel setting
         (`moe`: its experts as probed, for a model with experts; `cp`: the context-parallel
         size)."""
+        refuse_unmodelled(shape)
         return cls(
             dtype=shape.dtype,
             recompute=recompute,

@@ -18,6 +18,7 @@ from capture_megatron.config import (
     RunOptions,
     TrainConfig,
 )
+from capture_megatron.config.attention import LatentAttention
 from capture_megatron.config.moe import Experts
 from capture_megatron.config.resolve import parallel_plan
 from capture_megatron.errors import CaptureError, require
@@ -50,9 +51,10 @@ def shape_overrides(ns: argparse.Namespace) -> dict[str, Any]:
 
 def overridden(base: ModelShape, ns: argparse.Namespace) -> ModelShape:
     """`base` (a preset's or an HF config's model) with the model flags given on the command line
-    replacing its fields (MoE flags replace single fields of its experts)."""
+    replacing its fields (MoE and MLA flags replace single fields of its experts / attention)."""
     experts = dataclasses.replace(base.moe, **given(Experts, ns))
-    return dataclasses.replace(base, **shape_overrides(ns), moe=experts)
+    mla = dataclasses.replace(base.mla, **given(LatentAttention, ns))
+    return dataclasses.replace(base, **shape_overrides(ns), moe=experts, mla=mla)
 
 
 def model_shape(ns: argparse.Namespace, vocab_size: int | None = None) -> ModelShape:
@@ -69,7 +71,8 @@ def model_shape(ns: argparse.Namespace, vocab_size: int | None = None) -> ModelS
             f"--vocab-size {given_vocab} is smaller than the tokenizer's {vocab_size}"
         )
     values.setdefault("vocab_size", vocab_size)
-    return ModelShape(**values, moe=Experts(**given(Experts, ns)))
+    mla = LatentAttention(**given(LatentAttention, ns))
+    return ModelShape(**values, moe=Experts(**given(Experts, ns)), mla=mla)
 
 
 def data_options(ns: argparse.Namespace) -> DataOptions:

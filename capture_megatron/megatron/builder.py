@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from capture_megatron.config import Kernels, ModelShape, ParallelPlan
 from capture_megatron.config.context import te_comm_type
 from capture_megatron.config.kernels import TE_FUSED_BACKENDS
+from capture_megatron.config.model import refuse_unmodelled
 from capture_megatron.config.training import BuildOptions
 from capture_megatron.megatron import cpu_compat, moe
 from capture_megatron.megatron.norms import LocalNorm
@@ -149,6 +150,8 @@ def transformer_config(
 ):
     """Megatron TransformerConfig of one pipeline rank (recompute differs per rank)."""
     from megatron.core.transformer.transformer_config import TransformerConfig
+
+    refuse_unmodelled(shape)
 
     fields = kernel_fields(shape, kernels)
     config = TransformerConfig(

@@ -28,6 +28,7 @@ from capture_megatron.config import (
     ParallelFlags,
     RunOptions,
 )
+from capture_megatron.config.attention import LatentAttention
 from capture_megatron.config.fields import Flag, field_docs, flagged_fields
 from capture_megatron.config.moe import Experts
 from capture_megatron.errors import CaptureError
@@ -151,6 +152,7 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     """Model architecture flags (ModelShape), plus Megatron's switches for GQA and precision."""
     add_fields(p, ModelShape, "model (Megatron flags)", unset=True)
     add_fields(p, Experts, "mixture of experts (Megatron flags)", unset=True)
+    add_fields(p, LatentAttention, "multi-latent attention (Megatron flags)", unset=True)
     g = p.add_argument_group("model switches (Megatron flags)")
     g.add_argument("--group-query-attention", action="store_true", help="Use --num-query-groups.")
     g.add_argument("--bf16", action="store_true", help="Train in bfloat16 (mixed precision).")

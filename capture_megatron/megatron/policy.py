@@ -87,12 +87,12 @@ IGNORED = frozenset(
     --moe-router-num-groups --moe-router-group-topk --moe-router-topk-scaling-factor
     --moe-router-bias-update-rate --moe-token-drop-policy --moe-per-layer-logging
     --moe-router-enable-expert-bias
+    --cache-mla-latents --mtp-loss-scaling-factor
 """.split()
 )
 """Flags that cannot change the peak of allocated bytes in training iterations."""
 
 _MOE = "this mixture-of-experts option is not modelled yet"
-_MLA = "multi-latent attention is not modelled yet"
 _FP8 = "low-precision (fp8 / fp4) training is not modelled yet"
 _FSDP = "fully sharded data parallelism is not modelled yet"
 _OFFLOAD = "CPU offloading is not modelled yet"
@@ -113,10 +113,6 @@ _REASONS = {
     _MOE: """
         --moe-extended-tp --moe-pad-experts-for-cuda-graph-inference
         --moe-upcycling-granularity --moe-use-upcycling --overlap-moe-expert-parallel-comm
-    """,
-    _MLA: """
-        --cache-mla-latents --kv-lora-rank --mscale --mscale-all-dim --multi-latent-attention
-        --q-lora-rank --qk-head-dim --qk-pos-emb-head-dim --rotary-scaling-factor --v-head-dim
     """,
     _FP8: """
         --fp4-format --fp4-param-gather --fp4-quantizer-factory --fp4-recipe
@@ -141,8 +137,8 @@ _REASONS = {
         --cuda-graph-impl --cuda-graph-scope --decode-only-cuda-graphs --enable-cuda-graph
         --external-cuda-graph
     """,
-    "multi-token prediction layers are not modelled yet": """
-        --mtp-loss-scaling-factor --mtp-num-layers --mtp-standalone
+    "a standalone multi-token-prediction stage is not modelled yet": """
+        --mtp-standalone
     """,
     "TP communication overlap keeps userbuffers, not modelled yet": """
         --tp-comm-overlap
@@ -161,7 +157,7 @@ _REASONS = {
         --linear-num-key-heads --linear-num-value-heads --linear-value-head-dim --mamba-head-dim
         --mamba-num-groups --mamba-num-heads --mamba-state-dim --mrope-section
         --no-clone-scatter-output-in-embedding --no-position-embedding --no-rope-freq --qk-clip
-        --qk-clip-alpha --qk-clip-threshold --qk-l2-norm --qk-layernorm --quick-geglu
+        --qk-clip-alpha --qk-clip-threshold --quick-geglu
         --relative-attention-max-distance --relative-attention-num-buckets --rope-type
         --rotary-percent --spec --squared-relu --use-fused-weighted-squared-relu
         --use-rotary-position-embeddings --vocab-extra-ids --window-attn-skip-freq
