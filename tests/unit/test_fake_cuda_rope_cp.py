@@ -32,8 +32,8 @@ with FakeTensorMode(allow_non_fake_inputs=True):
     local = get_pos_emb_on_this_cp_rank(emb, 0, dist.new_group([0]))
     grew, kept = meter.peak() - before, meter.current() - before
     meter.stop()
-print(json.dumps({"device": local.device.type, "shape": list(local.shape), "grew": grew, "kept": kept,
-                  "emb": emb.numel() * emb.element_size()}))
+print(json.dumps({"device": local.device.type, "shape": list(local.shape), "grew": grew,
+                  "kept": kept, "emb": emb.numel() * emb.element_size()}))
 """
 
 
