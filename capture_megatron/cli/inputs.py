@@ -155,7 +155,7 @@ def cluster_of(
         raise CaptureError("--gpus is required (how many GPUs or processes the plan may use)")
     memory = ns.gpu_memory_gib
     if memory is not None and not ok(memory):
-        raise CaptureError(f"--gpu-memory-gib {memory:g} must be a finite positive number")
+        raise CaptureError(f"--gpu-memory-gib {memory:g} must be positive (a finite number of GiB)")
     if memory is None and device == "cpu":
         import psutil
 

@@ -1,7 +1,7 @@
 """Hardware profiles: what the step-time model assumes about the accelerators and their links
 (--gpu-type, each value overridable by flag). Pure Python.
 
-Every number's source is listed in docs/HARDWARE.md (vendor datasheets; memory as the driver
+Every number's source is listed in docs/STEP_TIME.md (vendor datasheets; memory as the driver
 reports it). Bandwidths are per GPU and per direction, in bytes per second.
 """
 
@@ -83,7 +83,6 @@ PROFILES: dict[str, Hardware] = {
         memory_bytes=int(186e9),
         hbm_bytes_per_s=8e12,
         nvlink_bytes_per_s=900e9,
-        network_bytes_per_s=100e9,
         gpus_per_node=4,
         nvlink_domain=72,
         host_bytes_per_s=450e9,
@@ -98,7 +97,7 @@ PROFILES: dict[str, Hardware] = {
         host_bytes_per_s=32e9,
     ),
 }
-"""The built-in profiles by --gpu-type name (sources: docs/HARDWARE.md)."""
+"""The built-in profiles by --gpu-type name (sources: docs/STEP_TIME.md)."""
 ALIASES = {
     "h100": "h100-sxm",
     "a100": "a100-80gb",
@@ -171,9 +170,7 @@ class HardwareFlags:
             "network_bytes_per_s": (self.network_gbps, 1e9),
             "host_bytes_per_s": (self.host_gbps, 1e9),
         }
-        changes: dict[str, Any] = {
-            k: v * unit for k, (v, unit) in scaled.items() if v is not None
-        }
+        changes: dict[str, Any] = {k: v * unit for k, (v, unit) in scaled.items() if v is not None}
         bad = [f"{FLAG_OF[k]} {v:g}" for k, (v, _) in scaled.items() if v is not None and not ok(v)]
         for key, value in (("gpus_per_node", gpus_per_node), ("nvlink_domain", self.nvlink_domain)):
             if value is not None:
