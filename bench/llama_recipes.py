@@ -1,8 +1,8 @@
 """NVIDIA's Llama 3.1 recipes (8B / 70B / 405B, context parallel 2; dgxc-benchmarking) predicted:
 each recipe at the fewest GPUs it was published for (the most optimizer state per GPU), with the
 model, plan and settings its own config used (bench/step_time_rows.py): the GPU kernel set's memory
-forecast (fake-CUDA profile, Megatron's margins) against 80 GiB, and the step-time estimate against
-the measured step.
+forecast (fake-CUDA profile, the planner's margins) against 80 GiB, and the step-time estimate
+against the measured step.
 
     python bench/llama_recipes.py [--out bench/results/llama_recipes.json]
 """
@@ -49,7 +49,8 @@ def main() -> None:
                 "id": key, "gpus": p.world_size, "settings": row.recipe,
                 "config": f"TP{p.tp} PP{p.pp} VP{p.vpp} CP{p.cp} DP{p.dp} mbs{p.micro_batch_size} "
                 f"gbs{p.global_batch_size}{' SP' if p.sequence_parallel else ''}"
-                f"{' DO' if p.distributed_optimizer else ''}",
+                f"{' DO' if p.distributed_optimizer else ''}"
+                f"{' bf16-grads' if p.grad_reduce_in_bf16 else ''}",
                 "peak_bytes": max(best.rank_peaks), "needed_bytes": best.needed, "fits": best.fits,
                 "rank_peaks": list(best.rank_peaks),
                 "estimated_s": st.seconds, "measured_s": row.measured,
@@ -59,9 +60,10 @@ def main() -> None:
         print(out[-1])
     about = (
         "Each recipe at the fewest GPUs NVIDIA published it for, as its config ran it; peak: the "
-        "GPU kernel set's forecast of the worst pipeline rank (fake-CUDA profile), need: with "
-        "Megatron's margins (allocator reserve and CUDA context, docs/MEMORY_MODEL.md); fits: need "
-        "<= 80 GiB. Estimated vs measured: the step-time model (docs/STEP_TIME.md)."
+        "GPU kernel set's forecast of the worst pipeline rank (fake-CUDA profile), need: with the "
+        "planner's margins (allocator reserve and CUDA context, docs/MEMORY_MODEL.md); fits: need "
+        "<= 80 GiB. Not in the forecast: the userbuffers of --tp-comm-overlap (70B, 405B). "
+        "Estimated vs measured: the step-time model (docs/STEP_TIME.md)."
     )
     with open(args.out, "w") as f:
         json.dump({"about": about, "recipes": out}, f, indent=1)

@@ -20,8 +20,7 @@ DEV = os.path.join(HERE, "data", "step_times_h100_dev.json")
 """The development set (a copy of ../shared/step_times_h100_dev.json)."""
 RECIPES = os.path.join(HERE, "data", "step_time_recipes.json")
 """What each row's recipe config says (read from the row's sources)."""
-SETTINGS = ("tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather",
-            "grad_reduce_in_bf16", "deterministic")  # fmt: skip
+SETTINGS = ("tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather", "deterministic")
 
 
 @dataclass(frozen=True)
@@ -68,6 +67,8 @@ def _argv(row: dict, recipe: dict, model_flags: list[str]) -> list[str]:
         argv.append("--sequence-parallel")
     if recipe.get("distributed_optimizer"):
         argv.append("--use-distributed-optimizer")
+    if recipe.get("grad_reduce_in_bf16"):
+        argv.append("--grad-reduce-in-bf16")
     split = recipe.get(
         "account_for_embedding_and_loss_in_split", row["account_for_embedding_and_loss_in_split"]
     )

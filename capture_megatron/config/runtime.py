@@ -1,5 +1,5 @@
-"""StepSettings: the run settings that change how long a training step takes, as the step-time
-model reads them (overlap of communication, gradient reduction precision, attention kernels).
+"""StepSettings: the run settings that change how long a training step takes but are not part of
+the plan, as the step-time model reads them (overlap of communication, attention kernels).
 Pure Python."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from capture_megatron.serial import JsonMixin
 
 @dataclass(frozen=True)
 class StepSettings(JsonMixin):
-    """What a Megatron run overlaps and in which precision it reduces gradients (Megatron-LM's
-    defaults)."""
+    """What a Megatron run overlaps and which attention and gradient kernels it runs (Megatron-LM's
+    defaults; the gradient precision is the plan's)."""
 
     tp_comm_overlap: bool = False
     """--tp-comm-overlap: TP all-gathers / reduce-scatters overlapped with the GEMMs
@@ -22,9 +22,6 @@ class StepSettings(JsonMixin):
     overlap_param_gather: bool = False
     """--overlap-param-gather: the distributed optimizer's parameter all-gather overlaps the next
     step's forward."""
-    grad_reduce_in_bf16: bool = False
-    """--grad-reduce-in-bf16: gradients reduced in bf16 (Megatron-LM reduces bf16 runs' gradients
-    in fp32 by default)."""
     overlap_p2p_comm: bool = True
     """The interleaved schedule overlaps its pipeline sends with compute (Megatron-LM's default;
     off with --no-overlap-p2p-communication)."""

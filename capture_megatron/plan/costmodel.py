@@ -217,7 +217,7 @@ def _data_parallel(
         return 0.0
     bw = s.hw.link_bytes_per_s(0, ranks, plan.tp)
     passes = 1 if plan.distributed_optimizer else 2
-    reduce = cp.ring(s, params * _grad_bytes(shape, model), ranks, bw, passes)
+    reduce = cp.ring(s, params * _grad_bytes(shape, plan), ranks, bw, passes)
     gather = 0.0
     if plan.distributed_optimizer:
         gather = cp.ring(s, params * dtype_bytes(shape.dtype), ranks, bw)
@@ -231,10 +231,10 @@ def _data_parallel(
     )
 
 
-def _grad_bytes(shape: ModelShape, model: CostModel) -> int:
+def _grad_bytes(shape: ModelShape, plan: ParallelPlan) -> int:
     """Bytes per gradient element: fp32 for bf16 runs unless --grad-reduce-in-bf16, else the
     parameter dtype's."""
-    if shape.dtype == "bf16" and not model.settings.grad_reduce_in_bf16:
+    if shape.dtype == "bf16" and not plan.grad_reduce_in_bf16:
         return 4
     return dtype_bytes(shape.dtype)
 
@@ -243,7 +243,7 @@ def _optimizer(shape: ModelShape, plan: ParallelPlan, model: CostModel, params: 
     """Seconds of a rank's Adam step over its `params`: fp32 master weights and moments read and
     written, gradients read (twice, with the norm for clipping), 16-bit weights written, the
     gradient buffer zeroed; over its 1 / (DP x CP) share with the distributed optimizer."""
-    s, grad = model.setting, _grad_bytes(shape, model)
+    s, grad = model.setting, _grad_bytes(shape, plan)
     owned = params / (plan.dp * plan.cp) if plan.distributed_optimizer else params
     nbytes = owned * (24 + 2 * grad + dtype_bytes(shape.dtype)) + params * grad
     return nbytes / (s.hw.hbm_bytes_per_s * s.k.memory_efficiency)
@@ -293,9 +293,10 @@ def step_seconds(
 ) -> float:
     """Estimated seconds per optimizer step. With `bound`, a lower bound over every layout and
     recompute setting of the plan's sizes (the search uses it to stop once no unexplored plan can
-    be faster): no recompute, m x the mean rank's micro-batch time (the slowest is no faster) and
-    no bubble, the data-parallel share that no overlap hides and the optimizer step of the mean
-    rank's parameters (the largest rank holds no fewer)."""
+    be faster): no recompute, the pipeline of equal stages of the mean rank's micro-batch time
+    (pipeline_seconds grows with the slowest rank, which is no faster than the mean: m t + (p t -
+    t) / v >= (m + (p - 1) / v) x the mean), the data-parallel share that no overlap hides and the
+    optimizer step of the mean rank's parameters (the largest rank holds no fewer)."""
     model = model or CostModel()
     if not bound:
         return step_time(shape, plan, model).seconds
@@ -310,8 +311,9 @@ def step_seconds(
         shape, plan.tp, True, True
     )
     params /= plan.pp
+    mean = work / plan.pp
     return (
-        plan.num_microbatches * work / plan.pp
+        (plan.num_microbatches + (plan.pp - 1) / plan.vpp) * mean
         + _p2p(shape, plan, model)
         + _data_parallel(shape, plan, model, params, float("inf"), float("inf"))
         + _optimizer(shape, plan, model, params)

@@ -238,6 +238,7 @@ def _plan_section(p: ParallelPlan) -> dict[str, Any]:
         "recompute": to_plain(p.recompute),
         "sequence_parallel": p.sequence_parallel,
         "distributed_optimizer": p.distributed_optimizer,
+        "grad_reduce_in_bf16": p.grad_reduce_in_bf16,
     }
 
 

@@ -92,14 +92,14 @@ def test_overlap_settings_hide_communication():
     plan = _plan(tp=8, pp=1, dp=4, layers=80, gbs=64, sequence_parallel=True)
     plan = plan.replace(distributed_optimizer=True)
 
-    def seconds(**settings) -> tuple[float, float]:
-        st = step_time(L70B, plan, CostModel(settings=StepSettings(**settings)))
+    def seconds(p: ParallelPlan = plan, **settings) -> tuple[float, float]:
+        st = step_time(L70B, p, CostModel(settings=StepSettings(**settings)))
         return st.seconds, st.data_parallel
 
     base, base_dp = seconds()
     assert seconds(tp_comm_overlap=True)[0] < base
     assert seconds(overlap_grad_reduce=True, overlap_param_gather=True)[1] < base_dp
-    assert seconds(grad_reduce_in_bf16=True)[1] < base_dp
+    assert seconds(plan.replace(grad_reduce_in_bf16=True))[1] < base_dp
 
 
 def test_data_parallel_traffic_stays_on_nvlink_inside_a_node():
