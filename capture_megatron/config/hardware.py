@@ -40,7 +40,9 @@ class Hardware(JsonMixin):
     nvlink_domain: int = 8
     """GPUs that reach each other over NVLink (8 in an HGX node, 72 in a GB200 NVL72 rack)."""
     host_bytes_per_s: float = 64e9
-    """Host-device bandwidth of one GPU, per direction (PCIe Gen5 x16, or NVLink-C2C)."""
+    """Host-device bandwidth of one GPU, per direction (PCIe Gen5 x16, or NVLink-C2C); for CPU
+    offloading, not used by the step time yet (offloading is refused until its memory is
+    modelled)."""
 
     def __post_init__(self) -> None:
         p = []

@@ -180,3 +180,16 @@ def test_every_profile_is_valid_and_overrides_are_checked():
         HardwareFlags(gpu_type="tpu-v5").resolve()
     with pytest.raises(CaptureError, match="--gpus-per-node 0"):
         HardwareFlags().resolve(gpus_per_node=0)
+
+
+def test_links_follow_megatrons_rank_placement():
+    """A group inside an NVLink domain talks over NVLink; one that spans nodes over the network
+    its members on each node hold (hierarchical rings), never above NVLink. GB200's NVL72 keeps a
+    64-rank group on NVLink although a node (a Slurm node, a tray) holds 4 GPUs."""
+    h100, gb200 = PROFILES["h100-sxm"], PROFILES["gb200"]
+    assert h100.link_bytes_per_s(0, 8, 1) == h100.nvlink_bytes_per_s
+    assert h100.link_bytes_per_s(0, 16, 1) == 8 * h100.network_bytes_per_s  # 8 NICs per node
+    assert h100.link_bytes_per_s(0, 16, 4) == 2 * h100.network_bytes_per_s  # 2 per node
+    assert h100.link_bytes_per_s(0, 16, 8) == h100.network_bytes_per_s  # 1 per node
+    assert gb200.link_bytes_per_s(0, 64, 1) == gb200.nvlink_bytes_per_s
+    assert gb200.gpus_per_node == 4 and gb200.link_bytes_per_s(0, 2, 72) == 50e9  # next rack
