@@ -193,3 +193,28 @@ def test_links_follow_megatrons_rank_placement():
     assert h100.link_bytes_per_s(0, 16, 8) == h100.network_bytes_per_s  # 1 per node
     assert gb200.link_bytes_per_s(0, 64, 1) == gb200.nvlink_bytes_per_s
     assert gb200.gpus_per_node == 4 and gb200.link_bytes_per_s(0, 2, 72) == 50e9  # next rack
+
+
+def test_experts_cost_their_routed_work_and_all_to_alls():
+    """An MoE layer computes top-k experts per token (with EP, its 1 / EP share of experts and
+    tokens routed to them) and pays the all-to-alls; mixing dense and MoE layers places each
+    layer's time in its chunk; the bound stays a lower bound."""
+    from capture_megatron.config.moe import Experts
+
+    moe = dataclasses.replace(
+        L8B, num_layers=8, moe=Experts(num_experts=8, moe_router_topk=2, moe_layer_freq="2")
+    )
+    dense8 = dataclasses.replace(L8B, num_layers=8)
+    one = _plan(pp=2, dp=2, gbs=8, layers=8)
+    ep2 = one.replace(ep=2)
+    s = CostModel().setting
+    assert costparts.ep_comm(s, moe, one) == 0 < costparts.ep_comm(s, moe, ep2)
+    assert (
+        costparts.layer_time(s, moe, one, moe=True).forward
+        > costparts.layer_time(s, dense8, one).forward
+    )  # two experts' MLPs per token and the router
+    chunks = chunk_times(moe, one, CostModel())
+    assert [c.layers for c in chunks] == [4, 4]
+    assert step_seconds(moe, one) > step_seconds(dense8, one)
+    for plan in (one, ep2):
+        assert step_seconds(moe, plan, bound=True) <= step_seconds(moe, plan)
