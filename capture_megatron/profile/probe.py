@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from capture_megatron.config import Kernels, ModelShape, ParallelPlan, Recompute
+from capture_megatron.config.attention import LatentAttention
 from capture_megatron.config.moe import Experts
 from capture_megatron.config.training import BuildOptions, OptimOptions, RunOptions
 from capture_megatron.megatron.builder import TORCH_DTYPES, build_gpt, transformer_config
@@ -34,7 +35,12 @@ from capture_megatron.profile.experts import (
     probe_world,
     reset_aux_loss_tracker,
 )
-from capture_megatron.profile.held import buffers_held, routing_state_bytes, static_bytes
+from capture_megatron.profile.held import (
+    buffers_held,
+    layer_buffer_bytes,
+    routing_state_bytes,
+    static_bytes,
+)
 from capture_megatron.records import Probe, ProfileRecord, Timeline
 
 if TYPE_CHECKING:
@@ -67,6 +73,9 @@ def model_shape(probe: Probe) -> ModelShape:
         attention_dropout=drop,
         dtype=v.dtype,
         moe=v.moe.experts if v.moe is not None else Experts(),
+        qk_layernorm=v.qk_norm == "layernorm",
+        qk_l2_norm=v.qk_norm == "l2",
+        mla=v.mla if v.mla is not None else LatentAttention(),
     )
 
 
@@ -375,6 +384,7 @@ def measure(probe: Probe, meter, setup: Setup, timelines: bool = False) -> Profi
         retained_bytes=got["retained_bytes"],
         retained_grad_bytes=got["retained_grad_bytes"],
         routing_state_bytes=routing_state_bytes(chunk.model, torch.device(chunk.device).type),
+        layer_buffer_bytes=layer_buffer_bytes(chunk.model, torch.device(chunk.device).type),
     )
     del chunk
     gc.collect()
