@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 from capture_megatron.config.fields import flag
 from capture_megatron.errors import require
@@ -100,3 +101,31 @@ class LatentAttention(JsonMixin):
         return dataclasses.replace(
             self, rotary_scaling_factor=1.0, mscale=1.0, mscale_all_dim=0.0
         )
+
+
+def attention_parameters(shape: Any, tp: int = 1, te: bool = False) -> int:
+    """Parameters of one layer's self-attention on one of `tp` tensor-parallel ranks, as
+    megatron-core 0.16.1 builds them for a ModelShape `shape`: the projections (and their biases),
+    the query/key norms or MLA's latent norms; not the layer's input norm. `te`: Transformer
+    Engine's spec, whose MLA down-projections are duplicated on every rank (the local spec splits
+    them over the ranks)."""
+    h, heads, norm = shape.hidden_size, shape.num_attention_heads // tp, shape.normalization
+    per_norm = 2 if norm == "LayerNorm" else 1
+    proj_bias = h if shape.add_bias_linear else 0
+    mla = shape.mla
+    if not mla.enabled:
+        d, groups = shape.head_dim, shape.groups // tp
+        qkv = (heads + 2 * groups) * d
+        qkv_bias = qkv if shape.add_bias_linear or shape.add_qkv_bias else 0
+        norms = 2 * per_norm * d if shape.qk_layernorm else 0
+        return h * qkv + qkv_bias + heads * d * h + proj_bias + norms
+    split = 1 if te else tp
+    up_q = heads * mla.q_head_dim
+    if mla.q_lora_rank:
+        query = h * mla.q_lora_rank // split + mla.q_lora_rank * up_q
+    else:
+        query = h * up_q
+    down_kv = h * (mla.kv_lora_rank + mla.qk_pos_emb_head_dim) // split
+    up_kv = mla.kv_lora_rank * heads * (mla.qk_head_dim + mla.v_head_dim)
+    norms = per_norm * (mla.q_lora_rank + mla.kv_lora_rank) if shape.qk_layernorm else 0
+    return query + down_kv + up_kv + heads * mla.v_head_dim * h + proj_bias + norms

@@ -74,6 +74,23 @@ def spec_flags(shape: ModelShape) -> dict:
     }
 
 
+def check_local_latents(shape: ModelShape, tp: int) -> None:
+    """CaptureError when megatron-core's local MLA spec cannot split the latents over `tp`: its
+    down-projections are column-parallel linears (Transformer Engine's are duplicated on every
+    rank and need no split)."""
+    from capture_megatron.errors import CaptureError
+
+    mla = shape.mla
+    widths = {"--q-lora-rank": mla.q_lora_rank, "--kv-lora-rank + --qk-pos-emb-head-dim":
+              mla.kv_lora_rank + mla.qk_pos_emb_head_dim}  # fmt: skip
+    bad = [f"{name} {w}" for name, w in widths.items() if mla.enabled and w % tp]
+    if bad:
+        raise CaptureError(
+            f"{', '.join(bad)} not divisible by TP {tp}: megatron-core's local multi-latent "
+            "attention splits its down-projections over the tensor-parallel ranks"
+        )
+
+
 class EagerL2Norm(torch.nn.Module):
     """megatron-core's L2Norm (x * rsqrt(mean(x^2) + eps) in fp32, back in x's dtype), run
     eagerly: megatron wraps the formula in jit_fuser (torch.compile)."""

@@ -150,6 +150,8 @@ def transformer_config(
 ):
     """Megatron TransformerConfig of one pipeline rank (recompute differs per rank)."""
     refuse_unmodelled(shape)
+    if kernels is None or kernels.transformer_impl == "local":
+        attention.check_local_latents(shape, plan.tp)
 
     fields = kernel_fields(shape, kernels)
     config = attention.config_class(shape)(
