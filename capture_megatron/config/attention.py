@@ -16,7 +16,6 @@ from capture_megatron.config.fields import flag
 from capture_megatron.errors import require
 from capture_megatron.serial import JsonMixin
 
-
 ROPE_TYPES = ("rope", "yarn")
 """Megatron-LM's --rope-type choices."""
 
@@ -98,9 +97,7 @@ class LatentAttention(JsonMixin):
     def shapes_only(self) -> LatentAttention:
         """This attention with the fields that change values, not tensors (the YaRN scaling),
         at their defaults: what a memory model is keyed by."""
-        return dataclasses.replace(
-            self, rotary_scaling_factor=1.0, mscale=1.0, mscale_all_dim=0.0
-        )
+        return dataclasses.replace(self, rotary_scaling_factor=1.0, mscale=1.0, mscale_all_dim=0.0)
 
 
 def attention_parameters(shape: Any, tp: int = 1, te: bool = False) -> int:
@@ -121,10 +118,8 @@ def attention_parameters(shape: Any, tp: int = 1, te: bool = False) -> int:
         return h * qkv + qkv_bias + heads * d * h + proj_bias + norms
     split = 1 if te else tp
     up_q = heads * mla.q_head_dim
-    if mla.q_lora_rank:
-        query = h * mla.q_lora_rank // split + mla.q_lora_rank * up_q
-    else:
-        query = h * up_q
+    query = h * up_q  # the direct query projection, or the down- and up-projections:
+    query = h * mla.q_lora_rank // split + mla.q_lora_rank * up_q if mla.q_lora_rank else query
     down_kv = h * (mla.kv_lora_rank + mla.qk_pos_emb_head_dim) // split
     up_kv = mla.kv_lora_rank * heads * (mla.qk_head_dim + mla.v_head_dim)
     norms = per_norm * (mla.q_lora_rank + mla.kv_lora_rank) if shape.qk_layernorm else 0

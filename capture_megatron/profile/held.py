@@ -62,7 +62,9 @@ def layer_buffer_bytes(model, device_type: str) -> int:
     (megatron-core's YarnRotaryEmbedding registers cos/sin tables of
     original_max_position_embeddings rows in every MLA layer), storages counted once."""
     held = [
-        b for name, b in model.named_buffers() if ".layers." in name and b.device.type == device_type
+        b
+        for name, b in model.named_buffers()
+        if ".layers." in name and b.device.type == device_type
     ]
     params = {p.untyped_storage()._cdata for p in model.parameters()}
     return _storages_bytes(held, params)

@@ -32,15 +32,16 @@ LINES = {
     "qk-layernorm": "--qk-layernorm --normalization RMSNorm --group-query-attention "
     "--num-query-groups 2 --position-embedding-type rope --swiglu --disable-bias-linear",
     "qk-l2-norm": "--qk-l2-norm --kv-channels 24",
-    "mla": f"{MLA} --qk-layernorm --rotary-scaling-factor 40 --mscale 0.707 "
-    "--mscale-all-dim 0.707",
+    "mla": f"{MLA} --qk-layernorm --rotary-scaling-factor 40 --mscale 0.707 --mscale-all-dim 0.707",
     "mla-no-q-lora": f"{MLA.replace('--q-lora-rank 32', '--q-lora-rank 0')} --rope-type rope "
     "--position-embedding-type rope",
 }
 
 
 def _shape(line: str) -> ModelShape:
-    return model_shape(flags.parse_flags(build_parser(), [*f"{BASE} {line}".split(), "--gpus", "1"]))
+    return model_shape(
+        flags.parse_flags(build_parser(), [*f"{BASE} {line}".split(), "--gpus", "1"])
+    )
 
 
 @pytest.mark.parametrize("name", sorted(LINES))

@@ -127,6 +127,42 @@ def te_column_linear():
     return TEColumnParallelLinear
 
 
+class DuplicatedLinear(torch.nn.Module):
+    """TE's Linear with parallel_mode 'duplicated' (megatron's TELinear; MLA's down-projections
+    in the TE spec): the whole [out, in] weight on every TP rank, no communication; it keeps its
+    input and the weight, and its backward allocates the input gradient and the weight gradient
+    (fused into main_grad with --gradient-accumulation-fusion) as megatron's linear function does
+    without TP. Under sequence parallelism each rank sees its own tokens, so the weight is marked
+    for the TP all-reduce of finalize_model_grads, as megatron's TELinear marks it."""
+
+    def __init__(self, input_size: int, output_size: int, *, config, init_method, bias: bool,
+                 skip_bias_add: bool = False, parallel_mode: str | None = "duplicated",
+                 **_unused):  # fmt: skip
+        super().__init__()
+        if bias or parallel_mode != "duplicated":
+            raise ValueError("the duplicated linear of the GPU kernel set has no bias")
+        self.config, self.skip_bias_add = config, skip_bias_add
+        device = torch.cuda.current_device()
+        self.weight = torch.nn.Parameter(
+            torch.empty(output_size, input_size, dtype=config.params_dtype, device=device)
+        )
+        if config.perform_initialization:
+            init_method(self.weight)
+        self.weight.allreduce = True  # type: ignore[attr-defined]
+        self.weight.sequence_parallel = config.sequence_parallel  # type: ignore[attr-defined]
+
+    def forward(self, x: torch.Tensor):
+        """(x W^T, None)."""
+        from megatron.core.tensor_parallel.layers import (
+            linear_with_grad_accumulation_and_async_allreduce,
+        )
+
+        out = linear_with_grad_accumulation_and_async_allreduce(
+            x, self.weight, None, self.config.gradient_accumulation_fusion, False, False
+        )
+        return out, None
+
+
 def install() -> None:
     """Make megatron's fused wgrad path and TE's dummy wgrad available (idempotent)."""
     import sys
@@ -138,3 +174,7 @@ def install() -> None:
     layers._grad_accum_fusion_available = True
     layers.HAVE_TE = True
     layers.get_dummy_wgrad = dummy_wgrad
+    from megatron.core.transformer import multi_latent_attention
+
+    multi_latent_attention.TELinear = DuplicatedLinear  # its spec check: a duplicated linear
+    multi_latent_attention.HAVE_TE = False  # TE's fp8 input-saving switch does not apply
