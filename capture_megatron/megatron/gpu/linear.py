@@ -119,10 +119,12 @@ def te_column_linear():
     from megatron.core.tensor_parallel.layers import ColumnParallelLinear
 
     class TEColumnParallelLinear(ColumnParallelLinear):
-        """ColumnParallelLinear whose sequence-parallel gathers are transient, as in TE."""
+        """ColumnParallelLinear whose sequence-parallel gathers are transient, as in TE; TE's
+        modules work on (and keep) a contiguous input (module/base.py prepare_forward: a copy of
+        a strided view such as MLA's key/value latent split from its rotary key)."""
 
         def _forward_impl(self, input, weight, *args, **kwargs):
-            return te_linear(input, weight, *args, **kwargs)
+            return te_linear(input.contiguous(), weight, *args, **kwargs)
 
     return TEColumnParallelLinear
 
@@ -158,7 +160,7 @@ class DuplicatedLinear(torch.nn.Module):
         )
 
         out = linear_with_grad_accumulation_and_async_allreduce(
-            x, self.weight, None, self.config.gradient_accumulation_fusion, False, False
+            x.contiguous(), self.weight, None, self.config.gradient_accumulation_fusion, False, False
         )
         return out, None
 
