@@ -96,8 +96,10 @@ class LatentAttention(JsonMixin):
 
     def shapes_only(self) -> LatentAttention:
         """This attention with the fields that change values, not tensors (the YaRN scaling),
-        at their defaults: what a memory model is keyed by."""
-        return dataclasses.replace(self, rotary_scaling_factor=1.0, mscale=1.0, mscale_all_dim=0.0)
+        at their defaults and the RoPE kind resolved: what a memory model is keyed by."""
+        return dataclasses.replace(
+            self, rotary_scaling_factor=1.0, mscale=1.0, mscale_all_dim=0.0, rope_type=self.rope
+        )
 
 
 def attention_parameters(shape: Any, tp: int = 1, te: bool = False) -> int:

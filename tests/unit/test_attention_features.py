@@ -83,6 +83,7 @@ def test_the_variant_is_keyed_by_the_features_and_fitted_at_the_model_shapes():
     assert norm.qk_norm == "layernorm" and mla.mla is not None
     # the YaRN scaling changes values, not tensors: one memory model for every scaling
     assert mla.mla.rotary_scaling_factor == 1.0 and mla.mla.kv_lora_rank == 16
+    assert mla.mla.rope_type == "yarn"  # Megatron-LM's default for MLA, named
     assert Variant.from_json(mla.to_json()) == mla
 
 
@@ -109,6 +110,7 @@ SHAPES = {
     "qk-l2-norm": LINES["qk-l2-norm"],
     "mla-q-lora-qk-layernorm": LINES["mla"],
     "mla-no-q-lora": LINES["mla-no-q-lora"],
+    "mla-no-q-lora-latent-norm": LINES["mla-no-q-lora"] + " --qk-layernorm",
     "mla-without-latent-norms": MLA + " --normalization RMSNorm",
 }
 
