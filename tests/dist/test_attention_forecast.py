@@ -2,8 +2,8 @@
 (issue 26, must-show 2): Qwen3's attention (--qk-layernorm on RMSNorm, GQA, RoPE) and DeepSeek's
 (MLA with a query latent, latent norms and YaRN; MLA without one, plain RoPE, full recompute) over
 TP 2 with sequence parallelism, TP 2 x PP 2 and PP 2: every rank's predicted peak is within 2% of
-what it measures. Real torchrun + gloo, megatron-core's SelfAttention / MLASelfAttention from its local
-spec."""
+what it measures. Real torchrun + gloo, megatron-core's SelfAttention / MLASelfAttention from its
+local spec."""
 
 from __future__ import annotations
 

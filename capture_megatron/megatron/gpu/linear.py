@@ -159,8 +159,9 @@ class DuplicatedLinear(torch.nn.Module):
             linear_with_grad_accumulation_and_async_allreduce,
         )
 
+        fused = self.config.gradient_accumulation_fusion
         out = linear_with_grad_accumulation_and_async_allreduce(
-            x.contiguous(), self.weight, None, self.config.gradient_accumulation_fusion, False, False
+            x.contiguous(), self.weight, None, fused, False, False
         )
         return out, None
 
