@@ -170,6 +170,16 @@ def _default_dtype(dtype):
         torch.set_default_dtype(saved)
 
 
+def _rotary_tables_built_in_fp32(model) -> None:
+    """A real run builds MLA's YaRN cos/sin tables in fp32 (the default dtype) before
+    Float16Module casts them, so their cache records fp32 and fused MLA RoPE re-caches them for
+    the sequence in the activation dtype at the first forward; fake mode builds them in the
+    parameters' dtype (_default_dtype): record fp32 as the real run does."""
+    for module in model.modules():
+        if hasattr(module, "dtype_cached"):
+            module.dtype_cached = torch.float32
+
+
 def build(probe: Probe, setup: Setup) -> _Chunk:
     """Build, wrap (Float16Module, DDP) and give an optimizer to the probe's chunk."""
     shape, plan, fake = model_shape(probe), parallel_plan(probe), setup.fake
@@ -178,6 +188,8 @@ def build(probe: Probe, setup: Setup) -> _Chunk:
     first, last = probe.kind in ("first", "only"), probe.kind in ("last", "only")
     with _default_dtype(config.params_dtype if fake else None):
         gpt = build_gpt(shape, plan, config, setup.kernels, probe.layers, first, last, None)
+    if fake:
+        _rotary_tables_built_in_fp32(gpt)
     run = RunOptions(train_iters=2)
     with _no_dtype_casts(fake):
         model = wrap_model([gpt], shape, plan, run, check_for_nan_in_grad=not fake)
