@@ -181,3 +181,13 @@ def apply_without_te() -> None:
 
     if not isinstance(multi_latent_attention.TELinear, type):
         multi_latent_attention.HAVE_TE = False
+
+
+def rotary_tables_built_in_fp32(model) -> None:
+    """Record fp32 as the dtype of the model's MLA YaRN tables (a model built under another
+    default dtype, as fake mode builds it). A real run builds them in fp32 (the default dtype)
+    before Float16Module casts them, so their cache records fp32 and fused MLA RoPE re-caches
+    them for the sequence in the activation dtype at the first forward."""
+    for module in model.modules():
+        if hasattr(module, "dtype_cached"):
+            module.dtype_cached = torch.float32
