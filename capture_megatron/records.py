@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from capture_megatron import __version__
 from capture_megatron.config import ModelShape
+from capture_megatron.config.attention import LatentAttention
 from capture_megatron.config.model import refuse_unmodelled
 from capture_megatron.config.moe import Experts
 from capture_megatron.errors import CaptureError, require
@@ -79,12 +80,19 @@ class Variant(JsonMixin):
     """MoE layers (None: a dense model)."""
     cp: int = 1
     """Context-parallel size (> 1: fitted per value, at the model's own shapes, like `moe`)."""
+    qk_norm: str = ""
+    """The norm on each query and key head: layernorm (--qk-layernorm), l2 (--qk-l2-norm) or ''
+    (fitted at the model's own shapes: its per-head statistics have no regression term)."""
+    mla: LatentAttention | None = None
+    """Multi-latent attention's widths and RoPE kind (None: standard attention; fitted at the
+    model's own shapes: its latent ranks and head widths are not probe-shape sizes)."""
 
     @property
     def designed(self) -> bool:
-        """Whether the variant is fitted over the regression's design shapes too (dense, CP 1);
-        MoE and CP variants are fitted at the model's own shapes only."""
-        return self.moe is None and self.cp == 1
+        """Whether the variant is fitted over the regression's design shapes too (dense, CP 1,
+        standard attention without query/key norms); the other variants are fitted at the model's
+        own shapes only (docs/MEMORY_MODEL.md)."""
+        return self.moe is None and self.cp == 1 and self.mla is None and not self.qk_norm
 
     @classmethod
     def of(
@@ -114,6 +122,8 @@ class Variant(JsonMixin):
             window_size=shape.window_size,
             moe=moe,
             cp=cp,
+            qk_norm=shape.qk_norm,
+            mla=shape.mla.shapes_only() if shape.mla.enabled else None,
         )
 
 
@@ -278,6 +288,10 @@ class ProfileRecord(JsonMixin):
     probabilities and map, permutation indices, token counts; capture_megatron.profile.held
     .routing_state_bytes); 0 for dense chunks. Alive from the first forward on, so in none of the
     measured windows."""
+    layer_buffer_bytes: int = 0
+    """Bytes of the chunk's transformer layers' registered module buffers after the probe (not
+    parameters; capture_megatron.profile.held.layer_buffer_bytes): multi-latent attention's YaRN
+    cos/sin tables, built with the model and kept for good; 0 for standard attention."""
 
     def timeline(self, window: str) -> Timeline | None:
         """The timeline of one window, if recorded."""

@@ -25,6 +25,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from capture_megatron.config.attention import attention_parameters
 from capture_megatron.config.hf_fields import activation, rope
 from capture_megatron.config.hf_moe import MOE_TYPES, expert_parameters, experts_of
 from capture_megatron.config.model import ModelShape
@@ -139,13 +140,10 @@ class HfModel:
 def parameter_count(shape: ModelShape) -> int:
     """Parameters of the model megatron-core builds for `shape`, with the unpadded vocabulary
     (Megatron's padding adds rows; see ModelShape.padded_vocab)."""
-    h, d, f = shape.hidden_size, shape.head_dim, shape.ffn
-    heads, groups, gate = shape.num_attention_heads, shape.groups, 2 if shape.gated else 1
+    h, f, gate = shape.hidden_size, shape.ffn, 2 if shape.gated else 1
     bias, norm = shape.add_bias_linear, 2 if shape.normalization == "LayerNorm" else 1
-    qkv = (heads + 2 * groups) * d
-    layer = h * qkv + heads * d * h + gate * h * f + f * h + 2 * norm * h
-    layer += qkv if bias or shape.add_qkv_bias else 0
-    layer += (h + gate * f + h) if bias else 0
+    layer = attention_parameters(shape) + gate * h * f + f * h + 2 * norm * h
+    layer += (gate * f + h) if bias else 0
     vocab = shape.vocab_size * h * (2 if shape.untie_embeddings_and_output_weights else 1)
     learned = shape.max_positions * h if shape.position_embedding_type != "rope" else 0
     moe_mlp, dense_mlp = expert_parameters(shape) if shape.moe.enabled else (0, 0)

@@ -83,6 +83,7 @@ def _kind_constants(
         ret1=one.retained_bytes,
         grad1=one.retained_grad_bytes,
         state1=one.routing_state_bytes,
+        lbuf1=one.layer_buffer_bytes,
     )
     numels: tuple[int, ...] = ()
     if kind in END_KINDS:

@@ -73,6 +73,9 @@ class KindConstants(JsonMixin):
     state1: float | None = None
     """Bytes one MoE layer's token dispatcher keeps from its last forward for good (routing state,
     ProfileRecord.routing_state_bytes of the one-layer probe; 0 for dense layers)."""
+    lbuf1: float | None = None
+    """Bytes one layer's registered module buffers hold for good (MLA's YaRN cos/sin tables,
+    ProfileRecord.layer_buffer_bytes of the one-layer probe; 0 for standard attention)."""
     gradrc: float | None = None
     """Of retrc, the chunk's input gradient."""
     gradmix: float | None = None

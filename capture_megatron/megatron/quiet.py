@@ -56,6 +56,14 @@ SILENCED = (
         "megatron-core's distributed optimizer zeroes the .grad of its fp32 shard views (not "
         "leaves; its zero_grad says so: 'throws grad-access warning'); nothing a user can change",
     ),
+    Silenced(
+        r"apply_rope_fusion for multi-latent attention only supports training",
+        UserWarning,
+        r"megatron\.core\.transformer\.transformer_config",
+        "megatron-core's note that its fused MLA RoPE is experimental and for training; the "
+        "memory models and capture-megatron's runs are training, as Megatron-LM's default "
+        "(fused RoPE) asks",
+    ),
 )
 """Warnings silenced in every capture-megatron process that imports megatron-core."""
 

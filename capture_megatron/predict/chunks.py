@@ -51,9 +51,10 @@ class ChunkCost:
     """Of `retained`, the chunk's input gradient (also what the schedule holds after the
     backward)."""
     routing_state: float = 0.0
-    """Bytes the chunk's MoE token dispatchers keep from their layers' last forward for good
-    (routing probabilities and map, permutation indices): alive at every moment after the first
-    forward, counted with the rank's other static bytes (0 without MoE layers)."""
+    """Bytes the chunk's layers keep for good beyond parameters: the MoE token dispatchers' last
+    routing (probabilities and map, permutation indices; alive from the first forward on) and
+    the layers' registered module buffers (MLA's YaRN cos/sin tables); counted with the rank's
+    other static bytes (0 for standard dense layers)."""
     grad_copy: float = 0.0
     """With bf16 gradients (--grad-reduce-in-bf16): the fp32 copy of the gradients the optimizer
     steps (megatron-core's _copy_model_grads_to_main_grads calls .float() on them), alive from
@@ -201,6 +202,7 @@ def chunk_cost(
     )
     # kinds are sorted by variant: with MoE layers, the MoE variant's constants come last
     state = moe.count(True) * float(kinds[-1].state1 or 0.0) if any(moe) else 0.0
+    state += sum(moe.count(m) * float(c.lbuf1 or 0.0) for m, c in zip(sorted(set(moe)), kinds))
     return ChunkCost(
         kind, k, inp + saved, inp, fwd, bwd, step, st.params, st.grads, st.optimizer, buffers,
         redone, ret, ret_grad, state, 4.0 * st.owned if bf16_grads else 0.0,

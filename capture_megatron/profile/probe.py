@@ -18,8 +18,10 @@ from typing import TYPE_CHECKING
 import torch
 
 from capture_megatron.config import Kernels, ModelShape, ParallelPlan, Recompute
+from capture_megatron.config.attention import LatentAttention
 from capture_megatron.config.moe import Experts
 from capture_megatron.config.training import BuildOptions, OptimOptions, RunOptions
+from capture_megatron.megatron.attention import rotary_tables_built_in_fp32
 from capture_megatron.megatron.builder import TORCH_DTYPES, build_gpt, transformer_config
 from capture_megatron.megatron.training import (
     forward_step,
@@ -28,13 +30,13 @@ from capture_megatron.megatron.training import (
     wrap_model,
 )
 from capture_megatron.predict.static import chunk_static
+from capture_megatron.profile import held
 from capture_megatron.profile.experts import (
     expert_mask,
     grouped_workspace,
     probe_world,
     reset_aux_loss_tracker,
 )
-from capture_megatron.profile.held import buffers_held, routing_state_bytes, static_bytes
 from capture_megatron.records import Probe, ProfileRecord, Timeline
 
 if TYPE_CHECKING:
@@ -67,6 +69,9 @@ def model_shape(probe: Probe) -> ModelShape:
         attention_dropout=drop,
         dtype=v.dtype,
         moe=v.moe.experts if v.moe is not None else Experts(),
+        qk_layernorm=v.qk_norm == "layernorm",
+        qk_l2_norm=v.qk_norm == "l2",
+        mla=v.mla if v.mla is not None else LatentAttention(),
     )
 
 
@@ -169,6 +174,8 @@ def build(probe: Probe, setup: Setup) -> _Chunk:
     first, last = probe.kind in ("first", "only"), probe.kind in ("last", "only")
     with _default_dtype(config.params_dtype if fake else None):
         gpt = build_gpt(shape, plan, config, setup.kernels, probe.layers, first, last, None)
+    if fake:  # built in the parameters' dtype here (_default_dtype), in fp32 by a real run
+        rotary_tables_built_in_fp32(gpt)
     run = RunOptions(train_iters=2)
     with _no_dtype_casts(fake):
         model = wrap_model([gpt], shape, plan, run, check_for_nan_in_grad=not fake)
@@ -337,7 +344,7 @@ def measure(probe: Probe, meter, setup: Setup, timelines: bool = False) -> Profi
     chunk = build(probe, setup)
     iteration(chunk, meter, fake)
     got, lines = iteration(chunk, meter, fake, timelines, last=True)
-    param_bytes, grad_bytes, optimizer_bytes = static_bytes(chunk.model, chunk.optimizer)
+    param_bytes, grad_bytes, optimizer_bytes = held.static_bytes(chunk.model, chunk.optimizer)
     if fake:
         optimizer_bytes = chunk_static(
             list(p.numel() for p in chunk.model.parameters()),
@@ -368,13 +375,14 @@ def measure(probe: Probe, meter, setup: Setup, timelines: bool = False) -> Profi
         backward_peak=got["backward_peak"],
         residual_bytes=got["residual_bytes"],
         step_peak=got["step_peak"],
-        buffers=buffers_held(setup.device == "fake-cuda"),
+        buffers=held.buffers_held(setup.device == "fake-cuda"),
         workspace_bytes=_workspaces(probe, setup),
         timelines=lines,
         param_expert=expert_mask(chunk.model),
         retained_bytes=got["retained_bytes"],
         retained_grad_bytes=got["retained_grad_bytes"],
-        routing_state_bytes=routing_state_bytes(chunk.model, torch.device(chunk.device).type),
+        routing_state_bytes=held.routing_state_bytes(chunk.model, torch.device(chunk.device).type),
+        layer_buffer_bytes=held.layer_buffer_bytes(chunk.model, torch.device(chunk.device).type),
     )
     del chunk
     gc.collect()
