@@ -5,7 +5,9 @@ uses, run through megatron-core's own forward_step / backward_step and optimizer
 - kind 'first'  = embedding + k transformer layers (pipeline stage 0 of PP > 1),
 - kind 'middle' = k transformer layers (a stage without the ends),
 - kind 'last'   = k transformer layers + final norm + output layer + loss,
-- kind 'only'   = embedding + k layers + output layer (PP = 1).
+- kind 'only'   = embedding + k layers + output layer (PP = 1);
+with multi-token prediction (Variant.mtp) the last and only kinds also hold the MTP layers and
+the embedding they look tokens up in, as Megatron's last pipeline stage does.
 Torch-free: records are written by the profile stage and read by the (pure) fit stage; Variant and
 ProbeShape also key the fitted memory model.
 """
@@ -79,12 +81,15 @@ class Variant(JsonMixin):
     """MoE layers (None: a dense model)."""
     cp: int = 1
     """Context-parallel size (> 1: fitted per value, at the model's own shapes, like `moe`)."""
+    mtp: int = 0
+    """Multi-token prediction layers (--mtp-num-layers), built into the last / only chunk as
+    Megatron places them (> 0: fitted at the model's own shapes, like `moe`)."""
 
     @property
     def designed(self) -> bool:
-        """Whether the variant is fitted over the regression's design shapes too (dense, CP 1);
-        MoE and CP variants are fitted at the model's own shapes only."""
-        return self.moe is None and self.cp == 1
+        """Whether the variant is fitted over the regression's design shapes too (dense, CP 1, no
+        MTP); MoE, CP and MTP variants are fitted at the model's own shapes only."""
+        return self.moe is None and self.cp == 1 and self.mtp == 0
 
     @classmethod
     def of(
@@ -114,6 +119,7 @@ class Variant(JsonMixin):
             window_size=shape.window_size,
             moe=moe,
             cp=cp,
+            mtp=shape.mtp_num_layers,
         )
 
 

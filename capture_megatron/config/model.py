@@ -189,8 +189,6 @@ class ModelShape(JsonMixin):
             out.append("--qk-l2-norm")
         if self.mla.enabled:
             out.append("--multi-latent-attention")
-        if self.mtp_num_layers:
-            out.append("--mtp-num-layers")
         return tuple(out)
 
     @property

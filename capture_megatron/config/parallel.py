@@ -98,6 +98,9 @@ class ParallelPlan(JsonMixin):
     microbatch_group_size: int = 0
     """Interleaved schedule: micro-batches per virtual stage in a row; 0 means PP
     (--microbatch-group-size-per-virtual-pipeline-stage)."""
+    mtp_layers: int = 0
+    """Multi-token prediction layers (the model's --mtp-num-layers), all on the last virtual stage
+    after its transformer layers, as Megatron places them ('m' in the layout)."""
 
     def __post_init__(self) -> None:
         p: list[str] = []
@@ -125,6 +128,8 @@ class ParallelPlan(JsonMixin):
             p.append(f"{len(self.recompute.num_layers)} recompute entries for pp {self.pp}")
         if self.vpp > 1 and self.pp == 1:
             p.append("virtual pipeline stages need PP > 1")
+        if self.mtp_layers < 0:
+            p.append(f"MTP layers {self.mtp_layers} must be >= 0")
         p += self._expert_problems()
         require(p, "parallel plan")
 
@@ -186,9 +191,9 @@ class ParallelPlan(JsonMixin):
 
     @property
     def layout(self) -> str:
-        """Megatron's --pipeline-model-parallel-layout for this partition (E, t, L; '|' between
+        """Megatron's --pipeline-model-parallel-layout for this partition (E, t, m, L; '|' between
         stages)."""
-        return format_layout(self.layers_per_stage)
+        return format_layout(self.layers_per_stage, self.mtp_layers)
 
     def replace(self, **changes: Any) -> ParallelPlan:
         """A copy with some fields changed (validated again)."""
@@ -251,8 +256,34 @@ def check_plan_fits_model(shape: ModelShape, plan: ParallelPlan) -> None:
                 p.append(
                     f"uniform recompute of {plan.recompute.layers_on(r)} does not divide {n} layers"
                 )
-    p += expert_problems(shape, plan) + context_problems(shape, plan)
+    p += expert_problems(shape, plan) + context_problems(shape, plan) + mtp_problems(shape, plan)
     require(p, "plan for this model")
+
+
+def mtp_problems(shape: ModelShape, plan: ParallelPlan) -> list[str]:
+    """Why `plan` cannot run `shape`'s multi-token prediction layers as modelled (empty: it can):
+    the plan must place the model's MTP layers; megatron-core asserts uniform recompute of one
+    layer at a time on their stage, and then recomputes them (the probes recompute by the block
+    method, under which megatron-core keeps the MTP layers' activations); context parallelism
+    shifts MTP's tokens across CP ranks (not modelled)."""
+    mtp = shape.mtp_num_layers
+    p = []
+    if plan.mtp_layers != mtp:
+        p.append(f"the plan places {plan.mtp_layers} MTP layers but --mtp-num-layers is {mtp}")
+    if not mtp:
+        return p
+    if plan.recompute.granularity == "full" and plan.recompute.method == "uniform":
+        p.append(
+            "--recompute-method uniform with --mtp-num-layers: megatron-core then recomputes the "
+            "MTP layers too (and asserts --recompute-num-layers 1), which is not modelled; use "
+            "--recompute-method block, under which it keeps their activations"
+        )
+    if plan.cp > 1:
+        p.append(
+            f"--context-parallel-size {plan.cp} with --mtp-num-layers is not modelled (MTP shifts "
+            "tokens across the CP ranks); leave context parallelism out"
+        )
+    return p
 
 
 def expert_problems(shape: ModelShape, plan: ParallelPlan) -> list[str]:
@@ -333,7 +364,8 @@ class ParallelFlags:
     )
     """Virtual pipeline stages (model chunks) per pipeline rank."""
     pipeline_model_parallel_layout: str | None = flag("--pipeline-model-parallel-layout", None)
-    """Megatron's layout string (E, t, L; '|' between stages), e.g. from `capture-megatron plan`."""
+    """Megatron's layout string (E, t, m, L; '|' between stages), e.g. from `capture-megatron
+    plan`."""
     decoder_first_pipeline_num_layers: int | None = flag(
         "--decoder-first-pipeline-num-layers", None
     )

@@ -94,7 +94,7 @@ def _kind_constants(
             step0=zero.step_peak,
             buffers0=sum(b.nbytes for b in zero.buffers),
         )
-        numels = zero.param_numels
+        numels = _end_numels(kind, probes, z)
     if full:
         rc, mix = _need(probes, (kind, 1, 1), z), _need(probes, (kind, 2, 1), z)
         values.update(fwdrc=rc.forward_peak, bwdrc=rc.backward_peak, bwdmix=mix.backward_peak)
@@ -104,6 +104,22 @@ def _kind_constants(
         if two is not None:
             values.update(ret2=two.retained_bytes, bwdrc2=two.backward_peak)
     return KindConstants(kind=kind, end_numels=numels, **values)
+
+
+def _end_numels(kind: str, probes: dict[ProbeKey, ProfileRecord], z: Sizes) -> tuple[int, ...]:
+    """Parameter element counts of a kind's ends in module order: the chunk without layers.
+
+    With multi-token prediction megatron-core puts the decoder's final norm on the stage that holds
+    its last layer, so the last / only chunk without layers lacks it: there the ends are the
+    one-layer chunk's parameters less the layer's (the embedding's tensors come first, then the
+    layer's, then the final norm, the MTP layers and the output layer)."""
+    zero = _need(probes, (kind, 0, 0), z)
+    if not zero.variant.mtp or kind not in ("last", "only"):
+        return zero.param_numels
+    one = _need(probes, (kind, 1, 0), z).param_numels
+    head = len(_need(probes, ("first", 0, 0), z).param_numels)  # the embedding's tensors
+    layer = len(_need(probes, ("middle", 1, 0), z).param_numels)
+    return one[:head] + one[head + layer :]
 
 
 def shape_constants(probes: dict[ProbeKey, ProfileRecord], full: bool) -> ShapeConstants:

@@ -123,7 +123,7 @@ def model_args(shape: ModelShape) -> list[str]:
 
 def feature_args(shape: ModelShape) -> list[str]:
     """The architecture flags beyond the sizes that differ from Megatron-LM's defaults: GeGLU,
-    QKV biases, norm epsilon, RoPE base and scaling, sliding window."""
+    QKV biases, norm epsilon, RoPE base and scaling, sliding window, multi-token prediction."""
     out = ["--geglu"] if shape.geglu else []
     if shape.add_qkv_bias:
         out.append("--add-qkv-bias")
@@ -137,6 +137,8 @@ def feature_args(shape: ModelShape) -> list[str]:
         out += ["--rope-scaling-factor", repr(shape.rope_scaling_factor)]
     if shape.window_size:
         out += ["--window-size", ",".join(map(str, shape.window_size))]
+    if shape.mtp_num_layers:
+        out += ["--mtp-num-layers", str(shape.mtp_num_layers)]
     return out
 
 

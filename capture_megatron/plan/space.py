@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from capture_megatron.config import Cluster, ModelShape, ParallelFlags, ParallelPlan, Recompute
-from capture_megatron.config.parallel import tp_fits
+from capture_megatron.config.parallel import mtp_problems, tp_fits
 from capture_megatron.config.resolve import refuse_dropped_recompute
 from capture_megatron.errors import CaptureError
 
@@ -194,7 +194,7 @@ def _variants(
                         for i in range(stages)
                     )
                     for ep in expert_sizes(shape, tp, dp * cp, space):
-                        yield ParallelPlan(
+                        plan = ParallelPlan(
                             tp=tp,
                             pp=pp,
                             dp=dp,
@@ -208,4 +208,7 @@ def _variants(
                             recompute=recompute,
                             sequence_parallel=sp,
                             distributed_optimizer=do,
+                            mtp_layers=shape.mtp_num_layers,
                         )
+                        if not mtp_problems(shape, plan):  # MTP: no CP, block recompute
+                            yield plan

@@ -186,7 +186,7 @@ def chunk_cost(
         buffers = c.need("buffers0") if kind != "middle" else 0.0
     else:
         step, buffers = max(c.step1 for c in kinds), max(c.buffers1 for c in kinds)
-    pre, post = _ends(ends, kind)
+    pre, post = _ends(ends, kind, shape.mtp_num_layers > 0)
     runs = _runs(layers, z, moe)
     count = len(pre) + sum(c * len(numels) for numels, _, c in runs) + len(post)
     shared = _shared_end(kind, shape, plan, count)
@@ -220,23 +220,26 @@ def cached_chunk(
     return cache[key]
 
 
-def _ends(sc: ShapeConstants, kind: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+def _ends(sc: ShapeConstants, kind: str, mtp: bool) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Parameter element counts before and after the layers, in module order: the embedding's
-    tensors first; the final norm and the output layer last."""
+    tensors first; the final norm, the MTP layers and the output layer last (`mtp`: the last
+    stage holds the embedding too)."""
     ends = tuple(sc.chunk(kind).end_numels)
     if kind == "first":
         return ends, ()
-    if kind == "last":
+    if kind == "last" and not mtp:
         return (), ends
-    if kind == "only":
+    if kind in ("only", "last"):
         head = len(sc.chunk("first").end_numels)
         return ends[:head], ends[head:]
     return (), ()
 
 
 def _shared_end(kind: str, shape: ModelShape, plan: ParallelPlan, count: int) -> str | None:
-    """Which end holds the tied embedding that DDP gives its own bucket (tied weights with PP >
-    1)."""
-    if shape.untie_embeddings_and_output_weights or plan.pp == 1 or count == 0:
+    """Which end holds the embedding copy that DDP gives its own bucket (tied weights with PP > 1;
+    with multi-token prediction, tied or not, the first stage's embedding and the last stage's
+    copy of it, which megatron-core keeps equal over the embedding group)."""
+    mtp = shape.mtp_num_layers > 0
+    if (shape.untie_embeddings_and_output_weights and not mtp) or plan.pp == 1 or count == 0:
         return None
-    return {"first": "pre", "last": "post"}.get(kind)
+    return {"first": "pre", "last": "pre" if mtp else "post"}.get(kind)

@@ -67,6 +67,7 @@ def model_shape(probe: Probe) -> ModelShape:
         attention_dropout=drop,
         dtype=v.dtype,
         moe=v.moe.experts if v.moe is not None else Experts(),
+        mtp_num_layers=v.mtp,
     )
 
 
@@ -92,6 +93,7 @@ def parallel_plan(probe: Probe) -> ParallelPlan:
         recompute=recompute,
         sequence_parallel=v.sequence_parallel,
         distributed_optimizer=probe.distributed_optimizer,
+        mtp_layers=v.mtp,
     )
 
 
@@ -164,6 +166,9 @@ def _default_dtype(dtype):
 def build(probe: Probe, setup: Setup) -> _Chunk:
     """Build, wrap (Float16Module, DDP) and give an optimizer to the probe's chunk."""
     shape, plan, fake = model_shape(probe), parallel_plan(probe), setup.fake
+    if probe.kind in ("first", "middle"):  # MTP sits on the last stage; megatron-core would put
+        shape = shape.replace(mtp_num_layers=0)  # the final norm with a probe's last layer
+        plan = plan.replace(mtp_layers=0)
     reset_aux_loss_tracker()
     config = transformer_config(shape, plan, 0, BuildOptions(), setup.kernels)
     first, last = probe.kind in ("first", "only"), probe.kind in ("last", "only")
