@@ -13,6 +13,7 @@ from typing import Any
 from capture_megatron.config.fields import flag
 from capture_megatron.config.layout import format_layout
 from capture_megatron.config.model import GIB, ModelShape
+from capture_megatron.config.mtp import mtp_problems
 from capture_megatron.errors import require
 from capture_megatron.serial import JsonMixin
 
@@ -258,32 +259,6 @@ def check_plan_fits_model(shape: ModelShape, plan: ParallelPlan) -> None:
                 )
     p += expert_problems(shape, plan) + context_problems(shape, plan) + mtp_problems(shape, plan)
     require(p, "plan for this model")
-
-
-def mtp_problems(shape: ModelShape, plan: ParallelPlan) -> list[str]:
-    """Why `plan` cannot run `shape`'s multi-token prediction layers as modelled (empty: it can):
-    the plan must place the model's MTP layers; megatron-core asserts uniform recompute of one
-    layer at a time on their stage, and then recomputes them (the probes recompute by the block
-    method, under which megatron-core keeps the MTP layers' activations); context parallelism
-    shifts MTP's tokens across CP ranks (not modelled)."""
-    mtp = shape.mtp_num_layers
-    p = []
-    if plan.mtp_layers != mtp:
-        p.append(f"the plan places {plan.mtp_layers} MTP layers but --mtp-num-layers is {mtp}")
-    if not mtp:
-        return p
-    if plan.recompute.granularity == "full" and plan.recompute.method == "uniform":
-        p.append(
-            "--recompute-method uniform with --mtp-num-layers: megatron-core then recomputes the "
-            "MTP layers too (and asserts --recompute-num-layers 1), which is not modelled; use "
-            "--recompute-method block, under which it keeps their activations"
-        )
-    if plan.cp > 1:
-        p.append(
-            f"--context-parallel-size {plan.cp} with --mtp-num-layers is not modelled (MTP shifts "
-            "tokens across the CP ranks); leave context parallelism out"
-        )
-    return p
 
 
 def expert_problems(shape: ModelShape, plan: ParallelPlan) -> list[str]:
