@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from capture_megatron.config import ModelShape, ParallelPlan
-from capture_megatron.fit import ShapeConstants, Sizes
+from capture_megatron.fit import KindConstants, ShapeConstants, Sizes
 from capture_megatron.predict import mixed, retained
 from capture_megatron.predict.layers import Layers, sizes_for
 from capture_megatron.predict.static import LayerRun, layer_static
@@ -191,13 +191,23 @@ def chunk_cost(
     count = len(pre) + sum(c * len(numels) for numels, _, c in runs) + len(post)
     shared = _shared_end(kind, shape, plan, count)
     dp = (plan.dp * plan.cp, plan.expert_dp)
-    st = layer_static(pre, runs, post, shape.dtype, dp, plan.distributed_optimizer, shared)
-    # kinds are sorted by variant: with MoE layers, the MoE variant's constants come last
-    state = moe.count(True) * float(kinds[-1].state1 or 0.0) if any(moe) else 0.0
+    expert = ends.chunk(kind).end_expert[len(pre) :]  # an MTP layer's experts
+    st = layer_static(pre, runs, post, shape.dtype, dp, plan.distributed_optimizer, shared, expert)
+    state = _routing_state(layers, z, kinds[-1], moe) if kinds else 0.0
     return ChunkCost(
         kind, k, inp + saved, inp, fwd, bwd, step, st.params, st.grads, st.optimizer, buffers,
         redone, ret, ret_grad, state,
     )  # fmt: skip
+
+
+def _routing_state(layers: Layers, z: Sizes, own: KindConstants, moe: tuple[bool, ...]) -> float:
+    """What the chunk's MoE token dispatchers keep for good: one middle layer's per MoE layer, the
+    first counted at the kind's own (`own`: the MoE variant's constants of the chunk's kind, its
+    one-layer probe holding an MTP layer's dispatcher too on a last / only chunk)."""
+    if not any(moe):
+        return 0.0
+    one = float(layers.model(True).constants(z).chunk("middle").state1 or 0.0)
+    return (moe.count(True) - 1) * one + float(own.state1 or 0.0)
 
 
 def cached_chunk(
