@@ -104,12 +104,22 @@ def test_the_emitted_flags_train_the_same_model():
         ({"recompute": Recompute("full", "uniform", (1, 1))}, "--recompute-method uniform"),
         ({"cp": 2}, "--context-parallel-size 2 with --mtp-num-layers"),
         ({"mtp_layers": 1}, "places 1 MTP layers but --mtp-num-layers is 2"),
+        ({"layers_per_stage": (4, 0)}, "a last pipeline stage without transformer layers"),
     ],
 )
 def test_what_is_not_modelled_with_mtp_is_named(change, named):
     plan = ParallelPlan(1, 2, 2, 2, 4, (2, 2), mtp_layers=2).replace(**change)
     assert any(named in p for p in mtp_problems(SHAPE, plan))
     assert not mtp_problems(SHAPE, ParallelPlan(1, 2, 2, 2, 4, (2, 2), mtp_layers=2))
+
+
+def test_the_planner_leaves_the_mtp_stage_a_decoder_layer():
+    from capture_megatron.plan.search import _mtp_last_layer
+
+    assert _mtp_last_layer(SHAPE, (3, 1, 0), 1) == (3, 0, 1)
+    assert _mtp_last_layer(SHAPE, (4, 0, 0, 0), 2) == (2, 0, 0, 2)
+    assert _mtp_last_layer(SHAPE, (2, 2), 1) == (2, 2)
+    assert _mtp_last_layer(SHAPE.replace(mtp_num_layers=0), (4, 0), 1) == (4, 0)
 
 
 def test_mtp_adds_its_layers_to_the_parameter_count():
