@@ -193,19 +193,24 @@ def chunk_cost(
     dp = (plan.dp * plan.cp, plan.expert_dp)
     expert = ends.chunk(kind).end_expert[len(pre) :]  # an MTP layer's experts
     st = layer_static(pre, runs, post, shape.dtype, dp, plan.distributed_optimizer, shared, expert)
-    state = _routing_state(layers, z, kinds[-1], moe) if kinds else 0.0
+    state = _routing_state(layers, z, kinds[-1], moe, shape.mtp_num_layers) if kinds else 0.0
     return ChunkCost(
         kind, k, inp + saved, inp, fwd, bwd, step, st.params, st.grads, st.optimizer, buffers,
         redone, ret, ret_grad, state,
     )  # fmt: skip
 
 
-def _routing_state(layers: Layers, z: Sizes, own: KindConstants, moe: tuple[bool, ...]) -> float:
-    """What the chunk's MoE token dispatchers keep for good: one middle layer's per MoE layer, the
-    first counted at the kind's own (`own`: the MoE variant's constants of the chunk's kind, its
-    one-layer probe holding an MTP layer's dispatcher too on a last / only chunk)."""
+def _routing_state(
+    layers: Layers, z: Sizes, own: KindConstants, moe: tuple[bool, ...], mtp: int
+) -> float:
+    """What the chunk's MoE token dispatchers keep for good: the one-layer probe's per MoE layer
+    (`own`: the MoE variant's constants of the chunk's kind); with MTP layers (`mtp`) one middle
+    layer's per further MoE layer, as the one-layer probe of a last / only chunk holds an MTP
+    layer's dispatcher too."""
     if not any(moe):
         return 0.0
+    if not mtp:
+        return moe.count(True) * float(own.state1 or 0.0)
     one = float(layers.model(True).constants(z).chunk("middle").state1 or 0.0)
     return (moe.count(True) - 1) * one + float(own.state1 or 0.0)
 

@@ -161,3 +161,34 @@ def test_built_parameters_equal_the_static_model(tied):
     plan = ParallelPlan(1, 2, 1, 2, 2, (1, 3), mtp_layers=2)
     stages = predict(model, shape.replace(vocab_size=size.padded_vocab), plan)
     assert stages[1].params == 4 * sum(deep[0].param_numels)  # fp32
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("device", ["fake-cpu", "fake-cuda"])
+def test_both_kernel_sets_build_the_mtp_layers_on_the_last_stage(device):
+    """On the CPU kernel set and the GPU kernel set (fake CUDA: TE's norms and gathering column
+    linear stand in for TENorm and TEColumnParallelLinear) a last stage with one MTP layer at TP 2
+    + SP holds exactly the embedding copy (V/t x h), two norms, eh_proj (2h x h/t), one more
+    decoder layer's TP shard and a final norm more than without MTP, and keeps more activations."""
+    from capture_megatron.profile.session import run_probes
+    from capture_megatron.records import Probe, ProbeShape, Variant
+
+    shape = SHAPE.replace(
+        mtp_num_layers=1,
+        swiglu=True,
+        normalization="RMSNorm",
+        position_embedding_type="rope",
+        add_bias_linear=False,
+        dtype="bf16",
+    )
+    size = ProbeShape.of(shape, 2, 2)
+    with_mtp = Variant.of(shape, "selective", sequence_parallel=True)
+    without = Variant.of(shape.replace(mtp_num_layers=0), "selective", sequence_parallel=True)
+    probes = [Probe(with_mtp, size, "last", 1), Probe(without, size, "last", 1)]
+    mtp, plain, middle = run_probes(
+        [*probes, Probe(without, size, "middle", 1)], device, progress=False
+    )
+    h, t = 64, 2
+    extra = size.padded_vocab // t * h + 3 * h + 2 * h * h // t + sum(middle.param_numels)
+    assert sum(mtp.param_numels) - sum(plain.param_numels) == extra
+    assert mtp.saved_bytes > plain.saved_bytes + middle.saved_bytes
