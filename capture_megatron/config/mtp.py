@@ -42,3 +42,18 @@ def mtp_problems(shape: ModelShape, plan: ParallelPlan) -> list[str]:
             "tokens across the CP ranks); leave context parallelism out"
         )
     return p
+
+
+def checkpoint_problem(shape: ModelShape, plan: ParallelPlan) -> str:
+    """Why a checkpoint of `shape` trained as `plan` cannot be saved or loaded ('' when it can):
+    with MTP layers, tied embeddings and PP > 1 megatron-core 0.16.1's GPTModel keeps an
+    output-layer weight on the last stage (its forward computes the logits with the embedding copy
+    MTP needs there), and LanguageModule.sharded_state_dict asserts that no such weight exists."""
+    if not shape.mtp_num_layers or shape.untie_embeddings_and_output_weights or plan.pp == 1:
+        return ""
+    return (
+        "--save / --load with --mtp-num-layers, tied embeddings and PP > 1: megatron-core 0.16.1 "
+        "cannot checkpoint this model (its last stage keeps an output-layer weight that its "
+        "sharded_state_dict asserts does not exist); give --untie-embeddings-and-output-weights, "
+        "as MTP models (DeepSeek-V3) and Megatron-LM's MTP tests do, or train without checkpoints"
+    )

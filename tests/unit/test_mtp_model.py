@@ -122,6 +122,22 @@ def test_the_planner_leaves_the_mtp_stage_a_decoder_layer():
     assert _mtp_last_layer(SHAPE.replace(mtp_num_layers=0), (4, 0), 1) == (4, 0)
 
 
+def test_checkpoints_megatron_core_cannot_write_are_refused_before_training():
+    """Tied embeddings with MTP at PP > 1: megatron-core 0.16.1's sharded_state_dict asserts on
+    the last stage's output weight, so --save / --load are refused by name; untied they train."""
+    from capture_megatron.train.entry import parse_config
+
+    tied = [*model_args(SHAPE), "--micro-batch-size", "1", "--mock-data"]
+    tied.remove("--untie-embeddings-and-output-weights")
+    pp2 = ["--pipeline-model-parallel-size", "2"]
+    with pytest.raises(CaptureError, match="--untie-embeddings-and-output-weights"):
+        parse_config([*tied, *pp2, "--save", "ckpt"], world_size=2)
+    assert parse_config([*tied, *pp2], world_size=2).plan.pp == 2  # no checkpoint: trains
+    assert parse_config([*tied, "--save", "ckpt"], world_size=1).plan.pp == 1  # PP 1: saves
+    untied = [*model_args(SHAPE), "--micro-batch-size", "1", "--mock-data", *pp2]
+    assert parse_config([*untied, "--load", "ckpt"], world_size=2).checkpoint.load == "ckpt"
+
+
 def test_mtp_adds_its_layers_to_the_parameter_count():
     """Each MTP layer: two norms, eh_proj [2h -> h] without bias, a transformer layer like the
     decoder's, and a final norm; the embedding and output layer are shared."""
