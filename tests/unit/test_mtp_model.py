@@ -138,6 +138,37 @@ def test_checkpoints_megatron_core_cannot_write_are_refused_before_training():
     assert parse_config([*untied, "--load", "ckpt"], world_size=2).checkpoint.load == "ckpt"
 
 
+PREDICT_REFUSALS = {
+    # name: (flags beside a small GPT with --mtp-num-layers 1, what the one paragraph names)
+    "uniform": (
+        "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1",
+        "--recompute-method uniform with --mtp-num-layers",
+    ),
+    "standalone": ("--mtp-standalone", "--mtp-standalone"),
+    "layout": (
+        "--pipeline-model-parallel-size 2 --pipeline-model-parallel-layout Ettm|ttL",
+        "--mtp-standalone",
+    ),
+    "no_m": (
+        "--pipeline-model-parallel-size 2 --pipeline-model-parallel-layout Ett|ttL",
+        "but --mtp-num-layers is 1",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PREDICT_REFUSALS))
+def test_predict_refuses_what_is_not_modelled_with_mtp_in_one_paragraph(name, tmp_path):
+    from test_cli_errors import cli, one_error
+
+    extra, named = PREDICT_REFUSALS[name]
+    gpt = "--num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 32 --vocab-size 512"
+    argv = ["predict", *gpt.split(), "--mtp-num-layers", "1", *extra.split(), "--gpus", "2"]
+    line = one_error(
+        cli([*argv, "--micro-batch-size", "1", "--no-progress"], str(tmp_path)), "predict"
+    )
+    assert named in line, line
+
+
 def test_mtp_adds_its_layers_to_the_parameter_count():
     """Each MTP layer: two norms, eh_proj [2h -> h] without bias, a transformer layer like the
     decoder's, and a final norm; the embedding and output layer are shared."""
