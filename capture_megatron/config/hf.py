@@ -139,7 +139,8 @@ class HfModel:
 
 def parameter_count(shape: ModelShape) -> int:
     """Parameters of the model megatron-core builds for `shape`, with the unpadded vocabulary
-    (Megatron's padding adds rows; see ModelShape.padded_vocab)."""
+    (Megatron's padding adds rows; see ModelShape.padded_vocab), its multi-token prediction layers
+    included (their shared embedding and output layer counted once)."""
     h, f, gate = shape.hidden_size, shape.ffn, 2 if shape.gated else 1
     bias, norm = shape.add_bias_linear, 2 if shape.normalization == "LayerNorm" else 1
     layer = attention_parameters(shape) + gate * h * f + f * h + 2 * norm * h
@@ -148,7 +149,10 @@ def parameter_count(shape: ModelShape) -> int:
     learned = shape.max_positions * h if shape.position_embedding_type != "rope" else 0
     moe_mlp, dense_mlp = expert_parameters(shape) if shape.moe.enabled else (0, 0)
     moe = sum(shape.moe_layers) * (moe_mlp - dense_mlp)
-    return shape.num_layers * layer + moe + vocab + learned + norm * h
+    # each MTP layer: enorm, hnorm, eh_proj [2h -> h], the decoder's last layer, a final norm
+    last = layer + (moe_mlp - dense_mlp if shape.moe.enabled and shape.moe_layers[-1] else 0)
+    mtp = shape.mtp_num_layers * (last + 2 * h * h + 3 * norm * h)
+    return shape.num_layers * layer + moe + vocab + learned + norm * h + mtp
 
 
 def _config_path(path: str) -> str:

@@ -193,15 +193,6 @@ class ModelShape(JsonMixin):
         return []
 
     @property
-    def unmodelled_features(self) -> tuple[str, ...]:
-        """Architecture features this model uses that the memory model and the builder do not
-        cover yet (each a flag name; empty when everything is modelled)."""
-        out = []
-        if self.mtp_num_layers:
-            out.append("--mtp-num-layers")
-        return tuple(out)
-
-    @property
     def qk_norm(self) -> str:
         """The norm on each query and key head: 'layernorm' (--qk-layernorm: --normalization's
         kind; with MLA the norms of the query and key/value latents), 'l2' (--qk-l2-norm) or ''."""
@@ -251,12 +242,3 @@ class ModelShape(JsonMixin):
     def replace(self, **changes: Any) -> ModelShape:
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)
-
-
-def refuse_unmodelled(shape: ModelShape) -> None:
-    """CaptureError naming the model's architecture features that are not modelled yet."""
-    if shape.unmodelled_features:
-        raise CaptureError(
-            f"{', '.join(shape.unmodelled_features)}: this architecture feature is read but not "
-            "modelled yet, so no memory forecast or training run is made for it"
-        )

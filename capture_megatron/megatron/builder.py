@@ -14,7 +14,8 @@ The rest of the architecture goes to megatron-core as Megatron-LM's flags send i
 scaling, the sliding window (window_size: the local spec's unfused softmax builds its mask; the GPU
 kernel set's flash / cuDNN attention keep nothing for it). Mixture-of-experts models (--num-experts)
 get Megatron's MoE fields and a decoder block spec mixing MoE and dense layers
-(capture_megatron.megatron.moe), as Megatron-LM's gpt_builder builds them.
+(capture_megatron.megatron.moe), as Megatron-LM's gpt_builder builds them; multi-token prediction
+layers (--mtp-num-layers) an MTP block on the last stage (capture_megatron.megatron.mtp).
 """
 
 from __future__ import annotations
@@ -28,9 +29,8 @@ import torch.nn.functional as F
 from capture_megatron.config import Kernels, ModelShape, ParallelPlan
 from capture_megatron.config.context import te_comm_type
 from capture_megatron.config.kernels import TE_FUSED_BACKENDS
-from capture_megatron.config.model import refuse_unmodelled
 from capture_megatron.config.training import BuildOptions
-from capture_megatron.megatron import attention, cpu_compat, moe
+from capture_megatron.megatron import attention, cpu_compat, moe, mtp
 from capture_megatron.megatron.norms import LocalNorm
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -149,7 +149,6 @@ def transformer_config(
     kernels: Kernels | None = None,
 ):
     """Megatron TransformerConfig of one pipeline rank (recompute differs per rank)."""
-    refuse_unmodelled(shape)
     if kernels is None or kernels.transformer_impl == "local":
         attention.check_local_latents(shape, plan.tp)
 
@@ -195,6 +194,7 @@ def transformer_config(
         cuda_graph_scope=[],  # the default "full" warns "deprecated"; [] is its same-meaning twin
         **moe.config_fields(shape, plan),
         **attention.config_fields(shape),
+        **mtp.config_fields(shape),
         **fields,
     )
     moe.bound_sinkhorn(config, shape)
@@ -295,6 +295,15 @@ def build_gpt(
     else:
         layer = with_context_parallel(layer_spec(shape, kernels), plan, te_attention(kernels))
         spec = block_spec(attention.latent_core(layer), kernels, num_layers)
+    mtp_spec = None
+    if post_process and shape.mtp_num_layers:  # the last stage (megatron's placement)
+        last = spec.layer_specs[-1] if spec.layer_specs else None
+        if shape.moe.enabled and last is None:  # no decoder layer here: the model's last one
+            last = mtp.moe_layer_spec(config, shape, real_te(kernels), kernels)
+            last = attention.latent_core(with_context_parallel(last, plan, te_attention(kernels)))
+        mtp_spec = mtp.block_spec(
+            shape, kernels, real_te(kernels), last or attention.latent_core(layer)
+        )
     with torch.device("cuda") if fake_cuda else contextlib.nullcontext():
         model = GPTModel(
             config=config,
@@ -308,6 +317,7 @@ def build_gpt(
             rotary_base=shape.rotary_base,
             rope_scaling=shape.use_rope_scaling,
             rope_scaling_factor=shape.rope_scaling_factor,
+            mtp_block_spec=mtp_spec,
             vp_stage=vp_stage,
         )
     if kernels is not None and not fake_cuda:

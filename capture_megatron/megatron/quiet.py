@@ -64,6 +64,14 @@ SILENCED = (
         "memory models and capture-megatron's runs are training, as Megatron-LM's default "
         "(fused RoPE) asks",
     ),
+    Silenced(
+        r"recompute_method == 'block' is not supported for MTP yet",
+        UserWarning,
+        r"megatron\.core\.transformer\.multi_token_prediction",
+        "repeated every micro-batch: under block recompute megatron-core keeps the MTP layers' "
+        "activations, which is what the memory model measures and the plan's notes say once "
+        "(plan/emit.py model_notes)",
+    ),
 )
 """Warnings silenced in every capture-megatron process that imports megatron-core."""
 

@@ -221,18 +221,23 @@ def layer_static(
     dp: tuple[int, int],
     distributed_optimizer: bool,
     shared: str | None = None,
+    post_expert: tuple[bool, ...] = (),
     bf16_grads: bool = False,
 ) -> StaticBytes:
     """runs_static of a chunk whose layers may hold routed experts (dense and MoE layers in any
     order): DDP keeps the parameters a run's mask marks in a buffer of their own, sharded over the
     expert-data-parallel ranks, the rest over the data-parallel (x context-parallel) ranks. `dp`:
-    (data-parallel ranks, expert-data-parallel ranks)."""
+    (data-parallel ranks, expert-data-parallel ranks); `post_expert`: per entry of `post`, whether
+    it is a routed expert's (an MTP layer's experts; empty: none is)."""
     dense = tuple((tuple(n for n, e in zip(lay, ex) if not e), k) for lay, ex, k in runs)
-    a = runs_static(pre, dense, post, dtype, dp[0], distributed_optimizer, shared, bf16_grads)
+    mask = post_expert or (False,) * len(post)
+    tail = tuple(n for n, e in zip(post, mask) if not e)
+    a = runs_static(pre, dense, tail, dtype, dp[0], distributed_optimizer, shared, bf16_grads)
     routed = tuple((tuple(n for n, e in zip(lay, ex) if e), k) for lay, ex, k in runs)
-    if not any(layer for layer, _ in routed):
+    routed_tail = tuple(n for n, e in zip(post, mask) if e)
+    if not any(layer for layer, _ in routed) and not routed_tail:
         return a
-    b = runs_static((), routed, (), dtype, dp[1], distributed_optimizer, None, bf16_grads)
+    b = runs_static((), routed, routed_tail, dtype, dp[1], distributed_optimizer, None, bf16_grads)
     return StaticBytes(
         a.params + b.params, a.grads + b.grads, a.optimizer + b.optimizer, a.owned + b.owned
     )

@@ -72,6 +72,7 @@ def model_shape(probe: Probe) -> ModelShape:
         qk_layernorm=v.qk_norm == "layernorm",
         qk_l2_norm=v.qk_norm == "l2",
         mla=v.mla if v.mla is not None else LatentAttention(),
+        mtp_num_layers=v.mtp,
     )
 
 
@@ -97,6 +98,7 @@ def parallel_plan(probe: Probe) -> ParallelPlan:
         recompute=recompute,
         sequence_parallel=v.sequence_parallel,
         distributed_optimizer=probe.distributed_optimizer,
+        mtp_layers=v.mtp,
     )
 
 
@@ -169,6 +171,9 @@ def _default_dtype(dtype):
 def build(probe: Probe, setup: Setup) -> _Chunk:
     """Build, wrap (Float16Module, DDP) and give an optimizer to the probe's chunk."""
     shape, plan, fake = model_shape(probe), parallel_plan(probe), setup.fake
+    if probe.kind in ("first", "middle"):  # MTP sits on the last stage; megatron-core would put
+        shape = shape.replace(mtp_num_layers=0)  # the final norm with a probe's last layer
+        plan = plan.replace(mtp_layers=0)
     reset_aux_loss_tracker()
     config = transformer_config(shape, plan, 0, BuildOptions(), setup.kernels)
     first, last = probe.kind in ("first", "only"), probe.kind in ("last", "only")
