@@ -10,6 +10,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from capture_megatron.config.ddp import DdpOptions
 from capture_megatron.config.fields import flag
 from capture_megatron.config.layout import format_layout
 from capture_megatron.config.model import GIB, ModelShape
@@ -98,6 +99,9 @@ class ParallelPlan(JsonMixin):
     microbatch_group_size: int = 0
     """Interleaved schedule: micro-batches per virtual stage in a row; 0 means PP
     (--microbatch-group-size-per-virtual-pipeline-stage)."""
+    ddp: DdpOptions = DdpOptions()
+    """Gradient buffers and optimizer state: precision, buckets, distributed-optimizer instances,
+    deferred output-layer weight gradients."""
 
     def __post_init__(self) -> None:
         p: list[str] = []
@@ -126,6 +130,9 @@ class ParallelPlan(JsonMixin):
         if self.vpp > 1 and self.pp == 1:
             p.append("virtual pipeline stages need PP > 1")
         p += self._expert_problems()
+        p += self.ddp.plan_problems(
+            self.vpp, self.dp * self.cp, self.expert_dp, self.distributed_optimizer
+        )
         require(p, "parallel plan")
 
     def _expert_problems(self) -> list[str]:

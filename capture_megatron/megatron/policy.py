@@ -37,7 +37,7 @@ IGNORED_PREFIXES = tuple(
 IGNORED = frozenset(
     """
     --rampup-batch-size
-    --accumulate-allreduce-grads-in-fp32 --adlr-autoresume --adlr-autoresume-interval
+    --adlr-autoresume --adlr-autoresume-interval
     --allow-ambiguous-pad-tokens --apply-layernorm-1p --apply-residual-connection-post-layernorm
     --apply-wd-to-qk-layernorm --auto-detect-ckpt-format --batch-invariant-mode
     --bert-embedder-type --bert-load --bert-no-binary-head --block-data-path --calc-ft-timeouts
@@ -208,24 +208,8 @@ _REASONS = {
     "RL training steps are not modelled": """
         --perform-rl-step
     """,
-    "bf16 gradient buffers are not modelled yet": """
-        --grad-reduce-in-bf16
-    """,
     "fp16 cross entropy is not modelled yet": """
         --fp16-lm-cross-entropy
-    """,
-    "precision-aware optimizer state is not modelled yet": """
-        --exp-avg-dtype --exp-avg-sq-dtype --main-grads-dtype --main-params-dtype
-        --use-precision-aware-optimizer
-    """,
-    "several distributed-optimizer instances are not modelled yet": """
-        --num-distributed-optimizer-instances
-    """,
-    "gradient-buffer bucketing is not modelled yet": """
-        --ddp-bucket-size --ddp-num-buckets
-    """,
-    "gradient-buffer bucket padding is not modelled yet": """
-        --ddp-pad-buckets-for-high-nccl-busbw
     """,
     "give --attention-backend flash": """
         --use-flash-attn

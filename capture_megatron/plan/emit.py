@@ -41,6 +41,7 @@ def plan_args(plan: ParallelPlan) -> list[str]:
         out.append("--sequence-parallel")
     if plan.distributed_optimizer:
         out.append("--use-distributed-optimizer")
+    out += to_flags(plan.ddp)
     rc = plan.recompute
     if rc.granularity == "selective":
         out += ["--recompute-granularity", "selective"]

@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from capture_megatron.config import Cluster, ModelShape, ParallelFlags, ParallelPlan, Recompute
+from capture_megatron.config.ddp import DdpOptions
 from capture_megatron.config.parallel import tp_fits
 from capture_megatron.config.resolve import refuse_dropped_recompute
 from capture_megatron.errors import CaptureError
@@ -45,6 +46,9 @@ class Space:
     ep: tuple[int, ...] = ()
     """Expert-parallel sizes; empty: for a model with experts every size Megatron allows (it
     divides the experts and the TP x DP ranks of a stage; the expert TP is the TP), else 1."""
+    ddp: DdpOptions = DdpOptions()
+    """Gradient and optimizer-state settings as given, kept in every candidate (those megatron
+    refuses with them are skipped)."""
 
     @property
     def keeps_recompute(self) -> bool:
@@ -72,9 +76,13 @@ def refuse_experts_sizes(flags: ParallelFlags) -> None:
         )
 
 
-def space_from(flags: ParallelFlags, whole_plan: bool = False) -> Space:
+def space_from(
+    flags: ParallelFlags, whole_plan: bool = False, ddp: DdpOptions = DdpOptions()
+) -> Space:
     """The search space with the values the command line fixed (`whole_plan`: the flags give the
-    whole plan, whose expert TP is kept as given)."""
+    whole plan, whose expert TP is kept as given) and the gradient / optimizer-state settings
+    (the precision-aware optimizer and several optimizer instances fix the distributed
+    optimizer, which megatron-core needs for them)."""
     if not whole_plan:
         refuse_experts_sizes(flags)
     refuse_dropped_recompute(flags)
@@ -98,10 +106,11 @@ def space_from(flags: ParallelFlags, whole_plan: bool = False) -> Space:
         fixed["recompute_method"] = flags.recompute_method or ""
     if flags.sequence_parallel:
         fixed["sequence_parallel"] = (True,)
-    if flags.use_distributed_optimizer:
+    needs = ddp.use_precision_aware_optimizer or ddp.num_distributed_optimizer_instances > 1
+    if flags.use_distributed_optimizer or needs:
         fixed["distributed_optimizer"] = (True,)
     fixed.update(_fixed_sizes(flags))
-    return replace(Space(), cp_comm_type=flags.cp_comm_type or "", **fixed)
+    return replace(Space(), cp_comm_type=flags.cp_comm_type or "", ddp=ddp, **fixed)
 
 
 def _fixed_sizes(flags: ParallelFlags) -> dict[str, tuple[int, ...]]:
@@ -194,6 +203,8 @@ def _variants(
                         for i in range(stages)
                     )
                     for ep in expert_sizes(shape, tp, dp * cp, space):
+                        if space.ddp.plan_problems(vpp, dp * cp, dp * cp // ep, do):
+                            continue
                         yield ParallelPlan(
                             tp=tp,
                             pp=pp,
@@ -208,4 +219,5 @@ def _variants(
                             recompute=recompute,
                             sequence_parallel=sp,
                             distributed_optimizer=do,
+                            ddp=space.ddp,
                         )

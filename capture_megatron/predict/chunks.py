@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from capture_megatron.config import ModelShape, ParallelPlan
+from capture_megatron.config import DdpOptions, ModelShape, ParallelPlan
 from capture_megatron.fit import ShapeConstants, Sizes
 from capture_megatron.predict import mixed, retained
 from capture_megatron.predict.layers import Layers, sizes_for
-from capture_megatron.predict.static import LayerRun, layer_static
+from capture_megatron.predict.static import LayerRun, layer_static, layout_of
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,10 @@ class ChunkCost:
     """Bytes the chunk's MoE token dispatchers keep from their layers' last forward for good
     (routing probabilities and map, permutation indices): alive at every moment after the first
     forward, counted with the rank's other static bytes (0 without MoE layers)."""
+    step_copies: float = 0.0
+    """Of the optimizer step, what it allocates for this chunk's parameters that every chunk's
+    adds to (StaticBytes.copies: fp32 copies of 16-bit gradients or of low-precision optimizer
+    states); `step` is the rest, the largest of a rank's chunks counts."""
 
 
 def chunk_kind(plan: ParallelPlan, pp_rank: int, vp: int) -> str:
@@ -180,24 +184,69 @@ def chunk_cost(
     (inp, saved, fwd, bwd, redone), (ret, ret_grad) = _costs(layers, z, kind, moe, n, rc.method)
     ends = layers.main.constants(z)
     kinds = [layers.model(m).constants(z).chunk(kind) for m in sorted(set(moe))]
-    if k == 0:
-        c = ends.chunk(kind)
-        step = c.need("step0") if kind != "middle" else c.step1
-        buffers = c.need("buffers0") if kind != "middle" else 0.0
-    else:
-        step, buffers = max(c.step1 for c in kinds), max(c.buffers1 for c in kinds)
+    step, buffers = _step_buffers(layers, z, shape.dtype, kind, moe)
     pre, post = _ends(ends, kind)
     runs = _runs(layers, z, moe)
     count = len(pre) + sum(c * len(numels) for numels, _, c in runs) + len(post)
     shared = _shared_end(kind, shape, plan, count)
     dp = (plan.dp * plan.cp, plan.expert_dp)
-    st = layer_static(pre, runs, post, shape.dtype, dp, plan.distributed_optimizer, shared)
+    bucket = _bucket_size(plan, pp_rank, vp, pre, runs, post)
+    st = layer_static(
+        pre, runs, post, shape.dtype, dp, plan.distributed_optimizer, shared, plan.ddp, bucket
+    )
     # kinds are sorted by variant: with MoE layers, the MoE variant's constants come last
     state = moe.count(True) * float(kinds[-1].state1 or 0.0) if any(moe) else 0.0
     return ChunkCost(
         kind, k, inp + saved, inp, fwd, bwd, step, st.params, st.grads, st.optimizer, buffers,
-        redone, ret, ret_grad, state,
+        redone, ret, ret_grad, state, st.copies,
     )  # fmt: skip
+
+
+def _step_buffers(
+    layers: Layers, z: Sizes, dtype: str, kind: str, moe: tuple[bool, ...]
+) -> tuple[float, float]:
+    """(the optimizer step's peak beyond the step copies, persistent buffers) of a chunk. The
+    probes measure the step of a one-layer chunk (none for an end alone) with Megatron-LM's
+    default gradient buffers: where those are 16-bit (fp16 training) the measured peak holds
+    that probe chunk's fp32 gradient copies, which are taken out here (the chunk's own are
+    StaticBytes.copies). Fake-tensor probes do not run the step (0)."""
+    default = layout_of(dtype, DdpOptions(), 1, False).copies
+    if not moe:
+        c = layers.main.constants(z).chunk(kind)
+        if kind == "middle":
+            return _net_step(layers, layers.main.constants(z), kind, 1, default), 0.0
+        return _net_step(layers, layers.main.constants(z), kind, 0, default), c.need("buffers0")
+    consts = [layers.model(m).constants(z) for m in sorted(set(moe))]
+    step = max(_net_step(layers, sc, kind, 1, default) for sc in consts)
+    return step, max(sc.chunk(kind).buffers1 for sc in consts)
+
+
+def _net_step(layers: Layers, sc: ShapeConstants, kind: str, k: int, per_element: int) -> float:
+    """A probe's measured step peak (k: 0 or 1 layer) less the gradient copies it holds."""
+    c = sc.chunk(kind)
+    measured = c.step1 if k else c.need("step0")
+    if not layers.step_measured or not per_element:
+        return measured if layers.step_measured else 0.0
+    elements = sum(c.end_numels) + (sum(sc.layer_numels) if k else 0)
+    return measured - per_element * elements
+
+
+def _bucket_size(
+    plan: ParallelPlan,
+    pp_rank: int,
+    vp: int,
+    pre: tuple[int, ...],
+    runs: tuple[LayerRun, ...],
+    post: tuple[int, ...],
+) -> int | None:
+    """DDP's bucket size for this chunk: only the first pipeline stage's first chunk buckets
+    (megatron-core's DDP: disable_bucketing for later chunks, none on later stages); with
+    --ddp-num-buckets sized by the rank's parameters (this chunk's: one chunk per rank, which
+    DdpOptions.plan_problems requires)."""
+    if pp_rank or vp:
+        return None
+    params = sum(pre) + sum(k * sum(numels) for numels, _, k in runs) + sum(post)
+    return plan.ddp.bucket_size(plan.dp * plan.cp, params)
 
 
 def cached_chunk(

@@ -34,6 +34,7 @@ FIELDS = (
     "retained",
     "retained_grad",
     "routing_state",
+    "step_copies",
 )
 """The ChunkCost fields a table reads; forward and backward are read as input + forward and
 backward."""
@@ -86,6 +87,7 @@ def peak_table(
     for c in ch[1:]:
         other, step = np.maximum(other, c["buffers"]), np.maximum(step, c["step"])
     routing = sum((c["routing_state"] for c in ch), zero)
+    step = step + sum((c["step_copies"] for c in ch), zero)
     static = params + grads + opt + (other + layers.workspace_bytes + routing)
     kept = sum((c["retained"] for c in ch), zero)
     best = np.broadcast_to(static + kept + step, (limit + 1,) * vpp).copy()
