@@ -149,6 +149,16 @@ class DdpOptions(JsonMixin):
             return self.ddp_bucket_size
         return max(40_000_000, 1_000_000 * dp_cp)
 
+    def dtype_problems(self, dtype: str) -> list[str]:
+        """What megatron-core refuses in these settings when training in `dtype`."""
+        if self.use_precision_aware_optimizer and self.grad_dtype(dtype) == "fp16":
+            return [
+                "--use-precision-aware-optimizer with fp16 gradient buffers: megatron-core's "
+                "gradient clipping takes only fp32 or bf16 gradients from it (clip_grads.py); "
+                "add --accumulate-allreduce-grads-in-fp32"
+            ]
+        return []
+
     def shard_ranks(self, dp_cp: int) -> int:
         """The ranks one distributed-optimizer instance shards the state over."""
         return max(dp_cp // self.num_distributed_optimizer_instances, 1)

@@ -259,6 +259,7 @@ def check_plan_fits_model(shape: ModelShape, plan: ParallelPlan) -> None:
                     f"uniform recompute of {plan.recompute.layers_on(r)} does not divide {n} layers"
                 )
     p += expert_problems(shape, plan) + context_problems(shape, plan)
+    p += plan.ddp.dtype_problems(shape.dtype)
     require(p, "plan for this model")
 
 

@@ -134,7 +134,7 @@ class HostFusedAdam(torch.optim.Optimizer):
         top = FP8_MAX if state.dtype == torch.float8_e4m3fn else FP16_RANGE
         lo, hi = torch.aminmax(unscaled)
         scale = self._scales[p][name]
-        torch.div(torch.maximum(-lo, hi).float(), top, out=scale)
+        torch.div(torch.maximum(-lo, hi).float().view(1), top, out=scale)
         inverse = torch.where(scale > 0, scale.reciprocal(), 0.0)
         unscaled.mul_(inverse)
         state.copy_(unscaled)
@@ -168,39 +168,48 @@ class HostFusedAdam(torch.optim.Optimizer):
 
 
 def _adam(opt: HostFusedAdam, group: dict, p: torch.Tensor, g: torch.Tensor, st: dict) -> None:
-    """TE's multi_tensor_adam (or its param-remainder variant) on one parameter."""
+    """TE's multi_tensor_adam (or its param-remainder variant) on one parameter, SLICE elements
+    at a time (TE's kernel keeps no temporaries; here they are at most a few slices)."""
     beta1, beta2 = group["betas"]
     step, lr, eps, decay = group["step"], group["lr"], group["eps"], group["weight_decay"]
     c1 = 1 - beta1**step if group["bias_correction"] else 1.0
     c2 = 1 - beta2**step if group["bias_correction"] else 1.0
     remainder = "master_param" in st and st["master_param"].dtype == torch.int16
-    if remainder:
-        master = _from_remainder(p, st["master_param"])
-    elif "master_param" in st and p.dtype != torch.float32:
-        master = st["master_param"]
-    else:
-        master = p.data if p.dtype == torch.float32 else p.data.float()
-    grad = g.float()
-    if not opt.adam_w_mode and decay:
-        grad = grad.add(master, alpha=decay)
-    m, v = st["exp_avg"], st["exp_avg_sq"]
-    m.mul_(beta1).add_(grad, alpha=1 - beta1)
-    v.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-    update = (m / c1).div_((v / c2).sqrt_().add_(eps))
-    if opt.adam_w_mode and decay:
-        update.add_(master, alpha=decay)
-    master.add_(update, alpha=-lr)
-    if remainder:
-        _to_remainder(master, p, st["master_param"])
-    elif master.data_ptr() != p.data_ptr():
-        p.data.copy_(master)
+    master = st.get("master_param") if p.dtype != torch.float32 else None
+    flat = {n: t.view(-1) for n, t in (("p", p.data), ("g", g), *st.items())}
+    for lo in range(0, p.numel(), SLICE):
+        part = {n: t[lo : lo + SLICE] for n, t in flat.items()}
+        if remainder:
+            weight = _from_remainder(part["p"], part["master_param"])
+        elif master is not None:
+            weight = part["master_param"]
+        else:
+            weight = part["p"]  # fp32 parameters are their own master (TE's f32 kernel)
+        grad = part["g"]
+        if not opt.adam_w_mode and decay:
+            grad = grad.float().add_(weight, alpha=decay)
+        part["exp_avg"].mul_(beta1).add_(grad, alpha=1 - beta1)
+        part["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+        update = part["exp_avg_sq"].div(c2).sqrt_().add_(eps)
+        update = torch.div(part["exp_avg"], update, out=update).div_(c1)
+        if opt.adam_w_mode and decay:
+            update.add_(weight, alpha=decay)
+        weight.add_(update, alpha=-lr)
+        if remainder:
+            _to_remainder(weight, part["p"], part["master_param"])
+        elif weight.data_ptr() != part["p"].data_ptr():
+            part["p"].copy_(weight)
+
+
+SLICE = 4096
+"""Elements HostFusedAdam updates at a time (its temporaries are a few fp32 slices)."""
 
 
 def _from_remainder(p: torch.Tensor, rem: torch.Tensor) -> torch.Tensor:
     """The fp32 master weight from a bf16 parameter (its leading 16 bits, rounded) and the int16
     remainder (TE's AdamFunctorMasterParamRemainder: undo the rounding when the remainder is
     negative)."""
-    high = p.data.view(torch.int16).to(torch.int32) - (rem < 0).to(torch.int32)
+    high = p.view(torch.int16).to(torch.int32) - (rem < 0).to(torch.int32)
     bits = (high << 16) | (rem.to(torch.int32) & 0xFFFF)
     return bits.view(torch.float32)
 
@@ -212,7 +221,7 @@ def _to_remainder(master: torch.Tensor, p: torch.Tensor, rem: torch.Tensor) -> N
     low = (bits & 0xFFFF).to(torch.int16)  # wraps to the signed remainder
     high = (bits >> 16) + (low < 0).to(torch.int32)
     rem.copy_(low)
-    p.data.view(torch.int16).copy_(high.to(torch.int16))
+    p.view(torch.int16).copy_(high.to(torch.int16))
 
 
 TE_VERSION = "2.8.0"

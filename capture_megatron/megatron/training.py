@@ -81,7 +81,9 @@ def wrap_model(
             overlap_param_gather=run.overlap_param_gather,
             use_distributed_optimizer=plan.distributed_optimizer,
             num_distributed_optimizer_instances=opts.num_distributed_optimizer_instances,
-            check_for_nan_in_grad=check_for_nan_in_grad,
+            # Megatron-LM turns the check off for fp16 with dynamic loss scaling (its NaNs and
+            # infs are the scaler's signal; --loss-scale is not modelled, so scaling is dynamic)
+            check_for_nan_in_grad=check_for_nan_in_grad and shape.dtype != "fp16",
             bucket_size=bucket_size(opts, chunks),
             pad_buckets_for_high_nccl_busbw=opts.ddp_pad_buckets_for_high_nccl_busbw,
         )

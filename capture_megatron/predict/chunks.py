@@ -58,6 +58,10 @@ class ChunkCost:
     """Of the optimizer step, what it allocates for this chunk's parameters that every chunk's
     adds to (StaticBytes.copies: fp32 copies of 16-bit gradients or of low-precision optimizer
     states); `step` is the rest, the largest of a rank's chunks counts."""
+    step_alone: float = 0.0
+    """A step-time peak while no copies are alive (the CPU kernel set's gradient clipping with the
+    precision-aware optimizer: a scaled copy of one gradient); the rank's step is the larger of
+    the largest of these and its step with the copies."""
 
 
 def chunk_kind(plan: ParallelPlan, pp_rank: int, vp: int) -> str:
@@ -194,12 +198,29 @@ def chunk_cost(
     st = layer_static(
         pre, runs, post, shape.dtype, dp, plan.distributed_optimizer, shared, plan.ddp, bucket
     )
+    alone = 0.0
+    if plan.ddp.use_precision_aware_optimizer:
+        step, alone = _fused_adam_step(plan.ddp, st.largest, layers.step_measured)
+    elif layers.step_measured:
+        step += ADAM_TEMP * st.largest
     # kinds are sorted by variant: with MoE layers, the MoE variant's constants come last
     state = moe.count(True) * float(kinds[-1].state1 or 0.0) if any(moe) else 0.0
     return ChunkCost(
         kind, k, inp + saved, inp, fwd, bwd, step, st.params, st.grads, st.optimizer, buffers,
-        redone, ret, ret_grad, state, st.copies,
+        redone, ret, ret_grad, state, st.copies, alone,
     )  # fmt: skip
+
+
+def _fused_adam_step(ddp: DdpOptions, largest: int, cpu: bool) -> tuple[float, float]:
+    """(step peak beside the copies, step peak without them) of the precision-aware optimizer:
+    Transformer Engine's FusedAdam keeps no temporaries besides its fp32 state copies
+    (StaticBytes.copies), except that writing a bf16 state back makes a bf16 copy of one
+    parameter's state (`_apply_scale`: `unscaled_state.bfloat16()`); on the CPU kernel set
+    megatron's local multi-tensor fallback scales a clipped gradient into a fresh fp32 copy
+    (`utils.local_multi_tensor_scale`: `src * scale`) before the step, where TE / apex scale in
+    place. The probes' measured step (torch's Adam) does not apply."""
+    bf16 = "bf16" in (ddp.exp_avg_dtype, ddp.exp_avg_sq_dtype)
+    return (2.0 * largest if bf16 else 0.0), (4.0 * largest if cpu else 0.0)
 
 
 def _step_buffers(
@@ -211,24 +232,37 @@ def _step_buffers(
     that probe chunk's fp32 gradient copies, which are taken out here (the chunk's own are
     StaticBytes.copies). Fake-tensor probes do not run the step (0)."""
     default = layout_of(dtype, DdpOptions(), 1, False).copies
+    if not moe and kind == "middle":  # an empty middle chunk: the one-layer probe's
+        return _net_step(layers, layers.main.constants(z), kind, 1, default), 0.0
     if not moe:
         c = layers.main.constants(z).chunk(kind)
-        if kind == "middle":
-            return _net_step(layers, layers.main.constants(z), kind, 1, default), 0.0
         return _net_step(layers, layers.main.constants(z), kind, 0, default), c.need("buffers0")
     consts = [layers.model(m).constants(z) for m in sorted(set(moe))]
     step = max(_net_step(layers, sc, kind, 1, default) for sc in consts)
     return step, max(sc.chunk(kind).buffers1 for sc in consts)
 
 
+ADAM_TEMP = 12
+"""Bytes per element of the largest parameter slice a rank updates that torch's Adam (the CPU
+kernel set's optimizer: megatron-core falls back to torch.optim.AdamW without TE or apex) holds at
+its step's peak: its single-tensor loop builds each denominator as `exp_avg_sq.sqrt() /
+bias_correction2_sqrt` (two fp32 temporaries) while the previous parameter's denominator is still
+bound (one more): 4 n_prev + 8 n, at most 12 x the largest slice -- exactly that when the two
+largest follow one another, as a layer's fc1 and fc2 do (measured: the probes' step timelines)."""
+
+
 def _net_step(layers: Layers, sc: ShapeConstants, kind: str, k: int, per_element: int) -> float:
-    """A probe's measured step peak (k: 0 or 1 layer) less the gradient copies it holds."""
+    """A probe's measured step peak (k: 0 or 1 layer) less what depends on the run's gradient
+    buffers and sharding: the gradient copies it holds and Adam's temporaries for its largest
+    parameter (the probes run with DP 1, without the distributed optimizer); 0 for probes that did
+    not run the step. chunk_cost adds the run's own."""
+    if not layers.step_measured:
+        return 0.0
     c = sc.chunk(kind)
     measured = c.step1 if k else c.need("step0")
-    if not layers.step_measured or not per_element:
-        return measured if layers.step_measured else 0.0
-    elements = sum(c.end_numels) + (sum(sc.layer_numels) if k else 0)
-    return measured - per_element * elements
+    numels = (*c.end_numels, *(sc.layer_numels if k else ()))
+    copies = per_element * sum(numels)
+    return max(measured - copies - ADAM_TEMP * max(numels, default=0), 0.0)
 
 
 def _bucket_size(

@@ -176,6 +176,7 @@ def rank_memory(
     other = max(c.buffers for c in chunks) + layers.workspace_bytes + routing
     static = params + grads + opt + other
     step = max(c.step for c in chunks) + sum(c.step_copies for c in chunks)
+    step = max(step, max(c.step_alone for c in chunks))
     kept = sum(c.retained for c in chunks)  # every chunk's last pass before the step: a backward
     best = (static + kept + step, kept, step, "step", (0,) * plan.vpp)
     moments = schedule_states(

@@ -45,6 +45,8 @@ class StaticBytes:
     copies: int = 0
     """Bytes the optimizer step allocates on top for this chunk's parameters: fp32 copies of 16-bit
     gradients, or the precision-aware optimizer's fp32 copies of its 16/8-bit states."""
+    largest: int = 0
+    """Elements of the largest slice of one parameter this rank's optimizer updates."""
 
 
 @dataclass(frozen=True)
@@ -144,15 +146,19 @@ def _owned(ranges: list[tuple[int, int]], buckets: list[tuple[int, int]], dp: in
     return owned
 
 
-def _bytes(layout: Layout, total: int, elements: int, tensors: int) -> StaticBytes:
+def _bytes(
+    layout: Layout, total: int, elements: int, tensors: int, largest: int
+) -> StaticBytes:
     """StaticBytes of a buffer of `total` elements of which this rank owns `elements` in
-    `tensors` parameter tensors."""
+    `tensors` parameter tensors, at most `largest` of one."""
     return StaticBytes(
         total * layout.param,
         total * layout.grad,
         elements * layout.state + tensors * layout.per_tensor,
         elements * layout.copies,
+        largest,
     )
+
 
 
 def chunk_static(
@@ -170,10 +176,10 @@ def chunk_static(
     if not numels:
         return StaticBytes(0, 0, 0)
     if not distributed_optimizer:
-        return _bytes(layout, sum(numels), sum(numels), len(numels))
+        return _bytes(layout, sum(numels), sum(numels), len(numels), max(numels))
     ranges, buckets = buffer_layout(numels, layout, shared_index)
     owned = [o for o in _owned(ranges, buckets, layout.shards) if o > 0]
-    return _bytes(layout, buckets[-1][1], sum(owned), len(owned))
+    return _bytes(layout, buckets[-1][1], sum(owned), len(owned), max(owned, default=0))
 
 
 @dataclass(frozen=True)
@@ -229,24 +235,25 @@ def _place(
     return placed, buckets, start
 
 
-def _block_overlap(b: _Block, lo: int, hi: int) -> tuple[int, int]:
-    """(elements, parameters) of a block inside [lo, hi)."""
+def _block_overlap(b: _Block, lo: int, hi: int) -> tuple[int, int, int]:
+    """(elements, parameters, the most elements of one parameter) of a block inside [lo, hi)."""
     if hi <= lo:
-        return 0, 0
+        return 0, 0, 0
     first, last = (lo - b.base) // b.period, (hi - 1 - b.base) // b.period
     full_lo, full_hi = max(0, -(-(lo - b.base) // b.period)), min(b.k, (hi - b.base) // b.period)
-    elements = params = 0
+    elements = params = most = 0
     if full_lo < full_hi:
         elements += (full_hi - full_lo) * sum(n for _, n in b.offsets)
         params += (full_hi - full_lo) * len(b.offsets)
+        most = max(n for _, n in b.offsets)
     for j in {first, last}:
         if 0 <= j < b.k and not full_lo <= j < full_hi:
             for off, n in b.offsets:
                 p_lo = b.base + j * b.period + off
                 ov = min(hi, p_lo + n) - max(lo, p_lo)
                 if ov > 0:
-                    elements, params = elements + ov, params + 1
-    return elements, params
+                    elements, params, most = elements + ov, params + 1, max(most, ov)
+    return elements, params, most
 
 
 Run = tuple[tuple[int, ...], int]
@@ -275,7 +282,8 @@ def runs_static(
     layout = layout_of(dtype, ddp, dp, distributed_optimizer, bucket_size)
     if not distributed_optimizer:
         total = sum(pre) + sum(k * sum(layer) for layer, k in runs) + sum(post)
-        return _bytes(layout, total, total, numels)
+        most = max((*pre, *post, *(n for layer, _ in runs for n in layer)))
+        return _bytes(layout, total, total, numels, most)
     if layout.bucket_size is not None:  # buckets may end inside a run: lay it out element-wise
         flat = list(pre) + [n for layer, k in runs for n in layer * k] + list(post)
         index = {"pre": 0, "post": len(flat) - 1}.get(shared or "")
@@ -284,17 +292,17 @@ def runs_static(
     items += [(tuple(reversed(layer)), k) for layer, k in reversed(runs)]
     items += [(n, shared == "pre" and i == len(pre) - 1) for i, n in enumerate(reversed(pre))]
     placed, buckets, _ = _place(items, layout)
-    elements = params = 0
+    elements = params = largest = 0
     for b_lo, b_hi in buckets:
         lo, hi = b_lo, b_lo + (b_hi - b_lo) // layout.shards
         for p in placed:
             if isinstance(p, _Block):
-                e, c = _block_overlap(p, lo, hi)
+                e, c, m = _block_overlap(p, lo, hi)
             else:
                 ov = min(hi, p[1]) - max(lo, p[0])
-                e, c = max(ov, 0), int(ov > 0)
-            elements, params = elements + e, params + c
-    return _bytes(layout, buckets[-1][1], elements, params)
+                e, c, m = max(ov, 0), int(ov > 0), max(ov, 0)
+            elements, params, largest = elements + e, params + c, max(largest, m)
+    return _bytes(layout, buckets[-1][1], elements, params, largest)
 
 
 LayerRun = tuple[tuple[int, ...], tuple[bool, ...], int]
@@ -324,5 +332,9 @@ def layer_static(
         return a
     b = runs_static((), routed, (), dtype, dp[1], distributed_optimizer, None, ddp, bucket_size)
     return StaticBytes(
-        a.params + b.params, a.grads + b.grads, a.optimizer + b.optimizer, a.copies + b.copies
+        a.params + b.params,
+        a.grads + b.grads,
+        a.optimizer + b.optimizer,
+        a.copies + b.copies,
+        max(a.largest, b.largest),
     )

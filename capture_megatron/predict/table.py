@@ -35,6 +35,7 @@ FIELDS = (
     "retained_grad",
     "routing_state",
     "step_copies",
+    "step_alone",
 )
 """The ChunkCost fields a table reads; forward and backward are read as input + forward and
 backward."""
@@ -88,6 +89,10 @@ def peak_table(
         other, step = np.maximum(other, c["buffers"]), np.maximum(step, c["step"])
     routing = sum((c["routing_state"] for c in ch), zero)
     step = step + sum((c["step_copies"] for c in ch), zero)
+    alone = ch[0]["step_alone"]
+    for c in ch[1:]:
+        alone = np.maximum(alone, c["step_alone"])
+    step = np.maximum(step, alone)
     static = params + grads + opt + (other + layers.workspace_bytes + routing)
     kept = sum((c["retained"] for c in ch), zero)
     best = np.broadcast_to(static + kept + step, (limit + 1,) * vpp).copy()
