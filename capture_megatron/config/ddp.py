@@ -24,8 +24,8 @@ STATE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
 
 @dataclass(frozen=True)
 class DdpOptions(JsonMixin):
-    """Gradient buffers and optimizer state: precision, buckets, distributed-optimizer instances
-    (Megatron flags)."""
+    """Gradient buffers and optimizer state: precision, buckets, distributed-optimizer instances;
+    deferred output-layer weight gradients (Megatron flags)."""
 
     overlap_grad_reduce: bool = flag("--overlap-grad-reduce", False)
     """Overlap DP gradient reduce-scatter/all-reduce with backward (the first pipeline stage's
@@ -59,6 +59,12 @@ class DdpOptions(JsonMixin):
     divided by this."""
     ddp_pad_buckets_for_high_nccl_busbw: bool = flag("--ddp-pad-buckets-for-high-nccl-busbw", False)
     """Distributed optimizer: pad every bucket to a multiple of lcm(DP, 128, 2^16) elements."""
+    defer_embedding_wgrad_compute: bool = flag("--defer-embedding-wgrad-compute", False)
+    """The last pipeline stage keeps the output layer's inputs and output gradients and computes
+    its weight gradient after the schedule's last backward (needs PP > 1 and gradient-accumulation
+    fusion)."""
+    wgrad_deferral_limit: int = flag("--wgrad-deferral-limit", 0)
+    """Micro-batches whose output-layer weight gradient is deferred (0: all of them)."""
 
     def __post_init__(self) -> None:
         require(self._problems(), "gradient and optimizer-state settings")
@@ -86,6 +92,8 @@ class DdpOptions(JsonMixin):
             p.append(f"--ddp-num-buckets {self.ddp_num_buckets} must be greater than 0")
         if self.ddp_bucket_size is not None and self.ddp_bucket_size <= 0:
             p.append(f"--ddp-bucket-size {self.ddp_bucket_size} must be greater than 0")
+        if self.wgrad_deferral_limit < 0:
+            p.append(f"--wgrad-deferral-limit {self.wgrad_deferral_limit} must be >= 0")
         if self.num_distributed_optimizer_instances < 1:
             n = self.num_distributed_optimizer_instances
             p.append(f"--num-distributed-optimizer-instances {n} must be at least 1")
@@ -105,12 +113,17 @@ class DdpOptions(JsonMixin):
         return "fp32" if self.accumulate_allreduce_grads_in_fp32 else dtype
 
     def plan_problems(
-        self, vpp: int, dp_cp: int, expert_dp: int, distributed_optimizer: bool
+        self, pp: int, vpp: int, dp_cp: int, expert_dp: int, distributed_optimizer: bool
     ) -> list[str]:
         """What megatron-core refuses (or capture-megatron does not model) in these settings for a
-        plan of `vpp` chunks per rank, `dp_cp` data x context-parallel ranks, `expert_dp`
+        plan of `pp` stages of `vpp` chunks, `dp_cp` data x context-parallel ranks, `expert_dp`
         expert-data-parallel ranks and the distributed optimizer or not (empty: nothing)."""
         p = []
+        if self.defer_embedding_wgrad_compute and pp == 1:
+            p.append(
+                "--defer-embedding-wgrad-compute needs pipeline parallelism (megatron-core's "
+                "ModelParallelConfig)"
+            )
         if self.use_precision_aware_optimizer and not distributed_optimizer:
             p.append(
                 "--use-precision-aware-optimizer needs --use-distributed-optimizer "
@@ -148,6 +161,32 @@ class DdpOptions(JsonMixin):
         if self.ddp_bucket_size is not None:
             return self.ddp_bucket_size
         return max(40_000_000, 1_000_000 * dp_cp)
+
+    def kernel_problem(self, kernel_set: str, accumulation_fusion: bool) -> str:
+        """Why the kernel set cannot run these settings ('' when it can): deferring the output
+        layer's weight gradient needs gradient-accumulation fusion (megatron-core's
+        ModelParallelConfig), a CUDA extension (apex / TE) the CPU kernel set does not have."""
+        if not self.defer_embedding_wgrad_compute:
+            return ""
+        if kernel_set == "cpu":
+            return (
+                "--defer-embedding-wgrad-compute needs gradient-accumulation fusion, a CUDA "
+                "extension the CPU kernel set does not have (megatron-core refuses the setting "
+                "without it): predict it with the GPU kernel set (--device fake)"
+            )
+        if not accumulation_fusion:
+            return (
+                "--defer-embedding-wgrad-compute needs gradient-accumulation fusion (megatron-core "
+                "refuses it with --no-gradient-accumulation-fusion)"
+            )
+        return ""
+
+    def deferred(self, microbatches: int) -> int:
+        """Micro-batches whose output-layer weight gradient the last stage defers."""
+        if not self.defer_embedding_wgrad_compute:
+            return 0
+        limit = self.wgrad_deferral_limit
+        return microbatches if limit == 0 else min(limit, microbatches)
 
     def dtype_problems(self, dtype: str) -> list[str]:
         """What megatron-core refuses in these settings when training in `dtype`."""

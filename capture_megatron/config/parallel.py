@@ -131,7 +131,7 @@ class ParallelPlan(JsonMixin):
             p.append("virtual pipeline stages need PP > 1")
         p += self._expert_problems()
         p += self.ddp.plan_problems(
-            self.vpp, self.dp * self.cp, self.expert_dp, self.distributed_optimizer
+            self.pp, self.vpp, self.dp * self.cp, self.expert_dp, self.distributed_optimizer
         )
         require(p, "parallel plan")
 

@@ -83,7 +83,7 @@ IGNORED = frozenset(
     --use-legacy-static-engine --use-mcore-models --use-mp-args-from-checkpoint-args
     --use-one-sent-docs --use-persistent-ckpt-worker --use-pytorch-profiler
     --use-ring-exchange-p2p --use-sharp --use-tp-pp-dp-mapping --vocab-file
-    --warmup --wgrad-deferral-limit
+    --warmup
     --moe-router-num-groups --moe-router-group-topk --moe-router-topk-scaling-factor
     --moe-router-bias-update-rate --moe-token-drop-policy --moe-per-layer-logging
     --moe-router-enable-expert-bias
@@ -170,9 +170,6 @@ _REASONS = {
     """,
     "delayed weight-gradient computation keeps activations longer, not modelled yet": """
         --delay-wgrad-compute
-    """,
-    "deferred embedding weight gradients keep activations longer, not modelled yet": """
-        --defer-embedding-wgrad-compute
     """,
     "distributed saved activations are not modelled yet": """
         --distribute-saved-activations

@@ -115,7 +115,7 @@ def plain_dp(shape: ModelShape, space: Space, p: ParallelPlan) -> ParallelPlan |
     n, gbs = p.world_size, p.global_batch_size
     mbs = p.micro_batch_size if gbs % (p.micro_batch_size * n) == 0 else 1
     distopt = n > 1 and True in space.distributed_optimizer
-    if gbs % (mbs * n) or space.ddp.plan_problems(1, n, n, distopt):
+    if gbs % (mbs * n) or space.ddp.plan_problems(1, 1, n, n, distopt):
         return None
     return ParallelPlan(
         tp=1,

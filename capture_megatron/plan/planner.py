@@ -126,8 +126,10 @@ def _result(
     considered: int,
 ) -> PlanResult:
     space = options.space
-    problem = window_problem(shape, model.kernels, options.kernels) or context_problem(
-        space.cp, space.cp_comm_type, model.kernels, options.kernels
+    problem = (
+        window_problem(shape, model.kernels, options.kernels)
+        or context_problem(space.cp, space.cp_comm_type, model.kernels, options.kernels)
+        or space.ddp.kernel_problem(model.kernels, options.kernels.gradient_accumulation_fusion)
     )
     if problem:
         raise CaptureError(problem + ".")

@@ -203,7 +203,7 @@ def _variants(
                         for i in range(stages)
                     )
                     for ep in expert_sizes(shape, tp, dp * cp, space):
-                        if space.ddp.plan_problems(vpp, dp * cp, dp * cp // ep, do):
+                        if space.ddp.plan_problems(pp, vpp, dp * cp, dp * cp // ep, do):
                             continue
                         yield ParallelPlan(
                             tp=tp,

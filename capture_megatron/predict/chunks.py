@@ -202,7 +202,7 @@ def chunk_cost(
     if plan.ddp.use_precision_aware_optimizer:
         step, alone = _fused_adam_step(plan.ddp, st.largest, layers.step_measured)
     elif layers.step_measured:
-        step += ADAM_TEMP * st.largest
+        step = max(step + ADAM_TEMP * st.largest, 0.0)
     # kinds are sorted by variant: with MoE layers, the MoE variant's constants come last
     state = moe.count(True) * float(kinds[-1].state1 or 0.0) if any(moe) else 0.0
     return ChunkCost(
@@ -255,14 +255,14 @@ def _net_step(layers: Layers, sc: ShapeConstants, kind: str, k: int, per_element
     """A probe's measured step peak (k: 0 or 1 layer) less what depends on the run's gradient
     buffers and sharding: the gradient copies it holds and Adam's temporaries for its largest
     parameter (the probes run with DP 1, without the distributed optimizer); 0 for probes that did
-    not run the step. chunk_cost adds the run's own."""
+    not run the step. chunk_cost adds the run's own (the difference alone can be negative)."""
     if not layers.step_measured:
         return 0.0
     c = sc.chunk(kind)
     measured = c.step1 if k else c.need("step0")
     numels = (*c.end_numels, *(sc.layer_numels if k else ()))
     copies = per_element * sum(numels)
-    return max(measured - copies - ADAM_TEMP * max(numels, default=0), 0.0)
+    return measured - copies - ADAM_TEMP * max(numels, default=0)
 
 
 def _bucket_size(
