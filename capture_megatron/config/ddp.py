@@ -73,7 +73,12 @@ class DdpOptions(JsonMixin):
         p = []
         lowered = [
             f"--{name.replace('_', '-')} {getattr(self, name)}"
-            for name in ("main_grads_dtype", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype")
+            for name in (
+                "main_grads_dtype",
+                "main_params_dtype",
+                "exp_avg_dtype",
+                "exp_avg_sq_dtype",
+            )
             if getattr(self, name) != "fp32"
         ]
         if lowered and not self.use_precision_aware_optimizer:
@@ -131,9 +136,7 @@ class DdpOptions(JsonMixin):
             )
         n = self.num_distributed_optimizer_instances
         if n > 1 and not distributed_optimizer:
-            p.append(
-                f"--num-distributed-optimizer-instances {n} needs --use-distributed-optimizer"
-            )
+            p.append(f"--num-distributed-optimizer-instances {n} needs --use-distributed-optimizer")
         if n > 1 and (dp_cp % n or expert_dp % n):
             p.append(
                 f"--num-distributed-optimizer-instances {n} does not divide the {dp_cp} data x "
@@ -201,3 +204,7 @@ class DdpOptions(JsonMixin):
     def shard_ranks(self, dp_cp: int) -> int:
         """The ranks one distributed-optimizer instance shards the state over."""
         return max(dp_cp // self.num_distributed_optimizer_instances, 1)
+
+
+DEFAULT_DDP = DdpOptions()
+"""Megatron-LM's defaults (fp32 gradients for bf16, no buckets, one optimizer instance)."""

@@ -8,7 +8,7 @@ Pure Python (no torch).
 
 from __future__ import annotations
 
-from capture_megatron.config.ddp import DdpOptions
+from capture_megatron.config.ddp import DEFAULT_DDP, DdpOptions
 from capture_megatron.config.layout import accounted_split, first_last_split, parse_layout
 from capture_megatron.config.model import ModelShape
 from capture_megatron.config.parallel import (
@@ -148,7 +148,7 @@ def refuse_dropped_recompute(flags: ParallelFlags) -> None:
 
 
 def parallel_plan(
-    flags: ParallelFlags, shape: ModelShape, world_size: int, ddp: DdpOptions = DdpOptions()
+    flags: ParallelFlags, shape: ModelShape, world_size: int, ddp: DdpOptions = DEFAULT_DDP
 ) -> ParallelPlan:
     """ParallelPlan of a training run on `world_size` processes (unset sizes default to 1) with
     the gradient / optimizer-state settings `ddp`."""

@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from capture_megatron.config import Cluster, ModelShape, ParallelFlags, ParallelPlan, Recompute
-from capture_megatron.config.ddp import DdpOptions
+from capture_megatron.config.ddp import DEFAULT_DDP, DdpOptions
 from capture_megatron.config.parallel import tp_fits
 from capture_megatron.config.resolve import refuse_dropped_recompute
 from capture_megatron.errors import CaptureError
@@ -77,7 +77,7 @@ def refuse_experts_sizes(flags: ParallelFlags) -> None:
 
 
 def space_from(
-    flags: ParallelFlags, whole_plan: bool = False, ddp: DdpOptions = DdpOptions()
+    flags: ParallelFlags, whole_plan: bool = False, ddp: DdpOptions = DEFAULT_DDP
 ) -> Space:
     """The search space with the values the command line fixed (`whole_plan`: the flags give the
     whole plan, whose expert TP is kept as given) and the gradient / optimizer-state settings
@@ -172,6 +172,19 @@ def _dominated(on: bool, size: int, allowed: tuple[bool, ...]) -> bool:
     return not on and size > 1 and True in allowed
 
 
+def _allowed_ep(
+    shape: ModelShape, sizes: tuple[int, int, int, int], vpp: int, do: bool, space: Space
+) -> list[int]:
+    """The expert-parallel sizes of (TP, CP, PP, DP) `sizes` with which megatron-core takes the
+    space's gradient / optimizer-state settings."""
+    tp, cp, pp, dp = sizes
+    return [
+        ep
+        for ep in expert_sizes(shape, tp, dp * cp, space)
+        if not space.ddp.plan_problems(pp, vpp, dp * cp, dp * cp // ep, do)
+    ]
+
+
 def _variants(
     shape: ModelShape, sizes: tuple[int, int, int, int], vpp: int, gbs: int, space: Space
 ) -> Iterator[ParallelPlan]:
@@ -202,9 +215,7 @@ def _variants(
                         shape.num_layers // stages + (1 if i < shape.num_layers % stages else 0)
                         for i in range(stages)
                     )
-                    for ep in expert_sizes(shape, tp, dp * cp, space):
-                        if space.ddp.plan_problems(pp, vpp, dp * cp, dp * cp // ep, do):
-                            continue
+                    for ep in _allowed_ep(shape, (tp, cp, pp, dp), vpp, do, space):
                         yield ParallelPlan(
                             tp=tp,
                             pp=pp,

@@ -176,6 +176,20 @@ def deferral(shape: ModelShape, plan: ParallelPlan, pp_rank: int) -> tuple[float
     return float((rows * shape.hidden_size + logits) * act), gathers
 
 
+def _static(
+    layers: Layers, chunks: list[ChunkCost], shape: ModelShape, plan: ParallelPlan, pp_rank: int
+) -> tuple[float, float, float, float, float]:
+    """(params, grads, optimizer, other, the optimizer step's peak) of a rank's chunks."""
+    params = sum(c.params for c in chunks)
+    grads = sum(c.grads for c in chunks)
+    opt = sum(c.optimizer for c in chunks)
+    routing = sum(c.routing_state for c in chunks)
+    gathers = deferral(shape, plan, pp_rank)[1]
+    other = max(c.buffers for c in chunks) + layers.workspace_bytes + routing + gathers
+    step = max(c.step for c in chunks) + sum(c.step_copies for c in chunks)
+    return params, grads, opt, other, max(step, max(c.step_alone for c in chunks))
+
+
 def rank_memory(
     layers: Layers,
     shape: ModelShape,
@@ -197,15 +211,9 @@ def rank_memory(
         cached_chunk(layers, shape, plan, pp_rank, v, layers.chunk(at[v], counts[v]), cache)
         for v in range(plan.vpp)
     ]
-    params = sum(c.params for c in chunks)
-    grads = sum(c.grads for c in chunks)
-    opt = sum(c.optimizer for c in chunks)
-    routing = sum(c.routing_state for c in chunks)
-    pair, gathers = deferral(shape, plan, pp_rank)
-    other = max(c.buffers for c in chunks) + layers.workspace_bytes + routing + gathers
+    params, grads, opt, other, step = _static(layers, chunks, shape, plan, pp_rank)
     static = params + grads + opt + other
-    step = max(c.step for c in chunks) + sum(c.step_copies for c in chunks)
-    step = max(step, max(c.step_alone for c in chunks))
+    pair = deferral(shape, plan, pp_rank)[0]
     kept = sum(c.retained for c in chunks)  # every chunk's last pass before the step: a backward
     best = (static + kept + step, kept, step, "step", (0,) * plan.vpp)
     moments = schedule_states(

@@ -29,7 +29,7 @@ import math
 from dataclasses import dataclass
 
 from capture_megatron.config import DdpOptions, dtype_bytes
-from capture_megatron.config.ddp import STATE_BYTES
+from capture_megatron.config.ddp import DEFAULT_DDP, STATE_BYTES
 
 
 @dataclass(frozen=True)
@@ -146,9 +146,7 @@ def _owned(ranges: list[tuple[int, int]], buckets: list[tuple[int, int]], dp: in
     return owned
 
 
-def _bytes(
-    layout: Layout, total: int, elements: int, tensors: int, largest: int
-) -> StaticBytes:
+def _bytes(layout: Layout, total: int, elements: int, tensors: int, largest: int) -> StaticBytes:
     """StaticBytes of a buffer of `total` elements of which this rank owns `elements` in
     `tensors` parameter tensors, at most `largest` of one."""
     return StaticBytes(
@@ -160,14 +158,13 @@ def _bytes(
     )
 
 
-
 def chunk_static(
     numels: list[int],
     dtype: str,
     dp: int,
     distributed_optimizer: bool,
     shared_index: int | None = None,
-    ddp: DdpOptions = DdpOptions(),
+    ddp: DdpOptions = DEFAULT_DDP,
     bucket_size: int | None = None,
 ) -> StaticBytes:
     """Static bytes of a chunk with parameters of `numels` elements on DP rank 0 (`dp`: the
@@ -269,7 +266,7 @@ def runs_static(
     dp: int,
     distributed_optimizer: bool,
     shared: str | None = None,
-    ddp: DdpOptions = DdpOptions(),
+    ddp: DdpOptions = DEFAULT_DDP,
     bucket_size: int | None = None,
 ) -> StaticBytes:
     """chunk_static of the parameters pre + each run's layer repeated + post, in that order
@@ -318,7 +315,7 @@ def layer_static(
     dp: tuple[int, int],
     distributed_optimizer: bool,
     shared: str | None = None,
-    ddp: DdpOptions = DdpOptions(),
+    ddp: DdpOptions = DEFAULT_DDP,
     bucket_size: int | None = None,
 ) -> StaticBytes:
     """runs_static of a chunk whose layers may hold routed experts (dense and MoE layers in any

@@ -33,25 +33,6 @@ def torchrun_command(nproc: int, train_args: list[str], standalone: bool = True)
     ]
 
 
-def refuse_cpu_state(cfg: TrainConfig) -> None:
-    """CaptureError for the gradient / optimizer-state settings the CPU kernel set cannot train:
-    a deferred output-layer weight gradient (no gradient-accumulation fusion), and checkpoints of
-    the precision-aware optimizer (megatron-core's distributed optimizer saves its state through
-    torch's per-parameter Adam step counters without TE, which TE's FusedAdam, and so
-    capture_megatron.megatron.host_adam, does not keep)."""
-    ddp = cfg.plan.ddp
-    problem = ddp.kernel_problem("cpu", False)
-    if not problem and ddp.use_precision_aware_optimizer and (cfg.checkpoint.save or cfg.checkpoint.load):
-        problem = (
-            "--use-precision-aware-optimizer with --save / --load on CPU: megatron-core saves "
-            "the distributed optimizer's state through the per-parameter step counters of "
-            "torch's Adam when Transformer Engine is absent, which TE's FusedAdam (run here as "
-            "its host re-implementation) does not keep; train it without checkpoints"
-        )
-    if problem:
-        raise CaptureError(problem + ".")
-
-
 def validate(nproc: int, train_args: list[str]) -> TrainConfig:
     """Parse `train_args` as pretrain_gpt would for `nproc` processes, refuse what the CPU kernel
     set cannot run when this machine has no CUDA, and check a resume against its checkpoint
@@ -65,6 +46,7 @@ def validate(nproc: int, train_args: list[str]) -> TrainConfig:
 
     if not torch.cuda.is_available():  # the ranks will train on the CPU kernel set
         from capture_megatron.megatron.moe import refuse_on_cpu
+        from capture_megatron.train.refusals import refuse_cpu_state
 
         refuse_on_cpu(cfg.shape)
         refuse_cpu_state(cfg)

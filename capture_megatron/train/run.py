@@ -9,7 +9,7 @@ from capture_megatron.megatron import cpu_compat, moe
 from capture_megatron.megatron.quiet import kernels_line
 from capture_megatron.train.dist_env import DistEnv, init_distributed, is_logging_rank
 from capture_megatron.train.exit_signal import ExitSignal
-from capture_megatron.train.launch import refuse_cpu_state
+from capture_megatron.train.refusals import refuse_cpu_state
 from capture_megatron.train.report import MemoryReport, RankMemory
 
 

@@ -59,7 +59,9 @@ def _plans():
 
 
 DDP = (
-    DdpOptions(grad_reduce_in_bf16=True, defer_embedding_wgrad_compute=True, wgrad_deferral_limit=3),
+    DdpOptions(
+        grad_reduce_in_bf16=True, defer_embedding_wgrad_compute=True, wgrad_deferral_limit=3
+    ),
     DdpOptions(use_precision_aware_optimizer=True, exp_avg_dtype="bf16", overlap_grad_reduce=True),
 )
 """Gradient / optimizer-state settings the tables are also checked with (issue 26): a deferred

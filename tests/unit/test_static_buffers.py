@@ -1,16 +1,21 @@
 """The static bytes of every gradient / optimizer-state setting equal megatron-core's own: a real
-GPTModel chunk wrapped in megatron-core's DDP with its optimizer (capture_megatron.megatron.training,
-as training builds them), stepped once, is rank 0 of a DP job of torch's fake process group; its
+GPTModel chunk wrapped in megatron-core's DDP with its optimizer (megatron/training.py, as training
+builds them), stepped once, is rank 0 of a DP job of torch's fake process group; its
 parameter buffer, gradient buffers and optimizer state (Adam's, or the precision-aware optimizer's
 states and scales) are walked and compared byte for byte with predict.static.chunk_static."""
 
 from __future__ import annotations
 
 import pytest
-import torch
 
-from capture_megatron.config import BuildOptions, DdpOptions, ModelShape, OptimOptions, ParallelPlan
-from capture_megatron.config import RunOptions
+from capture_megatron.config import (
+    BuildOptions,
+    DdpOptions,
+    ModelShape,
+    OptimOptions,
+    ParallelPlan,
+    RunOptions,
+)
 from capture_megatron.megatron import cpu_compat
 from capture_megatron.megatron.builder import build_gpt, transformer_config
 from capture_megatron.megatron.training import make_optimizer, wrap_model
