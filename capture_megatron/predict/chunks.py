@@ -200,8 +200,8 @@ def chunk_cost(
     )
     alone = 0.0
     if plan.ddp.use_precision_aware_optimizer:
-        step, alone = _fused_adam_step(plan.ddp, st.largest, layers.step_measured)
-    elif layers.step_measured:
+        step, alone = _fused_adam_step(plan.ddp, st.largest, layers.torch_adam)
+    elif layers.torch_adam:
         step = max(step + ADAM_TEMP * st.largest, 0.0)
     # kinds are sorted by variant: with MoE layers, the MoE variant's constants come last
     state = moe.count(True) * float(kinds[-1].state1 or 0.0) if any(moe) else 0.0
@@ -261,8 +261,8 @@ def _net_step(layers: Layers, sc: ShapeConstants, kind: str, k: int, per_element
     c = sc.chunk(kind)
     measured = c.step1 if k else c.need("step0")
     numels = (*c.end_numels, *(sc.layer_numels if k else ()))
-    copies = per_element * sum(numels)
-    return measured - copies - ADAM_TEMP * max(numels, default=0)
+    adam = ADAM_TEMP * max(numels, default=0) if layers.torch_adam else 0
+    return measured - per_element * sum(numels) - adam
 
 
 def _bucket_size(
