@@ -1,5 +1,6 @@
-"""The per-rank forecast of runs with bf16 gradient buffers, the precision-aware optimizer and
-several distributed-optimizer instances (issue 26): `capture-megatron verify` plans the flags,
+"""The per-rank forecast of runs with bf16 gradient buffers, the precision-aware optimizer,
+several distributed-optimizer instances, fp32 gradient accumulation in fp16 and gradient buckets
+(issue 26): `capture-megatron verify` plans the flags,
 trains them under real torchrun + gloo with megatron-core's DDP and distributed optimizer (the
 precision-aware one on capture_megatron.megatron.host_adam.HostFusedAdam, TE's FusedAdam on host
 tensors) and every rank's measured peak is within 2% of its forecast. The model is wide and short
@@ -35,17 +36,16 @@ WIDE = [
     "none",
     "--num-virtual-stages-per-pipeline-rank",
     "1",
-    "--bf16",
     "--use-distributed-optimizer",
 ]
 
 
-def _verify(flags: list[str], tmp_path, nproc: int) -> dict:
+def _verify(flags: list[str], tmp_path, nproc: int, dtype: tuple[str, ...] = ("--bf16",)) -> dict:
     out = tmp_path / "verify.json"
     run = ["--nproc", str(nproc), "--device", "cpu", "--mock-data", "--train-iters", "2"]
     batch = ["--global-batch-size", str(2 * nproc)]
     done = cli(
-        ["verify", *WIDE, *batch, *flags, *run, "--no-progress", "--json", str(out)],
+        ["verify", *WIDE, *dtype, *batch, *flags, *run, "--no-progress", "--json", str(out)],
         timeout=600,
         cwd=str(tmp_path),
     )
@@ -91,4 +91,23 @@ def test_several_optimizer_instances_are_forecast_within_2_percent(tmp_path):
     ]
     result = _verify(flags, tmp_path, nproc=4)
     print(f"2 optimizer instances, DP 4: max prediction error {100 * result['max_abs_error']:.2f}%")
+    assert result["max_abs_error"] <= 0.02
+
+
+def test_fp16_with_fp32_gradient_accumulation_is_forecast_within_2_percent(tmp_path):
+    """--accumulate-allreduce-grads-in-fp32 with fp16: fp32 gradient buffers (ignored before issue
+    26), no gradient copies at the step. The loss scale starts where the first steps do not
+    overflow (skipped steps create no Adam state)."""
+    fp16 = ("--fp16", "--initial-loss-scale", "4096")
+    result = _verify(["--accumulate-allreduce-grads-in-fp32"], tmp_path, nproc=2, dtype=fp16)
+    print(f"fp16, fp32 gradients, DP 2: max prediction error {100 * result['max_abs_error']:.2f}%")
+    assert result["max_abs_error"] <= 0.02
+
+
+def test_gradient_buckets_are_forecast_within_2_percent(tmp_path):
+    """--overlap-grad-reduce with --ddp-bucket-size: the buffer split into padded buckets, each
+    sharded over DP on its own."""
+    flags = ["--overlap-grad-reduce", "--ddp-bucket-size", "200000"]
+    result = _verify(flags, tmp_path, nproc=2)
+    print(f"buckets of 200000, DP 2: max prediction error {100 * result['max_abs_error']:.2f}%")
     assert result["max_abs_error"] <= 0.02
