@@ -14,6 +14,7 @@ from capture_megatron.config import (
     GIB,
     Cluster,
     DataOptions,
+    DdpOptions,
     Kernels,
     ModelShape,
     ParallelFlags,
@@ -223,8 +224,9 @@ def plan_options(
     with `fixed_plan`, the whole run the flags describe), the calibration of the memory model's
     device (none with --memory-model)."""
     fixed = flags.from_namespace(ParallelFlags, ns)
+    ddp = flags.from_namespace(DdpOptions, ns)
     whole = fixed_plan or bool(fixed.pipeline_model_parallel_layout)
-    given_plan = parallel_plan(fixed, shape, cluster.gpus) if whole else None
+    given_plan = parallel_plan(fixed, shape, cluster.gpus, ddp) if whole else None
     scale = 1.0
     if not ns.memory_model:
         from capture_megatron.profile import default_device
@@ -234,7 +236,7 @@ def plan_options(
     return flags.from_namespace(
         PlanOptions,
         ns,
-        space=space_from(fixed, whole),
+        space=space_from(fixed, whole, ddp),
         fixed=given_plan,
         global_batch_size=fixed.global_batch_size or 0,
         calibration=scale,

@@ -10,6 +10,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from capture_megatron.config.ddp import DdpOptions
 from capture_megatron.config.fields import flag
 from capture_megatron.config.layout import format_layout
 from capture_megatron.config.model import GIB, ModelShape
@@ -96,15 +97,15 @@ class ParallelPlan(JsonMixin):
     """Megatron sequence parallelism over the TP group (--sequence-parallel)."""
     distributed_optimizer: bool = False
     """Shard optimizer state over DP (--use-distributed-optimizer)."""
-    grad_reduce_in_bf16: bool = False
-    """bf16 runs: keep and reduce gradients in bf16 (--grad-reduce-in-bf16); Megatron-LM's default
-    keeps them in fp32."""
     microbatch_group_size: int = 0
     """Interleaved schedule: micro-batches per virtual stage in a row; 0 means PP
     (--microbatch-group-size-per-virtual-pipeline-stage)."""
     mtp_layers: int = 0
     """Multi-token prediction layers (the model's --mtp-num-layers), all on the last virtual stage
     after its transformer layers, as Megatron places them ('m' in the layout)."""
+    ddp: DdpOptions = DdpOptions()
+    """Gradient buffers and optimizer state: precision, buckets, distributed-optimizer instances,
+    deferred output-layer weight gradients."""
 
     def __post_init__(self) -> None:
         p: list[str] = []
@@ -135,6 +136,9 @@ class ParallelPlan(JsonMixin):
         if self.mtp_layers < 0:
             p.append(f"MTP layers {self.mtp_layers} must be >= 0")
         p += self._expert_problems()
+        p += self.ddp.plan_problems(
+            self.pp, self.vpp, self.dp * self.cp, self.expert_dp, self.distributed_optimizer
+        )
         require(p, "parallel plan")
 
     def _expert_problems(self) -> list[str]:
@@ -261,6 +265,7 @@ def check_plan_fits_model(shape: ModelShape, plan: ParallelPlan) -> None:
                     f"uniform recompute of {plan.recompute.layers_on(r)} does not divide {n} layers"
                 )
     p += expert_problems(shape, plan) + context_problems(shape, plan) + mtp_problems(shape, plan)
+    p += plan.ddp.dtype_problems(shape.dtype)
     require(p, "plan for this model")
 
 
@@ -366,8 +371,6 @@ class ParallelFlags:
     """Megatron sequence parallelism over the TP group."""
     use_distributed_optimizer: bool | None = flag("--use-distributed-optimizer", None)
     """Shard optimizer state over data-parallel ranks."""
-    grad_reduce_in_bf16: bool | None = flag("--grad-reduce-in-bf16", None)
-    """Reduce gradients in bfloat16 (bf16 runs keep their gradient buffers in bf16, not fp32)."""
     micro_batch_size: int | None = flag("--micro-batch-size", None)
     """Sequences per micro-batch."""
     global_batch_size: int | None = flag("--global-batch-size", None)

@@ -61,6 +61,20 @@ def resolve_impl(requested: str) -> str:
     return requested
 
 
+def _defer_fields(plan: ParallelPlan, kernels: Kernels | None, fusion: bool) -> dict:
+    """TransformerConfig's deferred output-layer weight gradient (refused where the kernels
+    cannot run it: DdpOptions.kernel_problem)."""
+    problem = plan.ddp.kernel_problem("cpu" if kernels is None else "gpu", fusion)
+    if problem:
+        from capture_megatron.errors import CaptureError
+
+        raise CaptureError(problem + ".")
+    return {
+        "defer_embedding_wgrad_compute": plan.ddp.defer_embedding_wgrad_compute,
+        "wgrad_deferral_limit": plan.ddp.wgrad_deferral_limit,
+    }
+
+
 def kernel_fields(shape: ModelShape, kernels: Kernels | None) -> dict:
     """TransformerConfig's kernel fields: all fusions off for the CPU set (None), else as
     Megatron-LM's core_transformer_config_from_args derives them from its flags."""
@@ -196,6 +210,7 @@ def transformer_config(
         **attention.config_fields(shape),
         **mtp.config_fields(shape),
         **fields,
+        **_defer_fields(plan, kernels, fields["gradient_accumulation_fusion"]),
     )
     moe.bound_sinkhorn(config, shape)
     return config

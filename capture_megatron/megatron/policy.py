@@ -37,7 +37,7 @@ IGNORED_PREFIXES = tuple(
 IGNORED = frozenset(
     """
     --rampup-batch-size
-    --accumulate-allreduce-grads-in-fp32 --adlr-autoresume --adlr-autoresume-interval
+    --adlr-autoresume --adlr-autoresume-interval
     --allow-ambiguous-pad-tokens --apply-layernorm-1p --apply-residual-connection-post-layernorm
     --apply-wd-to-qk-layernorm --auto-detect-ckpt-format --batch-invariant-mode
     --bert-embedder-type --bert-load --bert-no-binary-head --block-data-path --calc-ft-timeouts
@@ -83,7 +83,7 @@ IGNORED = frozenset(
     --use-legacy-static-engine --use-mcore-models --use-mp-args-from-checkpoint-args
     --use-one-sent-docs --use-persistent-ckpt-worker --use-pytorch-profiler
     --use-ring-exchange-p2p --use-sharp --use-tp-pp-dp-mapping --vocab-file
-    --warmup --wgrad-deferral-limit
+    --warmup
     --moe-router-num-groups --moe-router-group-topk --moe-router-topk-scaling-factor
     --moe-router-bias-update-rate --moe-token-drop-policy --moe-per-layer-logging
     --moe-router-enable-expert-bias
@@ -171,9 +171,6 @@ _REASONS = {
     "delayed weight-gradient computation keeps activations longer, not modelled yet": """
         --delay-wgrad-compute
     """,
-    "deferred embedding weight gradients keep activations longer, not modelled yet": """
-        --defer-embedding-wgrad-compute
-    """,
     "distributed saved activations are not modelled yet": """
         --distribute-saved-activations
     """,
@@ -210,19 +207,6 @@ _REASONS = {
     """,
     "fp16 cross entropy is not modelled yet": """
         --fp16-lm-cross-entropy
-    """,
-    "precision-aware optimizer state is not modelled yet": """
-        --exp-avg-dtype --exp-avg-sq-dtype --main-grads-dtype --main-params-dtype
-        --use-precision-aware-optimizer
-    """,
-    "several distributed-optimizer instances are not modelled yet": """
-        --num-distributed-optimizer-instances
-    """,
-    "gradient-buffer bucketing is not modelled yet": """
-        --ddp-bucket-size --ddp-num-buckets
-    """,
-    "gradient-buffer bucket padding is not modelled yet": """
-        --ddp-pad-buckets-for-high-nccl-busbw
     """,
     "give --attention-backend flash": """
         --use-flash-attn

@@ -130,6 +130,7 @@ def _result(
         window_problem(shape, model.kernels, options.kernels)
         or latent_problem(shape, model.kernels, options.kernels, max(space.cp or (1,)))
         or context_problem(space.cp, space.cp_comm_type, model.kernels, options.kernels)
+        or space.ddp.kernel_problem(model.kernels, options.kernels.gradient_accumulation_fusion)
     )
     if problem:
         raise CaptureError(problem + ".")

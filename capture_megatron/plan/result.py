@@ -11,6 +11,7 @@ from typing import Any
 
 from capture_megatron import __version__
 from capture_megatron.config import Cluster, Kernels, ModelShape, ParallelPlan, Recompute
+from capture_megatron.config.ddp import DdpOptions
 from capture_megatron.config.kernels import VALIDATION
 from capture_megatron.config.layout import parse_layout
 from capture_megatron.errors import CaptureError
@@ -238,7 +239,7 @@ def _plan_section(p: ParallelPlan) -> dict[str, Any]:
         "recompute": to_plain(p.recompute),
         "sequence_parallel": p.sequence_parallel,
         "distributed_optimizer": p.distributed_optimizer,
-        "grad_reduce_in_bf16": p.grad_reduce_in_bf16,
+        "ddp": to_plain(p.ddp),
     }
 
 
@@ -267,6 +268,7 @@ def read_plan(path: str) -> PlanFile:
         section = dict(data["plan"])
         layout = section.pop("layout")
         section["recompute"] = from_plain(Recompute, section["recompute"])
+        section["ddp"] = from_plain(DdpOptions, section.get("ddp", {}))
         section["layers_per_stage"] = tuple(section["layers_per_stage"])
         if section.get("etp") == section.get("tp"):
             section["etp"] = 0  # expert TP equal to TP is megatron's default: no flag

@@ -107,6 +107,11 @@ def _default_dtype(dtype):
         torch.set_default_dtype(saved)
 
 
+PROBE_LOSS_SCALE = 1.0
+"""fp16 probes' initial loss scale (what the step allocates does not depend on it, as long as the
+step is not skipped)."""
+
+
 def build(probe: Probe, setup: Setup) -> _Chunk:
     """Build, wrap (Float16Module, DDP) and give an optimizer to the probe's chunk."""
     shape, plan, fake = model_shape(probe), parallel_plan(probe), setup.fake
@@ -123,8 +128,11 @@ def build(probe: Probe, setup: Setup) -> _Chunk:
     run = RunOptions(train_iters=2)
     with _no_dtype_casts(fake):
         model = wrap_model([gpt], shape, plan, run, check_for_nan_in_grad=not fake)
+    # fp16: a loss scale the probe's gradients do not overflow, so that the measured step updates
+    # (at Megatron-LM's 2^32 every probe step was skipped: no Adam temporaries were measured)
+    optim = OptimOptions(initial_loss_scale=PROBE_LOSS_SCALE)
     optimizer, _ = make_optimizer(
-        model, shape, plan, OptimOptions(), run.train_iters, use_gloo_process_groups=False
+        model, shape, plan, optim, run.train_iters, use_gloo_process_groups=False
     )
     config = set_schedule_hooks(model, optimizer, run)
     device = setup.tensor_device

@@ -9,6 +9,7 @@ from capture_megatron.megatron import cpu_compat, moe
 from capture_megatron.megatron.quiet import kernels_line
 from capture_megatron.train.dist_env import DistEnv, init_distributed, is_logging_rank
 from capture_megatron.train.exit_signal import ExitSignal
+from capture_megatron.train.refusals import refuse_cpu_state
 from capture_megatron.train.report import MemoryReport, RankMemory
 
 
@@ -182,6 +183,7 @@ def run_training(cfg: TrainConfig, env: DistEnv) -> MemoryReport:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu":
         moe.refuse_on_cpu(cfg.shape)
+        refuse_cpu_state(cfg)
     stop = ExitSignal(cfg.run.exit_signal) if cfg.run.exit_signal_handler else None
     init_distributed(env, cfg.run.distributed_backend)
     cpu_compat.apply("cpu")
