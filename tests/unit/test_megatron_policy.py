@@ -44,7 +44,9 @@ def test_every_megatron_flag_is_classified_once():
 
 def test_policy_names_only_megatron_flags():
     known = megatron_lm.flag_names()
-    assert sorted(f for f in policy.IGNORED | set(policy.UNMODELLED) if f not in known) == []
+    named = policy.IGNORED | set(policy.UNMODELLED) | set(policy.IGNORED_REASONS)
+    named |= set(policy.RULES)
+    assert sorted(f for f in named if f not in known) == []
 
 
 @pytest.mark.parametrize("build", [plan_parser, predict_parser])
@@ -97,3 +99,44 @@ def test_a_typo_gets_the_closest_megatron_flag():
         CaptureError, match=r"--atention-backend \(did you mean --attention-backend\?\)"
     ):
         flags.parse_flags(predict_parser(), ["--atention-backend", "flash"])
+
+
+def test_flags_that_change_nothing_in_megatron_core_are_ignored():
+    # megatron-core 0.16.1: --use-flash-attn is read by the legacy models only,
+    # --enable-experimental swaps kernels only with --moe-permute-fusion (ruled on by its own
+    # entry), the CUDA-graph expert padding is inference only
+    given = ["--use-flash-attn", "--enable-experimental"]
+    given += ["--moe-pad-experts-for-cuda-graph-inference"]
+    assert _check(given) == tuple(sorted(given))
+    for name in given:
+        assert policy.ignored(name) and policy.IGNORED_REASONS[name]
+
+
+ROPE = ["--position-embedding-type", "rope"]
+
+
+def test_no_position_embedding_is_ignored_with_rope_and_refused_as_megatron_does_without():
+    assert _check([*ROPE, "--no-position-embedding"]) == ("--no-position-embedding",)
+    with pytest.raises(CaptureError) as err:
+        _check(["--no-position-embedding"])  # learned_absolute: Megatron-LM raises
+    assert "Megatron-LM would not run this line: --no-position-embedding" in str(err.value)
+    assert "--no-position-embedding is deprecated" in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_deprecated_rotary_switch_is_ignored_only_beside_rope():
+    assert _check([*ROPE, "--use-rotary-position-embeddings"]) == (
+        "--use-rotary-position-embeddings",
+    )
+    with pytest.raises(CaptureError, match="give --position-embedding-type rope"):
+        _check(["--use-rotary-position-embeddings"])
+
+
+def test_rope_type_follows_megatron_lm_with_and_without_latent_attention():
+    assert _check([*ROPE, "--rope-type", "rope"]) == ("--rope-type",)
+    with pytest.raises(CaptureError, match="Common attention only support"):
+        _check([*ROPE, "--rope-type", "yarn"])
+    mla = [*ROPE, "--multi-latent-attention"]
+    assert _check([*mla, "--rope-type", "yarn"]) == ("--rope-type",)  # MLA's default
+    with pytest.raises(CaptureError, match="plain RoPE is not modelled yet"):
+        _check([*mla, "--rope-type", "rope"])
