@@ -22,11 +22,12 @@ from capture_megatron.cli.inputs import (
 )
 from capture_megatron.config import Cluster, ModelShape
 from capture_megatron.config.context import context_problem
+from capture_megatron.config.hf_count import parameter_count
 from capture_megatron.config.kernels import kernel_set
 from capture_megatron.config.training import NOT_ADAM
 from capture_megatron.errors import CaptureError
 from capture_megatron.megatron import flags, megatron_lm
-from capture_megatron.plan import PlanOptions, PlanResult, model_notes, plan
+from capture_megatron.plan import PlanOptions, PlanResult, model_args, model_notes, plan
 from capture_megatron.plan.window import window_problem
 
 
@@ -56,6 +57,16 @@ def _check_window(
         raise CaptureError(problem + ".")
 
 
+def print_hf_model(path: str, shape: ModelShape) -> None:
+    """What a --hf-config was read as, before anything is profiled or planned: its parameter
+    count and the model as Megatron-LM flags."""
+    count = parameter_count(shape)
+    print(
+        f"--hf-config {path}: {count / 1e9:.2f}B parameters ({count:,}) as megatron-core builds it"
+    )
+    print("model_args: " + " ".join(model_args(shape)), flush=True)
+
+
 def plan_and_report(
     ns: argparse.Namespace, cluster: Cluster, device: str, progress: bool, fixed_plan: bool = False
 ) -> PlanResult:
@@ -67,6 +78,8 @@ def plan_and_report(
         raise CaptureError(f"--optimizer {ns.optimizer}: {NOT_ADAM}.")
     ignored = megatron_lm.check(ns) if any(megatron_lm.given(ns)) else ()
     shape, shape_notes = resolve_shape(ns)
+    if getattr(ns, "hf_config", None):
+        print_hf_model(ns.hf_config, shape)
     options = plan_options(ns, shape, cluster, device, fixed_plan)
     _check_window(ns, shape, device, options)
     result = plan(shape, cluster, options, memory_of(ns, shape, device, progress))

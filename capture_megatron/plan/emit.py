@@ -123,7 +123,8 @@ def model_args(shape: ModelShape) -> list[str]:
 
 def feature_args(shape: ModelShape) -> list[str]:
     """The architecture flags beyond the sizes that differ from Megatron-LM's defaults: GeGLU,
-    QKV biases, norm epsilon, RoPE base and scaling, sliding window."""
+    QKV biases, norm epsilon, RoPE base and scaling, sliding window, query/key norms,
+    multi-latent attention, multi-token prediction."""
     out = ["--geglu"] if shape.geglu else []
     if shape.add_qkv_bias:
         out.append("--add-qkv-bias")
@@ -137,6 +138,10 @@ def feature_args(shape: ModelShape) -> list[str]:
         out += ["--rope-scaling-factor", repr(shape.rope_scaling_factor)]
     if shape.window_size:
         out += ["--window-size", ",".join(map(str, shape.window_size))]
+    out += ["--qk-layernorm"] if shape.qk_layernorm else []
+    out += ["--qk-l2-norm"] if shape.qk_l2_norm else []
+    out += to_flags(shape.mla) if shape.mla.enabled else []
+    out += ["--mtp-num-layers", str(shape.mtp_num_layers)] if shape.mtp_num_layers else []
     return out
 
 
