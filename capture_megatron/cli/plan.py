@@ -20,6 +20,7 @@ from capture_megatron.cli.inputs import (
     plan_options,
     resolve_shape,
 )
+from capture_megatron.cli.outputs import prepare_outputs
 from capture_megatron.config import Cluster, ModelShape
 from capture_megatron.config.context import context_problem
 from capture_megatron.config.hf_count import parameter_count
@@ -74,6 +75,7 @@ def plan_and_report(
     run the flags describe); print the table and write --json / --png."""
     from capture_megatron.cli.render import print_plan, save_plan_png
 
+    prepare_outputs(ns)
     if getattr(ns, "optimizer", "adam") != "adam":
         raise CaptureError(f"--optimizer {ns.optimizer}: {NOT_ADAM}.")
     ignored = megatron_lm.check(ns) if any(megatron_lm.given(ns)) else ()
