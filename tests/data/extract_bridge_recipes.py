@@ -8,11 +8,12 @@
 
 Tag v0.3.1 is the Bridge release for megatron-core <0.17 (pyproject: megatron-core>=0.15.0a0,
 <0.17.0). A recipe is scripts/performance/configs/<family>/<family>_llm_pretrain.py's
-<model>_pretrain_config_h100 for a precision (bf16; fp8_cs, FP8 current scaling): the model's pretrain recipe
-(src/megatron/bridge/recipes/...), the family's common performance settings, the workload base
-config <MODEL>_PRETRAIN_CONFIG_H100_<PRECISION>_V1 applied by scripts/performance/utils/
-overrides.py set_workload_base_configs, and the common performance overrides there. The Bridge
-builds megatron-core's TransformerConfig directly; the same settings as Megatron-LM flags are:
+<model>_pretrain_config_h100 for a precision (bf16; fp8_cs, FP8 current scaling): the model's
+pretrain recipe (src/megatron/bridge/recipes/...), the family's common performance settings,
+the workload base config <MODEL>_PRETRAIN_CONFIG_H100_<PRECISION>_V1 applied by
+scripts/performance/utils/overrides.py set_workload_base_configs, and the common performance
+overrides there. The Bridge builds megatron-core's TransformerConfig directly; the same settings
+as Megatron-LM flags are:
 - the workload base config (read here from the source with `ast`: parallel sizes, batch,
   recompute, CPU offloading, CUDA graphs, Megatron-FSDP, NCCL user buffers, the flex dispatcher's
   backend, MoE all-to-all overlap, a pipeline layout) -> WORKLOAD rules below;
