@@ -9,6 +9,7 @@ import json
 import os
 import platform
 
+from report_inputs import inputs_section
 from report_moe import moe_sections
 
 from capture_megatron.config import Kernels
@@ -312,6 +313,7 @@ def main() -> None:
             + "\n"
             + "\n".join(conformance_tables(json.loads(_read(conformance))))
         )
+    text += inputs_section(ROOT)
     text += moe_sections(ROOT)
     text += "\n## Predicted worst-rank peak at CAPTURE's sizes\n\n" + "\n".join(at) + "\n"
     text += (
