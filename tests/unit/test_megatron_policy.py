@@ -56,20 +56,11 @@ def test_every_megatron_flag_parses(build):
         assert set(arg.flags) <= set(parser._option_string_actions), arg.flags
 
 
+BASE = "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 --gpus 1".split()
+
+
 def _check(argv: list[str]) -> tuple[str, ...]:
-    base = [
-        "--num-layers",
-        "2",
-        "--hidden-size",
-        "64",
-        "--num-attention-heads",
-        "4",
-        "--seq-length",
-        "32",
-        "--gpus",
-        "1",
-    ]
-    return megatron_lm.check(flags.parse_flags(predict_parser(), [*base, *argv]))
+    return megatron_lm.check(flags.parse_flags(predict_parser(), [*BASE, *argv]))
 
 
 def test_ignored_and_refused_flags():
@@ -140,3 +131,12 @@ def test_rope_type_follows_megatron_lm_with_and_without_latent_attention():
     assert _check([*mla, "--rope-type", "yarn"]) == ("--rope-type",)  # MLA's default
     with pytest.raises(CaptureError, match="plain RoPE is not modelled yet"):
         _check([*mla, "--rope-type", "rope"])
+
+
+@pytest.mark.parametrize("kind", ["none", "mrope", "relative"])
+def test_megatron_lms_other_position_embeddings_are_refused_as_not_modelled(kind):
+    from capture_megatron.megatron.args import model_shape
+
+    ns = flags.parse_flags(predict_parser(), [*BASE, "--position-embedding-type", kind])
+    with pytest.raises(CaptureError, match=f"--position-embedding-type {kind} is not modelled"):
+        model_shape(ns, 99)
