@@ -19,7 +19,7 @@ exception. A line whose tokenizer cannot be read here gets its model's --vocab-s
 flag ever added; `vocab_added` says where), as a user without the tokenizer file would.
 
     python bench/inputs.py [--forecast] [--sets megatron_lm_examples,...] [--device fake]
-                           [--out bench/results/inputs.json]
+                           [--merge] [--out bench/results/inputs.json]
 """
 
 from __future__ import annotations
@@ -198,22 +198,30 @@ def run(item: Item, forecast: bool, device: str = "") -> dict[str, Any]:
     return {**row, "outcome": "accepted", "last_stage_peak": result.best.rank_peaks[-1]}
 
 
-def reason_key(text: str) -> str:
-    """A refusal's cause, short: the flags it names, or its first clause."""
-    named = [w.strip("(),;:.") for w in text.split() if w.startswith("--")]
-    if (
-        "does not model yet" in text
-        or "not modelled yet" in text
-        or "Megatron-LM would not" in text
-    ):
-        return " ".join(dict.fromkeys(n for n in named if n != "--hf-config")) or text[:80]
-    return text.split(":")[0][:100] if "--hf-config" not in text else text[:100]
+def reason_keys(text: str) -> list[str]:
+    """A refusal's causes: each flag it refuses by name, else its first clause."""
+    if "read but not modelled yet" in text:  # "--a, --b: this architecture feature is read ..."
+        return [f.strip() for f in text.split(":")[0].split(",")]
+    keys = []
+    for lead in ("does not model yet:", "would not run this line:"):
+        if lead in text:
+            body = text.split(lead, 1)[1].split(". ")[0]
+            keys += [seg.split()[0] for seg in body.split("; ") if seg.strip().startswith("--")]
+    if keys:
+        return list(dict.fromkeys(keys))
+    if text.startswith("--hf-config") and "cannot build it" in text:
+        return ["HF model megatron-core's GPT layer cannot build (by field)"]
+    if text.startswith("--") and not text.startswith("--hf-config"):
+        return [text.split(":")[0].split()[0]]  # "--optimizer muon: only Adam ..."
+    return [text.split(" (")[0].split(": ")[-1][:100]]
 
 
 def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Counts per outcome and the refusal causes."""
     outcomes = Counter(r["outcome"] for r in rows)
-    reasons = Counter(reason_key(r["reason"]) for r in rows if r["outcome"] == "refused")
+    reasons = Counter(
+        key for r in rows if r["outcome"] == "refused" for key in reason_keys(r["reason"])
+    )
     return {
         "inputs": len(rows),
         "outcomes": dict(outcomes),
@@ -223,20 +231,25 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def main() -> None:
-    """Run every input of the chosen sets and write the results."""
+    """Run every input of the chosen sets and write the results (with --merge, the other sets
+    already in --out are kept)."""
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--sets", default=",".join(SETS))
     ap.add_argument("--forecast", action="store_true", help="run the whole forecast (slow)")
     ap.add_argument("--device", default="", help="memory-model device for --forecast")
+    ap.add_argument("--merge", action="store_true", help="keep the other sets already in --out")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "inputs.json"))
     args = ap.parse_args()
-    sets = tuple(s for s in args.sets.split(",") if s)
-    out: dict[str, Any] = {"stage": "forecast" if args.forecast else "dry", "sets": {}}
-    for set_ in sets:
+    out: dict[str, Any] = {"sets": {}}
+    if args.merge and os.path.exists(args.out):
+        with open(args.out) as f:
+            out = json.load(f)
+    for set_ in (s for s in args.sets.split(",") if s):
         rows = [run(item, args.forecast, args.device) for item in corpus((set_,))]
-        out["sets"][set_] = {"summary": summary(rows), "inputs": rows}
-        s = out["sets"][set_]["summary"]
-        print(f"{set_}: {s['outcomes']}", file=sys.stderr)
+        stage = "forecast" if args.forecast else "dry"
+        out["sets"][set_] = {"stage": stage, "summary": summary(rows), "inputs": rows}
+        print(f"{set_} ({stage}): {out['sets'][set_]['summary']['outcomes']}", file=sys.stderr)
+    out["sets"] = {k: out["sets"][k] for k in SETS if k in out["sets"]}
     with open(args.out, "w") as f:
         json.dump(out, f, indent=1)
     print(f"wrote {args.out}")

@@ -25,22 +25,21 @@ def _cell(text: str) -> str:
 
 def inputs_tables(data: dict) -> list[str]:
     """Accepted / refused / tracebacks per input set, then each set's refusal causes."""
-    stage = data["stage"]
     out = [
-        f"Stage: {STAGES[stage]}. Accepted: "
-        + ("forecast, exit 0" if stage == "forecast" else "passed on to profiling")
-        + "; refused: one paragraph, exit 2; a traceback is a bug. `--vocab-size` is added only "
-        "where a line's tokenizer file is not here (column 'vocab added').",
+        "Stages: `dry` is " + STAGES["dry"] + "; `forecast` is " + STAGES["forecast"] + ". "
+        "Accepted: the stage passed (a forecast: exit 0); refused: one paragraph, exit 2; a "
+        "traceback is a bug. `--vocab-size` is added only where a line's tokenizer file is not "
+        "here (column 'vocab added').",
         "",
-        "| input set | inputs | accepted | refused | tracebacks | vocab added |",
-        "|---|---|---|---|---|---|",
+        "| input set | stage | inputs | accepted | refused | tracebacks | vocab added |",
+        "|---|---|---|---|---|---|---|",
     ]
-    accepted = "accepted" if stage == "forecast" else "passed-dry"
     for name, res in data["sets"].items():
-        s = res["summary"]
+        s, stage = res["summary"], res["stage"]
         counts = s["outcomes"]
+        accepted = counts.get("accepted" if stage == "forecast" else "passed-dry", 0)
         out.append(
-            f"| {TITLES.get(name, name)} | {s['inputs']} | {counts.get(accepted, 0)} | "
+            f"| {TITLES.get(name, name)} | {stage} | {s['inputs']} | {accepted} | "
             f"{counts.get('refused', 0)} | {counts.get('traceback', 0)} | {s['vocab_added']} |"
         )
     out += ["", "Refusal causes (flags named; an input can have several):", ""]

@@ -112,8 +112,29 @@ _IGNORED_BECAUSE = {
     (
         "inference only: read by megatron-core's text-generation controller, never in training"
     ): "--moe-pad-experts-for-cuda-graph-inference",
+    (
+        "nothing in megatron-core 0.16.1 reads it (a field left in ModelParallelConfig)"
+    ): "--moe-extended-tp",
+    (
+        "only registers the gradient buffers of --use-nccl-ub (refused) with NCCL "
+        "(param_and_grad_buffer.py); on its own it changes nothing"
+    ): "--disable-symmetric-registration",
 }
+_FSDP_ONLY = """
+    --data-parallel-sharding-strategy --enable-full-sharding-in-hsdp --fsdp-double-buffer
+    --no-gradient-reduce-div-fusion --outer-dp-sharding-strategy
+    --suggested-communication-unit-size --torch-fsdp2-no-reshard-after-forward
+"""
+"""Read only by Megatron-FSDP / torch FSDP2 (megatron/core/distributed/fsdp, --use-megatron-fsdp /
+--use-torch-fsdp2, refused); without them Megatron-LM's DDP never reads them."""
 IGNORED_REASONS: dict[str, str] = {flag: why for why, flag in _IGNORED_BECAUSE.items()}
+IGNORED_REASONS.update(
+    dict.fromkeys(
+        _FSDP_ONLY.split(),
+        "read only by Megatron-FSDP / torch FSDP2 (--use-megatron-fsdp / --use-torch-fsdp2, "
+        "refused); Megatron-LM's DDP never reads it",
+    )
+)
 """Ignored flags whose reason is more than their kind (docs/MEGATRON_FLAGS.md lists it)."""
 
 RULES = {
@@ -186,7 +207,6 @@ _REASONS = {
         --hybrid-context-parallel
     """,
     _MOE: """
-        --moe-extended-tp
         --moe-upcycling-granularity --moe-use-upcycling --overlap-moe-expert-parallel-comm
     """,
     _FP8: """
@@ -197,10 +217,7 @@ _REASONS = {
         --te-precision-config-file --use-kitchen-attention
     """,
     _FSDP: """
-        --data-parallel-sharding-strategy --enable-full-sharding-in-hsdp --fsdp-double-buffer
-        --fsdp-manual-registration --no-gradient-reduce-div-fusion --outer-dp-sharding-strategy
-        --suggested-communication-unit-size --torch-fsdp2-no-reshard-after-forward
-        --use-megatron-fsdp --use-torch-fsdp2
+        --fsdp-manual-registration --use-megatron-fsdp --use-torch-fsdp2
     """,
     _OFFLOAD: """
         --cpu-offloading-num-layers --fine-grained-activation-offloading --no-pin-cpu-grads
@@ -239,9 +256,6 @@ _REASONS = {
     """,
     "symmetric-memory all-reduce buffers are not modelled yet": """
         --symmetric-ar-type
-    """,
-    "symmetric-memory registration is not modelled yet": """
-        --disable-symmetric-registration
     """,
     "delayed weight-gradient computation keeps activations longer, not modelled yet": """
         --delay-wgrad-compute

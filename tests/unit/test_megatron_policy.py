@@ -80,8 +80,8 @@ def test_defaults_given_explicitly_are_accepted():
         "--moe-upcycling-granularity",
         "--softmax-type",
     )
-    with pytest.raises(CaptureError, match="--moe-extended-tp"):
-        _check(["--moe-extended-tp"])
+    with pytest.raises(CaptureError, match="--moe-use-upcycling"):
+        _check(["--moe-use-upcycling"])
     assert _check(["--moe-router-group-topk", "2"]) == ("--moe-router-group-topk",)
 
 
@@ -95,12 +95,19 @@ def test_a_typo_gets_the_closest_megatron_flag():
 def test_flags_that_change_nothing_in_megatron_core_are_ignored():
     # megatron-core 0.16.1: --use-flash-attn is read by the legacy models only,
     # --enable-experimental swaps kernels only with --moe-permute-fusion (ruled on by its own
-    # entry), the CUDA-graph expert padding is inference only
-    given = ["--use-flash-attn", "--enable-experimental"]
-    given += ["--moe-pad-experts-for-cuda-graph-inference"]
-    assert _check(given) == tuple(sorted(given))
-    for name in given:
+    # entry), the CUDA-graph expert padding is inference only, nothing reads moe_extended_tp,
+    # symmetric registration needs --use-nccl-ub, the FSDP knobs need Megatron-FSDP
+    given = ["--use-flash-attn", "--enable-experimental", "--moe-extended-tp"]
+    given += ["--moe-pad-experts-for-cuda-graph-inference", "--disable-symmetric-registration"]
+    given += ["--data-parallel-sharding-strategy", "optim_grads", "--fsdp-double-buffer"]
+    names = [g for g in given if g.startswith("--")]
+    assert _check(given) == tuple(sorted(names))
+    for name in names:
         assert policy.ignored(name) and policy.IGNORED_REASONS[name]
+    # Megatron-FSDP itself stays refused, and its knobs are not named beside it
+    with pytest.raises(CaptureError) as err:
+        _check(["--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params"])
+    assert "--use-megatron-fsdp" in str(err.value) and "sharding" not in str(err.value)
 
 
 ROPE = ["--position-embedding-type", "rope"]
