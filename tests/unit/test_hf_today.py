@@ -125,3 +125,36 @@ def test_plan_prints_the_parameter_count_and_flags_first(name, tmp_path):
     assert lines[1].startswith("model_args: --num-layers") and "--qk-layernorm" in lines[1]
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "CP [3] must divide" in done.stderr and len(done.stderr.splitlines()) == 1
+
+
+DATA = Path(__file__).parents[1] / "data"
+SAME_MODEL = {
+    # (a Megatron launch line nobody here wrote, the published config.json of its model)
+    "DeepSeek-V3": ("megatron_lm_examples/sbatch_mfsdp_deepseek_v3_no_fsdp", "DeepSeek-V3"),
+    "Mixtral-8x7B": ("megatron_lm_examples/train_mixtral_8x7b_distributed", "Mixtral-8x7B-v0.1"),
+    "Qwen3-30B-A3B": ("moe_modelzoo/Qwen3-30B-A3B", "Qwen3-30B-A3B"),
+    "Qwen3-235B-A22B": ("moe_modelzoo/Qwen3-235B-A22B", "Qwen3-235B-A22B-Instruct-2507"),
+    "DeepSeek-V2-Lite": ("moe_modelzoo/DeepSeek-V2-Lite", "DeepSeek-V2-Lite"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SAME_MODEL))
+def test_nvidias_launch_lines_and_the_published_configs_count_the_same_parameters(name):
+    import shlex
+
+    from capture_megatron.cli.inputs import resolve_shape
+    from capture_megatron.cli.predict import build_parser
+
+    line, config = SAME_MODEL[name]
+    text = (DATA / f"{line}.args").read_text().splitlines()
+    argv = [w for ln in text if ln.strip() and not ln.startswith("#") for w in shlex.split(ln)]
+    hf = read_hf_config(str(HF / f"{config}.json")).shape
+    extra = [] if "--vocab-size" in argv else ["--vocab-size", str(hf.vocab_size)]
+    ns = flags.parse_flags(build_parser(), [*argv, *extra, "--gpus", "8"])
+    shape, _ = resolve_shape(ns)
+    assert parameter_count(shape) == parameter_count(hf)
+    assert (shape.qk_layernorm, shape.mla, shape.mtp_num_layers) == (
+        hf.qk_layernorm,
+        hf.mla,
+        hf.mtp_num_layers,
+    )
