@@ -105,7 +105,10 @@ _REFUSED = {
     "mlp_bias": "MLP biases without the other linear biases have no Megatron-LM flag",
 }
 """Config fields that change memory in ways not modelled, with the reason (when set, non-zero)."""
-_O_PROJ_BIAS = ("llama", "gemma", "gemma2", "gemma3_text", "qwen3", "qwen3_moe", "olmo2")
+_O_PROJ_BIAS = (
+    *("llama", "gemma", "gemma2", "gemma3_text", "qwen3", "qwen3_moe", "olmo2"),
+    *("deepseek_v2", "deepseek_v3"),
+)
 """Types whose attention_bias also puts a bias on o_proj (Megatron-LM: QKV only, or all)."""
 
 
