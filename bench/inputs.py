@@ -7,7 +7,9 @@ The input sets (tests/data, sources in each folder's README):
 - `megatron_bridge`: Megatron-Bridge v0.3.1's H100 pretraining performance recipes;
 - `hf_configs`: published Hugging Face config.json files (`plan --hf-config`);
 - `functional_tests`: Megatron-LM's functional tests (tests/data/megatron_lm_functional_tests.json;
-  those with a world size).
+  those with a world size; `predict` only: bench/conformance.py forecasts them).
+Every launch line runs through `predict` and through `plan` (GPUs of 80 GiB; the sizes it gives
+are fixed, the rest searched).
 Each command line runs in-process exactly as the console script runs it, in two stages:
 1. `dry`: everything before the first profile -- parsing, the flag policy, the model, the
    parallel plan, the planner's checks -- with a memory source that stops the run when it is
@@ -120,11 +122,15 @@ def _vocab(name: str, argv: list[str]) -> int | None:
     return next((v for k, v in ZOO_VOCAB.items() if name.startswith(k)), None)
 
 
-def _line(set_: str, name: str, argv: list[str], gpus: int) -> Item:
+def _line(set_: str, name: str, argv: list[str], gpus: int, plan: bool = True) -> list[Item]:
+    """The line for `predict`, and (`plan`) for `plan` on GPUs of 80 GiB."""
     vocab = _vocab(name, argv)
     extra = ["--vocab-size", str(vocab)] if vocab else []
     full = (*argv, *extra, "--gpus", str(gpus), "--no-progress")
-    return Item(set_, name, "predict", full, bool(vocab))
+    items = [Item(set_, name, "predict", full, bool(vocab))]
+    if plan:
+        items.append(Item(set_, name, "plan", (*full, "--gpu-memory-gib", "80"), bool(vocab)))
+    return items
 
 
 def corpus(sets: tuple[str, ...] = SETS) -> list[Item]:
@@ -138,7 +144,8 @@ def corpus(sets: tuple[str, ...] = SETS) -> list[Item]:
                 if c["world_size"]:
                     cublas = c["env_vars"].get("CUBLAS_WORKSPACE_CONFIG")
                     extra = ["--cublas-workspace-config", cublas] if cublas else []
-                    items.append(_line(set_, c["name"], [*c["argv"], *extra], c["world_size"]))
+                    argv = [*c["argv"], *extra]
+                    items += _line(set_, c["name"], argv, c["world_size"], plan=False)
             continue
         folder = os.path.join(DATA, set_)
         for entry in sorted(os.listdir(folder)):
@@ -148,7 +155,7 @@ def corpus(sets: tuple[str, ...] = SETS) -> list[Item]:
                 items.append(Item(set_, stem, "plan", (*argv, "--no-progress")))
             elif entry.endswith(".args"):
                 gpus = EXAMPLE_GPUS.get(stem) or _world(path)
-                items.append(_line(set_, stem, args_file(path), gpus))
+                items += _line(set_, stem, args_file(path), gpus)
     return items
 
 
@@ -247,8 +254,12 @@ def main() -> None:
     for set_ in (s for s in args.sets.split(",") if s):
         rows = [run(item, args.forecast, args.device) for item in corpus((set_,))]
         stage = "forecast" if args.forecast else "dry"
-        out["sets"][set_] = {"stage": stage, "summary": summary(rows), "inputs": rows}
-        print(f"{set_} ({stage}): {out['sets'][set_]['summary']['outcomes']}", file=sys.stderr)
+        per = {c: summary([r for r in rows if r["command"] == c]) for c in ("predict", "plan")}
+        per = {c: v for c, v in per.items() if v["inputs"]}
+        out["sets"][set_] = {"stage": stage, "summary": per, "inputs": rows}
+        print(
+            f"{set_} ({stage}): " + str({c: v["outcomes"] for c, v in per.items()}), file=sys.stderr
+        )
     out["sets"] = {k: out["sets"][k] for k in SETS if k in out["sets"]}
     with open(args.out, "w") as f:
         json.dump(out, f, indent=1)

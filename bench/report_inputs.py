@@ -31,21 +31,23 @@ def inputs_tables(data: dict) -> list[str]:
         "traceback is a bug. `--vocab-size` is added only where a line's tokenizer file is not "
         "here (column 'vocab added').",
         "",
-        "| input set | stage | inputs | accepted | refused | tracebacks | vocab added |",
-        "|---|---|---|---|---|---|---|",
+        "| input set | command | stage | inputs | accepted | refused | tracebacks | vocab added |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name, res in data["sets"].items():
-        s, stage = res["summary"], res["stage"]
-        counts = s["outcomes"]
-        accepted = counts.get("accepted" if stage == "forecast" else "passed-dry", 0)
-        out.append(
-            f"| {TITLES.get(name, name)} | {stage} | {s['inputs']} | {accepted} | "
-            f"{counts.get('refused', 0)} | {counts.get('traceback', 0)} | {s['vocab_added']} |"
-        )
-    out += ["", "Refusal causes (flags named; an input can have several):", ""]
+        stage = res["stage"]
+        for command, s in res["summary"].items():
+            counts = s["outcomes"]
+            accepted = counts.get("accepted" if stage == "forecast" else "passed-dry", 0)
+            out.append(
+                f"| {TITLES.get(name, name)} | {command} | {stage} | {s['inputs']} | {accepted} | "
+                f"{counts.get('refused', 0)} | {counts.get('traceback', 0)} | {s['vocab_added']} |"
+            )
+    out += ["", "Refusal causes, `predict` (the flags named; an input can have several):", ""]
     out += ["| input set | cause | inputs |", "|---|---|---|"]
     for name, res in data["sets"].items():
-        for cause, n in res["summary"]["refusal_causes"].items():
+        first = res["summary"].get("predict") or res["summary"]["plan"]
+        for cause, n in first["refusal_causes"].items():
             out.append(f"| {TITLES.get(name, name)} | {_cell(cause)} | {n} |")
     return out
 

@@ -1,7 +1,8 @@
 """Never a traceback: every command line in tests/data -- Megatron-LM's functional tests (with the
 world size of their H100 recipe), its example launch lines, the Megatron MoE Model Zoo configs,
-the Megatron-Bridge H100 recipes -- given to `predict`, and every published config.json given to
-`plan --hf-config`, ends in a forecast or in one paragraph (CaptureError, exit 2).
+the Megatron-Bridge H100 recipes -- given to `predict` (the launch lines to `plan` too), and every
+published config.json given to `plan --hf-config`, ends in a forecast or in one paragraph
+(CaptureError, exit 2).
 
 Fast: the parse and refusal stage (bench/inputs.py's dry stage: everything before the first
 profile). Slow: the whole forecast, profiling on the spot (GPU kernel set, fake CUDA tensors)."""
@@ -33,9 +34,11 @@ ITEMS = INPUTS.corpus()
 def test_the_corpus_holds_every_input_set():
     sets = {i.set for i in ITEMS}
     assert sets == set(INPUTS.SETS)
-    assert sum(i.set == "functional_tests" for i in ITEMS) >= 70
-    assert sum(i.set == "megatron_bridge" for i in ITEMS) == 13
-    assert sum(i.set == "moe_modelzoo" for i in ITEMS) == 6
+    names = {s: {i.name for i in ITEMS if i.set == s} for s in sets}
+    assert len(names["functional_tests"]) >= 70 and len(names["megatron_bridge"]) == 13
+    assert len(names["moe_modelzoo"]) == 6 and len(names["megatron_lm_examples"]) == 8
+    lines = [i for i in ITEMS if i.set != "hf_configs" and i.set != "functional_tests"]
+    assert {i.command for i in lines} == {"predict", "plan"}  # each line through both
 
 
 def _check(row):
@@ -51,7 +54,7 @@ def test_every_input_is_refused_in_one_paragraph_or_goes_on_to_be_forecast(monke
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("item", ITEMS, ids=lambda i: f"{i.set}:{i.name}")
+@pytest.mark.parametrize("item", ITEMS, ids=lambda i: f"{i.set}:{i.command}:{i.name}")
 def test_every_input_forecasts_or_is_refused(item, monkeypatch, tmp_path_factory):
     cache = tmp_path_factory.getbasetemp() / "no-tracebacks-cache"  # shared by the cases
     monkeypatch.setenv("CAPTURE_MEGATRON_CACHE", str(cache))
