@@ -9,6 +9,7 @@ import json
 import os
 import platform
 
+from report_inputs import inputs_section
 from report_moe import moe_sections
 from report_step_time import step_time_sections
 
@@ -313,6 +314,7 @@ def main() -> None:
             + "\n"
             + "\n".join(conformance_tables(json.loads(_read(conformance))))
         )
+    text += inputs_section(ROOT)
     text += moe_sections(ROOT)
     text += step_time_sections(ROOT)
     text += "\n## Predicted worst-rank peak at CAPTURE's sizes\n\n" + "\n".join(at) + "\n"

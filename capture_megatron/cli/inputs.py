@@ -44,7 +44,9 @@ def add_cluster_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--hf-config",
         help="a Hugging Face config.json, or the model directory holding it (llama, mistral, "
-        "gemma, qwen2, phi3; gemma2 is read but refused); the sequence length: --seq-length",
+        "gemma, qwen2, qwen3, olmo2, phi3, mixtral, qwen2_moe, qwen3_moe, deepseek_v2, "
+        "deepseek_v3; gemma2 and gemma3_text are read but refused); the sequence length: "
+        "--seq-length",
     )
     g.add_argument("--gpus", type=int, help="processes/GPUs available (required)")
     g.add_argument(

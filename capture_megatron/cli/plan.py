@@ -20,13 +20,16 @@ from capture_megatron.cli.inputs import (
     plan_options,
     resolve_shape,
 )
+from capture_megatron.cli.outputs import prepare_outputs
 from capture_megatron.config import Cluster, ModelShape
 from capture_megatron.config.context import context_problem
+from capture_megatron.config.hf_count import parameter_count
 from capture_megatron.config.kernels import kernel_set
 from capture_megatron.config.training import NOT_ADAM
 from capture_megatron.errors import CaptureError
+from capture_megatron.fit import MemoryModel, ModelSource
 from capture_megatron.megatron import flags, megatron_lm
-from capture_megatron.plan import PlanOptions, PlanResult, model_notes, plan
+from capture_megatron.plan import PlanOptions, PlanResult, model_args, model_notes, plan
 from capture_megatron.plan.window import latent_problem, window_problem
 
 
@@ -58,20 +61,40 @@ def _check_window(
         raise CaptureError(problem + ".")
 
 
+def print_hf_model(path: str, shape: ModelShape) -> None:
+    """What a --hf-config was read as, before anything is profiled or planned: its parameter
+    count and the model as Megatron-LM flags."""
+    count = parameter_count(shape)
+    print(
+        f"--hf-config {path}: {count / 1e9:.2f}B parameters ({count:,}) as megatron-core builds it"
+    )
+    print("model_args: " + " ".join(model_args(shape)), flush=True)
+
+
 def plan_and_report(
-    ns: argparse.Namespace, cluster: Cluster, device: str, progress: bool, fixed_plan: bool = False
+    ns: argparse.Namespace,
+    cluster: Cluster,
+    device: str,
+    progress: bool,
+    fixed_plan: bool = False,
+    memory: MemoryModel | ModelSource | None = None,
 ) -> PlanResult:
     """Plan the flags' model for `cluster` on `device`'s memory model (`fixed_plan`: predict the
-    run the flags describe); print the table and write --json / --png."""
+    run the flags describe; `memory`: this memory model or source instead of --memory-model or
+    profiling on the spot); print the table and write --json / --png."""
     from capture_megatron.cli.render import print_plan, save_plan_png
 
+    prepare_outputs(ns)
     if getattr(ns, "optimizer", "adam") != "adam":
         raise CaptureError(f"--optimizer {ns.optimizer}: {NOT_ADAM}.")
     ignored = megatron_lm.check(ns) if any(megatron_lm.given(ns)) else ()
     shape, shape_notes = resolve_shape(ns)
+    if getattr(ns, "hf_config", None):
+        print_hf_model(ns.hf_config, shape)
     options = plan_options(ns, shape, cluster, device, fixed_plan)
     _check_window(ns, shape, device, options)
-    result = plan(shape, cluster, options, memory_of(ns, shape, device, progress))
+    memory = memory_of(ns, shape, device, progress) if memory is None else memory
+    result = plan(shape, cluster, options, memory)
     sp_note = (
         "--sequence-parallel is off at TP 1, as Megatron-LM turns it off"
         if getattr(ns, "sequence_parallel", False) and result.best.plan.tp == 1

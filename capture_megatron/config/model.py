@@ -25,6 +25,9 @@ NORMALIZATIONS = ("LayerNorm", "RMSNorm")
 """Megatron's --normalization choices."""
 POSITION_EMBEDDINGS = ("learned_absolute", "rope")
 """Megatron's --position-embedding-type choices this project supports."""
+MEGATRON_POSITION_EMBEDDINGS = (*POSITION_EMBEDDINGS, "mrope", "relative", "none")
+"""Every --position-embedding-type Megatron-LM accepts (core_v0.16.1); the others are refused as
+not modelled, not as invalid."""
 
 
 def dtype_bytes(dtype: str) -> int:
@@ -69,7 +72,7 @@ class ModelShape(JsonMixin):
     untie_embeddings_and_output_weights: bool = flag("--untie-embeddings-and-output-weights", False)
     """Separate output layer weights."""
     position_embedding_type: str = flag(
-        "--position-embedding-type", "learned_absolute", choices=POSITION_EMBEDDINGS
+        "--position-embedding-type", "learned_absolute", choices=MEGATRON_POSITION_EMBEDDINGS
     )
     """learned_absolute or rope."""
     add_bias_linear: bool = flag("--disable-bias-linear", True, negate=True)
@@ -131,8 +134,8 @@ class ModelShape(JsonMixin):
             p.append(f"normalization {self.normalization!r} not one of {NORMALIZATIONS}")
         if self.position_embedding_type not in POSITION_EMBEDDINGS:
             p.append(
-                f"position embedding {self.position_embedding_type!r} not one of "
-                f"{POSITION_EMBEDDINGS}"
+                f"--position-embedding-type {self.position_embedding_type} is not modelled "
+                f"(modelled: {', '.join(POSITION_EMBEDDINGS)})"
             )
         if (
             self.max_position_embeddings

@@ -141,9 +141,9 @@ def feature_args(shape: ModelShape) -> list[str]:
         out += ["--window-size", ",".join(map(str, shape.window_size))]
     out += ["--qk-layernorm"] if shape.qk_layernorm else []
     out += ["--qk-l2-norm"] if shape.qk_l2_norm else []
-    if shape.mtp_num_layers:
-        out += ["--mtp-num-layers", str(shape.mtp_num_layers)]
-    return out + to_flags(shape.mla)
+    out += to_flags(shape.mla) if shape.mla.enabled else []
+    out += ["--mtp-num-layers", str(shape.mtp_num_layers)] if shape.mtp_num_layers else []
+    return out
 
 
 GEGLU_NOTE = (

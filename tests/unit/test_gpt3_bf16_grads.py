@@ -1,5 +1,5 @@
 """Issue 26: NVIDIA's GPT-3 175B H100 recipe (Megatron-Bridge's gpt3_175b_pretrain_32gpu_h100_bf16,
-tests/data/megatron_bridge/gpt3_175b_h100_bf16.args: TP 4 x PP 8 x VP 6, SP, micro-batch 2,
+tests/data/megatron_bridge_derived/gpt3_175b_h100_bf16.args: TP 4 x PP 8 x VP 6, SP, micro-batch 2,
 distributed optimizer, 512 GPUs) on the GPU kernel set: with Megatron-LM's default fp32
 gradient buffers it does not fit an 80 GiB H100 (by about 3 GiB); the recipe's bf16 gradients
 (--grad-reduce-in-bf16, its grad_reduce_in_fp32=False) halve the gradient buffer and the forecast
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from test_cli_errors import cli
 
-RECIPE = Path(__file__).parents[1] / "data" / "megatron_bridge" / "gpt3_175b_h100_bf16.args"
+RECIPE = Path(__file__).parents[1] / "data" / "megatron_bridge_derived" / "gpt3_175b_h100_bf16.args"
 GIB = 2**30
 
 

@@ -1,7 +1,9 @@
-"""Issue 12, must-show 2 (the paste test): the pretrain_gpt.py flags of two of Megatron-LM's own
-launch scripts (tests/data/megatron_lm_examples, paths replaced) given verbatim to `plan` and
-`predict` run, or are refused only for the flags that change memory in a way not modelled, each
-one named."""
+"""Issue 12, must-show 2 (the paste test): the pretrain_gpt.py flags of Megatron-LM's own launch
+scripts (tests/data/megatron_lm_examples, paths replaced) given verbatim to `plan` and `predict`
+run, or are refused only for the flags that change memory in a way not modelled, each one named.
+Issue 26, must-show 4: the Mixtral line runs verbatim (--vocab-size added: its tokenizer file is
+not here) and fits at NVIDIA's sizes; the Llama 3 8B FP8 and DeepSeek-V3 lines wait for the
+features other helpers model (xfail until they merge)."""
 
 from __future__ import annotations
 
@@ -72,3 +74,45 @@ def test_llama3_8b_fp8_is_refused_for_fp8_only(command, tmp_path):
     assert data["plan"]["distributed_optimizer"] is True
     assert any("--sequence-parallel is off at TP 1" in n for n in data["notes"])
     assert "--grad-reduce-in-bf16" in data["megatron_args"]  # modelled (issue 26), kept
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["predict", "plan"])
+def test_mixtral_runs_verbatim_at_nvidias_sizes(command, tmp_path):
+    # examples/mixtral: TP 1, PP 4, EP 8 need data parallelism 8, so 32 GPUs; its Llama 2
+    # tokenizer file is not here, so --vocab-size 32000 (Mixtral's) is added
+    argv = [*flags_of("train_mixtral_8x7b_distributed"), "--vocab-size", "32000"]
+    done, out = run(command, argv, 32, tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    data = json.loads(out.read_text())
+    args = data["megatron_args"]
+    assert args[args.index("--pipeline-model-parallel-size") + 1] == "4"
+    assert args[args.index("--expert-model-parallel-size") + 1] == "8"
+    # --no-position-embedding with RoPE changes nothing in megatron-core 0.16.1
+    assert "--no-position-embedding" in data["ignored_flags"]
+    if command == "predict":  # balanced routing, which its aux loss (1e-2) trains towards
+        balanced = [*argv, "--moe-imbalance-factor", "1", "--gpu-memory-gib", "80"]
+        done, out = run(command, balanced, 32, tmp_path)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert json.loads(out.read_text())["fits"] is True
+
+
+WAITING = pytest.mark.xfail(
+    reason="needs features other helpers of issue 26 model: FP8 and bf16 gradient buffers "
+    "(Llama 3 8B FP8); MLA, MTP, --qk-layernorm, the permute fusion, the flex dispatcher, "
+    "--recompute-modules and forced load balancing (DeepSeek-V3)",
+    strict=False,
+)
+
+
+@pytest.mark.slow
+@WAITING
+@pytest.mark.parametrize(
+    "name, gpus, vocab",
+    [("train_llama3_8b_h100_fp8", 8, None), ("sbatch_mfsdp_deepseek_v3_no_fsdp", 256, 129280)],
+)
+def test_todays_example_lines_run_verbatim(name, gpus, vocab, tmp_path):
+    argv = flags_of(name) + (["--vocab-size", str(vocab)] if vocab else [])
+    for command in ("predict", "plan"):
+        done, _ = run(command, argv, gpus, tmp_path)
+        assert done.returncode == 0, done.stderr[-3000:]
