@@ -78,5 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     except CaptureError as err:
         if env.rank == 0:
             print(f"error: {err}", file=sys.stderr, flush=True)
+        elif getattr(err, "every_rank", False):  # this rank's own failure (a save)
+            print(f"error (rank {env.rank}): {err}", file=sys.stderr, flush=True)
         return 2
     return 0
