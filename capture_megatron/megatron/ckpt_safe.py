@@ -133,3 +133,18 @@ def install() -> None:
     from megatron.core.dist_checkpointing.strategies.torch import MCoreLoadPlanner
 
     MCoreLoadPlanner.load_bytes = _load_bytes
+
+
+def load_failed(path: str, err: BaseException) -> CaptureError:
+    """The one paragraph for a checkpoint dist_checkpointing could not load."""
+    text = str(err)
+    if "Weights only load failed" in text or "weights_only" in text:
+        return CaptureError(
+            f"--load {path}: a stored object in its shards holds more than tensors, containers, "
+            "numbers and strings: unpickling it could run code, so the checkpoint is refused"
+        )
+    last = (text.strip().splitlines() or [type(err).__name__])[-1][:300]
+    return CaptureError(
+        f"--load {path}: megatron-core could not load the checkpoint ({type(err).__name__}: "
+        f"{last}); it does not hold what this run's model and optimizer need"
+    )

@@ -270,7 +270,10 @@ def load_checkpoint(cfg: TrainConfig, trainer) -> tuple[int, int]:
     # the optimizer's common state in this run's chain (EP 1 <-> EP > 1: ckpt_rechain)
     common_strategy = rechained_common(plain_values(state["optimizer"])) if with_optim else None
     ckpt_safe.install()
-    loaded = dist_checkpointing.load(state, path, common_strategy=common_strategy)
+    try:
+        loaded = dist_checkpointing.load(state, path, common_strategy=common_strategy)
+    except (Exception, CheckpointException) as err:
+        raise ckpt_safe.load_failed(path, err) from None
     chunks = unwrap_model(trainer.model)
     for i, chunk in enumerate(chunks):
         chunk.load_state_dict(loaded[_model_key(i, len(chunks))], strict=True)

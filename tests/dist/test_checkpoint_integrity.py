@@ -27,6 +27,7 @@ import torch
 from harness import cli, train_single
 
 from capture_megatron.train.checkpoint import PAUSE_ENV, TRACKER, iteration_dir
+from capture_megatron.train import ckpt_verify
 from capture_megatron.train.ckpt_verify import MANIFEST, quick_problems
 
 TINY = [
@@ -176,3 +177,37 @@ def test_disk_full_during_save(tmp_path):
     assert "saving checkpoint iteration 4" in out and "no space left on the device" in out
     assert "The last complete checkpoint, iteration 2" in out, out[-3000:]
     assert "iter_0000004.partial" not in done.stdout.split("was removed")[-1]
+
+
+class _RunsCode:
+    """Unpickling this runs a shell command (what a crafted checkpoint would do)."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.mark.parametrize("target", [".metadata", "common.pt"])
+def test_a_checkpoint_that_would_run_code_is_refused(saved, tmp_path, target):
+    import pickle
+
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(saved, ckpt)
+    marker = tmp_path / "pwned"
+    d = Path(iteration_dir(str(ckpt), 4))
+    if target == ".metadata":
+        (d / target).write_bytes(pickle.dumps(_RunsCode(str(marker))))
+    else:
+        torch.save({"iteration": 4, "evil": _RunsCode(str(marker))}, d / target)
+    # the attacker rewrites the checksums too: they guard against damage, not against intent
+    names = ckpt_verify.files_to_hash(str(d))
+    ckpt_verify.write_manifest(str(d), ckpt_verify.digests(str(d), names))
+    args = [*TINY, "--train-iters", "4", "--load", str(ckpt)]
+    refused = cli(["train", "--nproc", "1", *args])
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
+    assert "could run code" in refused.stderr and target in refused.stderr
+    ranks = train_single(args, str(tmp_path), "direct")  # the ranks check on their own too
+    assert ranks.returncode == 2 and "could run code" in ranks.output, ranks.output[-3000:]
+    assert not marker.exists()
