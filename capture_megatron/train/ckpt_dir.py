@@ -94,5 +94,6 @@ def resume_point(root: str, check=quick_check) -> tuple[int | None, str]:
 
 
 def latest_iteration(root: str) -> int | None:
-    """The newest complete, undamaged checkpoint's iteration (resume_point's), or None."""
-    return resume_point(root)[0]
+    """The newest complete checkpoint whose sizes and small files match their checksums (cheap:
+    for messages; a resume checks more, resume_point), or None."""
+    return resume_point(root, ckpt_verify.quick_problems)[0]

@@ -26,8 +26,8 @@ import pytest
 import torch
 from harness import cli, train_single
 
-from capture_megatron.train.checkpoint import PAUSE_ENV, TRACKER, iteration_dir
 from capture_megatron.train import ckpt_verify
+from capture_megatron.train.checkpoint import PAUSE_ENV, TRACKER, iteration_dir
 from capture_megatron.train.ckpt_verify import MANIFEST, quick_problems
 
 TINY = [
