@@ -8,6 +8,7 @@ import argparse
 import json
 import os
 
+from capture_megatron import __version__
 from capture_megatron.cache import calibration_factor
 from capture_megatron.config import (
     GIB,
@@ -22,6 +23,7 @@ from capture_megatron.config import (
 from capture_megatron.config.resolve import parallel_plan
 from capture_megatron.errors import CaptureError
 from capture_megatron.fit import MemoryModel, ModelSource, read_model
+from capture_megatron.fit.io import check_fitted
 from capture_megatron.megatron import flags, megatron_lm
 from capture_megatron.megatron.args import model_shape, overridden, shape_overrides
 from capture_megatron.plan import PlanOptions, space_from
@@ -192,7 +194,9 @@ def memory_of(
 ) -> MemoryModel | ModelSource:
     """The memory model from --memory-model, or a source that profiles on the spot (cached)."""
     if ns.memory_model:
-        return read_model(ns.memory_model)
+        model = read_model(ns.memory_model)
+        check_fitted(model, shape, ns.memory_model, __version__)
+        return model
     from capture_megatron.profile import memory_source
 
     return memory_source(shape, device, progress, flags.from_namespace(Kernels, ns))
