@@ -28,6 +28,8 @@ from capture_megatron.megatron import flags, megatron_lm
 from capture_megatron.megatron.args import model_shape, overridden, shape_overrides
 from capture_megatron.plan import PlanOptions, space_from
 
+MAX_GPU_GIB = 1 << 20
+"""Largest --gpu-memory-gib taken (1 PiB per device: a typo beyond it, not a GPU)."""
 GPT2_VOCAB = 50257
 """Entries of GPT-2's BPE vocab.json: Megatron-LM's default tokenizer (GPT2BPETokenizer)."""
 
@@ -144,8 +146,10 @@ def cluster_of(
     if gpus is None:
         raise CaptureError("--gpus is required (how many GPUs or processes the plan may use)")
     memory = ns.gpu_memory_gib
-    if memory is not None and memory <= 0:
-        raise CaptureError(f"--gpu-memory-gib {memory:g} must be positive")
+    if memory is not None and not 0 < memory <= MAX_GPU_GIB:  # also nan and inf
+        raise CaptureError(
+            f"--gpu-memory-gib {memory:g} must be positive and finite, at most {MAX_GPU_GIB} GiB"
+        )
     if memory is None and device == "cpu":
         import psutil
 

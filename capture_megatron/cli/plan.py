@@ -23,10 +23,17 @@ from capture_megatron.cli.inputs import (
 from capture_megatron.config import Cluster, ModelShape
 from capture_megatron.config.context import context_problem
 from capture_megatron.config.kernels import kernel_set
-from capture_megatron.config.training import NOT_ADAM
+from capture_megatron.config.training import (
+    NOT_ADAM,
+    BuildOptions,
+    CheckpointOptions,
+    OptimOptions,
+    RunOptions,
+)
 from capture_megatron.errors import CaptureError
 from capture_megatron.megatron import flags, megatron_lm
 from capture_megatron.plan import PlanOptions, PlanResult, model_notes, plan
+from capture_megatron.plan.limits import too_large
 from capture_megatron.plan.window import window_problem
 
 
@@ -56,6 +63,10 @@ def _check_window(
         raise CaptureError(problem + ".")
 
 
+TRAINING_OPTIONS = (OptimOptions, RunOptions, BuildOptions, CheckpointOptions)
+"""Training settings a Megatron-LM command line carries besides what is planned."""
+
+
 def plan_and_report(
     ns: argparse.Namespace, cluster: Cluster, device: str, progress: bool, fixed_plan: bool = False
 ) -> PlanResult:
@@ -65,9 +76,14 @@ def plan_and_report(
 
     if getattr(ns, "optimizer", "adam") != "adam":
         raise CaptureError(f"--optimizer {ns.optimizer}: {NOT_ADAM}.")
+    for cls in TRAINING_OPTIONS:  # read but not planned with: validated all the same
+        if all(hasattr(ns, f.name) for f in dataclasses.fields(cls)):
+            flags.from_namespace(cls, ns)
     ignored = megatron_lm.check(ns) if any(megatron_lm.given(ns)) else ()
     shape, shape_notes = resolve_shape(ns)
     options = plan_options(ns, shape, cluster, device, fixed_plan)
+    gbs = options.global_batch_size or cluster.gpus * max(options.space.micro_batch_size)
+    too_large(shape, cluster, gbs, max(options.space.micro_batch_size))
     _check_window(ns, shape, device, options)
     result = plan(shape, cluster, options, memory_of(ns, shape, device, progress))
     sp_note = (

@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from capture_megatron.config.fields import flag
+from capture_megatron.config.fields import flag, value_problems
 from capture_megatron.config.layout import format_layout
 from capture_megatron.config.model import GIB, ModelShape
 from capture_megatron.errors import require
@@ -100,6 +100,8 @@ class ParallelPlan(JsonMixin):
     (--microbatch-group-size-per-virtual-pipeline-stage)."""
 
     def __post_init__(self) -> None:
+        sizes = ("tp", "pp", "dp", "cp", "vpp", "ep", "micro_batch_size", "global_batch_size")
+        require(value_problems(self, sizes, every_field=True), "parallel plan")  # e.g. tp 2.0
         p: list[str] = []
         for name in ("tp", "pp", "dp", "cp", "vpp", "micro_batch_size", "global_batch_size"):
             if getattr(self, name) < 1:
@@ -209,7 +211,9 @@ class Cluster(JsonMixin):
     """cuda or cpu."""
 
     def __post_init__(self) -> None:
-        p: list[str] = []
+        p: list[str] = value_problems(self, every_field=True)
+        if p:
+            require(p, "cluster")
         if self.gpus < 1:
             p.append(f"--gpus {self.gpus} must be at least 1")
         if self.gpu_memory_bytes < 0:
