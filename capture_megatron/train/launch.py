@@ -12,17 +12,23 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import tempfile
 
 from capture_megatron.config import TrainConfig
 from capture_megatron.errors import CaptureError
 from capture_megatron.train.job import run_job
 
 
-def torchrun_command(nproc: int, train_args: list[str], standalone: bool = True) -> list[str]:
-    """The torchrun command line that runs pretrain_gpt with `train_args` on one node."""
+def torchrun_command(
+    nproc: int, train_args: list[str], standalone: bool = True, log_dir: str = ""
+) -> list[str]:
+    """The torchrun command line that runs pretrain_gpt with `train_args` on one node
+    (`log_dir`: torchrun's, instead of a torchelastic_* directory it leaves in the temp dir)."""
     cmd = [sys.executable, "-m", "torch.distributed.run"]
     if standalone:
         cmd.append("--standalone")
+    if log_dir:
+        cmd += ["--log-dir", log_dir]
     return cmd + [
         "--nproc-per-node",
         str(nproc),
@@ -66,7 +72,9 @@ def run_torchrun(
     full_env.setdefault("OMP_NUM_THREADS", "1")
     run = cfg.run
     handled = signal.Signals[run.exit_signal] if run.exit_signal_handler else None
-    return run_job(torchrun_command(nproc, train_args), full_env, timeout, handled)
+    with tempfile.TemporaryDirectory(prefix="capture-megatron-torchrun-") as logs:
+        cmd = torchrun_command(nproc, train_args, log_dir=logs)
+        return run_job(cmd, full_env, timeout, handled)
 
 
 def _flag_value(args: list[str], flag: str) -> str | None:

@@ -83,6 +83,7 @@ def test_every_declared_flag_is_fuzzed():
     assert len(CASES) > 60
 
 
+@pytest.mark.slow  # ~130 cases, a few plans each: about 25 s of CPU
 @pytest.mark.parametrize("command, flag, kind", CASES, ids=[f"{c}{f}" for c, f, _ in CASES])
 def test_nonsense_is_exit_0_or_one_paragraph(model_file, tmp_path, command, flag, kind):
     previous = signal.signal(signal.SIGALRM, _alarm)
