@@ -106,7 +106,12 @@ def failure_message(rc: int, train_args: list[str]) -> str:
             "raised and torchrun stopped the others; its root-cause report (rank, exit code or "
             "signal) is above."
         ]
-    save = _flag_value(train_args, "--save")
+    save, load = _flag_value(train_args, "--save"), _flag_value(train_args, "--load")
+    if load and load != save:
+        lines.append(
+            f"The run started from --load {load}: an error above about a checkpoint there is "
+            f"about {load}, not --save."
+        )
     if save:
         try:
             last = latest_iteration(save)
