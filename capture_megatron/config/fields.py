@@ -194,8 +194,8 @@ def value_problems(
             bad = [v for v in value if isinstance(v, bool) or not isinstance(v, int)]
             problems += [f"{name} {list(value)} must be integers"] if bad else []
             continue
-        problem = _number_problem(name, value, kind, 0)
         strict = field.name in positive or name in AT_LEAST_ONE or name in ABOVE_ZERO
+        problem = _number_problem(name, value, kind, None if strict else 0)
         if problem is None and strict and (value < 1 if kind is int else value <= 0):
             problem = f"{name} {value} must be {'at least 1' if kind is int else 'positive'}"
         if problem is None and name in BELOW_ONE and value >= 1:

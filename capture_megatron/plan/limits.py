@@ -22,12 +22,29 @@ MAX_MICROBATCHES = 65536
 """Most micro-batches per pipeline per step the schedule is simulated for."""
 MAX_GPUS = 1 << 20
 """Most GPUs (processes) planned for."""
+MAX_WIDTH = 1 << 20
+"""Widest hidden, MLP, head and query-group sizes planned (today's widest hidden: 25,600)."""
+MAX_VOCAB = 1 << 24
+"""Largest vocabulary planned (today's largest: about 256,000 tokens)."""
+MAX_SEQ = 1 << 24
+"""Longest sequence planned (16M tokens; long-context runs train at 1M)."""
 
 
 def too_large(shape: ModelShape, cluster: Cluster, global_batch: int, micro_batch: int) -> None:
     """CaptureError naming every input beyond the limits above, with the largest that is
     planned; `micro_batch` is the largest micro-batch size the search may use."""
-    p = []
+    p = [
+        f"{flag} {value}: at most {limit:,} is planned"
+        for flag, value, limit in (
+            ("--hidden-size", shape.hidden_size, MAX_WIDTH),
+            ("--ffn-hidden-size", shape.ffn, MAX_WIDTH),
+            ("--num-attention-heads", shape.num_attention_heads, MAX_WIDTH),
+            ("--kv-channels", shape.head_dim, MAX_WIDTH),
+            ("--vocab-size", shape.vocab_size, MAX_VOCAB),
+            ("--seq-length", shape.seq_length, MAX_SEQ),
+        )
+        if value > limit
+    ]
     if shape.num_layers > MAX_LAYERS:
         p.append(f"--num-layers {shape.num_layers}: at most {MAX_LAYERS} layers are planned")
     if shape.moe.num_experts > MAX_EXPERTS:
