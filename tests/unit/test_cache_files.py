@@ -6,6 +6,7 @@ no measurement is thrown away), and a damaged cache entry (profiled again, with 
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -81,3 +82,20 @@ def test_a_damaged_cache_entry_is_profiled_again(tmp_path, capsys):
     entry.write_bytes(b'{"capture_megatron_records": 1, "ver')
     assert _cached(str(entry)) == []
     assert "the cached records are unusable" in capsys.readouterr().out
+
+
+def test_design_records_cache_failures_are_notes(tmp_path, monkeypatch, capsys):
+    from capture_megatron.profile.design_cache import _cached, load_design, store_design
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("CAPTURE_MEGATRON_CACHE", str(blocker))
+    store_design("abc", [])  # cannot be cached: a note, and the caller keeps its records
+    assert "could not cache the design records" in capsys.readouterr().out
+    monkeypatch.setenv("CAPTURE_MEGATRON_CACHE", str(tmp_path / "cache"))
+    damaged = _cached("nokey")
+    os.makedirs(os.path.dirname(damaged))
+    with open(damaged, "wb") as f:
+        f.write(b"\xff\xfe truncated")
+    assert load_design("nokey") is None
+    assert "cached design records unusable" in capsys.readouterr().out
