@@ -27,6 +27,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import psutil
@@ -64,7 +65,9 @@ class Job:
         self.stopped_by: signal.Signals | None = None
         self.kill_at: float | None = None
         self.proc = subprocess.Popen(cmd, env=env)
-        self.previous = {s: signal.signal(s, self._on_signal) for s in FORWARDED}
+        self.previous: dict = {}
+        if threading.current_thread() is threading.main_thread():  # only it may set handlers
+            self.previous = {s: signal.signal(s, self._on_signal) for s in FORWARDED}
 
     def _ranks(self) -> list[psutil.Process]:
         """torchrun's children: the ranks."""
