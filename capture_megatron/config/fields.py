@@ -153,18 +153,22 @@ AT_LEAST_ONE = frozenset(
         *("--expert-tensor-parallel-size", "--num-layers-per-virtual-pipeline-stage"),
         *("--num-virtual-stages-per-pipeline-rank", "--micro-batch-size", "--global-batch-size"),
         *("--microbatch-group-size-per-virtual-pipeline-stage", "--top", "--train-iters"),
-        *("--log-interval", "--nodes", "--moe-router-topk"),
+        *("--log-interval", "--nodes", "--moe-router-topk", "--nvlink-domain"),
     }
 )
 """Flags whose 0 is meaningless (Megatron-LM asserts, divides by them, or would run nothing):
 at least 1 when given."""
 ABOVE_ZERO = frozenset(
-    {"--norm-epsilon", "--rope-scaling-factor", "--mfu", "--adam-eps", "--init-method-std"}
+    {
+        *("--norm-epsilon", "--rope-scaling-factor", "--adam-eps", "--init-method-std"),
+        *("--gemm-efficiency", "--peak-tflops", "--hbm-gbps", "--nvlink-gbps"),
+        *("--network-gbps", "--host-gbps"),
+    }
 )
 """Float flags that must be above 0."""
 BELOW_ONE = frozenset({"--reserve-fraction", "--hidden-dropout", "--attention-dropout"})
 """Fractions of a whole: below 1."""
-AT_MOST_ONE = frozenset({"--mfu"})
+AT_MOST_ONE = frozenset({"--gemm-efficiency"})
 """Fractions that may be whole: at most 1."""
 
 

@@ -2,7 +2,8 @@
 
 Megatron-core 0.16.1's rules, which the profiler's measured param/grad/optimizer bytes check:
 - DDP keeps gradients in one contiguous buffer per dtype: fp32 when training in bf16
-  (grad_reduce_in_fp32, as Megatron-LM forces), otherwise the parameter dtype.
+  (grad_reduce_in_fp32, Megatron-LM's default), otherwise (or with --grad-reduce-in-bf16) the
+  parameter dtype.
 - With the distributed optimizer the buffer is laid out for reduce-scatter: parameters in reverse
   order, each start padded to a multiple of 64 elements, the tied (shared) embedding in a bucket of
   its own, every bucket end padded to a multiple of lcm(DP, 128); the parameters themselves move
@@ -31,6 +32,9 @@ class StaticBytes:
     """DDP gradient buffer."""
     optimizer: int
     """Adam moments, step counters and fp32 master weights (this rank's shard)."""
+    owned: int = 0
+    """Parameter elements this rank's optimizer steps (its shard with the distributed
+    optimizer)."""
 
 
 def _pad(n: int, m: int) -> int:
@@ -66,20 +70,23 @@ def chunk_static(
     dp: int,
     distributed_optimizer: bool,
     shared_index: int | None = None,
+    bf16_grads: bool = False,
 ) -> StaticBytes:
-    """Static bytes of a chunk with parameters of `numels` elements on DP rank 0."""
+    """Static bytes of a chunk with parameters of `numels` elements on DP rank 0 (`bf16_grads`: a
+    bf16 run's gradient buffer in bf16, --grad-reduce-in-bf16)."""
     pbytes = dtype_bytes(dtype)
-    gbytes = 4 if dtype == "bf16" else pbytes
+    gbytes = 4 if dtype == "bf16" and not bf16_grads else pbytes
     master = 4 if dtype != "fp32" else 0
     if not numels:
         return StaticBytes(0, 0, 0)
     if not distributed_optimizer:
         n = sum(numels)
-        return StaticBytes(n * pbytes, n * gbytes, n * (8 + master) + 4 * len(numels))
+        return StaticBytes(n * pbytes, n * gbytes, n * (8 + master) + 4 * len(numels), n)
     ranges, buckets = buffer_layout(numels, dp, shared_index)
     total = buckets[-1][1]
     owned = [o for o in _owned(ranges, buckets, dp) if o > 0]
-    return StaticBytes(total * pbytes, total * gbytes, sum(owned) * (8 + master) + 4 * len(owned))
+    optimizer = sum(owned) * (8 + master) + 4 * len(owned)
+    return StaticBytes(total * pbytes, total * gbytes, optimizer, sum(owned))
 
 
 @dataclass(frozen=True)
@@ -167,19 +174,20 @@ def runs_static(
     dp: int,
     distributed_optimizer: bool,
     shared: str | None = None,
+    bf16_grads: bool = False,
 ) -> StaticBytes:
     """chunk_static of the parameters pre + each run's layer repeated + post, in that order
     (shared: 'pre' for pre[0], 'post' for post[-1]), exact and in time independent of the runs'
-    lengths."""
+    lengths; `bf16_grads`: a bf16 run's gradient buffer in bf16 (--grad-reduce-in-bf16)."""
     runs = tuple((layer, k) for layer, k in runs if k and layer)
     numels = len(pre) + sum(k * len(layer) for layer, k in runs) + len(post)
     if numels == 0:
         return StaticBytes(0, 0, 0)
     pbytes, master = dtype_bytes(dtype), 4 if dtype != "fp32" else 0
-    gbytes = 4 if dtype == "bf16" else pbytes
+    gbytes = 4 if dtype == "bf16" and not bf16_grads else pbytes
     if not distributed_optimizer:
         total = sum(pre) + sum(k * sum(layer) for layer, k in runs) + sum(post)
-        return StaticBytes(total * pbytes, total * gbytes, total * (8 + master) + 4 * numels)
+        return StaticBytes(total * pbytes, total * gbytes, total * (8 + master) + 4 * numels, total)
     items: list[Item] = [(n, shared == "post" and i == 0) for i, n in enumerate(reversed(post))]
     items += [(tuple(reversed(layer)), k) for layer, k in reversed(runs)]
     items += [(n, shared == "pre" and i == len(pre) - 1) for i, n in enumerate(reversed(pre))]
@@ -195,7 +203,9 @@ def runs_static(
                 e, c = max(ov, 0), int(ov > 0)
             elements, params = elements + e, params + c
     total = buckets[-1][1]
-    return StaticBytes(total * pbytes, total * gbytes, elements * (8 + master) + 4 * params)
+    return StaticBytes(
+        total * pbytes, total * gbytes, elements * (8 + master) + 4 * params, elements
+    )
 
 
 LayerRun = tuple[tuple[int, ...], tuple[bool, ...], int]
@@ -211,15 +221,18 @@ def layer_static(
     dp: tuple[int, int],
     distributed_optimizer: bool,
     shared: str | None = None,
+    bf16_grads: bool = False,
 ) -> StaticBytes:
     """runs_static of a chunk whose layers may hold routed experts (dense and MoE layers in any
     order): DDP keeps the parameters a run's mask marks in a buffer of their own, sharded over the
     expert-data-parallel ranks, the rest over the data-parallel (x context-parallel) ranks. `dp`:
     (data-parallel ranks, expert-data-parallel ranks)."""
     dense = tuple((tuple(n for n, e in zip(lay, ex) if not e), k) for lay, ex, k in runs)
-    a = runs_static(pre, dense, post, dtype, dp[0], distributed_optimizer, shared)
+    a = runs_static(pre, dense, post, dtype, dp[0], distributed_optimizer, shared, bf16_grads)
     routed = tuple((tuple(n for n, e in zip(lay, ex) if e), k) for lay, ex, k in runs)
     if not any(layer for layer, _ in routed):
         return a
-    b = runs_static((), routed, (), dtype, dp[1], distributed_optimizer)
-    return StaticBytes(a.params + b.params, a.grads + b.grads, a.optimizer + b.optimizer)
+    b = runs_static((), routed, (), dtype, dp[1], distributed_optimizer, None, bf16_grads)
+    return StaticBytes(
+        a.params + b.params, a.grads + b.grads, a.optimizer + b.optimizer, a.owned + b.owned
+    )

@@ -68,8 +68,9 @@ def test_refused_at_once(model_file, command, flag, value, words):
 
 
 def test_mfu_nonsense(model_file):
+    """--mfu (now an alias of --gemm-efficiency, a fraction of peak in (0, 1])."""
     for value in ("nan", "-1", "0", "2"):
-        with pytest.raises(CaptureError, match="--mfu"):
+        with pytest.raises(CaptureError, match="--gemm-efficiency|--mfu"):
             plan_cli.main([*BASE, "--memory-model", model_file, "--mfu", value])
 
 
