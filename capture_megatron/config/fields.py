@@ -140,7 +140,7 @@ def _number_problem(name: str, value: Any, kind: Any, at_least: float | None) ->
     if kind is float and not math.isfinite(value):
         return f"{name} {value} must be a finite number"
     if at_least is not None and value < at_least:
-        return f"{name} {value} must be at least {at_least:g}"
+        return f"{name} {value:g} must be at least {at_least:g}"
     return None
 
 
@@ -161,15 +161,15 @@ at least 1 when given."""
 ABOVE_ZERO = frozenset(
     {
         *("--norm-epsilon", "--rope-scaling-factor", "--adam-eps", "--init-method-std"),
-        *("--gemm-efficiency", "--peak-tflops", "--hbm-gbps", "--nvlink-gbps"),
+        *("--peak-tflops", "--hbm-gbps", "--nvlink-gbps"),
         *("--network-gbps", "--host-gbps"),
     }
 )
 """Float flags that must be above 0."""
 BELOW_ONE = frozenset({"--reserve-fraction", "--hidden-dropout", "--attention-dropout"})
 """Fractions of a whole: below 1."""
-AT_MOST_ONE = frozenset({"--gemm-efficiency"})
-"""Fractions that may be whole: at most 1."""
+SELF_CHECKED = frozenset({"--gemm-efficiency"})
+"""Flags whose range their class checks with its own words (finite-ness is checked here)."""
 
 
 def value_problems(
@@ -199,12 +199,11 @@ def value_problems(
             problems += [f"{name} {list(value)} must be integers"] if bad else []
             continue
         strict = field.name in positive or name in AT_LEAST_ONE or name in ABOVE_ZERO
-        problem = _number_problem(name, value, kind, None if strict else 0)
+        floor = None if strict or name in SELF_CHECKED else 0
+        problem = _number_problem(name, value, kind, floor)
         if problem is None and strict and (value < 1 if kind is int else value <= 0):
-            problem = f"{name} {value} must be {'at least 1' if kind is int else 'positive'}"
+            problem = f"{name} {value:g} must be {'at least 1' if kind is int else 'positive'}"
         if problem is None and name in BELOW_ONE and value >= 1:
-            problem = f"{name} {value} must be below 1"
-        if problem is None and name in AT_MOST_ONE and value > 1:
-            problem = f"{name} {value} must be at most 1"
+            problem = f"{name} {value:g} must be below 1"
         problems += [problem] if problem else []
     return problems
