@@ -346,6 +346,11 @@ def read_records(path: str) -> list[ProfileRecord]:
             lines = [line for line in f.read().splitlines() if line.strip()]
     except OSError as err:
         raise CaptureError(f"cannot read records file {path}: {err.strerror}") from None
+    except UnicodeDecodeError as err:
+        raise CaptureError(
+            f"records file {path} is not UTF-8 text (byte {err.start}): it is damaged or not a "
+            "records file; profile again"
+        ) from None
     if not lines:
         raise CaptureError(
             f"records file {path} is empty; run `capture-megatron profile ... --out {path}`"

@@ -9,6 +9,7 @@ import dataclasses
 import json
 import os
 
+from capture_megatron import __version__
 from capture_megatron.cache import calibration_factor
 from capture_megatron.config import (
     GIB,
@@ -27,12 +28,15 @@ from capture_megatron.config.resolve import parallel_plan
 from capture_megatron.config.runtime import StepSettings
 from capture_megatron.errors import CaptureError
 from capture_megatron.fit import MemoryModel, ModelSource, read_model
+from capture_megatron.fit.io import check_fitted
 from capture_megatron.megatron import flags, megatron_lm
 from capture_megatron.megatron.args import model_shape, overridden, shape_overrides
 from capture_megatron.plan import PlanOptions, space_from
 from capture_megatron.plan.calibration import fitted
 from capture_megatron.plan.costmodel import CostModel
 
+MAX_GPU_GIB = 1 << 20
+"""Largest --gpu-memory-gib taken (1 PiB per device: a typo beyond it, not a GPU)."""
 GPT2_VOCAB = 50257
 """Entries of GPT-2's BPE vocab.json: Megatron-LM's default tokenizer (GPT2BPETokenizer)."""
 
@@ -157,8 +161,10 @@ def cluster_of(
     if gpus is None:
         raise CaptureError("--gpus is required (how many GPUs or processes the plan may use)")
     memory = ns.gpu_memory_gib
-    if memory is not None and not ok(memory):
-        raise CaptureError(f"--gpu-memory-gib {memory:g} must be positive (a finite number of GiB)")
+    if memory is not None and not (ok(memory) and memory <= MAX_GPU_GIB):  # also nan, inf
+        raise CaptureError(
+            f"--gpu-memory-gib {memory:g} must be positive and finite, at most {MAX_GPU_GIB} GiB"
+        )
     if memory is None and device == "cpu":
         import psutil
 
@@ -252,7 +258,9 @@ def memory_of(
 ) -> MemoryModel | ModelSource:
     """The memory model from --memory-model, or a source that profiles on the spot (cached)."""
     if ns.memory_model:
-        return read_model(ns.memory_model)
+        model = read_model(ns.memory_model)
+        check_fitted(model, shape, ns.memory_model, __version__)
+        return model
     from capture_megatron.profile import memory_source
 
     return memory_source(shape, device, progress, flags.from_namespace(Kernels, ns))

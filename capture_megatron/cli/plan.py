@@ -25,11 +25,18 @@ from capture_megatron.config import Cluster, ModelShape
 from capture_megatron.config.context import context_problem
 from capture_megatron.config.hf_count import parameter_count
 from capture_megatron.config.kernels import kernel_set
-from capture_megatron.config.training import NOT_ADAM
+from capture_megatron.config.training import (
+    NOT_ADAM,
+    BuildOptions,
+    CheckpointOptions,
+    OptimOptions,
+    RunOptions,
+)
 from capture_megatron.errors import CaptureError
 from capture_megatron.fit import MemoryModel, ModelSource
 from capture_megatron.megatron import flags, megatron_lm
 from capture_megatron.plan import PlanOptions, PlanResult, model_args, model_notes, plan
+from capture_megatron.plan.limits import too_large
 from capture_megatron.plan.window import latent_problem, window_problem
 
 
@@ -71,6 +78,10 @@ def print_hf_model(path: str, shape: ModelShape) -> None:
     print("model_args: " + " ".join(model_args(shape)), flush=True)
 
 
+TRAINING_OPTIONS = (OptimOptions, RunOptions, BuildOptions, CheckpointOptions)
+"""Training settings a Megatron-LM command line carries besides what is planned."""
+
+
 def plan_and_report(
     ns: argparse.Namespace,
     cluster: Cluster,
@@ -87,11 +98,16 @@ def plan_and_report(
     prepare_outputs(ns)
     if getattr(ns, "optimizer", "adam") != "adam":
         raise CaptureError(f"--optimizer {ns.optimizer}: {NOT_ADAM}.")
+    for cls in TRAINING_OPTIONS:  # read but not planned with: validated all the same
+        if all(hasattr(ns, f.name) for f in dataclasses.fields(cls)):
+            flags.from_namespace(cls, ns)
     ignored = megatron_lm.check(ns) if any(megatron_lm.given(ns)) else ()
     shape, shape_notes = resolve_shape(ns)
     if getattr(ns, "hf_config", None):
         print_hf_model(ns.hf_config, shape)
     options = plan_options(ns, shape, cluster, device, fixed_plan)
+    gbs = options.global_batch_size or cluster.gpus * max(options.space.micro_batch_size)
+    too_large(shape, cluster, gbs, max(options.space.micro_batch_size))
     _check_window(ns, shape, device, options)
     memory = memory_of(ns, shape, device, progress) if memory is None else memory
     result = plan(shape, cluster, options, memory)

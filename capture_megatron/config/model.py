@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from capture_megatron.config.attention import LatentAttention
-from capture_megatron.config.fields import flag
+from capture_megatron.config.fields import flag, value_problems
 from capture_megatron.config.moe import Experts
 from capture_megatron.errors import CaptureError, require
 from capture_megatron.serial import JsonMixin
@@ -113,7 +113,9 @@ class ModelShape(JsonMixin):
         require(self._problems(), "model shape")
 
     def _problems(self) -> list[str]:
-        p: list[str] = []
+        p: list[str] = value_problems(self)  # types, finite, not negative (config.fields)
+        if p:
+            return p
         for name in (
             "num_layers",
             "hidden_size",

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from capture_megatron.config.ddp import DdpOptions
-from capture_megatron.config.fields import flag
+from capture_megatron.config.fields import flag, value_problems
 from capture_megatron.config.layout import format_layout
 from capture_megatron.config.model import GIB, ModelShape
 from capture_megatron.config.mtp import mtp_problems
@@ -108,6 +108,8 @@ class ParallelPlan(JsonMixin):
     deferred output-layer weight gradients."""
 
     def __post_init__(self) -> None:
+        sizes = ("tp", "pp", "dp", "cp", "vpp", "ep", "micro_batch_size", "global_batch_size")
+        require(value_problems(self, sizes, every_field=True), "parallel plan")  # e.g. tp 2.0
         p: list[str] = []
         for name in ("tp", "pp", "dp", "cp", "vpp", "micro_batch_size", "global_batch_size"):
             if getattr(self, name) < 1:
@@ -222,7 +224,9 @@ class Cluster(JsonMixin):
     """cuda or cpu."""
 
     def __post_init__(self) -> None:
-        p: list[str] = []
+        p: list[str] = value_problems(self, every_field=True)
+        if p:
+            require(p, "cluster")
         if self.gpus < 1:
             p.append(f"--gpus {self.gpus} must be at least 1")
         if self.gpu_memory_bytes < 0:

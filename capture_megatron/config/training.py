@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from capture_megatron.config.fields import flag
+from capture_megatron.config.fields import flag, value_problems
 from capture_megatron.config.kernels import Kernels
 from capture_megatron.config.model import ModelShape
 from capture_megatron.config.parallel import ParallelPlan
@@ -71,6 +71,7 @@ class OptimOptions(JsonMixin):
     capture-megatron models and trains."""
 
     def __post_init__(self) -> None:
+        require(value_problems(self), "flags")  # types, finite, not negative, >= 1
         p = []
         if self.lr <= 0:
             p.append(f"--lr {self.lr} must be positive")
@@ -118,6 +119,7 @@ class DataOptions(JsonMixin):
     data."""
 
     def __post_init__(self) -> None:
+        require(value_problems(self), "flags")  # types, finite, not negative, >= 1
         p = []
         if self.mock_vocab_size < 0 or self.mock_vocab_size == 1:
             p.append(
@@ -170,6 +172,7 @@ class CheckpointOptions(JsonMixin):
     (megatron.core.dist_checkpointing)."""
 
     def __post_init__(self) -> None:
+        require(value_problems(self), "flags")  # types, finite, not negative, >= 1
         p = []
         if self.save_interval < 0:
             p.append(f"--save-interval {self.save_interval} must be >= 0")
@@ -213,6 +216,7 @@ class RunOptions(JsonMixin):
     """The signal --exit-signal-handler waits for, by name (e.g. SIGUSR1)."""
 
     def __post_init__(self) -> None:
+        require(value_problems(self), "flags")  # types, finite, not negative, >= 1
         p = []
         if self.train_iters < 1:
             p.append(f"--train-iters {self.train_iters} must be >= 1")
@@ -229,6 +233,9 @@ class BuildOptions(JsonMixin):
 
     init_method_std: float = flag("--init-method-std", 0.02)
     """Standard deviation of the normal weight initialisation."""
+
+    def __post_init__(self) -> None:
+        require(value_problems(self), "flags")  # positive and finite (config.fields)
 
 
 @dataclass(frozen=True)

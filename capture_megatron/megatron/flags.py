@@ -30,9 +30,9 @@ from capture_megatron.config import (
     RunOptions,
 )
 from capture_megatron.config.attention import LatentAttention
-from capture_megatron.config.fields import Flag, field_docs, flagged_fields
+from capture_megatron.config.fields import Flag, field_docs, flagged_fields, value_problems
 from capture_megatron.config.moe import Experts
-from capture_megatron.errors import CaptureError
+from capture_megatron.errors import CaptureError, require
 from capture_megatron.megatron.megatron_lm import flag_names
 
 T = TypeVar("T")
@@ -145,8 +145,12 @@ def given(cls: type, ns: argparse.Namespace) -> dict[str, Any]:
 
 
 def from_namespace(cls: type[T], ns: argparse.Namespace, **extra: Any) -> T:
-    """An instance of dataclass `cls` from parsed flags (fields not given keep their defaults)."""
-    return cls(**given(cls, ns), **extra)
+    """An instance of dataclass `cls` from parsed flags (fields not given keep their defaults);
+    a CaptureError naming every flag whose number is not finite, negative, not an integer, or 0
+    where Megatron needs at least 1 (config.fields.value_problems)."""
+    obj = cls(**given(cls, ns), **extra)
+    require(value_problems(obj), "flags")
+    return obj
 
 
 def add_model_flags(p: argparse.ArgumentParser) -> None:

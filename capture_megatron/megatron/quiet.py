@@ -49,6 +49,20 @@ SILENCED = (
         "megatron-core 0.16.1 calls torch's old collective names; nothing a user can change",
     ),
     Silenced(
+        r"`load_state_dict` is deprecated and will be removed",
+        FutureWarning,
+        r"megatron\.core\.dist_checkpointing\..*|torch\.distributed\..*",
+        "megatron-core 0.16.1's torch_dist loader calls torch's old checkpoint entry point on "
+        "every resume; nothing a user can change",
+    ),
+    Silenced(
+        r"Please use DTensor instead and we are deprecating ShardedTensor",
+        FutureWarning,
+        "",  # raised where megatron-core builds its ShardedTensors while loading
+        "megatron-core 0.16.1 loads torch_dist checkpoints through ShardedTensor; nothing a user "
+        "can change",
+    ),
+    Silenced(
         r"The \.grad attribute of a Tensor that is not a leaf Tensor is being accessed",
         UserWarning,
         # megatron-core's optimizer; on CPU torch attributes it to the function mode in between

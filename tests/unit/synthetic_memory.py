@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from capture_megatron import __version__
 from capture_megatron.config import ModelShape
 from capture_megatron.fit import MemoryModel, Needs, shape_sizes
 from capture_megatron.fit.model import ChunkModel, VariantModel
@@ -142,7 +143,7 @@ def synthetic_source(needs: Needs) -> MemoryModel:
     return MemoryModel(
         device="fake-cuda",
         kernels="gpu:synthetic",
-        versions=("test", "none", "0.16.1"),
+        versions=(__version__, "none", "0.16.1"),
         variants=tuple(
             with_anchors(variant_model(v), [s for w, s in needs if w == v]) for v in variants
         ),
