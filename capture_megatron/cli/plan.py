@@ -22,6 +22,7 @@ from capture_megatron.cli.inputs import (
 )
 from capture_megatron.config import Cluster, ModelShape
 from capture_megatron.config.context import context_problem
+from capture_megatron.config.fp8 import fp8_problem
 from capture_megatron.config.kernels import kernel_set
 from capture_megatron.config.training import NOT_ADAM
 from capture_megatron.errors import CaptureError
@@ -41,16 +42,18 @@ def build_parser(prog: str = "capture-megatron plan") -> flags.FlagParser:
 def _check_window(
     ns: argparse.Namespace, shape: ModelShape, device: str, options: PlanOptions
 ) -> None:
-    """Refuse a sliding window or a context-parallel attention the kernels' memory model does not
-    hold before profiling (plan() refuses them too, once it has the memory model)."""
+    """Refuse FP8, a sliding window or a context-parallel attention the kernels' memory model
+    does not hold before profiling (plan() refuses them too, once it has the memory model)."""
     if ns.memory_model:
         return
     from capture_megatron.profile import default_device
 
     kernels, space = options.kernels, options.space
     kind = kernel_set(default_device(device), kernels)
-    problem = window_problem(shape, kind, kernels) or context_problem(
-        space.cp, space.cp_comm_type, kind, kernels
+    problem = (
+        fp8_problem(kind, kernels, shape.moe.enabled)
+        or window_problem(shape, kind, kernels)
+        or context_problem(space.cp, space.cp_comm_type, kind, kernels)
     )
     if problem:
         raise CaptureError(problem + ".")

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from capture_megatron.config import GIB, Cluster, Kernels, ModelShape, ParallelPlan
 from capture_megatron.config.context import context_problem
 from capture_megatron.config.fields import flag
+from capture_megatron.config.fp8 import fp8_problem
 from capture_megatron.errors import CaptureError
 from capture_megatron.fit import MemoryModel, ModelSource
 from capture_megatron.plan.baselines import baselines_for
@@ -126,8 +127,10 @@ def _result(
     considered: int,
 ) -> PlanResult:
     space = options.space
-    problem = window_problem(shape, model.kernels, options.kernels) or context_problem(
-        space.cp, space.cp_comm_type, model.kernels, options.kernels
+    problem = (
+        fp8_problem(model.kernels, options.kernels, shape.moe.enabled)
+        or window_problem(shape, model.kernels, options.kernels)
+        or context_problem(space.cp, space.cp_comm_type, model.kernels, options.kernels)
     )
     if problem:
         raise CaptureError(problem + ".")

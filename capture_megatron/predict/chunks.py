@@ -33,7 +33,8 @@ class ChunkCost:
     step: float
     """Optimizer-step peak above the live bytes before it."""
     params: int
-    """Parameter bytes."""
+    """Parameter bytes, with what Transformer Engine's FP8 layers keep for their weights (FP8
+    copies, or FP8 parameters' column-wise copies, and scaling state; KindConstants.fp8state1)."""
     grads: int
     """Gradient-buffer bytes."""
     optimizer: int
@@ -145,19 +146,25 @@ def _costs(
     return (inp, saved, max(fwd, fwd_floor), max(bwd, bwd_floor) + growth, redone), (ret, grad)
 
 
-def _runs(layers: Layers, z: Sizes, moe: tuple[bool, ...]) -> tuple[LayerRun, ...]:
-    """The chunk's layers as runs of one variant: (parameter numels, expert mask, count)."""
+def _runs(
+    layers: Layers, z: Sizes, moe: tuple[bool, ...]
+) -> tuple[tuple[LayerRun, ...], tuple[tuple[bool, ...], ...], float]:
+    """The chunk's layers as runs of one variant: (parameter numels, expert mask, count); per run
+    its FP8-parameter mask; and the bytes the layers' TE modules keep for good under FP8."""
     runs: list[tuple[bool, int]] = []
     for m in moe:
         if runs and runs[-1][0] == m:
             runs[-1] = (m, runs[-1][1] + 1)
         else:
             runs.append((m, 1))
-    out = []
+    out, fp8, fp8_state = [], [], 0.0
     for m, count in runs:
         sc = layers.model(m).constants(z)
-        out.append((sc.layer_numels, sc.layer_expert or (False,) * len(sc.layer_numels), count))
-    return tuple(out)
+        none = (False,) * len(sc.layer_numels)
+        out.append((sc.layer_numels, sc.layer_expert or none, count))
+        fp8.append(sc.layer_fp8 or none)
+        fp8_state += count * float(sc.chunk("middle").fp8state1 or 0.0)
+    return tuple(out), tuple(fp8), fp8_state
 
 
 def chunk_cost(
@@ -187,15 +194,16 @@ def chunk_cost(
     else:
         step, buffers = max(c.step1 for c in kinds), max(c.buffers1 for c in kinds)
     pre, post = _ends(ends, kind)
-    runs = _runs(layers, z, moe)
+    runs, fp8, fp8_state = _runs(layers, z, moe)
     count = len(pre) + sum(c * len(numels) for numels, _, c in runs) + len(post)
     shared = _shared_end(kind, shape, plan, count)
     dp = (plan.dp * plan.cp, plan.expert_dp)
-    st = layer_static(pre, runs, post, shape.dtype, dp, plan.distributed_optimizer, shared)
+    st = layer_static(pre, runs, post, shape.dtype, dp, plan.distributed_optimizer, shared, fp8)
     # kinds are sorted by variant: with MoE layers, the MoE variant's constants come last
     state = moe.count(True) * float(kinds[-1].state1 or 0.0) if any(moe) else 0.0
     return ChunkCost(
-        kind, k, inp + saved, inp, fwd, bwd, step, st.params, st.grads, st.optimizer, buffers,
+        kind, k, inp + saved, inp, fwd, bwd, step, st.params + round(fp8_state), st.grads,
+        st.optimizer, buffers,
         redone, ret, ret_grad, state,
     )  # fmt: skip
 

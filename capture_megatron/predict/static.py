@@ -167,16 +167,19 @@ def runs_static(
     dp: int,
     distributed_optimizer: bool,
     shared: str | None = None,
+    param_bytes: int = 0,
 ) -> StaticBytes:
     """chunk_static of the parameters pre + each run's layer repeated + post, in that order
     (shared: 'pre' for pre[0], 'post' for post[-1]), exact and in time independent of the runs'
-    lengths."""
+    lengths. `param_bytes`: bytes per parameter element when not the dtype's (1: FP8
+    parameters, whose gradients and master weights are those of the dtype's parameters)."""
     runs = tuple((layer, k) for layer, k in runs if k and layer)
     numels = len(pre) + sum(k * len(layer) for layer, k in runs) + len(post)
     if numels == 0:
         return StaticBytes(0, 0, 0)
     pbytes, master = dtype_bytes(dtype), 4 if dtype != "fp32" else 0
     gbytes = 4 if dtype == "bf16" else pbytes
+    pbytes = param_bytes or pbytes
     if not distributed_optimizer:
         total = sum(pre) + sum(k * sum(layer) for layer, k in runs) + sum(post)
         return StaticBytes(total * pbytes, total * gbytes, total * (8 + master) + 4 * numels)
@@ -211,15 +214,29 @@ def layer_static(
     dp: tuple[int, int],
     distributed_optimizer: bool,
     shared: str | None = None,
+    fp8: tuple[tuple[bool, ...], ...] = (),
 ) -> StaticBytes:
     """runs_static of a chunk whose layers may hold routed experts (dense and MoE layers in any
     order): DDP keeps the parameters a run's mask marks in a buffer of their own, sharded over the
     expert-data-parallel ranks, the rest over the data-parallel (x context-parallel) ranks. `dp`:
-    (data-parallel ranks, expert-data-parallel ranks)."""
-    dense = tuple((tuple(n for n, e in zip(lay, ex) if not e), k) for lay, ex, k in runs)
-    a = runs_static(pre, dense, post, dtype, dp[0], distributed_optimizer, shared)
-    routed = tuple((tuple(n for n, e in zip(lay, ex) if e), k) for lay, ex, k in runs)
-    if not any(layer for layer, _ in routed):
-        return a
-    b = runs_static((), routed, (), dtype, dp[1], distributed_optimizer)
-    return StaticBytes(a.params + b.params, a.grads + b.grads, a.optimizer + b.optimizer)
+    (data-parallel ranks, expert-data-parallel ranks). `fp8`: per run, which of its parameters
+    are FP8 (--fp8-param-gather; empty: none); megatron-core groups DDP's buffers by (parameter
+    dtype, gradient dtype), so they get 1-byte buffers of their own."""
+    lows = fp8 or tuple((False,) * len(layer) for layer, _, _ in runs)
+    parts = []
+    for expert, low in ((False, False), (True, False), (False, True), (True, True)):
+        part = tuple(
+            (tuple(n for n, e, f in zip(lay, ex, fm) if e == expert and f == low), k)
+            for (lay, ex, k), fm in zip(runs, lows)
+        )
+        if expert or low:
+            if any(layer for layer, _ in part):
+                group = dp[1] if expert else dp[0]
+                parts.append(
+                    runs_static((), part, (), dtype, group, distributed_optimizer, None, int(low))
+                )
+        else:
+            parts.append(runs_static(pre, part, post, dtype, dp[0], distributed_optimizer, shared))
+    return StaticBytes(
+        *(sum(getattr(p, f) for p in parts) for f in ("params", "grads", "optimizer"))
+    )

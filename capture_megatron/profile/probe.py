@@ -34,7 +34,13 @@ from capture_megatron.profile.experts import (
     probe_world,
     reset_aux_loss_tracker,
 )
-from capture_megatron.profile.held import buffers_held, routing_state_bytes, static_bytes
+from capture_megatron.profile.held import (
+    buffers_held,
+    fp8_param_mask,
+    fp8_state_bytes,
+    routing_state_bytes,
+    static_bytes,
+)
 from capture_megatron.records import Probe, ProfileRecord, Timeline
 
 if TYPE_CHECKING:
@@ -375,6 +381,8 @@ def measure(probe: Probe, meter, setup: Setup, timelines: bool = False) -> Profi
         retained_bytes=got["retained_bytes"],
         retained_grad_bytes=got["retained_grad_bytes"],
         routing_state_bytes=routing_state_bytes(chunk.model, torch.device(chunk.device).type),
+        fp8_state_bytes=fp8_state_bytes(chunk.model),
+        param_fp8=fp8_param_mask(chunk.model, setup.kernels),
     )
     del chunk
     gc.collect()

@@ -14,13 +14,7 @@ import pytest
 from test_cli_errors import cli, one_error
 
 EXAMPLES = Path(__file__).parents[1] / "data" / "megatron_lm_examples"
-NOT_MODELLED_LLAMA = {
-    "--grad-reduce-in-bf16",
-    "--fp8-format",
-    "--fp8-amax-history-len",
-    "--fp8-amax-compute-algo",
-    "--fp8-param-gather",
-}
+NOT_MODELLED_LLAMA = {"--grad-reduce-in-bf16"}
 
 
 def flags_of(name: str) -> list[str]:
@@ -54,7 +48,7 @@ def test_gpt3_175b_runs_verbatim(command, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("command", ["predict", "plan"])
-def test_llama3_8b_fp8_is_refused_for_fp8_and_bf16_grads_only(command, tmp_path):
+def test_llama3_8b_fp8_is_refused_for_bf16_grads_only(command, tmp_path):
     argv = flags_of("train_llama3_8b_h100_fp8")
     done, _ = run(command, argv, 8, tmp_path)
     line = one_error(done, command)
@@ -72,3 +66,8 @@ def test_llama3_8b_fp8_is_refused_for_fp8_and_bf16_grads_only(command, tmp_path)
     assert data["kernels"]["cross_entropy_loss_fusion"] is True
     assert data["plan"]["distributed_optimizer"] is True
     assert any("--sequence-parallel is off at TP 1" in n for n in data["notes"])
+    fp8 = ["--fp8-format", "hybrid", "--fp8-param-gather", "--fp8-amax-history-len", "1024"]
+    args = data["megatron_args"]
+    assert all(a in args for a in fp8) and args[args.index("--fp8-format") + 1] == "hybrid"
+    assert data["memory_model"]["kernels"].endswith("/fp8-delayed/fp8-params/amax1024")
+    assert "--fp8-amax-compute-algo" in data["ignored_flags"]

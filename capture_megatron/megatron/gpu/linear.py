@@ -25,6 +25,7 @@ import types
 import torch
 
 from capture_megatron.megatron.gpu.common import is_fake
+from capture_megatron.megatron.gpu.fp8 import Fp8Setting, keep_weight_state, saved_in_fp8
 
 DUMMY_WGRADS: dict[tuple[tuple[int, ...], torch.dtype], torch.Tensor] = {}
 """TE's get_dummy_wgrad cache: one buffer per (shape, dtype), kept for the process's life."""
@@ -114,17 +115,40 @@ def te_linear(input, weight, bias, gradient_accumulation_fusion, allreduce_dgrad
     )  # fmt: skip
 
 
-def te_column_linear():
-    """megatron's ColumnParallelLinear with TE's gathers (linear_qkv and linear_fc1 of TE)."""
+def te_column_linear(fp8: Fp8Setting | None = None):
+    """megatron's ColumnParallelLinear with TE's gathers (linear_qkv and linear_fc1 of TE), and
+    with `fp8` what TE's FP8 layers keep (capture_megatron.megatron.gpu.fp8)."""
     from megatron.core.tensor_parallel.layers import ColumnParallelLinear
 
     class TEColumnParallelLinear(ColumnParallelLinear):
         """ColumnParallelLinear whose sequence-parallel gathers are transient, as in TE."""
 
         def _forward_impl(self, input, weight, *args, **kwargs):
-            return te_linear(input, weight, *args, **kwargs)
+            keep_weight_state(self, [weight], fp8)
+            gathered = bool(kwargs.get("sequence_parallel"))
+            with saved_in_fp8([input], fp8, gathered):
+                return te_linear(input, weight, *args, **kwargs)
 
     return TEColumnParallelLinear
+
+
+def te_row_linear(fp8: Fp8Setting | None = None):
+    """megatron's RowParallelLinear (TE's linear_proj and linear_fc2 keep the same in bf16), with
+    `fp8` what TE's FP8 layers keep (capture_megatron.megatron.gpu.fp8)."""
+    from megatron.core.tensor_parallel.layers import RowParallelLinear
+
+    if fp8 is None:
+        return RowParallelLinear
+
+    class TERowParallelLinear(RowParallelLinear):
+        """RowParallelLinear keeping an FP8 input copy and weight state under FP8."""
+
+        def _forward_impl(self, input, weight, *args, **kwargs):
+            keep_weight_state(self, [weight], fp8)
+            with saved_in_fp8([input], fp8, False):
+                return super()._forward_impl(input, weight, *args, **kwargs)
+
+    return TERowParallelLinear
 
 
 def install() -> None:

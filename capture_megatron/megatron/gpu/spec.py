@@ -16,9 +16,18 @@ import dataclasses
 from capture_megatron.config import Kernels
 
 
+def fp8_setting(kernels: Kernels):
+    """The FP8 recipe TE's linear layers run (None without --fp8-format)."""
+    from capture_megatron.megatron.gpu.fp8 import Fp8Setting
+
+    if not kernels.fp8:
+        return None
+    return Fp8Setting(kernels.fp8_recipe, kernels.fp8_param_gather, kernels.fp8_amax_history_len)
+
+
 def gpu_layer_spec(spec, kernels: Kernels, local_norm):
     """megatron's local ModuleSpec `spec` with the kernel set's modules."""
-    from capture_megatron.megatron.gpu.linear import te_column_linear
+    from capture_megatron.megatron.gpu.linear import te_column_linear, te_row_linear
     from capture_megatron.megatron.gpu.select import core_attention
 
     te = kernels.transformer_impl == "transformer_engine"
@@ -27,8 +36,11 @@ def gpu_layer_spec(spec, kernels: Kernels, local_norm):
     attn, mlp = layer.self_attention, layer.mlp
     attn_parts = dataclasses.replace(attn.submodules, core_attention=core_attention(kernels))
     if te:
-        attn_parts = dataclasses.replace(attn_parts, linear_qkv=te_column_linear())
-        mlp = moe_spec(mlp) if hasattr(mlp.submodules, "experts") else _te_fc1(mlp)
+        fp8 = fp8_setting(kernels)
+        attn_parts = dataclasses.replace(
+            attn_parts, linear_qkv=te_column_linear(fp8), linear_proj=te_row_linear(fp8)
+        )
+        mlp = moe_spec(mlp) if hasattr(mlp.submodules, "experts") else _te_mlp(mlp, fp8)
     layer = dataclasses.replace(
         layer,
         input_layernorm=norm,
@@ -39,13 +51,15 @@ def gpu_layer_spec(spec, kernels: Kernels, local_norm):
     return dataclasses.replace(spec, submodules=layer)
 
 
-def _te_fc1(mlp):
-    """An MLP spec whose linear_fc1 gathers as TE's does."""
-    from capture_megatron.megatron.gpu.linear import te_column_linear
+def _te_mlp(mlp, fp8=None):
+    """An MLP spec whose linear_fc1 gathers as TE's does, both linear layers keeping what TE's
+    keep under `fp8` (None: bf16)."""
+    from capture_megatron.megatron.gpu.linear import te_column_linear, te_row_linear
 
-    return dataclasses.replace(
-        mlp, submodules=dataclasses.replace(mlp.submodules, linear_fc1=te_column_linear())
+    parts = dataclasses.replace(
+        mlp.submodules, linear_fc1=te_column_linear(fp8), linear_fc2=te_row_linear(fp8)
     )
+    return dataclasses.replace(mlp, submodules=parts)
 
 
 def moe_spec(mlp):
@@ -67,7 +81,7 @@ def moe_spec(mlp):
         experts = ModuleSpec(module=TEGroupedMLP, submodules=grouped)
     shared = parts.shared_experts
     if shared is not None:
-        shared = _te_fc1(shared)
+        shared = _te_mlp(shared)
     return dataclasses.replace(
         mlp, submodules=dataclasses.replace(parts, experts=experts, shared_experts=shared)
     )
