@@ -119,6 +119,8 @@ def gpu_kernels(kernels: Kernels, impl: str) -> Kernels:
          "--no-masked-softmax-fusion"),
         (kernels.rope_fusion and impl != "transformer_engine", "transformer_engine",
          "--no-rope-fusion"),
+        (kernels.cross_entropy_loss_fusion and kernels.cross_entropy_fusion_impl == "te",
+         "transformer_engine", "--cross-entropy-fusion-impl native"),
     )  # fmt: skip
     for wanted, module, off in needs:
         if wanted and importlib.util.find_spec(module) is None:

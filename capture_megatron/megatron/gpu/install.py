@@ -8,7 +8,10 @@
 - megatron.core.fusions.fused_cross_entropy.calculate_gradients: with the buffer its compiled
   form allocates (capture_megatron.megatron.gpu.compiled);
 - apex's fused_weight_gradient_mlp_cuda and TE's get_dummy_wgrad in megatron's linear layers
-  (capture_megatron.megatron.gpu.linear).
+  (capture_megatron.megatron.gpu.linear);
+- megatron.core.models.common.language_module.language_module.te_parallel_cross_entropy: TE's
+  fused cross entropy (--cross-entropy-fusion-impl te; capture_megatron.megatron.gpu
+  .cross_entropy).
 Never called on a real GPU or for CPU runs.
 """
 
@@ -21,7 +24,7 @@ def install() -> None:
     """Register the fake-cuda kernels (idempotent)."""
     from megatron.core.models.common.embeddings import rope_utils
 
-    from capture_megatron.megatron.gpu import compiled, linear
+    from capture_megatron.megatron.gpu import compiled, cross_entropy, linear
     from capture_megatron.megatron.gpu.rope import fused_apply_rotary_pos_emb
     from capture_megatron.megatron.gpu.softmax import extensions
 
@@ -29,4 +32,5 @@ def install() -> None:
         sys.modules.setdefault(name, module)
     rope_utils.fused_apply_rotary_pos_emb = fused_apply_rotary_pos_emb
     compiled.install()
+    cross_entropy.install()
     linear.install()
