@@ -17,6 +17,7 @@ from capture_megatron.config import GIB, Cluster, Kernels, ModelShape, ParallelP
 from capture_megatron.config.context import context_problem
 from capture_megatron.config.fields import flag
 from capture_megatron.config.fp8 import fp8_problem
+from capture_megatron.config.moe import FLEX_REFUSAL
 from capture_megatron.errors import CaptureError
 from capture_megatron.fit import MemoryModel, ModelSource
 from capture_megatron.plan.baselines import baselines_for
@@ -96,6 +97,8 @@ def plan(
         raise CaptureError(
             "plan() needs a memory model or a source (capture_megatron.profile.memory_source)"
         )
+    if shape.moe.enabled and shape.moe.moe_token_dispatcher_type == "flex":
+        raise CaptureError(FLEX_REFUSAL + ".")
     supply = Supply(shape, memory)
     hw, margins = Hardware(efficiency=options.mfu), options.margins(cluster)
     if options.fixed is not None:

@@ -7,6 +7,7 @@ from capture_megatron.config import Kernels
 from capture_megatron.config.context import context_problem
 from capture_megatron.config.fp8 import fp8_problem
 from capture_megatron.config.kernels import kernel_set
+from capture_megatron.config.moe import FLEX_REFUSAL
 from capture_megatron.errors import CaptureError
 from capture_megatron.records import Probe, Variant
 
@@ -44,6 +45,8 @@ def refuse_on_fake_device(variant: Variant, device: str, kernels: Kernels) -> No
     has none)."""
     problem = context_problem((variant.cp,), "", "gpu", kernels) if device == "fake-cuda" else ""
     problem = problem or _fp8_device_problem(variant, device, kernels)
+    if variant.moe is not None and variant.moe.experts.moe_token_dispatcher_type == "flex":
+        problem = FLEX_REFUSAL
     if problem:
         raise CaptureError(problem)
     grouped = variant.moe is not None and variant.moe.experts.moe_grouped_gemm
