@@ -25,6 +25,7 @@ from capture_megatron.fit import MemoryModel, ModelSource, read_model
 from capture_megatron.megatron import flags, megatron_lm
 from capture_megatron.megatron.args import model_shape, overridden, shape_overrides
 from capture_megatron.plan import PlanOptions, space_from
+from capture_megatron.plan.space import overlap_space
 
 GPT2_VOCAB = 50257
 """Entries of GPT-2's BPE vocab.json: Megatron-LM's default tokenizer (GPT2BPETokenizer)."""
@@ -176,14 +177,15 @@ def plan_options(
         from capture_megatron.profile import default_device
 
         scale = calibration_factor(default_device(device))
+    kernels = flags.from_namespace(Kernels, ns)
     return flags.from_namespace(
         PlanOptions,
         ns,
-        space=space_from(fixed, whole),
+        space=overlap_space(space_from(fixed, whole), kernels),
         fixed=given_plan,
         global_batch_size=fixed.global_batch_size or 0,
         calibration=scale,
-        kernels=flags.from_namespace(Kernels, ns),
+        kernels=kernels,
     )
 
 

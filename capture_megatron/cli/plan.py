@@ -23,7 +23,7 @@ from capture_megatron.cli.inputs import (
 from capture_megatron.config import Cluster, ModelShape
 from capture_megatron.config.context import context_problem
 from capture_megatron.config.fp8 import fp8_problem
-from capture_megatron.config.kernels import kernel_set
+from capture_megatron.config.kernels import kernel_set, tp_overlap_problem
 from capture_megatron.config.training import NOT_ADAM
 from capture_megatron.errors import CaptureError
 from capture_megatron.megatron import flags, megatron_lm
@@ -48,10 +48,12 @@ def _check_window(
         return
     from capture_megatron.profile import default_device
 
-    kernels, space = options.kernels, options.space
+    kernels, space, given = options.kernels, options.space, options.fixed
     kind = kernel_set(default_device(device), kernels)
+    tp, sp = (given.tp, given.sequence_parallel) if given is not None else (0, True)
     problem = (
         fp8_problem(kind, kernels, shape.moe.enabled)
+        or tp_overlap_problem(kind, kernels, tp, sp)
         or window_problem(shape, kind, kernels)
         or context_problem(space.cp, space.cp_comm_type, kind, kernels)
     )

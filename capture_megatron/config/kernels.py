@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 
 from capture_megatron.config.fields import flag
-from capture_megatron.config.fp8 import FP8_FORMATS, FP8_RECIPES
+from capture_megatron.config.fp8 import FP8_FORMATS, FP8_RECIPES, userbuffer_bytes_per_token
 from capture_megatron.errors import CaptureError, require
 from capture_megatron.serial import JsonMixin
 
@@ -87,6 +87,11 @@ class Kernels(JsonMixin):
     """Amax values kept per FP8 tensor (delayed scaling)."""
     first_last_layers_bf16: bool = flag("--first-last-layers-bf16", False)
     """With FP8, run the first and last layers in bf16 (refused with FP8: not modelled)."""
+    tp_comm_overlap: bool = flag("--tp-comm-overlap", False)
+    """Overlap the tensor-parallel all-gathers and reduce-scatters with the GEMMs through
+    Transformer Engine's userbuffers (needs sequence parallelism, hence TP > 1)."""
+    tp_comm_overlap_cfg: str = flag("--tp-comm-overlap-cfg", "")
+    """A YAML file of userbuffer settings per layer (refused: only TE's defaults are modelled)."""
 
     def __post_init__(self) -> None:
         p = self._fp8_problems()
@@ -158,7 +163,17 @@ class Kernels(JsonMixin):
                 parts.append("fp8-params")
             if self.fp8_recipe == "delayed" and self.fp8_amax_history_len != 1:
                 parts.append(f"amax{self.fp8_amax_history_len}")
+        if self.tp_comm_overlap:
+            parts.append("tp-comm-overlap")
         return "/".join(parts)
+
+    def userbuffer_bytes_per_token(self, hidden_size: int) -> int:
+        """Bytes per token (row of the [seq x micro-batch / CP, hidden] shape) of the
+        userbuffers --tp-comm-overlap allocates on every GPU, outside the caching allocator
+        (capture_megatron.config.fp8.userbuffer_bytes_per_token); 0 without it."""
+        if not self.tp_comm_overlap:
+            return 0
+        return userbuffer_bytes_per_token(hidden_size, self.fp8)
 
 
 NEGATED = (
@@ -211,3 +226,35 @@ VALIDATION = {
     "cuda": "measured on this machine's GPU",
 }
 """How a memory model profiled on each device was validated (named in every plan's output)."""
+
+
+def tp_overlap_problem(kernel_set: str, kernels: Kernels, tp: int = 0, sp: bool = True) -> str:
+    """Why --tp-comm-overlap under `kernels` is not forecast on `kernel_set` ('cpu' or
+    'gpu:...') for a plan of TP `tp` with sequence parallelism `sp` (tp 0: not known yet); ''
+    when it is, or without it."""
+    if not kernels.tp_comm_overlap:
+        return ""
+    if not kernel_set.startswith("gpu"):
+        return (
+            "--tp-comm-overlap: TP communication overlap runs through Transformer Engine's "
+            "userbuffers (CUDA memory outside the caching allocator, GEMMs writing into it), "
+            "which only the GPU kernel set models; the CPU kernel set describes CPU runs, which "
+            "have none. Predict it on the GPU kernel set: --device fake-cuda (the default "
+            "without a GPU) or --device cuda"
+        )
+    if kernels.for_gpu().transformer_impl != "transformer_engine":
+        return "--tp-comm-overlap needs --transformer-impl transformer_engine (TE's userbuffers)"
+    if kernels.tp_comm_overlap_cfg:
+        return (
+            f"--tp-comm-overlap-cfg {kernels.tp_comm_overlap_cfg}: a userbuffer configuration "
+            "changes each buffer's method, size and precision, not modelled; leave it out to "
+            "forecast Transformer Engine's defaults"
+        )
+    if tp == 1 or not sp:
+        return (
+            "--tp-comm-overlap needs --sequence-parallel with --tensor-model-parallel-size > 1 "
+            "(Megatron-LM asserts it: 'Tensor parallel communication/GEMM overlap can happen "
+            "only when sequence parallelism is enabled', and turns sequence parallelism off at "
+            "TP 1)"
+        )
+    return ""

@@ -77,7 +77,7 @@ IGNORED = frozenset(
     --rotary-interleaved --rotary-seq-len-interpolation-factor --run-workload-inspector-server
     --sample-rate --sft --sgd-momentum --sharp-enabled-group --short-seq-prob --skip-train
     --split --te-rng-tracker --test-mode --titles-data-path
-    --torch-fsdp2-no-reshard-after-forward --tp-comm-bootstrap-backend --tp-comm-overlap-cfg
+    --torch-fsdp2-no-reshard-after-forward --tp-comm-bootstrap-backend
     --train-samples --train-sync-interval --trust-remote-code --use-checkpoint-args
     --use-cpu-initialization --use-dist-ckpt
     --use-legacy-static-engine --use-mcore-models --use-mp-args-from-checkpoint-args
@@ -142,9 +142,6 @@ _REASONS = {
     """,
     "a standalone multi-token-prediction stage is not modelled yet": """
         --mtp-standalone
-    """,
-    "TP communication overlap keeps userbuffers, not modelled yet": """
-        --tp-comm-overlap
     """,
     "NCCL user buffers are not modelled yet": """
         --use-nccl-ub

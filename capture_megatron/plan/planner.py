@@ -17,6 +17,7 @@ from capture_megatron.config import GIB, Cluster, Kernels, ModelShape, ParallelP
 from capture_megatron.config.context import context_problem
 from capture_megatron.config.fields import flag
 from capture_megatron.config.fp8 import fp8_problem
+from capture_megatron.config.kernels import tp_overlap_problem
 from capture_megatron.config.moe import FLEX_REFUSAL
 from capture_megatron.errors import CaptureError
 from capture_megatron.fit import MemoryModel, ModelSource
@@ -73,11 +74,12 @@ class PlanOptions:
     kernels: Kernels = Kernels()
     """The layer implementation and fused kernels the run uses (Megatron-LM's defaults)."""
 
-    def margins(self, cluster: Cluster) -> Margins:
-        """The memory margins these options set for `cluster`."""
-        return Margins(
-            self.reserve_fraction, self.context_gib * GIB, self.calibration, cluster.device == "cpu"
-        )
+    def margins(self, cluster: Cluster, hidden_size: int = 0) -> Margins:
+        """The memory margins these options set for `cluster` (and a model of `hidden_size`:
+        the userbuffers of --tp-comm-overlap)."""
+        ub = self.kernels.userbuffer_bytes_per_token(hidden_size)
+        on_cpu = cluster.device == "cpu"
+        return Margins(self.reserve_fraction, self.context_gib * GIB, self.calibration, on_cpu, ub)
 
 
 def global_batch(options: PlanOptions, cluster: Cluster) -> int:
@@ -100,7 +102,7 @@ def plan(
     if shape.moe.enabled and shape.moe.moe_token_dispatcher_type == "flex":
         raise CaptureError(FLEX_REFUSAL + ".")
     supply = Supply(shape, memory)
-    hw, margins = Hardware(efficiency=options.mfu), options.margins(cluster)
+    hw, margins = Hardware(efficiency=options.mfu), options.margins(cluster, shape.hidden_size)
     if options.fixed is not None:
         model = supply.complete([options.fixed])
         fixed = evaluate_plan(model, shape, options.fixed, cluster, margins, hw)
@@ -132,13 +134,20 @@ def _result(
     space = options.space
     problem = (
         fp8_problem(model.kernels, options.kernels, shape.moe.enabled)
+        or tp_overlap_problem(
+            model.kernels, options.kernels, ranked[0].plan.tp, ranked[0].plan.sequence_parallel
+        )
         or window_problem(shape, model.kernels, options.kernels)
         or context_problem(space.cp, space.cp_comm_type, model.kernels, options.kernels)
     )
     if problem:
         raise CaptureError(problem + ".")
     origin = ModelOrigin(model.device, model.kernels, model.versions)
-    hw, margins, space = Hardware(efficiency=options.mfu), options.margins(cluster), options.space
+    hw, margins, space = (
+        Hardware(efficiency=options.mfu),
+        options.margins(cluster, shape.hidden_size),
+        options.space,
+    )
     objective = "fixed" if options.fixed is not None else options.objective
     given = options.fixed is not None or space.keeps_recompute
     floor = 1 if space.recompute == ("full",) else 0

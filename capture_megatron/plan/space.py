@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from capture_megatron.config import Cluster, ModelShape, ParallelFlags, ParallelPlan, Recompute
+from capture_megatron.config.kernels import Kernels, tp_overlap_problem
 from capture_megatron.config.parallel import tp_fits
 from capture_megatron.config.resolve import refuse_dropped_recompute
 from capture_megatron.errors import CaptureError
@@ -209,3 +210,15 @@ def _variants(
                             sequence_parallel=sp,
                             distributed_optimizer=do,
                         )
+
+
+def overlap_space(space: Space, kernels: Kernels) -> Space:
+    """The space with --tp-comm-overlap's constraint (Megatron-LM needs sequence parallelism,
+    which it turns off at TP 1): TP > 1 with sequence parallelism; CaptureError when the given
+    sizes leave none. Unchanged without the flag."""
+    if not kernels.tp_comm_overlap:
+        return space
+    tps = tuple(t for t in space.tp if t > 1)
+    if not tps or space.sequence_parallel == (False,):
+        raise CaptureError(tp_overlap_problem("gpu", kernels, 1, False) + ".")
+    return replace(space, tp=tps, sequence_parallel=(True,))

@@ -6,7 +6,7 @@ from __future__ import annotations
 from capture_megatron.config import Kernels
 from capture_megatron.config.context import context_problem
 from capture_megatron.config.fp8 import fp8_problem
-from capture_megatron.config.kernels import kernel_set
+from capture_megatron.config.kernels import kernel_set, tp_overlap_problem
 from capture_megatron.config.moe import FLEX_REFUSAL
 from capture_megatron.errors import CaptureError
 from capture_megatron.records import Probe, Variant
@@ -45,6 +45,7 @@ def refuse_on_fake_device(variant: Variant, device: str, kernels: Kernels) -> No
     has none)."""
     problem = context_problem((variant.cp,), "", "gpu", kernels) if device == "fake-cuda" else ""
     problem = problem or _fp8_device_problem(variant, device, kernels)
+    problem = problem or _overlap_device_problem(device, kernels)
     if variant.moe is not None and variant.moe.experts.moe_token_dispatcher_type == "flex":
         problem = FLEX_REFUSAL
     if problem:
@@ -70,6 +71,16 @@ def _fp8_device_problem(variant: Variant, device: str, kernels: Kernels) -> str:
         )
     kind = kernel_set(device, kernels)
     return fp8_problem(kind, kernels, variant.moe is not None)
+
+
+def _overlap_device_problem(device: str, kernels: Kernels) -> str:
+    """Why --tp-comm-overlap probes cannot run on `device` ('' when they can, or without it)."""
+    if kernels.tp_comm_overlap and device == "cuda":
+        return (
+            "--tp-comm-overlap: its probes run on the GPU kernel set's emulation (--device "
+            "fake-cuda); probing TE's userbuffers on a real GPU is not implemented yet"
+        )
+    return tp_overlap_problem(kernel_set(device, kernels), kernels)
 
 
 def grouped_workspace(variant: Variant, device: str) -> int:

@@ -336,10 +336,11 @@ def measure(probe: Probe, meter, setup: Setup, timelines: bool = False) -> Profi
     """Build and run the probe (two iterations) and return what the second one measured (with the
     windows' allocation timelines when `timelines`, not on cuda)."""
     fake = setup.fake
-    if setup.device == "fake-cuda":  # TE's dummy wgrad buffers of this probe's shapes only
-        from capture_megatron.megatron.gpu.linear import DUMMY_WGRADS
+    if setup.device == "fake-cuda":  # TE's dummy wgrads and userbuffers of this probe's shapes
+        from capture_megatron.megatron.gpu.linear import DUMMY_WGRADS, USERBUFFERS
 
         DUMMY_WGRADS.clear()
+        USERBUFFERS.clear()
     chunk = build(probe, setup)
     iteration(chunk, meter, fake)
     got, lines = iteration(chunk, meter, fake, timelines, last=True)

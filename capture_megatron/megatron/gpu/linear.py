@@ -20,6 +20,7 @@ here:
 from __future__ import annotations
 
 import contextlib
+import functools
 import types
 
 import torch
@@ -66,36 +67,58 @@ class _FreshBuffers:
         return torch.empty(shape, dtype=dtype, device=torch.cuda.current_device())
 
 
+USERBUFFERS: dict[tuple[tuple[int, ...], torch.dtype], torch.Tensor] = {}
+"""--tp-comm-overlap: TE's userbuffers the gathers fill, one per (shape, dtype), allocated once.
+The real ones come from cuMemCreate / cudaMalloc, outside torch's caching allocator: probes never
+report them (what a run needs for them is a margin: capture_megatron.config.fp8
+.userbuffer_bytes_per_token)."""
+
+
+class _UserBuffers:
+    """A global memory buffer that gathers into the persistent userbuffers (TE with
+    --tp-comm-overlap: `fill_userbuffers_buffer_for_all_gather`, layernorm_linear.py:262-268)."""
+
+    def get_tensor(self, shape, dtype, name):
+        """The userbuffer of the shape and dtype."""
+        del name
+        key = (tuple(shape), dtype)
+        if key not in USERBUFFERS:
+            USERBUFFERS[key] = torch.empty(shape, dtype=dtype, device=torch.cuda.current_device())
+        return USERBUFFERS[key]
+
+
 @contextlib.contextmanager
-def _fresh_gather_buffers():
+def _gather_buffers(userbuffers: bool = False):
     from megatron.core.tensor_parallel import layers
 
     saved = layers.get_global_memory_buffer
-    layers.get_global_memory_buffer = _FreshBuffers
+    layers.get_global_memory_buffer = _UserBuffers if userbuffers else _FreshBuffers
     try:
         yield
     finally:
         layers.get_global_memory_buffer = saved
 
 
-def _function():
+@functools.cache
+def _function(userbuffers: bool = False):
     from megatron.core.tensor_parallel.layers import (
         LinearWithGradAccumulationAndAsyncCommunication as Megatron,
     )
 
     class TELinearFunction(Megatron):
-        """megatron's linear autograd function with TE's transient sequence-parallel gathers."""
+        """megatron's linear autograd function with TE's transient sequence-parallel gathers
+        (or, with userbuffers, gathers into TE's persistent userbuffers)."""
 
         @staticmethod
         def forward(ctx, *args):  # type: ignore[override]
-            """megatron's forward, gathering into a fresh tensor."""
-            with _fresh_gather_buffers():
+            """megatron's forward, gathering into a fresh tensor (or a userbuffer)."""
+            with _gather_buffers(userbuffers):
                 return Megatron.forward(ctx, *args)
 
         @staticmethod
         def backward(ctx, *grads):  # type: ignore[override]
-            """megatron's backward, re-gathering into a fresh tensor."""
-            with _fresh_gather_buffers():
+            """megatron's backward, re-gathering into a fresh tensor (or a userbuffer)."""
+            with _gather_buffers(userbuffers):
                 return Megatron.backward(ctx, *grads)
 
     return TELinearFunction
@@ -103,21 +126,22 @@ def _function():
 
 def te_linear(input, weight, bias, gradient_accumulation_fusion, allreduce_dgrad,
               sequence_parallel, grad_output_buffer=None, wgrad_deferral_limit=None,
-              async_grad_allreduce=None, tp_group=None):  # fmt: skip
+              async_grad_allreduce=None, tp_group=None, userbuffers=False):  # fmt: skip
     """megatron's linear_with_grad_accumulation_and_async_allreduce on TELinearFunction."""
     from megatron.core.tensor_parallel.layers import get_tensor_model_parallel_group_if_none
 
     del async_grad_allreduce
     tp_group = get_tensor_model_parallel_group_if_none(tp_group)
-    return _function().apply(
+    return _function(userbuffers).apply(
         input, weight, bias, gradient_accumulation_fusion, allreduce_dgrad, sequence_parallel,
         grad_output_buffer, wgrad_deferral_limit, tp_group,
     )  # fmt: skip
 
 
-def te_column_linear(fp8: Fp8Setting | None = None):
-    """megatron's ColumnParallelLinear with TE's gathers (linear_qkv and linear_fc1 of TE), and
-    with `fp8` what TE's FP8 layers keep (capture_megatron.megatron.gpu.fp8)."""
+def te_column_linear(fp8: Fp8Setting | None = None, userbuffers: bool = False):
+    """megatron's ColumnParallelLinear with TE's gathers (linear_qkv and linear_fc1 of TE; with
+    `userbuffers`, --tp-comm-overlap's), and with `fp8` what TE's FP8 layers keep
+    (capture_megatron.megatron.gpu.fp8)."""
     from megatron.core.tensor_parallel.layers import ColumnParallelLinear
 
     class TEColumnParallelLinear(ColumnParallelLinear):
@@ -127,7 +151,7 @@ def te_column_linear(fp8: Fp8Setting | None = None):
             keep_weight_state(self, [weight], fp8)
             gathered = bool(kwargs.get("sequence_parallel"))
             with saved_in_fp8([input], fp8, gathered):
-                return te_linear(input, weight, *args, **kwargs)
+                return te_linear(input, weight, *args, **kwargs, userbuffers=userbuffers)
 
     return TEColumnParallelLinear
 

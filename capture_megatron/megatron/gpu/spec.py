@@ -36,11 +36,11 @@ def gpu_layer_spec(spec, kernels: Kernels, local_norm):
     attn, mlp = layer.self_attention, layer.mlp
     attn_parts = dataclasses.replace(attn.submodules, core_attention=core_attention(kernels))
     if te:
-        fp8 = fp8_setting(kernels)
+        fp8, ub = fp8_setting(kernels), kernels.tp_comm_overlap
         attn_parts = dataclasses.replace(
-            attn_parts, linear_qkv=te_column_linear(fp8), linear_proj=te_row_linear(fp8)
+            attn_parts, linear_qkv=te_column_linear(fp8, ub), linear_proj=te_row_linear(fp8)
         )
-        mlp = moe_spec(mlp) if hasattr(mlp.submodules, "experts") else _te_mlp(mlp, fp8)
+        mlp = moe_spec(mlp) if hasattr(mlp.submodules, "experts") else _te_mlp(mlp, fp8, ub)
     layer = dataclasses.replace(
         layer,
         input_layernorm=norm,
@@ -51,14 +51,13 @@ def gpu_layer_spec(spec, kernels: Kernels, local_norm):
     return dataclasses.replace(spec, submodules=layer)
 
 
-def _te_mlp(mlp, fp8=None):
-    """An MLP spec whose linear_fc1 gathers as TE's does, both linear layers keeping what TE's
-    keep under `fp8` (None: bf16)."""
+def _te_mlp(mlp, fp8=None, userbuffers: bool = False):
+    """An MLP spec whose linear_fc1 gathers as TE's does (into userbuffers with
+    --tp-comm-overlap), both linear layers keeping what TE's keep under `fp8` (None: bf16)."""
     from capture_megatron.megatron.gpu.linear import te_column_linear, te_row_linear
 
-    parts = dataclasses.replace(
-        mlp.submodules, linear_fc1=te_column_linear(fp8), linear_fc2=te_row_linear(fp8)
-    )
+    fc1 = te_column_linear(fp8, userbuffers)
+    parts = dataclasses.replace(mlp.submodules, linear_fc1=fc1, linear_fc2=te_row_linear(fp8))
     return dataclasses.replace(mlp, submodules=parts)
 
 
