@@ -87,6 +87,10 @@ class Kernels(JsonMixin):
     """Amax values kept per FP8 tensor (delayed scaling)."""
     first_last_layers_bf16: bool = flag("--first-last-layers-bf16", False)
     """With FP8, run the first and last layers in bf16 (refused with FP8: not modelled)."""
+    moe_permute_fusion: bool = flag("--moe-permute-fusion", False)
+    """Transformer Engine's fused MoE token permutation (the GPU kernel set)."""
+    moe_router_fusion: bool = flag("--moe-router-fusion", False)
+    """Transformer Engine's fused MoE top-k routing and aux-loss kernels (the GPU kernel set)."""
     tp_comm_overlap: bool = flag("--tp-comm-overlap", False)
     """Overlap the tensor-parallel all-gathers and reduce-scatters with the GEMMs through
     Transformer Engine's userbuffers (needs sequence parallelism, hence TP > 1)."""
@@ -165,6 +169,8 @@ class Kernels(JsonMixin):
                 parts.append(f"amax{self.fp8_amax_history_len}")
         if self.tp_comm_overlap:
             parts.append("tp-comm-overlap")
+        parts += [n for n, on in (("moe-permute", self.moe_permute_fusion),
+                                  ("moe-router", self.moe_router_fusion)) if on]  # fmt: skip
         return "/".join(parts)
 
     def userbuffer_bytes_per_token(self, hidden_size: int) -> int:

@@ -11,7 +11,9 @@
   (capture_megatron.megatron.gpu.linear);
 - megatron.core.models.common.language_module.language_module.te_parallel_cross_entropy: TE's
   fused cross entropy (--cross-entropy-fusion-impl te; capture_megatron.megatron.gpu
-  .cross_entropy).
+  .cross_entropy);
+- megatron.core.transformer.moe.moe_utils' fused_permute ... fused_moe_aux_loss: TE's fused MoE
+  permutation and router kernels (capture_megatron.megatron.gpu.permute, .router).
 Never called on a real GPU or for CPU runs.
 """
 
@@ -24,7 +26,7 @@ def install() -> None:
     """Register the fake-cuda kernels (idempotent)."""
     from megatron.core.models.common.embeddings import rope_utils
 
-    from capture_megatron.megatron.gpu import compiled, cross_entropy, linear
+    from capture_megatron.megatron.gpu import compiled, cross_entropy, linear, permute, router
     from capture_megatron.megatron.gpu.rope import fused_apply_rotary_pos_emb
     from capture_megatron.megatron.gpu.softmax import extensions
 
@@ -34,3 +36,5 @@ def install() -> None:
     compiled.install()
     cross_entropy.install()
     linear.install()
+    permute.install()
+    router.install()
