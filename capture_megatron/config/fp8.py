@@ -138,6 +138,14 @@ def fp8_problem(kernel_set: str, kernels: Kernels, moe: bool = False) -> str:
             f"{given}: a custom recipe's quantizers (--fp8-quantizer-factory) keep tensors of "
             "their own, not modelled; use delayed, tensorwise, mxfp8 or blockwise"
         )
+    if kernels.fp8_recipe == "mxfp8" and kernels.fp8_param_gather:
+        return (
+            f"{given} --fp8-param-gather: TE cannot move MXFP8 parameters into DDP's buffer "
+            "(replace_raw_data raises for MXFP8Tensor), so Megatron-LM needs "
+            "--reuse-grad-buf-for-mxfp8-param-ag, whose shared parameter / gradient buffer is not "
+            "modelled yet; leave --fp8-param-gather out, or use the delayed, tensorwise or "
+            "blockwise recipe"
+        )
     if kernels.first_last_layers_bf16:
         return (
             f"{given} with --first-last-layers-bf16: layers kept in bf16 among FP8 layers are not "

@@ -156,6 +156,8 @@ def test_fp8_is_refused_where_it_is_not_modelled():
     key = "gpu:" + fp8.key()
     assert fp8_problem(key, fp8) == ""
     assert "custom recipe" in fp8_problem(key, dataclasses.replace(fp8, fp8_recipe="custom"))
+    mx = dataclasses.replace(fp8, fp8_recipe="mxfp8", fp8_param_gather=True)
+    assert "--reuse-grad-buf-for-mxfp8-param-ag" in fp8_problem("gpu:" + mx.key(), mx)
     local = dataclasses.replace(fp8, transformer_impl="local")
     assert "--transformer-impl local" in fp8_problem(key, local)
     assert "mixture-of-experts" in fp8_problem(key, fp8, moe=True)
