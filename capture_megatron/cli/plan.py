@@ -52,7 +52,7 @@ def _check_window(
     kind = kernel_set(default_device(device), kernels)
     tp, sp = (given.tp, given.sequence_parallel) if given is not None else (0, True)
     problem = (
-        fp8_problem(kind, kernels, shape.moe.enabled)
+        fp8_problem(kind, kernels)
         or tp_overlap_problem(kind, kernels, tp, sp)
         or window_problem(shape, kind, kernels)
         or context_problem(space.cp, space.cp_comm_type, kind, kernels)

@@ -111,10 +111,9 @@ def scaling_state_bytes(recipe: str, gemms: int, amax_history_len: int) -> int:
     return 0
 
 
-def fp8_problem(kernel_set: str, kernels: Kernels, moe: bool = False) -> str:
+def fp8_problem(kernel_set: str, kernels: Kernels) -> str:
     """Why FP8 training under `kernels` is not forecast on `kernel_set` ('cpu' or 'gpu:...',
-    capture_megatron.config.kernels.kernel_set) for a model with (`moe`) or without experts; ''
-    when it is (or when the run is not FP8)."""
+    capture_megatron.config.kernels.kernel_set); '' when it is (or when the run is not FP8)."""
     if not kernels.fp8:
         return ""
     given = f"--fp8-format {kernels.fp8_format} --fp8-recipe {kernels.fp8_recipe}"
@@ -150,11 +149,6 @@ def fp8_problem(kernel_set: str, kernels: Kernels, moe: bool = False) -> str:
         return (
             f"{given} with --first-last-layers-bf16: layers kept in bf16 among FP8 layers are not "
             "modelled yet; leave it out to forecast every layer in FP8"
-        )
-    if moe:
-        return (
-            f"{given} with mixture-of-experts layers: megatron pads each expert's tokens for the "
-            "FP8 grouped GEMM (Fp8Padding) and TE quantizes them per expert, not modelled yet"
         )
     if not kernel_set.split("/").count(f"fp8-{kernels.fp8_recipe}"):
         return (

@@ -133,7 +133,7 @@ def _result(
 ) -> PlanResult:
     space = options.space
     problem = (
-        fp8_problem(model.kernels, options.kernels, shape.moe.enabled)
+        fp8_problem(model.kernels, options.kernels)
         or tp_overlap_problem(
             model.kernels, options.kernels, ranked[0].plan.tp, ranked[0].plan.sequence_parallel
         )

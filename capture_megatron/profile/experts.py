@@ -44,7 +44,7 @@ def refuse_on_fake_device(variant: Variant, device: str, kernels: Kernels) -> No
     do not run it) and grouped-GEMM experts with linear biases (the kernel set's GroupedLinear
     has none)."""
     problem = context_problem((variant.cp,), "", "gpu", kernels) if device == "fake-cuda" else ""
-    problem = problem or _fp8_device_problem(variant, device, kernels)
+    problem = problem or _fp8_device_problem(device, kernels)
     problem = problem or _overlap_device_problem(device, kernels)
     if variant.moe is not None and variant.moe.experts.moe_token_dispatcher_type == "flex":
         problem = FLEX_REFUSAL
@@ -59,7 +59,7 @@ def refuse_on_fake_device(variant: Variant, device: str, kernels: Kernels) -> No
         )
 
 
-def _fp8_device_problem(variant: Variant, device: str, kernels: Kernels) -> str:
+def _fp8_device_problem(device: str, kernels: Kernels) -> str:
     """Why FP8 probes of `kernels` cannot run on `device` ('' when they can, or without FP8)."""
     if not kernels.fp8:
         return ""
@@ -69,8 +69,7 @@ def _fp8_device_problem(variant: Variant, device: str, kernels: Kernels) -> str:
             "(--device fake-cuda); probing FP8 with Transformer Engine on a real GPU is not "
             "implemented yet"
         )
-    kind = kernel_set(device, kernels)
-    return fp8_problem(kind, kernels, variant.moe is not None)
+    return fp8_problem(kernel_set(device, kernels), kernels)
 
 
 def _overlap_device_problem(device: str, kernels: Kernels) -> str:

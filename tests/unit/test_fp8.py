@@ -160,7 +160,6 @@ def test_fp8_is_refused_where_it_is_not_modelled():
     assert "--reuse-grad-buf-for-mxfp8-param-ag" in fp8_problem("gpu:" + mx.key(), mx)
     local = dataclasses.replace(fp8, transformer_impl="local")
     assert "--transformer-impl local" in fp8_problem(key, local)
-    assert "mixture-of-experts" in fp8_problem(key, fp8, moe=True)
     assert "without FP8" in fp8_problem("gpu:" + Kernels().key(), fp8)
     assert fp8_problem("cpu", Kernels()) == ""
 
@@ -170,3 +169,39 @@ def test_training_refuses_fp8():
 
     with pytest.raises(CaptureError, match="does not run FP8"):
         TrainConfig(None, None, None, None, None, None, None, Kernels(fp8_format="hybrid"))  # type: ignore[arg-type]
+
+
+@pytest.mark.slow
+def test_fake_cuda_experts_keep_what_te_keeps_under_fp8():
+    """An alltoall MoE layer (EP 2, capacity-padded routing) under FP8, tensor by tensor against
+    bf16: besides the attention's two layers, each expert GEMM keeps its input split as TE's
+    column-wise FP8 copy (the permuted tokens and the SwiGLU output die), grouped or sequential
+    experts alike; every expert weight keeps its FP8 workspace and each GEMM its scaling state."""
+    from capture_megatron.config.moe import Experts
+    from capture_megatron.profile.session import run_probes
+    from capture_megatron.records import ExpertsProbe
+
+    b, s, h, f, t, experts, topk, ep = 2, 128, 128, 256, 2, 4, 2, 2
+    shape = ProbeShape(b, s, h, 4, 4, 32, f, 256, t)
+    tokens = s * b // t  # at the dispatcher (SP)
+    rows = (experts // ep) * ep * (tokens * topk // experts)  # capacity-padded, from each EP rank
+    splits = experts // ep
+    qkv = saved_input_bytes("delayed", tokens, h, True) - 2 * tokens * h  # as above
+    proj = saved_input_bytes("delayed", s * b, h // t, False) - 2 * s * b * h // t
+    want = qkv + proj + splits * 8 - rows * h - rows * f
+    weights = [(3 * h // t, h), (h, h // t)] + [(2 * f, h), (h, f)] * splits
+    state = sum(weight_cache_bytes("delayed", o, i, False) for o, i in weights)
+    state += scaling_state_bytes("delayed", 2 + 2 * splits, 1)
+    for grouped in (True, False):
+        moe = Experts(
+            num_experts=experts, moe_router_topk=topk, moe_token_dispatcher_type="alltoall",
+            moe_grouped_gemm=grouped, moe_expert_capacity_factor=1.0,
+            moe_pad_expert_input_to_capacity=True, moe_aux_loss_coeff=0.01,
+        )  # fmt: skip
+        variant = dataclasses.replace(LLAMA_SP, moe=ExpertsProbe(moe, ep, 1, "exact"))
+        probes = [Probe(variant, shape, "middle", n) for n in (1, 2)]
+        bf16 = run_probes(probes, "fake-cuda", Kernels(), progress=False)
+        fp8 = run_probes(probes, "fake-cuda", Kernels(fp8_format="hybrid"), progress=False)
+        layer = lambda r: r[1].saved_bytes - r[0].saved_bytes  # noqa: E731
+        assert layer(fp8) - layer(bf16) == want, grouped
+        assert fp8[0].fp8_state_bytes == state, grouped

@@ -40,7 +40,7 @@ def gpu_layer_spec(spec, kernels: Kernels, local_norm):
         attn_parts = dataclasses.replace(
             attn_parts, linear_qkv=te_column_linear(fp8, ub), linear_proj=te_row_linear(fp8)
         )
-        mlp = moe_spec(mlp) if hasattr(mlp.submodules, "experts") else _te_mlp(mlp, fp8, ub)
+        mlp = moe_spec(mlp, fp8) if hasattr(mlp.submodules, "experts") else _te_mlp(mlp, fp8, ub)
     layer = dataclasses.replace(
         layer,
         input_layernorm=norm,
@@ -61,26 +61,29 @@ def _te_mlp(mlp, fp8=None, userbuffers: bool = False):
     return dataclasses.replace(mlp, submodules=parts)
 
 
-def moe_spec(mlp):
+def moe_spec(mlp, fp8=None):
     """megatron's local MoE spec as TE's: the shared experts' linear_fc1 gathers as TE's does;
     grouped experts (the local spec's legacy GroupedMLP) become megatron's TEGroupedMLP on the
     kernel set's GroupedLinear (capture_megatron.megatron.gpu.grouped). Sequential experts keep
-    megatron's linear layers: the dispatcher does their communication, so TE's Linear keeps the
-    same."""
+    megatron's linear layers in bf16 (the dispatcher does their communication, so TE's Linear
+    keeps the same) and TE's FP8 layers' under `fp8`; so do the grouped and shared experts."""
     from megatron.core.transformer.mlp import MLPSubmodules
     from megatron.core.transformer.moe.experts import GroupedMLP, TEGroupedMLP
     from megatron.core.transformer.spec_utils import ModuleSpec
 
-    from capture_megatron.megatron.gpu.grouped import ColumnGroupedLinear, RowGroupedLinear
+    from capture_megatron.megatron.gpu.grouped import grouped_classes
 
     parts = mlp.submodules
     experts = parts.experts
     if experts.module is GroupedMLP:
-        grouped = MLPSubmodules(linear_fc1=ColumnGroupedLinear, linear_fc2=RowGroupedLinear)
+        column, row = grouped_classes(fp8)
+        grouped = MLPSubmodules(linear_fc1=column, linear_fc2=row)
         experts = ModuleSpec(module=TEGroupedMLP, submodules=grouped)
+    elif fp8 is not None:
+        experts = _te_mlp(experts, fp8)
     shared = parts.shared_experts
     if shared is not None:
-        shared = _te_mlp(shared)
+        shared = _te_mlp(shared, fp8)
     return dataclasses.replace(
         mlp, submodules=dataclasses.replace(parts, experts=experts, shared_experts=shared)
     )
