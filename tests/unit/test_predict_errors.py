@@ -51,7 +51,7 @@ UNMODELLED = {
         "--attention-backend unfused is not modelled",
     ),
     "mla": ("--multi-latent-attention", "--multi-latent-attention"),
-    "fp8": ("--fp8-format hybrid", "--fp8-format hybrid"),
+    "fp4": ("--fp4-format e2m1", "--fp4-format e2m1"),
     "fsdp": ("--use-megatron-fsdp", "--use-megatron-fsdp"),
 }
 MISFITS = {
