@@ -95,6 +95,9 @@ class ParallelPlan(JsonMixin):
     """Megatron sequence parallelism over the TP group (--sequence-parallel)."""
     distributed_optimizer: bool = False
     """Shard optimizer state over DP (--use-distributed-optimizer)."""
+    grad_reduce_in_bf16: bool = False
+    """bf16 runs: keep and reduce gradients in bf16 (--grad-reduce-in-bf16); Megatron-LM's default
+    keeps them in fp32."""
     microbatch_group_size: int = 0
     """Interleaved schedule: micro-batches per virtual stage in a row; 0 means PP
     (--microbatch-group-size-per-virtual-pipeline-stage)."""
@@ -356,6 +359,8 @@ class ParallelFlags:
     """Megatron sequence parallelism over the TP group."""
     use_distributed_optimizer: bool | None = flag("--use-distributed-optimizer", None)
     """Shard optimizer state over data-parallel ranks."""
+    grad_reduce_in_bf16: bool | None = flag("--grad-reduce-in-bf16", None)
+    """Reduce gradients in bfloat16 (bf16 runs keep their gradient buffers in bf16, not fp32)."""
     micro_batch_size: int | None = flag("--micro-batch-size", None)
     """Sequences per micro-batch."""
     global_batch_size: int | None = flag("--global-batch-size", None)

@@ -186,6 +186,7 @@ def parallel_plan(flags: ParallelFlags, shape: ModelShape, world_size: int) -> P
         recompute=recompute(flags, pp),
         sequence_parallel=bool(flags.sequence_parallel) and tp > 1,  # as Megatron-LM: off at TP 1
         distributed_optimizer=bool(flags.use_distributed_optimizer),
+        grad_reduce_in_bf16=bool(flags.grad_reduce_in_bf16),
         microbatch_group_size=flags.microbatch_group_size_per_vp_stage or 0,
         ep=flags.expert_model_parallel_size or 1,
         etp=flags.expert_tensor_parallel_size or 0,

@@ -17,7 +17,9 @@ call sites it serves:
    ``optimizer/optimizer.py`` (found_inf, _scale_one), ``optimizer/grad_scaler.py``,
    ``optimizer/clip_grads.py`` (norms), ``transformer/utils.get_default_causal_mask``,
    ``dist_checkpointing/exchange_utils.py`` and ``strategies/state_dict_saver.py``; and drops
-   ``pin_memory=True`` (``rope_utils.get_pos_emb_on_this_cp_rank`` pins its CP chunk indices).
+   ``pin_memory=True`` (``rope_utils.get_pos_emb_on_this_cp_rank`` pins its CP chunk indices;
+   the fake-cuda device's ``CudaTypeMode`` drops it too: pinned host memory is not device memory,
+   and the ``.cuda()`` copy that follows is the device tensor a GPU allocates).
 4. The same mode answers ``Tensor.type()`` with the CUDA type string (``clip_grads.py`` asserts
    'torch.cuda.FloatTensor'; ``optimizer.py`` / ``distrib_optimizer.py`` dispatch on it) and makes
    ``Tensor.cuda()`` an identity (``language_module.py`` moves tied embeddings before all-reduce).
@@ -97,12 +99,18 @@ class CudaDeviceMode(TorchFunctionMode):
 
 class CudaTypeMode(TorchFunctionMode):
     """Answers ``Tensor.type()`` of fake CUDA tensors with the CUDA type string (FakeTensor
-    answers 'torch.BFloat16Tensor'; megatron's optimizer dispatches on the CUDA name)."""
+    answers 'torch.BFloat16Tensor'; megatron's optimizer dispatches on the CUDA name), and creates
+    ``pin_memory=True`` host tensors unpinned: ``rope_utils.get_pos_emb_on_this_cp_rank`` (RoPE
+    under context parallelism) pins its two CP chunk indices on the host, which a CPU-only torch
+    cannot; pinned host memory is not device memory, and the ``.cuda()`` copy that follows
+    allocates the same 16-byte int64 device tensor as on a GPU (counted by the meter)."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is torch.Tensor.type and len(args) == 1 and not kwargs and args[0].is_cuda:
             return _CUDA_TYPES.get(args[0].dtype, func(*args))
+        if kwargs.get("pin_memory"):  # host memory: no pinned allocator in a CPU-only torch
+            kwargs = dict(kwargs, pin_memory=False)
         return func(*args, **kwargs)
 
 

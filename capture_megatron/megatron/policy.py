@@ -208,9 +208,6 @@ _REASONS = {
     "RL training steps are not modelled": """
         --perform-rl-step
     """,
-    "bf16 gradient buffers are not modelled yet": """
-        --grad-reduce-in-bf16
-    """,
     "fp16 cross entropy is not modelled yet": """
         --fp16-lm-cross-entropy
     """,

@@ -69,7 +69,7 @@ def wrap_model(
     from megatron.core.transformer.module import Float16Module
 
     ddp_config = DistributedDataParallelConfig(
-        grad_reduce_in_fp32=shape.dtype == "bf16",
+        grad_reduce_in_fp32=shape.dtype == "bf16" and not plan.grad_reduce_in_bf16,
         overlap_grad_reduce=run.overlap_grad_reduce,
         overlap_param_gather=run.overlap_param_gather,
         use_distributed_optimizer=plan.distributed_optimizer,

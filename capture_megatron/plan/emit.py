@@ -37,10 +37,12 @@ def plan_args(plan: ParallelPlan) -> list[str]:
         out += ["--expert-model-parallel-size", str(plan.ep)]
     if plan.etp:
         out += ["--expert-tensor-parallel-size", str(plan.etp)]
-    if plan.sequence_parallel:
-        out.append("--sequence-parallel")
-    if plan.distributed_optimizer:
-        out.append("--use-distributed-optimizer")
+    switches = (
+        (plan.sequence_parallel, "--sequence-parallel"),
+        (plan.distributed_optimizer, "--use-distributed-optimizer"),
+        (plan.grad_reduce_in_bf16, "--grad-reduce-in-bf16"),
+    )
+    out += [name for on, name in switches if on]
     rc = plan.recompute
     if rc.granularity == "selective":
         out += ["--recompute-granularity", "selective"]

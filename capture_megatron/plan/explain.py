@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from capture_megatron.config import GIB, Cluster, ModelShape, ParallelPlan, Recompute
 from capture_megatron.errors import CaptureError
 from capture_megatron.fit import MemoryModel
-from capture_megatron.plan.costmodel import Hardware
+from capture_megatron.plan.costmodel import CostModel
 from capture_megatron.plan.emit import stock_recompute_count
 from capture_megatron.plan.margins import Margins
 from capture_megatron.plan.search import Evaluated, Space, balanced, evaluate_plan
@@ -35,7 +35,7 @@ class Context:
     """What the search could choose (one-element tuples: given on the command line)."""
     margins: Margins
     """The allocator / CUDA context margins."""
-    hw: Hardware
+    hw: CostModel
     """The cost model's hardware."""
     objective: str
     """min-peak, throughput or min-gpus; 'fixed' for a plan given whole (only predicted)."""

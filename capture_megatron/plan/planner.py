@@ -22,7 +22,7 @@ from capture_megatron.config.moe import FLEX_REFUSAL
 from capture_megatron.errors import CaptureError
 from capture_megatron.fit import MemoryModel, ModelSource
 from capture_megatron.plan.baselines import baselines_for
-from capture_megatron.plan.costmodel import Hardware
+from capture_megatron.plan.costmodel import CostModel
 from capture_megatron.plan.explain import Context, plans_explained, reasoning, stock_alternative
 from capture_megatron.plan.margins import CONTEXT_GIB, RESERVE_FRACTION, Margins
 from capture_megatron.plan.result import ModelOrigin, PlanResult
@@ -61,8 +61,8 @@ class PlanOptions:
     """CUDA: memory per process outside the allocator (CUDA context, NCCL), in GiB (default: the
     3.9 GiB upper bound measured on a dense Megatron run; GPU_FIDELITY.md section 8). cuBLAS and
     TE workspaces are allocator memory and are in the forecast itself."""
-    mfu: float = flag("--mfu", 0.4)
-    """Cost model: the fraction of peak FLOP/s the matmuls reach."""
+    cost: CostModel = CostModel()
+    """The step-time model: hardware profile, the run's overlap settings, fitted constants."""
     space: Space = Space()
     """What the search may choose (a one-element tuple fixes a value)."""
     global_batch_size: int = 0
@@ -102,7 +102,7 @@ def plan(
     if shape.moe.enabled and shape.moe.moe_token_dispatcher_type == "flex":
         raise CaptureError(FLEX_REFUSAL + ".")
     supply = Supply(shape, memory)
-    hw, margins = Hardware(efficiency=options.mfu), options.margins(cluster, shape.hidden_size)
+    hw, margins = options.cost, options.margins(cluster, shape.hidden_size)
     if options.fixed is not None:
         model = supply.complete([options.fixed])
         fixed = evaluate_plan(model, shape, options.fixed, cluster, margins, hw)
@@ -143,11 +143,8 @@ def _result(
     if problem:
         raise CaptureError(problem + ".")
     origin = ModelOrigin(model.device, model.kernels, model.versions)
-    hw, margins, space = (
-        Hardware(efficiency=options.mfu),
-        options.margins(cluster, shape.hidden_size),
-        options.space,
-    )
+    hw, margins = options.cost, options.margins(cluster, shape.hidden_size)
+    space = options.space
     objective = "fixed" if options.fixed is not None else options.objective
     given = options.fixed is not None or space.keeps_recompute
     floor = 1 if space.recompute == ("full",) else 0
@@ -164,6 +161,7 @@ def _result(
         reasoning=reasoning(ctx, ranked, considered),
         stock_alternative=stock_alternative(ctx, ranked),
         margins=margins,
+        cost=options.cost,
     )
 
 
@@ -177,7 +175,7 @@ class _Search:
     gbs: int
     space: Space
     margins: Margins
-    hw: Hardware
+    hw: CostModel
 
     def run(self, cluster: Cluster, objective: str, top: int) -> tuple[tuple[Evaluated, ...], int]:
         """(ranked plans, candidates considered) on `cluster`."""

@@ -15,6 +15,7 @@ from capture_megatron.config.kernels import VALIDATION
 from capture_megatron.config.layout import parse_layout
 from capture_megatron.errors import CaptureError
 from capture_megatron.plan.baselines import BASES, Baseline
+from capture_megatron.plan.costmodel import CostModel, StepTime, step_time
 from capture_megatron.plan.emit import flag_notes, kernel_args, model_args, plan_args
 from capture_megatron.plan.margins import Margins
 from capture_megatron.plan.search import Evaluated
@@ -68,6 +69,8 @@ class PlanResult:
     Megatron-LM runs (None when the plan's own flags are stock)."""
     margins: Margins = Margins()
     """The margins `needed` adds to a peak (allocator reserve, CUDA context)."""
+    cost: CostModel = CostModel()
+    """The step-time model the plans were ranked with (hardware, overlap settings, constants)."""
 
     @property
     def best(self) -> Evaluated:
@@ -90,6 +93,40 @@ class PlanResult:
     def flag_notes(self) -> tuple[str, ...]:
         """What the chosen plan's megatron_args need beyond stock Megatron-LM (empty: nothing)."""
         return flag_notes(self.best.plan, self.kernels, self._gpu_kernels)
+
+    @property
+    def step(self) -> StepTime:
+        """The chosen plan's estimated step, broken down (throughput, MFU)."""
+        return step_time(self.shape, self.best.plan, self.cost)
+
+    def _step_entries(self) -> dict[str, Any]:
+        """The estimated step's JSON keys (null for CPU processes: the model describes GPUs)."""
+        if not self.on_gpu:
+            keys = ("estimated_tokens_per_s_per_gpu", "estimated_model_tflops_per_gpu")
+            return {
+                **dict.fromkeys(keys),
+                "estimated_mfu": None,
+                "hardware": None,
+                "step_time": None,
+            }
+        st = self.step
+        return {
+            "estimated_tokens_per_s_per_gpu": st.tokens_per_s_per_gpu,
+            "estimated_model_tflops_per_gpu": st.tflops_per_gpu,
+            "estimated_mfu": st.mfu,
+            "hardware": to_plain(self.cost.hardware),
+            "step_time": {
+                "seconds": st.seconds,
+                "pipeline_seconds": st.pipeline,
+                "bubble_seconds": st.bubble,
+                "p2p_seconds": st.p2p,
+                "data_parallel_seconds": st.data_parallel,
+                "optimizer_seconds": st.optimizer,
+                "model_flops": st.model_flops,
+                "settings": to_plain(self.cost.settings),
+                "constants": to_plain(self.cost.constants),
+            },
+        }
 
     @property
     def _gpu_kernels(self) -> bool:
@@ -118,6 +155,7 @@ class PlanResult:
             "notes": list(self.notes),
             "reasoning": list(self.reasoning),
             "estimated_step_seconds": best.step_seconds if self.on_gpu else None,
+            **self._step_entries(),
             "memory_model": to_plain(self.origin),
             "validation": VALIDATION.get(self.origin.device, "not validated"),
         }
@@ -200,6 +238,7 @@ def _plan_section(p: ParallelPlan) -> dict[str, Any]:
         "recompute": to_plain(p.recompute),
         "sequence_parallel": p.sequence_parallel,
         "distributed_optimizer": p.distributed_optimizer,
+        "grad_reduce_in_bf16": p.grad_reduce_in_bf16,
     }
 
 

@@ -20,7 +20,7 @@ from capture_megatron.config import Cluster, ModelShape, ParallelPlan, Recompute
 from capture_megatron.errors import CaptureError
 from capture_megatron.fit import MemoryModel
 from capture_megatron.plan.contiguous import contiguous_partition, descend
-from capture_megatron.plan.costmodel import Hardware, step_seconds
+from capture_megatron.plan.costmodel import CostModel, step_seconds
 from capture_megatron.plan.margins import Margins, userbuffer_tokens
 from capture_megatron.plan.partition import (
     LocatedPeak,
@@ -207,7 +207,7 @@ def evaluate_plan(
     plan: ParallelPlan,
     cluster: Cluster,
     margins: Margins,
-    hw: Hardware,
+    hw: CostModel,
 ) -> Evaluated:
     """Predict a fixed plan."""
     layers = layers_for(model, shape, plan)
@@ -242,7 +242,7 @@ def search(
     space: Space,
     objective: str,
     margins: Margins,
-    hw: Hardware = Hardware(),
+    hw: CostModel = CostModel(),
     top: int = 10,
 ) -> SearchResult:
     """Balance and predict the candidates; rank by the objective (fitting plans first).
@@ -301,7 +301,7 @@ def _fastest(
     cluster: Cluster,
     plans: list[ParallelPlan],
     margins: Margins,
-    hw: Hardware,
+    hw: CostModel,
     top: int,
     keep_recompute: bool,
     floor: int = 0,

@@ -43,6 +43,8 @@ class Space:
     all-gather)."""
     cp_comm_type: str = ""
     """--cp-comm-type as given ('' when not), kept in every candidate with CP > 1."""
+    grad_reduce_in_bf16: bool = False
+    """--grad-reduce-in-bf16 as given, kept in every candidate."""
     ep: tuple[int, ...] = ()
     """Expert-parallel sizes; empty: for a model with experts every size Megatron allows (it
     divides the experts and the TP x DP ranks of a stage; the expert TP is the TP), else 1."""
@@ -102,7 +104,12 @@ def space_from(flags: ParallelFlags, whole_plan: bool = False) -> Space:
     if flags.use_distributed_optimizer:
         fixed["distributed_optimizer"] = (True,)
     fixed.update(_fixed_sizes(flags))
-    return replace(Space(), cp_comm_type=flags.cp_comm_type or "", **fixed)
+    return replace(
+        Space(),
+        cp_comm_type=flags.cp_comm_type or "",
+        grad_reduce_in_bf16=bool(flags.grad_reduce_in_bf16),
+        **fixed,
+    )
 
 
 def _fixed_sizes(flags: ParallelFlags) -> dict[str, tuple[int, ...]]:
@@ -209,6 +216,7 @@ def _variants(
                             recompute=recompute,
                             sequence_parallel=sp,
                             distributed_optimizer=do,
+                            grad_reduce_in_bf16=space.grad_reduce_in_bf16,
                         )
 
 

@@ -55,6 +55,10 @@ class ChunkCost:
     """Bytes the chunk's MoE token dispatchers keep from their layers' last forward for good
     (routing probabilities and map, permutation indices): alive at every moment after the first
     forward, counted with the rank's other static bytes (0 without MoE layers)."""
+    grad_copy: float = 0.0
+    """With bf16 gradients (--grad-reduce-in-bf16): the fp32 copy of the gradients the optimizer
+    steps (megatron-core's _copy_model_grads_to_main_grads calls .float() on them), alive from
+    before the step until the next iteration zeroes them; 0 with fp32 gradients (a view)."""
 
 
 def chunk_kind(plan: ParallelPlan, pp_rank: int, vp: int) -> str:
@@ -198,13 +202,16 @@ def chunk_cost(
     count = len(pre) + sum(c * len(numels) for numels, _, c in runs) + len(post)
     shared = _shared_end(kind, shape, plan, count)
     dp = (plan.dp * plan.cp, plan.expert_dp)
-    st = layer_static(pre, runs, post, shape.dtype, dp, plan.distributed_optimizer, shared, fp8)
+    bf16_grads = plan.grad_reduce_in_bf16 and shape.dtype == "bf16"
+    st = layer_static(
+        pre, runs, post, shape.dtype, dp, plan.distributed_optimizer, shared, bf16_grads, fp8
+    )
     # kinds are sorted by variant: with MoE layers, the MoE variant's constants come last
     state = moe.count(True) * float(kinds[-1].state1 or 0.0) if any(moe) else 0.0
     return ChunkCost(
         kind, k, inp + saved, inp, fwd, bwd, step, st.params + round(fp8_state), st.grads,
-        st.optimizer, buffers,
-        redone, ret, ret_grad, state,
+        st.optimizer, buffers, redone, ret, ret_grad, state,
+        4.0 * st.owned if bf16_grads else 0.0,
     )  # fmt: skip
 
 

@@ -175,7 +175,7 @@ def rank_memory(
     routing = sum(c.routing_state for c in chunks)
     other = max(c.buffers for c in chunks) + layers.workspace_bytes + routing
     static = params + grads + opt + other
-    step = max(c.step for c in chunks)
+    step = max(c.step for c in chunks) + sum(c.grad_copy for c in chunks)
     kept = sum(c.retained for c in chunks)  # every chunk's last pass before the step: a backward
     best = (static + kept + step, kept, step, "step", (0,) * plan.vpp)
     moments = schedule_states(

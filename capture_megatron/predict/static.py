@@ -2,7 +2,8 @@
 
 Megatron-core 0.16.1's rules, which the profiler's measured param/grad/optimizer bytes check:
 - DDP keeps gradients in one contiguous buffer per dtype: fp32 when training in bf16
-  (grad_reduce_in_fp32, as Megatron-LM forces), otherwise the parameter dtype.
+  (grad_reduce_in_fp32, Megatron-LM's default), otherwise (or with --grad-reduce-in-bf16) the
+  parameter dtype.
 - With the distributed optimizer the buffer is laid out for reduce-scatter: parameters in reverse
   order, each start padded to a multiple of 64 elements, the tied (shared) embedding in a bucket of
   its own, every bucket end padded to a multiple of lcm(DP, 128); the parameters themselves move
@@ -31,6 +32,9 @@ class StaticBytes:
     """DDP gradient buffer."""
     optimizer: int
     """Adam moments, step counters and fp32 master weights (this rank's shard)."""
+    owned: int = 0
+    """Parameter elements this rank's optimizer steps (its shard with the distributed
+    optimizer)."""
 
 
 def _pad(n: int, m: int) -> int:
@@ -66,20 +70,23 @@ def chunk_static(
     dp: int,
     distributed_optimizer: bool,
     shared_index: int | None = None,
+    bf16_grads: bool = False,
 ) -> StaticBytes:
-    """Static bytes of a chunk with parameters of `numels` elements on DP rank 0."""
+    """Static bytes of a chunk with parameters of `numels` elements on DP rank 0 (`bf16_grads`: a
+    bf16 run's gradient buffer in bf16, --grad-reduce-in-bf16)."""
     pbytes = dtype_bytes(dtype)
-    gbytes = 4 if dtype == "bf16" else pbytes
+    gbytes = 4 if dtype == "bf16" and not bf16_grads else pbytes
     master = 4 if dtype != "fp32" else 0
     if not numels:
         return StaticBytes(0, 0, 0)
     if not distributed_optimizer:
         n = sum(numels)
-        return StaticBytes(n * pbytes, n * gbytes, n * (8 + master) + 4 * len(numels))
+        return StaticBytes(n * pbytes, n * gbytes, n * (8 + master) + 4 * len(numels), n)
     ranges, buckets = buffer_layout(numels, dp, shared_index)
     total = buckets[-1][1]
     owned = [o for o in _owned(ranges, buckets, dp) if o > 0]
-    return StaticBytes(total * pbytes, total * gbytes, sum(owned) * (8 + master) + 4 * len(owned))
+    optimizer = sum(owned) * (8 + master) + 4 * len(owned)
+    return StaticBytes(total * pbytes, total * gbytes, optimizer, sum(owned))
 
 
 @dataclass(frozen=True)
@@ -167,22 +174,24 @@ def runs_static(
     dp: int,
     distributed_optimizer: bool,
     shared: str | None = None,
+    bf16_grads: bool = False,
     param_bytes: int = 0,
 ) -> StaticBytes:
     """chunk_static of the parameters pre + each run's layer repeated + post, in that order
     (shared: 'pre' for pre[0], 'post' for post[-1]), exact and in time independent of the runs'
-    lengths. `param_bytes`: bytes per parameter element when not the dtype's (1: FP8
-    parameters, whose gradients and master weights are those of the dtype's parameters)."""
+    lengths; `bf16_grads`: a bf16 run's gradient buffer in bf16 (--grad-reduce-in-bf16);
+    `param_bytes`: bytes per parameter element when not the dtype's (1: FP8 parameters, whose
+    gradients and master weights are those of the dtype's parameters)."""
     runs = tuple((layer, k) for layer, k in runs if k and layer)
     numels = len(pre) + sum(k * len(layer) for layer, k in runs) + len(post)
     if numels == 0:
         return StaticBytes(0, 0, 0)
     pbytes, master = dtype_bytes(dtype), 4 if dtype != "fp32" else 0
-    gbytes = 4 if dtype == "bf16" else pbytes
+    gbytes = 4 if dtype == "bf16" and not bf16_grads else pbytes
     pbytes = param_bytes or pbytes
     if not distributed_optimizer:
         total = sum(pre) + sum(k * sum(layer) for layer, k in runs) + sum(post)
-        return StaticBytes(total * pbytes, total * gbytes, total * (8 + master) + 4 * numels)
+        return StaticBytes(total * pbytes, total * gbytes, total * (8 + master) + 4 * numels, total)
     items: list[Item] = [(n, shared == "post" and i == 0) for i, n in enumerate(reversed(post))]
     items += [(tuple(reversed(layer)), k) for layer, k in reversed(runs)]
     items += [(n, shared == "pre" and i == len(pre) - 1) for i, n in enumerate(reversed(pre))]
@@ -198,7 +207,9 @@ def runs_static(
                 e, c = max(ov, 0), int(ov > 0)
             elements, params = elements + e, params + c
     total = buckets[-1][1]
-    return StaticBytes(total * pbytes, total * gbytes, elements * (8 + master) + 4 * params)
+    return StaticBytes(
+        total * pbytes, total * gbytes, elements * (8 + master) + 4 * params, elements
+    )
 
 
 LayerRun = tuple[tuple[int, ...], tuple[bool, ...], int]
@@ -214,6 +225,7 @@ def layer_static(
     dp: tuple[int, int],
     distributed_optimizer: bool,
     shared: str | None = None,
+    bf16_grads: bool = False,
     fp8: tuple[tuple[bool, ...], ...] = (),
 ) -> StaticBytes:
     """runs_static of a chunk whose layers may hold routed experts (dense and MoE layers in any
@@ -229,14 +241,12 @@ def layer_static(
             (tuple(n for n, e, f in zip(lay, ex, fm) if e == expert and f == low), k)
             for (lay, ex, k), fm in zip(runs, lows)
         )
-        if expert or low:
-            if any(layer for layer, _ in part):
-                group = dp[1] if expert else dp[0]
-                parts.append(
-                    runs_static((), part, (), dtype, group, distributed_optimizer, None, int(low))
-                )
-        else:
-            parts.append(runs_static(pre, part, post, dtype, dp[0], distributed_optimizer, shared))
+        opt, grads = distributed_optimizer, bf16_grads
+        if not (expert or low):
+            parts.append(runs_static(pre, part, post, dtype, dp[0], opt, shared, grads))
+        elif any(layer for layer, _ in part):
+            group = dp[1] if expert else dp[0]
+            parts.append(runs_static((), part, (), dtype, group, opt, None, grads, int(low)))
     return StaticBytes(
-        *(sum(getattr(p, f) for p in parts) for f in ("params", "grads", "optimizer"))
+        *(sum(getattr(p, f) for p in parts) for f in ("params", "grads", "optimizer", "owned"))
     )

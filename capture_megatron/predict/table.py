@@ -34,6 +34,7 @@ FIELDS = (
     "retained",
     "retained_grad",
     "routing_state",
+    "grad_copy",
 )
 """The ChunkCost fields a table reads; forward and backward are read as input + forward and
 backward."""
@@ -85,6 +86,7 @@ def peak_table(
     other, step = ch[0]["buffers"], ch[0]["step"]
     for c in ch[1:]:
         other, step = np.maximum(other, c["buffers"]), np.maximum(step, c["step"])
+    step = step + sum((c["grad_copy"] for c in ch), zero)
     routing = sum((c["routing_state"] for c in ch), zero)
     static = params + grads + opt + (other + layers.workspace_bytes + routing)
     kept = sum((c["retained"] for c in ch), zero)
