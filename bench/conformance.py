@@ -9,11 +9,11 @@ the development set. Cases without a stated world size are skipped; refused case
 the reason. Dropless mixture-of-experts cases are predicted at balanced routing, with the worst-case
 bound beside them.
 
-    python bench/conformance.py [--device fake] [--models gpt]
+    python bench/conformance.py [--device fake] [--models gpt] [--cases NAME,...]
                                 [--out bench/results/conformance.json] [--merge]
 
 With --merge, the cases run replace those of the same name in --out and the rest are kept (to
-re-run one model family); the summary is recomputed over all of them.
+re-run one model family, or the --cases named); the summary is recomputed over all of them.
 """
 
 from __future__ import annotations
@@ -132,8 +132,12 @@ def main() -> None:
     ap.add_argument("--models", default="gpt", help="comma-separated: gpt, moe, mixtral")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench/results/conformance.json"))
     ap.add_argument("--merge", action="store_true", help="keep --out's other cases")
+    ap.add_argument("--cases", default="", help="comma-separated case names: only these")
     ns = ap.parse_args()
-    rows = [predict_case(c, ns.device) for c in tqdm(cases(tuple(ns.models.split(","))))]
+    chosen = cases(tuple(ns.models.split(",")))
+    if ns.cases:
+        chosen = [c for c in chosen if c["name"] in ns.cases.split(",")]
+    rows = [predict_case(c, ns.device) for c in tqdm(chosen)]
     if ns.merge:
         rows = merged(ns.out, ns.device or "default", rows)
     result = {"device": ns.device or "default", "summary": summary(rows), "cases": rows}

@@ -28,7 +28,7 @@ from capture_megatron.config.training import NOT_ADAM
 from capture_megatron.errors import CaptureError
 from capture_megatron.megatron import flags, megatron_lm
 from capture_megatron.plan import PlanOptions, PlanResult, model_notes, plan
-from capture_megatron.plan.window import window_problem
+from capture_megatron.plan.window import latent_problem, window_problem
 
 
 def build_parser(prog: str = "capture-megatron plan") -> flags.FlagParser:
@@ -55,6 +55,7 @@ def _check_window(
         fp8_problem(kind, kernels)
         or tp_overlap_problem(kind, kernels, tp, sp)
         or window_problem(shape, kind, kernels)
+        or latent_problem(shape, kind, kernels, max(space.cp or (1,)))
         or context_problem(space.cp, space.cp_comm_type, kind, kernels)
     )
     if problem:

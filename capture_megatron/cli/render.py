@@ -139,8 +139,8 @@ def _print_stages(result: PlanResult, unit: float, uname: str) -> None:
         "  in flight: micro-batches alive per chunk at the peak; activations: what they hold, "
         "the running one included (its saved tensors so far; with full recompute the layers "
         "recomputed for its backward); transient: the running forward / backward / step's "
-        "temporaries beyond that; other: Megatron's global buffers, GPU workspaces and the MoE "
-        "dispatchers' routing state"
+        "temporaries beyond that; other: Megatron's global buffers, GPU workspaces, the MoE "
+        "dispatchers' routing state and MLA's rotary tables"
     )
 
 

@@ -57,7 +57,9 @@ def recompute(flags: ParallelFlags, pp: int) -> Recompute:
     return Recompute(granularity)
 
 
-def _split(flags: ParallelFlags, num_layers: int, pp: int) -> tuple[tuple[int, ...], int]:
+def _split(
+    flags: ParallelFlags, num_layers: int, pp: int, mtp_layers: int = 0
+) -> tuple[tuple[int, ...], int]:
     """(layers per virtual stage, vpp) from the layout / first-last / VPP flags."""
     if flags.pipeline_model_parallel_layout:
         clash = [
@@ -77,7 +79,7 @@ def _split(flags: ParallelFlags, num_layers: int, pp: int) -> tuple[tuple[int, .
                 "--pipeline-model-parallel-layout cannot be combined with "
                 + ", ".join("--" + f.replace("_", "-") for f in clash)
             )
-        counts = parse_layout(flags.pipeline_model_parallel_layout, pp, num_layers)
+        counts = parse_layout(flags.pipeline_model_parallel_layout, pp, num_layers, mtp_layers)
         return counts, len(counts) // pp
     embedding = bool(flags.account_for_embedding_in_pipeline_split)
     loss = bool(flags.account_for_loss_in_pipeline_split)
@@ -173,7 +175,7 @@ def parallel_plan(flags: ParallelFlags, shape: ModelShape, world_size: int) -> P
             f"--global-batch-size {gbs} is not divisible by --micro-batch-size {mbs} x DP {dp}; "
             f"use a multiple of {mbs * dp}"
         )
-    counts, vpp = _split(flags, shape.num_layers, pp)
+    counts, vpp = _split(flags, shape.num_layers, pp, shape.mtp_num_layers)
     plan = ParallelPlan(
         tp=tp,
         pp=pp,
@@ -191,6 +193,7 @@ def parallel_plan(flags: ParallelFlags, shape: ModelShape, world_size: int) -> P
         ep=flags.expert_model_parallel_size or 1,
         etp=flags.expert_tensor_parallel_size or 0,
         cp_comm_type=flags.cp_comm_type or "",
+        mtp_layers=shape.mtp_num_layers,
     )
     check_plan_fits_model(shape, plan)
     return plan

@@ -45,7 +45,7 @@ import contextlib
 import torch
 from torch.overrides import TorchFunctionMode
 
-from capture_megatron.megatron import gloo_settle, moe_cpu, moe_fake
+from capture_megatron.megatron import attention, gloo_settle, moe_cpu, moe_fake
 
 _STATE = {"device": None, "mode": None}
 FAKE_CUDA_CAPABILITY = (9, 0)
@@ -204,6 +204,7 @@ def apply_fake_cuda() -> None:
     torch.cuda.get_device_capability = lambda *a, **k: FAKE_CUDA_CAPABILITY
     _install_rng()
     install()
+    attention.apply_without_te()
     moe_cpu.apply()  # no TE, no CUDA streams on this machine: the same names and streams
     moe_fake.apply()
     if _STATE["mode"] is not None:
@@ -224,6 +225,7 @@ def apply(device: str = "cpu") -> None:
     torch.cuda.synchronize = lambda *a, **k: None
     torch.cuda.empty_cache = lambda: None
     _install_rng()
+    attention.apply_without_te()
     moe_cpu.apply()
     moe_fake.apply()
     if device == "cpu":

@@ -158,7 +158,7 @@ _REASONS = {
         --mamba-num-groups --mamba-num-heads --mamba-state-dim --mrope-section
         --no-clone-scatter-output-in-embedding --no-position-embedding --no-rope-freq --qk-clip
         --qk-clip-alpha --qk-clip-threshold --quick-geglu
-        --relative-attention-max-distance --relative-attention-num-buckets --rope-type
+        --relative-attention-max-distance --relative-attention-num-buckets
         --rotary-percent --spec --squared-relu --use-fused-weighted-squared-relu
         --use-rotary-position-embeddings --vocab-extra-ids --window-attn-skip-freq
     """,

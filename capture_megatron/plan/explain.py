@@ -124,6 +124,7 @@ def plain_dp(shape: ModelShape, space: Space, p: ParallelPlan) -> ParallelPlan |
         global_batch_size=gbs,
         layers_per_stage=(shape.num_layers,),
         distributed_optimizer=n > 1 and True in space.distributed_optimizer,
+        mtp_layers=p.mtp_layers,
     )
 
 

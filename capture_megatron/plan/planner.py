@@ -35,7 +35,7 @@ from capture_megatron.plan.search import (
 )
 from capture_megatron.plan.space import Space, candidates
 from capture_megatron.plan.supply import Supply
-from capture_megatron.plan.window import window_problem
+from capture_megatron.plan.window import latent_problem, window_problem
 
 
 @dataclass(frozen=True)
@@ -138,6 +138,7 @@ def _result(
             model.kernels, options.kernels, ranked[0].plan.tp, ranked[0].plan.sequence_parallel
         )
         or window_problem(shape, model.kernels, options.kernels)
+        or latent_problem(shape, model.kernels, options.kernels, max(space.cp or (1,)))
         or context_problem(space.cp, space.cp_comm_type, model.kernels, options.kernels)
     )
     if problem:

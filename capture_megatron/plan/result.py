@@ -270,14 +270,14 @@ def read_plan(path: str) -> PlanFile:
         section["layers_per_stage"] = tuple(section["layers_per_stage"])
         if section.get("etp") == section.get("tp"):
             section["etp"] = 0  # expert TP equal to TP is megatron's default: no flag
-        plan = ParallelPlan(**section)
         shape = from_plain(ModelShape, data["model"])
+        plan = ParallelPlan(**section, mtp_layers=shape.mtp_num_layers)
     except (KeyError, TypeError, ValueError) as err:
         raise CaptureError(
             f"--plan-json {path}: its plan is incomplete or invalid ({type(err).__name__}: "
             f"{str(err)[:120]}); write it again with `capture-megatron plan --json`"
         ) from None
-    if parse_layout(layout, plan.pp, shape.num_layers) != plan.layers_per_stage:
+    if parse_layout(layout, plan.pp, shape.num_layers, plan.mtp_layers) != plan.layers_per_stage:
         raise CaptureError(
             f"--plan-json {path}: layout {layout!r} does not match layers_per_stage "
             f"{list(plan.layers_per_stage)}"

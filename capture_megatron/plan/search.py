@@ -149,6 +149,20 @@ def _split(
     ).layers_per_stage
 
 
+def _mtp_last_layer(shape: ModelShape, split: tuple[int, ...], unit: int) -> tuple[int, ...]:
+    """`split` with a decoder layer (a unit of them) on the last stage when the model has MTP
+    layers and the split left it none: megatron-core then puts the decoder's final norm on the
+    stage holding the last decoder layer, which the memory model does not cover
+    (config.mtp.mtp_problems); the unit comes from the nearest stage before that has one."""
+    if not shape.mtp_num_layers or len(split) == 1 or split[-1]:
+        return split
+    layers = list(split)
+    donor = max(i for i, n in enumerate(layers) if n >= unit)
+    layers[donor] -= unit
+    layers[-1] += unit
+    return tuple(layers)
+
+
 def balanced(
     model: MemoryModel, shape: ModelShape, plan: ParallelPlan, keep_recompute: bool = False
 ) -> ParallelPlan:
@@ -159,7 +173,8 @@ def balanced(
     rc = plan.recompute
     uniform = keep_recompute and rc.granularity == "full" and rc.method == "uniform"
     unit = max(rc.num_layers) if uniform else 1
-    plan = replace(plan, layers_per_stage=_split(model, shape, plan, full, max(unit, 1)))
+    split = _split(model, shape, plan, full, max(unit, 1))
+    plan = replace(plan, layers_per_stage=_mtp_last_layer(shape, split, max(unit, 1)))
     if full:
         plan = replace(
             plan,

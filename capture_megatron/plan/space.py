@@ -9,6 +9,7 @@ from typing import Any
 
 from capture_megatron.config import Cluster, ModelShape, ParallelFlags, ParallelPlan, Recompute
 from capture_megatron.config.kernels import Kernels, tp_overlap_problem
+from capture_megatron.config.mtp import mtp_problems
 from capture_megatron.config.parallel import tp_fits
 from capture_megatron.config.resolve import refuse_dropped_recompute
 from capture_megatron.errors import CaptureError
@@ -201,23 +202,32 @@ def _variants(
                         shape.num_layers // stages + (1 if i < shape.num_layers % stages else 0)
                         for i in range(stages)
                     )
-                    for ep in expert_sizes(shape, tp, dp * cp, space):
-                        yield ParallelPlan(
-                            tp=tp,
-                            pp=pp,
-                            dp=dp,
-                            cp=cp,
-                            cp_comm_type=space.cp_comm_type if cp > 1 else "",
-                            ep=ep,
-                            vpp=vpp,
-                            micro_batch_size=mbs,
-                            global_batch_size=gbs,
-                            layers_per_stage=layers,
-                            recompute=recompute,
-                            sequence_parallel=sp,
-                            distributed_optimizer=do,
-                            grad_reduce_in_bf16=space.grad_reduce_in_bf16,
-                        )
+                    base = ParallelPlan(
+                        tp=tp,
+                        pp=pp,
+                        dp=dp,
+                        cp=cp,
+                        cp_comm_type=space.cp_comm_type if cp > 1 else "",
+                        vpp=vpp,
+                        micro_batch_size=mbs,
+                        global_batch_size=gbs,
+                        layers_per_stage=layers,
+                        recompute=recompute,
+                        sequence_parallel=sp,
+                        distributed_optimizer=do,
+                        grad_reduce_in_bf16=space.grad_reduce_in_bf16,
+                        mtp_layers=shape.mtp_num_layers,
+                    )
+                    yield from _expert_plans(shape, base, space)
+
+
+def _expert_plans(shape: ModelShape, base: ParallelPlan, space: Space) -> Iterator[ParallelPlan]:
+    """`base` at each expert-parallel size the space allows, less the plans whose multi-token
+    prediction layers are not modelled (CP > 1, uniform recompute: config.parallel.mtp_problems)."""
+    for ep in expert_sizes(shape, base.tp, base.dp * base.cp, space):
+        plan = replace(base, ep=ep)
+        if not mtp_problems(shape, plan):
+            yield plan
 
 
 def overlap_space(space: Space, kernels: Kernels) -> Space:

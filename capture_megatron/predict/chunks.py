@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from capture_megatron.config import ModelShape, ParallelPlan
-from capture_megatron.fit import ShapeConstants, Sizes
+from capture_megatron.fit import KindConstants, ShapeConstants, Sizes
 from capture_megatron.predict import mixed, retained
 from capture_megatron.predict.layers import Layers, sizes_for
 from capture_megatron.predict.static import LayerRun, layer_static
@@ -52,9 +52,10 @@ class ChunkCost:
     """Of `retained`, the chunk's input gradient (also what the schedule holds after the
     backward)."""
     routing_state: float = 0.0
-    """Bytes the chunk's MoE token dispatchers keep from their layers' last forward for good
-    (routing probabilities and map, permutation indices): alive at every moment after the first
-    forward, counted with the rank's other static bytes (0 without MoE layers)."""
+    """Bytes the chunk's layers keep for good beyond parameters: the MoE token dispatchers' last
+    routing (probabilities and map, permutation indices; alive from the first forward on) and
+    the layers' registered module buffers (MLA's YaRN cos/sin tables); counted with the rank's
+    other static bytes (0 for standard dense layers)."""
     grad_copy: float = 0.0
     """With bf16 gradients (--grad-reduce-in-bf16): the fp32 copy of the gradients the optimizer
     steps (megatron-core's _copy_model_grads_to_main_grads calls .float() on them), alive from
@@ -197,22 +198,47 @@ def chunk_cost(
         buffers = c.need("buffers0") if kind != "middle" else 0.0
     else:
         step, buffers = max(c.step1 for c in kinds), max(c.buffers1 for c in kinds)
-    pre, post = _ends(ends, kind)
+    pre, post = _ends(ends, kind, shape.mtp_num_layers > 0)
     runs, fp8, fp8_state = _runs(layers, z, moe)
     count = len(pre) + sum(c * len(numels) for numels, _, c in runs) + len(post)
     shared = _shared_end(kind, shape, plan, count)
     dp = (plan.dp * plan.cp, plan.expert_dp)
     bf16_grads = plan.grad_reduce_in_bf16 and shape.dtype == "bf16"
+    expert = ends.chunk(kind).end_expert[len(pre) :]  # an MTP layer's experts
     st = layer_static(
-        pre, runs, post, shape.dtype, dp, plan.distributed_optimizer, shared, bf16_grads, fp8
+        pre,
+        runs,
+        post,
+        shape.dtype,
+        dp,
+        plan.distributed_optimizer,
+        shared,
+        expert,
+        bf16_grads,
+        fp8,
     )
-    # kinds are sorted by variant: with MoE layers, the MoE variant's constants come last
-    state = moe.count(True) * float(kinds[-1].state1 or 0.0) if any(moe) else 0.0
+    state = _routing_state(layers, z, kinds[-1], moe, shape.mtp_num_layers) if kinds else 0.0
+    state += sum(moe.count(m) * float(c.lbuf1 or 0.0) for m, c in zip(sorted(set(moe)), kinds))
     return ChunkCost(
         kind, k, inp + saved, inp, fwd, bwd, step, st.params + round(fp8_state), st.grads,
         st.optimizer, buffers, redone, ret, ret_grad, state,
         4.0 * st.owned if bf16_grads else 0.0,
     )  # fmt: skip
+
+
+def _routing_state(
+    layers: Layers, z: Sizes, own: KindConstants, moe: tuple[bool, ...], mtp: int
+) -> float:
+    """What the chunk's MoE token dispatchers keep for good: the one-layer probe's per MoE layer
+    (`own`: the MoE variant's constants of the chunk's kind); with MTP layers (`mtp`) one middle
+    layer's per further MoE layer, as the one-layer probe of a last / only chunk holds an MTP
+    layer's dispatcher too."""
+    if not any(moe):
+        return 0.0
+    if not mtp:
+        return moe.count(True) * float(own.state1 or 0.0)
+    one = float(layers.model(True).constants(z).chunk("middle").state1 or 0.0)
+    return (moe.count(True) - 1) * one + float(own.state1 or 0.0)
 
 
 def cached_chunk(
@@ -235,23 +261,26 @@ def cached_chunk(
     return cache[key]
 
 
-def _ends(sc: ShapeConstants, kind: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+def _ends(sc: ShapeConstants, kind: str, mtp: bool) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Parameter element counts before and after the layers, in module order: the embedding's
-    tensors first; the final norm and the output layer last."""
+    tensors first; the final norm, the MTP layers and the output layer last (`mtp`: the last
+    stage holds the embedding too)."""
     ends = tuple(sc.chunk(kind).end_numels)
     if kind == "first":
         return ends, ()
-    if kind == "last":
+    if kind == "last" and not mtp:
         return (), ends
-    if kind == "only":
+    if kind in ("only", "last"):
         head = len(sc.chunk("first").end_numels)
         return ends[:head], ends[head:]
     return (), ()
 
 
 def _shared_end(kind: str, shape: ModelShape, plan: ParallelPlan, count: int) -> str | None:
-    """Which end holds the tied embedding that DDP gives its own bucket (tied weights with PP >
-    1)."""
-    if shape.untie_embeddings_and_output_weights or plan.pp == 1 or count == 0:
+    """Which end holds the embedding copy that DDP gives its own bucket (tied weights with PP > 1;
+    with multi-token prediction, tied or not, the first stage's embedding and the last stage's
+    copy of it, which megatron-core keeps equal over the embedding group)."""
+    mtp = shape.mtp_num_layers > 0
+    if (shape.untie_embeddings_and_output_weights and not mtp) or plan.pp == 1 or count == 0:
         return None
-    return {"first": "pre", "last": "post"}.get(kind)
+    return {"first": "pre", "last": "pre" if mtp else "post"}.get(kind)

@@ -225,28 +225,32 @@ def layer_static(
     dp: tuple[int, int],
     distributed_optimizer: bool,
     shared: str | None = None,
+    post_expert: tuple[bool, ...] = (),
     bf16_grads: bool = False,
     fp8: tuple[tuple[bool, ...], ...] = (),
 ) -> StaticBytes:
     """runs_static of a chunk whose layers may hold routed experts (dense and MoE layers in any
     order): DDP keeps the parameters a run's mask marks in a buffer of their own, sharded over the
     expert-data-parallel ranks, the rest over the data-parallel (x context-parallel) ranks. `dp`:
-    (data-parallel ranks, expert-data-parallel ranks). `fp8`: per run, which of its parameters
-    are FP8 (--fp8-param-gather; empty: none); megatron-core groups DDP's buffers by (parameter
-    dtype, gradient dtype), so they get 1-byte buffers of their own."""
+    (data-parallel ranks, expert-data-parallel ranks); `post_expert`: per entry of `post`, whether
+    it is a routed expert's (an MTP layer's experts; empty: none is). `fp8`: per run, which of its
+    parameters are FP8 (--fp8-param-gather; empty: none); megatron-core groups DDP's buffers by
+    (parameter dtype, gradient dtype), so they get 1-byte buffers of their own (an MTP layer's
+    weights are counted in bf16)."""
     lows = fp8 or tuple((False,) * len(layer) for layer, _, _ in runs)
-    parts = []
+    mask = post_expert or (False,) * len(post)
+    opt, grads, parts = distributed_optimizer, bf16_grads, []
     for expert, low in ((False, False), (True, False), (False, True), (True, True)):
         part = tuple(
             (tuple(n for n, e, f in zip(lay, ex, fm) if e == expert and f == low), k)
             for (lay, ex, k), fm in zip(runs, lows)
         )
-        opt, grads = distributed_optimizer, bf16_grads
+        tail = () if low else tuple(n for n, e in zip(post, mask) if e == expert)
         if not (expert or low):
-            parts.append(runs_static(pre, part, post, dtype, dp[0], opt, shared, grads))
-        elif any(layer for layer, _ in part):
+            parts.append(runs_static(pre, part, tail, dtype, dp[0], opt, shared, grads))
+        elif any(layer for layer, _ in part) or tail:
             group = dp[1] if expert else dp[0]
-            parts.append(runs_static((), part, (), dtype, group, opt, None, grads, int(low)))
+            parts.append(runs_static((), part, tail, dtype, group, opt, None, grads, int(low)))
     return StaticBytes(
         *(sum(getattr(p, f) for p in parts) for f in ("params", "grads", "optimizer", "owned"))
     )

@@ -57,6 +57,19 @@ def routing_state_bytes(model, device_type: str) -> int:
     return _storages_bytes(held, params)
 
 
+def layer_buffer_bytes(model, device_type: str) -> int:
+    """Bytes of the registered module buffers of the model's transformer layers on `device_type`
+    (megatron-core's YarnRotaryEmbedding registers cos/sin tables of
+    original_max_position_embeddings rows in every MLA layer), storages counted once."""
+    held = [
+        b
+        for name, b in model.named_buffers()
+        if ".layers." in name and b.device.type == device_type
+    ]
+    params = {p.untyped_storage()._cdata for p in model.parameters()}
+    return _storages_bytes(held, params)
+
+
 def buffers_held(gpu: bool) -> tuple[BufferBytes, ...]:
     """Megatron's global memory buffers and, for the GPU kernel set, TE's dummy wgrad buffers."""
     from megatron.core import parallel_state as ps
@@ -92,3 +105,12 @@ def fp8_param_mask(model, kernels) -> tuple[bool, ...]:
         return ()
     fp8 = {id(m.weight) for m in model.modules() if hasattr(m, STATE)}
     return tuple(id(p) in fp8 for p in model.parameters())
+
+
+def clear_process_buffers() -> None:
+    """Forget the fake-cuda kernel set's process-wide buffers (TE's dummy wgrads, userbuffers),
+    so that a probe holds those of its own shapes only."""
+    from capture_megatron.megatron.gpu.linear import DUMMY_WGRADS, USERBUFFERS
+
+    DUMMY_WGRADS.clear()
+    USERBUFFERS.clear()

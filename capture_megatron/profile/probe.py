@@ -18,8 +18,10 @@ from typing import TYPE_CHECKING
 import torch
 
 from capture_megatron.config import Kernels, ModelShape, ParallelPlan, Recompute
+from capture_megatron.config.attention import LatentAttention
 from capture_megatron.config.moe import Experts
 from capture_megatron.config.training import BuildOptions, OptimOptions, RunOptions
+from capture_megatron.megatron.attention import rotary_tables_built_in_fp32
 from capture_megatron.megatron.builder import TORCH_DTYPES, build_gpt, transformer_config
 from capture_megatron.megatron.training import (
     forward_step,
@@ -28,18 +30,12 @@ from capture_megatron.megatron.training import (
     wrap_model,
 )
 from capture_megatron.predict.static import chunk_static
+from capture_megatron.profile import held
 from capture_megatron.profile.experts import (
     expert_mask,
     grouped_workspace,
     probe_world,
     reset_aux_loss_tracker,
-)
-from capture_megatron.profile.held import (
-    buffers_held,
-    fp8_param_mask,
-    fp8_state_bytes,
-    routing_state_bytes,
-    static_bytes,
 )
 from capture_megatron.records import Probe, ProfileRecord, Timeline
 
@@ -73,6 +69,10 @@ def model_shape(probe: Probe) -> ModelShape:
         attention_dropout=drop,
         dtype=v.dtype,
         moe=v.moe.experts if v.moe is not None else Experts(),
+        qk_layernorm=v.qk_norm == "layernorm",
+        qk_l2_norm=v.qk_norm == "l2",
+        mla=v.mla if v.mla is not None else LatentAttention(),
+        mtp_num_layers=v.mtp,
     )
 
 
@@ -98,6 +98,7 @@ def parallel_plan(probe: Probe) -> ParallelPlan:
         recompute=recompute,
         sequence_parallel=v.sequence_parallel,
         distributed_optimizer=probe.distributed_optimizer,
+        mtp_layers=v.mtp,
     )
 
 
@@ -170,11 +171,16 @@ def _default_dtype(dtype):
 def build(probe: Probe, setup: Setup) -> _Chunk:
     """Build, wrap (Float16Module, DDP) and give an optimizer to the probe's chunk."""
     shape, plan, fake = model_shape(probe), parallel_plan(probe), setup.fake
+    if probe.kind in ("first", "middle"):  # MTP sits on the last stage; megatron-core would put
+        shape = shape.replace(mtp_num_layers=0)  # the final norm with a probe's last layer
+        plan = plan.replace(mtp_layers=0)
     reset_aux_loss_tracker()
     config = transformer_config(shape, plan, 0, BuildOptions(), setup.kernels)
     first, last = probe.kind in ("first", "only"), probe.kind in ("last", "only")
     with _default_dtype(config.params_dtype if fake else None):
         gpt = build_gpt(shape, plan, config, setup.kernels, probe.layers, first, last, None)
+    if fake:  # built in the parameters' dtype here (_default_dtype), in fp32 by a real run
+        rotary_tables_built_in_fp32(gpt)
     run = RunOptions(train_iters=2)
     with _no_dtype_casts(fake):
         model = wrap_model([gpt], shape, plan, run, check_for_nan_in_grad=not fake)
@@ -337,22 +343,17 @@ def measure(probe: Probe, meter, setup: Setup, timelines: bool = False) -> Profi
     windows' allocation timelines when `timelines`, not on cuda)."""
     fake = setup.fake
     if setup.device == "fake-cuda":  # TE's dummy wgrads and userbuffers of this probe's shapes
-        from capture_megatron.megatron.gpu.linear import DUMMY_WGRADS, USERBUFFERS
-
-        DUMMY_WGRADS.clear()
-        USERBUFFERS.clear()
+        held.clear_process_buffers()
     chunk = build(probe, setup)
     iteration(chunk, meter, fake)
     got, lines = iteration(chunk, meter, fake, timelines, last=True)
-    param_bytes, grad_bytes, optimizer_bytes = static_bytes(chunk.model, chunk.optimizer)
-    if fake:
-        optimizer_bytes = chunk_static(
-            list(p.numel() for p in chunk.model.parameters()),
-            probe.variant.dtype,
-            probe.dp * probe.variant.cp,
-            probe.distributed_optimizer,
-        ).optimizer
+    param_bytes, grad_bytes, optimizer_bytes = held.static_bytes(chunk.model, chunk.optimizer)
     numels = tuple(p.numel() for p in chunk.model.parameters())
+    if fake:
+        dp = probe.dp * probe.variant.cp
+        optimizer_bytes = chunk_static(
+            list(numels), probe.variant.dtype, dp, probe.distributed_optimizer
+        ).optimizer
     record = ProfileRecord(
         device=setup.device,
         kernels=setup.kernel_set,
@@ -375,15 +376,16 @@ def measure(probe: Probe, meter, setup: Setup, timelines: bool = False) -> Profi
         backward_peak=got["backward_peak"],
         residual_bytes=got["residual_bytes"],
         step_peak=got["step_peak"],
-        buffers=buffers_held(setup.device == "fake-cuda"),
+        buffers=held.buffers_held(setup.device == "fake-cuda"),
         workspace_bytes=_workspaces(probe, setup),
         timelines=lines,
         param_expert=expert_mask(chunk.model),
         retained_bytes=got["retained_bytes"],
         retained_grad_bytes=got["retained_grad_bytes"],
-        routing_state_bytes=routing_state_bytes(chunk.model, torch.device(chunk.device).type),
-        fp8_state_bytes=fp8_state_bytes(chunk.model),
-        param_fp8=fp8_param_mask(chunk.model, setup.kernels),
+        routing_state_bytes=held.routing_state_bytes(chunk.model, torch.device(chunk.device).type),
+        layer_buffer_bytes=held.layer_buffer_bytes(chunk.model, torch.device(chunk.device).type),
+        fp8_state_bytes=held.fp8_state_bytes(chunk.model),
+        param_fp8=held.fp8_param_mask(chunk.model, setup.kernels),
     )
     del chunk
     gc.collect()

@@ -50,7 +50,6 @@ UNMODELLED = {
         "--context-parallel-size 2 --attention-backend unfused",
         "--attention-backend unfused is not modelled",
     ),
-    "mla": ("--multi-latent-attention", "--multi-latent-attention"),
     "fp4": ("--fp4-format e2m1", "--fp4-format e2m1"),
     "fsdp": ("--use-megatron-fsdp", "--use-megatron-fsdp"),
 }

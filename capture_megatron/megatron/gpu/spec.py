@@ -27,7 +27,8 @@ def fp8_setting(kernels: Kernels):
 
 def gpu_layer_spec(spec, kernels: Kernels, local_norm):
     """megatron's local ModuleSpec `spec` with the kernel set's modules."""
-    from capture_megatron.megatron.gpu.linear import te_column_linear, te_row_linear
+    from capture_megatron.megatron.attention import attention_norms
+    from capture_megatron.megatron.gpu.compiled import CompiledL2Norm
     from capture_megatron.megatron.gpu.select import core_attention
 
     te = kernels.transformer_impl == "transformer_engine"
@@ -37,18 +38,48 @@ def gpu_layer_spec(spec, kernels: Kernels, local_norm):
     attn_parts = dataclasses.replace(attn.submodules, core_attention=core_attention(kernels))
     if te:
         fp8, ub = fp8_setting(kernels), kernels.tp_comm_overlap
-        attn_parts = dataclasses.replace(
-            attn_parts, linear_qkv=te_column_linear(fp8, ub), linear_proj=te_row_linear(fp8)
-        )
+        attn_parts = _te_projections(attn_parts, fp8, ub)
         mlp = moe_spec(mlp, fp8) if hasattr(mlp.submodules, "experts") else _te_mlp(mlp, fp8, ub)
+    attn = dataclasses.replace(attn, submodules=attn_parts)
     layer = dataclasses.replace(
         layer,
         input_layernorm=norm,
         pre_mlp_layernorm=norm,
-        self_attention=dataclasses.replace(attn, submodules=attn_parts),
+        self_attention=attention_norms(attn, norm, CompiledL2Norm),
         mlp=mlp,
     )
     return dataclasses.replace(spec, submodules=layer)
+
+
+def _te_projections(parts, fp8=None, userbuffers: bool = False):
+    """Self-attention submodules with TE's projections: linear_qkv as TE's LayerNormLinear (its
+    gathers into userbuffers with --tp-comm-overlap), linear_proj as TE's row-parallel Linear;
+    for multi-latent attention (TE spec: get_gpt_layer_with_transformer_engine_spec) the down-
+    projections as TE's duplicated Linear (megatron's TELinear, the whole weight on every TP
+    rank) and the up-projections (or the direct query projection) column-parallel, gathering
+    as TE's do; their latent norms (--qk-layernorm) become TE norms with the other norms. Every
+    one keeps what TE's FP8 layers keep under `fp8` (None: bf16)."""
+    from capture_megatron.megatron.gpu.linear import (
+        duplicated_linear,
+        te_column_linear,
+        te_row_linear,
+    )
+
+    proj = te_row_linear(fp8)
+    if not hasattr(parts, "linear_kv_down_proj"):
+        return dataclasses.replace(
+            parts, linear_qkv=te_column_linear(fp8, userbuffers), linear_proj=proj
+        )
+    column, down = te_column_linear(fp8), duplicated_linear(fp8)
+    return dataclasses.replace(
+        parts,
+        linear_q_proj=column,
+        linear_q_down_proj=down,
+        linear_q_up_proj=column,
+        linear_kv_down_proj=down,
+        linear_kv_up_proj=column,
+        linear_proj=proj,
+    )
 
 
 def _te_mlp(mlp, fp8=None, userbuffers: bool = False):
