@@ -303,6 +303,14 @@ class ProfileRecord(JsonMixin):
     """Bytes of the chunk's transformer layers' registered module buffers after the probe (not
     parameters; capture_megatron.profile.held.layer_buffer_bytes): multi-latent attention's YaRN
     cos/sin tables, built with the model and kept for good; 0 for standard attention."""
+    fp8_state_bytes: int = 0
+    """Bytes the chunk's Transformer Engine layers keep for good under FP8 (--fp8-format): FP8
+    copies of their weights (or, with --fp8-param-gather, the weights' column-wise copies) and
+    their scaling state (capture_megatron.profile.held.fp8_state_bytes); 0 without FP8. Allocated
+    at each layer's first forward, so in none of the measured windows."""
+    param_fp8: tuple[bool, ...] = ()
+    """Per parameter of param_numels, whether it is an FP8 parameter (--fp8-param-gather: in DDP's
+    1-byte param buffer); empty: none is."""
 
     def timeline(self, window: str) -> Timeline | None:
         """The timeline of one window, if recorded."""

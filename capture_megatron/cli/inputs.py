@@ -34,6 +34,7 @@ from capture_megatron.megatron.args import model_shape, overridden, shape_overri
 from capture_megatron.plan import PlanOptions, space_from
 from capture_megatron.plan.calibration import fitted
 from capture_megatron.plan.costmodel import CostModel
+from capture_megatron.plan.space import overlap_space
 
 MAX_GPU_GIB = 1 << 20
 """Largest --gpu-memory-gib taken (1 PiB per device: a typo beyond it, not a GPU)."""
@@ -244,7 +245,7 @@ def plan_options(
     return flags.from_namespace(
         PlanOptions,
         ns,
-        space=space_from(fixed, whole, ddp),
+        space=overlap_space(space_from(fixed, whole, ddp), kernels),
         fixed=given_plan,
         global_batch_size=fixed.global_batch_size or 0,
         calibration=scale,

@@ -23,8 +23,9 @@ from capture_megatron.cli.inputs import (
 from capture_megatron.cli.outputs import prepare_outputs
 from capture_megatron.config import Cluster, ModelShape
 from capture_megatron.config.context import context_problem
+from capture_megatron.config.fp8 import fp8_problem
 from capture_megatron.config.hf_count import parameter_count
-from capture_megatron.config.kernels import kernel_set
+from capture_megatron.config.kernels import kernel_set, tp_overlap_problem
 from capture_megatron.config.training import (
     NOT_ADAM,
     BuildOptions,
@@ -51,16 +52,19 @@ def build_parser(prog: str = "capture-megatron plan") -> flags.FlagParser:
 def _check_window(
     ns: argparse.Namespace, shape: ModelShape, device: str, options: PlanOptions
 ) -> None:
-    """Refuse a sliding window or a context-parallel attention the kernels' memory model does not
-    hold before profiling (plan() refuses them too, once it has the memory model)."""
+    """Refuse FP8, a sliding window or a context-parallel attention the kernels' memory model
+    does not hold before profiling (plan() refuses them too, once it has the memory model)."""
     if ns.memory_model:
         return
     from capture_megatron.profile import default_device
 
-    kernels, space = options.kernels, options.space
+    kernels, space, given = options.kernels, options.space, options.fixed
     kind = kernel_set(default_device(device), kernels)
+    tp, sp = (given.tp, given.sequence_parallel) if given is not None else (0, True)
     problem = (
-        window_problem(shape, kind, kernels)
+        fp8_problem(kind, kernels)
+        or tp_overlap_problem(kind, kernels, tp, sp)
+        or window_problem(shape, kind, kernels)
         or latent_problem(shape, kind, kernels, max(space.cp or (1,)))
         or context_problem(space.cp, space.cp_comm_type, kind, kernels)
     )

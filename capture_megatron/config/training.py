@@ -12,7 +12,7 @@ from capture_megatron.config.fields import flag, value_problems
 from capture_megatron.config.kernels import Kernels
 from capture_megatron.config.model import ModelShape
 from capture_megatron.config.parallel import ParallelPlan
-from capture_megatron.errors import require
+from capture_megatron.errors import CaptureError, require
 from capture_megatron.serial import JsonMixin
 
 LR_DECAY_STYLES = ("constant", "linear", "cosine", "inverse-square-root", "WSD")
@@ -258,3 +258,12 @@ class TrainConfig:
     """Model build options (initialisation)."""
     kernels: Kernels = Kernels(transformer_impl="auto")
     """Layer implementation and fused kernels (training: TE when importable on CUDA, else local)."""
+
+    def __post_init__(self) -> None:
+        if self.kernels.fp8:
+            raise CaptureError(
+                f"--fp8-format {self.kernels.fp8_format}: capture-megatron's training does not run "
+                "FP8 (Transformer Engine's FP8 GEMMs need a GPU with TE, and its build does not "
+                "set up FP8 parameters); `predict` and `plan` forecast FP8 runs on the GPU kernel "
+                "set: train them with Megatron-LM"
+            )

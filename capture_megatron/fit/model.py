@@ -80,6 +80,9 @@ class KindConstants(JsonMixin):
     """Of retrc, the chunk's input gradient."""
     gradmix: float | None = None
     """Of retmix, the chunk's input gradient."""
+    fp8state1: float | None = None
+    """Bytes one layer's Transformer Engine modules keep for good under FP8 (weight copies and
+    scaling state, ProfileRecord.fp8_state_bytes of the one-layer probe; 0 without FP8)."""
     bwdrc2: float | None = None
     """Backward peak with two fully recomputed layers (middle chunks; others with MoE layers): a
     further recomputed MoE layer adds the gradient it retains."""
@@ -118,6 +121,8 @@ class ShapeConstants(JsonMixin):
     first recomputed layer of a chunk may keep less (its input is the chunk's input): R."""
     layer_expert: tuple[bool, ...] = ()
     """Per entry of layer_numels, whether it is a routed expert's parameter (empty: none is)."""
+    layer_fp8: tuple[bool, ...] = ()
+    """Per entry of layer_numels, whether it is an FP8 parameter (empty: none is)."""
 
     def chunk(self, kind: str) -> KindConstants:
         """The constants of one kind."""
@@ -223,6 +228,8 @@ class VariantModel(JsonMixin):
     present they give the saved bytes and peaks instead of the regressions."""
     layer_expert: tuple[bool, ...] = ()
     """Per entry of layer_numels, whether it is a routed expert's parameter (empty: none is)."""
+    layer_fp8: tuple[bool, ...] = ()
+    """Per entry of layer_numels, whether it is an FP8 parameter (empty: none is)."""
 
     def constants(self, z: Sizes) -> ShapeConstants:
         """Exact constants when `z` was probed, else the replayed timelines' / regressions'
@@ -241,6 +248,7 @@ class VariantModel(JsonMixin):
             buffers=self.buffers.predict(z),
             layer_saved_rc_next=rc2,
             layer_expert=self.layer_expert,
+            layer_fp8=self.layer_fp8,
         )
         return settled(_replayed(regressed, self.windows) if self.windows else regressed)
 

@@ -105,6 +105,14 @@ def kernel_fields(shape: ModelShape, kernels: Kernels | None) -> dict:
         "cross_entropy_fusion_impl": kernels.cross_entropy_fusion_impl,
         "deterministic_mode": kernels.deterministic_mode,
         "gradient_accumulation_fusion": kernels.gradient_accumulation_fusion,
+        **(
+            {
+                "moe_permute_fusion": kernels.moe_permute_fusion,
+                "moe_router_fusion": kernels.moe_router_fusion,
+            }
+            if shape.moe.enabled
+            else {}
+        ),
     }
 
 
@@ -133,6 +141,10 @@ def gpu_kernels(kernels: Kernels, impl: str) -> Kernels:
          "--no-masked-softmax-fusion"),
         (kernels.rope_fusion and impl != "transformer_engine", "transformer_engine",
          "--no-rope-fusion"),
+        (kernels.cross_entropy_loss_fusion and kernels.cross_entropy_fusion_impl == "te",
+         "transformer_engine", "--cross-entropy-fusion-impl native"),
+        (kernels.moe_permute_fusion, "transformer_engine", "no --moe-permute-fusion"),
+        (kernels.moe_router_fusion, "transformer_engine", "no --moe-router-fusion"),
     )  # fmt: skip
     for wanted, module, off in needs:
         if wanted and importlib.util.find_spec(module) is None:

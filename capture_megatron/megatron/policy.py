@@ -83,7 +83,7 @@ IGNORED = frozenset(
     --rotary-interleaved --rotary-seq-len-interpolation-factor --run-workload-inspector-server
     --sample-rate --sft --sgd-momentum --sharp-enabled-group --short-seq-prob --skip-train
     --split --te-rng-tracker --test-mode --titles-data-path
-    --torch-fsdp2-no-reshard-after-forward --tp-comm-bootstrap-backend --tp-comm-overlap-cfg
+    --torch-fsdp2-no-reshard-after-forward --tp-comm-bootstrap-backend
     --train-samples --train-sync-interval --trust-remote-code --use-checkpoint-args
     --use-cpu-initialization --use-dist-ckpt
     --use-legacy-static-engine --use-mcore-models --use-mp-args-from-checkpoint-args
@@ -94,9 +94,14 @@ IGNORED = frozenset(
     --moe-router-bias-update-rate --moe-token-drop-policy --moe-per-layer-logging
     --moe-router-enable-expert-bias
     --cache-mla-latents --mtp-loss-scaling-factor
+    --fp8-amax-compute-algo --fp8-margin --fp8-interval --no-fp8-wgrad --keep-fp8-transpose-cache
 """.split()
 )
-"""Flags that cannot change the peak of allocated bytes in training iterations."""
+"""Flags that cannot change the peak of allocated bytes in training iterations. The FP8 ones:
+--fp8-amax-compute-algo (max or most recent over the same amax history), --fp8-margin and
+--fp8-interval (values of the scale, not tensors), --no-fp8-wgrad (Megatron passes it as the
+recipe's override_linear_precision, which Transformer Engine 5671fd36's modules never read),
+--keep-fp8-transpose-cache (Megatron FSDP only, which is refused)."""
 
 _IGNORED_BECAUSE = {
     (
@@ -175,7 +180,7 @@ def conditional_verdict(flag: str, value: Any, line: LineContext) -> tuple[str, 
 
 
 _MOE = "this mixture-of-experts option is not modelled yet"
-_FP8 = "low-precision (fp8 / fp4) training is not modelled yet"
+_FP8 = "this low-precision (fp8 / fp4) option is not modelled yet"
 _FSDP = "fully sharded data parallelism is not modelled yet"
 _OFFLOAD = "CPU offloading is not modelled yet"
 _GRAPH = "CUDA graphs keep their own static buffers, not modelled yet"
@@ -197,9 +202,7 @@ _REASONS = {
     """,
     _FP8: """
         --fp4-format --fp4-param-gather --fp4-quantizer-factory --fp4-recipe
-        --fp8-amax-compute-algo --fp8-amax-history-len --fp8-format --fp8-interval --fp8-margin
-        --fp8-param-gather --fp8-quantizer-factory --fp8-recipe --keep-fp8-transpose-cache
-        --kitchen-attention-backend --no-fp8-wgrad --reuse-grad-buf-for-mxfp8-param-ag
+        --fp8-quantizer-factory --kitchen-attention-backend --reuse-grad-buf-for-mxfp8-param-ag
         --te-precision-config-file --use-kitchen-attention
     """,
     _FSDP: """
@@ -217,9 +220,6 @@ _REASONS = {
     """,
     "a standalone multi-token-prediction stage is not modelled yet": """
         --mtp-standalone
-    """,
-    "TP communication overlap keeps userbuffers, not modelled yet": """
-        --tp-comm-overlap
     """,
     "NCCL user buffers are not modelled yet": """
         --use-nccl-ub

@@ -16,6 +16,9 @@ from dataclasses import dataclass
 from capture_megatron.config import GIB, Cluster, Kernels, ModelShape, ParallelPlan
 from capture_megatron.config.context import context_problem
 from capture_megatron.config.fields import flag
+from capture_megatron.config.fp8 import fp8_problem
+from capture_megatron.config.kernels import tp_overlap_problem
+from capture_megatron.config.moe import FLEX_REFUSAL
 from capture_megatron.errors import CaptureError
 from capture_megatron.fit import MemoryModel, ModelSource
 from capture_megatron.plan.baselines import baselines_for
@@ -71,11 +74,12 @@ class PlanOptions:
     kernels: Kernels = Kernels()
     """The layer implementation and fused kernels the run uses (Megatron-LM's defaults)."""
 
-    def margins(self, cluster: Cluster) -> Margins:
-        """The memory margins these options set for `cluster`."""
-        return Margins(
-            self.reserve_fraction, self.context_gib * GIB, self.calibration, cluster.device == "cpu"
-        )
+    def margins(self, cluster: Cluster, hidden_size: int = 0) -> Margins:
+        """The memory margins these options set for `cluster` (and a model of `hidden_size`:
+        the userbuffers of --tp-comm-overlap)."""
+        ub = self.kernels.userbuffer_bytes_per_token(hidden_size)
+        on_cpu = cluster.device == "cpu"
+        return Margins(self.reserve_fraction, self.context_gib * GIB, self.calibration, on_cpu, ub)
 
 
 def global_batch(options: PlanOptions, cluster: Cluster) -> int:
@@ -95,8 +99,10 @@ def plan(
         raise CaptureError(
             "plan() needs a memory model or a source (capture_megatron.profile.memory_source)"
         )
+    if shape.moe.enabled and shape.moe.moe_token_dispatcher_type == "flex":
+        raise CaptureError(FLEX_REFUSAL + ".")
     supply = Supply(shape, memory)
-    hw, margins = options.cost, options.margins(cluster)
+    hw, margins = options.cost, options.margins(cluster, shape.hidden_size)
     if options.fixed is not None:
         model = supply.complete([options.fixed])
         fixed = evaluate_plan(model, shape, options.fixed, cluster, margins, hw)
@@ -127,7 +133,11 @@ def _result(
 ) -> PlanResult:
     space = options.space
     problem = (
-        window_problem(shape, model.kernels, options.kernels)
+        fp8_problem(model.kernels, options.kernels)
+        or tp_overlap_problem(
+            model.kernels, options.kernels, ranked[0].plan.tp, ranked[0].plan.sequence_parallel
+        )
+        or window_problem(shape, model.kernels, options.kernels)
         or latent_problem(shape, model.kernels, options.kernels, max(space.cp or (1,)))
         or context_problem(space.cp, space.cp_comm_type, model.kernels, options.kernels)
         or space.ddp.kernel_problem(model.kernels, options.kernels.gradient_accumulation_fusion)
@@ -135,7 +145,8 @@ def _result(
     if problem:
         raise CaptureError(problem + ".")
     origin = ModelOrigin(model.device, model.kernels, model.versions)
-    hw, margins, space = options.cost, options.margins(cluster), options.space
+    hw, margins = options.cost, options.margins(cluster, shape.hidden_size)
+    space = options.space
     objective = "fixed" if options.fixed is not None else options.objective
     given = options.fixed is not None or space.keeps_recompute
     floor = 1 if space.recompute == ("full",) else 0

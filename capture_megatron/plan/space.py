@@ -9,6 +9,7 @@ from typing import Any
 
 from capture_megatron.config import Cluster, ModelShape, ParallelFlags, ParallelPlan, Recompute
 from capture_megatron.config.ddp import DEFAULT_DDP, DdpOptions
+from capture_megatron.config.kernels import Kernels, tp_overlap_problem
 from capture_megatron.config.mtp import mtp_problems
 from capture_megatron.config.parallel import tp_fits
 from capture_megatron.config.resolve import refuse_dropped_recompute
@@ -244,3 +245,15 @@ def _expert_plans(shape: ModelShape, base: ParallelPlan, space: Space) -> Iterat
         plan = replace(base, ep=ep)
         if not mtp_problems(shape, plan):
             yield plan
+
+
+def overlap_space(space: Space, kernels: Kernels) -> Space:
+    """The space with --tp-comm-overlap's constraint (Megatron-LM needs sequence parallelism,
+    which it turns off at TP 1): TP > 1 with sequence parallelism; CaptureError when the given
+    sizes leave none. Unchanged without the flag."""
+    if not kernels.tp_comm_overlap:
+        return space
+    tps = tuple(t for t in space.tp if t > 1)
+    if not tps or space.sequence_parallel == (False,):
+        raise CaptureError(tp_overlap_problem("gpu", kernels, 1, False) + ".")
+    return replace(space, tp=tps, sequence_parallel=(True,))

@@ -33,7 +33,8 @@ class ChunkCost:
     step: float
     """Optimizer-step peak above the live bytes before it."""
     params: int
-    """Parameter bytes."""
+    """Parameter bytes, with what Transformer Engine's FP8 layers keep for their weights (FP8
+    copies, or FP8 parameters' column-wise copies, and scaling state; KindConstants.fp8state1)."""
     grads: int
     """Gradient-buffer bytes."""
     optimizer: int
@@ -154,19 +155,25 @@ def _costs(
     return (inp, saved, max(fwd, fwd_floor), max(bwd, bwd_floor) + growth, redone), (ret, grad)
 
 
-def _runs(layers: Layers, z: Sizes, moe: tuple[bool, ...]) -> tuple[LayerRun, ...]:
-    """The chunk's layers as runs of one variant: (parameter numels, expert mask, count)."""
+def _runs(
+    layers: Layers, z: Sizes, moe: tuple[bool, ...]
+) -> tuple[tuple[LayerRun, ...], tuple[tuple[bool, ...], ...], float]:
+    """The chunk's layers as runs of one variant: (parameter numels, expert mask, count); per run
+    its FP8-parameter mask; and the bytes the layers' TE modules keep for good under FP8."""
     runs: list[tuple[bool, int]] = []
     for m in moe:
         if runs and runs[-1][0] == m:
             runs[-1] = (m, runs[-1][1] + 1)
         else:
             runs.append((m, 1))
-    out = []
+    out, fp8, fp8_state = [], [], 0.0
     for m, count in runs:
         sc = layers.model(m).constants(z)
-        out.append((sc.layer_numels, sc.layer_expert or (False,) * len(sc.layer_numels), count))
-    return tuple(out)
+        none = (False,) * len(sc.layer_numels)
+        out.append((sc.layer_numels, sc.layer_expert or none, count))
+        fp8.append(sc.layer_fp8 or none)
+        fp8_state += count * float(sc.chunk("middle").fp8state1 or 0.0)
+    return tuple(out), tuple(fp8), fp8_state
 
 
 def chunk_cost(
@@ -191,7 +198,7 @@ def chunk_cost(
     kinds = [layers.model(m).constants(z).chunk(kind) for m in sorted(set(moe))]
     step, buffers = _step_buffers(layers, z, shape.dtype, kind, moe)
     pre, post = _ends(ends, kind, shape.mtp_num_layers > 0)
-    runs = _runs(layers, z, moe)
+    runs, fp8, fp8_state = _runs(layers, z, moe)
     count = len(pre) + sum(c * len(numels) for numels, _, c in runs) + len(post)
     shared = _shared_end(kind, shape, plan, count)
     dp = (plan.dp * plan.cp, plan.expert_dp)
@@ -199,7 +206,7 @@ def chunk_cost(
     expert = ends.chunk(kind).end_expert[len(pre) :]  # an MTP layer's experts
     st = layer_static(
         pre, runs, post, shape.dtype, dp, plan.distributed_optimizer, shared, expert, plan.ddp,
-        bucket,
+        bucket, fp8,
     )  # fmt: skip
     alone = 0.0
     if plan.ddp.use_precision_aware_optimizer:
@@ -209,8 +216,8 @@ def chunk_cost(
     state = _routing_state(layers, z, kinds[-1], moe, shape.mtp_num_layers) if kinds else 0.0
     state += sum(moe.count(m) * float(c.lbuf1 or 0.0) for m, c in zip(sorted(set(moe)), kinds))
     return ChunkCost(
-        kind, k, inp + saved, inp, fwd, bwd, step, st.params, st.grads, st.optimizer, buffers,
-        redone, ret, ret_grad, state, st.copies, alone,
+        kind, k, inp + saved, inp, fwd, bwd, step, st.params + round(fp8_state), st.grads,
+        st.optimizer, buffers, redone, ret, ret_grad, state, st.copies, alone,
     )  # fmt: skip
 
 

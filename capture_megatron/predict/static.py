@@ -80,8 +80,11 @@ def layout_of(
     dp: int,
     distributed_optimizer: bool,
     bucket_size: int | None = None,
+    param_bytes: int = 0,
 ) -> Layout:
-    """The Layout of a buffer of `dtype` parameters over `dp` data (x context) parallel ranks."""
+    """The Layout of a buffer of `dtype` parameters over `dp` data (x context) parallel ranks
+    (`param_bytes`: bytes per parameter element when not the dtype's, e.g. 1 for FP8
+    parameters)."""
     pbytes = dtype_bytes(dtype)
     gbytes = dtype_bytes(ddp.grad_dtype(dtype))
     shards = ddp.shard_ranks(dp) if distributed_optimizer else 1
@@ -92,7 +95,7 @@ def layout_of(
         copies = 4 if dtype != "fp32" and gbytes != 4 else 0
     pad = 2**16 if ddp.ddp_pad_buckets_for_high_nccl_busbw else 1
     return Layout(
-        param=pbytes,
+        param=param_bytes or pbytes,
         grad=gbytes,
         state=state,
         per_tensor=per_tensor,
@@ -166,10 +169,12 @@ def chunk_static(
     shared_index: int | None = None,
     ddp: DdpOptions = DEFAULT_DDP,
     bucket_size: int | None = None,
+    param_bytes: int = 0,
 ) -> StaticBytes:
     """Static bytes of a chunk with parameters of `numels` elements on DP rank 0 (`dp`: the
-    data x context parallel ranks; `bucket_size`: DDP's, where it buckets)."""
-    layout = layout_of(dtype, ddp, dp, distributed_optimizer, bucket_size)
+    data x context parallel ranks; `bucket_size`: DDP's, where it buckets; `param_bytes`: as
+    layout_of)."""
+    layout = layout_of(dtype, ddp, dp, distributed_optimizer, bucket_size, param_bytes)
     if not numels:
         return StaticBytes(0, 0, 0)
     if not distributed_optimizer:
@@ -268,15 +273,18 @@ def runs_static(
     shared: str | None = None,
     ddp: DdpOptions = DEFAULT_DDP,
     bucket_size: int | None = None,
+    param_bytes: int = 0,
 ) -> StaticBytes:
     """chunk_static of the parameters pre + each run's layer repeated + post, in that order
     (shared: 'pre' for pre[0], 'post' for post[-1]), exact and, without a bucket size, in time
-    independent of the runs' lengths."""
+    independent of the runs' lengths; `param_bytes`: bytes per parameter element when not the
+    dtype's (1: FP8 parameters, whose gradients and master weights are those of the dtype's
+    parameters)."""
     runs = tuple((layer, k) for layer, k in runs if k and layer)
     numels = len(pre) + sum(k * len(layer) for layer, k in runs) + len(post)
     if numels == 0:
         return StaticBytes(0, 0, 0)
-    layout = layout_of(dtype, ddp, dp, distributed_optimizer, bucket_size)
+    layout = layout_of(dtype, ddp, dp, distributed_optimizer, bucket_size, param_bytes)
     if not distributed_optimizer:
         total = sum(pre) + sum(k * sum(layer) for layer, k in runs) + sum(post)
         most = max((*pre, *post, *(n for layer, _ in runs for n in layer)))
@@ -284,7 +292,7 @@ def runs_static(
     if layout.bucket_size is not None:  # buckets may end inside a run: lay it out element-wise
         flat = list(pre) + [n for layer, k in runs for n in layer * k] + list(post)
         index = {"pre": 0, "post": len(flat) - 1}.get(shared or "")
-        return chunk_static(flat, dtype, dp, True, index, ddp, bucket_size)
+        return chunk_static(flat, dtype, dp, True, index, ddp, bucket_size, param_bytes)
     items: list[Item] = [(n, shared == "post" and i == 0) for i, n in enumerate(reversed(post))]
     items += [(tuple(reversed(layer)), k) for layer, k in reversed(runs)]
     items += [(n, shared == "pre" and i == len(pre) - 1) for i, n in enumerate(reversed(pre))]
@@ -318,27 +326,36 @@ def layer_static(
     post_expert: tuple[bool, ...] = (),
     ddp: DdpOptions = DEFAULT_DDP,
     bucket_size: int | None = None,
+    fp8: tuple[tuple[bool, ...], ...] = (),
 ) -> StaticBytes:
     """runs_static of a chunk whose layers may hold routed experts (dense and MoE layers in any
     order): DDP keeps the parameters a run's mask marks in a buffer of their own, sharded over the
     expert-data-parallel ranks, the rest over the data-parallel (x context-parallel) ranks. `dp`:
     (data-parallel ranks, expert-data-parallel ranks); `post_expert`: per entry of `post`, whether
-    it is a routed expert's (an MTP layer's experts; empty: none is)."""
-    dense = tuple((tuple(n for n, e in zip(lay, ex) if not e), k) for lay, ex, k in runs)
+    it is a routed expert's (an MTP layer's experts; empty: none is). `fp8`: per run, which of its
+    parameters are FP8 (--fp8-param-gather; empty: none); megatron-core groups DDP's buffers by
+    (parameter dtype, gradient dtype), so they get 1-byte buffers of their own (an MTP layer's
+    weights are counted in bf16)."""
+    lows = fp8 or tuple((False,) * len(layer) for layer, _, _ in runs)
     mask = post_expert or (False,) * len(post)
-    tail = tuple(n for n, e in zip(post, mask) if not e)
-    a = runs_static(pre, dense, tail, dtype, dp[0], distributed_optimizer, shared, ddp, bucket_size)
-    routed = tuple((tuple(n for n, e in zip(lay, ex) if e), k) for lay, ex, k in runs)
-    routed_tail = tuple(n for n, e in zip(post, mask) if e)
-    if not any(layer for layer, _ in routed) and not routed_tail:
-        return a
-    b = runs_static(
-        (), routed, routed_tail, dtype, dp[1], distributed_optimizer, None, ddp, bucket_size
-    )
+    opt, parts = distributed_optimizer, []
+    for expert, low in ((False, False), (True, False), (False, True), (True, True)):
+        part = tuple(
+            (tuple(n for n, e, f in zip(lay, ex, fm) if e == expert and f == low), k)
+            for (lay, ex, k), fm in zip(runs, lows)
+        )
+        tail = () if low else tuple(n for n, e in zip(post, mask) if e == expert)
+        if not (expert or low):
+            parts.append(runs_static(pre, part, tail, dtype, dp[0], opt, shared, ddp, bucket_size))
+        elif any(layer for layer, _ in part) or tail:
+            group = dp[1] if expert else dp[0]
+            parts.append(
+                runs_static((), part, tail, dtype, group, opt, None, ddp, bucket_size, int(low))
+            )
     return StaticBytes(
-        a.params + b.params,
-        a.grads + b.grads,
-        a.optimizer + b.optimizer,
-        a.copies + b.copies,
-        max(a.largest, b.largest),
+        params=sum(p.params for p in parts),
+        grads=sum(p.grads for p in parts),
+        optimizer=sum(p.optimizer for p in parts),
+        copies=sum(p.copies for p in parts),
+        largest=max(p.largest for p in parts),
     )

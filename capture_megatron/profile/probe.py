@@ -289,22 +289,18 @@ def measure(probe: Probe, meter, setup: Setup, timelines: bool = False) -> Profi
     """Build and run the probe (two iterations) and return what the second one measured (with the
     windows' allocation timelines when `timelines`, not on cuda)."""
     fake = setup.fake
-    if setup.device == "fake-cuda":  # TE's dummy wgrad buffers of this probe's shapes only
-        from capture_megatron.megatron.gpu.linear import DUMMY_WGRADS
-
-        DUMMY_WGRADS.clear()
+    if setup.device == "fake-cuda":  # TE's dummy wgrads and userbuffers of this probe's shapes
+        held.clear_process_buffers()
     chunk = build(probe, setup)
     iteration(chunk, meter, fake)
     got, lines = iteration(chunk, meter, fake, timelines, last=True)
     param_bytes, grad_bytes, optimizer_bytes = held.static_bytes(chunk.model, chunk.optimizer)
-    if fake:
-        optimizer_bytes = chunk_static(
-            list(p.numel() for p in chunk.model.parameters()),
-            probe.variant.dtype,
-            probe.dp * probe.variant.cp,
-            probe.distributed_optimizer,
-        ).optimizer
     numels = tuple(p.numel() for p in chunk.model.parameters())
+    if fake:
+        dp = probe.dp * probe.variant.cp
+        optimizer_bytes = chunk_static(
+            list(numels), probe.variant.dtype, dp, probe.distributed_optimizer
+        ).optimizer
     record = ProfileRecord(
         device=setup.device,
         kernels=setup.kernel_set,
@@ -335,6 +331,8 @@ def measure(probe: Probe, meter, setup: Setup, timelines: bool = False) -> Profi
         retained_grad_bytes=got["retained_grad_bytes"],
         routing_state_bytes=held.routing_state_bytes(chunk.model, torch.device(chunk.device).type),
         layer_buffer_bytes=held.layer_buffer_bytes(chunk.model, torch.device(chunk.device).type),
+        fp8_state_bytes=held.fp8_state_bytes(chunk.model),
+        param_fp8=held.fp8_param_mask(chunk.model, setup.kernels),
     )
     del chunk
     gc.collect()

@@ -55,6 +55,8 @@ def test_development_cases_on_the_gpu_kernel_set(tmp_path, monkeypatch):
 MOE_CASES = (
     "gpt3_mcore_cp2_pp2_ep2_te_4experts2parallel_nondeterministic",  # sinkhorn, allgather, CP2
     "gpt3_mcore_te_tp2_pp1_te_8experts_etp1_ep4",  # TE's grouped GEMM, ETP 1 under TP 2
+    # MLA, MTP, QK norms, TE's fused permutation and TE's fused cross entropy (issue 26)
+    "gpt3_mcore_te_tp2_pp2_ep4_etp1_memory_speed",
 )
 
 

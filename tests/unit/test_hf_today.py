@@ -173,11 +173,6 @@ PLANNED = {
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    reason="--qk-layernorm, multi-latent attention and multi-token prediction are modelled by "
-    "other helpers of issue 26; until they merge the forecast refuses them",
-    strict=False,
-)
 @pytest.mark.parametrize("name", sorted(PLANNED))
 def test_todays_models_are_planned(name, tmp_path):
     argv = ["plan", "--hf-config", str(HF / f"{name}.json"), "--gpus", str(PLANNED[name])]

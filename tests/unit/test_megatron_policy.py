@@ -68,10 +68,10 @@ def test_ignored_and_refused_flags():
         ["--eval-interval", "100", "--tensorboard-dir", "/tmp/tb", "--log-throughput"]
     ) == ("--eval-interval", "--log-throughput", "--tensorboard-dir")
     with pytest.raises(CaptureError) as err:
-        _check(["--moe-use-upcycling", "--fp8-format", "hybrid", "--eval-iters", "3"])
+        _check(["--moe-use-upcycling", "--fp4-format", "e2m1", "--eval-iters", "3"])
     text = str(err.value)
     assert "--moe-use-upcycling (this mixture-of-experts option is not modelled yet)" in text
-    assert "--fp8-format hybrid (low-precision (fp8 / fp4) training is not modelled yet)" in text
+    assert "--fp4-format e2m1 (this low-precision (fp8 / fp4) option is not modelled yet)" in text
     assert "--eval-iters" not in text
 
 

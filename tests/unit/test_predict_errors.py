@@ -50,7 +50,7 @@ UNMODELLED = {
         "--context-parallel-size 2 --attention-backend unfused",
         "--attention-backend unfused is not modelled",
     ),
-    "fp8": ("--fp8-format hybrid", "--fp8-format hybrid"),
+    "fp4": ("--fp4-format e2m1", "--fp4-format e2m1"),
     "fsdp": ("--use-megatron-fsdp", "--use-megatron-fsdp"),
 }
 MISFITS = {
