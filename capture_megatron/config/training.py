@@ -12,7 +12,7 @@ from capture_megatron.config.fields import flag
 from capture_megatron.config.kernels import Kernels
 from capture_megatron.config.model import ModelShape
 from capture_megatron.config.parallel import ParallelPlan
-from capture_megatron.errors import require
+from capture_megatron.errors import CaptureError, require
 from capture_megatron.serial import JsonMixin
 
 LR_DECAY_STYLES = ("constant", "linear", "cosine", "inverse-square-root", "WSD")
@@ -198,6 +198,10 @@ class RunOptions(JsonMixin):
     """Seed of weights, dropout and data order."""
     memory_report: str = flag("--memory-report", "", note="(capture-megatron)")
     """Write the per-rank MemoryReport JSON here."""
+    moe_routing_stats: str = flag("--moe-routing-stats", "", note="(capture-megatron)")
+    """Write the MoE routing statistics here: per step and MoE layer, the tokens each expert is
+    routed per sequence and the tokens each rank's experts receive (capture_megatron.train.routing;
+    JSON, gzip when the name ends in .gz)."""
     distributed_backend: str = flag("--distributed-backend", "", choices=("gloo", "nccl"))
     """gloo or nccl (--distributed-backend); default nccl on CUDA, gloo otherwise."""
     progress: bool = flag("--no-progress", True, negate=True, note="(capture-megatron)")
@@ -253,3 +257,13 @@ class TrainConfig:
     """Model build options (initialisation)."""
     kernels: Kernels = Kernels(transformer_impl="auto")
     """Layer implementation and fused kernels (training: TE when importable on CUDA, else local)."""
+
+    def __post_init__(self) -> None:
+        if self.run.moe_routing_stats and not self.shape.moe.enabled:
+            raise CaptureError("--moe-routing-stats needs a model with experts (--num-experts)")
+        if self.run.moe_routing_stats and self.plan.recompute.granularity == "full":
+            raise CaptureError(
+                "--moe-routing-stats with --recompute-granularity full: full recompute runs each "
+                "router again in the backward pass, which would count its tokens twice; record "
+                "routing without full recompute"
+            )
