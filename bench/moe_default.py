@@ -12,7 +12,7 @@
 Flags a line holds that this version refuses are left out and listed (e.g. --qk-layernorm, not
 modelled yet). Writes bench/results/moe_default.json (rendered by bench/report.py).
 
-    python bench/moe_default.py [--device fake]
+    python bench/moe_default.py [--device fake] [--only NAME]
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import sys
 from typing import Any
 
@@ -89,7 +90,11 @@ def _run(argv: list[str], gpus: int, device: str, fixed: bool) -> tuple[Any, lis
                 return plan_and_report(ns, cluster_of(ns), ns.device, False, fixed), dropped
         except CaptureError as err:
             text = str(err)
-            refused = [a for a in argv if a.startswith("--") and f"{a} " in text]
+            refused = [
+                a
+                for a in argv
+                if a.startswith("--") and re.search(re.escape(a) + r"(?![\w-])", text)
+            ]
             if "not modelled" not in text or not refused:
                 raise
             flag = max(refused, key=len)
@@ -138,7 +143,13 @@ def main() -> None:
     """Predict and plan the setups; write the results."""
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--device", default="", help="memory model device (default: the planner's)")
+    ap.add_argument("--only", default="", help="run the setups whose name has this; keep the rest")
     ns = ap.parse_args()
+    out = os.path.join(ROOT, "bench/results/moe_default.json")
+    kept: dict[str, dict] = {}
+    if ns.only:
+        with open(out) as f:
+            kept = {r["model"]: r for r in json.load(f)["rows"]}
     rows = []
     steps = (
         ("Mixtral 8x7B, predict", MIXTRAL + MIXTRAL_SIZES, 32, True),
@@ -167,6 +178,9 @@ def main() -> None:
         ("Qwen3-235B-A22B, predict", QWEN3_235B, 256, True),
     )
     for name, argv, gpus, fixed in steps:
+        if ns.only and ns.only not in name and name in kept:
+            rows.append(kept[name])
+            continue
         print(f"{name} ...", file=sys.stderr, flush=True)
         try:
             result, dropped = _attempt(argv, gpus, ns.device, fixed)
@@ -181,7 +195,6 @@ def main() -> None:
             f"planning {r['planning_gib']:.1f}, bound {r['bound_gib']:.1f} GiB; fits {r['fits']}",
             file=sys.stderr,
         )
-    out = os.path.join(ROOT, "bench/results/moe_default.json")
     with open(out, "w") as f:
         json.dump({"device": ns.device or "default", "rows": rows}, f, indent=1)
     print(f"wrote {out}")

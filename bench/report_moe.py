@@ -91,8 +91,8 @@ def routing_tables(data: dict) -> list[str]:
         f"Source: {data['source']}. Per run: s, the spread of an expert's expected load over its "
         "balanced share (standard deviation over experts, root mean square over layers), and "
         "rho, the over-dispersion of a sequence's token counts (1: independent tokens), each the "
-        "largest over the run's five phases (s per phase shown: training progress); the loss of "
-        "the first and the last phase.",
+        "largest over the run's last two of five phases (the statistics shipped); s of every "
+        "phase is shown (training progress), and the loss of the first and the last phase.",
         "",
         "| run | experts | top-k | balancing | coefficient | s | rho | s by phase | loss |",
         "|---|---|---|---|---|---|---|---|---|",
