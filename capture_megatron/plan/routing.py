@@ -74,8 +74,8 @@ class RoutingReport:
         )
         if f.planning > f.forecast:
             head += (
-                f"; fits are judged at {f.planning:g} x (the forecast plus the measured spread, "
-                f"its 95th percentile: {max(self.planning_peaks) / GIB:.2f} GiB)"
+                f"; fits are judged at {f.planning:g} x, the forecast plus the measured spread "
+                f"(its 95th percentile): {max(self.planning_peaks) / GIB:.2f} GiB"
             )
         bound = (
             f"MoE routing worst case (every token of an expert's ranks routed to it, "
