@@ -9,11 +9,12 @@ the development set. Cases without a stated world size are skipped; refused case
 the reason. Dropless mixture-of-experts cases are predicted at the default routing forecast
 (measured routing statistics), with the worst-case bound beside them.
 
-    python bench/conformance.py [--device fake] [--models gpt] [--sets development,held_out]
+    python bench/conformance.py [--device fake] [--models gpt] [--cases NAME,...]
+                                [--sets development,held_out]
                                 [--out bench/results/conformance.json] [--merge]
 
 With --merge, the cases run replace those of the same name in --out and the rest are kept (to
-re-run one model family); the summary is recomputed over all of them.
+re-run one model family, or the --cases named); the summary is recomputed over all of them.
 """
 
 from __future__ import annotations
@@ -138,6 +139,7 @@ def main() -> None:
     ap.add_argument("--models", default="gpt", help="comma-separated: gpt, moe, mixtral")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench/results/conformance.json"))
     ap.add_argument("--merge", action="store_true", help="keep --out's other cases")
+    ap.add_argument("--cases", default="", help="comma-separated case names: only these")
     ap.add_argument(
         "--sets",
         default="development,held_out",
@@ -150,6 +152,8 @@ def main() -> None:
         for c in cases(tuple(ns.models.split(",")))
         if ("held_out" if "resume" in c["name"] else "development") in sets
     ]
+    if ns.cases:
+        chosen = [c for c in chosen if c["name"] in ns.cases.split(",")]
     rows = [predict_case(c, ns.device) for c in tqdm(chosen)]
     if ns.merge:
         rows = merged(ns.out, ns.device or "default", rows)

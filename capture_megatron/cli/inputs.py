@@ -5,6 +5,7 @@ PlanOptions, and the memory model or the source that profiles it."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 
@@ -13,18 +14,24 @@ from capture_megatron.config import (
     GIB,
     Cluster,
     DataOptions,
+    DdpOptions,
     Kernels,
     ModelShape,
     ParallelFlags,
     hf,
     presets,
 )
+from capture_megatron.config.hardware import Hardware, HardwareFlags, ok
+from capture_megatron.config.kernels import TE_FUSED_BACKENDS
 from capture_megatron.config.resolve import parallel_plan
+from capture_megatron.config.runtime import StepSettings
 from capture_megatron.errors import CaptureError
 from capture_megatron.fit import MemoryModel, ModelSource, read_model
 from capture_megatron.megatron import flags, megatron_lm
 from capture_megatron.megatron.args import model_shape, overridden, shape_overrides
 from capture_megatron.plan import PlanOptions, space_from
+from capture_megatron.plan.calibration import fitted
+from capture_megatron.plan.costmodel import CostModel
 
 GPT2_VOCAB = 50257
 """Entries of GPT-2's BPE vocab.json: Megatron-LM's default tokenizer (GPT2BPETokenizer)."""
@@ -47,11 +54,16 @@ def add_cluster_flags(p: argparse.ArgumentParser) -> None:
             "usable memory per GPU: what one process may take of the card (e.g. 80 for an "
             "80 GiB H100 that runs nothing else); a plan fits when its forecast plus the "
             "allocator reserve (--reserve-fraction) and the memory outside the allocator "
-            "(--context-gib) is at most this (default with --device cpu: this host's)"
+            "(--context-gib) is at most this (default: the --gpu-type's memory as the driver "
+            "reports it, 79.65 for an H100 SXM; with --device cpu: this host's)"
         ),
     )
     g.add_argument(
-        "--gpus-per-node", type=int, default=8, help="tensor parallelism stays inside a node"
+        "--gpus-per-node",
+        type=int,
+        default=None,
+        help="GPUs per node; tensor parallelism stays inside a node (default: the --gpu-type's, "
+        "8 for HGX / DGX nodes)",
     )
     g.add_argument(
         "--device",
@@ -66,6 +78,7 @@ def add_cluster_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--json", default="", help="write the result as JSON here")
     g.add_argument("--png", default="", help="write the per-stage memory breakdown plot here")
     g.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
+    flags.add_fields(p, HardwareFlags, "hardware profile (step-time estimate; capture-megatron)")
 
 
 def add_plan_flags(p: argparse.ArgumentParser, training: bool = False) -> None:
@@ -142,20 +155,62 @@ def cluster_of(
     if gpus is None:
         raise CaptureError("--gpus is required (how many GPUs or processes the plan may use)")
     memory = ns.gpu_memory_gib
-    if memory is not None and memory <= 0:
-        raise CaptureError(f"--gpu-memory-gib {memory:g} must be positive")
+    if memory is not None and not ok(memory):
+        raise CaptureError(f"--gpu-memory-gib {memory:g} must be positive (a finite number of GiB)")
     if memory is None and device == "cpu":
         import psutil
 
         memory = psutil.virtual_memory().total / GIB
-    elif memory is None and need_memory:
-        raise CaptureError("--gpu-memory-gib is required (usable memory per GPU, e.g. 80)")
+    elif memory is None and (need_memory or device == "cuda"):
+        memory = hardware_of(ns).memory_bytes / GIB  # the --gpu-type's
     return Cluster(
         gpus=gpus,
         gpu_memory_bytes=int((memory or 0) * GIB),
-        gpus_per_node=ns.gpus_per_node,
+        gpus_per_node=gpus_per_node(ns),
         device=device,
     )
+
+
+def gpus_per_node(ns: argparse.Namespace) -> int:
+    """--gpus-per-node, else the --gpu-type's (CaptureError for a count below 1)."""
+    given = ns.gpus_per_node
+    if given is not None and given < 1:
+        raise CaptureError(f"--gpus-per-node {given} must be at least 1")
+    return given if given is not None else hardware_of(ns).gpus_per_node
+
+
+def hardware_of(ns: argparse.Namespace) -> Hardware:
+    """The --gpu-type's profile with the hardware flags given (CaptureError for a bad value)."""
+    hw = flags.from_namespace(HardwareFlags, ns)
+    return hw.resolve(
+        ns.gpus_per_node, ns.gpu_memory_gib if ns.device not in ("cpu", "fake-cpu") else None
+    )
+
+
+def cost_model(ns: argparse.Namespace, kernels: Kernels) -> CostModel:
+    """The step-time model of the run the flags describe: the hardware profile, the run's
+    overlap flags and kernels, and the fitted constants (--gemm-efficiency replaces one)."""
+    given = flags.from_namespace(HardwareFlags, ns)
+    constants = fitted()
+    if given.gemm_efficiency is not None:
+        if not (ok(given.gemm_efficiency) and given.gemm_efficiency <= 1):
+            raise CaptureError(
+                f"--gemm-efficiency {given.gemm_efficiency:g} must be in (0, 1] (a fraction of "
+                "peak FLOP/s)"
+            )
+        constants = dataclasses.replace(constants, gemm_efficiency=given.gemm_efficiency)
+    gpu = kernels.for_gpu()
+    fused = gpu.transformer_impl == "transformer_engine" and gpu.attention_backend in (
+        TE_FUSED_BACKENDS
+    )
+    settings = StepSettings(
+        overlap_grad_reduce=bool(getattr(ns, "overlap_grad_reduce", False)),
+        overlap_param_gather=bool(getattr(ns, "overlap_param_gather", False)),
+        fused_attention=fused,
+        deterministic=kernels.deterministic_mode,
+        gradient_accumulation_fusion=kernels.gradient_accumulation_fusion,
+    )
+    return CostModel(hardware_of(ns), settings, constants)
 
 
 def plan_options(
@@ -169,21 +224,24 @@ def plan_options(
     with `fixed_plan`, the whole run the flags describe), the calibration of the memory model's
     device (none with --memory-model)."""
     fixed = flags.from_namespace(ParallelFlags, ns)
+    ddp = flags.from_namespace(DdpOptions, ns)
     whole = fixed_plan or bool(fixed.pipeline_model_parallel_layout)
-    given_plan = parallel_plan(fixed, shape, cluster.gpus) if whole else None
+    given_plan = parallel_plan(fixed, shape, cluster.gpus, ddp) if whole else None
     scale = 1.0
     if not ns.memory_model:
         from capture_megatron.profile import default_device
 
         scale = calibration_factor(default_device(device))
+    kernels = flags.from_namespace(Kernels, ns)
     return flags.from_namespace(
         PlanOptions,
         ns,
-        space=space_from(fixed, whole),
+        space=space_from(fixed, whole, ddp),
         fixed=given_plan,
         global_batch_size=fixed.global_batch_size or 0,
         calibration=scale,
-        kernels=flags.from_namespace(Kernels, ns),
+        kernels=kernels,
+        cost=cost_model(ns, kernels),
     )
 
 

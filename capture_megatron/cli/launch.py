@@ -14,10 +14,11 @@ import argparse
 import dataclasses
 import sys
 
-from capture_megatron.cli.inputs import add_plan_flags
+from capture_megatron.cli.inputs import add_plan_flags, cost_model, gpus_per_node
 from capture_megatron.cli.plan import run_plan
 from capture_megatron.config import (
     CheckpointOptions,
+    Kernels,
     ModelShape,
     OptimOptions,
     ParallelPlan,
@@ -28,7 +29,7 @@ from capture_megatron.errors import CaptureError, require
 from capture_megatron.megatron import flags
 from capture_megatron.megatron.args import data_options
 from capture_megatron.plan import model_args, plan_args, read_plan
-from capture_megatron.plan.costmodel import Hardware, step_seconds
+from capture_megatron.plan.costmodel import step_seconds
 from capture_megatron.train.slurm import SlurmOptions, TrainRun, render
 from capture_megatron.train.slurm_time import run_time_warning
 
@@ -71,9 +72,8 @@ def _planned(
 
 
 def _job_gpus(ns: argparse.Namespace, opts: SlurmOptions) -> int:
-    """nodes x --gpus-per-node, checked against --gpus when given."""
-    if ns.gpus_per_node < 1:
-        raise CaptureError(f"--gpus-per-node {ns.gpus_per_node} must be at least 1")
+    """nodes x --gpus-per-node (default: the --gpu-type's), checked against --gpus when given."""
+    ns.gpus_per_node = gpus_per_node(ns)
     gpus = opts.nodes * ns.gpus_per_node
     if ns.gpus is not None and ns.gpus != gpus:
         raise CaptureError(
@@ -113,18 +113,18 @@ def _requeue_run(opts: SlurmOptions, run: RunOptions, ckpt: CheckpointOptions, a
     return dataclasses.replace(run, exit_signal_handler=True, exit_signal=SIGNAL)
 
 
-def _time_note(shape: ModelShape, plan: ParallelPlan, opts: SlurmOptions, iters: int) -> str:
-    """The warning when the cost model's run time exceeds --time (GPU jobs: the cost model
-    describes GPUs)."""
+def _time_note(
+    ns: argparse.Namespace, shape: ModelShape, plan: ParallelPlan, opts: SlurmOptions, iters: int
+) -> str:
+    """The warning when the step-time model's run time exceeds --time (GPU jobs: the model
+    describes GPUs); the same estimate plan and predict print."""
     if opts.cpu:
         return ""
-    hw = Hardware()
-    basis = (
-        f"the cost model's GPU: {hw.peak_flops / 1e12:.0f} TFLOP/s at "
-        f"{hw.efficiency:.0%} of peak, H100-class"
-    )
+    model = cost_model(ns, flags.from_namespace(Kernels, ns))
+    hw = model.hardware
+    basis = f"{hw.name}, {hw.peak_flops / 1e12:.0f} TFLOP/s dense bf16 (--gpu-type)"
     lead = opts.lead if opts.requeue else None
-    return run_time_warning(step_seconds(shape, plan, hw), iters, opts.time, lead, basis)
+    return run_time_warning(step_seconds(shape, plan, model), iters, opts.time, lead, basis)
 
 
 def main(argv: list[str]) -> int:
@@ -137,7 +137,7 @@ def main(argv: list[str]) -> int:
     shape, plan = _planned(ns, opts, gpus)
     given_ckpt = dataclasses.replace(ckpt, load="") if opts.requeue else ckpt
     options = (data_options(ns), flags.from_namespace(OptimOptions, ns), run, given_ckpt)
-    note = _time_note(shape, plan, opts, run.train_iters)
+    note = _time_note(ns, shape, plan, opts, run.train_iters)
     job = TrainRun(
         args=tuple(model_args(shape) + plan_args(plan) + [a for o in options for a in to_flags(o)]),
         tp=plan.tp,

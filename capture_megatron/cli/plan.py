@@ -27,7 +27,7 @@ from capture_megatron.config.training import NOT_ADAM
 from capture_megatron.errors import CaptureError
 from capture_megatron.megatron import flags, megatron_lm
 from capture_megatron.plan import PlanOptions, PlanResult, model_notes, plan
-from capture_megatron.plan.window import window_problem
+from capture_megatron.plan.window import latent_problem, window_problem
 
 
 def build_parser(prog: str = "capture-megatron plan") -> flags.FlagParser:
@@ -49,8 +49,10 @@ def _check_window(
 
     kernels, space = options.kernels, options.space
     kind = kernel_set(default_device(device), kernels)
-    problem = window_problem(shape, kind, kernels) or context_problem(
-        space.cp, space.cp_comm_type, kind, kernels
+    problem = (
+        window_problem(shape, kind, kernels)
+        or latent_problem(shape, kind, kernels, max(space.cp or (1,)))
+        or context_problem(space.cp, space.cp_comm_type, kind, kernels)
     )
     if problem:
         raise CaptureError(problem + ".")

@@ -51,6 +51,8 @@ def print_plan(result: PlanResult) -> None:
         )
     for line in legend(result):
         print(f"  {line}")
+    if result.on_gpu:
+        print(step_line(result))
     for i, line in enumerate(result.reasoning):
         print(("why: " if i == 0 else "  ") + line)
     _print_stages(result, unit, uname)
@@ -74,7 +76,10 @@ def legend(result: PlanResult) -> list[str]:
             f"need = peak{calibrated} + allocator reserve ({100 * m.reserve_fraction:g}%) + "
             f"CUDA context and NCCL ({m.context_bytes / GIB:g} GiB)"
         )
-        step = "step s: the cost model's estimate per optimizer step (--mfu), to rank plans"
+        step = (
+            "step s: the step-time model's estimate per optimizer step on the --gpu-type "
+            "(docs/STEP_TIME.md), to rank plans"
+        )
     fits = f"need <= {memory}" if result.cluster.gpu_memory_bytes else "- (no --gpu-memory-gib)"
     peak = "predicted peak of allocated memory on the worst pipeline rank"
     if result.routing is not None:
@@ -87,6 +92,17 @@ def legend(result: PlanResult) -> list[str]:
         "rank, mbs micro-batch size; layout: --pipeline-model-parallel-layout (E embedding, "
         "t layer, L output layer, | between stages)",
     ]
+
+
+def step_line(result: PlanResult) -> str:
+    """The chosen plan's estimated step: seconds, tokens/s/GPU, model TFLOP/s/GPU and MFU."""
+    st, hw = result.step, result.cost.hardware
+    return (
+        f"estimated step: {st.seconds:.3f} s on {hw.name} ({hw.peak_flops / 1e12:.0f} TFLOP/s "
+        f"dense bf16): {st.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, {st.tflops_per_gpu:.0f} model "
+        f"TFLOP/s/GPU (MFU {st.mfu:.1%}); pipeline bubble {st.bubble:.3f} s, data-parallel "
+        f"communication left exposed {st.data_parallel:.3f} s, optimizer {st.optimizer:.3f} s"
+    )
 
 
 def _memory(nbytes: int) -> str:
@@ -126,8 +142,8 @@ def _print_stages(result: PlanResult, unit: float, uname: str) -> None:
         "  in flight: micro-batches alive per chunk at the peak; activations: what they hold, "
         "the running one included (its saved tensors so far; with full recompute the layers "
         "recomputed for its backward); transient: the running forward / backward / step's "
-        "temporaries beyond that; other: Megatron's global buffers, GPU workspaces and the MoE "
-        "dispatchers' routing state"
+        "temporaries beyond that; other: Megatron's global buffers, GPU workspaces, the MoE "
+        "dispatchers' routing state and MLA's rotary tables"
     )
 
 

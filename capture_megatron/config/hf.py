@@ -25,6 +25,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from capture_megatron.config.attention import attention_parameters
 from capture_megatron.config.hf_fields import activation, rope
 from capture_megatron.config.hf_moe import MOE_TYPES, expert_parameters, experts_of
 from capture_megatron.config.model import ModelShape
@@ -138,19 +139,20 @@ class HfModel:
 
 def parameter_count(shape: ModelShape) -> int:
     """Parameters of the model megatron-core builds for `shape`, with the unpadded vocabulary
-    (Megatron's padding adds rows; see ModelShape.padded_vocab)."""
-    h, d, f = shape.hidden_size, shape.head_dim, shape.ffn
-    heads, groups, gate = shape.num_attention_heads, shape.groups, 2 if shape.gated else 1
+    (Megatron's padding adds rows; see ModelShape.padded_vocab), its multi-token prediction layers
+    included (their shared embedding and output layer counted once)."""
+    h, f, gate = shape.hidden_size, shape.ffn, 2 if shape.gated else 1
     bias, norm = shape.add_bias_linear, 2 if shape.normalization == "LayerNorm" else 1
-    qkv = (heads + 2 * groups) * d
-    layer = h * qkv + heads * d * h + gate * h * f + f * h + 2 * norm * h
-    layer += qkv if bias or shape.add_qkv_bias else 0
-    layer += (h + gate * f + h) if bias else 0
+    layer = attention_parameters(shape) + gate * h * f + f * h + 2 * norm * h
+    layer += (gate * f + h) if bias else 0
     vocab = shape.vocab_size * h * (2 if shape.untie_embeddings_and_output_weights else 1)
     learned = shape.max_positions * h if shape.position_embedding_type != "rope" else 0
     moe_mlp, dense_mlp = expert_parameters(shape) if shape.moe.enabled else (0, 0)
     moe = sum(shape.moe_layers) * (moe_mlp - dense_mlp)
-    return shape.num_layers * layer + moe + vocab + learned + norm * h
+    # each MTP layer: enorm, hnorm, eh_proj [2h -> h], the decoder's last layer, a final norm
+    last = layer + (moe_mlp - dense_mlp if shape.moe.enabled and shape.moe_layers[-1] else 0)
+    mtp = shape.mtp_num_layers * (last + 2 * h * h + 3 * norm * h)
+    return shape.num_layers * layer + moe + vocab + learned + norm * h + mtp
 
 
 def _config_path(path: str) -> str:

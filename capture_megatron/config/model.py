@@ -167,7 +167,21 @@ class ModelShape(JsonMixin):
             p.append(f"--mtp-num-layers {self.mtp_num_layers} must be >= 0")
         if self.qk_layernorm and self.qk_l2_norm:
             p.append("--qk-layernorm and --qk-l2-norm are two query/key norms: give one")
-        return p + self._moe_problems()
+        return p + self._latent_problems() + self._moe_problems()
+
+    def _latent_problems(self) -> list[str]:
+        """What megatron-core 0.16.1 refuses of multi-latent attention (Megatron-LM's asserts)."""
+        if not self.mla.enabled:
+            return []
+        p = []
+        if self.num_query_groups and self.num_query_groups != self.num_attention_heads:
+            p.append(
+                "--multi-latent-attention with --group-query-attention: Megatron-LM makes them "
+                "mutually exclusive"
+            )
+        if self.qk_l2_norm:
+            p.append("--qk-l2-norm is not supported with multi-latent attention (megatron-core)")
+        return p
 
     def _moe_problems(self) -> list[str]:
         if not self.moe.enabled:
@@ -179,19 +193,10 @@ class ModelShape(JsonMixin):
         return []
 
     @property
-    def unmodelled_features(self) -> tuple[str, ...]:
-        """Architecture features this model uses that the memory model and the builder do not
-        cover yet (each a flag name; empty when everything is modelled)."""
-        out = []
-        if self.qk_layernorm:
-            out.append("--qk-layernorm")
-        if self.qk_l2_norm:
-            out.append("--qk-l2-norm")
-        if self.mla.enabled:
-            out.append("--multi-latent-attention")
-        if self.mtp_num_layers:
-            out.append("--mtp-num-layers")
-        return tuple(out)
+    def qk_norm(self) -> str:
+        """The norm on each query and key head: 'layernorm' (--qk-layernorm: --normalization's
+        kind; with MLA the norms of the query and key/value latents), 'l2' (--qk-l2-norm) or ''."""
+        return "layernorm" if self.qk_layernorm else ("l2" if self.qk_l2_norm else "")
 
     @property
     def ffn(self) -> int:
@@ -237,12 +242,3 @@ class ModelShape(JsonMixin):
     def replace(self, **changes: Any) -> ModelShape:
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)
-
-
-def refuse_unmodelled(shape: ModelShape) -> None:
-    """CaptureError naming the model's architecture features that are not modelled yet."""
-    if shape.unmodelled_features:
-        raise CaptureError(
-            f"{', '.join(shape.unmodelled_features)}: this architecture feature is read but not "
-            "modelled yet, so no memory forecast or training run is made for it"
-        )

@@ -10,9 +10,11 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from capture_megatron.config.ddp import DdpOptions
 from capture_megatron.config.fields import flag
 from capture_megatron.config.layout import format_layout
 from capture_megatron.config.model import GIB, ModelShape
+from capture_megatron.config.mtp import mtp_problems
 from capture_megatron.errors import require
 from capture_megatron.serial import JsonMixin
 
@@ -98,6 +100,12 @@ class ParallelPlan(JsonMixin):
     microbatch_group_size: int = 0
     """Interleaved schedule: micro-batches per virtual stage in a row; 0 means PP
     (--microbatch-group-size-per-virtual-pipeline-stage)."""
+    mtp_layers: int = 0
+    """Multi-token prediction layers (the model's --mtp-num-layers), all on the last virtual stage
+    after its transformer layers, as Megatron places them ('m' in the layout)."""
+    ddp: DdpOptions = DdpOptions()
+    """Gradient buffers and optimizer state: precision, buckets, distributed-optimizer instances,
+    deferred output-layer weight gradients."""
 
     def __post_init__(self) -> None:
         p: list[str] = []
@@ -125,7 +133,12 @@ class ParallelPlan(JsonMixin):
             p.append(f"{len(self.recompute.num_layers)} recompute entries for pp {self.pp}")
         if self.vpp > 1 and self.pp == 1:
             p.append("virtual pipeline stages need PP > 1")
+        if self.mtp_layers < 0:
+            p.append(f"MTP layers {self.mtp_layers} must be >= 0")
         p += self._expert_problems()
+        p += self.ddp.plan_problems(
+            self.pp, self.vpp, self.dp * self.cp, self.expert_dp, self.distributed_optimizer
+        )
         require(p, "parallel plan")
 
     def _expert_problems(self) -> list[str]:
@@ -186,9 +199,9 @@ class ParallelPlan(JsonMixin):
 
     @property
     def layout(self) -> str:
-        """Megatron's --pipeline-model-parallel-layout for this partition (E, t, L; '|' between
+        """Megatron's --pipeline-model-parallel-layout for this partition (E, t, m, L; '|' between
         stages)."""
-        return format_layout(self.layers_per_stage)
+        return format_layout(self.layers_per_stage, self.mtp_layers)
 
     def replace(self, **changes: Any) -> ParallelPlan:
         """A copy with some fields changed (validated again)."""
@@ -251,7 +264,8 @@ def check_plan_fits_model(shape: ModelShape, plan: ParallelPlan) -> None:
                 p.append(
                     f"uniform recompute of {plan.recompute.layers_on(r)} does not divide {n} layers"
                 )
-    p += expert_problems(shape, plan) + context_problems(shape, plan)
+    p += expert_problems(shape, plan) + context_problems(shape, plan) + mtp_problems(shape, plan)
+    p += plan.ddp.dtype_problems(shape.dtype)
     require(p, "plan for this model")
 
 
@@ -333,7 +347,8 @@ class ParallelFlags:
     )
     """Virtual pipeline stages (model chunks) per pipeline rank."""
     pipeline_model_parallel_layout: str | None = flag("--pipeline-model-parallel-layout", None)
-    """Megatron's layout string (E, t, L; '|' between stages), e.g. from `capture-megatron plan`."""
+    """Megatron's layout string (E, t, m, L; '|' between stages), e.g. from `capture-megatron
+    plan`."""
     decoder_first_pipeline_num_layers: int | None = flag(
         "--decoder-first-pipeline-num-layers", None
     )

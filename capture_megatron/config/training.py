@@ -206,8 +206,6 @@ class RunOptions(JsonMixin):
     """gloo or nccl (--distributed-backend); default nccl on CUDA, gloo otherwise."""
     progress: bool = flag("--no-progress", True, negate=True, note="(capture-megatron)")
     """Show a progress bar on the console (off with --no-progress)."""
-    overlap_grad_reduce: bool = flag("--overlap-grad-reduce", False)
-    """Overlap DP gradient reduce-scatter/all-reduce with backward."""
     overlap_param_gather: bool = flag("--overlap-param-gather", False)
     """Overlap the distributed optimizer's param all-gather with forward."""
     exit_interval: int = flag("--exit-interval", 0)

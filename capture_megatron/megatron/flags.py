@@ -22,6 +22,7 @@ from capture_megatron.config import (
     BuildOptions,
     CheckpointOptions,
     DataOptions,
+    DdpOptions,
     Kernels,
     ModelShape,
     OptimOptions,
@@ -169,6 +170,7 @@ def add_kernel_flags(p: argparse.ArgumentParser, training: bool = False) -> None
 def add_parallel_flags(p: argparse.ArgumentParser) -> None:
     """Parallel sizes, batch and memory savers (ParallelFlags); unset values are None."""
     add_fields(p, ParallelFlags, "parallelism and batch (Megatron flags)", unset=True)
+    add_fields(p, DdpOptions, "gradient buffers and optimizer state (Megatron flags)")
 
 
 def add_training_flags(p: argparse.ArgumentParser, **defaults: Any) -> None:

@@ -37,7 +37,7 @@ IGNORED_PREFIXES = tuple(
 IGNORED = frozenset(
     """
     --rampup-batch-size
-    --accumulate-allreduce-grads-in-fp32 --adlr-autoresume --adlr-autoresume-interval
+    --adlr-autoresume --adlr-autoresume-interval
     --allow-ambiguous-pad-tokens --apply-layernorm-1p --apply-residual-connection-post-layernorm
     --apply-wd-to-qk-layernorm --auto-detect-ckpt-format --batch-invariant-mode
     --bert-embedder-type --bert-load --bert-no-binary-head --block-data-path --calc-ft-timeouts
@@ -83,7 +83,7 @@ IGNORED = frozenset(
     --use-legacy-static-engine --use-mcore-models --use-mp-args-from-checkpoint-args
     --use-one-sent-docs --use-persistent-ckpt-worker --use-pytorch-profiler
     --use-ring-exchange-p2p --use-sharp --use-tp-pp-dp-mapping --vocab-file
-    --warmup --wgrad-deferral-limit
+    --warmup
     --moe-router-num-groups --moe-router-group-topk --moe-router-topk-scaling-factor
     --moe-router-bias-update-rate --moe-token-drop-policy --moe-per-layer-logging
     --moe-router-enable-expert-bias
@@ -158,7 +158,7 @@ _REASONS = {
         --mamba-num-groups --mamba-num-heads --mamba-state-dim --mrope-section
         --no-clone-scatter-output-in-embedding --no-position-embedding --no-rope-freq --qk-clip
         --qk-clip-alpha --qk-clip-threshold --quick-geglu
-        --relative-attention-max-distance --relative-attention-num-buckets --rope-type
+        --relative-attention-max-distance --relative-attention-num-buckets
         --rotary-percent --spec --squared-relu --use-fused-weighted-squared-relu
         --use-rotary-position-embeddings --vocab-extra-ids --window-attn-skip-freq
     """,
@@ -170,9 +170,6 @@ _REASONS = {
     """,
     "delayed weight-gradient computation keeps activations longer, not modelled yet": """
         --delay-wgrad-compute
-    """,
-    "deferred embedding weight gradients keep activations longer, not modelled yet": """
-        --defer-embedding-wgrad-compute
     """,
     "distributed saved activations are not modelled yet": """
         --distribute-saved-activations
@@ -208,24 +205,8 @@ _REASONS = {
     "RL training steps are not modelled": """
         --perform-rl-step
     """,
-    "bf16 gradient buffers are not modelled yet": """
-        --grad-reduce-in-bf16
-    """,
     "fp16 cross entropy is not modelled yet": """
         --fp16-lm-cross-entropy
-    """,
-    "precision-aware optimizer state is not modelled yet": """
-        --exp-avg-dtype --exp-avg-sq-dtype --main-grads-dtype --main-params-dtype
-        --use-precision-aware-optimizer
-    """,
-    "several distributed-optimizer instances are not modelled yet": """
-        --num-distributed-optimizer-instances
-    """,
-    "gradient-buffer bucketing is not modelled yet": """
-        --ddp-bucket-size --ddp-num-buckets
-    """,
-    "gradient-buffer bucket padding is not modelled yet": """
-        --ddp-pad-buckets-for-high-nccl-busbw
     """,
     "give --attention-backend flash": """
         --use-flash-attn

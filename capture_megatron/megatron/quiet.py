@@ -56,6 +56,22 @@ SILENCED = (
         "megatron-core's distributed optimizer zeroes the .grad of its fp32 shard views (not "
         "leaves; its zero_grad says so: 'throws grad-access warning'); nothing a user can change",
     ),
+    Silenced(
+        r"apply_rope_fusion for multi-latent attention only supports training",
+        UserWarning,
+        r"megatron\.core\.transformer\.transformer_config",
+        "megatron-core's note that its fused MLA RoPE is experimental and for training; the "
+        "memory models and capture-megatron's runs are training, as Megatron-LM's default "
+        "(fused RoPE) asks",
+    ),
+    Silenced(
+        r"recompute_method == 'block' is not supported for MTP yet",
+        UserWarning,
+        r"megatron\.core\.transformer\.multi_token_prediction",
+        "repeated every micro-batch: under block recompute megatron-core keeps the MTP layers' "
+        "activations, which is what the memory model measures and the plan's notes say once "
+        "(plan/emit.py model_notes)",
+    ),
 )
 """Warnings silenced in every capture-megatron process that imports megatron-core."""
 

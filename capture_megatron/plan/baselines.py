@@ -23,7 +23,7 @@ from capture_megatron.config import Cluster, ModelShape, ParallelPlan, Recompute
 from capture_megatron.config.layout import first_last_split
 from capture_megatron.errors import CaptureError
 from capture_megatron.fit import MemoryModel
-from capture_megatron.plan.costmodel import Hardware
+from capture_megatron.plan.costmodel import CostModel
 from capture_megatron.plan.margins import Margins
 from capture_megatron.plan.partition import Partition, Score
 from capture_megatron.plan.search import evaluate_plan, split_score_fn, trim_recompute
@@ -162,7 +162,7 @@ def baselines_for(
     plan: ParallelPlan,
     cluster: Cluster | None = None,
     margins: Margins | None = None,
-    hw: Hardware = Hardware(),
+    hw: CostModel = CostModel(),
     given: bool = False,
     floor: int = 0,
 ) -> tuple[Baseline, ...]:
@@ -210,7 +210,7 @@ def _predicted(
     plan: ParallelPlan,
     cluster: Cluster,
     margins: Margins,
-    hw: Hardware,
+    hw: CostModel,
     setting: tuple[bool, int],
 ) -> Baseline:
     """The baseline split predicted at the plan's sizes and recompute (baseline_recompute;

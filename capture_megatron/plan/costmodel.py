@@ -1,40 +1,112 @@
-"""Estimated step time of a plan, to rank plans that fit (the `throughput` objective). Pure Python.
+"""Estimated step time of a plan, with the structure of a Megatron step (the `throughput`
+objective ranks plans by it; predict and plan print it). Pure Python, fast: the search calls it for
+every candidate.
 
-Per micro-batch and pipeline stage: transformer-layer FLOPs (forward 2 x matmul work + attention;
-backward twice that; full recompute adds a forward, selective recompute re-runs the attention core)
-at a stated fraction of peak FLOP/s, plus tensor-parallel all-reduces (4 per layer per micro-batch,
-ring over NVLink bandwidth; with SP reduce-scatter + all-gather of the same volume). MoE layers
-count the top-k routed experts' and the shared experts' FLOPs per token and the expert-parallel
-all-to-alls (every layer taken as an MoE layer). With context parallelism each rank computes and
-communicates for its s / CP tokens, plus TE's K/V ring (context_comm). The pipeline takes
-(m + (p - 1) / v) slowest-stage micro-batch times (the bubble (p - 1)/(m v)), plus pipeline sends
-and the data-parallel gradient all-reduce (over DP x CP; ring over the network bandwidth).
-Calibrate `efficiency` from measured step times (capture-megatron verify) for absolute numbers.
+Per pipeline rank and model chunk, one micro-batch's forward and backward (capture_megatron.plan.
+costparts: GEMMs at an efficiency that falls as the per-GPU matrices shrink, the attention core,
+memory-bound kernels, TP / CP / EP communication left exposed; full recompute re-runs a layer's
+forward, selective its attention core). The pipeline takes m x the slowest rank's micro-batch time
+plus the other ranks' share of the fill and drain (the bubble from the stages' real times; / v when
+interleaved), plus the pipeline sends it cannot overlap. Then the data-parallel gradient reduce
+(and the distributed optimizer's parameter all-gather): sized from the real parameter count in the
+gradient dtype, over NVLink or the network as Megatron places the ranks, hidden by the backward
+(forward) as --overlap-grad-reduce (--overlap-param-gather) say; and the optimizer step, bytes of
+parameters and state over HBM. The constants are fitted to published H100 step times
+(capture_megatron.plan.calibration, bench/step_time.py).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 from capture_megatron.config import ModelShape, ParallelPlan, dtype_bytes
+from capture_megatron.config.hardware import Hardware
+from capture_megatron.config.runtime import StepSettings
+from capture_megatron.plan import costparts as cp
+from capture_megatron.plan.calibration import Constants, fitted
 
 
 @dataclass(frozen=True)
-class Hardware:
-    """What the cost model assumes about the machines."""
+class CostModel:
+    """What the step-time estimate assumes: the hardware, the run's overlap settings, and the
+    model's constants (the shipped fit unless given)."""
 
-    peak_flops: float = 989e12
-    """Dense bf16 FLOP/s of one accelerator (H100 SXM: 989 TFLOP/s)."""
-    efficiency: float = 0.4
-    """Fraction of peak the matmuls reach (model FLOPs utilisation)."""
-    intra_node_bytes_per_s: float = 450e9
-    """NVLink bandwidth per GPU (TP collectives)."""
-    inter_node_bytes_per_s: float = 50e9
-    """Network bandwidth per GPU (DP and PP traffic)."""
+    hardware: Hardware = Hardware()
+    """The accelerator and its links (--gpu-type and overrides)."""
+    settings: StepSettings = StepSettings()
+    """Overlap and gradient precision of the run."""
+    constants: Constants = field(default_factory=fitted)
+    """Fitted constants (capture_megatron.plan.calibration)."""
+
+    @property
+    def setting(self) -> cp.Setting:
+        """The three together, as the pieces take them."""
+        return cp.Setting(self.hardware, self.settings, self.constants)
+
+
+@dataclass(frozen=True)
+class ChunkTime:
+    """One model chunk (virtual stage) on one pipeline rank, per micro-batch."""
+
+    pp_rank: int
+    """Pipeline rank holding the chunk."""
+    chunk: int
+    """Index of the chunk on that rank (0 .. vpp - 1)."""
+    layers: int
+    """Transformer layers in the chunk."""
+    forward: float
+    """Forward seconds (embedding / head included where the chunk holds them)."""
+    backward: float
+    """Backward seconds, recompute included."""
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """The estimate of one optimizer step, broken down."""
+
+    seconds: float
+    """Estimated seconds per optimizer step."""
+    chunks: tuple[ChunkTime, ...]
+    """Per-micro-batch time of every (pipeline rank, chunk), ranks in order."""
+    pipeline: float
+    """Forward and backward of every micro-batch, with the pipeline bubble."""
+    bubble: float
+    """The part of `pipeline` spent filling and draining (the stages' real times)."""
+    p2p: float
+    """Pipeline sends left exposed."""
+    data_parallel: float
+    """Gradient reduce and parameter all-gather left exposed (and the tied embedding's)."""
+    optimizer: float
+    """The optimizer step (memory-bound)."""
+    model_flops: float
+    """Model FLOPs of one step (forward + backward, no recompute; NVIDIA's MFU convention)."""
+    tokens: int
+    """Tokens per step (global batch x sequence)."""
+    gpus: int
+    """GPUs of the plan."""
+    peak_flops: float
+    """Dense bf16 FLOP/s of one GPU (the hardware's)."""
+
+    @property
+    def tokens_per_s_per_gpu(self) -> float:
+        """Training throughput per GPU."""
+        return self.tokens / self.seconds / self.gpus
+
+    @property
+    def tflops_per_gpu(self) -> float:
+        """Model TFLOP/s per GPU."""
+        return self.model_flops / self.seconds / self.gpus / 1e12
+
+    @property
+    def mfu(self) -> float:
+        """Model FLOPs utilisation: model FLOP/s per GPU over its peak."""
+        return self.model_flops / self.seconds / self.gpus / self.peak_flops
 
 
 def layer_forward_flops(shape: ModelShape, b: int) -> float:
-    """Forward FLOPs of one transformer layer for one micro-batch (whole layer, before TP split)."""
+    """Model forward FLOPs of one transformer layer for one micro-batch (whole layer, before TP
+    split; the attention core's full s x s, as NVIDIA counts model FLOPs)."""
     s, h, a, g, d, f = (
         shape.seq_length,
         shape.hidden_size,
@@ -54,62 +126,193 @@ def layer_forward_flops(shape: ModelShape, b: int) -> float:
     return qkv + proj + mlp + core
 
 
-def expert_comm(shape: ModelShape, plan: ParallelPlan, act_bytes: float, hw: Hardware) -> float:
-    """Seconds of one MoE layer's expert-parallel all-to-alls per micro-batch (dispatch and
-    combine, forward and backward: 4 x top-k copies of the tokens, the (ep - 1) / ep that leave the
-    rank; over NVLink while EP x TP stays in a node, else the network); 0 without EP."""
-    if not shape.moe.enabled or plan.ep == 1:
-        return 0.0
-    moved = 4 * shape.moe.moe_router_topk * act_bytes / plan.tp * (plan.ep - 1) / plan.ep
-    rate = hw.intra_node_bytes_per_s if plan.ep * plan.tp <= 8 else hw.inter_node_bytes_per_s
-    return moved / rate
+def model_flops(shape: ModelShape, sequences: int) -> float:
+    """Model FLOPs of forward + backward over `sequences` (3 x the forward; output layer
+    included)."""
+    head = 2 * shape.seq_length * shape.hidden_size * shape.padded_vocab(1)
+    return 3 * sequences * (shape.num_layers * layer_forward_flops(shape, 1) + head)
 
 
-def context_comm(shape: ModelShape, plan: ParallelPlan, hw: Hardware) -> float:
-    """Seconds of one layer's context-parallel ring per micro-batch (TE's p2p: K and V pass
-    cp - 1 times forward, K, V, dK and dV backward, each rank's s / cp tokens of the TP-local
-    query groups; taken as not overlapped; over NVLink while TP x CP stays in a node); 0 without
-    CP."""
-    if plan.cp == 1:
+def pipeline_seconds(rank_times: Sequence[float], microbatches: int, vpp: int = 1) -> float:
+    """Seconds of the forward and backward of `microbatches` micro-batches through pipeline ranks
+    whose per-micro-batch times (all their chunks) are `rank_times`: m x the slowest rank, plus
+    the others' fill and drain (1F1B's bubble (p - 1) t for equal stages; / vpp interleaved)."""
+    slowest = max(rank_times)
+    return microbatches * slowest + (sum(rank_times) - slowest) / vpp
+
+
+def _recomputed(plan: ParallelPlan, rank: int, chunk_layers: int) -> int:
+    """Layers of a chunk that full recompute re-runs."""
+    n = min(plan.recompute.layers_on(rank), chunk_layers)
+    return chunk_layers if n and plan.recompute.method == "uniform" else n
+
+
+def chunk_times(shape: ModelShape, plan: ParallelPlan, model: CostModel) -> tuple[ChunkTime, ...]:
+    """Per-micro-batch forward / backward seconds of every (pipeline rank, chunk) of the plan
+    (layer by layer: dense and MoE layers as the model places them)."""
+    s = model.setting
+    dense, moe = cp.layer_time(s, shape, plan), None
+    if shape.moe.enabled:
+        moe = cp.layer_time(s, shape, plan, moe=True)
+    pattern = shape.moe_layers if moe is not None else ()
+    head_f, head_b = cp.head_time(s, shape, plan)
+    last_stage = plan.pp * plan.vpp - 1
+    out = []
+    for r in range(plan.pp):
+        for v, (start, k) in enumerate(zip(plan.chunk_starts(r), plan.chunks_of(r))):
+            kinds = [moe if pattern and pattern[i] else dense for i in range(start, start + k)]
+            fwd = sum(x.forward for x in kinds if x is not None)
+            bwd = sum(x.backward for x in kinds if x is not None)
+            redo = _recomputed(plan, r, k)
+            bwd += sum(x.forward for x in kinds[:redo] if x is not None)
+            if plan.recompute.granularity == "selective":
+                bwd += sum(x.attention_forward for x in kinds if x is not None)
+            if v * plan.pp + r == last_stage:
+                fwd, bwd = fwd + head_f, bwd + head_b
+            fwd, bwd = fwd + s.k.chunk_overhead, bwd + s.k.chunk_overhead
+            out.append(ChunkTime(r, v, k, fwd, bwd))
+    return tuple(out)
+
+
+def _rank_params(shape: ModelShape, plan: ParallelPlan, rank: int) -> float:
+    """Parameters one GPU of pipeline rank `rank` holds (its layers, and the embedding / output
+    layer where its chunks hold them)."""
+    pattern = shape.moe_layers if shape.moe.enabled else ()
+    dense = cp.layer_params(shape, plan.tp)
+    moe = cp.layer_params(shape, plan.tp, True, plan.ep) if pattern else dense
+    total = 0.0
+    for start, k in zip(plan.chunk_starts(rank), plan.chunks_of(rank)):
+        total += sum(moe if pattern and pattern[i] else dense for i in range(start, start + k))
+    first, last = rank == 0, rank == plan.pp - 1
+    return total + cp.end_params(shape, plan.tp, first, last)
+
+
+def _p2p(shape: ModelShape, plan: ParallelPlan, model: CostModel) -> float:
+    """Exposed seconds of the pipeline's sends: each micro-batch's activation (its gradient
+    backward) crosses every stage boundary; the interleaved schedule overlaps them with compute
+    except along the fill and drain, the 1F1B schedule waits for each."""
+    p = plan.pp
+    if p == 1:
         return 0.0
-    kv = 2 * plan.micro_batch_size * shape.seq_length / plan.cp * shape.groups * shape.head_dim
-    moved = 3 * (plan.cp - 1) * kv * dtype_bytes(shape.dtype) / plan.tp
-    rate = hw.intra_node_bytes_per_s if plan.cp * plan.tp <= 8 else hw.inter_node_bytes_per_s
-    return moved / rate
+    s = model.setting
+    sp = plan.tp if plan.sequence_parallel else 1
+    nbytes = cp.tokens(shape, plan) / sp * shape.hidden_size * dtype_bytes(shape.dtype)
+    bw = s.hw.link_bytes_per_s(0, 2, plan.tp * plan.cp * plan.dp) * s.k.link_efficiency
+    hops = 2 * (p - 1)
+    if not (plan.vpp > 1 and model.settings.overlap_p2p_comm):
+        hops += 2 * plan.num_microbatches * plan.vpp
+    return hops * nbytes / bw
+
+
+def _data_parallel(
+    shape: ModelShape, plan: ParallelPlan, model: CostModel, params: float, fwd: float, bwd: float
+) -> float:
+    """Exposed seconds of a rank's gradient reduce over DP x CP (reduce-scatter with the
+    distributed optimizer, else all-reduce) of its `params` and the distributed optimizer's
+    parameter all-gather; overlapped ones hide behind the last micro-batch's backward `bwd` (the
+    first one's forward `fwd`) except dp_overlap_exposed of them."""
+    s, run = model.setting, model.settings
+    ranks = plan.dp * plan.cp
+    if ranks == 1:
+        return 0.0
+    bw = s.hw.link_bytes_per_s(0, ranks, plan.tp)
+    passes = 1 if plan.distributed_optimizer else 2
+    reduce = cp.ring(s, params * _grad_bytes(shape, plan), ranks, bw, passes)
+    gather = 0.0
+    if plan.distributed_optimizer:
+        gather = cp.ring(s, params * dtype_bytes(shape.dtype), ranks, bw)
+
+    def exposed(seconds: float, overlapped: bool, window: float) -> float:
+        floor = s.k.dp_overlap_exposed * seconds
+        return max(floor, seconds - window) if overlapped else seconds
+
+    return exposed(reduce, run.overlap_grad_reduce, bwd) + exposed(
+        gather, run.overlap_param_gather and plan.distributed_optimizer, fwd
+    )
+
+
+def _grad_bytes(shape: ModelShape, plan: ParallelPlan) -> int:
+    """Bytes per gradient element: the gradient buffers' dtype (Megatron-LM's rule: fp32 for bf16
+    runs unless --grad-reduce-in-bf16, ...; DdpOptions.grad_dtype)."""
+    return dtype_bytes(plan.ddp.grad_dtype(shape.dtype))
+
+
+def _optimizer(shape: ModelShape, plan: ParallelPlan, model: CostModel, params: float) -> float:
+    """Seconds of a rank's Adam step over its `params`: fp32 master weights and moments read and
+    written, gradients read (twice, with the norm for clipping), 16-bit weights written, the
+    gradient buffer zeroed; over its 1 / (DP x CP) share with the distributed optimizer."""
+    s, grad = model.setting, _grad_bytes(shape, plan)
+    owned = params / (plan.dp * plan.cp) if plan.distributed_optimizer else params
+    nbytes = owned * (24 + 2 * grad + dtype_bytes(shape.dtype)) + params * grad
+    return nbytes / (s.hw.hbm_bytes_per_s * s.k.memory_efficiency)
+
+
+def _tied_embedding(shape: ModelShape, plan: ParallelPlan, model: CostModel) -> float:
+    """The all-reduce of a tied embedding's gradient between the first and last stage."""
+    if plan.pp == 1 or shape.untie_embeddings_and_output_weights:
+        return 0.0
+    s = model.setting
+    nbytes = shape.padded_vocab(plan.tp) / plan.tp * shape.hidden_size * 4
+    bw = s.hw.link_bytes_per_s(0, 2, plan.tp * plan.cp * plan.dp * (plan.pp - 1))
+    return cp.ring(s, nbytes, 2, bw, passes=2)
+
+
+def step_time(shape: ModelShape, plan: ParallelPlan, model: CostModel | None = None) -> StepTime:
+    """The estimated optimizer step of `plan`, broken down (see the module docstring)."""
+    model = model or CostModel()
+    chunks = chunk_times(shape, plan, model)
+    fwd = [sum(c.forward for c in chunks if c.pp_rank == r) for r in range(plan.pp)]
+    bwd = [sum(c.backward for c in chunks if c.pp_rank == r) for r in range(plan.pp)]
+    params = [_rank_params(shape, plan, r) for r in range(plan.pp)]
+    per_rank = [f + b for f, b in zip(fwd, bwd)]
+    m = plan.num_microbatches
+    pipeline = pipeline_seconds(per_rank, m, plan.vpp)
+    dp = max(_data_parallel(shape, plan, model, n, f, b) for n, f, b in zip(params, fwd, bwd))
+    dp += _tied_embedding(shape, plan, model)
+    optimizer = max(_optimizer(shape, plan, model, n) for n in params)
+    p2p = _p2p(shape, plan, model)
+    return StepTime(
+        seconds=pipeline + p2p + dp + optimizer,
+        chunks=chunks,
+        pipeline=pipeline,
+        bubble=pipeline - m * max(per_rank),
+        p2p=p2p,
+        data_parallel=dp,
+        optimizer=optimizer,
+        model_flops=model_flops(shape, plan.global_batch_size),
+        tokens=plan.global_batch_size * shape.seq_length,
+        gpus=plan.world_size,
+        peak_flops=model.hardware.peak_flops,
+    )
 
 
 def step_seconds(
-    shape: ModelShape, plan: ParallelPlan, hw: Hardware = Hardware(), bound: bool = False
+    shape: ModelShape, plan: ParallelPlan, model: CostModel | None = None, bound: bool = False
 ) -> float:
     """Estimated seconds per optimizer step. With `bound`, a lower bound over every layout and
-    recompute setting of the plan's sizes: no recompute, and the slowest stage replaced by the mean
-    (the search uses it to stop once no unexplored plan can be faster)."""
-    b, t, p, v, m = plan.micro_batch_size, plan.tp, plan.pp, plan.vpp, plan.num_microbatches
-    rate, tokens = hw.peak_flops * hw.efficiency, shape.seq_length / plan.cp  # per CP rank
-    fwd = layer_forward_flops(shape, b) / t / plan.cp
-    core = 4 * b * shape.num_attention_heads * shape.seq_length**2 * shape.head_dim / t / plan.cp
-    act_bytes = b * tokens * shape.hidden_size * dtype_bytes(shape.dtype)
-    tp_comm = 0.0 if t == 1 else 4 * 2 * (t - 1) / t * act_bytes / hw.intra_node_bytes_per_s
-    tp_comm += expert_comm(shape, plan, act_bytes, hw) + context_comm(shape, plan, hw)
-    head = 3 * 2 * b * tokens * shape.hidden_size * shape.padded_vocab(t) / t / rate
-    if bound:
-        per_chunk = (shape.num_layers * (3 * fwd / rate + tp_comm) + head) / (p * v)
-    else:
-        stage_times = []
-        for r in range(p):
-            k = plan.layers_of(r)
-            n = min(plan.recompute.layers_on(r), k) if plan.recompute.granularity == "full" else 0
-            n = k if n and plan.recompute.method == "uniform" else n  # uniform recomputes all
-            extra = n * fwd + (k * core if plan.recompute.granularity == "selective" else 0.0)
-            compute = (3 * k * fwd + extra) / rate + k * tp_comm + (head if r == p - 1 else 0.0)
-            stage_times.append(compute / v)
-        per_chunk = max(stage_times)
-    pipeline = (m * v + p - 1) * per_chunk + (
-        2 * m * act_bytes / t / hw.inter_node_bytes_per_s if p > 1 else 0.0
+    recompute setting of the plan's sizes (the search uses it to stop once no unexplored plan can
+    be faster): no recompute, the pipeline of equal stages of the mean rank's micro-batch time
+    (pipeline_seconds grows with the slowest rank, which is no faster than the mean: m t + (p t -
+    t) / v >= (m + (p - 1) / v) x the mean), the data-parallel share that no overlap hides and the
+    optimizer step of the mean rank's parameters (the largest rank holds no fewer)."""
+    model = model or CostModel()
+    if not bound:
+        return step_time(shape, plan, model).seconds
+    s = model.setting
+    kinds = [cp.layer_time(s, shape, plan)]
+    if shape.moe.enabled:
+        kinds.append(cp.layer_time(s, shape, plan, moe=True))
+    pattern = shape.moe_layers if shape.moe.enabled else (False,) * shape.num_layers
+    work = sum(kinds[int(x)].forward + kinds[int(x)].backward for x in pattern)
+    work += sum(cp.head_time(s, shape, plan)) + 2 * plan.pp * plan.vpp * s.k.chunk_overhead
+    params = sum(cp.layer_params(shape, plan.tp, x, plan.ep) for x in pattern) + cp.end_params(
+        shape, plan.tp, True, True
     )
-    params = 12 * shape.hidden_size**2 * shape.num_layers / (t * p)
-    ranks = plan.dp * plan.cp  # megatron reduces gradients over DP x CP
-    dp_comm = (
-        0.0 if ranks == 1 else 2 * (ranks - 1) / ranks * params * 4 / hw.inter_node_bytes_per_s
+    params /= plan.pp
+    mean = work / plan.pp
+    return (
+        (plan.num_microbatches + (plan.pp - 1) / plan.vpp) * mean
+        + _p2p(shape, plan, model)
+        + _data_parallel(shape, plan, model, params, float("inf"), float("inf"))
+        + _optimizer(shape, plan, model, params)
     )
-    return pipeline + dp_comm

@@ -41,6 +41,7 @@ def plan_args(plan: ParallelPlan) -> list[str]:
         out.append("--sequence-parallel")
     if plan.distributed_optimizer:
         out.append("--use-distributed-optimizer")
+    out += to_flags(plan.ddp)
     rc = plan.recompute
     if rc.granularity == "selective":
         out += ["--recompute-granularity", "selective"]
@@ -123,7 +124,8 @@ def model_args(shape: ModelShape) -> list[str]:
 
 def feature_args(shape: ModelShape) -> list[str]:
     """The architecture flags beyond the sizes that differ from Megatron-LM's defaults: GeGLU,
-    QKV biases, norm epsilon, RoPE base and scaling, sliding window."""
+    QKV biases, norm epsilon, RoPE base and scaling, sliding window, query/key norms,
+    multi-latent attention, multi-token prediction."""
     out = ["--geglu"] if shape.geglu else []
     if shape.add_qkv_bias:
         out.append("--add-qkv-bias")
@@ -137,7 +139,11 @@ def feature_args(shape: ModelShape) -> list[str]:
         out += ["--rope-scaling-factor", repr(shape.rope_scaling_factor)]
     if shape.window_size:
         out += ["--window-size", ",".join(map(str, shape.window_size))]
-    return out
+    out += ["--qk-layernorm"] if shape.qk_layernorm else []
+    out += ["--qk-l2-norm"] if shape.qk_l2_norm else []
+    if shape.mtp_num_layers:
+        out += ["--mtp-num-layers", str(shape.mtp_num_layers)]
+    return out + to_flags(shape.mla)
 
 
 GEGLU_NOTE = (
@@ -150,8 +156,8 @@ GEGLU_NOTE = (
 
 
 def model_notes(shape: ModelShape) -> tuple[str, ...]:
-    """What the emitted model flags cannot do in stock Megatron-LM (core_v0.16.1), for the CLI to
-    print with them."""
+    """What the emitted model flags cannot do in stock Megatron-LM (core_v0.16.1), and where the
+    model's parts sit (MTP, MoE routing), for the CLI to print with them."""
     notes = [GEGLU_NOTE] if shape.geglu else []
     if shape.use_rope_scaling and shape.rope_scaling_factor != 8.0:
         notes.append(
@@ -159,6 +165,12 @@ def model_notes(shape: ModelShape) -> tuple[str, ...]:
             "pretrain_gpt.py (gpt_builders.py) passes --use-rope-scaling but not the factor to "
             "GPTModel, so it builds factor 8; capture-megatron's pretrain_gpt uses the factor "
             "(either way the memory is the same)"
+        )
+    if shape.mtp_num_layers:
+        notes.append(
+            f"multi-token prediction: its {shape.mtp_num_layers} layer(s) sit on the last "
+            "pipeline stage with a copy of the embedding, and megatron-core recomputes them only "
+            "under --recompute-method uniform (not modelled), never under block"
         )
     return tuple(notes) + routing_notes(shape)
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from capture_megatron.config import GIB, Cluster, ModelShape, ParallelPlan, Recompute
 from capture_megatron.errors import CaptureError
 from capture_megatron.fit import MemoryModel
-from capture_megatron.plan.costmodel import Hardware
+from capture_megatron.plan.costmodel import CostModel
 from capture_megatron.plan.emit import stock_recompute_count
 from capture_megatron.plan.margins import Margins
 from capture_megatron.plan.search import Evaluated, Space, balanced, evaluate_plan
@@ -35,7 +35,7 @@ class Context:
     """What the search could choose (one-element tuples: given on the command line)."""
     margins: Margins
     """The allocator / CUDA context margins."""
-    hw: Hardware
+    hw: CostModel
     """The cost model's hardware."""
     objective: str
     """min-peak, throughput or min-gpus; 'fixed' for a plan given whole (only predicted)."""
@@ -114,7 +114,8 @@ def plain_dp(shape: ModelShape, space: Space, p: ParallelPlan) -> ParallelPlan |
         return None
     n, gbs = p.world_size, p.global_batch_size
     mbs = p.micro_batch_size if gbs % (p.micro_batch_size * n) == 0 else 1
-    if gbs % (mbs * n):
+    distopt = n > 1 and True in space.distributed_optimizer
+    if gbs % (mbs * n) or space.ddp.plan_problems(1, 1, n, n, distopt):
         return None
     return ParallelPlan(
         tp=1,
@@ -123,7 +124,9 @@ def plain_dp(shape: ModelShape, space: Space, p: ParallelPlan) -> ParallelPlan |
         micro_batch_size=mbs,
         global_batch_size=gbs,
         layers_per_stage=(shape.num_layers,),
-        distributed_optimizer=n > 1 and True in space.distributed_optimizer,
+        distributed_optimizer=distopt,
+        ddp=space.ddp,
+        mtp_layers=p.mtp_layers,
     )
 
 

@@ -19,7 +19,7 @@ from capture_megatron.config.fields import flag
 from capture_megatron.errors import CaptureError
 from capture_megatron.fit import MemoryModel, ModelSource
 from capture_megatron.plan.baselines import baselines_for
-from capture_megatron.plan.costmodel import Hardware
+from capture_megatron.plan.costmodel import CostModel
 from capture_megatron.plan.explain import Context, plans_explained, reasoning, stock_alternative
 from capture_megatron.plan.margins import CONTEXT_GIB, RESERVE_FRACTION, Margins
 from capture_megatron.plan.result import ModelOrigin, PlanResult
@@ -33,7 +33,7 @@ from capture_megatron.plan.search import (
 )
 from capture_megatron.plan.space import Space, candidates
 from capture_megatron.plan.supply import Supply
-from capture_megatron.plan.window import window_problem
+from capture_megatron.plan.window import latent_problem, window_problem
 
 
 @dataclass(frozen=True)
@@ -59,8 +59,8 @@ class PlanOptions:
     """CUDA: memory per process outside the allocator (CUDA context, NCCL), in GiB (default: the
     3.9 GiB upper bound measured on a dense Megatron run; GPU_FIDELITY.md section 8). cuBLAS and
     TE workspaces are allocator memory and are in the forecast itself."""
-    mfu: float = flag("--mfu", 0.4)
-    """Cost model: the fraction of peak FLOP/s the matmuls reach."""
+    cost: CostModel = CostModel()
+    """The step-time model: hardware profile, the run's overlap settings, fitted constants."""
     space: Space = Space()
     """What the search may choose (a one-element tuple fixes a value)."""
     global_batch_size: int = 0
@@ -98,7 +98,7 @@ def plan(
         )
     shape = routed(shape, "planning")  # dropless MoE: plans fit at the forecast plus its margin
     supply = Supply(shape, memory)
-    hw, margins = Hardware(efficiency=options.mfu), options.margins(cluster)
+    hw, margins = options.cost, options.margins(cluster)
     if options.fixed is not None:
         model = supply.complete([options.fixed])
         fixed = evaluate_plan(model, shape, options.fixed, cluster, margins, hw)
@@ -132,13 +132,16 @@ def _result(
     MoE): their peaks shown at the forecast, the chosen plan's routing report, baselines at the
     forecast, the reasoning and stock alternative at the planning factor."""
     space = options.space
-    problem = window_problem(shape, model.kernels, options.kernels) or context_problem(
-        space.cp, space.cp_comm_type, model.kernels, options.kernels
+    problem = (
+        window_problem(shape, model.kernels, options.kernels)
+        or latent_problem(shape, model.kernels, options.kernels, max(space.cp or (1,)))
+        or context_problem(space.cp, space.cp_comm_type, model.kernels, options.kernels)
+        or space.ddp.kernel_problem(model.kernels, options.kernels.gradient_accumulation_fusion)
     )
     if problem:
         raise CaptureError(problem + ".")
     origin = ModelOrigin(model.device, model.kernels, model.versions)
-    hw, margins, space = Hardware(efficiency=options.mfu), options.margins(cluster), options.space
+    hw, margins, space = options.cost, options.margins(cluster), options.space
     objective = "fixed" if options.fixed is not None else options.objective
     given = options.fixed is not None or space.keeps_recompute
     floor = 1 if space.recompute == ("full",) else 0
@@ -159,6 +162,7 @@ def _result(
         stock_alternative=_shown(memory, shape, stock_alternative(ctx, ranked), ctx),
         margins=margins,
         routing=routing_report(memory, fore, ranked[0], shown[0], cluster, margins, hw),
+        cost=options.cost,
     )
 
 
@@ -181,7 +185,7 @@ class _Search:
     gbs: int
     space: Space
     margins: Margins
-    hw: Hardware
+    hw: CostModel
 
     def run(self, cluster: Cluster, objective: str, top: int) -> tuple[tuple[Evaluated, ...], int]:
         """(ranked plans, candidates considered) on `cluster`."""

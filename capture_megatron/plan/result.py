@@ -11,10 +11,12 @@ from typing import Any
 
 from capture_megatron import __version__
 from capture_megatron.config import Cluster, Kernels, ModelShape, ParallelPlan, Recompute
+from capture_megatron.config.ddp import DdpOptions
 from capture_megatron.config.kernels import VALIDATION
 from capture_megatron.config.layout import parse_layout
 from capture_megatron.errors import CaptureError
 from capture_megatron.plan.baselines import BASES, Baseline
+from capture_megatron.plan.costmodel import CostModel, StepTime, step_time
 from capture_megatron.plan.emit import flag_notes, kernel_args, model_args, plan_args
 from capture_megatron.plan.margins import Margins
 from capture_megatron.plan.routing import RoutingReport
@@ -71,6 +73,8 @@ class PlanResult:
     """The margins `needed` adds to a peak (allocator reserve, CUDA context)."""
     routing: RoutingReport | None = None
     """Dropless MoE: the routing factors and the chosen plan's peaks at each (None otherwise)."""
+    cost: CostModel = CostModel()
+    """The step-time model the plans were ranked with (hardware, overlap settings, constants)."""
 
     @property
     def best(self) -> Evaluated:
@@ -93,6 +97,40 @@ class PlanResult:
     def flag_notes(self) -> tuple[str, ...]:
         """What the chosen plan's megatron_args need beyond stock Megatron-LM (empty: nothing)."""
         return flag_notes(self.best.plan, self.kernels, self._gpu_kernels)
+
+    @property
+    def step(self) -> StepTime:
+        """The chosen plan's estimated step, broken down (throughput, MFU)."""
+        return step_time(self.shape, self.best.plan, self.cost)
+
+    def _step_entries(self) -> dict[str, Any]:
+        """The estimated step's JSON keys (null for CPU processes: the model describes GPUs)."""
+        if not self.on_gpu:
+            keys = ("estimated_tokens_per_s_per_gpu", "estimated_model_tflops_per_gpu")
+            return {
+                **dict.fromkeys(keys),
+                "estimated_mfu": None,
+                "hardware": None,
+                "step_time": None,
+            }
+        st = self.step
+        return {
+            "estimated_tokens_per_s_per_gpu": st.tokens_per_s_per_gpu,
+            "estimated_model_tflops_per_gpu": st.tflops_per_gpu,
+            "estimated_mfu": st.mfu,
+            "hardware": to_plain(self.cost.hardware),
+            "step_time": {
+                "seconds": st.seconds,
+                "pipeline_seconds": st.pipeline,
+                "bubble_seconds": st.bubble,
+                "p2p_seconds": st.p2p,
+                "data_parallel_seconds": st.data_parallel,
+                "optimizer_seconds": st.optimizer,
+                "model_flops": st.model_flops,
+                "settings": to_plain(self.cost.settings),
+                "constants": to_plain(self.cost.constants),
+            },
+        }
 
     @property
     def _gpu_kernels(self) -> bool:
@@ -122,6 +160,7 @@ class PlanResult:
             "reasoning": list(self.reasoning),
             "estimated_step_seconds": best.step_seconds if self.on_gpu else None,
             "moe_routing": self.routing.to_plain() if self.routing else None,
+            **self._step_entries(),
             "memory_model": to_plain(self.origin),
             "validation": VALIDATION.get(self.origin.device, "not validated"),
         }
@@ -204,6 +243,7 @@ def _plan_section(p: ParallelPlan) -> dict[str, Any]:
         "recompute": to_plain(p.recompute),
         "sequence_parallel": p.sequence_parallel,
         "distributed_optimizer": p.distributed_optimizer,
+        "ddp": to_plain(p.ddp),
     }
 
 
@@ -232,17 +272,18 @@ def read_plan(path: str) -> PlanFile:
         section = dict(data["plan"])
         layout = section.pop("layout")
         section["recompute"] = from_plain(Recompute, section["recompute"])
+        section["ddp"] = from_plain(DdpOptions, section.get("ddp", {}))
         section["layers_per_stage"] = tuple(section["layers_per_stage"])
         if section.get("etp") == section.get("tp"):
             section["etp"] = 0  # expert TP equal to TP is megatron's default: no flag
-        plan = ParallelPlan(**section)
         shape = from_plain(ModelShape, data["model"])
+        plan = ParallelPlan(**section, mtp_layers=shape.mtp_num_layers)
     except (KeyError, TypeError, ValueError) as err:
         raise CaptureError(
             f"--plan-json {path}: its plan is incomplete or invalid ({type(err).__name__}: "
             f"{str(err)[:120]}); write it again with `capture-megatron plan --json`"
         ) from None
-    if parse_layout(layout, plan.pp, shape.num_layers) != plan.layers_per_stage:
+    if parse_layout(layout, plan.pp, shape.num_layers, plan.mtp_layers) != plan.layers_per_stage:
         raise CaptureError(
             f"--plan-json {path}: layout {layout!r} does not match layers_per_stage "
             f"{list(plan.layers_per_stage)}"

@@ -16,7 +16,7 @@ from typing import Any
 
 from capture_megatron.config import GIB, Cluster, ModelShape, ParallelPlan
 from capture_megatron.fit import MemoryModel, ModelSource
-from capture_megatron.plan.costmodel import Hardware
+from capture_megatron.plan.costmodel import CostModel
 from capture_megatron.plan.margins import Margins
 from capture_megatron.plan.search import Evaluated, evaluate_plan
 from capture_megatron.plan.supply import Supply
@@ -98,7 +98,7 @@ def at_forecast(
     ranked: tuple[Evaluated, ...],
     cluster: Cluster,
     margins: Margins,
-    hw: Hardware,
+    hw: CostModel,
 ) -> tuple[Evaluated, ...]:
     """Each plan (evaluated at the planning factor) with its peaks at the forecast; what it needs
     and whether it fits stay those of the planning factor."""
@@ -120,7 +120,7 @@ def routing_report(
     forecast: Evaluated,
     cluster: Cluster,
     margins: Margins,
-    hw: Hardware,
+    hw: CostModel,
 ) -> RoutingReport | None:
     """The chosen plan's routing report (None without dropless experts): `planned` is its
     evaluation at the planning factor, `forecast` at the forecast."""

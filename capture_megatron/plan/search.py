@@ -20,7 +20,7 @@ from capture_megatron.config import Cluster, ModelShape, ParallelPlan, Recompute
 from capture_megatron.errors import CaptureError
 from capture_megatron.fit import MemoryModel
 from capture_megatron.plan.contiguous import contiguous_partition, descend
-from capture_megatron.plan.costmodel import Hardware, step_seconds
+from capture_megatron.plan.costmodel import CostModel, step_seconds
 from capture_megatron.plan.margins import Margins
 from capture_megatron.plan.partition import (
     LocatedPeak,
@@ -149,6 +149,20 @@ def _split(
     ).layers_per_stage
 
 
+def _mtp_last_layer(shape: ModelShape, split: tuple[int, ...], unit: int) -> tuple[int, ...]:
+    """`split` with a decoder layer (a unit of them) on the last stage when the model has MTP
+    layers and the split left it none: megatron-core then puts the decoder's final norm on the
+    stage holding the last decoder layer, which the memory model does not cover
+    (config.mtp.mtp_problems); the unit comes from the nearest stage before that has one."""
+    if not shape.mtp_num_layers or len(split) == 1 or split[-1]:
+        return split
+    layers = list(split)
+    donor = max(i for i, n in enumerate(layers) if n >= unit)
+    layers[donor] -= unit
+    layers[-1] += unit
+    return tuple(layers)
+
+
 def balanced(
     model: MemoryModel, shape: ModelShape, plan: ParallelPlan, keep_recompute: bool = False
 ) -> ParallelPlan:
@@ -159,7 +173,8 @@ def balanced(
     rc = plan.recompute
     uniform = keep_recompute and rc.granularity == "full" and rc.method == "uniform"
     unit = max(rc.num_layers) if uniform else 1
-    plan = replace(plan, layers_per_stage=_split(model, shape, plan, full, max(unit, 1)))
+    split = _split(model, shape, plan, full, max(unit, 1))
+    plan = replace(plan, layers_per_stage=_mtp_last_layer(shape, split, max(unit, 1)))
     if full:
         plan = replace(
             plan,
@@ -206,7 +221,7 @@ def evaluate_plan(
     plan: ParallelPlan,
     cluster: Cluster,
     margins: Margins,
-    hw: Hardware,
+    hw: CostModel,
 ) -> Evaluated:
     """Predict a fixed plan."""
     layers = layers_for(model, shape, plan)
@@ -241,7 +256,7 @@ def search(
     space: Space,
     objective: str,
     margins: Margins,
-    hw: Hardware = Hardware(),
+    hw: CostModel = CostModel(),
     top: int = 10,
 ) -> SearchResult:
     """Balance and predict the candidates; rank by the objective (fitting plans first).
@@ -300,7 +315,7 @@ def _fastest(
     cluster: Cluster,
     plans: list[ParallelPlan],
     margins: Margins,
-    hw: Hardware,
+    hw: CostModel,
     top: int,
     keep_recompute: bool,
     floor: int = 0,

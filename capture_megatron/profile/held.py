@@ -57,6 +57,19 @@ def routing_state_bytes(model, device_type: str) -> int:
     return _storages_bytes(held, params)
 
 
+def layer_buffer_bytes(model, device_type: str) -> int:
+    """Bytes of the registered module buffers of the model's transformer layers on `device_type`
+    (megatron-core's YarnRotaryEmbedding registers cos/sin tables of
+    original_max_position_embeddings rows in every MLA layer), storages counted once."""
+    held = [
+        b
+        for name, b in model.named_buffers()
+        if ".layers." in name and b.device.type == device_type
+    ]
+    params = {p.untyped_storage()._cdata for p in model.parameters()}
+    return _storages_bytes(held, params)
+
+
 def buffers_held(gpu: bool) -> tuple[BufferBytes, ...]:
     """Megatron's global memory buffers and, for the GPU kernel set, TE's dummy wgrad buffers."""
     from megatron.core import parallel_state as ps

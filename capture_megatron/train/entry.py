@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 
 from capture_megatron.config import TrainConfig
+from capture_megatron.config.mtp import checkpoint_problem
 from capture_megatron.errors import CaptureError
 from capture_megatron.megatron import flags, quiet
 from capture_megatron.megatron.args import data_options, train_config
@@ -45,6 +46,9 @@ def parse_config(argv: list[str], world_size: int) -> TrainConfig:
         vocab = tokenizer_vocab_size(data)
     cfg = train_config(ns, world_size, vocab)
     check_context_parallel(cfg)
+    unsavable = checkpoint_problem(cfg.shape, cfg.plan)
+    if unsavable and (cfg.checkpoint.save or cfg.checkpoint.load):
+        raise CaptureError(unsavable)
     return cfg
 
 

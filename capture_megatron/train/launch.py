@@ -46,8 +46,10 @@ def validate(nproc: int, train_args: list[str]) -> TrainConfig:
 
     if not torch.cuda.is_available():  # the ranks will train on the CPU kernel set
         from capture_megatron.megatron.moe import refuse_on_cpu
+        from capture_megatron.train.refusals import refuse_cpu_state
 
         refuse_on_cpu(cfg.shape)
+        refuse_cpu_state(cfg)
     if cfg.checkpoint.load:
         from capture_megatron.train.checkpoint import preflight
 

@@ -9,6 +9,7 @@ from capture_megatron.megatron import cpu_compat, moe
 from capture_megatron.megatron.quiet import kernels_line
 from capture_megatron.train.dist_env import DistEnv, init_distributed, is_logging_rank
 from capture_megatron.train.exit_signal import ExitSignal
+from capture_megatron.train.refusals import refuse_cpu_state
 from capture_megatron.train.report import MemoryReport, RankMemory
 
 
@@ -210,6 +211,13 @@ def _write_routing(cfg: TrainConfig, recorder, stats: list) -> None:
         print(f"wrote MoE routing statistics to {cfg.run.moe_routing_stats}", flush=True)
 
 
+def _refuse_on_cpu(cfg: TrainConfig, device: str) -> None:
+    """CaptureError for what the CPU kernel set cannot train (MoE kernels, optimizer state)."""
+    if device == "cpu":
+        moe.refuse_on_cpu(cfg.shape)
+        refuse_cpu_state(cfg)
+
+
 def run_training(cfg: TrainConfig, env: DistEnv) -> MemoryReport:
     """Train `cfg` on this rank; rank 0 writes cfg.run.memory_report. Returns the gathered
     report."""
@@ -222,8 +230,7 @@ def run_training(cfg: TrainConfig, env: DistEnv) -> MemoryReport:
     from capture_megatron.train.trainer import build_trainer, init_parallel_state
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cpu":
-        moe.refuse_on_cpu(cfg.shape)
+    _refuse_on_cpu(cfg, device)
     stop = ExitSignal(cfg.run.exit_signal) if cfg.run.exit_signal_handler else None
     init_distributed(env, cfg.run.distributed_backend)
     cpu_compat.apply("cpu")

@@ -86,6 +86,11 @@ CONFIGS = {
         [*PP4, *LLAMA, "--bf16", *SELECTIVE, *NOVPP],
         [*PP4, *LLAMA, "--bf16", *SELECTIVE],
     ),
+    # bf16 gradient buffers, and the fp32 copy of the shard the distributed optimizer steps
+    "pp2_dp2_distopt_bf16_grads": (
+        [*PP2DP2, *LLAMA, "--bf16", "--grad-reduce-in-bf16", *NONE, *NOVPP],
+        [*PP2DP2, *LLAMA, "--bf16", "--grad-reduce-in-bf16"],
+    ),
 }
 
 

@@ -18,7 +18,6 @@ import pytest
 
 BENCH = Path(__file__).parents[2] / "bench" / "conformance.py"
 NOT_MODELLED = (
-    "--multi-latent-attention",
     "--num-experts",
     "--expert-tensor-parallel-size",
 )

@@ -296,7 +296,7 @@ def test_old_json_without_the_new_fields_still_loads():
 
 @pytest.mark.slow
 def test_geglu_and_qkv_bias_build_the_counted_parameters():
-    from capture_megatron.profile.probe import model_shape as probe_model
+    from capture_megatron.profile.probed import model_shape as probe_model
     from capture_megatron.profile.session import run_probes
     from capture_megatron.records import Probe, ProbeShape
 

@@ -50,7 +50,6 @@ UNMODELLED = {
         "--context-parallel-size 2 --attention-backend unfused",
         "--attention-backend unfused is not modelled",
     ),
-    "mla": ("--multi-latent-attention", "--multi-latent-attention"),
     "fp8": ("--fp8-format hybrid", "--fp8-format hybrid"),
     "fsdp": ("--use-megatron-fsdp", "--use-megatron-fsdp"),
 }

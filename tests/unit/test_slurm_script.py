@@ -198,11 +198,17 @@ def test_launch_warns_in_the_script_when_the_run_outlasts_time():
         tp=8, pp=4, dp=4, micro_batch_size=1, global_batch_size=512, layers_per_stage=(8,) * 4
     )
     opts = SlurmOptions(nodes=16, sbatch="j.sh", time="02:00:00")
-    note = _time_note(shape, plan, opts, 2000)
+    ns = build_parser().parse_args(["--nodes", "16", "--sbatch", "j.sh", "--time", "02:00:00"])
+    note = _time_note(ns, shape, plan, opts, 2000)
     assert note.startswith("the cost model estimates") and "--time 02:00:00" in note
-    assert _time_note(shape, plan, opts, 10) == ""
+    assert "s per step on h100-sxm" in note  # the --gpu-type's profile, as plan / predict print
+    assert _time_note(ns, shape, plan, opts, 10) == ""
+    ns.gpu_type = "b200"  # a faster GPU: the same run fits the limit
+    assert _time_note(ns, shape, plan, opts, 1000) == ""
+    ns.gpu_type = "h100-sxm"
+    assert _time_note(ns, shape, plan, opts, 1000) != ""
     cpu = SlurmOptions(nodes=16, sbatch="j.sh", time="02:00:00", cpu=True)
-    assert _time_note(shape, plan, cpu, 2000) == ""  # the cost model describes GPUs
+    assert _time_note(ns, shape, plan, cpu, 2000) == ""  # the cost model describes GPUs
     text = _script(run=TrainRun(args=ARGS, tp=8, notes=(note,)))
     assert text.splitlines()[2].startswith("# WARNING: the cost model estimates")
     assert text.index("# WARNING") < text.index("#SBATCH")

@@ -7,8 +7,10 @@
   for Transformer Engine's fused RoPE (config.apply_rope_fusion);
 - megatron.core.fusions.fused_cross_entropy.calculate_gradients: with the buffer its compiled
   form allocates (capture_megatron.megatron.gpu.compiled);
-- apex's fused_weight_gradient_mlp_cuda and TE's get_dummy_wgrad in megatron's linear layers
-  (capture_megatron.megatron.gpu.linear).
+- apex's fused_weight_gradient_mlp_cuda and TE's get_dummy_wgrad in megatron's linear layers,
+  and TE's duplicated Linear where megatron's MLA module looks for TELinear
+  (capture_megatron.megatron.gpu.linear);
+- the Triton kernels of megatron's fused MLA RoPE (capture_megatron.megatron.gpu.rope).
 Never called on a real GPU or for CPU runs.
 """
 
@@ -22,7 +24,7 @@ def install() -> None:
     from megatron.core.models.common.embeddings import rope_utils
 
     from capture_megatron.megatron.gpu import compiled, linear
-    from capture_megatron.megatron.gpu.rope import fused_apply_rotary_pos_emb
+    from capture_megatron.megatron.gpu.rope import fused_apply_rotary_pos_emb, install_mla_rope
     from capture_megatron.megatron.gpu.softmax import extensions
 
     for name, module in extensions().items():
@@ -30,3 +32,4 @@ def install() -> None:
     rope_utils.fused_apply_rotary_pos_emb = fused_apply_rotary_pos_emb
     compiled.install()
     linear.install()
+    install_mla_rope()

@@ -119,12 +119,51 @@ def te_column_linear():
     from megatron.core.tensor_parallel.layers import ColumnParallelLinear
 
     class TEColumnParallelLinear(ColumnParallelLinear):
-        """ColumnParallelLinear whose sequence-parallel gathers are transient, as in TE."""
+        """ColumnParallelLinear whose sequence-parallel gathers are transient, as in TE; TE's
+        modules work on (and keep) a contiguous input (module/base.py prepare_forward: a copy of
+        a strided view such as MLA's key/value latent split from its rotary key)."""
 
         def _forward_impl(self, input, weight, *args, **kwargs):
-            return te_linear(input, weight, *args, **kwargs)
+            return te_linear(input.contiguous(), weight, *args, **kwargs)
 
     return TEColumnParallelLinear
+
+
+class DuplicatedLinear(torch.nn.Module):
+    """TE's Linear with parallel_mode 'duplicated' (megatron's TELinear; MLA's down-projections
+    in the TE spec): the whole [out, in] weight on every TP rank, no communication; it keeps its
+    input and the weight, and its backward allocates the input gradient and the weight gradient
+    (fused into main_grad with --gradient-accumulation-fusion) as megatron's linear function does
+    without TP. Under sequence parallelism each rank sees its own tokens, so the weight is marked
+    for the TP all-reduce of finalize_model_grads, as megatron's TELinear marks it."""
+
+    def __init__(self, input_size: int, output_size: int, *, config, init_method, bias: bool,
+                 skip_bias_add: bool = False, parallel_mode: str | None = "duplicated",
+                 **_unused):  # fmt: skip
+        super().__init__()
+        if bias or parallel_mode != "duplicated":
+            raise ValueError("the duplicated linear of the GPU kernel set has no bias")
+        self.config, self.skip_bias_add = config, skip_bias_add
+        device = torch.cuda.current_device()
+        self.weight = torch.nn.Parameter(
+            torch.empty(output_size, input_size, dtype=config.params_dtype, device=device)
+        )
+        if config.perform_initialization:
+            init_method(self.weight)
+        self.weight.allreduce = True  # type: ignore[attr-defined]
+        self.weight.sequence_parallel = config.sequence_parallel  # type: ignore[attr-defined]
+
+    def forward(self, x: torch.Tensor):
+        """(x W^T, None)."""
+        from megatron.core.tensor_parallel.layers import (
+            linear_with_grad_accumulation_and_async_allreduce,
+        )
+
+        fused = self.config.gradient_accumulation_fusion
+        out = linear_with_grad_accumulation_and_async_allreduce(
+            x.contiguous(), self.weight, None, fused, False, False
+        )
+        return out, None
 
 
 def install() -> None:
@@ -138,3 +177,7 @@ def install() -> None:
     layers._grad_accum_fusion_available = True
     layers.HAVE_TE = True
     layers.get_dummy_wgrad = dummy_wgrad
+    from megatron.core.transformer import multi_latent_attention
+
+    multi_latent_attention.TELinear = DuplicatedLinear  # its spec check: a duplicated linear
+    multi_latent_attention.HAVE_TE = False  # TE's fp8 input-saving switch does not apply

@@ -18,7 +18,8 @@ from capture_megatron.config import Kernels
 
 def gpu_layer_spec(spec, kernels: Kernels, local_norm):
     """megatron's local ModuleSpec `spec` with the kernel set's modules."""
-    from capture_megatron.megatron.gpu.linear import te_column_linear
+    from capture_megatron.megatron.attention import attention_norms
+    from capture_megatron.megatron.gpu.compiled import CompiledL2Norm
     from capture_megatron.megatron.gpu.select import core_attention
 
     te = kernels.transformer_impl == "transformer_engine"
@@ -27,16 +28,37 @@ def gpu_layer_spec(spec, kernels: Kernels, local_norm):
     attn, mlp = layer.self_attention, layer.mlp
     attn_parts = dataclasses.replace(attn.submodules, core_attention=core_attention(kernels))
     if te:
-        attn_parts = dataclasses.replace(attn_parts, linear_qkv=te_column_linear())
+        attn_parts = _te_projections(attn_parts)
         mlp = moe_spec(mlp) if hasattr(mlp.submodules, "experts") else _te_fc1(mlp)
+    attn = dataclasses.replace(attn, submodules=attn_parts)
     layer = dataclasses.replace(
         layer,
         input_layernorm=norm,
         pre_mlp_layernorm=norm,
-        self_attention=dataclasses.replace(attn, submodules=attn_parts),
+        self_attention=attention_norms(attn, norm, CompiledL2Norm),
         mlp=mlp,
     )
     return dataclasses.replace(spec, submodules=layer)
+
+
+def _te_projections(parts):
+    """Self-attention submodules with TE's projections: linear_qkv as TE's LayerNormLinear; for
+    multi-latent attention (TE spec: get_gpt_layer_with_transformer_engine_spec) the down-
+    projections as TE's duplicated Linear (megatron's TELinear, the whole weight on every TP
+    rank) and the up-projections (or the direct query projection) column-parallel, gathering
+    as TE's do; their latent norms (--qk-layernorm) become TE norms with the other norms."""
+    from capture_megatron.megatron.gpu.linear import DuplicatedLinear, te_column_linear
+
+    if not hasattr(parts, "linear_kv_down_proj"):
+        return dataclasses.replace(parts, linear_qkv=te_column_linear())
+    return dataclasses.replace(
+        parts,
+        linear_q_proj=te_column_linear(),
+        linear_q_down_proj=DuplicatedLinear,
+        linear_q_up_proj=te_column_linear(),
+        linear_kv_down_proj=DuplicatedLinear,
+        linear_kv_up_proj=te_column_linear(),
+    )
 
 
 def _te_fc1(mlp):
