@@ -45,8 +45,9 @@ class ExpertsProbe(JsonMixin):
     """Expert tensor-parallel size."""
     bound: str
     """exact (capacity-padded routing: the bytes are exact), capacity (the capacity factor caps
-    the tokens), imbalance (the user's --moe-imbalance-factor) or worst (every token of the
-    expert's ranks routed to it)."""
+    the tokens), imbalance (dropless routing at a factor below the worst case: the forecast, its
+    planning margin or the user's --moe-imbalance-factor) or worst (every token of the expert's
+    ranks routed to it)."""
 
 
 @dataclass(frozen=True)

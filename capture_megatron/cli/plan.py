@@ -120,7 +120,8 @@ def plan_and_report(
         if getattr(ns, "sequence_parallel", False) and result.best.plan.tp == 1
         else ""
     )
-    notes = (*shape_notes, *model_notes(shape), *((sp_note,) if sp_note else ()))
+    routing = result.routing.notes() if result.routing else ()
+    notes = (*shape_notes, *model_notes(shape), *routing, *((sp_note,) if sp_note else ()))
     result = dataclasses.replace(result, ignored_flags=ignored, notes=notes)
     print_plan(result)
     if ns.json:

@@ -86,6 +86,7 @@ def _report(
                     "max_abs_error": worst,
                     "tolerance": ns.tolerance,
                     "device": report.device,
+                    "moe_routing": result.routing.to_plain() if result.routing else None,
                 },
                 f,
                 indent=1,

@@ -201,6 +201,10 @@ class RunOptions(JsonMixin):
     """Seed of weights, dropout and data order."""
     memory_report: str = flag("--memory-report", "", note="(capture-megatron)")
     """Write the per-rank MemoryReport JSON here."""
+    moe_routing_stats: str = flag("--moe-routing-stats", "", note="(capture-megatron)")
+    """Write the MoE routing statistics here: per step and MoE layer, the tokens each expert is
+    routed per sequence and the tokens each rank's experts receive (capture_megatron.train.routing;
+    JSON, gzip when the name ends in .gz)."""
     distributed_backend: str = flag("--distributed-backend", "", choices=("gloo", "nccl"))
     """gloo or nccl (--distributed-backend); default nccl on CUDA, gloo otherwise."""
     progress: bool = flag("--no-progress", True, negate=True, note="(capture-megatron)")
@@ -266,4 +270,12 @@ class TrainConfig:
                 "FP8 (Transformer Engine's FP8 GEMMs need a GPU with TE, and its build does not "
                 "set up FP8 parameters); `predict` and `plan` forecast FP8 runs on the GPU kernel "
                 "set: train them with Megatron-LM"
+            )
+        if self.run.moe_routing_stats and not self.shape.moe.enabled:
+            raise CaptureError("--moe-routing-stats needs a model with experts (--num-experts)")
+        if self.run.moe_routing_stats and self.plan.recompute.granularity == "full":
+            raise CaptureError(
+                "--moe-routing-stats with --recompute-granularity full: full recompute runs each "
+                "router again in the backward pass, which would count its tokens twice; record "
+                "routing without full recompute"
             )

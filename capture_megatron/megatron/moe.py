@@ -65,6 +65,7 @@ def config_fields(shape: ModelShape, plan: ParallelPlan) -> dict:
         "moe_router_score_function": moe.moe_router_score_function,
         "moe_router_pre_softmax": moe.moe_router_pre_softmax,
         "moe_router_dtype": moe.moe_router_dtype or None,
+        "moe_router_force_load_balancing": moe.moe_router_force_load_balancing,
         **sizes,
     }
 

@@ -176,31 +176,20 @@ def model_notes(shape: ModelShape) -> tuple[str, ...]:
 
 
 def routing_notes(shape: ModelShape) -> tuple[str, ...]:
-    """Which token counts the forecast of the MoE layers allows for (empty for a dense model)."""
+    """Which token counts the forecast of capacity-bounded MoE layers allows for (empty for a
+    dense model and for dropless routing, whose factors depend on the plan: PlanResult.routing
+    says them)."""
     moe = shape.moe
-    if not moe.enabled:
+    if not moe.enabled or moe.dropless:
         return ()
-    if moe.moe_expert_capacity_factor:
-        padded = moe.moe_pad_expert_input_to_capacity
-        return (
-            f"MoE routing: capacity factor {moe.moe_expert_capacity_factor:g}"
-            + (
-                ", padded: the expert bytes are exact"
-                if padded
-                else "; the forecast pads every expert to its capacity (a bound)"
-            ),
-        )
-    worst = moe.num_experts / moe.moe_router_topk
-    if moe.moe_imbalance_factor:
-        return (
-            f"MoE routing is dropless: the forecast is a bound, every expert receiving at most "
-            f"{min(moe.moe_imbalance_factor, worst):g} x its balanced share of tokens "
-            "(--moe-imbalance-factor)",
-        )
+    padded = moe.moe_pad_expert_input_to_capacity
     return (
-        f"MoE routing is dropless: the forecast is the worst case, every token of an expert's "
-        f"ranks routed to it ({worst:g} x its balanced share); give --moe-imbalance-factor F "
-        "for the bound you trust",
+        f"MoE routing: capacity factor {moe.moe_expert_capacity_factor:g}"
+        + (
+            ", padded: the expert bytes are exact"
+            if padded
+            else "; the forecast pads every expert to its capacity (a bound)"
+        ),
     )
 
 

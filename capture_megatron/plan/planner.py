@@ -26,6 +26,7 @@ from capture_megatron.plan.costmodel import CostModel
 from capture_megatron.plan.explain import Context, plans_explained, reasoning, stock_alternative
 from capture_megatron.plan.margins import CONTEXT_GIB, RESERVE_FRACTION, Margins
 from capture_megatron.plan.result import ModelOrigin, PlanResult
+from capture_megatron.plan.routing import at_forecast, routed, routing_report
 from capture_megatron.plan.search import (
     OBJECTIVES,
     Evaluated,
@@ -101,12 +102,13 @@ def plan(
         )
     if shape.moe.enabled and shape.moe.moe_token_dispatcher_type == "flex":
         raise CaptureError(FLEX_REFUSAL + ".")
+    shape = routed(shape, "planning")  # dropless MoE: plans fit at the forecast plus its margin
     supply = Supply(shape, memory)
     hw, margins = options.cost, options.margins(cluster, shape.hidden_size)
     if options.fixed is not None:
         model = supply.complete([options.fixed])
         fixed = evaluate_plan(model, shape, options.fixed, cluster, margins, hw)
-        return _result(model, shape, cluster, options, (fixed,), 1)
+        return _result(model, shape, cluster, options, (fixed,), 1, memory)
     if not cluster.gpu_memory_bytes:
         raise CaptureError("planning needs the usable memory per GPU: give --gpu-memory-gib")
     gbs = global_batch(options, cluster)
@@ -120,7 +122,7 @@ def plan(
         raise search_.no_fit(ranked[0])
     explained = plans_explained(shape, options.space, ranked[0].plan)
     model = supply.complete([e.plan for e in ranked] + explained)
-    return _result(model, shape, cluster, options, ranked, considered)
+    return _result(model, shape, cluster, options, ranked, considered, memory)
 
 
 def _result(
@@ -130,7 +132,11 @@ def _result(
     options: PlanOptions,
     ranked: tuple[Evaluated, ...],
     considered: int,
+    memory: MemoryModel | ModelSource,
 ) -> PlanResult:
+    """The PlanResult of plans evaluated at `shape`'s routing (the planning factor for dropless
+    MoE): their peaks shown at the forecast, the chosen plan's routing report, baselines at the
+    forecast, the reasoning and stock alternative at the planning factor."""
     space = options.space
     problem = (
         fp8_problem(model.kernels, options.kernels)
@@ -150,21 +156,34 @@ def _result(
     objective = "fixed" if options.fixed is not None else options.objective
     given = options.fixed is not None or space.keeps_recompute
     floor = 1 if space.recompute == ("full",) else 0
-    baselines = baselines_for(model, shape, ranked[0].plan, cluster, margins, hw, given, floor)
+    shown = at_forecast(memory, shape, ranked, cluster, margins, hw)
+    fore = routed(shape, "forecast")
+    fore_model = model if fore == shape else Supply(fore, memory).complete([shown[0].plan])
+    baselines = baselines_for(fore_model, fore, shown[0].plan, cluster, margins, hw, given, floor)
     ctx = Context(model, shape, cluster, space, margins, hw, objective)
     return PlanResult(
-        shape,
+        fore,
         cluster,
-        ranked,
+        shown,
         considered,
         baselines,
         origin,
         options.kernels,
-        reasoning=reasoning(ctx, ranked, considered),
-        stock_alternative=stock_alternative(ctx, ranked),
+        reasoning=reasoning(ctx, shown, considered),
+        stock_alternative=_shown(memory, shape, stock_alternative(ctx, ranked), ctx),
         margins=margins,
+        routing=routing_report(memory, fore, ranked[0], shown[0], cluster, margins, hw),
         cost=options.cost,
     )
+
+
+def _shown(
+    memory: MemoryModel | ModelSource, shape: ModelShape, e: Evaluated | None, ctx: Context
+) -> Evaluated | None:
+    """A plan evaluated at the planning factor, with its peaks at the forecast (None stays)."""
+    if e is None:
+        return None
+    return at_forecast(memory, shape, (e,), ctx.cluster, ctx.margins, ctx.hw)[0]
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from capture_megatron.plan.baselines import BASES, Baseline
 from capture_megatron.plan.costmodel import CostModel, StepTime, step_time
 from capture_megatron.plan.emit import flag_notes, kernel_args, model_args, plan_args
 from capture_megatron.plan.margins import Margins
+from capture_megatron.plan.routing import RoutingReport
 from capture_megatron.plan.search import Evaluated
 from capture_megatron.predict import StageMemory
 from capture_megatron.serial import from_plain, load_json, to_plain
@@ -70,6 +71,8 @@ class PlanResult:
     Megatron-LM runs (None when the plan's own flags are stock)."""
     margins: Margins = Margins()
     """The margins `needed` adds to a peak (allocator reserve, CUDA context)."""
+    routing: RoutingReport | None = None
+    """Dropless MoE: the routing factors and the chosen plan's peaks at each (None otherwise)."""
     cost: CostModel = CostModel()
     """The step-time model the plans were ranked with (hardware, overlap settings, constants)."""
 
@@ -156,6 +159,7 @@ class PlanResult:
             "notes": list(self.notes),
             "reasoning": list(self.reasoning),
             "estimated_step_seconds": best.step_seconds if self.on_gpu else None,
+            "moe_routing": self.routing.to_plain() if self.routing else None,
             **self._step_entries(),
             "memory_model": to_plain(self.origin),
             "validation": VALIDATION.get(self.origin.device, "not validated"),
