@@ -187,6 +187,7 @@ def main(argv: list[str]) -> int:
     opts = flags.from_namespace(SlurmOptions, ns)
     gpus = _job_gpus(ns, opts)
     ckpt = flags.from_namespace(CheckpointOptions, ns)
+    ckpt.require_trainable()
     run = _requeue_run(opts, flags.from_namespace(RunOptions, ns), ckpt, argv)
     shape, plan = _planned(ns, opts, gpus, argv)
     given_ckpt = dataclasses.replace(ckpt, load="") if opts.requeue else ckpt

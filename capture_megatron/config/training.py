@@ -181,12 +181,17 @@ class CheckpointOptions(JsonMixin):
                 "--override-opt_param-scheduler (this run's schedule) and "
                 "--use-checkpoint-opt_param-scheduler (the checkpoint's) contradict: give one"
             )
-        if self.ckpt_format != "torch_dist":
-            p.append(
-                f"--ckpt-format {self.ckpt_format}: capture-megatron saves and resumes "
-                "torch_dist checkpoints (megatron.core.dist_checkpointing) only"
-            )
         require(p, "checkpoint settings")
+
+    def require_trainable(self) -> None:
+        """Refuse, for training, a format capture-megatron cannot save or resume (predict and
+        plan accept every Megatron-LM format: it does not change training memory)."""
+        if self.ckpt_format != "torch_dist":
+            raise CaptureError(
+                f"--ckpt-format {self.ckpt_format}: capture-megatron saves and resumes "
+                "torch_dist checkpoints (megatron.core.dist_checkpointing) only; train with "
+                "--ckpt-format torch_dist (predict and plan accept every format)"
+            )
 
 
 @dataclass(frozen=True)
@@ -264,6 +269,7 @@ class TrainConfig:
     """Layer implementation and fused kernels (training: TE when importable on CUDA, else local)."""
 
     def __post_init__(self) -> None:
+        self.checkpoint.require_trainable()
         if self.kernels.fp8:
             raise CaptureError(
                 f"--fp8-format {self.kernels.fp8_format}: capture-megatron's training does not run "

@@ -169,11 +169,16 @@ PLANNED = {
     "Qwen3-235B-A22B-Instruct-2507": 256,
     "DeepSeek-V3": 1024,
 }
-"""Issue 26 must-show 3 (Moonlight-16B-A3B's config.json is not vendored here): GPUs of 80 GiB."""
+"""Issue 26 must-show 3 (Moonlight-16B-A3B's config.json is not vendored here): GPUs of 80 GiB.
+Each plans cold in minutes on 2 cores, so the whole set is bench/inputs.py --forecast --sets
+hf_configs's (bench/results/inputs.json); the test plans a dense model with query/key norms and
+a latent-attention MoE model."""
+TESTED = ("Qwen3-8B", "DeepSeek-V2-Lite")
+"""The two of PLANNED planned by the test (one per attention kind; under a minute each)."""
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(PLANNED))
+@pytest.mark.parametrize("name", TESTED)
 def test_todays_models_are_planned(name, tmp_path):
     argv = ["plan", "--hf-config", str(HF / f"{name}.json"), "--gpus", str(PLANNED[name])]
     argv += ["--gpu-memory-gib", "80", "--no-progress", "--json", str(tmp_path / "p.json")]

@@ -5,7 +5,11 @@ published config.json given to `plan --hf-config`, ends in a forecast or in one 
 (CaptureError, exit 2).
 
 Fast: the parse and refusal stage (bench/inputs.py's dry stage: everything before the first
-profile). Slow: the whole forecast, profiling on the spot (GPU kernel set, fake CUDA tensors)."""
+profile), every input and command. Slow: the whole `predict` forecast of every functional test and
+every launch line, profiling on the spot (GPU kernel set, fake CUDA tensors). The whole forecast of
+`plan` over the launch lines and the HF configs is bench/inputs.py --forecast's (minutes per large
+model: bench/results/inputs.json); tests/unit/test_paste.py and test_hf_today.py plan samples of
+them."""
 
 from __future__ import annotations
 
@@ -29,6 +33,8 @@ def _bench():
 
 INPUTS = _bench()
 ITEMS = INPUTS.corpus()
+PREDICTED = [i for i in ITEMS if i.command == "predict" and i.set != "hf_configs"]
+"""Every functional test and every launch line, given to `predict`."""
 
 
 def test_the_corpus_holds_every_input_set():
@@ -54,8 +60,8 @@ def test_every_input_is_refused_in_one_paragraph_or_goes_on_to_be_forecast(monke
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("item", ITEMS, ids=lambda i: f"{i.set}:{i.command}:{i.name}")
-def test_every_input_forecasts_or_is_refused(item, monkeypatch, tmp_path_factory):
+@pytest.mark.parametrize("item", PREDICTED, ids=lambda i: f"{i.set}:{i.command}:{i.name}")
+def test_every_launch_line_is_predicted_or_refused(item, monkeypatch, tmp_path_factory):
     cache = tmp_path_factory.getbasetemp() / "no-tracebacks-cache"  # shared by the cases
     monkeypatch.setenv("CAPTURE_MEGATRON_CACHE", str(cache))
     row = INPUTS.run(item, forecast=True)

@@ -97,3 +97,19 @@ def test_plan_file_sizes_must_be_integers(tmp_path, model_file):
         ParallelPlan(
             tp=2.0, pp=1, dp=1, micro_batch_size=1, global_batch_size=2, layers_per_stage=(4,)
         )
+
+
+@pytest.mark.parametrize("fmt", ["torch", "fsdp_dtensor"])
+def test_checkpoint_formats_are_predicted_and_refused_for_training(model_file, tmp_path, fmt):
+    """--ckpt-format does not change training memory: predict takes Megatron-LM's functional
+    tests that save torch / fsdp_dtensor checkpoints; only training, which saves torch_dist,
+    refuses them (one paragraph naming the flag)."""
+    from capture_megatron.config.training import CheckpointOptions
+
+    out = tmp_path / "p.json"
+    argv = [*BASE, "--memory-model", model_file, "--ckpt-format", fmt, "--json", str(out)]
+    assert predict_cli.main([*argv, "--tensor-model-parallel-size", "1"]) == 0
+    assert json.loads(out.read_text())["fits"] is True
+    with pytest.raises(CaptureError, match=f"--ckpt-format {fmt}: .*train with --ckpt-format"):
+        CheckpointOptions(ckpt_format=fmt).require_trainable()
+    CheckpointOptions().require_trainable()  # torch_dist
