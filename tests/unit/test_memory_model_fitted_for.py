@@ -73,7 +73,7 @@ def test_another_version_is_refused(model_file, tmp_path):
     model = full_model(SMALL)
     old = dataclasses.replace(model, versions=("0.0.1", *model.versions[1:]))
     with pytest.raises(CaptureError, match="was fitted by capture-megatron 0.0.1"):
-        check_fitted(old, SMALL, "m.json", "0.4.1")
+        check_fitted(old, SMALL, "m.json", "0.5.0")
     path = tmp_path / "old.json"
     write_model(old, str(path))
     with pytest.raises(CaptureError, match="fitted by capture-megatron 0.0.1 .*profile and fit"):
