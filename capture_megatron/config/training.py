@@ -269,7 +269,6 @@ class TrainConfig:
     """Layer implementation and fused kernels (training: TE when importable on CUDA, else local)."""
 
     def __post_init__(self) -> None:
-        self.checkpoint.require_trainable()
         if self.kernels.fp8:
             raise CaptureError(
                 f"--fp8-format {self.kernels.fp8_format}: capture-megatron's training does not run "
@@ -285,3 +284,4 @@ class TrainConfig:
                 "router again in the backward pass, which would count its tokens twice; record "
                 "routing without full recompute"
             )
+        self.checkpoint.require_trainable()
