@@ -235,7 +235,8 @@ def test_sixteen_nodes_of_eight_gpus_script(slurm_cluster, tmp_path):
         "--nnodes 16 --nproc-per-node 8",
         "--rdzv-backend c10d",
         "--container-image=nvcr.io/nvidia/pytorch:25.01-py3",
-        "--container-mounts=/lustre/data:/data,/lustre/ckpt:/ckpt --container-workdir=/ws",
+        "--container-mounts=/lustre/data:/data,/lustre/ckpt:/ckpt,",  # then this package, ro
+        ":ro --container-workdir=/ws",
         "--tensor-model-parallel-size 8",
         "--pipeline-model-parallel-size 4",
         "'Etttttttt|tttttttt|tttttttt|ttttttttL'",
