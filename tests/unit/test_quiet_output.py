@@ -6,6 +6,7 @@ tests/dist/test_quiet_train.py.)"""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -65,7 +66,7 @@ def test_a_cold_plan_prints_only_its_own_lines(tmp_path):
         env=dict(os.environ, OMP_NUM_THREADS="1", CAPTURE_MEGATRON_CACHE=str(tmp_path)),
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "profiling 58 probes on cpu" in done.stdout  # cold: the probes ran in this process
+    assert re.search(r"profiling \d+ probes on cpu", done.stdout)  # cold: the probes ran here
     assert "(memory model: cpu, kernels cpu)" in done.stdout
     assert done.stderr == "", done.stderr[-3000:]
     assert not [w for w in WARNED if w in done.stdout], done.stdout
