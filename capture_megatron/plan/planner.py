@@ -16,20 +16,21 @@ from dataclasses import dataclass
 from capture_megatron.config import GIB, Cluster, Kernels, ModelShape, ParallelPlan
 from capture_megatron.config.context import context_problem
 from capture_megatron.config.fields import flag
+from capture_megatron.config.kernels import kernel_set
 from capture_megatron.errors import CaptureError
 from capture_megatron.fit import MemoryModel, ModelSource
-from capture_megatron.plan.baselines import baselines_for
 from capture_megatron.plan.costmodel import CostModel
-from capture_megatron.plan.explain import Context, plans_explained, reasoning, stock_alternative
+from capture_megatron.plan.explain import (
+    Context,
+    not_below_baselines,
+    plans_explained,
+    reasoning,
+    stock_alternative,
+    trade,
+)
 from capture_megatron.plan.margins import CONTEXT_GIB, RESERVE_FRACTION, Margins
 from capture_megatron.plan.result import ModelOrigin, PlanResult
-from capture_megatron.plan.search import (
-    OBJECTIVES,
-    Evaluated,
-    evaluate_plan,
-    memory_dominated,
-    search,
-)
+from capture_megatron.plan.search import OBJECTIVES, Evaluated, evaluate_plan, search, undominated
 from capture_megatron.plan.space import Space, candidates
 from capture_megatron.plan.supply import Supply
 from capture_megatron.plan.window import window_problem
@@ -63,7 +64,7 @@ class PlanOptions:
     space: Space = Space()
     """What the search may choose (a one-element tuple fixes a value)."""
     global_batch_size: int = 0
-    """Sequences per optimizer step; 0: one micro-batch per GPU."""
+    """Sequences per optimizer step; 0: DEFAULT_GLOBAL_BATCH (whatever the GPU count)."""
     fixed: ParallelPlan | None = None
     """Predict this plan instead of searching."""
     calibration: float = 1.0
@@ -78,10 +79,48 @@ class PlanOptions:
         )
 
 
+DEFAULT_GLOBAL_BATCH = 512
+"""Sequences per step when --global-batch-size is not given: the global batch of NVIDIA's NeMo
+Llama 3 8B / 70B pretraining recipes (nemo/collections/llm/recipes/llama3_8b.py, llama3_70b.py).
+It does not depend on the GPU count: the batch decides the plan (its micro-batches set the
+pipeline bubble), so a default that grew with the GPUs would change the plan with them."""
+
+
 def global_batch(options: PlanOptions, cluster: Cluster) -> int:
-    """The global batch: given, or one (fixed, else single) micro-batch per GPU."""
+    """The global batch: given, else DEFAULT_GLOBAL_BATCH (rounded up to a multiple of a fixed
+    micro-batch size); the same on any number of GPUs."""
     mbs = options.space.micro_batch_size
-    return options.global_batch_size or max(cluster.gpus, 1) * (mbs[0] if len(mbs) == 1 else 1)
+    unit = mbs[0] if len(mbs) == 1 else 1
+    return options.global_batch_size or -(-DEFAULT_GLOBAL_BATCH // unit) * unit
+
+
+def batch_line(options: PlanOptions, gbs: int) -> str:
+    """What the output says of a global batch the user did not give ('' when given)."""
+    if options.global_batch_size:
+        return ""
+    return (
+        f"global batch {gbs} sequences: the default (NVIDIA's Llama 3 recipes' batch, the same on "
+        "any number of GPUs), not given with --global-batch-size; the batch decides the plan "
+        "(its micro-batches set the pipeline bubble): give yours"
+    )
+
+
+def searched_options(options: PlanOptions, cluster: Cluster) -> PlanOptions:
+    """The options a search runs with: on GPUs the free overlap flags on (--overlap-grad-reduce,
+    and --overlap-param-gather, which applies with the distributed optimizer: they hide
+    data-parallel communication behind the backward / forward and hold no extra memory), and
+    context parallelism searched only where the kernels run it (context_problem)."""
+    space, cost = options.space, options.cost
+    gpu = cluster.device != "cpu"
+    if gpu:
+        run = dataclasses.replace(
+            cost.settings, overlap_grad_reduce=True, overlap_param_gather=True
+        )
+        cost = dataclasses.replace(cost, settings=run)
+    kind = kernel_set("cuda" if gpu else "cpu", options.kernels)
+    if not space.cp and context_problem((2,), space.cp_comm_type, kind, options.kernels):
+        space = dataclasses.replace(space, cp=(1,))
+    return dataclasses.replace(options, cost=cost, space=space)
 
 
 def plan(
@@ -103,6 +142,8 @@ def plan(
         return _result(model, shape, cluster, options, (fixed,), 1)
     if not cluster.gpu_memory_bytes:
         raise CaptureError("planning needs the usable memory per GPU: give --gpu-memory-gib")
+    options = searched_options(options, cluster)
+    hw = options.cost
     gbs = global_batch(options, cluster)
     if not any(candidates(shape, cluster, gbs, options.space)):
         raise CaptureError(_why_no_candidate(shape, cluster, gbs, options.space))
@@ -127,17 +168,18 @@ def _result(
 ) -> PlanResult:
     space = options.space
     problem = window_problem(shape, model.kernels, options.kernels) or context_problem(
-        space.cp, space.cp_comm_type, model.kernels, options.kernels
+        tuple(e.plan.cp for e in ranked), space.cp_comm_type, model.kernels, options.kernels
     )
     if problem:
         raise CaptureError(problem + ".")
     origin = ModelOrigin(model.device, model.kernels, model.versions)
     hw, margins, space = options.cost, options.margins(cluster), options.space
     objective = "fixed" if options.fixed is not None else options.objective
-    given = options.fixed is not None or space.keeps_recompute
-    floor = 1 if space.recompute == ("full",) else 0
-    baselines = baselines_for(model, shape, ranked[0].plan, cluster, margins, hw, given, floor)
     ctx = Context(model, shape, cluster, space, margins, hw, objective)
+    ranked, baselines = not_below_baselines(ctx, ranked, options.fixed is not None)
+    lines = reasoning(ctx, ranked, considered) + trade(ctx, ranked[0], baselines)
+    if options.fixed is None:
+        lines += tuple(x for x in (batch_line(options, ranked[0].plan.global_batch_size),) if x)
     return PlanResult(
         shape,
         cluster,
@@ -146,7 +188,7 @@ def _result(
         baselines,
         origin,
         options.kernels,
-        reasoning=reasoning(ctx, ranked, considered),
+        reasoning=lines,
         stock_alternative=stock_alternative(ctx, ranked),
         margins=margins,
         cost=options.cost,
@@ -188,7 +230,8 @@ class _Search:
         found = self.smallest_fit(self.cluster.gpus)
         if found is None:
             raise self.no_fit(self.run(self.cluster, "min-peak", 1)[0][0])
-        return (found[1],), 1
+        # on the fewest GPUs, the fastest plan that fits (not the min-peak one that proved it)
+        return self.run(dataclasses.replace(self.cluster, gpus=found[0]), "throughput", top)
 
     def smallest_fit(self, limit: int) -> tuple[int, Evaluated] | None:
         """(gpus, plan) of the fewest GPUs up to `limit` on which some plan fits, else None."""
@@ -197,8 +240,7 @@ class _Search:
         self.supply.complete(  # every pair these min-peak searches need, in one round
             p
             for c in clusters
-            for p in candidates(self.shape, c, self.gbs, self.space)
-            if not memory_dominated(p, self.space)
+            for p in undominated(list(candidates(self.shape, c, self.gbs, self.space)))
         )
         for n in counts:
             ranked, _ = self.run(dataclasses.replace(self.cluster, gpus=n), "min-peak", 1)
