@@ -141,16 +141,21 @@ def _split(
 
 
 def balanced(
-    model: MemoryModel, shape: ModelShape, plan: ParallelPlan, keep_recompute: bool = False
+    model: MemoryModel,
+    shape: ModelShape,
+    plan: ParallelPlan,
+    keep_recompute: bool = False,
+    even: bool = False,
 ) -> ParallelPlan:
-    """The plan with its layers re-split by the min-max partition (_split; full recompute: every
-    layer of each chunk recomputed, block method, for the trimming that follows; unless
-    `keep_recompute`: the plan's own recompute is kept as given)."""
+    """The plan with its layers re-split by the min-max partition (_split; `even`: the candidate's
+    even split kept; full recompute: every layer of each chunk recomputed, block method, for the
+    trimming that follows; unless `keep_recompute`: the plan's own recompute is kept as given)."""
     full = plan.recompute.granularity == "full" and not keep_recompute
     rc = plan.recompute
     uniform = keep_recompute and rc.granularity == "full" and rc.method == "uniform"
     unit = max(rc.num_layers) if uniform else 1
-    plan = replace(plan, layers_per_stage=_split(model, shape, plan, full, max(unit, 1)))
+    if not even:
+        plan = replace(plan, layers_per_stage=_split(model, shape, plan, full, max(unit, 1)))
     if full:
         plan = replace(
             plan,

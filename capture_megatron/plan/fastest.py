@@ -1,18 +1,19 @@
 """The throughput objective's search: the fastest estimated step among plans that fit, by branch and
 bound over the candidates of the space. Pure Python.
 
-Candidates are visited in order of a lower bound on their step (costmodel.step_seconds(bound=
-True): no layout or recompute setting of their sizes is faster; refined by timed.least_step --
-whole layers, the output layer on the last rank -- before a candidate is split), and the search
-stops once `top` fitting plans are at least as fast as every bound left: the whole space is
-searched without evaluating most of it. A candidate is split by the time-aware partition
-(capture_megatron.plan.timed: the fastest layout that fits, each stage's full recompute the
-fewest layers that fit), and only when its lighter twins fit (memory dominance: the same sizes
-without interleaving, with the next smaller micro-batch, with full recompute of every layer; a
-twin that does not fit means no layout of the candidate fits). Where recompute is searched, full
-recompute with chosen counts covers no recompute (every count 0), so candidates without recompute
-are not split separately. Dense and MoE layers mixed keep the min-max memory split with trimmed
-recompute.
+Candidates are visited in order of a lower bound on their step (costmodel.step_seconds(bound=True):
+no layout or recompute setting of their sizes is faster; refined by ranktimes.least_step -- whole
+layers, the output layer on the last rank -- before a candidate is split), and the search stops once
+a fitting plan is at least as fast as every bound left: the whole space is searched without
+evaluating most of it (the other plans ranked are the fastest evaluated on the way). A candidate is
+split by the time-aware partition (capture_megatron.plan.timed: the fastest layout that fits, each
+stage's full recompute the fewest layers that fit), and only when its lighter twins fit (memory
+dominance: the same sizes without interleaving, with the next smaller micro-batch, with full
+recompute of every layer; a twin that does not fit means no layout of the candidate fits; nor is a
+candidate whose parameters, gradients and optimizer share alone exceed the memory,
+ranktimes.static_floor). Where recompute is searched, full recompute with chosen counts covers no
+recompute (every count 0), so candidates without recompute are not split separately. Dense and MoE
+layers mixed keep the min-max memory split with trimmed recompute.
 """
 
 from __future__ import annotations
@@ -32,8 +33,9 @@ from capture_megatron.plan.balance import (
 )
 from capture_megatron.plan.costmodel import CostModel, step_seconds
 from capture_megatron.plan.margins import Margins
+from capture_megatron.plan.ranktimes import least_step, static_floor
 from capture_megatron.plan.supply import Supply
-from capture_megatron.plan.timed import least_step, timed_split
+from capture_megatron.plan.timed import timed_split
 from capture_megatron.predict import mixed_layers
 
 
@@ -53,7 +55,7 @@ def _key(p: ParallelPlan) -> tuple:
 
 
 def fit_plan(
-    model: MemoryModel,
+    model_for: Callable[[list[ParallelPlan]], MemoryModel],
     shape: ModelShape,
     plan: ParallelPlan,
     cluster: Cluster,
@@ -63,20 +65,27 @@ def fit_plan(
     floor: int = 0,
 ) -> Evaluated:
     """A candidate split for time (timed_split; full recompute's counts chosen unless kept), or,
-    for dense and MoE layers mixed, uniform recompute given, or no split that fits, by the min-max
-    memory partition (recompute trimmed to the fewest layers that fit), and predicted."""
+    for dense and MoE layers mixed or uniform recompute given, by the min-max memory partition
+    (recompute trimmed to the fewest layers that fit), and predicted; when no split fits, its
+    even split with every layer recomputed (which does not fit either). `model_for(plans)`: a
+    memory model that predicts those plans (the variant without recompute is asked for only when
+    the chosen counts are all 0)."""
     rc = plan.recompute
     choose = rc.granularity == "full" and not keep_recompute
     uniform = rc.granularity == "full" and rc.method == "uniform"
-    cap = cluster.gpu_memory_bytes
+    cap, model = cluster.gpu_memory_bytes, model_for([plan])
     if not mixed_layers(shape) and not uniform:
         found = timed_split(model, shape, plan, cap, margins, hw, choose, floor)
-        if found is not None:
-            e = evaluate_plan(model, shape, found.plan, cluster, margins, hw)
-            if e.fits or not choose or found.plan.recompute.granularity == "full":
-                return replace(e, bound=found.bound)
-            # no recompute fits by the full variant's forecast but not by its own: keep one layer
-            return fit_plan(model, shape, plan, cluster, margins, hw, keep_recompute, 1)
+        if found is None:  # no split fits: the even one with every layer recomputed says so
+            every = balanced(model, shape, plan, keep_recompute, even=True)
+            return evaluate_plan(model, shape, every, cluster, margins, hw)
+        e = evaluate_plan(model_for([found.plan]), shape, found.plan, cluster, margins, hw)
+        if e.fits or not choose or found.plan.recompute.granularity == "full":
+            return replace(e, bound=found.bound)
+        # no recompute fits by the full variant's forecast but not by its own: keep one layer
+        return fit_plan(model_for, shape, plan, cluster, margins, hw, keep_recompute, 1)
+    if choose and not floor:
+        model = model_for([plan, replace(plan, recompute=Recompute())])
     fitted = balanced(model, shape, plan, keep_recompute)
     if not keep_recompute:
         fitted = trim_recompute(model, shape, fitted, cap, margins, floor)
@@ -129,28 +138,34 @@ def fastest(
     keep_recompute: bool,
     floor: int = 0,
 ) -> SearchResult:
-    """The branch and bound (module docstring): `top` fastest fitting plans, ranked."""
+    """The branch and bound (module docstring): the fastest fitting plan, proven, then the
+    fastest of the others evaluated on the way (up to `top` in all)."""
     if "full" in {p.recompute.granularity for p in plans} and not keep_recompute and not floor:
         plans = [p for p in plans if p.recompute.granularity != "none"]
     visit = _Visit(plans, lambda p: step_seconds(shape, p, hw, bound=True))
 
     def run(plan: ParallelPlan, i: int) -> Evaluated:
         if plan not in visit.done:
-            # full recompute may be trimmed to none: that plan's variant is predicted too
-            trimmed = replace(plan, recompute=Recompute())
-            may_trim = plan.recompute.granularity == "full" and not keep_recompute and not floor
-            model = supply.model_for([plan, trimmed] if may_trim else [plan], visit.upcoming(i))
+
+            def model_for(plans: list[ParallelPlan]) -> MemoryModel:
+                return supply.model_for(plans, visit.upcoming(i))
+
             visit.done[plan] = fit_plan(
-                model, shape, plan, cluster, margins, hw, keep_recompute, floor
+                model_for, shape, plan, cluster, margins, hw, keep_recompute, floor
             )
         return visit.done[plan]
 
     def fits(plan: ParallelPlan, i: int) -> bool:
-        """Whether every lighter twin (recursively) fits, and then the plan itself."""
+        """Whether the plan's static bytes can fit, every lighter twin (recursively) fits, and
+        then the plan itself."""
         if plan not in visit.viable:
-            twins = visit.twins(plan)
-            visit.viable[plan] = all(fits(t, i) for t in twins) and run(plan, i).fits
+            floor_bytes = margins.needed(static_floor(shape, plan))
+            ok = floor_bytes <= cluster.gpu_memory_bytes and all(fits(t, i) for t in twins(plan))
+            visit.viable[plan] = ok and run(plan, i).fits
         return visit.viable[plan]
+
+    def twins(plan: ParallelPlan) -> list[ParallelPlan]:
+        return visit.twins(plan)
 
     # in order of the cheap bound, each refined (whole layers, the head on the last rank) before
     # it is split; the search ends when the next bound is no better than the top-th plan found
@@ -159,7 +174,7 @@ def fastest(
     heapq.heapify(queue)
     while queue:
         bound, refined, i = heapq.heappop(queue)
-        if visit.fastest_known(top) <= bound:
+        if visit.fastest_known(1) <= bound:
             break
         plan = visit.order[i]
         if not refined:

@@ -151,6 +151,8 @@ def plan(
     supply.want(plans_explained(shape, options.space, first))  # plain DP, for the reasoning
     search_ = _Search(supply, shape, cluster, gbs, options.space, margins, hw)
     ranked, considered = search_.best(options.objective, options.top)
+    if not ranked:  # every candidate's static bytes alone exceed the memory
+        raise search_.no_fit(search_.run(cluster, "min-peak", 1)[0][0])
     if not ranked[0].fits:
         raise search_.no_fit(ranked[0])
     explained = plans_explained(shape, options.space, ranked[0].plan)
@@ -231,7 +233,8 @@ class _Search:
         if found is None:
             raise self.no_fit(self.run(self.cluster, "min-peak", 1)[0][0])
         # on the fewest GPUs, the fastest plan that fits (not the min-peak one that proved it)
-        return self.run(dataclasses.replace(self.cluster, gpus=found[0]), "throughput", top)
+        fastest = self.run(dataclasses.replace(self.cluster, gpus=found[0]), "throughput", top)
+        return fastest if fastest[0] and fastest[0][0].fits else ((found[1],), 1)
 
     def smallest_fit(self, limit: int) -> tuple[int, Evaluated] | None:
         """(gpus, plan) of the fewest GPUs up to `limit` on which some plan fits, else None."""

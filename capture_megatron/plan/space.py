@@ -25,8 +25,8 @@ class Space:
     """Virtual stages per pipeline rank; empty: every count the layers allow (PP x VPP virtual
     stages of at least one layer each on average, the interleaved schedule's micro-batch rule)."""
     micro_batch_size: tuple[int, ...] = ()
-    """Micro-batch sizes; empty: every size that divides the global batch over DP (memory stops
-    the search: a size whose next smaller twin does not fit is not tried)."""
+    """Micro-batch sizes; empty: every power of two that divides the global batch over DP (memory
+    stops the search: a size whose next smaller twin does not fit is not tried)."""
     recompute: tuple[str, ...] = ("none", "selective", "full")
     """Recompute granularities."""
     sequence_parallel: tuple[bool, ...] = (False, True)
@@ -154,11 +154,11 @@ def vpp_sizes(shape: ModelShape, pp: int, m: int, space: Space) -> tuple[int, ..
 
 
 def micro_batch_sizes(gbs: int, dp: int, space: Space) -> tuple[int, ...]:
-    """The micro-batch sizes of DP `dp`: those given, else every divisor of the global batch over
-    DP; only those dividing it either way."""
+    """The micro-batch sizes of DP `dp`: those given, else every power of two dividing the global
+    batch over DP (NVIDIA's recipes run 1, 2 and 4); only those dividing it either way."""
     if gbs % dp:
         return ()
-    allowed = space.micro_batch_size or tuple(_divisors(gbs // dp))
+    allowed = space.micro_batch_size or tuple(b for b in _divisors(gbs // dp) if b & (b - 1) == 0)
     return tuple(b for b in allowed if gbs % (b * dp) == 0)
 
 

@@ -20,7 +20,10 @@ from capture_megatron.predict import variants_of
 from capture_megatron.records import ProbeShape, Variant
 
 FIRST_BATCH = 4
-"""Pairs profiled in the first round of a lazy search (then 8, 16, ...)."""
+"""Pairs profiled in the first round of a lazy search (then 8, then LAST_BATCH)."""
+LAST_BATCH = 12
+"""The most pairs a round profiles beyond those asked for (upcoming candidates' pairs may never be
+needed: the search stops once its bound proves the fastest plan)."""
 
 Pair = tuple[Variant, ProbeShape]
 """A (variant, probe shape) pair of a memory model."""
@@ -92,5 +95,5 @@ class Supply:
         self.wanted = set()
         self.model = self.source(frozenset(self.have))
         self.rounds += 1
-        self.batch *= 2
+        self.batch = min(2 * self.batch, LAST_BATCH)
         return self.model

@@ -35,19 +35,12 @@ from dataclasses import dataclass, replace
 from capture_megatron.config import ModelShape, ParallelPlan, Recompute
 from capture_megatron.fit import MemoryModel
 from capture_megatron.plan import costparts as cp
-from capture_megatron.plan.costmodel import (
-    ROUNDING,
-    CostModel,
-    bound_parts,
-    chunk_seconds,
-    step_seconds,
-)
+from capture_megatron.plan.costmodel import CostModel, bound_parts, chunk_seconds, step_seconds
 from capture_megatron.plan.margins import Margins
 from capture_megatron.plan.partition import TIE
+from capture_megatron.plan.ranktimes import RankTimes, chunk_splits, lower_bound
 from capture_megatron.predict import layers_for, rank_memory
 
-EXACT_CHUNKS = 2
-"""Up to this many chunks per rank every chunk split is searched; beyond, the near-even ones."""
 MORE_BOTTLENECKS = 12
 """Bottlenecks above the least one tried at most (the bound covers the ones not tried)."""
 
@@ -79,81 +72,6 @@ class TimedSplit:
     bound: float
     """No split of the searched family with these sizes and recompute granularity that fits is
     estimated faster than this (seconds)."""
-
-
-def near_even(k: int, vpp: int) -> list[tuple[int, ...]]:
-    """The splits of k layers over vpp chunks differing by at most one layer: the extra layers on
-    the first chunks, or on the last."""
-    q, extra = divmod(k, vpp)
-    first = tuple(q + (v < extra) for v in range(vpp))
-    return list(dict.fromkeys((first, first[::-1])))
-
-
-def chunk_splits(k: int, vpp: int) -> list[tuple[int, ...]]:
-    """The chunk splits of k layers searched, narrowest first."""
-    if vpp == 1:
-        return [(k,)]
-    if vpp > EXACT_CHUNKS:
-        return near_even(k, vpp)
-    return sorted(((a, k - a) for a in range(k + 1)), key=lambda c: (max(c), c))
-
-
-class RankTimes:
-    """Per-micro-batch seconds of a pipeline rank holding some layers (costmodel.chunk_seconds),
-    for a plan's sizes and recompute granularity; no memory."""
-
-    def __init__(self, shape: ModelShape, plan: ParallelPlan, hw: CostModel) -> None:
-        self.shape, self.plan = shape, plan
-        s = hw.setting
-        self.layer = cp.layer_time(s, shape, plan)
-        self.head = cp.head_time(s, shape, plan)
-        self.overhead = s.k.chunk_overhead
-        selective = plan.recompute.granularity == "selective"
-        self.per_layer = (
-            self.layer.forward
-            + self.layer.backward
-            + (self.layer.attention_forward if selective else 0.0)
-        )
-        """A layer's forward and backward (selective recompute's attention again)."""
-
-    def fixed(self, rank: int) -> float:
-        """The rank's time beside its layers: the chunks' overhead, the output layer and loss."""
-        head = sum(self.head) if rank == self.plan.pp - 1 else 0.0
-        return 2 * self.plan.vpp * self.overhead + head
-
-    def unrecomputed(self, rank: int, k: int) -> float:
-        """The rank's least time for k layers: no full recompute."""
-        return k * self.per_layer + self.fixed(rank)
-
-    def held(self, rank: int, limit: float) -> int:
-        """The most layers the rank holds within `limit` seconds if memory were no bound."""
-        k = max(0, min(self.shape.num_layers, int((limit - self.fixed(rank)) / self.per_layer)))
-        while k > 0 and self.unrecomputed(rank, k) > limit:
-            k -= 1
-        while k < self.shape.num_layers and self.unrecomputed(rank, k + 1) <= limit:
-            k += 1
-        return k
-
-    def least_bottleneck(self) -> tuple[float, float]:
-        """(below, at): the least slowest-rank time of any split if memory were no bound lies
-        in (below, at], within TIE."""
-        pp, n = self.plan.pp, self.shape.num_layers
-        lo, hi = 0.0, max(self.unrecomputed(r, n) for r in range(pp))
-        for _ in range(200):
-            if hi - lo <= TIE * hi:
-                break
-            mid = (lo + hi) / 2
-            lo, hi = (lo, mid) if sum(self.held(r, mid) for r in range(pp)) >= n else (mid, hi)
-        return lo, hi
-
-
-def least_step(shape: ModelShape, plan: ParallelPlan, hw: CostModel) -> float:
-    """A lower bound on the step of any split and recompute of the plan's sizes (layers of one
-    kind): the least bottleneck without memory in the module docstring's bound. Tighter than
-    costmodel.step_seconds(bound=True) (whole layers; the output layer on the last rank)."""
-    parts = bound_parts(shape, plan, hw)
-    least = RankTimes(shape, plan, hw).least_bottleneck()[0]
-    return _lower((parts.work, parts.rest), plan.num_microbatches, plan.vpp, least)
 
 
 class _Ranks(RankTimes):
@@ -314,12 +232,6 @@ class _Ranks(RankTimes):
         return lo
 
 
-def _lower(parts: tuple[float, float], m: int, vpp: int, bottleneck: float) -> float:
-    """The least step of any split whose slowest rank takes `bottleneck` (module docstring);
-    `parts`: (W, rest)."""
-    return ((m - 1 / vpp) * bottleneck + parts[0] / vpp + parts[1]) * ROUNDING
-
-
 def _least_bottleneck(ranks: _Ranks, n: int) -> tuple[float, list[int]] | None:
     """(B*, each rank's capacity at B*): the least slowest-rank time of a split of n layers that
     fits, found upward from the least one without memory (each step raises the limit to the next
@@ -412,9 +324,9 @@ def timed_split(
         if best is None or found[:2] < best[:2]:
             best = found
         more = min(ranks.time(r, caps[r] + 1) for r in range(pp))
-        if more == float("inf") or _lower((parts.work, parts.rest), m, vpp, more) >= best[0]:
+        if more == float("inf") or lower_bound((parts.work, parts.rest), m, vpp, more) >= best[0]:
             break
         caps = [ranks.capacity(r, more * (1 + TIE), c) for r, c in enumerate(caps)]
     assert best is not None
-    lower = min(best[0], _lower((parts.work, parts.rest), m, vpp, bottleneck))
+    lower = min(best[0], lower_bound((parts.work, parts.rest), m, vpp, bottleneck))
     return TimedSplit(best[2], best[0], lower)

@@ -63,9 +63,7 @@ def _case(seed: int):
     device = DEVICES[seed % 2]
     shape = _shape(rng)
     gpus = rng.choice((1, 2, 4, 8, 16))
-    cluster = Cluster(
-        gpus=gpus, gpu_memory_bytes=int(rng.choice((2, 8, 80)) * GIB), device=device
-    )
+    cluster = Cluster(gpus=gpus, gpu_memory_bytes=int(rng.choice((2, 8, 80)) * GIB), device=device)
     options = PlanOptions(
         objective=rng.choice(("throughput", "min-peak", "min-gpus")),
         space=space_from(_given(rng)),

@@ -17,8 +17,9 @@ from capture_megatron.config import GIB, Cluster, ParallelPlan, Recompute
 from capture_megatron.plan.balance import balanced, evaluate_plan
 from capture_megatron.plan.costmodel import CostModel, step_seconds
 from capture_megatron.plan.margins import Margins
+from capture_megatron.plan.ranktimes import least_step
 from capture_megatron.plan.supply import needs_of
-from capture_megatron.plan.timed import least_step, timed_split
+from capture_megatron.plan.timed import timed_split
 from capture_megatron.predict import layers_for, rank_memory
 
 HW = CostModel()
