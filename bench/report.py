@@ -10,6 +10,7 @@ import os
 import platform
 
 from report_moe import moe_sections
+from report_planner import planner_sections
 from report_step_time import step_time_sections
 
 from capture_megatron.config import Kernels
@@ -315,6 +316,7 @@ def main() -> None:
         )
     text += moe_sections(ROOT)
     text += step_time_sections(ROOT)
+    text += planner_sections(ROOT)
     text += "\n## Predicted worst-rank peak at CAPTURE's sizes\n\n" + "\n".join(at) + "\n"
     text += (
         "\n## Each approach at its own best sizes (lowest peak over TP/PP/DP)\n\n"

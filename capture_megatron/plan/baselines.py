@@ -100,6 +100,8 @@ def megatron_first_last(num_layers: int, pp: int, vpp: int, score: Score) -> Bas
             split = first_last_split(num_layers, pp, vpp, first, last)
         except CaptureError:
             continue
+        if min(split) == 0:
+            continue  # an empty stage: Megatron refuses 0 for the ends; no middle stage either
         part = score(split)
         if best is None or part.peak < best[0].peak:
             best = (part, first, last)
