@@ -10,8 +10,8 @@ split by the time-aware partition (capture_megatron.plan.timed: the fastest layo
 stage's full recompute the fewest layers that fit), and only when its lighter twins fit (memory
 dominance: the same sizes without interleaving, with the next smaller micro-batch, with full
 recompute of every layer; a twin that does not fit means no layout of the candidate fits; nor is a
-candidate whose parameters, gradients and optimizer share alone exceed the memory,
-ranktimes.static_floor). Where recompute is searched, full recompute with chosen counts covers no
+candidate whose parameters, gradients, optimizer share and layer inputs alone exceed the memory,
+ranktimes.memory_floor). Where recompute is searched, full recompute with chosen counts covers no
 recompute (every count 0), so candidates without recompute are not split separately. Dense and MoE
 layers mixed keep the min-max memory split with trimmed recompute.
 """
@@ -33,7 +33,7 @@ from capture_megatron.plan.balance import (
 )
 from capture_megatron.plan.costmodel import CostModel, step_seconds
 from capture_megatron.plan.margins import Margins
-from capture_megatron.plan.ranktimes import least_step, static_floor
+from capture_megatron.plan.ranktimes import least_step, memory_floor
 from capture_megatron.plan.supply import Supply
 from capture_megatron.plan.timed import timed_split
 from capture_megatron.predict import mixed_layers
@@ -156,16 +156,18 @@ def fastest(
         return visit.done[plan]
 
     def fits(plan: ParallelPlan, i: int) -> bool:
-        """Whether the plan's static bytes can fit, every lighter twin (recursively) fits, and
-        then the plan itself."""
+        """Whether the plan's floor of bytes can fit, every lighter twin that costs no profiling
+        (recursively) fits, and then the plan itself."""
         if plan not in visit.viable:
-            floor_bytes = margins.needed(static_floor(shape, plan))
+            floor_bytes = margins.needed(memory_floor(shape, plan))
             ok = floor_bytes <= cluster.gpu_memory_bytes and all(fits(t, i) for t in twins(plan))
             visit.viable[plan] = ok and run(plan, i).fits
         return visit.viable[plan]
 
     def twins(plan: ParallelPlan) -> list[ParallelPlan]:
-        return visit.twins(plan)
+        """The lighter twins worth asking first: known, or predicted without profiling (a twin
+        that needs a profile of its own saves nothing over the plan's)."""
+        return [t for t in visit.twins(plan) if t in visit.viable or supply.holds([t])]
 
     # in order of the cheap bound, each refined (whole layers, the head on the last rank) before
     # it is split; the search ends when the next bound is no better than the top-th plan found

@@ -5,6 +5,8 @@ lower bound). Pure Python."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from capture_megatron.config import ModelShape, ParallelPlan, dtype_bytes
 from capture_megatron.plan import costparts as cp
 from capture_megatron.plan.costmodel import ROUNDING, CostModel, bound_parts
@@ -101,10 +103,47 @@ def static_floor(shape: ModelShape, plan: ParallelPlan) -> float:
     Adam state's share (two moments of at least 16 bits; fp32 moments and master weights take
     more). Lets the search drop sizes that cannot fit without profiling them."""
     pattern = shape.moe_layers if shape.moe.enabled else (False,) * shape.num_layers
-    params = sum(cp.layer_params(shape, plan.tp, x, plan.ep) for x in pattern)
-    params += cp.end_params(shape, plan.tp, True, True)
+    bare = replace(shape, add_bias_linear=False)  # biases left out: a floor
+    params = sum(cp.layer_params(bare, plan.tp, x, plan.ep) for x in pattern)
+    params += cp.end_params(bare, plan.tp, True, True)
     pbytes = dtype_bytes(shape.dtype)
     gbytes = 4 if shape.dtype == "bf16" and not plan.grad_reduce_in_bf16 else pbytes
     shards = plan.dp * plan.cp if plan.distributed_optimizer else 1
     state = 0.0 if shape.moe.enabled else 4 / shards
     return params / plan.pp * (pbytes + gbytes + state)
+
+
+def memory_floor(shape: ModelShape, plan: ParallelPlan) -> float:
+    """Bytes the most loaded rank of any layout of the plan's sizes holds at least (one chunk per
+    rank; static_floor with more): static_floor's bytes per parameter, plus, for every layer and
+    every micro-batch in flight under 1F1B (min(PP - rank, m) on a rank), the layer's input, which
+    even full recompute of every layer keeps (1 / TP of it with sequence parallelism, 1 / CP of
+    the sequence). The least worst rank over every split of the layers, by bisection. Uniform
+    recompute of several layers at a time keeps one input per group: static_floor alone."""
+    rc = plan.recompute
+    grouped = rc.granularity == "full" and rc.method == "uniform" and max(rc.num_layers) > 1
+    if plan.vpp > 1 or shape.moe.enabled or grouped:
+        return static_floor(shape, plan)
+    pbytes = dtype_bytes(shape.dtype)
+    gbytes = 4 if shape.dtype == "bf16" and not plan.grad_reduce_in_bf16 else pbytes
+    shards = plan.dp * plan.cp if plan.distributed_optimizer else 1
+    per_param = pbytes + gbytes + 4 / shards
+    tokens = plan.micro_batch_size * shape.seq_length / plan.cp
+    hidden = tokens * shape.hidden_size * pbytes / (plan.tp if plan.sequence_parallel else 1)
+    bare = replace(shape, add_bias_linear=False)  # biases left out: a floor
+    layer = cp.layer_params(bare, plan.tp) * per_param
+    ends, per_layer = [], []
+    for r in range(plan.pp):
+        ends.append(cp.end_params(shape, plan.tp, r == 0, r == plan.pp - 1) * per_param)
+        per_layer.append(layer + min(plan.pp - r, plan.num_microbatches) * hidden)
+    n = shape.num_layers
+
+    def fits(limit: float) -> bool:
+        held = [(limit - e) // w if limit >= e else -1 for e, w in zip(ends, per_layer)]
+        return min(held) >= 0 and sum(held) >= n
+
+    lo, hi = 0.0, max(e + n * w for e, w in zip(ends, per_layer))
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if fits(mid) else (mid, hi)
+    return lo

@@ -82,6 +82,10 @@ class Supply:
             new |= {p for p in self._pairs([plan]) if p not in self.have}
         return self._grow(new)
 
+    def holds(self, plans: Iterable[ParallelPlan]) -> bool:
+        """Whether the model predicts `plans` without profiling."""
+        return self.source is None or all(p in self.have for p in self._pairs(plans))
+
     def complete(self, plans: Iterable[ParallelPlan]) -> MemoryModel:
         """A model that predicts every one of `plans` (all their pairs at once)."""
         return self.model_for(plans)  # no upcoming plans: exactly the missing pairs, one round

@@ -17,7 +17,7 @@ from capture_megatron.config import GIB, Cluster, ParallelPlan, Recompute
 from capture_megatron.plan.balance import balanced, evaluate_plan
 from capture_megatron.plan.costmodel import CostModel, step_seconds
 from capture_megatron.plan.margins import Margins
-from capture_megatron.plan.ranktimes import least_step
+from capture_megatron.plan.ranktimes import least_step, memory_floor
 from capture_megatron.plan.supply import needs_of
 from capture_megatron.plan.timed import timed_split
 from capture_megatron.predict import layers_for, rank_memory
@@ -121,3 +121,18 @@ def test_time_layout_beats_the_memory_layout_with_memory_to_spare():
     assert timed.fits and memory.fits
     assert timed.step_seconds < memory.step_seconds
     assert memory.peak <= timed.peak
+
+
+@pytest.mark.parametrize("pp,mbs", [(1, 1), (2, 2), (4, 1), (4, 4)])
+def test_memory_floor_is_below_every_split(pp, mbs):
+    """The search drops sizes whose memory_floor (parameters, gradients, a share of the optimizer
+    state, every layer's input per micro-batch in flight) does not fit without profiling them: it
+    must not exceed the peak of any split, even recomputing every layer."""
+    plan = _plan(pp, 1, "full", mbs)
+    model = _model(plan)
+    layers = layers_for(model, SMALL, plan)
+    least = float("inf")
+    for split in _splits(SMALL.num_layers, pp):
+        trial = replace(plan, layers_per_stage=split, recompute=Recompute("full", "block", split))
+        least = min(least, max(rank_memory(layers, SMALL, trial, r).peak for r in range(pp)))
+    assert 0 < memory_floor(SMALL, plan) <= least
