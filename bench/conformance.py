@@ -6,14 +6,15 @@ mem-max-allocated-bytes.
 
 Cases whose names contain "resume" are the held-out set (nothing is tuned on them); the others are
 the development set. Cases without a stated world size are skipped; refused cases are listed with
-the reason. Dropless mixture-of-experts cases are predicted at balanced routing, with the worst-case
-bound beside them.
+the reason. Dropless mixture-of-experts cases are predicted at the default routing forecast
+(measured routing statistics), with the worst-case bound beside them.
 
-    python bench/conformance.py [--device fake] [--models gpt]
+    python bench/conformance.py [--device fake] [--models gpt] [--cases NAME,...]
+                                [--sets development,held_out]
                                 [--out bench/results/conformance.json] [--merge]
 
 With --merge, the cases run replace those of the same name in --out and the rest are kept (to
-re-run one model family); the summary is recomputed over all of them.
+re-run one model family, or the --cases named); the summary is recomputed over all of them.
 """
 
 from __future__ import annotations
@@ -70,9 +71,9 @@ def _predict(case: dict[str, Any], device: str, extra: list[str]):
 
 def predict_case(case: dict[str, Any], device: str) -> dict[str, Any]:
     """Predict one case verbatim; its last stage's predicted and measured peak (or why refused).
-    Dropless MoE cases are predicted at balanced routing (--moe-imbalance-factor 1, the routing
-    the measured run's load balancing aims at), and their worst-case bound (every token of an
-    expert's ranks routed to it, the default forecast) is given as `bound`."""
+    Dropless MoE cases are predicted at the default routing forecast (measured routing
+    statistics, capture_megatron.predict.routing), with the worst-case bound (every token of an
+    expert's ranks routed to it) and the factors beside them."""
     row = {
         "name": case["name"],
         "held_out": "resume" in case["name"],
@@ -81,8 +82,7 @@ def predict_case(case: dict[str, Any], device: str) -> dict[str, Any]:
     }
     if not case["world_size"]:
         return {**row, "skipped": "no world size in the H100 recipe"}
-    moe = dropless(case)
-    result = _predict(case, device, ["--moe-imbalance-factor", "1"] if moe else [])
+    result = _predict(case, device, [])
     if isinstance(result, str):
         return {**row, "refused": result}
     predicted = result.best.rank_peaks[-1]
@@ -93,10 +93,17 @@ def predict_case(case: dict[str, Any], device: str) -> dict[str, Any]:
         "layout": result.best.plan.layout,
         "kernels": result.to_plain()["kernels"],
     }
-    if moe:
-        worst = _predict(case, device, [])
-        assert not isinstance(worst, str), worst
-        row.update(routing="balanced", bound=worst.best.rank_peaks[-1])
+    if result.routing is not None:
+        r = result.routing
+        row.update(
+            routing="forecast",
+            factor=r.factors.forecast,
+            planning_factor=r.factors.planning,
+            bound_factor=r.factors.bound,
+            routing_source=r.factors.source,
+            planning=r.planning_peaks[-1],
+            bound=r.bound_peaks[-1],
+        )
     return row
 
 
@@ -132,8 +139,22 @@ def main() -> None:
     ap.add_argument("--models", default="gpt", help="comma-separated: gpt, moe, mixtral")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench/results/conformance.json"))
     ap.add_argument("--merge", action="store_true", help="keep --out's other cases")
+    ap.add_argument("--cases", default="", help="comma-separated case names: only these")
+    ap.add_argument(
+        "--sets",
+        default="development,held_out",
+        help="comma-separated: development, held_out (the 'resume' cases: run once, at the end)",
+    )
     ns = ap.parse_args()
-    rows = [predict_case(c, ns.device) for c in tqdm(cases(tuple(ns.models.split(","))))]
+    sets = set(ns.sets.split(","))
+    chosen = [
+        c
+        for c in cases(tuple(ns.models.split(",")))
+        if ("held_out" if "resume" in c["name"] else "development") in sets
+    ]
+    if ns.cases:
+        chosen = [c for c in chosen if c["name"] in ns.cases.split(",")]
+    rows = [predict_case(c, ns.device) for c in tqdm(chosen)]
     if ns.merge:
         rows = merged(ns.out, ns.device or "default", rows)
     result = {"device": ns.device or "default", "summary": summary(rows), "cases": rows}

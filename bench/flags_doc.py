@@ -174,7 +174,10 @@ def ignored_section(ignored: list) -> list[str]:
     """The ignored flags, grouped by their first word (after no- / disable-); small groups are
     collected in a last row."""
     groups: dict[str, list[str]] = defaultdict(list)
+    explained = set(policy.IGNORED_REASONS) | set(policy.RULES)
     for arg in ignored:
+        if explained & set(arg.flags):
+            continue
         groups[_first_word(arg.flags[0])].append(arg.flags[0])
     rows, rest = [], []
     for word in sorted(groups):
@@ -187,13 +190,37 @@ def ignored_section(ignored: list) -> list[str]:
     return [
         "## Accepted and ignored",
         "",
-        "By their first spelling (other spellings of the same argument are ignored alike).",
+        "By their first spelling (other spellings of the same argument are ignored alike); those "
+        "with a reason of their own, or ignored only on some lines, follow in the next tables.",
         "",
         "| first word | flags |",
         "|---|---|",
         *rows,
         "",
     ]
+
+
+def reasons_section() -> list[str]:
+    """The ignored flags whose reason is more than their kind, and those ignored only on some
+    command lines, each with its reason (policy.IGNORED_REASONS, policy.RULES)."""
+    out = [
+        "### Ignored, with the reason",
+        "",
+        "Checked against megatron-core 0.16.1's code.",
+        "",
+        "| flag | why it cannot change memory |",
+        "|---|---|",
+    ]
+    out += [f"| `{f}` | {_cell(why)} |" for f, why in sorted(policy.IGNORED_REASONS.items())]
+    out += [
+        "",
+        "### Ignored only where the rest of the line allows it",
+        "",
+        "| flag | rule |",
+        "|---|---|",
+    ]
+    out += [f"| `{f}` | {_cell(rule)} |" for f, rule in sorted(policy.RULES.items())]
+    return [*out, ""]
 
 
 def megatron_version() -> str:
@@ -216,7 +243,7 @@ def render() -> str:
         ignored=len(ignored),
     )
     lines = [intro, *modelled_section(parser), *refused_section(refused)]
-    lines += ignored_section(ignored)
+    lines += ignored_section(ignored) + reasons_section()
     return "\n".join(lines).rstrip("\n") + "\n"
 
 

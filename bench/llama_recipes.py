@@ -50,7 +50,7 @@ def main() -> None:
                 "config": f"TP{p.tp} PP{p.pp} VP{p.vpp} CP{p.cp} DP{p.dp} mbs{p.micro_batch_size} "
                 f"gbs{p.global_batch_size}{' SP' if p.sequence_parallel else ''}"
                 f"{' DO' if p.distributed_optimizer else ''}"
-                f"{' bf16-grads' if p.grad_reduce_in_bf16 else ''}",
+                f"{' bf16-grads' if p.ddp.grad_reduce_in_bf16 else ''}",
                 "peak_bytes": max(best.rank_peaks), "needed_bytes": best.needed, "fits": best.fits,
                 "rank_peaks": list(best.rank_peaks),
                 "estimated_s": st.seconds, "measured_s": row.measured,

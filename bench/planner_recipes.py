@@ -73,13 +73,13 @@ def compare(row: Row) -> dict:
     settings = dataclasses.replace(row.settings, tp_comm_overlap=False)
     source = memory_source(row.shape, "fake", False, Kernels())
     options = PlanOptions(
-        space=Space(grad_reduce_in_bf16=row.plan.grad_reduce_in_bf16),
+        space=Space(ddp=row.plan.ddp),
         global_batch_size=row.plan.global_batch_size,
         cost=CostModel(hw, settings),
     )
     ours, wall, cpu = _timed(lambda: plan(row.shape, cluster, options, source))
     theirs = plan(row.shape, cluster, dataclasses.replace(options, fixed=row.plan), source).best
-    space = searched_options(options, cluster).space
+    space = searched_options(options, cluster, row.shape).space
     gbs = row.plan.global_batch_size
     in_space = any(
         _sizes(c) == _sizes(row.plan) for c in candidates(row.shape, cluster, gbs, space)
@@ -108,7 +108,7 @@ def fixed_sizes(row: Row) -> dict:
     settings = dataclasses.replace(row.settings, tp_comm_overlap=False)
     space = Space(
         tp=(4,), pp=(4,), vpp=(2,), cp=(1,), micro_batch_size=(1,), recompute=("none",),
-        grad_reduce_in_bf16=row.plan.grad_reduce_in_bf16,
+        ddp=row.plan.ddp,
     )  # fmt: skip
     source = memory_source(row.shape, "fake", False, Kernels())
     out = {}

@@ -9,6 +9,7 @@ import json
 import os
 import platform
 
+from report_inputs import inputs_section
 from report_moe import moe_sections
 from report_planner import planner_sections
 from report_step_time import step_time_sections
@@ -231,24 +232,24 @@ def conformance_tables(data: dict) -> list[str]:
             f"{'n/a' if worst is None else f'{100 * worst:.2f}%'}, median "
             f"{'n/a' if median is None else f'{100 * median:.2f}%'}; {summary['refused']} refused.",
             "",
-            "| case | GPUs | measured GiB | predicted GiB | error | worst-case bound GiB "
-            "| layout / why refused |",
-            "|---|---|---|---|---|---|---|",
+            "| case | GPUs | measured GiB | predicted GiB | error | routing factor | worst-case "
+            "bound GiB | layout / why refused |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         for r in rows:
             gpus = r.get("world_size") or "-"
             if "error" in r:
                 bound = f"{r['bound'] / 2**30:.3f}" if "bound" in r else "-"
+                factor = f"{r['factor']:g} (bound {r['bound_factor']:g})" if "factor" in r else "-"
                 out.append(
                     f"| {r['name']} | {gpus} | {r['measured'] / 2**30:.3f} | "
-                    f"{r['predicted'] / 2**30:.3f} | {100 * r['error']:+.2f}% | {bound} | "
-                    f"`{_cell(r['layout'])}` |"
+                    f"{r['predicted'] / 2**30:.3f} | {100 * r['error']:+.2f}% | {factor} | "
+                    f"{bound} | `{_cell(r['layout'])}` |"
                 )
             else:
                 why = (r.get("refused") or r.get("skipped") or "").replace("|", "/")
-                out.append(
-                    f"| {r['name']} | {gpus} | {r['measured'] / 2**30:.3f} | - | - | - | {why} |"
-                )
+                measured = f"{r['measured'] / 2**30:.3f}"
+                out.append(f"| {r['name']} | {gpus} | {measured} | - | - | - | - | {why} |")
         out.append("")
     return out
 
@@ -314,6 +315,7 @@ def main() -> None:
             + "\n"
             + "\n".join(conformance_tables(json.loads(_read(conformance))))
         )
+    text += inputs_section(ROOT)
     text += moe_sections(ROOT)
     text += step_time_sections(ROOT)
     text += planner_sections(ROOT)

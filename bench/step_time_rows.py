@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from capture_megatron.cli.inputs import resolve_shape
 from capture_megatron.cli.predict import build_parser
-from capture_megatron.config import ModelShape, ParallelFlags, ParallelPlan
+from capture_megatron.config import DdpOptions, ModelShape, ParallelFlags, ParallelPlan
 from capture_megatron.config.resolve import parallel_plan
 from capture_megatron.config.runtime import StepSettings
 from capture_megatron.megatron import flags
@@ -92,7 +92,8 @@ def rows() -> list[Row]:
         argv = _argv(row, recipe, dev["model_flags"][row["model"]])
         ns = flags.parse_flags(build_parser(), argv)
         shape, _ = resolve_shape(ns)
-        plan = parallel_plan(flags.from_namespace(ParallelFlags, ns), shape, row["n"])
+        ddp = flags.from_namespace(DdpOptions, ns)
+        plan = parallel_plan(flags.from_namespace(ParallelFlags, ns), shape, row["n"], ddp)
         settings = StepSettings(**{k: recipe[k] for k in SETTINGS if k in recipe})
         out.append(
             Row(

@@ -22,12 +22,29 @@ from importlib.metadata import version
 
 from capture_megatron import __version__
 from capture_megatron.config import ModelShape
+from capture_megatron.errors import CaptureError
 
 
 def cache_dir() -> str:
     """The cache directory."""
     default = os.path.join(os.path.expanduser("~"), ".cache", "capture-megatron")
     return os.environ.get("CAPTURE_MEGATRON_CACHE") or default
+
+
+def check_writable(directory: str) -> None:
+    """CaptureError unless `directory` (in the cache) can be created and written: checked before
+    profiling, so no measurement is thrown away for want of a place to keep it."""
+    try:
+        os.makedirs(directory, exist_ok=True)
+        probe = os.path.join(directory, f".write-test-{os.getpid()}")
+        with open(probe, "w"):
+            pass
+        os.remove(probe)
+    except OSError as err:
+        raise CaptureError(
+            f"the cache directory {directory} is not writable ({err.strerror}): profiling "
+            "results could not be kept. Set CAPTURE_MEGATRON_CACHE to a writable directory"
+        ) from None
 
 
 def records_path(shape: ModelShape, device: str, kernels: str = "cpu") -> str:
@@ -65,7 +82,13 @@ class Calibration:
 
 def record_calibration(rows: list[Calibration]) -> float:
     """Append the rows to calibration.jsonl; returns the device's factor afterwards."""
-    os.makedirs(cache_dir(), exist_ok=True)
+    bad = [c for c in rows if c.predicted <= 0 or c.measured <= 0]
+    if bad:
+        raise CaptureError(
+            f"calibration rows need positive peaks; pipeline rank {bad[0].pp_rank} has predicted "
+            f"{bad[0].predicted} and measured {bad[0].measured} bytes: nothing was recorded"
+        )
+    check_writable(cache_dir())
     with open(_calibration_path(), "a") as f:
         for c in rows:
             f.write(
@@ -85,15 +108,39 @@ def record_calibration(rows: list[Calibration]) -> float:
     return calibration_factor(rows[0].device) if rows else 1.0
 
 
+def _ratio(row: object, device: str) -> float | None:
+    """measured / predicted of one calibration row of `device` (None: another device's); a
+    ValueError for a row that is not one."""
+    if not isinstance(row, dict):
+        raise ValueError("not a JSON object")
+    if row.get("device") != device:
+        return None
+    measured, predicted = row.get("measured"), row.get("predicted")
+    for name, value in (("measured", measured), ("predicted", predicted)):
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{name} {value!r} is not a positive byte count")
+    return measured / predicted
+
+
 def calibration_factor(device: str) -> float:
-    """Median measured/predicted ratio recorded for `device` (1.0 without records)."""
+    """Median measured/predicted ratio recorded for `device` (1.0 without records); a
+    CaptureError naming the file and line of a row that is not a calibration row."""
     path = _calibration_path()
     if not device or not os.path.exists(path):
         return 1.0
-    with open(path) as f:
-        ratios = [
-            r["measured"] / r["predicted"]
-            for r in map(json.loads, f)
-            if r.get("device") == device and r.get("predicted")
-        ]
+    ratios: list[float] = []
+    number = 0
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+        for i, line in enumerate(lines, start=1):
+            number = i
+            ratio = _ratio(json.loads(line), device) if line.strip() else None
+            ratios += [ratio] if ratio is not None else []
+    except (OSError, ValueError) as err:
+        raise CaptureError(
+            f"calibration file {path} line {number or 1} is not a calibration row "
+            f"({type(err).__name__}: {str(err)[:100]}): remove that line (or the file, to drop "
+            "every calibration) and verify --refit again"
+        ) from None
     return statistics.median(ratios) if ratios else 1.0

@@ -13,3 +13,12 @@ def require(problems: list[str], what: str) -> None:
     """Raise one CaptureError listing every problem found while validating `what`."""
     if problems:
         raise CaptureError(f"invalid {what}: " + "; ".join(problems) + ".")
+
+
+class Stopped(BaseException):
+    """A stop signal (SIGTERM, SIGHUP) turned into an exception, so that `finally` blocks remove
+    temporary directories and stop worker processes before the command exits 128 + signum."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum

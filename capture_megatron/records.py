@@ -5,7 +5,9 @@ uses, run through megatron-core's own forward_step / backward_step and optimizer
 - kind 'first'  = embedding + k transformer layers (pipeline stage 0 of PP > 1),
 - kind 'middle' = k transformer layers (a stage without the ends),
 - kind 'last'   = k transformer layers + final norm + output layer + loss,
-- kind 'only'   = embedding + k layers + output layer (PP = 1).
+- kind 'only'   = embedding + k layers + output layer (PP = 1);
+with multi-token prediction (Variant.mtp) the last and only kinds also hold the MTP layers and
+the embedding they look tokens up in, as Megatron's last pipeline stage does.
 Torch-free: records are written by the profile stage and read by the (pure) fit stage; Variant and
 ProbeShape also key the fitted memory model.
 """
@@ -17,7 +19,7 @@ from dataclasses import dataclass
 
 from capture_megatron import __version__
 from capture_megatron.config import ModelShape
-from capture_megatron.config.model import refuse_unmodelled
+from capture_megatron.config.attention import LatentAttention
 from capture_megatron.config.moe import Experts
 from capture_megatron.errors import CaptureError, require
 from capture_megatron.serial import JsonMixin, from_plain, to_plain
@@ -43,8 +45,9 @@ class ExpertsProbe(JsonMixin):
     """Expert tensor-parallel size."""
     bound: str
     """exact (capacity-padded routing: the bytes are exact), capacity (the capacity factor caps
-    the tokens), imbalance (the user's --moe-imbalance-factor) or worst (every token of the
-    expert's ranks routed to it)."""
+    the tokens), imbalance (dropless routing at a factor below the worst case: the forecast, its
+    planning margin or the user's --moe-imbalance-factor) or worst (every token of the expert's
+    ranks routed to it)."""
 
 
 @dataclass(frozen=True)
@@ -79,12 +82,29 @@ class Variant(JsonMixin):
     """MoE layers (None: a dense model)."""
     cp: int = 1
     """Context-parallel size (> 1: fitted per value, at the model's own shapes, like `moe`)."""
+    qk_norm: str = ""
+    """The norm on each query and key head: layernorm (--qk-layernorm), l2 (--qk-l2-norm) or ''
+    (fitted at the model's own shapes: its per-head statistics have no regression term)."""
+    mla: LatentAttention | None = None
+    """Multi-latent attention's widths and RoPE kind (None: standard attention; fitted at the
+    model's own shapes: its latent ranks and head widths are not probe-shape sizes)."""
+
+    mtp: int = 0
+    """Multi-token prediction layers (--mtp-num-layers), built into the last / only chunk as
+    Megatron places them (> 0: fitted at the model's own shapes, like `moe`)."""
 
     @property
     def designed(self) -> bool:
-        """Whether the variant is fitted over the regression's design shapes too (dense, CP 1);
-        MoE and CP variants are fitted at the model's own shapes only."""
-        return self.moe is None and self.cp == 1
+        """Whether the variant is fitted over the regression's design shapes too (dense, CP 1,
+        standard attention without query/key norms, no MTP); the other variants are fitted at the
+        model's own shapes only (docs/MEMORY_MODEL.md)."""
+        return (
+            self.moe is None
+            and self.cp == 1
+            and self.mla is None
+            and not self.qk_norm
+            and self.mtp == 0
+        )
 
     @classmethod
     def of(
@@ -98,7 +118,6 @@ class Variant(JsonMixin):
         """The Variant of a model under a recompute granularity and sequence-parallel setting
         (`moe`: its experts as probed, for a model with experts; `cp`: the context-parallel
         size)."""
-        refuse_unmodelled(shape)
         return cls(
             dtype=shape.dtype,
             recompute=recompute,
@@ -114,6 +133,9 @@ class Variant(JsonMixin):
             window_size=shape.window_size,
             moe=moe,
             cp=cp,
+            qk_norm=shape.qk_norm,
+            mla=shape.mla.shapes_only() if shape.mla.enabled else None,
+            mtp=shape.mtp_num_layers,
         )
 
 
@@ -278,6 +300,18 @@ class ProfileRecord(JsonMixin):
     probabilities and map, permutation indices, token counts; capture_megatron.profile.held
     .routing_state_bytes); 0 for dense chunks. Alive from the first forward on, so in none of the
     measured windows."""
+    layer_buffer_bytes: int = 0
+    """Bytes of the chunk's transformer layers' registered module buffers after the probe (not
+    parameters; capture_megatron.profile.held.layer_buffer_bytes): multi-latent attention's YaRN
+    cos/sin tables, built with the model and kept for good; 0 for standard attention."""
+    fp8_state_bytes: int = 0
+    """Bytes the chunk's Transformer Engine layers keep for good under FP8 (--fp8-format): FP8
+    copies of their weights (or, with --fp8-param-gather, the weights' column-wise copies) and
+    their scaling state (capture_megatron.profile.held.fp8_state_bytes); 0 without FP8. Allocated
+    at each layer's first forward, so in none of the measured windows."""
+    param_fp8: tuple[bool, ...] = ()
+    """Per parameter of param_numels, whether it is an FP8 parameter (--fp8-param-gather: in DDP's
+    1-byte param buffer); empty: none is."""
 
     def timeline(self, window: str) -> Timeline | None:
         """The timeline of one window, if recorded."""
@@ -321,6 +355,11 @@ def read_records(path: str) -> list[ProfileRecord]:
             lines = [line for line in f.read().splitlines() if line.strip()]
     except OSError as err:
         raise CaptureError(f"cannot read records file {path}: {err.strerror}") from None
+    except UnicodeDecodeError as err:
+        raise CaptureError(
+            f"records file {path} is not UTF-8 text (byte {err.start}): it is damaged or not a "
+            "records file; profile again"
+        ) from None
     if not lines:
         raise CaptureError(
             f"records file {path} is empty; run `capture-megatron profile ... --out {path}`"

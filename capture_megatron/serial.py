@@ -82,3 +82,7 @@ def load_json(path: str, what: str) -> Any:
         raise CaptureError(f"{what}: {err.strerror}") from None
     except json.JSONDecodeError as err:
         raise CaptureError(f"{what} is not valid JSON (line {err.lineno}: {err.msg})") from None
+    except UnicodeDecodeError as err:
+        raise CaptureError(
+            f"{what} is not UTF-8 text (byte {err.start}): not a JSON file"
+        ) from None

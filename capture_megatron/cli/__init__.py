@@ -9,9 +9,10 @@ types produces a traceback.
 from __future__ import annotations
 
 import importlib
+import signal
 import sys
 
-from capture_megatron.errors import CaptureError
+from capture_megatron.errors import CaptureError, Stopped
 from capture_megatron.megatron import quiet
 
 COMMANDS = {
@@ -76,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     quiet.install()  # megatron-core's warnings that do not concern the user, before it is imported
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _stop)
     try:
         module = importlib.import_module(COMMANDS[name][0])
         return int(module.main(rest) or 0)
@@ -85,3 +88,14 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"capture-megatron {name}: interrupted", file=sys.stderr)
         return 130
+    except Stopped as stop:
+        print(
+            f"capture-megatron {name}: stopped by {signal.Signals(stop.signum).name}",
+            file=sys.stderr,
+        )
+        return 128 + stop.signum
+
+
+def _stop(signum: int, frame) -> None:
+    """SIGTERM / SIGHUP: unwind (temporary directories, worker processes), then exit."""
+    raise Stopped(signum)

@@ -3,6 +3,7 @@ quality."""
 
 from __future__ import annotations
 
+from capture_megatron.cli.outputs import prepare_outputs
 from capture_megatron.cli.render import print_quality
 from capture_megatron.fit import fit, write_model
 from capture_megatron.megatron.flags import FlagParser, summary
@@ -16,6 +17,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--out", required=True, help="write the memory model JSON here")
     p.add_argument("--quiet", action="store_true", help="do not print the fit-quality table")
     ns = p.parse_args(argv)
+    prepare_outputs(ns)
     model = fit(read_records(ns.records))
     write_model(model, ns.out)
     if not ns.quiet:

@@ -9,11 +9,13 @@ import dataclasses
 import json
 import os
 
+from capture_megatron import __version__
 from capture_megatron.cache import calibration_factor
 from capture_megatron.config import (
     GIB,
     Cluster,
     DataOptions,
+    DdpOptions,
     Kernels,
     ModelShape,
     ParallelFlags,
@@ -26,12 +28,16 @@ from capture_megatron.config.resolve import parallel_plan
 from capture_megatron.config.runtime import StepSettings
 from capture_megatron.errors import CaptureError
 from capture_megatron.fit import MemoryModel, ModelSource, read_model
+from capture_megatron.fit.io import check_fitted
 from capture_megatron.megatron import flags, megatron_lm
 from capture_megatron.megatron.args import model_shape, overridden, shape_overrides
 from capture_megatron.plan import PlanOptions, space_from
 from capture_megatron.plan.calibration import fitted
 from capture_megatron.plan.costmodel import CostModel
+from capture_megatron.plan.space import overlap_space
 
+MAX_GPU_GIB = 1 << 20
+"""Largest --gpu-memory-gib taken (1 PiB per device: a typo beyond it, not a GPU)."""
 GPT2_VOCAB = 50257
 """Entries of GPT-2's BPE vocab.json: Megatron-LM's default tokenizer (GPT2BPETokenizer)."""
 
@@ -43,7 +49,9 @@ def add_cluster_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--hf-config",
         help="a Hugging Face config.json, or the model directory holding it (llama, mistral, "
-        "gemma, qwen2, phi3; gemma2 is read but refused); the sequence length: --seq-length",
+        "gemma, qwen2, qwen3, olmo2, phi3, mixtral, qwen2_moe, qwen3_moe, deepseek_v2, "
+        "deepseek_v3; gemma2 and gemma3_text are read but refused); the sequence length: "
+        "--seq-length",
     )
     g.add_argument("--gpus", type=int, help="processes/GPUs available (required)")
     g.add_argument(
@@ -154,8 +162,10 @@ def cluster_of(
     if gpus is None:
         raise CaptureError("--gpus is required (how many GPUs or processes the plan may use)")
     memory = ns.gpu_memory_gib
-    if memory is not None and not ok(memory):
-        raise CaptureError(f"--gpu-memory-gib {memory:g} must be positive (a finite number of GiB)")
+    if memory is not None and not (ok(memory) and memory <= MAX_GPU_GIB):  # also nan, inf
+        raise CaptureError(
+            f"--gpu-memory-gib {memory:g} must be positive and finite, at most {MAX_GPU_GIB} GiB"
+        )
     if memory is None and device == "cpu":
         import psutil
 
@@ -223,8 +233,9 @@ def plan_options(
     with `fixed_plan`, the whole run the flags describe), the calibration of the memory model's
     device (none with --memory-model)."""
     fixed = flags.from_namespace(ParallelFlags, ns)
+    ddp = flags.from_namespace(DdpOptions, ns)
     whole = fixed_plan or bool(fixed.pipeline_model_parallel_layout)
-    given_plan = parallel_plan(fixed, shape, cluster.gpus) if whole else None
+    given_plan = parallel_plan(fixed, shape, cluster.gpus, ddp) if whole else None
     scale = 1.0
     if not ns.memory_model:
         from capture_megatron.profile import default_device
@@ -234,7 +245,7 @@ def plan_options(
     return flags.from_namespace(
         PlanOptions,
         ns,
-        space=space_from(fixed, whole),
+        space=overlap_space(space_from(fixed, whole, ddp), kernels),
         fixed=given_plan,
         global_batch_size=fixed.global_batch_size or 0,
         calibration=scale,
@@ -248,7 +259,9 @@ def memory_of(
 ) -> MemoryModel | ModelSource:
     """The memory model from --memory-model, or a source that profiles on the spot (cached)."""
     if ns.memory_model:
-        return read_model(ns.memory_model)
+        model = read_model(ns.memory_model)
+        check_fitted(model, shape, ns.memory_model, __version__)
+        return model
     from capture_megatron.profile import memory_source
 
     return memory_source(shape, device, progress, flags.from_namespace(Kernels, ns))

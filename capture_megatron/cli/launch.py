@@ -14,9 +14,10 @@ import argparse
 import dataclasses
 import sys
 
-from capture_megatron.cli.inputs import add_plan_flags, cost_model, gpus_per_node
+from capture_megatron.cli.inputs import add_plan_flags, cost_model, gpus_per_node, resolve_shape
 from capture_megatron.cli.plan import run_plan
 from capture_megatron.config import (
+    BuildOptions,
     CheckpointOptions,
     Kernels,
     ModelShape,
@@ -24,7 +25,8 @@ from capture_megatron.config import (
     ParallelPlan,
     RunOptions,
 )
-from capture_megatron.config.fields import to_flags
+from capture_megatron.config.fields import flag_of, flagged_fields, to_flags
+from capture_megatron.config.parallel import ParallelFlags
 from capture_megatron.errors import CaptureError, require
 from capture_megatron.megatron import flags
 from capture_megatron.megatron.args import data_options
@@ -55,10 +57,61 @@ def build_parser() -> flags.FlagParser:
     return p
 
 
+_PLAN_SIZES = (
+    ("tensor_model_parallel_size", "tp"),
+    ("pipeline_model_parallel_size", "pp"),
+    ("context_parallel_size", "cp"),
+    ("expert_model_parallel_size", "ep"),
+    ("micro_batch_size", "micro_batch_size"),
+    ("global_batch_size", "global_batch_size"),
+)
+"""Parallel flags a --plan-json's plan fixes (flag field, ParallelPlan attribute)."""
+
+
+def _given(argv: list[str], names: set[str]) -> bool:
+    return any(a.split("=", 1)[0] in names for a in argv)
+
+
+def _model_differences(given: ModelShape, planned: ModelShape) -> list[str]:
+    """'--flag A (given) vs B (the plan's)' for every model setting that differs."""
+    out = []
+    for field in dataclasses.fields(ModelShape):
+        a, b = getattr(given, field.name), getattr(planned, field.name)
+        if a != b:
+            spec = flag_of(field)
+            name = spec.name if spec else "--bf16 / --fp16 (precision)"
+            out.append(f"{name} {a} given, {b} in the plan file")
+    return out
+
+
+def _check_plan_file(ns: argparse.Namespace, argv: list[str], path: str, planned) -> None:
+    """Refuse model or parallel flags that contradict the --plan-json (they were ignored)."""
+    problems = []
+    model_flags = {spec.name for _, spec in flagged_fields(ModelShape)}
+    model_flags |= {"--preset", "--hf-config", "--bf16", "--fp16"}
+    if _given(argv, model_flags):
+        shape, _ = resolve_shape(ns)
+        problems += _model_differences(shape, planned.shape)
+    fixed = flags.from_namespace(ParallelFlags, ns)
+    for name, attr in _PLAN_SIZES:
+        value = getattr(fixed, name)
+        if value is not None and value != getattr(planned.plan, attr):
+            flag_name = "--" + name.replace("_", "-")
+            problems.append(f"{flag_name} {value} given, {getattr(planned.plan, attr)} in the plan")
+    if problems:
+        raise CaptureError(
+            f"--plan-json {path} describes another run than the flags given: "
+            + "; ".join(problems)
+            + ". The plan file fixes the model and the plan: give the flags it was planned with "
+            "(or none of them), or plan this model again with `capture-megatron plan --json`."
+        )
+
+
 def _planned(
-    ns: argparse.Namespace, opts: SlurmOptions, gpus: int
+    ns: argparse.Namespace, opts: SlurmOptions, gpus: int, argv: list[str]
 ) -> tuple[ModelShape, ParallelPlan]:
-    """The model and plan: from --plan-json, else planned for the job's `gpus`."""
+    """The model and plan: from --plan-json (checked against the flags given), else planned for
+    the job's `gpus`."""
     if opts.plan_json:
         planned = read_plan(opts.plan_json)
         if planned.plan.world_size != gpus:
@@ -66,6 +119,7 @@ def _planned(
                 f"--plan-json {opts.plan_json} is a plan for {planned.plan.world_size} GPUs; "
                 f"the job has {gpus} ({opts.nodes} nodes x {ns.gpus_per_node})"
             )
+        _check_plan_file(ns, argv, opts.plan_json, planned)
         return planned.shape, planned.plan
     result = run_plan(ns, gpus)
     return result.shape, result.best.plan
@@ -134,9 +188,10 @@ def main(argv: list[str]) -> int:
     gpus = _job_gpus(ns, opts)
     ckpt = flags.from_namespace(CheckpointOptions, ns)
     run = _requeue_run(opts, flags.from_namespace(RunOptions, ns), ckpt, argv)
-    shape, plan = _planned(ns, opts, gpus)
+    shape, plan = _planned(ns, opts, gpus, argv)
     given_ckpt = dataclasses.replace(ckpt, load="") if opts.requeue else ckpt
-    options = (data_options(ns), flags.from_namespace(OptimOptions, ns), run, given_ckpt)
+    optim, build = flags.from_namespace(OptimOptions, ns), flags.from_namespace(BuildOptions, ns)
+    options = (data_options(ns), optim, run, given_ckpt, build)
     note = _time_note(ns, shape, plan, opts, run.train_iters)
     job = TrainRun(
         args=tuple(model_args(shape) + plan_args(plan) + [a for o in options for a in to_flags(o)]),

@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
-import subprocess
+import signal
 import sys
 
 from capture_megatron.config import GIB, Cluster
@@ -24,6 +24,7 @@ from capture_megatron.megatron import lm_deps
 from capture_megatron.megatron.flags import summary
 from capture_megatron.plan import plan_args
 from capture_megatron.plan.emit import GEGLU_NOTE
+from capture_megatron.train.job import run_job
 
 WRAPPER = "capture_megatron.megatron.lm_pretrain_gpt"
 """The module torchrun runs (-m): Megatron-LM's pretrain_gpt.py with per-stage recompute."""
@@ -127,6 +128,19 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _handled_signal(args: list[str]) -> signal.Signals | None:
+    """The signal the ranks handle: Megatron-LM's --exit-signal (default SIGTERM) with
+    --exit-signal-handler, else None."""
+    if "--exit-signal-handler" not in args:
+        return None
+    for i, arg in enumerate(args):
+        if arg == "--exit-signal" and i + 1 < len(args):
+            return signal.Signals.__members__.get(args[i + 1])
+        if arg.startswith("--exit-signal="):
+            return signal.Signals.__members__.get(arg.split("=", 1)[1])
+    return signal.SIGTERM
+
+
 def main(argv: list[str]) -> int:
     """Entry point."""
     ns, user = build_parser().parse_known_args(argv)
@@ -166,7 +180,7 @@ def main(argv: list[str]) -> int:
     # torchrun as this interpreter's module: the console script may not be on PATH
     cmd = [sys.executable, "-m", "torch.distributed.run", *launcher]
     full = dict(os.environ, **env, PATH=lm_deps.launch_path())
-    rc = subprocess.run(cmd, env=full).returncode
+    rc = run_job(cmd, full, None, _handled_signal(args))  # signals reach every rank
     if rc != 0:
         print(
             f"capture-megatron megatron-lm: Megatron-LM's pretrain_gpt.py failed (torchrun exit "

@@ -20,14 +20,26 @@ from capture_megatron.cli.inputs import (
     plan_options,
     resolve_shape,
 )
+from capture_megatron.cli.outputs import prepare_outputs
 from capture_megatron.config import Cluster, ModelShape
 from capture_megatron.config.context import context_problem
-from capture_megatron.config.kernels import kernel_set
-from capture_megatron.config.training import NOT_ADAM
+from capture_megatron.config.fp8 import fp8_problem
+from capture_megatron.config.hf_count import parameter_count
+from capture_megatron.config.kernels import kernel_set, tp_overlap_problem
+from capture_megatron.config.training import (
+    NOT_ADAM,
+    BuildOptions,
+    CheckpointOptions,
+    OptimOptions,
+    RunOptions,
+)
 from capture_megatron.errors import CaptureError
+from capture_megatron.fit import MemoryModel, ModelSource
 from capture_megatron.megatron import flags, megatron_lm
-from capture_megatron.plan import PlanOptions, PlanResult, model_notes, plan
-from capture_megatron.plan.window import window_problem
+from capture_megatron.plan import PlanOptions, PlanResult, model_args, model_notes, plan
+from capture_megatron.plan.limits import too_large
+from capture_megatron.plan.planner import global_batch
+from capture_megatron.plan.window import latent_problem, window_problem
 
 
 def build_parser(prog: str = "capture-megatron plan") -> flags.FlagParser:
@@ -41,41 +53,77 @@ def build_parser(prog: str = "capture-megatron plan") -> flags.FlagParser:
 def _check_window(
     ns: argparse.Namespace, shape: ModelShape, device: str, options: PlanOptions
 ) -> None:
-    """Refuse a sliding window or a context-parallel attention the kernels' memory model does not
-    hold before profiling (plan() refuses them too, once it has the memory model)."""
+    """Refuse FP8, a sliding window or a context-parallel attention the kernels' memory model
+    does not hold before profiling (plan() refuses them too, once it has the memory model)."""
     if ns.memory_model:
         return
     from capture_megatron.profile import default_device
 
-    kernels, space = options.kernels, options.space
+    kernels, space, given = options.kernels, options.space, options.fixed
     kind = kernel_set(default_device(device), kernels)
-    problem = window_problem(shape, kind, kernels) or context_problem(
-        space.cp, space.cp_comm_type, kind, kernels
+    tp, sp = (given.tp, given.sequence_parallel) if given is not None else (0, True)
+    problem = (
+        fp8_problem(kind, kernels)
+        or tp_overlap_problem(kind, kernels, tp, sp)
+        or window_problem(shape, kind, kernels)
+        or latent_problem(shape, kind, kernels, max(space.cp or (1,)))
+        or context_problem(space.cp, space.cp_comm_type, kind, kernels)
     )
     if problem:
         raise CaptureError(problem + ".")
 
 
+def print_hf_model(path: str, shape: ModelShape) -> None:
+    """What a --hf-config was read as, before anything is profiled or planned: its parameter
+    count and the model as Megatron-LM flags."""
+    count = parameter_count(shape)
+    print(
+        f"--hf-config {path}: {count / 1e9:.2f}B parameters ({count:,}) as megatron-core builds it"
+    )
+    print("model_args: " + " ".join(model_args(shape)), flush=True)
+
+
+TRAINING_OPTIONS = (OptimOptions, RunOptions, BuildOptions, CheckpointOptions)
+"""Training settings a Megatron-LM command line carries besides what is planned."""
+
+
 def plan_and_report(
-    ns: argparse.Namespace, cluster: Cluster, device: str, progress: bool, fixed_plan: bool = False
+    ns: argparse.Namespace,
+    cluster: Cluster,
+    device: str,
+    progress: bool,
+    fixed_plan: bool = False,
+    memory: MemoryModel | ModelSource | None = None,
 ) -> PlanResult:
     """Plan the flags' model for `cluster` on `device`'s memory model (`fixed_plan`: predict the
-    run the flags describe); print the table and write --json / --png."""
+    run the flags describe; `memory`: this memory model or source instead of --memory-model or
+    profiling on the spot); print the table and write --json / --png."""
     from capture_megatron.cli.render import print_plan, save_plan_png
 
+    prepare_outputs(ns)
     if getattr(ns, "optimizer", "adam") != "adam":
         raise CaptureError(f"--optimizer {ns.optimizer}: {NOT_ADAM}.")
+    for cls in TRAINING_OPTIONS:  # read but not planned with: validated all the same
+        if all(hasattr(ns, f.name) for f in dataclasses.fields(cls)):
+            flags.from_namespace(cls, ns)
     ignored = megatron_lm.check(ns) if any(megatron_lm.given(ns)) else ()
     shape, shape_notes = resolve_shape(ns)
+    if getattr(ns, "hf_config", None):
+        print_hf_model(ns.hf_config, shape)
     options = plan_options(ns, shape, cluster, device, fixed_plan)
+    gbs = global_batch(options, cluster)
+    # searched micro-batches: powers of two dividing the batch (plan.space.micro_batch_sizes)
+    too_large(shape, cluster, gbs, max(options.space.micro_batch_size, default=gbs & -gbs))
     _check_window(ns, shape, device, options)
-    result = plan(shape, cluster, options, memory_of(ns, shape, device, progress))
+    memory = memory_of(ns, shape, device, progress) if memory is None else memory
+    result = plan(shape, cluster, options, memory)
     sp_note = (
         "--sequence-parallel is off at TP 1, as Megatron-LM turns it off"
         if getattr(ns, "sequence_parallel", False) and result.best.plan.tp == 1
         else ""
     )
-    notes = (*shape_notes, *model_notes(shape), *((sp_note,) if sp_note else ()))
+    routing = result.routing.notes() if result.routing else ()
+    notes = (*shape_notes, *model_notes(shape), *routing, *((sp_note,) if sp_note else ()))
     result = dataclasses.replace(result, ignored_flags=ignored, notes=notes)
     print_plan(result)
     if ns.json:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import time
 
+from capture_megatron.cli.outputs import prepare_outputs
 from capture_megatron.config import Kernels, ModelShape
 from capture_megatron.errors import CaptureError
 from capture_megatron.megatron import flags
@@ -109,6 +110,7 @@ def main(argv: list[str]) -> int:
     from capture_megatron.profile import profile
 
     ns = flags.parse_flags(build_parser(), argv)
+    prepare_outputs(ns)
     shape = model_shape(ns)
     options = options_of(ns, shape)
     start = time.perf_counter()

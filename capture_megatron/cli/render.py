@@ -81,9 +81,12 @@ def legend(result: PlanResult) -> list[str]:
             "(docs/STEP_TIME.md), to rank plans"
         )
     fits = f"need <= {memory}" if result.cluster.gpu_memory_bytes else "- (no --gpu-memory-gib)"
+    peak = "predicted peak of allocated memory on the worst pipeline rank"
+    if result.routing is not None:
+        peak += " (dropless MoE: at the routing forecast)"
+        need = need.replace("need = peak", "need = the peak at the MoE planning factor", 1)
     return [
-        f"peak: predicted peak of allocated memory on the worst pipeline rank; {need}; fits: "
-        f"{fits}",
+        f"peak: {peak}; {need}; fits: {fits}",
         f"{step}; SP sequence parallel, DO distributed optimizer, CP context-parallel and EP "
         "expert-parallel sizes (shown for MoE or CP plans), VPP virtual stages per "
         "rank, mbs micro-batch size; layout: --pipeline-model-parallel-layout (E embedding, "
@@ -139,8 +142,8 @@ def _print_stages(result: PlanResult, unit: float, uname: str) -> None:
         "  in flight: micro-batches alive per chunk at the peak; activations: what they hold, "
         "the running one included (its saved tensors so far; with full recompute the layers "
         "recomputed for its backward); transient: the running forward / backward / step's "
-        "temporaries beyond that; other: Megatron's global buffers, GPU workspaces and the MoE "
-        "dispatchers' routing state"
+        "temporaries beyond that; other: Megatron's global buffers, GPU workspaces, the MoE "
+        "dispatchers' routing state and MLA's rotary tables"
     )
 
 

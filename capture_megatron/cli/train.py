@@ -32,4 +32,4 @@ def main(argv: list[str]) -> int:
     rc = run_torchrun(ns.nproc, rest)
     if rc != 0:
         print(failure_message(rc, rest), file=sys.stderr)
-    return rc
+    return 128 - rc if rc < 0 else rc  # torchrun killed by a signal: the shell's convention

@@ -15,7 +15,7 @@ import json
 import os
 import tempfile
 
-from capture_megatron.cache import Calibration, record_calibration
+from capture_megatron.cache import Calibration, cache_dir, check_writable, record_calibration
 from capture_megatron.cli.inputs import add_plan_flags
 from capture_megatron.cli.plan import run_plan
 from capture_megatron.cli.render import print_checks, save_checks_png
@@ -86,6 +86,7 @@ def _report(
                     "max_abs_error": worst,
                     "tolerance": ns.tolerance,
                     "device": report.device,
+                    "moe_routing": result.routing.to_plain() if result.routing else None,
                 },
                 f,
                 indent=1,
@@ -120,15 +121,17 @@ def main(argv: list[str]) -> int:
             f"--nproc {ns.nproc} must equal --gpus {ns.gpus} (verify trains the plan it makes)"
         )
     data_options(ns)  # bad data flags fail before planning
+    if ns.refit:
+        check_writable(cache_dir())  # before training: the calibration must be kept
     result = run_plan(ns, gpus=ns.nproc)
-    workdir = ns.keep or tempfile.mkdtemp(prefix="capture-verify-")
-    report_path = os.path.join(workdir, "memory_report.json")
-    rc = run_torchrun(ns.nproc, training_args(ns, result, report_path))
-    if rc != 0:
-        raise CaptureError(
-            f"the training run failed (torchrun exit code {rc}); its output is above"
-        )
-    report = MemoryReport.read(report_path)
+    with tempfile.TemporaryDirectory(prefix="capture-verify-") as tmp:  # removed afterwards
+        report_path = os.path.join(ns.keep or tmp, "memory_report.json")
+        rc = run_torchrun(ns.nproc, training_args(ns, result, report_path))
+        if rc != 0:
+            raise CaptureError(
+                f"the training run failed (torchrun exit code {rc}); its output is above"
+            )
+        report = MemoryReport.read(report_path)
     worst = _report(ns, result, compare(result.best.rank_peaks, report), report)
     print(f"max |error| {100 * worst:.2f}% (tolerance {100 * ns.tolerance:.1f}%)")
     return 0 if worst <= ns.tolerance else 1

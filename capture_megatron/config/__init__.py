@@ -5,6 +5,7 @@ how it trains (TrainConfig and its options), and Megatron's pipeline-split rules
 Every field that a Megatron flag sets declares that flag (capture_megatron.config.fields).
 """
 
+from capture_megatron.config.ddp import DdpOptions
 from capture_megatron.config.kernels import Kernels
 from capture_megatron.config.model import GIB, ModelShape, dtype_bytes
 from capture_megatron.config.parallel import (
@@ -30,6 +31,7 @@ __all__ = [
     "CheckpointOptions",
     "Cluster",
     "DataOptions",
+    "DdpOptions",
     "ModelShape",
     "OptimOptions",
     "ParallelFlags",

@@ -12,7 +12,10 @@ import ast
 import dataclasses
 import functools
 import inspect
+import math
 import textwrap
+import types
+import typing
 from dataclasses import dataclass
 from typing import Any
 
@@ -113,3 +116,94 @@ def _docstring(node: ast.stmt) -> str | None:
         value = node.value.value
         return value if isinstance(value, str) else None
     return None
+
+
+def _kind(hint: Any) -> Any:
+    """int / float / tuple[int, ...] / a dataclass for a field's annotation (Optional removed),
+    None for anything else."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        hint = args[0] if len(args) == 1 else None
+    if hint in (int, float) or (isinstance(hint, type) and dataclasses.is_dataclass(hint)):
+        return hint
+    if typing.get_origin(hint) is tuple and typing.get_args(hint)[:1] == (int,):
+        return tuple
+    return None
+
+
+def _number_problem(name: str, value: Any, kind: Any, at_least: float | None) -> str | None:
+    """Why one numeric value is not acceptable (None: it is)."""
+    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+        return f"{name} {value!r} must be an integer"
+    if kind is float and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        return f"{name} {value!r} must be a number"
+    if kind is float and not math.isfinite(value):
+        return f"{name} {value} must be a finite number"
+    if at_least is not None and value < at_least:
+        return f"{name} {value:g} must be at least {at_least:g}"
+    return None
+
+
+AT_LEAST_ONE = frozenset(
+    {
+        *("--num-layers", "--hidden-size", "--num-attention-heads", "--seq-length"),
+        *("--vocab-size", "--make-vocab-size-divisible-by", "--rotary-base"),
+        *("--tensor-model-parallel-size", "--pipeline-model-parallel-size"),
+        *("--context-parallel-size", "--expert-model-parallel-size"),
+        *("--expert-tensor-parallel-size", "--num-layers-per-virtual-pipeline-stage"),
+        *("--num-virtual-stages-per-pipeline-rank", "--micro-batch-size", "--global-batch-size"),
+        *("--microbatch-group-size-per-virtual-pipeline-stage", "--top", "--train-iters"),
+        *("--log-interval", "--nodes", "--moe-router-topk", "--nvlink-domain"),
+    }
+)
+"""Flags whose 0 is meaningless (Megatron-LM asserts, divides by them, or would run nothing):
+at least 1 when given."""
+ABOVE_ZERO = frozenset(
+    {
+        *("--norm-epsilon", "--rope-scaling-factor", "--adam-eps", "--init-method-std"),
+        *("--peak-tflops", "--hbm-gbps", "--nvlink-gbps"),
+        *("--network-gbps", "--host-gbps"),
+    }
+)
+"""Float flags that must be above 0."""
+BELOW_ONE = frozenset({"--reserve-fraction", "--hidden-dropout", "--attention-dropout"})
+"""Fractions of a whole: below 1."""
+SELF_CHECKED = frozenset({"--gemm-efficiency"})
+"""Flags whose range their class checks with its own words (finite-ness is checked here)."""
+
+
+def value_problems(
+    obj: Any, positive: tuple[str, ...] = (), every_field: bool = False
+) -> list[str]:
+    """What is wrong with the numbers of dataclass `obj`, by its annotations: an int field holds
+    an int (not 2.0, not a bool), a float field a finite number, and no value is negative (no
+    Megatron size, count, rate or margin is); fields in `positive` are at least 1 (ints) or
+    above 0 (floats). Flag fields are named by their flag; `every_field` checks the fields no
+    flag sets too (objects read from JSON). None (not given) is accepted; nested dataclasses are
+    checked too. Type problems stop the rest of a class's checks (its arithmetic would fail)."""
+    hints = typing.get_type_hints(type(obj))
+    problems = []
+    for field in dataclasses.fields(obj):
+        spec, value = flag_of(field), getattr(obj, field.name)
+        kind = _kind(hints[field.name])
+        if value is None or kind is None:
+            continue
+        if dataclasses.is_dataclass(kind):
+            problems += value_problems(value, every_field=every_field)
+            continue
+        if spec is None and not every_field:
+            continue
+        name = spec.name if spec else field.name
+        if kind is tuple:
+            bad = [v for v in value if isinstance(v, bool) or not isinstance(v, int)]
+            problems += [f"{name} {list(value)} must be integers"] if bad else []
+            continue
+        strict = field.name in positive or name in AT_LEAST_ONE or name in ABOVE_ZERO
+        floor = None if strict or name in SELF_CHECKED else 0
+        problem = _number_problem(name, value, kind, floor)
+        if problem is None and strict and (value < 1 if kind is int else value <= 0):
+            problem = f"{name} {value:g} must be {'at least 1' if kind is int else 'positive'}"
+        if problem is None and name in BELOW_ONE and value >= 1:
+            problem = f"{name} {value:g} must be below 1"
+        problems += [problem] if problem else []
+    return problems

@@ -1,18 +1,20 @@
 """Model shapes from a Hugging Face config.json (--hf-config FILE, or a model directory holding
-config.json): the decoder-only types llama, mistral, gemma, gemma2, qwen2 and phi3, and with
-experts mixtral, qwen2_moe, qwen3_moe, deepseek_v2 and deepseek_v3 (capture_megatron.config.hf_moe),
-each field a config leaves out taken from its type's transformers default (DEFAULTS, sources cited
-there).
+config.json): the decoder-only types llama, mistral, gemma, gemma2, gemma3_text, qwen2, qwen3,
+olmo2 and phi3, and with experts mixtral, qwen2_moe, qwen3_moe, deepseek_v2 and deepseek_v3
+(capture_megatron.config.hf_moe; DeepSeek's multi-latent attention and multi-token prediction:
+capture_megatron.config.hf_latent), each field a config leaves out taken from its type's
+transformers default (DEFAULTS, sources cited there).
 
 Read into Megatron's terms: RMSNorm, RoPE (base, Llama 3 scaling), SwiGLU or GeGLU, GQA and
-head_dim, tied embeddings, QKV biases (Qwen2's are implicit), the norm epsilon, a sliding window
-(Megatron-LM's --window-size when it is shorter than the sequence) and the experts. The training
-precision is bf16 whatever torch_dtype says (that is how the file's weights are stored). The
-sequence length is the one given, else min(max_position_embeddings, 4096), stated in a note.
-Multi-latent attention (DeepSeek), MLP biases or RoPE scalings Megatron-LM cannot build are an error
-naming them; Gemma-2 and Qwen3-MoE are read (their shape and parameter count are right) but list
-what megatron-core's GPT layer (as modelled here) cannot build, and planning them is refused
-(HfModel.checked), never a silent plan of another model.
+head_dim, tied embeddings, QKV biases (Qwen2's are implicit), query/key norms (--qk-layernorm),
+the norm epsilon, a sliding window (Megatron-LM's --window-size when it is shorter than the
+sequence), the experts, MLA and MTP. The training precision is bf16 whatever torch_dtype says
+(that is how the file's weights are stored). The sequence length is the one given, else
+min(max_position_embeddings, 4096), stated in a note. MLP biases or RoPE scalings Megatron-LM
+cannot build are an error naming them; Gemma-2 and Gemma-3 are read (their shape and parameter
+count are right) but list what megatron-core's GPT layer cannot build, and planning them is
+refused (HfModel.checked), never a silent plan of another model; OLMo-2's post-norm layer is
+planned as Megatron's pre-norm one with a note (capture_megatron.config.hf_unmodelled).
 
 Gemma also scales the embedding output by sqrt(h) and keeps RMSNorm weights as (1 + w)
 (Megatron-LM's --apply-layernorm-1p parameterisation): neither changes a parameter count or the
@@ -25,8 +27,12 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from capture_megatron.config.attention import LatentAttention
+from capture_megatron.config.hf_count import parameter_count
 from capture_megatron.config.hf_fields import activation, rope
-from capture_megatron.config.hf_moe import MOE_TYPES, expert_parameters, experts_of
+from capture_megatron.config.hf_latent import latent_attention, mtp_layers
+from capture_megatron.config.hf_moe import MOE_TYPES, experts_of
+from capture_megatron.config.hf_unmodelled import GEMMA, OLMO2_NOTE, Unmodelled, gemma_unmodelled
 from capture_megatron.config.model import ModelShape
 from capture_megatron.config.moe import Experts
 from capture_megatron.errors import CaptureError
@@ -76,37 +82,34 @@ DEFAULTS = {
     "qwen3_moe": TypeDefaults(False, "silu", 1e-6, 32768, 6144, 4, None, 4096),
     "deepseek_v2": TypeDefaults(False, "silu", 1e-6, 2048, 11008, None, None, None),
     "deepseek_v3": TypeDefaults(False, "silu", 1e-6, 4096, 18432, 128, None, None),
+    # transformers main (commit 008e5743) Qwen3Config / Olmo2Config; commit 008f5c8c
+    # Gemma3TextConfig (tie_word_embeddings True, hidden_activation gelu_pytorch_tanh)
+    "qwen3": TypeDefaults(False, "silu", 1e-6, 32768, 22016, 32, 128, 4096),
+    "olmo2": TypeDefaults(False, "silu", 1e-5, 2048, 11008, None, None, None),
+    "gemma3_text": TypeDefaults(True, "gelu_pytorch_tanh", 1e-6, 131072, 9216, 4, 256, 4096),
 }
 """transformers v4.46.3's defaults per model_type (the comment above names the files). Phi-3
 fuses q, k, v into qkv_proj and gate, up into gate_up_proj: the same parameters as Megatron's
 linear_qkv and linear_fc1. Qwen2's sliding window only applies with use_sliding_window (default
 false)."""
+QK_NORM = ("qwen3", "qwen3_moe", "olmo2", "gemma3_text", "deepseek_v2", "deepseek_v3")
+"""Types that normalise queries and keys (q_norm / k_norm; DeepSeek's query and key-value latents'
+q_a_layernorm / kv_a_layernorm): Megatron-LM's --qk-layernorm."""
 MODEL_TYPES = tuple(DEFAULTS)
 """HF model types read from config.json (decoder-only; those of hf_moe.MOE_TYPES with
 experts)."""
 DEFAULT_SEQ_LENGTH = 4096
 """Sequence length when --seq-length is not given (at most the config's positions)."""
 _HF_REQUIRED = ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size")
-_MLA = "multi-latent attention is not modelled yet"
 _REFUSED = {
-    "kv_lora_rank": _MLA,
-    "q_lora_rank": _MLA,
-    "qk_rope_head_dim": _MLA,
     "mlp_bias": "MLP biases without the other linear biases have no Megatron-LM flag",
 }
 """Config fields that change memory in ways not modelled, with the reason (when set, non-zero)."""
-_O_PROJ_BIAS = ("llama", "gemma", "gemma2", "qwen3_moe")
+_O_PROJ_BIAS = (
+    *("llama", "gemma", "gemma2", "gemma3_text", "qwen3", "qwen3_moe", "olmo2"),
+    *("deepseek_v2", "deepseek_v3"),
+)
 """Types whose attention_bias also puts a bias on o_proj (Megatron-LM: QKV only, or all)."""
-
-
-@dataclass(frozen=True)
-class Unmodelled:
-    """A config field megatron-core's GPT model cannot build."""
-
-    field: str
-    """The config field (or architecture feature)."""
-    why: str
-    """What it does that megatron-core's GPT layer does not."""
 
 
 @dataclass(frozen=True)
@@ -134,23 +137,6 @@ class HfModel:
             f"parameters) but megatron-core's GPT layer cannot build it: {parts}. Planning it as "
             "the model megatron-core can build would plan a different model; nothing is planned."
         )
-
-
-def parameter_count(shape: ModelShape) -> int:
-    """Parameters of the model megatron-core builds for `shape`, with the unpadded vocabulary
-    (Megatron's padding adds rows; see ModelShape.padded_vocab)."""
-    h, d, f = shape.hidden_size, shape.head_dim, shape.ffn
-    heads, groups, gate = shape.num_attention_heads, shape.groups, 2 if shape.gated else 1
-    bias, norm = shape.add_bias_linear, 2 if shape.normalization == "LayerNorm" else 1
-    qkv = (heads + 2 * groups) * d
-    layer = h * qkv + heads * d * h + gate * h * f + f * h + 2 * norm * h
-    layer += qkv if bias or shape.add_qkv_bias else 0
-    layer += (h + gate * f + h) if bias else 0
-    vocab = shape.vocab_size * h * (2 if shape.untie_embeddings_and_output_weights else 1)
-    learned = shape.max_positions * h if shape.position_embedding_type != "rope" else 0
-    moe_mlp, dense_mlp = expert_parameters(shape) if shape.moe.enabled else (0, 0)
-    moe = sum(shape.moe_layers) * (moe_mlp - dense_mlp)
-    return shape.num_layers * layer + moe + vocab + learned + norm * h
 
 
 def _config_path(path: str) -> str:
@@ -214,8 +200,11 @@ def _read(path: str, cfg: dict[str, Any], seq_length: int | None, dtype: str | N
     positions = cfg.get("max_position_embeddings") or base.max_position_embeddings
     seq, notes = _sequence(positions, seq_length)
     gate, act_note = activation(cfg, kind, base.hidden_act)
-    rotary_base, scaling, factor = rope(cfg)
+    latent = latent_attention(cfg, kind) if kind.startswith("deepseek") else LatentAttention()
     head_dim = cfg.get("head_dim") or base.head_dim or hidden // heads
+    head_dim = latent.v_head_dim if latent.enabled else head_dim  # --kv-channels, as NVIDIA's
+    plain = {k: v for k, v in cfg.items() if k != "rope_scaling"}  # MLA's YaRN: hf_latent
+    rotary_base, scaling, factor = rope(plain if latent.enabled else cfg)
     groups = cfg.get("num_key_value_heads") or base.num_key_value_heads or heads
     window, window_note = _window(cfg, kind, seq)
     shape = ModelShape(
@@ -247,11 +236,25 @@ def _read(path: str, cfg: dict[str, Any], seq_length: int | None, dtype: str | N
         attention_dropout=float(cfg.get("attention_dropout") or 0.0),
         dtype=dtype or "bf16",
         moe=experts_of(cfg, kind) if kind in MOE_TYPES else Experts(),
+        qk_layernorm=kind in QK_NORM,
+        mla=latent,
+        mtp_num_layers=mtp_layers(cfg),
     )
     stored = "" if dtype else _precision_note(cfg)
     notes += tuple(n for n in (act_note, window_note, stored) if n)
-    unmodelled = _gemma2_unmodelled(cfg, kind, shape) + _qk_norm(kind)
+    if kind == "olmo2":
+        olmo = parameter_count(shape) - _olmo2_parameters(shape)
+        notes += (OLMO2_NOTE.format(delta=olmo),)
+    unmodelled = gemma_unmodelled(cfg, kind, head_dim, seq, base.sliding_window)
     return HfModel(path, shape, notes, unmodelled)
+
+
+def _olmo2_parameters(shape: ModelShape) -> int:
+    """OLMo-2's own parameter count: per layer a norm after each sublayer (h each) and RMSNorms
+    over the whole query and key projections, where Megatron's layer has two input norms and
+    per-head query / key norms."""
+    d, heads, groups = shape.head_dim, shape.num_attention_heads, shape.groups
+    return parameter_count(shape) - shape.num_layers * (2 * d - (heads + groups) * d)
 
 
 def _sequence(positions: int, seq_length: int | None) -> tuple[int, tuple[str, ...]]:
@@ -274,9 +277,9 @@ def _window(cfg: dict[str, Any], kind: str, seq: int) -> tuple[tuple[int, ...], 
     """Megatron-LM's --window-size (left, right) for the config's sliding window at sequence
     length `seq` (empty when there is none, or when no token falls outside it), and a note."""
     width = cfg.get("sliding_window", DEFAULTS[kind].sliding_window)
-    if kind in ("llama", "gemma", "gemma2") or not width:  # gemma2: _gemma2_unmodelled
+    if kind in ("llama", "gemma", *GEMMA) or not width:  # gemma2, gemma3: gemma_unmodelled
         return (), ""
-    if kind in ("qwen2", "qwen2_moe", "qwen3_moe"):
+    if kind in ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe"):
         if not cfg.get("use_sliding_window", False):
             return (), ""
         layers, first = cfg["num_hidden_layers"], cfg.get("max_window_layers", 28)
@@ -315,58 +318,6 @@ def _precision_note(cfg: dict[str, Any]) -> str:
     return (
         f"training precision bf16 (the default; torch_dtype {stored} is how the file stores its "
         "weights); give --fp16 for fp16"
-    )
-
-
-def _gemma2_unmodelled(cfg: dict[str, Any], kind: str, shape: ModelShape) -> tuple[Unmodelled, ...]:
-    """What Gemma-2 has that megatron-core's GPT layer does not (empty for other types)."""
-    if kind != "gemma2":
-        return ()
-    found = [
-        Unmodelled(
-            "post_attention_layernorm and post_feedforward_layernorm",
-            "Gemma-2 normalises each sublayer's output too; megatron-core's layer has only the "
-            "two input norms",
-        )
-    ]
-    for field, default, what in (
-        ("attn_logit_softcapping", 50.0, "tanh-caps the attention scores"),
-        ("final_logit_softcapping", 30.0, "tanh-caps the logits before the loss"),
-    ):
-        value = cfg.get(field, default)
-        if value:
-            found.append(Unmodelled(f"{field} {value}", f"{what}; megatron-core has no cap"))
-    scalar = cfg.get("query_pre_attn_scalar", 256)
-    if scalar != shape.head_dim:
-        found.append(
-            Unmodelled(
-                f"query_pre_attn_scalar {scalar}",
-                f"scales queries by 1/sqrt({scalar}), not 1/sqrt(head_dim {shape.head_dim}); "
-                "Megatron-LM has no flag for the softmax scale",
-            )
-        )
-    width = cfg.get("sliding_window", DEFAULTS[kind].sliding_window)
-    if width and width < shape.seq_length - 1:
-        found.append(
-            Unmodelled(
-                f"sliding_window {width}",
-                "a window on every other layer (Megatron-LM's --window-attn-skip-freq, not "
-                "modelled)",
-            )
-        )
-    return tuple(found)
-
-
-def _qk_norm(kind: str) -> tuple[Unmodelled, ...]:
-    """Qwen3-MoE's per-head RMSNorm of queries and keys (empty for other types)."""
-    if kind != "qwen3_moe":
-        return ()
-    return (
-        Unmodelled(
-            "q_norm and k_norm",
-            "Qwen3 normalises every head's queries and keys (Megatron-LM's --qk-layernorm, not "
-            "modelled yet)",
-        ),
     )
 
 

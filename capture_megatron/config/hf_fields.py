@@ -23,9 +23,9 @@ def activation(cfg: dict[str, Any], kind: str, default: str) -> tuple[str, str]:
     """('swiglu' or 'geglu', note) for the MLP's gate activation (`default`: the type's);
     CaptureError for others.
 
-    transformers' Gemma and Gemma-2 MLPs read hidden_activation (Gemma: None means
+    transformers' Gemma, Gemma-2 and Gemma-3 MLPs read hidden_activation (Gemma: None means
     gelu_pytorch_tanh, and hidden_act is ignored: v4.46.3 modeling_gemma.py GemmaMLP)."""
-    if kind in ("gemma", "gemma2"):
+    if kind in ("gemma", "gemma2", "gemma3_text"):
         name, field = cfg.get("hidden_activation") or default, "hidden_activation"
         ignored = cfg.get("hidden_act")
         if "hidden_activation" not in cfg and ignored not in (None, name):

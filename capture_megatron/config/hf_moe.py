@@ -10,7 +10,11 @@ capture_megatron.config.hf) in Megatron-LM's MoE flags. Pure Python.
 - Shared experts: Qwen2-MoE's shared_expert_intermediate_size with its sigmoid gate
   (--moe-shared-expert-gate); DeepSeek's n_shared_experts x moe_intermediate_size.
 - Routing: top num_experts_per_tok; router_aux_loss_coef as --moe-aux-loss-coeff; Qwen's
-  norm_topk_prob false (softmax over all experts, not renormalised) as --moe-router-pre-softmax.
+  norm_topk_prob false (softmax over all experts, not renormalised) as --moe-router-pre-softmax;
+  DeepSeek's scoring_func as --moe-router-score-function and its seq_aux as
+  --moe-router-load-balancing-type seq_aux_loss (how NVIDIA's DeepSeek-V3 script routes). Its
+  group-limited routing and score-correction bias (E floats per layer) only choose which experts
+  get tokens, as the Megatron flags for them do (megatron/policy.py).
   Routing is dropless, as in transformers (no capacity factor).
 """
 
@@ -67,6 +71,7 @@ def experts_of(cfg: dict[str, Any], kind: str) -> Experts:
         shared, gate = cfg.get("shared_expert_intermediate_size", 5632), True
     elif kind.startswith("deepseek"):
         shared = (cfg.get("n_shared_experts") or 0) * width
+    deepseek = kind.startswith("deepseek")
     return Experts(
         num_experts=count,
         moe_router_topk=topk,
@@ -76,7 +81,16 @@ def experts_of(cfg: dict[str, Any], kind: str) -> Experts:
         moe_layer_freq=layer_freq(_pattern(cfg, kind)),
         moe_aux_loss_coeff=_aux_loss(cfg, kind),
         moe_router_pre_softmax=qwen and not cfg.get("norm_topk_prob", False),
+        moe_router_score_function=_score_function(cfg, kind) if deepseek else "softmax",
+        moe_router_load_balancing_type="seq_aux_loss"
+        if deepseek and cfg.get("seq_aux")
+        else "aux_loss",
     )
+
+
+def _score_function(cfg: dict[str, Any], kind: str) -> str:
+    """DeepSeek's scoring_func (transformers' default: sigmoid for V3, softmax for V2)."""
+    return str(cfg.get("scoring_func", "sigmoid" if kind == "deepseek_v3" else "softmax"))
 
 
 def _aux_loss(cfg: dict[str, Any], kind: str) -> float:

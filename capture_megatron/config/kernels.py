@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass
 
 from capture_megatron.config.fields import flag
+from capture_megatron.config.fp8 import FP8_FORMATS, FP8_RECIPES, userbuffer_bytes_per_token
 from capture_megatron.errors import CaptureError, require
 from capture_megatron.serial import JsonMixin
 
@@ -73,9 +74,31 @@ class Kernels(JsonMixin):
         "torch's on Hopper, 32 MiB)",
     )
     """The training run's CUBLAS_WORKSPACE_CONFIG (sizes torch's cuBLAS workspaces)."""
+    fp8_format: str = flag("--fp8-format", "", choices=FP8_FORMATS)
+    """FP8 training with Transformer Engine: e4m3 everywhere, or hybrid (e4m3 forward, e5m2
+    gradients); empty: no FP8. The GPU kernel set only (capture_megatron.config.fp8)."""
+    fp8_recipe: str = flag("--fp8-recipe", "delayed", choices=FP8_RECIPES)
+    """How FP8 tensors are scaled: per tensor from an amax history (delayed) or the current amax
+    (tensorwise), per 32-element block (mxfp8) or per 128-element / 128 x 128 block (blockwise)."""
+    fp8_param_gather: bool = flag("--fp8-param-gather", False)
+    """Keep the linear layers' weights in FP8 (fp32 master copies in the distributed optimizer)
+    and all-gather them in FP8."""
+    fp8_amax_history_len: int = flag("--fp8-amax-history-len", 1)
+    """Amax values kept per FP8 tensor (delayed scaling)."""
+    first_last_layers_bf16: bool = flag("--first-last-layers-bf16", False)
+    """With FP8, run the first and last layers in bf16 (refused with FP8: not modelled)."""
+    moe_permute_fusion: bool = flag("--moe-permute-fusion", False)
+    """Transformer Engine's fused MoE token permutation (the GPU kernel set)."""
+    moe_router_fusion: bool = flag("--moe-router-fusion", False)
+    """Transformer Engine's fused MoE top-k routing and aux-loss kernels (the GPU kernel set)."""
+    tp_comm_overlap: bool = flag("--tp-comm-overlap", False)
+    """Overlap the tensor-parallel all-gathers and reduce-scatters with the GEMMs through
+    Transformer Engine's userbuffers (needs sequence parallelism, hence TP > 1)."""
+    tp_comm_overlap_cfg: str = flag("--tp-comm-overlap-cfg", "")
+    """A YAML file of userbuffer settings per layer (refused: only TE's defaults are modelled)."""
 
     def __post_init__(self) -> None:
-        p = []
+        p = self._fp8_problems()
         if self.transformer_impl not in IMPLEMENTATIONS:
             p.append(f"--transformer-impl {self.transformer_impl!r} not one of {IMPLEMENTATIONS}")
         if self.attention_backend not in ATTENTION_BACKENDS:
@@ -83,6 +106,22 @@ class Kernels(JsonMixin):
                 f"--attention-backend {self.attention_backend!r} not one of {ATTENTION_BACKENDS}"
             )
         require(p, "kernel settings")
+
+    def _fp8_problems(self) -> list[str]:
+        """FP8 settings Megatron-LM refuses or the model does not cover."""
+        p = []
+        if self.fp8_format not in FP8_FORMATS:
+            p.append(f"--fp8-format {self.fp8_format!r} not one of {FP8_FORMATS[1:]}")
+        if self.fp8_recipe not in FP8_RECIPES:
+            p.append(f"--fp8-recipe {self.fp8_recipe!r} not one of {FP8_RECIPES}")
+        if self.fp8_amax_history_len < 1:
+            p.append(f"--fp8-amax-history-len {self.fp8_amax_history_len} must be >= 1")
+        return p
+
+    @property
+    def fp8(self) -> bool:
+        """Whether the run trains in FP8 (--fp8-format given)."""
+        return bool(self.fp8_format)
 
     def workspace_bytes(self) -> int:
         """GPU memory every training process allocates once and keeps, which no probe sees:
@@ -122,7 +161,25 @@ class Kernels(JsonMixin):
             parts.append("ce-fusion-" + self.cross_entropy_fusion_impl)
         if self.cublas_workspace_config:
             parts.append("cublas" + self.cublas_workspace_config)
+        if self.fp8:
+            parts.append(f"fp8-{self.fp8_recipe}")
+            if self.fp8_param_gather:
+                parts.append("fp8-params")
+            if self.fp8_recipe == "delayed" and self.fp8_amax_history_len != 1:
+                parts.append(f"amax{self.fp8_amax_history_len}")
+        if self.tp_comm_overlap:
+            parts.append("tp-comm-overlap")
+        parts += [n for n, on in (("moe-permute", self.moe_permute_fusion),
+                                  ("moe-router", self.moe_router_fusion)) if on]  # fmt: skip
         return "/".join(parts)
+
+    def userbuffer_bytes_per_token(self, hidden_size: int) -> int:
+        """Bytes per token (row of the [seq x micro-batch / CP, hidden] shape) of the
+        userbuffers --tp-comm-overlap allocates on every GPU, outside the caching allocator
+        (capture_megatron.config.fp8.userbuffer_bytes_per_token); 0 without it."""
+        if not self.tp_comm_overlap:
+            return 0
+        return userbuffer_bytes_per_token(hidden_size, self.fp8)
 
 
 NEGATED = (
@@ -175,3 +232,35 @@ VALIDATION = {
     "cuda": "measured on this machine's GPU",
 }
 """How a memory model profiled on each device was validated (named in every plan's output)."""
+
+
+def tp_overlap_problem(kernel_set: str, kernels: Kernels, tp: int = 0, sp: bool = True) -> str:
+    """Why --tp-comm-overlap under `kernels` is not forecast on `kernel_set` ('cpu' or
+    'gpu:...') for a plan of TP `tp` with sequence parallelism `sp` (tp 0: not known yet); ''
+    when it is, or without it."""
+    if not kernels.tp_comm_overlap:
+        return ""
+    if not kernel_set.startswith("gpu"):
+        return (
+            "--tp-comm-overlap: TP communication overlap runs through Transformer Engine's "
+            "userbuffers (CUDA memory outside the caching allocator, GEMMs writing into it), "
+            "which only the GPU kernel set models; the CPU kernel set describes CPU runs, which "
+            "have none. Predict it on the GPU kernel set: --device fake-cuda (the default "
+            "without a GPU) or --device cuda"
+        )
+    if kernels.for_gpu().transformer_impl != "transformer_engine":
+        return "--tp-comm-overlap needs --transformer-impl transformer_engine (TE's userbuffers)"
+    if kernels.tp_comm_overlap_cfg:
+        return (
+            f"--tp-comm-overlap-cfg {kernels.tp_comm_overlap_cfg}: a userbuffer configuration "
+            "changes each buffer's method, size and precision, not modelled; leave it out to "
+            "forecast Transformer Engine's defaults"
+        )
+    if tp == 1 or not sp:
+        return (
+            "--tp-comm-overlap needs --sequence-parallel with --tensor-model-parallel-size > 1 "
+            "(Megatron-LM asserts it: 'Tensor parallel communication/GEMM overlap can happen "
+            "only when sequence parallelism is enabled', and turns sequence parallelism off at "
+            "TP 1)"
+        )
+    return ""

@@ -2,9 +2,11 @@
 layers per virtual stage, and the split --decoder-first/last-pipeline-num-layers give.
 
 Grammar (megatron/core/transformer/pipeline_parallel_layer_layout.py): ``E`` embedding, ``t``
-transformer (decoder) layer, ``L`` loss (final norm + output layer), ``|`` between virtual stages,
-``(...)*n`` and ``x*n`` repeat, ``,`` is cosmetic. A layout with k * pp stages means VPP k; virtual
-stage i sits on pipeline rank i % pp. E must open the first stage and L close the last.
+transformer (decoder) layer, ``m`` multi-token prediction layer, ``L`` loss (final norm + output
+layer), ``|`` between virtual stages, ``(...)*n`` and ``x*n`` repeat, ``,`` is cosmetic. A layout
+with k * pp stages means VPP k; virtual stage i sits on pipeline rank i % pp. E must open the first
+stage and L close the last; the MTP layers (all of them) sit in the last stage, after its decoder
+layers and before L (Megatron's standard placement; elsewhere is --mtp-standalone, not modelled).
 Pure Python; no torch.
 """
 
@@ -27,18 +29,21 @@ def expand(layout: str) -> str:
     return text
 
 
-def parse_layout(layout: str, pp: int, num_layers: int | None = None) -> tuple[int, ...]:
+def parse_layout(
+    layout: str, pp: int, num_layers: int | None = None, mtp_layers: int | None = None
+) -> tuple[int, ...]:
     """Transformer layers per virtual stage of `layout` for pipeline size `pp`.
 
-    Raises CaptureError naming the problem: characters outside E/t/L/|, a stage count not a
-    multiple of pp, E not first or L not last (or repeated), or a layer count != num_layers.
+    Raises CaptureError naming the problem: characters outside E/t/m/L/|, a stage count not a
+    multiple of pp, E not first or L not last (or repeated), a layer count != num_layers, or (with
+    `mtp_layers` given) MTP layers other than `mtp_layers` of them at the end of the last stage.
     """
     text = expand(layout)
     stages = text.split("|")
     problems = []
-    bad = sorted(set(text) - set("EtL|"))
+    bad = sorted(set(text) - set("EtmL|"))
     if bad:
-        problems.append(f"characters {bad} are not E, t, L or |")
+        problems.append(f"characters {bad} are not E, t, m, L or |")
     if len(stages) % pp:
         problems.append(f"{len(stages)} stages is not a multiple of pipeline size {pp}")
     if text.count("E") != 1 or not stages[0].startswith("E"):
@@ -50,6 +55,8 @@ def parse_layout(layout: str, pp: int, num_layers: int | None = None) -> tuple[i
         problems.append(
             f"it places {sum(counts)} transformer layers but --num-layers is {num_layers}"
         )
+    if mtp_layers is not None:
+        problems += _mtp_problems(stages, mtp_layers)
     if problems:
         raise CaptureError(
             f"--pipeline-model-parallel-layout {layout!r}: " + "; ".join(problems) + "."
@@ -57,11 +64,31 @@ def parse_layout(layout: str, pp: int, num_layers: int | None = None) -> tuple[i
     return counts
 
 
-def format_layout(layers_per_stage: tuple[int, ...]) -> str:
-    """Megatron's layout string for transformer layers per virtual stage (E first, L last)."""
+def _mtp_problems(stages: list[str], mtp_layers: int) -> list[str]:
+    """Why the layout's MTP layers ('m') are not `mtp_layers` of them at the end of the last stage,
+    before L (empty: they are)."""
+    placed = sum(s.count("m") for s in stages)
+    if placed != mtp_layers:
+        return [
+            f"it places {placed} multi-token prediction layers (m) but --mtp-num-layers is "
+            f"{mtp_layers} (Megatron requires them to match)"
+        ]
+    last = stages[-1].removesuffix("L")
+    if placed and (stages[-1].count("m") != placed or not last.endswith("m" * placed)):
+        return [
+            "its multi-token prediction layers (m) must all sit at the end of the last stage, "
+            "after its transformer layers and before L (MTP on another stage is Megatron's "
+            "--mtp-standalone, which is not modelled)"
+        ]
+    return []
+
+
+def format_layout(layers_per_stage: tuple[int, ...], mtp_layers: int = 0) -> str:
+    """Megatron's layout string for transformer layers per virtual stage (E first, L last), the
+    `mtp_layers` multi-token prediction layers just before L."""
     stages = ["t" * n for n in layers_per_stage]
     stages[0] = "E" + stages[0]
-    stages[-1] = stages[-1] + "L"
+    stages[-1] = stages[-1] + "m" * mtp_layers + "L"
     return "|".join(stages)
 
 

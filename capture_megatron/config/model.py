@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from capture_megatron.config.attention import LatentAttention
-from capture_megatron.config.fields import flag
+from capture_megatron.config.fields import flag, value_problems
 from capture_megatron.config.moe import Experts
 from capture_megatron.errors import CaptureError, require
 from capture_megatron.serial import JsonMixin
@@ -25,6 +25,9 @@ NORMALIZATIONS = ("LayerNorm", "RMSNorm")
 """Megatron's --normalization choices."""
 POSITION_EMBEDDINGS = ("learned_absolute", "rope")
 """Megatron's --position-embedding-type choices this project supports."""
+MEGATRON_POSITION_EMBEDDINGS = (*POSITION_EMBEDDINGS, "mrope", "relative", "none")
+"""Every --position-embedding-type Megatron-LM accepts (core_v0.16.1); the others are refused as
+not modelled, not as invalid."""
 
 
 def dtype_bytes(dtype: str) -> int:
@@ -69,7 +72,7 @@ class ModelShape(JsonMixin):
     untie_embeddings_and_output_weights: bool = flag("--untie-embeddings-and-output-weights", False)
     """Separate output layer weights."""
     position_embedding_type: str = flag(
-        "--position-embedding-type", "learned_absolute", choices=POSITION_EMBEDDINGS
+        "--position-embedding-type", "learned_absolute", choices=MEGATRON_POSITION_EMBEDDINGS
     )
     """learned_absolute or rope."""
     add_bias_linear: bool = flag("--disable-bias-linear", True, negate=True)
@@ -110,7 +113,9 @@ class ModelShape(JsonMixin):
         require(self._problems(), "model shape")
 
     def _problems(self) -> list[str]:
-        p: list[str] = []
+        p: list[str] = value_problems(self)  # types, finite, not negative (config.fields)
+        if p:
+            return p
         for name in (
             "num_layers",
             "hidden_size",
@@ -131,8 +136,8 @@ class ModelShape(JsonMixin):
             p.append(f"normalization {self.normalization!r} not one of {NORMALIZATIONS}")
         if self.position_embedding_type not in POSITION_EMBEDDINGS:
             p.append(
-                f"position embedding {self.position_embedding_type!r} not one of "
-                f"{POSITION_EMBEDDINGS}"
+                f"--position-embedding-type {self.position_embedding_type} is not modelled "
+                f"(modelled: {', '.join(POSITION_EMBEDDINGS)})"
             )
         if (
             self.max_position_embeddings
@@ -167,7 +172,21 @@ class ModelShape(JsonMixin):
             p.append(f"--mtp-num-layers {self.mtp_num_layers} must be >= 0")
         if self.qk_layernorm and self.qk_l2_norm:
             p.append("--qk-layernorm and --qk-l2-norm are two query/key norms: give one")
-        return p + self._moe_problems()
+        return p + self._latent_problems() + self._moe_problems()
+
+    def _latent_problems(self) -> list[str]:
+        """What megatron-core 0.16.1 refuses of multi-latent attention (Megatron-LM's asserts)."""
+        if not self.mla.enabled:
+            return []
+        p = []
+        if self.num_query_groups and self.num_query_groups != self.num_attention_heads:
+            p.append(
+                "--multi-latent-attention with --group-query-attention: Megatron-LM makes them "
+                "mutually exclusive"
+            )
+        if self.qk_l2_norm:
+            p.append("--qk-l2-norm is not supported with multi-latent attention (megatron-core)")
+        return p
 
     def _moe_problems(self) -> list[str]:
         if not self.moe.enabled:
@@ -179,19 +198,10 @@ class ModelShape(JsonMixin):
         return []
 
     @property
-    def unmodelled_features(self) -> tuple[str, ...]:
-        """Architecture features this model uses that the memory model and the builder do not
-        cover yet (each a flag name; empty when everything is modelled)."""
-        out = []
-        if self.qk_layernorm:
-            out.append("--qk-layernorm")
-        if self.qk_l2_norm:
-            out.append("--qk-l2-norm")
-        if self.mla.enabled:
-            out.append("--multi-latent-attention")
-        if self.mtp_num_layers:
-            out.append("--mtp-num-layers")
-        return tuple(out)
+    def qk_norm(self) -> str:
+        """The norm on each query and key head: 'layernorm' (--qk-layernorm: --normalization's
+        kind; with MLA the norms of the query and key/value latents), 'l2' (--qk-l2-norm) or ''."""
+        return "layernorm" if self.qk_layernorm else ("l2" if self.qk_l2_norm else "")
 
     @property
     def ffn(self) -> int:
@@ -237,12 +247,3 @@ class ModelShape(JsonMixin):
     def replace(self, **changes: Any) -> ModelShape:
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)
-
-
-def refuse_unmodelled(shape: ModelShape) -> None:
-    """CaptureError naming the model's architecture features that are not modelled yet."""
-    if shape.unmodelled_features:
-        raise CaptureError(
-            f"{', '.join(shape.unmodelled_features)}: this architecture feature is read but not "
-            "modelled yet, so no memory forecast or training run is made for it"
-        )

@@ -22,6 +22,17 @@ BALANCING = ("aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none")
 """Megatron's --moe-router-load-balancing-type choices."""
 SCORE_FUNCTIONS = ("softmax", "sigmoid")
 """Megatron's --moe-router-score-function choices."""
+FLEX_REFUSAL = (
+    "--moe-token-dispatcher-type flex is not modelled: it sends tokens through DeepEP or HybridEP "
+    "(--moe-flex-dispatcher-backend), GPU-only communication libraries that allocate their own "
+    "NVLink / RDMA buffers once per process (sized by their configuration, not by megatron-core) "
+    "and keep their own dispatch layouts, none of which the CPU or GPU kernel set holds; "
+    "megatron-core also refuses flex with padded expert inputs, which the forecast's routing "
+    "bound uses. Give --moe-token-dispatcher-type alltoall (the same experts and routing, "
+    "megatron-core's all-to-all dispatcher) to forecast the run without DeepEP's buffers"
+)
+"""Why `predict` and `plan` refuse the flex dispatcher (one paragraph; capture-megatron's CPU
+training names it with the other flags the CPU cannot run: capture_megatron.megatron.moe)."""
 
 
 @dataclass(frozen=True)
@@ -66,14 +77,20 @@ class Experts(JsonMixin):
     """Softmax before the top-k selection."""
     moe_router_dtype: str = flag("--moe-router-dtype", "", choices=("", "fp32", "fp64"))
     """Precision of the routing computation (empty: the model's)."""
+    moe_router_force_load_balancing: bool = flag("--moe-router-force-load-balancing", False)
+    """Route by random logits (megatron-core's load-balanced benchmark mode): balanced routing."""
     moe_imbalance_factor: float = flag(
         "--moe-imbalance-factor",
         0.0,
-        note="(capture-megatron; 0: the worst case)",
+        note="(capture-megatron; 0: the forecast from measured routing statistics)",
     )
     """Dropless routing only: the most tokens any expert receives, as a factor of its balanced
-    share, that the forecast assumes. 0 means the worst case (every token of the expert's ranks
-    routed to it)."""
+    share, that the forecast assumes. 0 means the default: the imbalance expected of the run, from
+    routing statistics measured in aux-loss-balanced training (capture_megatron.predict.routing);
+    experts / top-k is the worst case."""
+    routing_case: str = "forecast"
+    """Set by predict and plan, never by a flag: which dropless routing factor a prediction
+    assumes (forecast, planning: the forecast plus its margin, or bound: the worst case)."""
     routing_bound: bool = False
     """Set by the profiler, never by a flag: the capacity and padding are a forecast's bound on
     routing (capture_megatron.predict.support.experts_probe), not the user's settings; a probe
@@ -104,6 +121,8 @@ class Experts(JsonMixin):
                 "--moe-expert-capacity-factor works only with aux_loss, seq_aux_loss, "
                 "global_aux_loss or none load balancing (Megatron refuses sinkhorn)"
             )
+        if self.routing_case not in ("forecast", "planning", "bound"):
+            p.append(f"routing case {self.routing_case!r} is not forecast, planning or bound")
         p += self._router_problems()
         if p:
             raise CaptureError("mixture of experts: " + "; ".join(p))

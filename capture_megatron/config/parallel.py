@@ -10,9 +10,11 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from capture_megatron.config.fields import flag
+from capture_megatron.config.ddp import DdpOptions
+from capture_megatron.config.fields import flag, value_problems
 from capture_megatron.config.layout import format_layout
 from capture_megatron.config.model import GIB, ModelShape
+from capture_megatron.config.mtp import mtp_problems
 from capture_megatron.errors import require
 from capture_megatron.serial import JsonMixin
 
@@ -95,14 +97,19 @@ class ParallelPlan(JsonMixin):
     """Megatron sequence parallelism over the TP group (--sequence-parallel)."""
     distributed_optimizer: bool = False
     """Shard optimizer state over DP (--use-distributed-optimizer)."""
-    grad_reduce_in_bf16: bool = False
-    """bf16 runs: keep and reduce gradients in bf16 (--grad-reduce-in-bf16); Megatron-LM's default
-    keeps them in fp32."""
     microbatch_group_size: int = 0
     """Interleaved schedule: micro-batches per virtual stage in a row; 0 means PP
     (--microbatch-group-size-per-virtual-pipeline-stage)."""
+    mtp_layers: int = 0
+    """Multi-token prediction layers (the model's --mtp-num-layers), all on the last virtual stage
+    after its transformer layers, as Megatron places them ('m' in the layout)."""
+    ddp: DdpOptions = DdpOptions()
+    """Gradient buffers and optimizer state: precision, buckets, distributed-optimizer instances,
+    deferred output-layer weight gradients."""
 
     def __post_init__(self) -> None:
+        sizes = ("tp", "pp", "dp", "cp", "vpp", "ep", "micro_batch_size", "global_batch_size")
+        require(value_problems(self, sizes, every_field=True), "parallel plan")  # e.g. tp 2.0
         p: list[str] = []
         for name in ("tp", "pp", "dp", "cp", "vpp", "micro_batch_size", "global_batch_size"):
             if getattr(self, name) < 1:
@@ -128,7 +135,12 @@ class ParallelPlan(JsonMixin):
             p.append(f"{len(self.recompute.num_layers)} recompute entries for pp {self.pp}")
         if self.vpp > 1 and self.pp == 1:
             p.append("virtual pipeline stages need PP > 1")
+        if self.mtp_layers < 0:
+            p.append(f"MTP layers {self.mtp_layers} must be >= 0")
         p += self._expert_problems()
+        p += self.ddp.plan_problems(
+            self.pp, self.vpp, self.dp * self.cp, self.expert_dp, self.distributed_optimizer
+        )
         require(p, "parallel plan")
 
     def _expert_problems(self) -> list[str]:
@@ -189,9 +201,9 @@ class ParallelPlan(JsonMixin):
 
     @property
     def layout(self) -> str:
-        """Megatron's --pipeline-model-parallel-layout for this partition (E, t, L; '|' between
+        """Megatron's --pipeline-model-parallel-layout for this partition (E, t, m, L; '|' between
         stages)."""
-        return format_layout(self.layers_per_stage)
+        return format_layout(self.layers_per_stage, self.mtp_layers)
 
     def replace(self, **changes: Any) -> ParallelPlan:
         """A copy with some fields changed (validated again)."""
@@ -212,7 +224,9 @@ class Cluster(JsonMixin):
     """cuda or cpu."""
 
     def __post_init__(self) -> None:
-        p: list[str] = []
+        p: list[str] = value_problems(self, every_field=True)
+        if p:
+            require(p, "cluster")
         if self.gpus < 1:
             p.append(f"--gpus {self.gpus} must be at least 1")
         if self.gpu_memory_bytes < 0:
@@ -254,7 +268,8 @@ def check_plan_fits_model(shape: ModelShape, plan: ParallelPlan) -> None:
                 p.append(
                     f"uniform recompute of {plan.recompute.layers_on(r)} does not divide {n} layers"
                 )
-    p += expert_problems(shape, plan) + context_problems(shape, plan)
+    p += expert_problems(shape, plan) + context_problems(shape, plan) + mtp_problems(shape, plan)
+    p += plan.ddp.dtype_problems(shape.dtype)
     require(p, "plan for this model")
 
 
@@ -336,7 +351,8 @@ class ParallelFlags:
     )
     """Virtual pipeline stages (model chunks) per pipeline rank."""
     pipeline_model_parallel_layout: str | None = flag("--pipeline-model-parallel-layout", None)
-    """Megatron's layout string (E, t, L; '|' between stages), e.g. from `capture-megatron plan`."""
+    """Megatron's layout string (E, t, m, L; '|' between stages), e.g. from `capture-megatron
+    plan`."""
     decoder_first_pipeline_num_layers: int | None = flag(
         "--decoder-first-pipeline-num-layers", None
     )
@@ -359,8 +375,6 @@ class ParallelFlags:
     """Megatron sequence parallelism over the TP group."""
     use_distributed_optimizer: bool | None = flag("--use-distributed-optimizer", None)
     """Shard optimizer state over data-parallel ranks."""
-    grad_reduce_in_bf16: bool | None = flag("--grad-reduce-in-bf16", None)
-    """Reduce gradients in bfloat16 (bf16 runs keep their gradient buffers in bf16, not fp32)."""
     micro_batch_size: int | None = flag("--micro-batch-size", None)
     """Sequences per micro-batch."""
     global_batch_size: int | None = flag("--global-batch-size", None)

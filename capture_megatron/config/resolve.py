@@ -8,6 +8,7 @@ Pure Python (no torch).
 
 from __future__ import annotations
 
+from capture_megatron.config.ddp import DEFAULT_DDP, DdpOptions
 from capture_megatron.config.layout import accounted_split, first_last_split, parse_layout
 from capture_megatron.config.model import ModelShape
 from capture_megatron.config.parallel import (
@@ -57,7 +58,9 @@ def recompute(flags: ParallelFlags, pp: int) -> Recompute:
     return Recompute(granularity)
 
 
-def _split(flags: ParallelFlags, num_layers: int, pp: int) -> tuple[tuple[int, ...], int]:
+def _split(
+    flags: ParallelFlags, num_layers: int, pp: int, mtp_layers: int = 0
+) -> tuple[tuple[int, ...], int]:
     """(layers per virtual stage, vpp) from the layout / first-last / VPP flags."""
     if flags.pipeline_model_parallel_layout:
         clash = [
@@ -77,7 +80,7 @@ def _split(flags: ParallelFlags, num_layers: int, pp: int) -> tuple[tuple[int, .
                 "--pipeline-model-parallel-layout cannot be combined with "
                 + ", ".join("--" + f.replace("_", "-") for f in clash)
             )
-        counts = parse_layout(flags.pipeline_model_parallel_layout, pp, num_layers)
+        counts = parse_layout(flags.pipeline_model_parallel_layout, pp, num_layers, mtp_layers)
         return counts, len(counts) // pp
     embedding = bool(flags.account_for_embedding_in_pipeline_split)
     loss = bool(flags.account_for_loss_in_pipeline_split)
@@ -146,8 +149,11 @@ def refuse_dropped_recompute(flags: ParallelFlags) -> None:
         )
 
 
-def parallel_plan(flags: ParallelFlags, shape: ModelShape, world_size: int) -> ParallelPlan:
-    """ParallelPlan of a training run on `world_size` processes (unset sizes default to 1)."""
+def parallel_plan(
+    flags: ParallelFlags, shape: ModelShape, world_size: int, ddp: DdpOptions = DEFAULT_DDP
+) -> ParallelPlan:
+    """ParallelPlan of a training run on `world_size` processes (unset sizes default to 1) with
+    the gradient / optimizer-state settings `ddp`."""
     tp = flags.tensor_model_parallel_size or 1
     pp = flags.pipeline_model_parallel_size or 1
     cp = flags.context_parallel_size or 1
@@ -173,7 +179,7 @@ def parallel_plan(flags: ParallelFlags, shape: ModelShape, world_size: int) -> P
             f"--global-batch-size {gbs} is not divisible by --micro-batch-size {mbs} x DP {dp}; "
             f"use a multiple of {mbs * dp}"
         )
-    counts, vpp = _split(flags, shape.num_layers, pp)
+    counts, vpp = _split(flags, shape.num_layers, pp, shape.mtp_num_layers)
     plan = ParallelPlan(
         tp=tp,
         pp=pp,
@@ -186,11 +192,12 @@ def parallel_plan(flags: ParallelFlags, shape: ModelShape, world_size: int) -> P
         recompute=recompute(flags, pp),
         sequence_parallel=bool(flags.sequence_parallel) and tp > 1,  # as Megatron-LM: off at TP 1
         distributed_optimizer=bool(flags.use_distributed_optimizer),
-        grad_reduce_in_bf16=bool(flags.grad_reduce_in_bf16),
         microbatch_group_size=flags.microbatch_group_size_per_vp_stage or 0,
         ep=flags.expert_model_parallel_size or 1,
         etp=flags.expert_tensor_parallel_size or 0,
         cp_comm_type=flags.cp_comm_type or "",
+        mtp_layers=shape.mtp_num_layers,
+        ddp=ddp,
     )
     check_plan_fits_model(shape, plan)
     return plan

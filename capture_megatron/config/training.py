@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from capture_megatron.config.fields import flag
+from capture_megatron.config.fields import flag, value_problems
 from capture_megatron.config.kernels import Kernels
 from capture_megatron.config.model import ModelShape
 from capture_megatron.config.parallel import ParallelPlan
-from capture_megatron.errors import require
+from capture_megatron.errors import CaptureError, require
 from capture_megatron.serial import JsonMixin
 
 LR_DECAY_STYLES = ("constant", "linear", "cosine", "inverse-square-root", "WSD")
@@ -71,6 +71,7 @@ class OptimOptions(JsonMixin):
     capture-megatron models and trains."""
 
     def __post_init__(self) -> None:
+        require(value_problems(self), "flags")  # types, finite, not negative, >= 1
         p = []
         if self.lr <= 0:
             p.append(f"--lr {self.lr} must be positive")
@@ -118,6 +119,7 @@ class DataOptions(JsonMixin):
     data."""
 
     def __post_init__(self) -> None:
+        require(value_problems(self), "flags")  # types, finite, not negative, >= 1
         p = []
         if self.mock_vocab_size < 0 or self.mock_vocab_size == 1:
             p.append(
@@ -170,6 +172,7 @@ class CheckpointOptions(JsonMixin):
     (megatron.core.dist_checkpointing)."""
 
     def __post_init__(self) -> None:
+        require(value_problems(self), "flags")  # types, finite, not negative, >= 1
         p = []
         if self.save_interval < 0:
             p.append(f"--save-interval {self.save_interval} must be >= 0")
@@ -198,12 +201,14 @@ class RunOptions(JsonMixin):
     """Seed of weights, dropout and data order."""
     memory_report: str = flag("--memory-report", "", note="(capture-megatron)")
     """Write the per-rank MemoryReport JSON here."""
+    moe_routing_stats: str = flag("--moe-routing-stats", "", note="(capture-megatron)")
+    """Write the MoE routing statistics here: per step and MoE layer, the tokens each expert is
+    routed per sequence and the tokens each rank's experts receive (capture_megatron.train.routing;
+    JSON, gzip when the name ends in .gz)."""
     distributed_backend: str = flag("--distributed-backend", "", choices=("gloo", "nccl"))
     """gloo or nccl (--distributed-backend); default nccl on CUDA, gloo otherwise."""
     progress: bool = flag("--no-progress", True, negate=True, note="(capture-megatron)")
     """Show a progress bar on the console (off with --no-progress)."""
-    overlap_grad_reduce: bool = flag("--overlap-grad-reduce", False)
-    """Overlap DP gradient reduce-scatter/all-reduce with backward."""
     overlap_param_gather: bool = flag("--overlap-param-gather", False)
     """Overlap the distributed optimizer's param all-gather with forward."""
     exit_interval: int = flag("--exit-interval", 0)
@@ -215,6 +220,7 @@ class RunOptions(JsonMixin):
     """The signal --exit-signal-handler waits for, by name (e.g. SIGUSR1)."""
 
     def __post_init__(self) -> None:
+        require(value_problems(self), "flags")  # types, finite, not negative, >= 1
         p = []
         if self.train_iters < 1:
             p.append(f"--train-iters {self.train_iters} must be >= 1")
@@ -231,6 +237,9 @@ class BuildOptions(JsonMixin):
 
     init_method_std: float = flag("--init-method-std", 0.02)
     """Standard deviation of the normal weight initialisation."""
+
+    def __post_init__(self) -> None:
+        require(value_problems(self), "flags")  # positive and finite (config.fields)
 
 
 @dataclass(frozen=True)
@@ -253,3 +262,20 @@ class TrainConfig:
     """Model build options (initialisation)."""
     kernels: Kernels = Kernels(transformer_impl="auto")
     """Layer implementation and fused kernels (training: TE when importable on CUDA, else local)."""
+
+    def __post_init__(self) -> None:
+        if self.kernels.fp8:
+            raise CaptureError(
+                f"--fp8-format {self.kernels.fp8_format}: capture-megatron's training does not run "
+                "FP8 (Transformer Engine's FP8 GEMMs need a GPU with TE, and its build does not "
+                "set up FP8 parameters); `predict` and `plan` forecast FP8 runs on the GPU kernel "
+                "set: train them with Megatron-LM"
+            )
+        if self.run.moe_routing_stats and not self.shape.moe.enabled:
+            raise CaptureError("--moe-routing-stats needs a model with experts (--num-experts)")
+        if self.run.moe_routing_stats and self.plan.recompute.granularity == "full":
+            raise CaptureError(
+                "--moe-routing-stats with --recompute-granularity full: full recompute runs each "
+                "router again in the backward pass, which would count its tokens twice; record "
+                "routing without full recompute"
+            )

@@ -83,8 +83,11 @@ def _kind_constants(
         ret1=one.retained_bytes,
         grad1=one.retained_grad_bytes,
         state1=one.routing_state_bytes,
+        fp8state1=one.fp8_state_bytes,
+        lbuf1=one.layer_buffer_bytes,
     )
     numels: tuple[int, ...] = ()
+    expert: tuple[bool, ...] = ()
     if kind in END_KINDS:
         zero = _need(probes, (kind, 0, 0), z)
         values.update(
@@ -94,7 +97,7 @@ def _kind_constants(
             step0=zero.step_peak,
             buffers0=sum(b.nbytes for b in zero.buffers),
         )
-        numels = zero.param_numels
+        numels, expert = _end_numels(kind, probes, z)
     if full:
         rc, mix = _need(probes, (kind, 1, 1), z), _need(probes, (kind, 2, 1), z)
         values.update(fwdrc=rc.forward_peak, bwdrc=rc.backward_peak, bwdmix=mix.backward_peak)
@@ -103,7 +106,33 @@ def _kind_constants(
         two = probes.get((kind, 2, 2))
         if two is not None:
             values.update(ret2=two.retained_bytes, bwdrc2=two.backward_peak)
-    return KindConstants(kind=kind, end_numels=numels, **values)
+    routed = expert if any(expert) else ()
+    return KindConstants(kind=kind, end_numels=numels, end_expert=routed, **values)
+
+
+def _end_numels(
+    kind: str, probes: dict[ProbeKey, ProfileRecord], z: Sizes
+) -> tuple[tuple[int, ...], tuple[bool, ...]]:
+    """Parameter element counts of a kind's ends in module order, and per entry whether it is a
+    routed expert's: the chunk without layers.
+
+    With multi-token prediction megatron-core puts the decoder's final norm on the stage that holds
+    its last layer, so the last / only chunk without layers lacks it: there the ends are the
+    one-layer chunk's parameters less the layer's (the embedding's tensors come first, then the
+    layer's, then the final norm, the MTP layers and the output layer)."""
+    zero = _need(probes, (kind, 0, 0), z)
+    if not zero.variant.mtp or kind not in ("last", "only"):
+        return zero.param_numels, _mask(zero)
+    one = _need(probes, (kind, 1, 0), z)
+    head = len(_need(probes, ("first", 0, 0), z).param_numels)  # the embedding's tensors
+    layer = len(_need(probes, ("middle", 1, 0), z).param_numels)
+    numels, expert = one.param_numels, _mask(one)
+    return numels[:head] + numels[head + layer :], expert[:head] + expert[head + layer :]
+
+
+def _mask(rec: ProfileRecord) -> tuple[bool, ...]:
+    """Per parameter of a record, whether it is a routed expert's."""
+    return rec.param_expert or (False,) * len(rec.param_numels)
 
 
 def shape_constants(probes: dict[ProbeKey, ProfileRecord], full: bool) -> ShapeConstants:
@@ -126,6 +155,7 @@ def shape_constants(probes: dict[ProbeKey, ProfileRecord], full: bool) -> ShapeC
         buffers=sum(b.nbytes for b in one.buffers),
         layer_saved_rc_next=rc2,
         layer_expert=one.param_expert,
+        layer_fp8=one.param_fp8,
     )
 
 
@@ -134,17 +164,19 @@ def _chunk_model(kind: str, anchors: list[ShapeConstants]) -> ChunkModel:
     rows = [a.chunk(kind) for a in anchors]
     fields = []
     for f in dataclasses.fields(KindConstants):
-        if f.name in ("kind", "end_numels") or getattr(rows[0], f.name) is None:
+        if f.name in ("kind", "end_numels", "end_expert") or getattr(rows[0], f.name) is None:
             continue
         term_set = (
             "step"
             if f.name.startswith("step")
             else ("buffer" if f.name.startswith("buffers") else "activation")
         )
+        term_set = "parameter" if f.name.startswith("fp8") else term_set
         fields.append((f.name, regress(term_set, zs, [getattr(r, f.name) for r in rows])))
     n_ends = len(rows[0].end_numels)
     ends = tuple(regress("parameter", zs, [r.end_numels[i] for r in rows]) for i in range(n_ends))
-    return ChunkModel(kind=kind, fields=tuple(fields), end_numels=ends)
+    expert = rows[0].end_expert
+    return ChunkModel(kind=kind, fields=tuple(fields), end_numels=ends, end_expert=expert)
 
 
 def _ranges(anchors: list[ShapeConstants]) -> tuple[tuple[str, int, int], ...]:
@@ -194,6 +226,7 @@ def fit_variant(records: list[ProfileRecord]) -> VariantModel:
         workspace_bytes=max(r.workspace_bytes for r in records),
         windows=fit_windows(zs, list(table.values())),
         layer_expert=anchors[0].layer_expert,
+        layer_fp8=anchors[0].layer_fp8,
     )
 
 

@@ -73,13 +73,22 @@ class KindConstants(JsonMixin):
     state1: float | None = None
     """Bytes one MoE layer's token dispatcher keeps from its last forward for good (routing state,
     ProfileRecord.routing_state_bytes of the one-layer probe; 0 for dense layers)."""
+    lbuf1: float | None = None
+    """Bytes one layer's registered module buffers hold for good (MLA's YaRN cos/sin tables,
+    ProfileRecord.layer_buffer_bytes of the one-layer probe; 0 for standard attention)."""
     gradrc: float | None = None
     """Of retrc, the chunk's input gradient."""
     gradmix: float | None = None
     """Of retmix, the chunk's input gradient."""
+    fp8state1: float | None = None
+    """Bytes one layer's Transformer Engine modules keep for good under FP8 (weight copies and
+    scaling state, ProfileRecord.fp8_state_bytes of the one-layer probe; 0 without FP8)."""
     bwdrc2: float | None = None
     """Backward peak with two fully recomputed layers (middle chunks; others with MoE layers): a
     further recomputed MoE layer adds the gradient it retains."""
+    end_expert: tuple[bool, ...] = ()
+    """Per entry of end_numels, whether it is a routed expert's parameter (the MoE experts of
+    multi-token prediction layers on a last / only chunk; empty: none is)."""
 
     def need(self, name: str) -> float:
         """A constant that only some probes give (saved0, fwdrc, ...); CaptureError when absent."""
@@ -112,6 +121,8 @@ class ShapeConstants(JsonMixin):
     first recomputed layer of a chunk may keep less (its input is the chunk's input): R."""
     layer_expert: tuple[bool, ...] = ()
     """Per entry of layer_numels, whether it is a routed expert's parameter (empty: none is)."""
+    layer_fp8: tuple[bool, ...] = ()
+    """Per entry of layer_numels, whether it is an FP8 parameter (empty: none is)."""
 
     def chunk(self, kind: str) -> KindConstants:
         """The constants of one kind."""
@@ -128,13 +139,15 @@ class ChunkModel(JsonMixin):
     """(KindConstants field, regression) for every probed scalar field."""
     end_numels: tuple[Regression, ...]
     """Regressions of the end parameters' element counts."""
+    end_expert: tuple[bool, ...] = ()
+    """Per end parameter, whether it is a routed expert's (KindConstants.end_expert)."""
 
     def at(self, z: Sizes) -> KindConstants:
         """The constants this model predicts at `z`."""
         values = {name: reg.predict(z) for name, reg in self.fields}
-        return KindConstants(
-            kind=self.kind, end_numels=tuple(round(r.predict(z)) for r in self.end_numels), **values
-        )
+        numels = tuple(round(r.predict(z)) for r in self.end_numels)
+        expert = self.end_expert
+        return KindConstants(kind=self.kind, end_numels=numels, end_expert=expert, **values)
 
 
 def _replayed(sc: ShapeConstants, windows: tuple[ProbeWindow, ...]) -> ShapeConstants:
@@ -215,6 +228,8 @@ class VariantModel(JsonMixin):
     present they give the saved bytes and peaks instead of the regressions."""
     layer_expert: tuple[bool, ...] = ()
     """Per entry of layer_numels, whether it is a routed expert's parameter (empty: none is)."""
+    layer_fp8: tuple[bool, ...] = ()
+    """Per entry of layer_numels, whether it is an FP8 parameter (empty: none is)."""
 
     def constants(self, z: Sizes) -> ShapeConstants:
         """Exact constants when `z` was probed, else the replayed timelines' / regressions'
@@ -233,6 +248,7 @@ class VariantModel(JsonMixin):
             buffers=self.buffers.predict(z),
             layer_saved_rc_next=rc2,
             layer_expert=self.layer_expert,
+            layer_fp8=self.layer_fp8,
         )
         return settled(_replayed(regressed, self.windows) if self.windows else regressed)
 

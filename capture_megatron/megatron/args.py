@@ -11,6 +11,7 @@ from capture_megatron.config import (
     BuildOptions,
     CheckpointOptions,
     DataOptions,
+    DdpOptions,
     Kernels,
     ModelShape,
     OptimOptions,
@@ -86,7 +87,9 @@ def train_config(ns: argparse.Namespace, world_size: int, vocab_size: int | None
     shape = model_shape(ns, vocab_size)
     return TrainConfig(
         shape=shape,
-        plan=parallel_plan(from_namespace(ParallelFlags, ns), shape, world_size),
+        plan=parallel_plan(
+            from_namespace(ParallelFlags, ns), shape, world_size, from_namespace(DdpOptions, ns)
+        ),
         optim=from_namespace(OptimOptions, ns),
         data=data_options(ns),
         checkpoint=from_namespace(CheckpointOptions, ns),

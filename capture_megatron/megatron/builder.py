@@ -14,7 +14,8 @@ The rest of the architecture goes to megatron-core as Megatron-LM's flags send i
 scaling, the sliding window (window_size: the local spec's unfused softmax builds its mask; the GPU
 kernel set's flash / cuDNN attention keep nothing for it). Mixture-of-experts models (--num-experts)
 get Megatron's MoE fields and a decoder block spec mixing MoE and dense layers
-(capture_megatron.megatron.moe), as Megatron-LM's gpt_builder builds them.
+(capture_megatron.megatron.moe), as Megatron-LM's gpt_builder builds them; multi-token prediction
+layers (--mtp-num-layers) an MTP block on the last stage (capture_megatron.megatron.mtp).
 """
 
 from __future__ import annotations
@@ -28,9 +29,8 @@ import torch.nn.functional as F
 from capture_megatron.config import Kernels, ModelShape, ParallelPlan
 from capture_megatron.config.context import te_comm_type
 from capture_megatron.config.kernels import TE_FUSED_BACKENDS
-from capture_megatron.config.model import refuse_unmodelled
 from capture_megatron.config.training import BuildOptions
-from capture_megatron.megatron import cpu_compat, moe
+from capture_megatron.megatron import attention, cpu_compat, moe, mtp
 from capture_megatron.megatron.norms import LocalNorm
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -59,6 +59,20 @@ def resolve_impl(requested: str) -> str:
             "or CUDA is absent; use --transformer-impl local"
         )
     return requested
+
+
+def _defer_fields(plan: ParallelPlan, kernels: Kernels | None, fusion: bool) -> dict:
+    """TransformerConfig's deferred output-layer weight gradient (refused where the kernels
+    cannot run it: DdpOptions.kernel_problem)."""
+    problem = plan.ddp.kernel_problem("cpu" if kernels is None else "gpu", fusion)
+    if problem:
+        from capture_megatron.errors import CaptureError
+
+        raise CaptureError(problem + ".")
+    return {
+        "defer_embedding_wgrad_compute": plan.ddp.defer_embedding_wgrad_compute,
+        "wgrad_deferral_limit": plan.ddp.wgrad_deferral_limit,
+    }
 
 
 def kernel_fields(shape: ModelShape, kernels: Kernels | None) -> dict:
@@ -91,6 +105,14 @@ def kernel_fields(shape: ModelShape, kernels: Kernels | None) -> dict:
         "cross_entropy_fusion_impl": kernels.cross_entropy_fusion_impl,
         "deterministic_mode": kernels.deterministic_mode,
         "gradient_accumulation_fusion": kernels.gradient_accumulation_fusion,
+        **(
+            {
+                "moe_permute_fusion": kernels.moe_permute_fusion,
+                "moe_router_fusion": kernels.moe_router_fusion,
+            }
+            if shape.moe.enabled
+            else {}
+        ),
     }
 
 
@@ -119,6 +141,10 @@ def gpu_kernels(kernels: Kernels, impl: str) -> Kernels:
          "--no-masked-softmax-fusion"),
         (kernels.rope_fusion and impl != "transformer_engine", "transformer_engine",
          "--no-rope-fusion"),
+        (kernels.cross_entropy_loss_fusion and kernels.cross_entropy_fusion_impl == "te",
+         "transformer_engine", "--cross-entropy-fusion-impl native"),
+        (kernels.moe_permute_fusion, "transformer_engine", "no --moe-permute-fusion"),
+        (kernels.moe_router_fusion, "transformer_engine", "no --moe-router-fusion"),
     )  # fmt: skip
     for wanted, module, off in needs:
         if wanted and importlib.util.find_spec(module) is None:
@@ -149,12 +175,11 @@ def transformer_config(
     kernels: Kernels | None = None,
 ):
     """Megatron TransformerConfig of one pipeline rank (recompute differs per rank)."""
-    from megatron.core.transformer.transformer_config import TransformerConfig
-
-    refuse_unmodelled(shape)
+    if kernels is None or kernels.transformer_impl == "local":
+        attention.check_local_latents(shape, plan.tp)
 
     fields = kernel_fields(shape, kernels)
-    config = TransformerConfig(
+    config = attention.config_class(shape)(
         num_layers=shape.num_layers,
         hidden_size=shape.hidden_size,
         num_attention_heads=shape.num_attention_heads,
@@ -194,7 +219,10 @@ def transformer_config(
         microbatch_group_size_per_vp_stage=plan.microbatch_group_size or None,
         cuda_graph_scope=[],  # the default "full" warns "deprecated"; [] is its same-meaning twin
         **moe.config_fields(shape, plan),
+        **attention.config_fields(shape),
+        **mtp.config_fields(shape),
         **fields,
+        **_defer_fields(plan, kernels, fields["gradient_accumulation_fusion"]),
     )
     moe.bound_sinkhorn(config, shape)
     return config
@@ -224,15 +252,26 @@ def layer_spec(shape: ModelShape, kernels: Kernels | None):
     """
     from megatron.core.models.gpt import gpt_layer_specs as specs
 
+    flags = attention.spec_flags(shape)
     if real_te(kernels):
-        return specs.get_gpt_layer_with_transformer_engine_spec(normalization=shape.normalization)
-    spec = specs.get_gpt_layer_local_spec(normalization=shape.normalization)
+        return specs.get_gpt_layer_with_transformer_engine_spec(
+            normalization=shape.normalization, **flags
+        )
+    spec = specs.get_gpt_layer_local_spec(normalization=shape.normalization, **flags)
     if kernels is not None and cpu_compat.active_device() == "fake-cuda":
         from capture_megatron.megatron.gpu.spec import gpu_layer_spec
 
         return gpu_layer_spec(spec, kernels, LocalNorm)
+    return local_norms(spec)
+
+
+def local_norms(spec):
+    """A layer spec of the local spec with every norm LocalNorm (megatron's L2Norm eager)."""
     layer = dataclasses.replace(
-        spec.submodules, input_layernorm=LocalNorm, pre_mlp_layernorm=LocalNorm
+        spec.submodules,
+        input_layernorm=LocalNorm,
+        pre_mlp_layernorm=LocalNorm,
+        self_attention=attention.attention_norms(spec.submodules.self_attention, LocalNorm),
     )
     return dataclasses.replace(spec, submodules=layer)
 
@@ -279,10 +318,19 @@ def build_gpt(
 
             spec = gpu_block_spec(spec, kernels)
         layers = [with_context_parallel(s, plan, te_attention(kernels)) for s in spec.layer_specs]
-        spec = dataclasses.replace(spec, layer_specs=layers)
+        spec = dataclasses.replace(spec, layer_specs=[attention.latent_core(s) for s in layers])
     else:
         layer = with_context_parallel(layer_spec(shape, kernels), plan, te_attention(kernels))
-        spec = block_spec(layer, kernels, num_layers)
+        spec = block_spec(attention.latent_core(layer), kernels, num_layers)
+    mtp_spec = None
+    if post_process and shape.mtp_num_layers:  # the last stage (megatron's placement)
+        last = spec.layer_specs[-1] if spec.layer_specs else None
+        if shape.moe.enabled and last is None:  # no decoder layer here: the model's last one
+            last = mtp.moe_layer_spec(config, shape, real_te(kernels), kernels)
+            last = attention.latent_core(with_context_parallel(last, plan, te_attention(kernels)))
+        mtp_spec = mtp.block_spec(
+            shape, kernels, real_te(kernels), last or attention.latent_core(layer)
+        )
     with torch.device("cuda") if fake_cuda else contextlib.nullcontext():
         model = GPTModel(
             config=config,
@@ -296,6 +344,7 @@ def build_gpt(
             rotary_base=shape.rotary_base,
             rope_scaling=shape.use_rope_scaling,
             rope_scaling_factor=shape.rope_scaling_factor,
+            mtp_block_spec=mtp_spec,
             vp_stage=vp_stage,
         )
     if kernels is not None and not fake_cuda:

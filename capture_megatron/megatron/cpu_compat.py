@@ -28,7 +28,13 @@ call sites it serves:
 6. Mixture-of-experts layers: the router's TE GEMM name, the alltoall dispatcher's CUDA stream and
    its split sizes (capture_megatron.megatron.moe_cpu, which lists the call sites); on fake
    tensors, what routing values size (capture_megatron.megatron.moe_fake).
-7. On the cpu device, torch.distributed's blocking collectives return only once gloo's worker
+7. CUDA streams: ``distributed/distributed_data_parallel.py`` creates a
+   ``torch.cuda.Stream`` for gradient reduction with several distributed-optimizer instances, and
+   ``param_and_grad_buffer.py`` (``start_grad_sync`` / ``finish_grad_sync``) waits on it and on
+   ``torch.cuda.default_stream()``. On the host everything runs in program order: ``HostStream``
+   stands in for a stream (waiting on it is a no-op) and ``torch.cuda.stream(s)`` is a null
+   context. A CPU build of torch refuses to create a CUDA stream otherwise.
+8. On the cpu device, torch.distributed's blocking collectives return only once gloo's worker
    thread has dropped the tensors they were given (capture_megatron.megatron.gloo_settle): the
    temporaries megatron passes them (the MoE dispatcher's permuted tokens) then die where the
    program drops them, not at a point that races with the next allocations.
@@ -45,7 +51,7 @@ import contextlib
 import torch
 from torch.overrides import TorchFunctionMode
 
-from capture_megatron.megatron import gloo_settle, moe_cpu, moe_fake
+from capture_megatron.megatron import attention, gloo_settle, moe_cpu, moe_fake
 
 _STATE = {"device": None, "mode": None}
 FAKE_CUDA_CAPABILITY = (9, 0)
@@ -177,6 +183,30 @@ def _install_rng() -> None:
     torch.cuda.manual_seed_all = lambda seed: None
 
 
+class HostStream:
+    """A CUDA stream on the host: work is already in program order, so waiting does nothing."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def wait_stream(self, stream) -> None:
+        """Nothing to wait for."""
+
+    def wait_event(self, event) -> None:
+        """Nothing to wait for."""
+
+    def synchronize(self) -> None:
+        """Nothing to wait for."""
+
+
+def _install_streams() -> None:
+    """torch.cuda's stream API answered on the host (patch 7)."""
+    torch.cuda.Stream = HostStream  # type: ignore[misc, assignment]
+    torch.cuda.default_stream = lambda *a, **k: HostStream()  # type: ignore[assignment]
+    torch.cuda.current_stream = lambda *a, **k: HostStream()  # type: ignore[assignment]
+    torch.cuda.stream = lambda *a, **k: contextlib.nullcontext()  # type: ignore[assignment]
+
+
 def needed() -> bool:
     """True when this process has no usable CUDA device."""
     return not torch.cuda.is_available()
@@ -204,6 +234,7 @@ def apply_fake_cuda() -> None:
     torch.cuda.get_device_capability = lambda *a, **k: FAKE_CUDA_CAPABILITY
     _install_rng()
     install()
+    attention.apply_without_te()
     moe_cpu.apply()  # no TE, no CUDA streams on this machine: the same names and streams
     moe_fake.apply()
     if _STATE["mode"] is not None:
@@ -224,10 +255,12 @@ def apply(device: str = "cpu") -> None:
     torch.cuda.synchronize = lambda *a, **k: None
     torch.cuda.empty_cache = lambda: None
     _install_rng()
+    attention.apply_without_te()
     moe_cpu.apply()
     moe_fake.apply()
     if device == "cpu":
         gloo_settle.install()
+        _install_streams()
     mode = CudaDeviceMode(device)
     mode.__enter__()
     _STATE.update(device=device, mode=mode)

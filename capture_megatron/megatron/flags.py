@@ -22,6 +22,7 @@ from capture_megatron.config import (
     BuildOptions,
     CheckpointOptions,
     DataOptions,
+    DdpOptions,
     Kernels,
     ModelShape,
     OptimOptions,
@@ -29,9 +30,9 @@ from capture_megatron.config import (
     RunOptions,
 )
 from capture_megatron.config.attention import LatentAttention
-from capture_megatron.config.fields import Flag, field_docs, flagged_fields
+from capture_megatron.config.fields import Flag, field_docs, flagged_fields, value_problems
 from capture_megatron.config.moe import Experts
-from capture_megatron.errors import CaptureError
+from capture_megatron.errors import CaptureError, require
 from capture_megatron.megatron.megatron_lm import flag_names
 
 T = TypeVar("T")
@@ -144,8 +145,12 @@ def given(cls: type, ns: argparse.Namespace) -> dict[str, Any]:
 
 
 def from_namespace(cls: type[T], ns: argparse.Namespace, **extra: Any) -> T:
-    """An instance of dataclass `cls` from parsed flags (fields not given keep their defaults)."""
-    return cls(**given(cls, ns), **extra)
+    """An instance of dataclass `cls` from parsed flags (fields not given keep their defaults);
+    a CaptureError naming every flag whose number is not finite, negative, not an integer, or 0
+    where Megatron needs at least 1 (config.fields.value_problems)."""
+    obj = cls(**given(cls, ns), **extra)
+    require(value_problems(obj), "flags")
+    return obj
 
 
 def add_model_flags(p: argparse.ArgumentParser) -> None:
@@ -169,6 +174,7 @@ def add_kernel_flags(p: argparse.ArgumentParser, training: bool = False) -> None
 def add_parallel_flags(p: argparse.ArgumentParser) -> None:
     """Parallel sizes, batch and memory savers (ParallelFlags); unset values are None."""
     add_fields(p, ParallelFlags, "parallelism and batch (Megatron flags)", unset=True)
+    add_fields(p, DdpOptions, "gradient buffers and optimizer state (Megatron flags)")
 
 
 def add_training_flags(p: argparse.ArgumentParser, **defaults: Any) -> None:

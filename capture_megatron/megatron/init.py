@@ -63,10 +63,33 @@ def _full_value(
     return torch.randn(shape, generator=gen, device=device) * std
 
 
+def _state_dict(model) -> dict:
+    """The model's sharded state dict. A last stage with multi-token prediction and tied
+    embeddings (PP > 1) holds megatron-core 0.16.1's output-layer weight that its forward never
+    uses (GPTModel allocates it unless the stage also holds the embedding, then computes the logits
+    with the embedding copy MTP needs there), and LanguageModule.sharded_state_dict asserts that no
+    such weight exists; the weight is left out here (keeping megatron's own initial values)."""
+
+    from megatron.core.transformer.utils import ensure_metadata_has_dp_cp_group
+
+    if not getattr(model, "mtp_process", False):
+        return model.sharded_state_dict()
+    # GPTModel's MTP branch reads metadata['dp_cp_group'] without the default the base class gives
+    metadata = ensure_metadata_has_dp_cp_group(None)
+    if not (model.share_embeddings_and_output_weights and model.post_process) or model.pre_process:
+        return model.sharded_state_dict(metadata=metadata)
+    weight = model.output_layer.weight
+    model.output_layer.weight = None
+    try:
+        return model.sharded_state_dict(metadata=metadata)
+    finally:
+        model.output_layer.weight = weight
+
+
 def init_weights(model, shape: ModelShape, opts: BuildOptions, seed: int) -> None:
     """Fill `model`'s parameters in place with the partition-independent initial values."""
     with torch.no_grad():
-        for st in _sharded_tensors(model.sharded_state_dict()):
+        for st in _sharded_tensors(_state_dict(model)):
             if st.data is None or st.data.dtype not in (
                 torch.float32,
                 torch.bfloat16,

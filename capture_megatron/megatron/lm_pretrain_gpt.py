@@ -24,6 +24,9 @@ import os
 import runpy
 import sys
 
+PARENT = os.getppid()
+"""The process that started this one (torchrun's agent), read at import."""
+
 
 def stage_recompute(args, pp_rank: int):
     """A copy of Megatron-LM's args with this pipeline rank's recompute count (None: unchanged)."""
@@ -105,6 +108,10 @@ def _cpu_shims() -> bool:
 
 def main() -> None:
     """Run $MEGATRON_LM's pretrain_gpt.py with the per-stage recompute builder and flag."""
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # a torchrun rank: never outlive torchrun
+        from capture_megatron.megatron.lifeline import die_with_parent
+
+        die_with_parent(PARENT)
     checkout = os.environ.get("MEGATRON_LM")
     if not checkout or not os.path.isfile(os.path.join(checkout, "pretrain_gpt.py")):
         raise SystemExit(

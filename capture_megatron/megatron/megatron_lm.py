@@ -103,26 +103,43 @@ def given(ns: argparse.Namespace) -> dict[str, Any]:
 
 def check(ns: argparse.Namespace) -> tuple[str, ...]:
     """The given Megatron-LM-only flags that are ignored; CaptureError naming every given flag
-    that changes memory in a way not modelled (unless it is at Megatron-LM's default)."""
+    that changes memory in a way not modelled (unless it is at Megatron-LM's default), and every
+    one Megatron-LM itself would stop at on this line (policy.RULES)."""
     table = {a.flags[0]: a for a in arguments()}
-    ignored, refused = [], []
+    line = policy.LineContext(
+        rope=getattr(ns, "position_embedding_type", None) == "rope",
+    )
+    ignored, refused, invalid = [], [], []
     for name, value in given(ns).items():
         arg = table[name]
         if arg.kind == "storefalse":  # given means set to False, i.e. off the default
             value = False
+        shown = name if isinstance(value, bool) else f"{name} {_text(value)}"
         reason = policy.unmodelled_reason(*arg.flags)
-        if reason is not None and not arg.default_matches(value):
-            shown = name if isinstance(value, bool) else f"{name} {_text(value)}"
+        verdict = policy.conditional_verdict(name, value, line) if name in policy.RULES else None
+        if verdict is not None:
+            (refused if verdict[0] == "refused" else invalid).append(f"{shown} ({verdict[1]})")
+        elif reason is not None and not arg.default_matches(value):
             refused.append(f"{shown} ({reason})")
         else:
             ignored.append(name)
+    if refused or invalid:
+        raise CaptureError(_refusal(refused, invalid))
+    return tuple(sorted(ignored))
+
+
+def _refusal(refused: list[str], invalid: list[str]) -> str:
+    """One paragraph naming the refused flags, then those Megatron-LM stops at."""
+    parts = []
     if refused:
-        raise CaptureError(
+        parts.append(
             "these flags change memory in a way capture-megatron does not model yet: "
             + "; ".join(refused)
             + ". Leave them out to predict the run without them."
         )
-    return tuple(sorted(ignored))
+    if invalid:
+        parts.append("Megatron-LM would not run this line: " + "; ".join(invalid) + ".")
+    return " ".join(parts)
 
 
 def _text(value: Any) -> str:

@@ -65,6 +65,7 @@ def config_fields(shape: ModelShape, plan: ParallelPlan) -> dict:
         "moe_router_score_function": moe.moe_router_score_function,
         "moe_router_pre_softmax": moe.moe_router_pre_softmax,
         "moe_router_dtype": moe.moe_router_dtype or None,
+        "moe_router_force_load_balancing": moe.moe_router_force_load_balancing,
         **sizes,
     }
 
@@ -82,8 +83,14 @@ def bound_sinkhorn(config, shape: ModelShape) -> None:
 
 
 def _local_norms(spec, norm):
-    """A layer spec of the local spec with its two norms replaced by `norm`."""
-    layer = dataclasses.replace(spec.submodules, input_layernorm=norm, pre_mlp_layernorm=norm)
+    """A layer spec of the local spec with its norms (query/key norms included) replaced by
+    `norm`."""
+    from capture_megatron.megatron.attention import attention_norms
+
+    attention = attention_norms(spec.submodules.self_attention, norm)
+    layer = dataclasses.replace(
+        spec.submodules, input_layernorm=norm, pre_mlp_layernorm=norm, self_attention=attention
+    )
     return dataclasses.replace(spec, submodules=layer)
 
 
@@ -98,7 +105,11 @@ def block_spec(config, shape: ModelShape, te: bool, vp_stage: int | None, num_la
     from capture_megatron.megatron.norms import LocalNorm
 
     block = get_gpt_decoder_block_spec(
-        config, use_transformer_engine=te, normalization=shape.normalization, vp_stage=vp_stage
+        config,
+        use_transformer_engine=te,
+        normalization=shape.normalization,
+        qk_l2_norm=shape.qk_l2_norm,
+        vp_stage=vp_stage,
     )
     if num_layers == 0:
         block = dataclasses.replace(block, layer_specs=[])

@@ -8,6 +8,9 @@ spelling. Pure Python.
   `--rampup-batch-size` is here too: the ramp only lowers the micro-batches per step, and the
   micro-batches a pipeline rank holds, min(pp - rank, micro-batches), never fall as they grow, so
   the run's peak is the one at the full --global-batch-size that is predicted.
+  IGNORED_REASONS gives the reason of those whose kind does not say it (checked against
+  megatron-core 0.16.1's code); RULES are ignored only where the rest of the line allows it
+  (--no-position-embedding with RoPE, say), and refused or an error elsewhere.
 - UNMODELLED: changes memory in a way the model does not cover yet; refused, with the reason, when
   given with a value other than Megatron-LM's default.
 Routing details that choose which experts get tokens but not how many a forecast allows for
@@ -18,6 +21,9 @@ Every argument is in exactly one of: our option classes, IGNORED, UNMODELLED
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
 
 IGNORED_PREFIXES = tuple(
     """
@@ -37,7 +43,7 @@ IGNORED_PREFIXES = tuple(
 IGNORED = frozenset(
     """
     --rampup-batch-size
-    --accumulate-allreduce-grads-in-fp32 --adlr-autoresume --adlr-autoresume-interval
+    --adlr-autoresume --adlr-autoresume-interval
     --allow-ambiguous-pad-tokens --apply-layernorm-1p --apply-residual-connection-post-layernorm
     --apply-wd-to-qk-layernorm --auto-detect-ckpt-format --batch-invariant-mode
     --bert-embedder-type --bert-load --bert-no-binary-head --block-data-path --calc-ft-timeouts
@@ -77,23 +83,104 @@ IGNORED = frozenset(
     --rotary-interleaved --rotary-seq-len-interpolation-factor --run-workload-inspector-server
     --sample-rate --sft --sgd-momentum --sharp-enabled-group --short-seq-prob --skip-train
     --split --te-rng-tracker --test-mode --titles-data-path
-    --torch-fsdp2-no-reshard-after-forward --tp-comm-bootstrap-backend --tp-comm-overlap-cfg
+    --torch-fsdp2-no-reshard-after-forward --tp-comm-bootstrap-backend
     --train-samples --train-sync-interval --trust-remote-code --use-checkpoint-args
     --use-cpu-initialization --use-dist-ckpt
     --use-legacy-static-engine --use-mcore-models --use-mp-args-from-checkpoint-args
     --use-one-sent-docs --use-persistent-ckpt-worker --use-pytorch-profiler
     --use-ring-exchange-p2p --use-sharp --use-tp-pp-dp-mapping --vocab-file
-    --warmup --wgrad-deferral-limit
+    --warmup
     --moe-router-num-groups --moe-router-group-topk --moe-router-topk-scaling-factor
     --moe-router-bias-update-rate --moe-token-drop-policy --moe-per-layer-logging
     --moe-router-enable-expert-bias
     --cache-mla-latents --mtp-loss-scaling-factor
+    --fp8-amax-compute-algo --fp8-margin --fp8-interval --no-fp8-wgrad --keep-fp8-transpose-cache
 """.split()
 )
-"""Flags that cannot change the peak of allocated bytes in training iterations."""
+"""Flags that cannot change the peak of allocated bytes in training iterations. The FP8 ones:
+--fp8-amax-compute-algo (max or most recent over the same amax history), --fp8-margin and
+--fp8-interval (values of the scale, not tensors), --no-fp8-wgrad (Megatron passes it as the
+recipe's override_linear_precision, which Transformer Engine 5671fd36's modules never read),
+--keep-fp8-transpose-cache (Megatron FSDP only, which is refused)."""
+
+_IGNORED_BECAUSE = {
+    (
+        "read only by Megatron's legacy models (megatron/legacy/model/transformer.py), which "
+        "--use-legacy-models selects (refused); megatron-core's models choose their attention "
+        "kernel with --attention-backend"
+    ): "--use-flash-attn",
+    (
+        "megatron-core 0.16.1 declares no experimental function or class; the flag only swaps "
+        "the MoE dispatchers' routing-map padding and multi-hot conversion for fused kernels "
+        "when --moe-permute-fusion is given, which is ruled on by its own entry"
+    ): "--enable-experimental",
+    (
+        "inference only: read by megatron-core's text-generation controller, never in training"
+    ): "--moe-pad-experts-for-cuda-graph-inference",
+    (
+        "nothing in megatron-core 0.16.1 reads it (a field left in ModelParallelConfig)"
+    ): "--moe-extended-tp",
+    (
+        "only registers the gradient buffers of --use-nccl-ub (refused) with NCCL "
+        "(param_and_grad_buffer.py); on its own it changes nothing"
+    ): "--disable-symmetric-registration",
+}
+_FSDP_ONLY = """
+    --data-parallel-sharding-strategy --enable-full-sharding-in-hsdp --fsdp-double-buffer
+    --no-gradient-reduce-div-fusion --outer-dp-sharding-strategy
+    --suggested-communication-unit-size --torch-fsdp2-no-reshard-after-forward
+"""
+"""Read only by Megatron-FSDP / torch FSDP2 (megatron/core/distributed/fsdp, --use-megatron-fsdp /
+--use-torch-fsdp2, refused); without them Megatron-LM's DDP never reads them."""
+IGNORED_REASONS: dict[str, str] = {flag: why for why, flag in _IGNORED_BECAUSE.items()}
+IGNORED_REASONS.update(
+    dict.fromkeys(
+        _FSDP_ONLY.split(),
+        "read only by Megatron-FSDP / torch FSDP2 (--use-megatron-fsdp / --use-torch-fsdp2, "
+        "refused); Megatron-LM's DDP never reads it",
+    )
+)
+"""Ignored flags whose reason is more than their kind (docs/MEGATRON_FLAGS.md lists it)."""
+
+RULES = {
+    "--no-position-embedding": (
+        "ignored with --position-embedding-type rope: megatron-core's GPT embedding adds a "
+        "position table only for learned_absolute and nothing in megatron-core reads "
+        "add_position_embedding; without rope Megatron-LM stops ('--no-position-embedding is "
+        "deprecated, use --position-embedding-type')"
+    ),
+    "--use-rotary-position-embeddings": (
+        "ignored with --position-embedding-type rope, which it sets (deprecated); without it, "
+        "refused: give --position-embedding-type rope"
+    ),
+}
+"""Flags ignored only in the context stated (the rest of the command line decides); outside it
+Megatron-LM stops, or the flag is refused. Applied by conditional_verdict."""
+
+
+@dataclass(frozen=True)
+class LineContext:
+    """What the conditional rules read of the rest of a command line."""
+
+    rope: bool
+    """--position-embedding-type rope."""
+
+
+def conditional_verdict(flag: str, value: Any, line: LineContext) -> tuple[str, str] | None:
+    """For a flag of RULES given with `value` on a line: None when it is ignored there, else
+    ('refused', why not modelled) or ('invalid', why Megatron-LM stops)."""
+    if flag == "--no-position-embedding" and not line.rope:
+        return "invalid", (
+            "Megatron-LM stops: '--no-position-embedding is deprecated, use "
+            "--position-embedding-type' (it is accepted only with --position-embedding-type rope)"
+        )
+    if flag == "--use-rotary-position-embeddings" and not line.rope:
+        return "refused", "deprecated; give --position-embedding-type rope, which it means"
+    return None
+
 
 _MOE = "this mixture-of-experts option is not modelled yet"
-_FP8 = "low-precision (fp8 / fp4) training is not modelled yet"
+_FP8 = "this low-precision (fp8 / fp4) option is not modelled yet"
 _FSDP = "fully sharded data parallelism is not modelled yet"
 _OFFLOAD = "CPU offloading is not modelled yet"
 _GRAPH = "CUDA graphs keep their own static buffers, not modelled yet"
@@ -111,21 +198,15 @@ _REASONS = {
         --hybrid-context-parallel
     """,
     _MOE: """
-        --moe-extended-tp --moe-pad-experts-for-cuda-graph-inference
         --moe-upcycling-granularity --moe-use-upcycling --overlap-moe-expert-parallel-comm
     """,
     _FP8: """
         --fp4-format --fp4-param-gather --fp4-quantizer-factory --fp4-recipe
-        --fp8-amax-compute-algo --fp8-amax-history-len --fp8-format --fp8-interval --fp8-margin
-        --fp8-param-gather --fp8-quantizer-factory --fp8-recipe --keep-fp8-transpose-cache
-        --kitchen-attention-backend --no-fp8-wgrad --reuse-grad-buf-for-mxfp8-param-ag
+        --fp8-quantizer-factory --kitchen-attention-backend --reuse-grad-buf-for-mxfp8-param-ag
         --te-precision-config-file --use-kitchen-attention
     """,
     _FSDP: """
-        --data-parallel-sharding-strategy --enable-full-sharding-in-hsdp --fsdp-double-buffer
-        --fsdp-manual-registration --no-gradient-reduce-div-fusion --outer-dp-sharding-strategy
-        --suggested-communication-unit-size --torch-fsdp2-no-reshard-after-forward
-        --use-megatron-fsdp --use-torch-fsdp2
+        --fsdp-manual-registration --use-megatron-fsdp --use-torch-fsdp2
     """,
     _OFFLOAD: """
         --cpu-offloading-num-layers --fine-grained-activation-offloading --no-pin-cpu-grads
@@ -140,9 +221,6 @@ _REASONS = {
     "a standalone multi-token-prediction stage is not modelled yet": """
         --mtp-standalone
     """,
-    "TP communication overlap keeps userbuffers, not modelled yet": """
-        --tp-comm-overlap
-    """,
     "NCCL user buffers are not modelled yet": """
         --use-nccl-ub
     """,
@@ -156,23 +234,17 @@ _REASONS = {
         --linear-attention-freq --linear-conv-kernel-dim --linear-key-head-dim
         --linear-num-key-heads --linear-num-value-heads --linear-value-head-dim --mamba-head-dim
         --mamba-num-groups --mamba-num-heads --mamba-state-dim --mrope-section
-        --no-clone-scatter-output-in-embedding --no-position-embedding --no-rope-freq --qk-clip
+        --no-clone-scatter-output-in-embedding --no-rope-freq --qk-clip
         --qk-clip-alpha --qk-clip-threshold --quick-geglu
-        --relative-attention-max-distance --relative-attention-num-buckets --rope-type
+        --relative-attention-max-distance --relative-attention-num-buckets
         --rotary-percent --spec --squared-relu --use-fused-weighted-squared-relu
-        --use-rotary-position-embeddings --vocab-extra-ids --window-attn-skip-freq
+        --vocab-extra-ids --window-attn-skip-freq
     """,
     "symmetric-memory all-reduce buffers are not modelled yet": """
         --symmetric-ar-type
     """,
-    "symmetric-memory registration is not modelled yet": """
-        --disable-symmetric-registration
-    """,
     "delayed weight-gradient computation keeps activations longer, not modelled yet": """
         --delay-wgrad-compute
-    """,
-    "deferred embedding weight gradients keep activations longer, not modelled yet": """
-        --defer-embedding-wgrad-compute
     """,
     "distributed saved activations are not modelled yet": """
         --distribute-saved-activations
@@ -181,7 +253,7 @@ _REASONS = {
         --recompute-modules
     """,
     _KERNEL: """
-        --ddp-reduce-scatter-with-fp32-accumulation --disable-jit-fuser --enable-experimental
+        --ddp-reduce-scatter-with-fp32-accumulation --disable-jit-fuser
         --softmax-type --use-te-activation-func
     """,
     "fp32 residual connections are not modelled yet": """
@@ -211,22 +283,6 @@ _REASONS = {
     "fp16 cross entropy is not modelled yet": """
         --fp16-lm-cross-entropy
     """,
-    "precision-aware optimizer state is not modelled yet": """
-        --exp-avg-dtype --exp-avg-sq-dtype --main-grads-dtype --main-params-dtype
-        --use-precision-aware-optimizer
-    """,
-    "several distributed-optimizer instances are not modelled yet": """
-        --num-distributed-optimizer-instances
-    """,
-    "gradient-buffer bucketing is not modelled yet": """
-        --ddp-bucket-size --ddp-num-buckets
-    """,
-    "gradient-buffer bucket padding is not modelled yet": """
-        --ddp-pad-buckets-for-high-nccl-busbw
-    """,
-    "give --attention-backend flash": """
-        --use-flash-attn
-    """,
     "a YAML config replaces the command line: give the flags": """
         --yaml-cfg
     """,
@@ -245,7 +301,8 @@ def ignored(*spellings: str) -> bool:
     """Whether a Megatron-LM flag (any of its spellings) cannot change the training peak."""
     if unmodelled_reason(*spellings) is not None:
         return False
-    return any(f in IGNORED or f.startswith(IGNORED_PREFIXES) for f in spellings)
+    named = IGNORED | set(IGNORED_REASONS) | set(RULES)
+    return any(f in named or f.startswith(IGNORED_PREFIXES) for f in spellings)
 
 
 def unmodelled_reason(*spellings: str) -> str | None:
@@ -254,6 +311,7 @@ def unmodelled_reason(*spellings: str) -> str | None:
     for flag in spellings:
         if flag in UNMODELLED:
             return UNMODELLED[flag]
-        if flag.startswith(UNMODELLED_PREFIXES) and flag not in IGNORED:
+        explained = flag in IGNORED_REASONS or flag in RULES
+        if flag.startswith(UNMODELLED_PREFIXES) and flag not in IGNORED and not explained:
             return _MOE
     return None

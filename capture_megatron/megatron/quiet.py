@@ -49,12 +49,42 @@ SILENCED = (
         "megatron-core 0.16.1 calls torch's old collective names; nothing a user can change",
     ),
     Silenced(
+        r"`load_state_dict` is deprecated and will be removed",
+        FutureWarning,
+        r"megatron\.core\.dist_checkpointing\..*|torch\.distributed\..*",
+        "megatron-core 0.16.1's torch_dist loader calls torch's old checkpoint entry point on "
+        "every resume; nothing a user can change",
+    ),
+    Silenced(
+        r"Please use DTensor instead and we are deprecating ShardedTensor",
+        FutureWarning,
+        "",  # raised where megatron-core builds its ShardedTensors while loading
+        "megatron-core 0.16.1 loads torch_dist checkpoints through ShardedTensor; nothing a user "
+        "can change",
+    ),
+    Silenced(
         r"The \.grad attribute of a Tensor that is not a leaf Tensor is being accessed",
         UserWarning,
         # megatron-core's optimizer; on CPU torch attributes it to the function mode in between
         r"megatron\.core\.optimizer\..*|capture_megatron\.megatron\.cpu_compat",
         "megatron-core's distributed optimizer zeroes the .grad of its fp32 shard views (not "
         "leaves; its zero_grad says so: 'throws grad-access warning'); nothing a user can change",
+    ),
+    Silenced(
+        r"apply_rope_fusion for multi-latent attention only supports training",
+        UserWarning,
+        r"megatron\.core\.transformer\.transformer_config",
+        "megatron-core's note that its fused MLA RoPE is experimental and for training; the "
+        "memory models and capture-megatron's runs are training, as Megatron-LM's default "
+        "(fused RoPE) asks",
+    ),
+    Silenced(
+        r"recompute_method == 'block' is not supported for MTP yet",
+        UserWarning,
+        r"megatron\.core\.transformer\.multi_token_prediction",
+        "repeated every micro-batch: under block recompute megatron-core keeps the MTP layers' "
+        "activations, which is what the memory model measures and the plan's notes say once "
+        "(plan/emit.py model_notes)",
     ),
 )
 """Warnings silenced in every capture-megatron process that imports megatron-core."""

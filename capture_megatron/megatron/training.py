@@ -7,12 +7,15 @@ Megatron-LM's pretrain_gpt.py (per-token loss summed with the loss mask, reporte
 
 from __future__ import annotations
 
+import contextlib
 from functools import partial
 
 import torch
 
 from capture_megatron.config import ModelShape, ParallelPlan
+from capture_megatron.config.ddp import DdpOptions
 from capture_megatron.config.training import CheckpointOptions, OptimOptions, RunOptions
+from capture_megatron.megatron import host_adam
 from capture_megatron.megatron.builder import TORCH_DTYPES
 from capture_megatron.megatron.schedule import schedule
 
@@ -68,15 +71,22 @@ def wrap_model(
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.transformer.module import Float16Module
 
-    ddp_config = DistributedDataParallelConfig(
-        grad_reduce_in_fp32=shape.dtype == "bf16" and not plan.grad_reduce_in_bf16,
-        overlap_grad_reduce=run.overlap_grad_reduce,
-        overlap_param_gather=run.overlap_param_gather,
-        use_distributed_optimizer=plan.distributed_optimizer,
-        check_for_nan_in_grad=check_for_nan_in_grad,
-    )
+    opts = plan.ddp
     wrapped = []
     for i, chunk in enumerate(chunks):
+        # one config per chunk: megatron's DDP writes its resolved bucket size into the config
+        ddp_config = DistributedDataParallelConfig(
+            grad_reduce_in_fp32=opts.grad_dtype(shape.dtype) == "fp32",
+            overlap_grad_reduce=opts.overlap_grad_reduce,
+            overlap_param_gather=run.overlap_param_gather,
+            use_distributed_optimizer=plan.distributed_optimizer,
+            num_distributed_optimizer_instances=opts.num_distributed_optimizer_instances,
+            # Megatron-LM turns the check off for fp16 with dynamic loss scaling (its NaNs and
+            # infs are the scaler's signal; --loss-scale is not modelled, so scaling is dynamic)
+            check_for_nan_in_grad=check_for_nan_in_grad and shape.dtype != "fp16",
+            bucket_size=bucket_size(opts, chunks),
+            pad_buckets_for_high_nccl_busbw=opts.ddp_pad_buckets_for_high_nccl_busbw,
+        )
         config = chunk.config
         module = Float16Module(config, chunk) if shape.dtype != "fp32" else chunk
         ddp = DistributedDataParallel(
@@ -85,6 +95,15 @@ def wrap_model(
         ddp.broadcast_params()
         wrapped.append(ddp)
     return wrapped
+
+
+def bucket_size(opts: DdpOptions, chunks: list) -> int | None:
+    """DDP's bucket size as Megatron-LM's get_model sets it: --ddp-bucket-size, or the rank's
+    parameters over --ddp-num-buckets; None: megatron-core's default (which DDP applies only with
+    --overlap-grad-reduce)."""
+    if opts.ddp_num_buckets is None:
+        return opts.ddp_bucket_size
+    return sum(p.nelement() for c in chunks for p in c.parameters()) // opts.ddp_num_buckets
 
 
 def make_optimizer(
@@ -120,9 +139,10 @@ def make_optimizer(
         initial_loss_scale=optim.initial_loss_scale,
         use_distributed_optimizer=plan.distributed_optimizer,
     )
-    optimizer = get_megatron_optimizer(
-        config, model, use_gloo_process_groups=use_gloo_process_groups
-    )
+    with precision_aware(config, plan.ddp):
+        optimizer = get_megatron_optimizer(
+            config, model, use_gloo_process_groups=use_gloo_process_groups
+        )
     s = schedule(optim, train_iters, plan.global_batch_size)
     resume = resume or CheckpointOptions()
     wsd = optim.lr_decay_style == "WSD"
@@ -146,6 +166,38 @@ def make_optimizer(
     return optimizer, scheduler
 
 
+STATE_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "fp8": "uint8"}
+"""Megatron-LM's names of the optimizer-state dtypes -> torch's (fp8: TE's uint8 Float8Tensor)."""
+
+
+@contextlib.contextmanager
+def precision_aware(config, opts: DdpOptions):
+    """Megatron-LM's precision-aware optimizer settings on `config` (an OptimizerConfig), and the
+    optimizer megatron-core builds for them: Transformer Engine's FusedAdam where TE imports, else
+    capture_megatron.megatron.host_adam.HostFusedAdam. megatron-core's OptimizerConfig checks TE's
+    FusedAdam signature at construction (and raises without TE), so on a machine without TE the
+    settings are set after it, with the flag that config check derives (no fp8 recipe)."""
+    if not opts.use_precision_aware_optimizer:
+        yield
+        return
+    dtypes = {
+        name: getattr(torch, STATE_DTYPES[getattr(opts, name)])
+        for name in ("main_grads_dtype", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype")
+    }
+    for name, value in dtypes.items():
+        setattr(config, name, value)
+    config.use_precision_aware_optimizer = True
+    try:
+        import transformer_engine  # noqa: F401
+    except ImportError:
+        config.use_precision_aware_optimizer_no_fp8_or_ds_fp8 = True
+        with host_adam.installed():
+            yield
+        return
+    config.__post_init__()  # megatron-core's own checks, with TE
+    yield
+
+
 def set_schedule_hooks(model: list, optimizer, run: RunOptions) -> object:
     """The TransformerConfig hooks Megatron-LM's train() sets before training."""
     from megatron.core.distributed import finalize_model_grads
@@ -155,7 +207,7 @@ def set_schedule_hooks(model: list, optimizer, run: RunOptions) -> object:
     config.grad_scale_func = optimizer.scale_loss
     config.timers = None
     config.finalize_model_grads_func = finalize_model_grads
-    if run.overlap_grad_reduce:
+    if model[0].ddp_config.overlap_grad_reduce:
         no_sync = [m.no_sync for m in model]
         config.no_sync_func = no_sync[0] if len(model) == 1 else no_sync
     if run.overlap_param_gather:

@@ -14,7 +14,7 @@ from capture_megatron.config import Cluster, ModelShape, ParallelPlan, Recompute
 from capture_megatron.fit import MemoryModel
 from capture_megatron.plan.contiguous import contiguous_partition, descend
 from capture_megatron.plan.costmodel import CostModel, step_seconds
-from capture_megatron.plan.margins import Margins
+from capture_megatron.plan.margins import Margins, userbuffer_tokens
 from capture_megatron.plan.partition import (
     LocatedPeak,
     RankPeak,
@@ -140,6 +140,20 @@ def _split(
     ).layers_per_stage
 
 
+def mtp_last_layer(shape: ModelShape, split: tuple[int, ...], unit: int) -> tuple[int, ...]:
+    """`split` with a decoder layer (a unit of them) on the last stage when the model has MTP
+    layers and the split left it none: megatron-core then puts the decoder's final norm on the
+    stage holding the last decoder layer, which the memory model does not cover
+    (config.mtp.mtp_problems); the unit comes from the nearest stage before that has one."""
+    if not shape.mtp_num_layers or len(split) == 1 or split[-1]:
+        return split
+    layers = list(split)
+    donor = max(i for i, n in enumerate(layers) if n >= unit)
+    layers[donor] -= unit
+    layers[-1] += unit
+    return tuple(layers)
+
+
 def balanced(
     model: MemoryModel,
     shape: ModelShape,
@@ -155,7 +169,8 @@ def balanced(
     uniform = keep_recompute and rc.granularity == "full" and rc.method == "uniform"
     unit = max(rc.num_layers) if uniform else 1
     if not even:
-        plan = replace(plan, layers_per_stage=_split(model, shape, plan, full, max(unit, 1)))
+        split = _split(model, shape, plan, full, max(unit, 1))
+        plan = replace(plan, layers_per_stage=mtp_last_layer(shape, split, max(unit, 1)))
     if full:
         plan = replace(
             plan,
@@ -188,7 +203,8 @@ def trim_recompute(
                     "full", "block", tuple(counts[:r] + [counts[r] - 1] + counts[r + 1 :])
                 ),
             )
-            if margins.needed(rank_memory(layers, shape, trial, r).peak) > cap:
+            tokens = userbuffer_tokens(shape, trial)
+            if margins.needed(rank_memory(layers, shape, trial, r).peak, tokens) > cap:
                 break
             counts[r] -= 1
     if not any(counts):
@@ -208,7 +224,7 @@ def evaluate_plan(
     layers = layers_for(model, shape, plan)
     stages = tuple(rank_memory(layers, shape, plan, r) for r in range(plan.pp))
     peak = max(s.peak for s in stages)
-    needed = margins.needed(peak)
+    needed = margins.needed(peak, userbuffer_tokens(shape, plan))
     return Evaluated(
         plan,
         stages,

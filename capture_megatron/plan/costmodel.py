@@ -260,11 +260,9 @@ def _data_parallel(
 
 
 def _grad_bytes(shape: ModelShape, plan: ParallelPlan) -> int:
-    """Bytes per gradient element: fp32 for bf16 runs unless --grad-reduce-in-bf16, else the
-    parameter dtype's."""
-    if shape.dtype == "bf16" and not plan.grad_reduce_in_bf16:
-        return 4
-    return dtype_bytes(shape.dtype)
+    """Bytes per gradient element: the gradient buffers' dtype (Megatron-LM's rule: fp32 for bf16
+    runs unless --grad-reduce-in-bf16, ...; DdpOptions.grad_dtype)."""
+    return dtype_bytes(plan.ddp.grad_dtype(shape.dtype))
 
 
 def _optimizer(shape: ModelShape, plan: ParallelPlan, model: CostModel, params: float) -> float:

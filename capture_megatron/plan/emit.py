@@ -14,10 +14,11 @@ from capture_megatron.config.runtime import StepSettings
 def overlap_args(plan: ParallelPlan, settings: StepSettings) -> list[str]:
     """The data-parallel overlap flags of a run (`settings`) that apply to the plan: gradient
     reduce with DP x CP > 1, parameter gather also with the distributed optimizer (Megatron-LM
-    runs it only there)."""
+    runs it only there); --overlap-grad-reduce not twice when the plan's DdpOptions has it."""
     if plan.dp * plan.cp == 1:
         return []
-    out = ["--overlap-grad-reduce"] if settings.overlap_grad_reduce else []
+    grad = settings.overlap_grad_reduce and not plan.ddp.overlap_grad_reduce
+    out = ["--overlap-grad-reduce"] if grad else []
     if settings.overlap_param_gather and plan.distributed_optimizer:
         out.append("--overlap-param-gather")
     return out
@@ -50,12 +51,11 @@ def plan_args(plan: ParallelPlan) -> list[str]:
         out += ["--expert-model-parallel-size", str(plan.ep)]
     if plan.etp:
         out += ["--expert-tensor-parallel-size", str(plan.etp)]
-    switches = (
-        (plan.sequence_parallel, "--sequence-parallel"),
-        (plan.distributed_optimizer, "--use-distributed-optimizer"),
-        (plan.grad_reduce_in_bf16, "--grad-reduce-in-bf16"),
-    )
-    out += [name for on, name in switches if on]
+    if plan.sequence_parallel:
+        out.append("--sequence-parallel")
+    if plan.distributed_optimizer:
+        out.append("--use-distributed-optimizer")
+    out += to_flags(plan.ddp)
     rc = plan.recompute
     if rc.granularity == "selective":
         out += ["--recompute-granularity", "selective"]
@@ -138,7 +138,8 @@ def model_args(shape: ModelShape) -> list[str]:
 
 def feature_args(shape: ModelShape) -> list[str]:
     """The architecture flags beyond the sizes that differ from Megatron-LM's defaults: GeGLU,
-    QKV biases, norm epsilon, RoPE base and scaling, sliding window."""
+    QKV biases, norm epsilon, RoPE base and scaling, sliding window, query/key norms,
+    multi-latent attention, multi-token prediction."""
     out = ["--geglu"] if shape.geglu else []
     if shape.add_qkv_bias:
         out.append("--add-qkv-bias")
@@ -152,6 +153,10 @@ def feature_args(shape: ModelShape) -> list[str]:
         out += ["--rope-scaling-factor", repr(shape.rope_scaling_factor)]
     if shape.window_size:
         out += ["--window-size", ",".join(map(str, shape.window_size))]
+    out += ["--qk-layernorm"] if shape.qk_layernorm else []
+    out += ["--qk-l2-norm"] if shape.qk_l2_norm else []
+    out += to_flags(shape.mla) if shape.mla.enabled else []
+    out += ["--mtp-num-layers", str(shape.mtp_num_layers)] if shape.mtp_num_layers else []
     return out
 
 
@@ -165,8 +170,8 @@ GEGLU_NOTE = (
 
 
 def model_notes(shape: ModelShape) -> tuple[str, ...]:
-    """What the emitted model flags cannot do in stock Megatron-LM (core_v0.16.1), for the CLI to
-    print with them."""
+    """What the emitted model flags cannot do in stock Megatron-LM (core_v0.16.1), and where the
+    model's parts sit (MTP, MoE routing), for the CLI to print with them."""
     notes = [GEGLU_NOTE] if shape.geglu else []
     if shape.use_rope_scaling and shape.rope_scaling_factor != 8.0:
         notes.append(
@@ -175,35 +180,30 @@ def model_notes(shape: ModelShape) -> tuple[str, ...]:
             "GPTModel, so it builds factor 8; capture-megatron's pretrain_gpt uses the factor "
             "(either way the memory is the same)"
         )
+    if shape.mtp_num_layers:
+        notes.append(
+            f"multi-token prediction: its {shape.mtp_num_layers} layer(s) sit on the last "
+            "pipeline stage with a copy of the embedding, and megatron-core recomputes them only "
+            "under --recompute-method uniform (not modelled), never under block"
+        )
     return tuple(notes) + routing_notes(shape)
 
 
 def routing_notes(shape: ModelShape) -> tuple[str, ...]:
-    """Which token counts the forecast of the MoE layers allows for (empty for a dense model)."""
+    """Which token counts the forecast of capacity-bounded MoE layers allows for (empty for a
+    dense model and for dropless routing, whose factors depend on the plan: PlanResult.routing
+    says them)."""
     moe = shape.moe
-    if not moe.enabled:
+    if not moe.enabled or moe.dropless:
         return ()
-    if moe.moe_expert_capacity_factor:
-        padded = moe.moe_pad_expert_input_to_capacity
-        return (
-            f"MoE routing: capacity factor {moe.moe_expert_capacity_factor:g}"
-            + (
-                ", padded: the expert bytes are exact"
-                if padded
-                else "; the forecast pads every expert to its capacity (a bound)"
-            ),
-        )
-    worst = moe.num_experts / moe.moe_router_topk
-    if moe.moe_imbalance_factor:
-        return (
-            f"MoE routing is dropless: the forecast is a bound, every expert receiving at most "
-            f"{min(moe.moe_imbalance_factor, worst):g} x its balanced share of tokens "
-            "(--moe-imbalance-factor)",
-        )
+    padded = moe.moe_pad_expert_input_to_capacity
     return (
-        f"MoE routing is dropless: the forecast is the worst case, every token of an expert's "
-        f"ranks routed to it ({worst:g} x its balanced share); give --moe-imbalance-factor F "
-        "for the bound you trust",
+        f"MoE routing: capacity factor {moe.moe_expert_capacity_factor:g}"
+        + (
+            ", padded: the expert bytes are exact"
+            if padded
+            else "; the forecast pads every expert to its capacity (a bound)"
+        ),
     )
 
 

@@ -117,7 +117,8 @@ def plain_dp(shape: ModelShape, space: Space, p: ParallelPlan) -> ParallelPlan |
         return None
     n, gbs = p.world_size, p.global_batch_size
     mbs = p.micro_batch_size if gbs % (p.micro_batch_size * n) == 0 else 1
-    if gbs % (mbs * n):
+    distopt = n > 1 and True in space.distributed_optimizer
+    if gbs % (mbs * n) or space.ddp.plan_problems(1, 1, n, n, distopt):
         return None
     return ParallelPlan(
         tp=1,
@@ -126,7 +127,9 @@ def plain_dp(shape: ModelShape, space: Space, p: ParallelPlan) -> ParallelPlan |
         micro_batch_size=mbs,
         global_batch_size=gbs,
         layers_per_stage=(shape.num_layers,),
-        distributed_optimizer=n > 1 and True in space.distributed_optimizer,
+        distributed_optimizer=distopt,
+        ddp=space.ddp,
+        mtp_layers=p.mtp_layers,
     )
 
 

@@ -32,7 +32,7 @@ from capture_megatron.plan.balance import (
     trim_recompute,
 )
 from capture_megatron.plan.costmodel import CostModel, step_seconds
-from capture_megatron.plan.margins import Margins
+from capture_megatron.plan.margins import Margins, userbuffer_tokens
 from capture_megatron.plan.ranktimes import least_step, memory_floor
 from capture_megatron.plan.supply import Supply
 from capture_megatron.plan.timed import timed_split
@@ -74,7 +74,7 @@ def fit_plan(
     choose = rc.granularity == "full" and not keep_recompute
     uniform = rc.granularity == "full" and rc.method == "uniform"
     cap, model = cluster.gpu_memory_bytes, model_for([plan])
-    if not mixed_layers(shape) and not uniform:
+    if not mixed_layers(shape) and not uniform and not shape.mtp_num_layers:
         found = timed_split(model, shape, plan, cap, margins, hw, choose, floor)
         if found is None:  # no split fits: the even one with every layer recomputed says so
             every = balanced(model, shape, plan, keep_recompute, even=True)
@@ -127,6 +127,14 @@ class _Visit:
         return fitting[top - 1] if len(fitting) >= top else float("inf")
 
 
+def _floor_fits(
+    shape: ModelShape, plan: ParallelPlan, margins: Margins, cap: float, fp8_params: bool
+) -> bool:
+    """Whether the plan's memory floor (ranktimes.memory_floor) plus margins is within `cap`."""
+    tokens = userbuffer_tokens(shape, plan)
+    return margins.needed(memory_floor(shape, plan, fp8_params), tokens) <= cap
+
+
 def fastest(
     supply: Supply,
     shape: ModelShape,
@@ -137,9 +145,11 @@ def fastest(
     top: int,
     keep_recompute: bool,
     floor: int = 0,
+    fp8_params: bool = False,
 ) -> SearchResult:
     """The branch and bound (module docstring): the fastest fitting plan, proven, then the
-    fastest of the others evaluated on the way (up to `top` in all)."""
+    fastest of the others evaluated on the way (up to `top` in all; `fp8_params`:
+    --fp8-param-gather, for the memory floor)."""
     if "full" in {p.recompute.granularity for p in plans} and not keep_recompute and not floor:
         plans = [p for p in plans if p.recompute.granularity != "none"]
     visit = _Visit(plans, lambda p: step_seconds(shape, p, hw, bound=True))
@@ -159,9 +169,8 @@ def fastest(
         """Whether the plan's floor of bytes can fit, every lighter twin that costs no profiling
         (recursively) fits, and then the plan itself."""
         if plan not in visit.viable:
-            floor_bytes = margins.needed(memory_floor(shape, plan))
-            ok = floor_bytes <= cluster.gpu_memory_bytes and all(fits(t, i) for t in twins(plan))
-            visit.viable[plan] = ok and run(plan, i).fits
+            ok = _floor_fits(shape, plan, margins, cluster.gpu_memory_bytes, fp8_params)
+            visit.viable[plan] = ok and all(fits(t, i) for t in twins(plan)) and run(plan, i).fits
         return visit.viable[plan]
 
     def twins(plan: ParallelPlan) -> list[ParallelPlan]:

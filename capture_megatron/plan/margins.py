@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from capture_megatron.config import GIB
+from capture_megatron.config import GIB, ModelShape, ParallelPlan
 
 RESERVE_FRACTION = 0.02
 """Default allocator reserve: reserved was 1.9% above allocated on a dense Megatron-LM run on H100
@@ -29,8 +29,21 @@ class Margins:
     """Measured / predicted peak of verified runs on this device (`verify --refit`)."""
     on_cpu: bool = False
     """CPU processes: no allocator reserve and no CUDA context."""
+    userbuffers_per_token: int = 0
+    """CUDA with --tp-comm-overlap: bytes per token of Transformer Engine's userbuffers, outside
+    the allocator (capture_megatron.config.Kernels.userbuffer_bytes_per_token); 0 without."""
 
-    def needed(self, peak: float) -> float:
-        """Bytes a GPU must have for a predicted peak."""
+    def needed(self, peak: float, tokens: int = 0) -> float:
+        """Bytes a GPU must have for a predicted peak (`tokens`: the plan's sequence x
+        micro-batch / CP, which sizes the userbuffers)."""
         peak = peak * self.calibration
-        return peak if self.on_cpu else peak * (1 + self.reserve_fraction) + self.context_bytes
+        if self.on_cpu:
+            return peak
+        outside = self.context_bytes + self.userbuffers_per_token * tokens
+        return peak * (1 + self.reserve_fraction) + outside
+
+
+def userbuffer_tokens(shape: ModelShape, plan: ParallelPlan) -> int:
+    """Rows of TE's userbuffers for a plan: sequence x micro-batch / CP (Megatron-LM's
+    _initialize_tp_communicators)."""
+    return shape.seq_length * plan.micro_batch_size // plan.cp

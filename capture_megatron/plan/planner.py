@@ -16,9 +16,12 @@ from dataclasses import dataclass
 from capture_megatron.config import GIB, Cluster, Kernels, ModelShape, ParallelPlan
 from capture_megatron.config.context import context_problem
 from capture_megatron.config.fields import flag
-from capture_megatron.config.kernels import kernel_set
+from capture_megatron.config.fp8 import fp8_problem
+from capture_megatron.config.kernels import kernel_set, tp_overlap_problem
+from capture_megatron.config.moe import FLEX_REFUSAL
 from capture_megatron.errors import CaptureError
 from capture_megatron.fit import MemoryModel, ModelSource
+from capture_megatron.plan.baselines import baselines_for
 from capture_megatron.plan.costmodel import CostModel
 from capture_megatron.plan.explain import (
     Context,
@@ -30,10 +33,11 @@ from capture_megatron.plan.explain import (
 )
 from capture_megatron.plan.margins import CONTEXT_GIB, RESERVE_FRACTION, Margins
 from capture_megatron.plan.result import ModelOrigin, PlanResult
+from capture_megatron.plan.routing import at_forecast, routed, routing_report
 from capture_megatron.plan.search import OBJECTIVES, Evaluated, evaluate_plan, search, undominated
 from capture_megatron.plan.space import Space, candidates
 from capture_megatron.plan.supply import Supply
-from capture_megatron.plan.window import window_problem
+from capture_megatron.plan.window import latent_problem, window_problem
 
 
 @dataclass(frozen=True)
@@ -72,11 +76,12 @@ class PlanOptions:
     kernels: Kernels = Kernels()
     """The layer implementation and fused kernels the run uses (Megatron-LM's defaults)."""
 
-    def margins(self, cluster: Cluster) -> Margins:
-        """The memory margins these options set for `cluster`."""
-        return Margins(
-            self.reserve_fraction, self.context_gib * GIB, self.calibration, cluster.device == "cpu"
-        )
+    def margins(self, cluster: Cluster, hidden_size: int = 0) -> Margins:
+        """The memory margins these options set for `cluster` (and a model of `hidden_size`:
+        the userbuffers of --tp-comm-overlap)."""
+        ub = self.kernels.userbuffer_bytes_per_token(hidden_size)
+        on_cpu = cluster.device == "cpu"
+        return Margins(self.reserve_fraction, self.context_gib * GIB, self.calibration, on_cpu, ub)
 
 
 DEFAULT_GLOBAL_BATCH = 512
@@ -105,20 +110,27 @@ def batch_line(options: PlanOptions, gbs: int) -> str:
     )
 
 
-def searched_options(options: PlanOptions, cluster: Cluster) -> PlanOptions:
+def searched_options(options: PlanOptions, cluster: Cluster, shape: ModelShape) -> PlanOptions:
     """The options a search runs with: on GPUs the free overlap flags on (--overlap-grad-reduce,
-    and --overlap-param-gather, which applies with the distributed optimizer: they hide
-    data-parallel communication behind the backward / forward and hold no extra memory), and
-    context parallelism searched only where the kernels run it (context_problem)."""
+    in the plans' DdpOptions so that their gradient buckets are predicted, unless
+    --ddp-num-buckets was given; --overlap-param-gather, which applies with the distributed
+    optimizer: they hide data-parallel communication behind the backward / forward), and context
+    parallelism searched only where the kernels run it (context_problem, latent_problem)."""
     space, cost = options.space, options.cost
     gpu = cluster.device != "cpu"
     if gpu:
+        grad = space.ddp.ddp_num_buckets is None or space.ddp.overlap_grad_reduce
         run = dataclasses.replace(
-            cost.settings, overlap_grad_reduce=True, overlap_param_gather=True
+            cost.settings, overlap_grad_reduce=grad, overlap_param_gather=True
         )
         cost = dataclasses.replace(cost, settings=run)
+        ddp = dataclasses.replace(space.ddp, overlap_grad_reduce=grad)
+        space = dataclasses.replace(space, ddp=ddp)
     kind = kernel_set("cuda" if gpu else "cpu", options.kernels)
-    if not space.cp and context_problem((2,), space.cp_comm_type, kind, options.kernels):
+    refused = context_problem((2,), space.cp_comm_type, kind, options.kernels) or (
+        shape.mla.enabled and kind.startswith("gpu")
+    )
+    if not space.cp and refused:
         space = dataclasses.replace(space, cp=(1,))
     return dataclasses.replace(options, cost=cost, space=space)
 
@@ -134,22 +146,26 @@ def plan(
         raise CaptureError(
             "plan() needs a memory model or a source (capture_megatron.profile.memory_source)"
         )
+    if shape.moe.enabled and shape.moe.moe_token_dispatcher_type == "flex":
+        raise CaptureError(FLEX_REFUSAL + ".")
+    shape = routed(shape, "planning")  # dropless MoE: plans fit at the forecast plus its margin
     supply = Supply(shape, memory)
-    hw, margins = options.cost, options.margins(cluster)
+    hw, margins = options.cost, options.margins(cluster, shape.hidden_size)
     if options.fixed is not None:
         model = supply.complete([options.fixed])
         fixed = evaluate_plan(model, shape, options.fixed, cluster, margins, hw)
-        return _result(model, shape, cluster, options, (fixed,), 1)
+        return _result(model, shape, cluster, options, (fixed,), 1, memory)
     if not cluster.gpu_memory_bytes:
         raise CaptureError("planning needs the usable memory per GPU: give --gpu-memory-gib")
-    options = searched_options(options, cluster)
+    options = searched_options(options, cluster, shape)
     hw = options.cost
     gbs = global_batch(options, cluster)
     if not any(candidates(shape, cluster, gbs, options.space)):
         raise CaptureError(_why_no_candidate(shape, cluster, gbs, options.space))
     first = next(candidates(shape, cluster, gbs, options.space))
     supply.want(plans_explained(shape, options.space, first))  # plain DP, for the reasoning
-    search_ = _Search(supply, shape, cluster, gbs, options.space, margins, hw)
+    fp8_params = options.kernels.fp8 and options.kernels.fp8_param_gather
+    search_ = _Search(supply, shape, cluster, gbs, options.space, margins, hw, fp8_params)
     ranked, considered = search_.best(options.objective, options.top)
     if not ranked:  # every candidate's static bytes alone exceed the memory
         raise search_.no_fit(search_.run(cluster, "min-peak", 1)[0][0])
@@ -157,7 +173,7 @@ def plan(
         raise search_.no_fit(ranked[0])
     explained = plans_explained(shape, options.space, ranked[0].plan)
     model = supply.complete([e.plan for e in ranked] + explained)
-    return _result(model, shape, cluster, options, ranked, considered)
+    return _result(model, shape, cluster, options, ranked, considered, memory)
 
 
 def _result(
@@ -167,34 +183,65 @@ def _result(
     options: PlanOptions,
     ranked: tuple[Evaluated, ...],
     considered: int,
+    memory: MemoryModel | ModelSource,
 ) -> PlanResult:
+    """The PlanResult of plans evaluated at `shape`'s routing (the planning factor for dropless
+    MoE): their peaks shown at the forecast, the chosen plan's routing report, baselines at the
+    forecast, the reasoning and stock alternative at the planning factor."""
     space = options.space
-    problem = window_problem(shape, model.kernels, options.kernels) or context_problem(
-        tuple(e.plan.cp for e in ranked), space.cp_comm_type, model.kernels, options.kernels
+    cps = tuple(e.plan.cp for e in ranked)
+    problem = (
+        fp8_problem(model.kernels, options.kernels)
+        or tp_overlap_problem(
+            model.kernels, options.kernels, ranked[0].plan.tp, ranked[0].plan.sequence_parallel
+        )
+        or window_problem(shape, model.kernels, options.kernels)
+        or latent_problem(shape, model.kernels, options.kernels, max(cps))
+        or context_problem(cps, space.cp_comm_type, model.kernels, options.kernels)
+        or space.ddp.kernel_problem(model.kernels, options.kernels.gradient_accumulation_fusion)
     )
     if problem:
         raise CaptureError(problem + ".")
     origin = ModelOrigin(model.device, model.kernels, model.versions)
-    hw, margins, space = options.cost, options.margins(cluster), options.space
+    hw, margins = options.cost, options.margins(cluster, shape.hidden_size)
+    space = options.space
     objective = "fixed" if options.fixed is not None else options.objective
     ctx = Context(model, shape, cluster, space, margins, hw, objective)
     ranked, baselines = not_below_baselines(ctx, ranked, options.fixed is not None)
-    lines = reasoning(ctx, ranked, considered) + trade(ctx, ranked[0], baselines)
+    shown = at_forecast(memory, shape, ranked, cluster, margins, hw)
+    fore = routed(shape, "forecast")
+    if fore != shape:  # dropless MoE: the baselines shown at the forecast, as the plans
+        given = options.fixed is not None or space.keeps_recompute
+        floor = 1 if space.recompute == ("full",) else 0
+        fore_model = Supply(fore, memory).complete([shown[0].plan])
+        plan0 = shown[0].plan
+        baselines = baselines_for(fore_model, fore, plan0, cluster, margins, hw, given, floor)
+    lines = reasoning(ctx, shown, considered) + trade(ctx, shown[0], baselines)
     if options.fixed is None:
         lines += tuple(x for x in (batch_line(options, ranked[0].plan.global_batch_size),) if x)
     return PlanResult(
-        shape,
+        fore,
         cluster,
-        ranked,
+        shown,
         considered,
         baselines,
         origin,
         options.kernels,
         reasoning=lines,
-        stock_alternative=stock_alternative(ctx, ranked),
+        stock_alternative=_shown(memory, shape, stock_alternative(ctx, ranked), ctx),
         margins=margins,
+        routing=routing_report(memory, fore, ranked[0], shown[0], cluster, margins, hw),
         cost=options.cost,
     )
+
+
+def _shown(
+    memory: MemoryModel | ModelSource, shape: ModelShape, e: Evaluated | None, ctx: Context
+) -> Evaluated | None:
+    """A plan evaluated at the planning factor, with its peaks at the forecast (None stays)."""
+    if e is None:
+        return None
+    return at_forecast(memory, shape, (e,), ctx.cluster, ctx.margins, ctx.hw)[0]
 
 
 @dataclass(frozen=True)
@@ -208,6 +255,8 @@ class _Search:
     space: Space
     margins: Margins
     hw: CostModel
+    fp8_params: bool = False
+    """--fp8-param-gather: parameters of 1 byte (the search's memory floor)."""
 
     def run(self, cluster: Cluster, objective: str, top: int) -> tuple[tuple[Evaluated, ...], int]:
         """(ranked plans, candidates considered) on `cluster`."""
@@ -221,6 +270,7 @@ class _Search:
             self.margins,
             self.hw,
             top=top,
+            fp8_params=self.fp8_params,
         )
         return found.ranked, found.considered
 

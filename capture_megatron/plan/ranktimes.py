@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from capture_megatron.config import ModelShape, ParallelPlan, dtype_bytes
+from capture_megatron.config.ddp import STATE_BYTES
 from capture_megatron.plan import costparts as cp
 from capture_megatron.plan.costmodel import ROUNDING, CostModel, bound_parts
 from capture_megatron.plan.partition import TIE
@@ -97,23 +98,38 @@ def lower_bound(parts: tuple[float, float], m: int, vpp: int, bottleneck: float)
     return ((m - 1 / vpp) * bottleneck + parts[0] / vpp + parts[1]) * ROUNDING
 
 
-def static_floor(shape: ModelShape, plan: ParallelPlan) -> float:
+def _per_param(shape: ModelShape, plan: ParallelPlan, fp8_params: bool) -> float:
+    """Bytes a dense parameter takes at least: itself (1 byte as an FP8 parameter), its gradient
+    buffer's element (DdpOptions.grad_dtype) and its rank's share of the Adam moments (fp32, or
+    the precision-aware optimizer's dtypes; the master weights left out)."""
+    ddp = plan.ddp
+    pbytes = 1 if fp8_params else dtype_bytes(shape.dtype)
+    gbytes = dtype_bytes(ddp.grad_dtype(shape.dtype))
+    moments = STATE_BYTES[ddp.exp_avg_dtype] + STATE_BYTES[ddp.exp_avg_sq_dtype]
+    if not ddp.use_precision_aware_optimizer:
+        moments = 4  # two moments of at least 16 bits (fp32 ones and master weights take more)
+    shards = plan.dp * plan.cp // ddp.num_distributed_optimizer_instances
+    return pbytes + gbytes + moments / (shards if plan.distributed_optimizer else 1)
+
+
+def static_floor(shape: ModelShape, plan: ParallelPlan, fp8_params: bool = False) -> float:
     """Bytes the most loaded rank of any layout of the plan's sizes holds at least, before any
-    activation: the mean rank's parameters, their gradients and (dense models) a quarter of the
-    Adam state's share (two moments of at least 16 bits; fp32 moments and master weights take
-    more). Lets the search drop sizes that cannot fit without profiling them."""
+    activation: the mean rank's parameters, their gradients and (dense models) a share of the
+    Adam moments (_per_param; `fp8_params`: --fp8-param-gather). Lets the search drop sizes that
+    cannot fit without profiling them."""
     pattern = shape.moe_layers if shape.moe.enabled else (False,) * shape.num_layers
     bare = replace(shape, add_bias_linear=False)  # biases left out: a floor
     params = sum(cp.layer_params(bare, plan.tp, x, plan.ep) for x in pattern)
     params += cp.end_params(bare, plan.tp, True, True)
-    pbytes = dtype_bytes(shape.dtype)
-    gbytes = 4 if shape.dtype == "bf16" and not plan.grad_reduce_in_bf16 else pbytes
-    shards = plan.dp * plan.cp if plan.distributed_optimizer else 1
-    state = 0.0 if shape.moe.enabled else 4 / shards
-    return params / plan.pp * (pbytes + gbytes + state)
+    per_param = _per_param(shape, plan, fp8_params)
+    if shape.moe.enabled:  # expert state is sharded over the expert-data-parallel ranks
+        per_param = (1 if fp8_params else dtype_bytes(shape.dtype)) + dtype_bytes(
+            plan.ddp.grad_dtype(shape.dtype)
+        )
+    return params / plan.pp * per_param
 
 
-def memory_floor(shape: ModelShape, plan: ParallelPlan) -> float:
+def memory_floor(shape: ModelShape, plan: ParallelPlan, fp8_params: bool = False) -> float:
     """Bytes the most loaded rank of any layout of the plan's sizes holds at least (one chunk per
     rank; static_floor with more): static_floor's bytes per parameter, plus, for every layer and
     every micro-batch in flight under 1F1B (min(PP - rank, m) on a rank), the layer's input, which
@@ -123,11 +139,9 @@ def memory_floor(shape: ModelShape, plan: ParallelPlan) -> float:
     rc = plan.recompute
     grouped = rc.granularity == "full" and rc.method == "uniform" and max(rc.num_layers) > 1
     if plan.vpp > 1 or shape.moe.enabled or grouped:
-        return static_floor(shape, plan)
+        return static_floor(shape, plan, fp8_params)
     pbytes = dtype_bytes(shape.dtype)
-    gbytes = 4 if shape.dtype == "bf16" and not plan.grad_reduce_in_bf16 else pbytes
-    shards = plan.dp * plan.cp if plan.distributed_optimizer else 1
-    per_param = pbytes + gbytes + 4 / shards
+    per_param = _per_param(shape, plan, fp8_params)
     tokens = plan.micro_batch_size * shape.seq_length / plan.cp
     hidden = tokens * shape.hidden_size * pbytes / (plan.tp if plan.sequence_parallel else 1)
     bare = replace(shape, add_bias_linear=False)  # biases left out: a floor

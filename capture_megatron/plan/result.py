@@ -11,6 +11,7 @@ from typing import Any
 
 from capture_megatron import __version__
 from capture_megatron.config import Cluster, Kernels, ModelShape, ParallelPlan, Recompute
+from capture_megatron.config.ddp import DdpOptions
 from capture_megatron.config.kernels import VALIDATION
 from capture_megatron.config.layout import parse_layout
 from capture_megatron.errors import CaptureError
@@ -18,6 +19,7 @@ from capture_megatron.plan.baselines import BASES, Baseline
 from capture_megatron.plan.costmodel import CostModel, StepTime, step_time
 from capture_megatron.plan.emit import flag_notes, kernel_args, model_args, overlap_args, plan_args
 from capture_megatron.plan.margins import Margins
+from capture_megatron.plan.routing import RoutingReport
 from capture_megatron.plan.search import Evaluated
 from capture_megatron.predict import StageMemory
 from capture_megatron.serial import from_plain, load_json, to_plain
@@ -69,6 +71,8 @@ class PlanResult:
     Megatron-LM runs (None when the plan's own flags are stock)."""
     margins: Margins = Margins()
     """The margins `needed` adds to a peak (allocator reserve, CUDA context)."""
+    routing: RoutingReport | None = None
+    """Dropless MoE: the routing factors and the chosen plan's peaks at each (None otherwise)."""
     cost: CostModel = CostModel()
     """The step-time model the plans were ranked with (hardware, overlap settings, constants)."""
 
@@ -158,6 +162,7 @@ class PlanResult:
             "notes": list(self.notes),
             "reasoning": list(self.reasoning),
             "estimated_step_seconds": best.step_seconds if self.on_gpu else None,
+            "moe_routing": self.routing.to_plain() if self.routing else None,
             **self._step_entries(),
             "memory_model": to_plain(self.origin),
             "validation": VALIDATION.get(self.origin.device, "not validated"),
@@ -241,7 +246,7 @@ def _plan_section(p: ParallelPlan) -> dict[str, Any]:
         "recompute": to_plain(p.recompute),
         "sequence_parallel": p.sequence_parallel,
         "distributed_optimizer": p.distributed_optimizer,
-        "grad_reduce_in_bf16": p.grad_reduce_in_bf16,
+        "ddp": to_plain(p.ddp),
     }
 
 
@@ -270,17 +275,18 @@ def read_plan(path: str) -> PlanFile:
         section = dict(data["plan"])
         layout = section.pop("layout")
         section["recompute"] = from_plain(Recompute, section["recompute"])
+        section["ddp"] = from_plain(DdpOptions, section.get("ddp", {}))
         section["layers_per_stage"] = tuple(section["layers_per_stage"])
         if section.get("etp") == section.get("tp"):
             section["etp"] = 0  # expert TP equal to TP is megatron's default: no flag
-        plan = ParallelPlan(**section)
         shape = from_plain(ModelShape, data["model"])
+        plan = ParallelPlan(**section, mtp_layers=shape.mtp_num_layers)
     except (KeyError, TypeError, ValueError) as err:
         raise CaptureError(
             f"--plan-json {path}: its plan is incomplete or invalid ({type(err).__name__}: "
             f"{str(err)[:120]}); write it again with `capture-megatron plan --json`"
         ) from None
-    if parse_layout(layout, plan.pp, shape.num_layers) != plan.layers_per_stage:
+    if parse_layout(layout, plan.pp, shape.num_layers, plan.mtp_layers) != plan.layers_per_stage:
         raise CaptureError(
             f"--plan-json {path}: layout {layout!r} does not match layers_per_stage "
             f"{list(plan.layers_per_stage)}"

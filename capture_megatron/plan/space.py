@@ -8,6 +8,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from capture_megatron.config import Cluster, ModelShape, ParallelFlags, ParallelPlan, Recompute
+from capture_megatron.config.ddp import DEFAULT_DDP, DdpOptions
+from capture_megatron.config.kernels import Kernels, tp_overlap_problem
+from capture_megatron.config.mtp import mtp_problems
 from capture_megatron.config.parallel import tp_fits
 from capture_megatron.config.resolve import refuse_dropped_recompute
 from capture_megatron.errors import CaptureError
@@ -44,11 +47,12 @@ class Space:
     models TE's ring algorithm, the CPU one the all-gather)."""
     cp_comm_type: str = ""
     """--cp-comm-type as given ('' when not), kept in every candidate with CP > 1."""
-    grad_reduce_in_bf16: bool = False
-    """--grad-reduce-in-bf16 as given, kept in every candidate."""
     ep: tuple[int, ...] = ()
     """Expert-parallel sizes; empty: for a model with experts every size Megatron allows (it
     divides the experts and the TP x DP ranks of a stage; the expert TP is the TP), else 1."""
+    ddp: DdpOptions = DdpOptions()
+    """Gradient and optimizer-state settings as given, kept in every candidate (those megatron
+    refuses with them are skipped)."""
 
     @property
     def keeps_recompute(self) -> bool:
@@ -76,9 +80,13 @@ def refuse_experts_sizes(flags: ParallelFlags) -> None:
         )
 
 
-def space_from(flags: ParallelFlags, whole_plan: bool = False) -> Space:
+def space_from(
+    flags: ParallelFlags, whole_plan: bool = False, ddp: DdpOptions = DEFAULT_DDP
+) -> Space:
     """The search space with the values the command line fixed (`whole_plan`: the flags give the
-    whole plan, whose expert TP is kept as given)."""
+    whole plan, whose expert TP is kept as given) and the gradient / optimizer-state settings
+    (the precision-aware optimizer and several optimizer instances fix the distributed
+    optimizer, which megatron-core needs for them)."""
     if not whole_plan:
         refuse_experts_sizes(flags)
     refuse_dropped_recompute(flags)
@@ -102,15 +110,11 @@ def space_from(flags: ParallelFlags, whole_plan: bool = False) -> Space:
         fixed["recompute_method"] = flags.recompute_method or ""
     if flags.sequence_parallel:
         fixed["sequence_parallel"] = (True,)
-    if flags.use_distributed_optimizer:
+    needs = ddp.use_precision_aware_optimizer or ddp.num_distributed_optimizer_instances > 1
+    if flags.use_distributed_optimizer or needs:
         fixed["distributed_optimizer"] = (True,)
     fixed.update(_fixed_sizes(flags))
-    return replace(
-        Space(),
-        cp_comm_type=flags.cp_comm_type or "",
-        grad_reduce_in_bf16=bool(flags.grad_reduce_in_bf16),
-        **fixed,
-    )
+    return replace(Space(), cp_comm_type=flags.cp_comm_type or "", ddp=ddp, **fixed)
 
 
 def _fixed_sizes(flags: ParallelFlags) -> dict[str, tuple[int, ...]]:
@@ -204,6 +208,19 @@ def _dominated(on: bool, size: int, allowed: tuple[bool, ...]) -> bool:
     return not on and size > 1 and True in allowed
 
 
+def _allowed_ep(
+    shape: ModelShape, sizes: tuple[int, int, int, int], vpp: int, do: bool, space: Space
+) -> list[int]:
+    """The expert-parallel sizes of (TP, CP, PP, DP) `sizes` with which megatron-core takes the
+    space's gradient / optimizer-state settings."""
+    tp, cp, pp, dp = sizes
+    return [
+        ep
+        for ep in expert_sizes(shape, tp, dp * cp, space)
+        if not space.ddp.plan_problems(pp, vpp, dp * cp, dp * cp // ep, do)
+    ]
+
+
 def _variants(
     shape: ModelShape, sizes: tuple[int, int, int, int], gbs: int, space: Space
 ) -> Iterator[ParallelPlan]:
@@ -234,25 +251,48 @@ def _settings(
                     do, dp * cp, space.distributed_optimizer
                 ):
                     continue
-                stages = pp * vpp
-                layers = tuple(
-                    shape.num_layers // stages + (1 if i < shape.num_layers % stages else 0)
-                    for i in range(stages)
+                base = ParallelPlan(
+                    tp=tp,
+                    pp=pp,
+                    dp=dp,
+                    cp=cp,
+                    cp_comm_type=space.cp_comm_type if cp > 1 else "",
+                    vpp=vpp,
+                    micro_batch_size=mbs,
+                    global_batch_size=gbs,
+                    layers_per_stage=_even(shape.num_layers, pp * vpp),
+                    recompute=recompute,
+                    sequence_parallel=sp,
+                    distributed_optimizer=do,
+                    ddp=space.ddp,
+                    mtp_layers=shape.mtp_num_layers,
                 )
-                for ep in expert_sizes(shape, tp, dp * cp, space):
-                    yield ParallelPlan(
-                        tp=tp,
-                        pp=pp,
-                        dp=dp,
-                        cp=cp,
-                        cp_comm_type=space.cp_comm_type if cp > 1 else "",
-                        ep=ep,
-                        vpp=vpp,
-                        micro_batch_size=mbs,
-                        global_batch_size=gbs,
-                        layers_per_stage=layers,
-                        recompute=recompute,
-                        sequence_parallel=sp,
-                        distributed_optimizer=do,
-                        grad_reduce_in_bf16=space.grad_reduce_in_bf16,
-                    )
+                yield from _expert_plans(shape, base, space)
+
+
+def _even(layers: int, stages: int) -> tuple[int, ...]:
+    """Megatron's even split of `layers` over `stages` (the earlier stages take the remainder)."""
+    return tuple(layers // stages + (1 if i < layers % stages else 0) for i in range(stages))
+
+
+def _expert_plans(shape: ModelShape, base: ParallelPlan, space: Space) -> Iterator[ParallelPlan]:
+    """`base` at each expert-parallel size megatron-core takes with the space's gradient /
+    optimizer-state settings, less the plans whose multi-token prediction layers are not
+    modelled (CP > 1, uniform recompute: config.parallel.mtp_problems)."""
+    sizes = (base.tp, base.cp, base.pp, base.dp)
+    for ep in _allowed_ep(shape, sizes, base.vpp, base.distributed_optimizer, space):
+        plan = replace(base, ep=ep)
+        if not mtp_problems(shape, plan):
+            yield plan
+
+
+def overlap_space(space: Space, kernels: Kernels) -> Space:
+    """The space with --tp-comm-overlap's constraint (Megatron-LM needs sequence parallelism,
+    which it turns off at TP 1): TP > 1 with sequence parallelism; CaptureError when the given
+    sizes leave none. Unchanged without the flag."""
+    if not kernels.tp_comm_overlap:
+        return space
+    tps = tuple(t for t in space.tp if t > 1)
+    if not tps or space.sequence_parallel == (False,):
+        raise CaptureError(tp_overlap_problem("gpu", kernels, 1, False) + ".")
+    return replace(space, tp=tps, sequence_parallel=(True,))

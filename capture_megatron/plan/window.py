@@ -7,6 +7,10 @@ cuDNN fused attention, which take the window as a kernel argument and keep nothi
 not emulate the masks TE's unfused attention or the local spec's softmax build for a window, so a
 model with a window is refused with those kernels, never planned as if it had none.
 
+Multi-latent attention under the GPU kernels (latent_problem): Transformer Engine's FlashAttention
+2 does not run it, megatron-core refuses fused RoPE with plain rope for it, and its context-parallel
+attention is not modelled.
+
 Context parallelism's attention: capture_megatron.config.context.context_problem.
 """
 
@@ -31,3 +35,32 @@ def window_problem(shape: ModelShape, kernel_set: str, kernels: Kernels) -> str:
         "--transformer-impl transformer_engine with --attention-backend flash, fused or auto, "
         "under which the window changes no memory"
     )
+
+
+def latent_problem(shape: ModelShape, kernel_set: str, kernels: Kernels, cp: int = 1) -> str:
+    """Why the model's multi-latent attention is not modelled (or not run by megatron-core) under
+    `kernels` on `kernel_set`; '' when it is."""
+    mla = shape.mla
+    if not mla.enabled or not kernel_set.startswith("gpu"):
+        return ""
+    gpu = kernels.for_gpu()
+    te = gpu.transformer_impl == "transformer_engine"
+    if te and gpu.attention_backend == "flash" and mla.q_head_dim != mla.v_head_dim:
+        return (
+            "--multi-latent-attention with --attention-backend flash: Transformer Engine's "
+            "FlashAttention 2 does not run query/key heads wider than value heads (MLA), and "
+            "FlashAttention 3 is not modelled; use --attention-backend fused, auto or unfused"
+        )
+    rope = shape.position_embedding_type == "rope" and gpu.rope_fusion
+    if rope and mla.rope == "rope":
+        return (
+            "--multi-latent-attention with --rope-type rope and fused RoPE: megatron-core's "
+            "MLATransformerConfig refuses it (apply_rope_fusion for MLA only works with YaRN); "
+            "give --no-rope-fusion or --rope-type yarn"
+        )
+    if cp > 1:
+        return (
+            f"--multi-latent-attention with --context-parallel-size {cp}: Transformer Engine's "
+            "context-parallel attention over MLA's unequal head widths is not modelled yet"
+        )
+    return ""

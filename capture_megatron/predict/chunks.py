@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from capture_megatron.config import ModelShape, ParallelPlan
-from capture_megatron.fit import ShapeConstants, Sizes
+from capture_megatron.config import DdpOptions, ModelShape, ParallelPlan
+from capture_megatron.fit import KindConstants, ShapeConstants, Sizes
 from capture_megatron.predict import mixed, retained
 from capture_megatron.predict.layers import Layers, sizes_for
-from capture_megatron.predict.static import LayerRun, layer_static
+from capture_megatron.predict.static import LayerRun, layer_static, layout_of
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,8 @@ class ChunkCost:
     step: float
     """Optimizer-step peak above the live bytes before it."""
     params: int
-    """Parameter bytes."""
+    """Parameter bytes, with what Transformer Engine's FP8 layers keep for their weights (FP8
+    copies, or FP8 parameters' column-wise copies, and scaling state; KindConstants.fp8state1)."""
     grads: int
     """Gradient-buffer bytes."""
     optimizer: int
@@ -51,13 +52,18 @@ class ChunkCost:
     """Of `retained`, the chunk's input gradient (also what the schedule holds after the
     backward)."""
     routing_state: float = 0.0
-    """Bytes the chunk's MoE token dispatchers keep from their layers' last forward for good
-    (routing probabilities and map, permutation indices): alive at every moment after the first
-    forward, counted with the rank's other static bytes (0 without MoE layers)."""
-    grad_copy: float = 0.0
-    """With bf16 gradients (--grad-reduce-in-bf16): the fp32 copy of the gradients the optimizer
-    steps (megatron-core's _copy_model_grads_to_main_grads calls .float() on them), alive from
-    before the step until the next iteration zeroes them; 0 with fp32 gradients (a view)."""
+    """Bytes the chunk's layers keep for good beyond parameters: the MoE token dispatchers' last
+    routing (probabilities and map, permutation indices; alive from the first forward on) and
+    the layers' registered module buffers (MLA's YaRN cos/sin tables); counted with the rank's
+    other static bytes (0 for standard dense layers)."""
+    step_copies: float = 0.0
+    """Of the optimizer step, what it allocates for this chunk's parameters that every chunk's
+    adds to (StaticBytes.copies: fp32 copies of 16-bit gradients or of low-precision optimizer
+    states); `step` is the rest, the largest of a rank's chunks counts."""
+    step_alone: float = 0.0
+    """A step-time peak while no copies are alive (the CPU kernel set's gradient clipping with the
+    precision-aware optimizer: a scaled copy of one gradient); the rank's step is the larger of
+    the largest of these and its step with the copies."""
 
 
 def chunk_kind(plan: ParallelPlan, pp_rank: int, vp: int) -> str:
@@ -149,19 +155,25 @@ def _costs(
     return (inp, saved, max(fwd, fwd_floor), max(bwd, bwd_floor) + growth, redone), (ret, grad)
 
 
-def _runs(layers: Layers, z: Sizes, moe: tuple[bool, ...]) -> tuple[LayerRun, ...]:
-    """The chunk's layers as runs of one variant: (parameter numels, expert mask, count)."""
+def _runs(
+    layers: Layers, z: Sizes, moe: tuple[bool, ...]
+) -> tuple[tuple[LayerRun, ...], tuple[tuple[bool, ...], ...], float]:
+    """The chunk's layers as runs of one variant: (parameter numels, expert mask, count); per run
+    its FP8-parameter mask; and the bytes the layers' TE modules keep for good under FP8."""
     runs: list[tuple[bool, int]] = []
     for m in moe:
         if runs and runs[-1][0] == m:
             runs[-1] = (m, runs[-1][1] + 1)
         else:
             runs.append((m, 1))
-    out = []
+    out, fp8, fp8_state = [], [], 0.0
     for m, count in runs:
         sc = layers.model(m).constants(z)
-        out.append((sc.layer_numels, sc.layer_expert or (False,) * len(sc.layer_numels), count))
-    return tuple(out)
+        none = (False,) * len(sc.layer_numels)
+        out.append((sc.layer_numels, sc.layer_expert or none, count))
+        fp8.append(sc.layer_fp8 or none)
+        fp8_state += count * float(sc.chunk("middle").fp8state1 or 0.0)
+    return tuple(out), tuple(fp8), fp8_state
 
 
 def chunk_cost(
@@ -184,27 +196,116 @@ def chunk_cost(
     (inp, saved, fwd, bwd, redone), (ret, ret_grad) = _costs(layers, z, kind, moe, n, rc.method)
     ends = layers.main.constants(z)
     kinds = [layers.model(m).constants(z).chunk(kind) for m in sorted(set(moe))]
-    if k == 0:
-        c = ends.chunk(kind)
-        step = c.need("step0") if kind != "middle" else c.step1
-        buffers = c.need("buffers0") if kind != "middle" else 0.0
-    else:
-        step, buffers = max(c.step1 for c in kinds), max(c.buffers1 for c in kinds)
-    pre, post = _ends(ends, kind)
-    runs = _runs(layers, z, moe)
+    step, buffers = _step_buffers(layers, z, shape.dtype, kind, moe)
+    pre, post = _ends(ends, kind, shape.mtp_num_layers > 0)
+    runs, fp8, fp8_state = _runs(layers, z, moe)
     count = len(pre) + sum(c * len(numels) for numels, _, c in runs) + len(post)
     shared = _shared_end(kind, shape, plan, count)
     dp = (plan.dp * plan.cp, plan.expert_dp)
-    bf16_grads = plan.grad_reduce_in_bf16 and shape.dtype == "bf16"
+    bucket = _bucket_size(plan, pp_rank, vp, pre, runs, post)
+    expert = ends.chunk(kind).end_expert[len(pre) :]  # an MTP layer's experts
     st = layer_static(
-        pre, runs, post, shape.dtype, dp, plan.distributed_optimizer, shared, bf16_grads
-    )
-    # kinds are sorted by variant: with MoE layers, the MoE variant's constants come last
-    state = moe.count(True) * float(kinds[-1].state1 or 0.0) if any(moe) else 0.0
-    return ChunkCost(
-        kind, k, inp + saved, inp, fwd, bwd, step, st.params, st.grads, st.optimizer, buffers,
-        redone, ret, ret_grad, state, 4.0 * st.owned if bf16_grads else 0.0,
+        pre, runs, post, shape.dtype, dp, plan.distributed_optimizer, shared, expert, plan.ddp,
+        bucket, fp8,
     )  # fmt: skip
+    alone = 0.0
+    if plan.ddp.use_precision_aware_optimizer:
+        step, alone = _fused_adam_step(plan.ddp, st.largest, layers.torch_adam)
+    elif layers.torch_adam:
+        step = max(step + ADAM_TEMP * st.largest, 0.0)
+    state = _routing_state(layers, z, kinds[-1], moe, shape.mtp_num_layers) if kinds else 0.0
+    state += sum(moe.count(m) * float(c.lbuf1 or 0.0) for m, c in zip(sorted(set(moe)), kinds))
+    return ChunkCost(
+        kind, k, inp + saved, inp, fwd, bwd, step, st.params + round(fp8_state), st.grads,
+        st.optimizer, buffers, redone, ret, ret_grad, state, st.copies, alone,
+    )  # fmt: skip
+
+
+def _routing_state(
+    layers: Layers, z: Sizes, own: KindConstants, moe: tuple[bool, ...], mtp: int
+) -> float:
+    """What the chunk's MoE token dispatchers keep for good: the one-layer probe's per MoE layer
+    (`own`: the MoE variant's constants of the chunk's kind); with MTP layers (`mtp`) one middle
+    layer's per further MoE layer, as the one-layer probe of a last / only chunk holds an MTP
+    layer's dispatcher too."""
+    if not any(moe):
+        return 0.0
+    if not mtp:
+        return moe.count(True) * float(own.state1 or 0.0)
+    one = float(layers.model(True).constants(z).chunk("middle").state1 or 0.0)
+    return (moe.count(True) - 1) * one + float(own.state1 or 0.0)
+
+
+def _fused_adam_step(ddp: DdpOptions, largest: int, cpu: bool) -> tuple[float, float]:
+    """(step peak beside the copies, step peak without them) of the precision-aware optimizer:
+    Transformer Engine's FusedAdam keeps no temporaries besides its fp32 state copies
+    (StaticBytes.copies), except that writing a bf16 state back makes a bf16 copy of one
+    parameter's state (`_apply_scale`: `unscaled_state.bfloat16()`); on the CPU kernel set
+    megatron's local multi-tensor fallback scales a clipped gradient into a fresh fp32 copy
+    (`utils.local_multi_tensor_scale`: `src * scale`) before the step, where TE / apex scale in
+    place. The probes' measured step (torch's Adam) does not apply."""
+    bf16 = "bf16" in (ddp.exp_avg_dtype, ddp.exp_avg_sq_dtype)
+    return (2.0 * largest if bf16 else 0.0), (4.0 * largest if cpu else 0.0)
+
+
+def _step_buffers(
+    layers: Layers, z: Sizes, dtype: str, kind: str, moe: tuple[bool, ...]
+) -> tuple[float, float]:
+    """(the optimizer step's peak beyond the step copies, persistent buffers) of a chunk. The
+    probes measure the step of a one-layer chunk (none for an end alone) with Megatron-LM's
+    default gradient buffers: where those are 16-bit (fp16 training) the measured peak holds
+    that probe chunk's fp32 gradient copies, which are taken out here (the chunk's own are
+    StaticBytes.copies). Fake-tensor probes do not run the step (0)."""
+    default = layout_of(dtype, DdpOptions(), 1, False).copies
+    if not moe and kind == "middle":  # an empty middle chunk: the one-layer probe's
+        return _net_step(layers, layers.main.constants(z), kind, 1, default), 0.0
+    if not moe:
+        c = layers.main.constants(z).chunk(kind)
+        return _net_step(layers, layers.main.constants(z), kind, 0, default), c.need("buffers0")
+    consts = [layers.model(m).constants(z) for m in sorted(set(moe))]
+    step = max(_net_step(layers, sc, kind, 1, default) for sc in consts)
+    return step, max(sc.chunk(kind).buffers1 for sc in consts)
+
+
+ADAM_TEMP = 12
+"""Bytes per element of the largest parameter slice a rank updates that torch's Adam (the CPU
+kernel set's optimizer: megatron-core falls back to torch.optim.AdamW without TE or apex) holds at
+its step's peak: its single-tensor loop builds each denominator as `exp_avg_sq.sqrt() /
+bias_correction2_sqrt` (two fp32 temporaries) while the previous parameter's denominator is still
+bound (one more): 4 n_prev + 8 n, at most 12 x the largest slice -- exactly that when the two
+largest follow one another, as a layer's fc1 and fc2 do (measured: the probes' step timelines)."""
+
+
+def _net_step(layers: Layers, sc: ShapeConstants, kind: str, k: int, per_element: int) -> float:
+    """A probe's measured step peak (k: 0 or 1 layer) less what depends on the run's gradient
+    buffers and sharding: the gradient copies it holds and Adam's temporaries for its largest
+    parameter (the probes run with DP 1, without the distributed optimizer); 0 for probes that did
+    not run the step. chunk_cost adds the run's own (the difference alone can be negative)."""
+    if not layers.step_measured:
+        return 0.0
+    c = sc.chunk(kind)
+    measured = c.step1 if k else c.need("step0")
+    numels = (*c.end_numels, *(sc.layer_numels if k else ()))
+    adam = ADAM_TEMP * max(numels, default=0) if layers.torch_adam else 0
+    return measured - per_element * sum(numels) - adam
+
+
+def _bucket_size(
+    plan: ParallelPlan,
+    pp_rank: int,
+    vp: int,
+    pre: tuple[int, ...],
+    runs: tuple[LayerRun, ...],
+    post: tuple[int, ...],
+) -> int | None:
+    """DDP's bucket size for this chunk: only the first pipeline stage's first chunk buckets
+    (megatron-core's DDP: disable_bucketing for later chunks, none on later stages); with
+    --ddp-num-buckets sized by the rank's parameters (this chunk's: one chunk per rank, which
+    DdpOptions.plan_problems requires)."""
+    if pp_rank or vp:
+        return None
+    params = sum(pre) + sum(k * sum(numels) for numels, _, k in runs) + sum(post)
+    return plan.ddp.bucket_size(plan.dp * plan.cp, params)
 
 
 def cached_chunk(
@@ -227,23 +328,26 @@ def cached_chunk(
     return cache[key]
 
 
-def _ends(sc: ShapeConstants, kind: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+def _ends(sc: ShapeConstants, kind: str, mtp: bool) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Parameter element counts before and after the layers, in module order: the embedding's
-    tensors first; the final norm and the output layer last."""
+    tensors first; the final norm, the MTP layers and the output layer last (`mtp`: the last
+    stage holds the embedding too)."""
     ends = tuple(sc.chunk(kind).end_numels)
     if kind == "first":
         return ends, ()
-    if kind == "last":
+    if kind == "last" and not mtp:
         return (), ends
-    if kind == "only":
+    if kind in ("only", "last"):
         head = len(sc.chunk("first").end_numels)
         return ends[:head], ends[head:]
     return (), ()
 
 
 def _shared_end(kind: str, shape: ModelShape, plan: ParallelPlan, count: int) -> str | None:
-    """Which end holds the tied embedding that DDP gives its own bucket (tied weights with PP >
-    1)."""
-    if shape.untie_embeddings_and_output_weights or plan.pp == 1 or count == 0:
+    """Which end holds the embedding copy that DDP gives its own bucket (tied weights with PP > 1;
+    with multi-token prediction, tied or not, the first stage's embedding and the last stage's
+    copy of it, which megatron-core keeps equal over the embedding group)."""
+    mtp = shape.mtp_num_layers > 0
+    if (shape.untie_embeddings_and_output_weights and not mtp) or plan.pp == 1 or count == 0:
         return None
-    return {"first": "pre", "last": "post"}.get(kind)
+    return {"first": "pre", "last": "pre" if mtp else "post"}.get(kind)

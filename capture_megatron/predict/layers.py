@@ -26,6 +26,13 @@ class Layers:
     """The dense layers' variant of a model that mixes dense and MoE layers (None otherwise)."""
     pattern: tuple[bool, ...] = ()
     """Per transformer layer, whether it is an MoE layer (a mixed model only; else empty)."""
+    step_measured: bool = True
+    """Whether the probes ran the optimizer step (not on fake tensors, whose step is not run:
+    its peak is recorded as 0)."""
+    torch_adam: bool = True
+    """Whether the probes' optimizer is torch's Adam with megatron's local multi-tensor fallbacks
+    (the CPU device: no TE or apex), whose step temporaries depend on the largest parameter slice
+    (predict.chunks.ADAM_TEMP)."""
 
     @property
     def mixed(self) -> bool:
@@ -103,6 +110,7 @@ def find_variant(model: MemoryModel, variant: Variant) -> VariantModel:
 def layers_for(model: MemoryModel, shape: ModelShape, plan: ParallelPlan) -> Layers:
     """The fitted models a (shape, plan) is predicted from (a CaptureError when one is missing)."""
     found = [find_variant(model, v) for v in variants_of(shape, plan)]
+    measured, cpu = not model.device.startswith("fake"), model.device == "cpu"
     if len(found) == 1:
-        return Layers(found[0])
-    return Layers(found[0], found[1], shape.moe_layers)
+        return Layers(found[0], step_measured=measured, torch_adam=cpu)
+    return Layers(found[0], found[1], shape.moe_layers, step_measured=measured, torch_adam=cpu)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from capture_megatron.config import ModelShape, ParallelPlan
+from capture_megatron.config import ModelShape, ParallelPlan, dtype_bytes
 from capture_megatron.fit import MemoryModel
 from capture_megatron.predict.chunks import ChunkCost, cached_chunk
 from capture_megatron.predict.layers import Layers, layers_for
@@ -47,33 +47,45 @@ class StageMemory(JsonMixin):
     """Megatron's global buffers, for GPU kernels the cuBLAS / TE workspaces, and what the MoE
     token dispatchers keep from their last forward (ChunkCost.routing_state)."""
     phase: str
-    """forward, backward or step: what runs at the peak."""
+    """forward, backward or step: what runs at the peak (drain: the deferred output-layer weight
+    gradients after the last backward)."""
     inflight: tuple[int, ...]
     """Micro-batches alive per local chunk at the peak."""
 
 
-Moment = tuple[str, int, tuple[int, ...], int, tuple[bool, ...]]
+PHASES = {"F": "forward", "B": "backward", "D": "drain"}
+"""StageMemory.phase of each kind of schedule moment."""
+
+Moment = tuple[str, int, tuple[int, ...], int, tuple[bool, ...], int]
 """(kind, chunk, live micro-batches per chunk before the event, chunk whose input gradient the
 schedule still holds or -1, per chunk whether its last pass was a backward: it retains what that
-left, capture_megatron.predict.retained; every chunk does at an iteration's start)."""
+left, capture_megatron.predict.retained; every chunk does at an iteration's start; backward passes
+the output layer's chunk has completed, when the last stage defers its weight gradient, else 0).
+Kind "D" is that deferral's drain, after the schedule's last backward."""
 
 
 @functools.lru_cache(maxsize=4096)
 def schedule_states(
-    pp: int, num_microbatches: int, vpp: int, pp_rank: int, group: int = 0
+    pp: int, num_microbatches: int, vpp: int, pp_rank: int, group: int = 0, defer: bool = False
 ) -> tuple[Moment, ...]:
-    """The distinct Moments of a rank's schedule that can be its peak, in first-seen order."""
-    live, held, after = [0] * vpp, -1, [True] * vpp
+    """The distinct Moments of a rank's schedule that can be its peak, in first-seen order
+    (`defer`: --defer-embedding-wgrad-compute, whose buffers grow with the last stage's backward
+    passes)."""
+    live, held, after, done = [0] * vpp, -1, [True] * vpp, 0
+    counting = defer and pp_rank == pp - 1
     seen: dict[Moment, None] = {}
     spec = ScheduleSpec(
         pp=pp, num_microbatches=num_microbatches, vpp=vpp, microbatch_group_size=group
     )
     for ev in events(spec, pp_rank):
-        seen.setdefault((ev.kind, ev.chunk, tuple(live), held, tuple(after)), None)
+        seen.setdefault((ev.kind, ev.chunk, tuple(live), held, tuple(after), done), None)
         live[ev.chunk] += 1 if ev.kind == "F" else -1
         after[ev.chunk] = ev.kind == "B"
         if ev.kind == "B":
             held = ev.chunk
+            done += int(counting and ev.chunk == vpp - 1)
+    if counting:
+        seen.setdefault(("D", vpp - 1, tuple(live), held, tuple(after), done), None)
     # a moment is dropped when the same (kind, chunk, held, retaining) moment has at least as
     # many micro-batches alive in every chunk: its memory is never higher, so it cannot be the
     # rank's peak
@@ -93,7 +105,7 @@ def schedule_states(
 
 def _key(state: Moment) -> tuple:
     """What two moments must share for one to dominate the other by micro-batches alive."""
-    return state[0], state[1], state[3], state[4]
+    return state[0], state[1], state[3], state[4], state[5]
 
 
 def _upper_hull(front: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
@@ -120,7 +132,7 @@ def _running(c: ChunkCost, kind: str) -> float:
     recomputed layers' activations again."""
     if kind == "F":
         return c.input_bytes + max(min(c.inflight - c.input_bytes, c.forward), 0.0)
-    return c.recomputed
+    return c.recomputed if kind == "B" else 0.0
 
 
 def _moment(
@@ -139,13 +151,43 @@ def _moment(
     transient: the running pass's peak and the input gradient the schedule holds, unless that
     gradient is already counted as retained."""
     c = chunks[chunk]
-    transient = c.input_bytes + c.forward if kind == "F" else c.backward
-    if held >= 0:
+    transient = {"F": c.input_bytes + c.forward, "B": c.backward}.get(kind, 0.0)
+    if held >= 0 and kind != "D":
         h = chunks[held]
         counted = (after[held] and held != chunk) or (held == chunk and kind == "F")
         transient += h.input_bytes - (min(h.retained_grad, h.input_bytes) if counted else 0.0)
     kept = sum(ch.retained for i, ch in enumerate(chunks) if after[i] and i != chunk)
     return sum(n * ch.inflight for n, ch in zip(live, chunks)) + kept, transient
+
+
+def deferral(shape: ModelShape, plan: ParallelPlan, pp_rank: int) -> tuple[float, float]:
+    """With --defer-embedding-wgrad-compute on the last stage (0, 0 elsewhere): (bytes each
+    deferred micro-batch keeps from its backward until the schedule's end -- the output layer's
+    input and its output gradient, MC tensor_parallel/layers.py:1003-1009 and 509-512 --, the
+    two global buffers the drain gathers sequence-parallel inputs into, MC
+    utils.drain_embedding_wgrad_compute "mpu_0" / "mpu_1")."""
+    if not plan.ddp.defer_embedding_wgrad_compute or pp_rank != plan.pp - 1:
+        return 0.0, 0.0
+    act = dtype_bytes(shape.dtype)
+    tokens = shape.seq_length // plan.cp * plan.micro_batch_size
+    rows = tokens // plan.tp if plan.sequence_parallel else tokens
+    logits = tokens * shape.padded_vocab(plan.tp) // plan.tp
+    gathers = 2.0 * tokens * shape.hidden_size * act if plan.sequence_parallel else 0.0
+    return float((rows * shape.hidden_size + logits) * act), gathers
+
+
+def _static(
+    layers: Layers, chunks: list[ChunkCost], shape: ModelShape, plan: ParallelPlan, pp_rank: int
+) -> tuple[float, float, float, float, float]:
+    """(params, grads, optimizer, other, the optimizer step's peak) of a rank's chunks."""
+    params = sum(c.params for c in chunks)
+    grads = sum(c.grads for c in chunks)
+    opt = sum(c.optimizer for c in chunks)
+    routing = sum(c.routing_state for c in chunks)
+    gathers = deferral(shape, plan, pp_rank)[1]
+    other = max(c.buffers for c in chunks) + layers.workspace_bytes + routing + gathers
+    step = max(c.step for c in chunks) + sum(c.step_copies for c in chunks)
+    return params, grads, opt, other, max(step, max(c.step_alone for c in chunks))
 
 
 def rank_memory(
@@ -169,28 +211,26 @@ def rank_memory(
         cached_chunk(layers, shape, plan, pp_rank, v, layers.chunk(at[v], counts[v]), cache)
         for v in range(plan.vpp)
     ]
-    params = sum(c.params for c in chunks)
-    grads = sum(c.grads for c in chunks)
-    opt = sum(c.optimizer for c in chunks)
-    routing = sum(c.routing_state for c in chunks)
-    other = max(c.buffers for c in chunks) + layers.workspace_bytes + routing
+    params, grads, opt, other, step = _static(layers, chunks, shape, plan, pp_rank)
     static = params + grads + opt + other
-    step = max(c.step for c in chunks) + sum(c.grad_copy for c in chunks)
+    pair = deferral(shape, plan, pp_rank)[0]
     kept = sum(c.retained for c in chunks)  # every chunk's last pass before the step: a backward
     best = (static + kept + step, kept, step, "step", (0,) * plan.vpp)
     moments = schedule_states(
-        plan.pp, plan.num_microbatches, plan.vpp, pp_rank, plan.microbatch_group_size
+        plan.pp, plan.num_microbatches, plan.vpp, pp_rank, plan.microbatch_group_size, pair > 0
     )
-    for kind, chunk, live, held, after in moments:
+    limit = plan.ddp.deferred(plan.num_microbatches)
+    for kind, chunk, live, held, after, done in moments:
         c = chunks[chunk]
         acts, transient = _moment(chunks, kind, chunk, live, held, after)
+        acts += min(done, limit) * pair
         if static + acts + transient > best[0]:
             running = _running(c, kind)  # moved from transient to activations: same total
             best = (
                 static + acts + transient,
                 acts + running,
                 transient - running,
-                "forward" if kind == "F" else "backward",
+                PHASES[kind],
                 live,
             )
     peak, activations, transient, phase, inflight = best

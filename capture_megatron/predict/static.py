@@ -1,15 +1,24 @@
 """Static memory of a model chunk from its parameter element counts (pure Python).
 
-Megatron-core 0.16.1's rules, which the profiler's measured param/grad/optimizer bytes check:
-- DDP keeps gradients in one contiguous buffer per dtype: fp32 when training in bf16
-  (grad_reduce_in_fp32, Megatron-LM's default), otherwise (or with --grad-reduce-in-bf16) the
-  parameter dtype.
+Megatron-core 0.16.1's rules, which the profiler's measured param/grad/optimizer bytes check
+(docs/MEMORY_MODEL.md, "Static bytes", has the bytes per parameter of every setting):
+- DDP keeps gradients in one contiguous buffer per dtype (DdpOptions.grad_dtype: fp32 when
+  training in bf16 unless --grad-reduce-in-bf16, Megatron-LM's rule), routed experts' in another.
 - With the distributed optimizer the buffer is laid out for reduce-scatter: parameters in reverse
   order, each start padded to a multiple of 64 elements, the tied (shared) embedding in a bucket of
-  its own, every bucket end padded to a multiple of lcm(DP, 128); the parameters themselves move
-  into a param buffer of the same layout, and each DP rank owns a 1/DP slice of every bucket.
+  its own, a new bucket once one holds --ddp-bucket-size elements (first stage, first chunk, with
+  --overlap-grad-reduce), every bucket end padded to a multiple of lcm(R, 128) (lcm(R, 128, 2^16)
+  with --ddp-pad-buckets-for-high-nccl-busbw), R = DP x CP / --num-distributed-optimizer-instances
+  ranks; the parameters move into a param buffer of the same layout, and each of the R ranks owns
+  a 1/R slice of every bucket.
 - Adam keeps exp_avg and exp_avg_sq in fp32 plus a 4-byte step counter per parameter tensor (per
-  owned slice with the distributed optimizer); bf16/fp16 training adds fp32 master weights.
+  owned slice with the distributed optimizer); bf16/fp16 training adds fp32 master weights. The
+  precision-aware optimizer (Transformer Engine's FusedAdam) keeps the moments and master weights
+  in their own dtypes, an fp32 scale per tensor for every state that is not fp32, and no step
+  counter.
+- At the optimizer step the mixed-precision optimizers copy 16-bit gradients to fp32 (`.float()`,
+  alive until the next iteration's zero_grad); TE's FusedAdam unscales every state that is not
+  fp32 to a fresh fp32 copy for the whole step (StaticBytes.copies).
 """
 
 from __future__ import annotations
@@ -19,7 +28,8 @@ import functools
 import math
 from dataclasses import dataclass
 
-from capture_megatron.config import dtype_bytes
+from capture_megatron.config import DdpOptions, dtype_bytes
+from capture_megatron.config.ddp import DEFAULT_DDP, STATE_BYTES
 
 
 @dataclass(frozen=True)
@@ -31,10 +41,85 @@ class StaticBytes:
     grads: int
     """DDP gradient buffer."""
     optimizer: int
-    """Adam moments, step counters and fp32 master weights (this rank's shard)."""
-    owned: int = 0
-    """Parameter elements this rank's optimizer steps (its shard with the distributed
-    optimizer)."""
+    """Adam moments, step counters or scales, and master weights (this rank's shard)."""
+    copies: int = 0
+    """Bytes the optimizer step allocates on top for this chunk's parameters: fp32 copies of 16-bit
+    gradients, or the precision-aware optimizer's fp32 copies of its 16/8-bit states."""
+    largest: int = 0
+    """Elements of the largest slice of one parameter this rank's optimizer updates."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How one gradient buffer and its optimizer state are kept: bytes per element and the
+    distributed optimizer's sharding."""
+
+    param: int
+    """Bytes per parameter element."""
+    grad: int
+    """Bytes per gradient-buffer element."""
+    state: int
+    """Optimizer bytes per owned element (moments and master weights)."""
+    per_tensor: int
+    """Optimizer bytes per owned parameter tensor (Adam's step counter, or FusedAdam's scales)."""
+    copies: int
+    """Step-time bytes per owned element."""
+    shards: int
+    """Ranks the distributed optimizer shards the buffer over (1 without it)."""
+    distributed: bool
+    """Laid out for the distributed optimizer (padded, sharded)."""
+    divisor: int = 128
+    """Bucket ends are padded to a multiple of this (distributed optimizer)."""
+    bucket_size: int | None = None
+    """Elements after which a new bucket starts (None: one bucket, bar the shared embedding)."""
+
+
+def layout_of(
+    dtype: str,
+    ddp: DdpOptions,
+    dp: int,
+    distributed_optimizer: bool,
+    bucket_size: int | None = None,
+    param_bytes: int = 0,
+) -> Layout:
+    """The Layout of a buffer of `dtype` parameters over `dp` data (x context) parallel ranks
+    (`param_bytes`: bytes per parameter element when not the dtype's, e.g. 1 for FP8
+    parameters)."""
+    pbytes = dtype_bytes(dtype)
+    gbytes = dtype_bytes(ddp.grad_dtype(dtype))
+    shards = ddp.shard_ranks(dp) if distributed_optimizer else 1
+    if ddp.use_precision_aware_optimizer:
+        state, per_tensor, copies = _fused_adam(dtype, ddp)
+    else:
+        state, per_tensor = 8 + (4 if dtype != "fp32" else 0), 4
+        copies = 4 if dtype != "fp32" and gbytes != 4 else 0
+    pad = 2**16 if ddp.ddp_pad_buckets_for_high_nccl_busbw else 1
+    return Layout(
+        param=param_bytes or pbytes,
+        grad=gbytes,
+        state=state,
+        per_tensor=per_tensor,
+        copies=copies,
+        shards=shards,
+        distributed=distributed_optimizer,
+        divisor=math.lcm(shards, 128, pad),
+        bucket_size=bucket_size if distributed_optimizer else None,
+    )
+
+
+def _fused_adam(dtype: str, ddp: DdpOptions) -> tuple[int, int, int]:
+    """(bytes per owned element, per owned tensor, copied at the step) of Transformer Engine's
+    FusedAdam as megatron-core builds it for the precision-aware optimizer: master weights always
+    (fp32 parameters too); bf16 parameters with fp32 master weights keep the int16 remainder
+    (store_param_remainders, on with TE >= 2.1); every state that is not fp32 has an fp32 [1]
+    scale and is unscaled to an fp32 copy for the step."""
+    moments = [STATE_BYTES[ddp.exp_avg_dtype], STATE_BYTES[ddp.exp_avg_sq_dtype]]
+    if ddp.main_params_dtype == "fp16":
+        master, scaled = 2, True
+    else:
+        master, scaled = (2 if dtype == "bf16" else 4), False  # the remainder is int16, unscaled
+    low = sum(b != 4 for b in moments) + int(scaled)
+    return sum(moments) + master, 4 * low, 4 * low
 
 
 def _pad(n: int, m: int) -> int:
@@ -42,11 +127,11 @@ def _pad(n: int, m: int) -> int:
 
 
 def buffer_layout(
-    numels: list[int], dp: int, shared_index: int | None
+    numels: list[int], layout: Layout, shared_index: int | None
 ) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
     """Distributed-optimizer buffer: ((start, end) per parameter, (start, end) per bucket)."""
     items: list[Item] = [(numels[i], i == shared_index) for i in reversed(range(len(numels)))]
-    placed, buckets, _ = _place(items, dp)
+    placed, buckets, _ = _place(items, layout)
     return [p for p in placed[::-1] if isinstance(p, tuple)], buckets
 
 
@@ -64,29 +149,39 @@ def _owned(ranges: list[tuple[int, int]], buckets: list[tuple[int, int]], dp: in
     return owned
 
 
+def _bytes(layout: Layout, total: int, elements: int, tensors: int, largest: int) -> StaticBytes:
+    """StaticBytes of a buffer of `total` elements of which this rank owns `elements` in
+    `tensors` parameter tensors, at most `largest` of one."""
+    return StaticBytes(
+        total * layout.param,
+        total * layout.grad,
+        elements * layout.state + tensors * layout.per_tensor,
+        elements * layout.copies,
+        largest,
+    )
+
+
 def chunk_static(
     numels: list[int],
     dtype: str,
     dp: int,
     distributed_optimizer: bool,
     shared_index: int | None = None,
-    bf16_grads: bool = False,
+    ddp: DdpOptions = DEFAULT_DDP,
+    bucket_size: int | None = None,
+    param_bytes: int = 0,
 ) -> StaticBytes:
-    """Static bytes of a chunk with parameters of `numels` elements on DP rank 0 (`bf16_grads`: a
-    bf16 run's gradient buffer in bf16, --grad-reduce-in-bf16)."""
-    pbytes = dtype_bytes(dtype)
-    gbytes = 4 if dtype == "bf16" and not bf16_grads else pbytes
-    master = 4 if dtype != "fp32" else 0
+    """Static bytes of a chunk with parameters of `numels` elements on DP rank 0 (`dp`: the
+    data x context parallel ranks; `bucket_size`: DDP's, where it buckets; `param_bytes`: as
+    layout_of)."""
+    layout = layout_of(dtype, ddp, dp, distributed_optimizer, bucket_size, param_bytes)
     if not numels:
         return StaticBytes(0, 0, 0)
     if not distributed_optimizer:
-        n = sum(numels)
-        return StaticBytes(n * pbytes, n * gbytes, n * (8 + master) + 4 * len(numels), n)
-    ranges, buckets = buffer_layout(numels, dp, shared_index)
-    total = buckets[-1][1]
-    owned = [o for o in _owned(ranges, buckets, dp) if o > 0]
-    optimizer = sum(owned) * (8 + master) + 4 * len(owned)
-    return StaticBytes(total * pbytes, total * gbytes, optimizer, sum(owned))
+        return _bytes(layout, sum(numels), sum(numels), len(numels), max(numels))
+    ranges, buckets = buffer_layout(numels, layout, shared_index)
+    owned = [o for o in _owned(ranges, buckets, layout.shards) if o > 0]
+    return _bytes(layout, buckets[-1][1], sum(owned), len(owned), max(owned, default=0))
 
 
 @dataclass(frozen=True)
@@ -104,11 +199,12 @@ Item = tuple[int, bool] | tuple[tuple[int, ...], int]
 
 
 def _place(
-    items: list[Item], dp: int
+    items: list[Item], layout: Layout
 ) -> tuple[list[tuple[int, int] | _Block], list[tuple[int, int]], int]:
     """buffer_layout for a sequence in buffer order of (numel, shared) singles and (layer, k)
-    blocks, in O(parameters of one layer) per block: placements, buckets, and the raw end."""
-    divisor = math.lcm(dp, 128)
+    blocks, in O(parameters of one layer) per block: placements, buckets, and the raw end (blocks
+    only without a bucket size: a bucket may end inside one)."""
+    divisor, size = layout.divisor, layout.bucket_size
     placed: list[tuple[int, int] | _Block] = []
     buckets: list[tuple[int, int]] = []
     bucket_start, start, count = 0, 0, 0
@@ -132,7 +228,7 @@ def _place(
             count = 0
         placed.append((start, start + n))
         count, start = count + 1, start + n
-        if shared:
+        if shared or (size is not None and start - bucket_start >= size):
             buckets.append((bucket_start, _pad(start, divisor)))
             bucket_start = start = buckets[-1][1]
             count = 0
@@ -141,24 +237,25 @@ def _place(
     return placed, buckets, start
 
 
-def _block_overlap(b: _Block, lo: int, hi: int) -> tuple[int, int]:
-    """(elements, parameters) of a block inside [lo, hi)."""
+def _block_overlap(b: _Block, lo: int, hi: int) -> tuple[int, int, int]:
+    """(elements, parameters, the most elements of one parameter) of a block inside [lo, hi)."""
     if hi <= lo:
-        return 0, 0
+        return 0, 0, 0
     first, last = (lo - b.base) // b.period, (hi - 1 - b.base) // b.period
     full_lo, full_hi = max(0, -(-(lo - b.base) // b.period)), min(b.k, (hi - b.base) // b.period)
-    elements = params = 0
+    elements = params = most = 0
     if full_lo < full_hi:
         elements += (full_hi - full_lo) * sum(n for _, n in b.offsets)
         params += (full_hi - full_lo) * len(b.offsets)
+        most = max(n for _, n in b.offsets)
     for j in {first, last}:
         if 0 <= j < b.k and not full_lo <= j < full_hi:
             for off, n in b.offsets:
                 p_lo = b.base + j * b.period + off
                 ov = min(hi, p_lo + n) - max(lo, p_lo)
                 if ov > 0:
-                    elements, params = elements + ov, params + 1
-    return elements, params
+                    elements, params, most = elements + ov, params + 1, max(most, ov)
+    return elements, params, most
 
 
 Run = tuple[tuple[int, ...], int]
@@ -174,38 +271,43 @@ def runs_static(
     dp: int,
     distributed_optimizer: bool,
     shared: str | None = None,
-    bf16_grads: bool = False,
+    ddp: DdpOptions = DEFAULT_DDP,
+    bucket_size: int | None = None,
+    param_bytes: int = 0,
 ) -> StaticBytes:
     """chunk_static of the parameters pre + each run's layer repeated + post, in that order
-    (shared: 'pre' for pre[0], 'post' for post[-1]), exact and in time independent of the runs'
-    lengths; `bf16_grads`: a bf16 run's gradient buffer in bf16 (--grad-reduce-in-bf16)."""
+    (shared: 'pre' for pre[0], 'post' for post[-1]), exact and, without a bucket size, in time
+    independent of the runs' lengths; `param_bytes`: bytes per parameter element when not the
+    dtype's (1: FP8 parameters, whose gradients and master weights are those of the dtype's
+    parameters)."""
     runs = tuple((layer, k) for layer, k in runs if k and layer)
     numels = len(pre) + sum(k * len(layer) for layer, k in runs) + len(post)
     if numels == 0:
         return StaticBytes(0, 0, 0)
-    pbytes, master = dtype_bytes(dtype), 4 if dtype != "fp32" else 0
-    gbytes = 4 if dtype == "bf16" and not bf16_grads else pbytes
+    layout = layout_of(dtype, ddp, dp, distributed_optimizer, bucket_size, param_bytes)
     if not distributed_optimizer:
         total = sum(pre) + sum(k * sum(layer) for layer, k in runs) + sum(post)
-        return StaticBytes(total * pbytes, total * gbytes, total * (8 + master) + 4 * numels, total)
+        most = max((*pre, *post, *(n for layer, _ in runs for n in layer)))
+        return _bytes(layout, total, total, numels, most)
+    if layout.bucket_size is not None:  # buckets may end inside a run: lay it out element-wise
+        flat = list(pre) + [n for layer, k in runs for n in layer * k] + list(post)
+        index = {"pre": 0, "post": len(flat) - 1}.get(shared or "")
+        return chunk_static(flat, dtype, dp, True, index, ddp, bucket_size, param_bytes)
     items: list[Item] = [(n, shared == "post" and i == 0) for i, n in enumerate(reversed(post))]
     items += [(tuple(reversed(layer)), k) for layer, k in reversed(runs)]
     items += [(n, shared == "pre" and i == len(pre) - 1) for i, n in enumerate(reversed(pre))]
-    placed, buckets, _ = _place(items, dp)
-    elements = params = 0
+    placed, buckets, _ = _place(items, layout)
+    elements = params = largest = 0
     for b_lo, b_hi in buckets:
-        lo, hi = b_lo, b_lo + (b_hi - b_lo) // dp
+        lo, hi = b_lo, b_lo + (b_hi - b_lo) // layout.shards
         for p in placed:
             if isinstance(p, _Block):
-                e, c = _block_overlap(p, lo, hi)
+                e, c, m = _block_overlap(p, lo, hi)
             else:
                 ov = min(hi, p[1]) - max(lo, p[0])
-                e, c = max(ov, 0), int(ov > 0)
-            elements, params = elements + e, params + c
-    total = buckets[-1][1]
-    return StaticBytes(
-        total * pbytes, total * gbytes, elements * (8 + master) + 4 * params, elements
-    )
+                e, c, m = max(ov, 0), int(ov > 0), max(ov, 0)
+            elements, params, largest = elements + e, params + c, max(largest, m)
+    return _bytes(layout, buckets[-1][1], elements, params, largest)
 
 
 LayerRun = tuple[tuple[int, ...], tuple[bool, ...], int]
@@ -221,18 +323,39 @@ def layer_static(
     dp: tuple[int, int],
     distributed_optimizer: bool,
     shared: str | None = None,
-    bf16_grads: bool = False,
+    post_expert: tuple[bool, ...] = (),
+    ddp: DdpOptions = DEFAULT_DDP,
+    bucket_size: int | None = None,
+    fp8: tuple[tuple[bool, ...], ...] = (),
 ) -> StaticBytes:
     """runs_static of a chunk whose layers may hold routed experts (dense and MoE layers in any
     order): DDP keeps the parameters a run's mask marks in a buffer of their own, sharded over the
     expert-data-parallel ranks, the rest over the data-parallel (x context-parallel) ranks. `dp`:
-    (data-parallel ranks, expert-data-parallel ranks)."""
-    dense = tuple((tuple(n for n, e in zip(lay, ex) if not e), k) for lay, ex, k in runs)
-    a = runs_static(pre, dense, post, dtype, dp[0], distributed_optimizer, shared, bf16_grads)
-    routed = tuple((tuple(n for n, e in zip(lay, ex) if e), k) for lay, ex, k in runs)
-    if not any(layer for layer, _ in routed):
-        return a
-    b = runs_static((), routed, (), dtype, dp[1], distributed_optimizer, None, bf16_grads)
+    (data-parallel ranks, expert-data-parallel ranks); `post_expert`: per entry of `post`, whether
+    it is a routed expert's (an MTP layer's experts; empty: none is). `fp8`: per run, which of its
+    parameters are FP8 (--fp8-param-gather; empty: none); megatron-core groups DDP's buffers by
+    (parameter dtype, gradient dtype), so they get 1-byte buffers of their own (an MTP layer's
+    weights are counted in bf16)."""
+    lows = fp8 or tuple((False,) * len(layer) for layer, _, _ in runs)
+    mask = post_expert or (False,) * len(post)
+    opt, parts = distributed_optimizer, []
+    for expert, low in ((False, False), (True, False), (False, True), (True, True)):
+        part = tuple(
+            (tuple(n for n, e, f in zip(lay, ex, fm) if e == expert and f == low), k)
+            for (lay, ex, k), fm in zip(runs, lows)
+        )
+        tail = () if low else tuple(n for n, e in zip(post, mask) if e == expert)
+        if not (expert or low):
+            parts.append(runs_static(pre, part, tail, dtype, dp[0], opt, shared, ddp, bucket_size))
+        elif any(layer for layer, _ in part) or tail:
+            group = dp[1] if expert else dp[0]
+            parts.append(
+                runs_static((), part, tail, dtype, group, opt, None, ddp, bucket_size, int(low))
+            )
     return StaticBytes(
-        a.params + b.params, a.grads + b.grads, a.optimizer + b.optimizer, a.owned + b.owned
+        params=sum(p.params for p in parts),
+        grads=sum(p.grads for p in parts),
+        optimizer=sum(p.optimizer for p in parts),
+        copies=sum(p.copies for p in parts),
+        largest=max(p.largest for p in parts),
     )

@@ -13,7 +13,7 @@ import numpy as np
 from capture_megatron.config import ModelShape, ParallelPlan
 from capture_megatron.predict.chunks import cached_chunk, chunk_kind
 from capture_megatron.predict.layers import Layers
-from capture_megatron.predict.ranks import schedule_states
+from capture_megatron.predict.ranks import deferral, schedule_states
 
 
 def _along(values: list[float], axis: int, ndim: int) -> np.ndarray:
@@ -34,7 +34,8 @@ FIELDS = (
     "retained",
     "retained_grad",
     "routing_state",
-    "grad_copy",
+    "step_copies",
+    "step_alone",
 )
 """The ChunkCost fields a table reads; forward and backward are read as input + forward and
 backward."""
@@ -86,29 +87,36 @@ def peak_table(
     other, step = ch[0]["buffers"], ch[0]["step"]
     for c in ch[1:]:
         other, step = np.maximum(other, c["buffers"]), np.maximum(step, c["step"])
-    step = step + sum((c["grad_copy"] for c in ch), zero)
     routing = sum((c["routing_state"] for c in ch), zero)
-    static = params + grads + opt + (other + layers.workspace_bytes + routing)
+    pair, gathers = deferral(shape, plan, pp_rank)
+    step = step + sum((c["step_copies"] for c in ch), zero)
+    alone = ch[0]["step_alone"]
+    for c in ch[1:]:
+        alone = np.maximum(alone, c["step_alone"])
+    step = np.maximum(step, alone)
+    static = params + grads + opt + (other + layers.workspace_bytes + routing + gathers)
     kept = sum((c["retained"] for c in ch), zero)
     best = np.broadcast_to(static + kept + step, (limit + 1,) * vpp).copy()
     # moments with the same (kind, chunk, held, retaining) add the same transient; rounding is
     # monotone, so the largest of their activations gives the largest total
     groups: dict[tuple, list[tuple[int, ...]]] = {}
-    for kind, chunk, live, held, after in schedule_states(
-        plan.pp, plan.num_microbatches, plan.vpp, pp_rank, plan.microbatch_group_size
+    for kind, chunk, live, held, after, done in schedule_states(
+        plan.pp, plan.num_microbatches, plan.vpp, pp_rank, plan.microbatch_group_size, pair > 0
     ):
-        groups.setdefault((kind, chunk, held, after), []).append(live)
-    for (kind, chunk, held, after), lives in groups.items():
+        groups.setdefault((kind, chunk, held, after, done), []).append(live)
+    limit = plan.ddp.deferred(plan.num_microbatches)
+    for (kind, chunk, held, after, done), lives in groups.items():
         counts = np.asarray(lives, dtype=np.float64)
         acts = zero
         for v in range(vpp):
             acts = acts + counts[:, v].reshape((-1,) + (1,) * vpp) * ch[v]["inflight"]
         others = sum((ch[v]["retained"] for v in range(vpp) if after[v] and v != chunk), zero)
-        transient = ch[chunk]["forward"] if kind == "F" else ch[chunk]["backward"]
-        if held >= 0:
+        transient = {"F": ch[chunk]["forward"], "B": ch[chunk]["backward"]}.get(kind, zero)
+        if held >= 0 and kind != "D":
             h = ch[held]
             counted = (after[held] and held != chunk) or (held == chunk and kind == "F")
             grad = np.minimum(h["retained_grad"], h["input_bytes"]) if counted else 0.0
             transient = transient + (h["input_bytes"] - grad)
-        np.maximum(best, static + (acts + others).max(axis=0) + transient, out=best)
+        deferred = min(done, limit) * pair
+        np.maximum(best, static + (acts + others + deferred).max(axis=0) + transient, out=best)
     return best

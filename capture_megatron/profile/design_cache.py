@@ -21,6 +21,7 @@ from importlib.metadata import version
 
 from capture_megatron import __version__
 from capture_megatron.cache import cache_dir
+from capture_megatron.errors import CaptureError
 from capture_megatron.records import ProfileRecord, Variant, read_records, write_records
 
 SHIPPED = "design"
@@ -44,7 +45,10 @@ def load_design(name: str) -> list[ProfileRecord] | None:
     """The design records of key `name` from the cache or the package, else None."""
     path = _cached(name)
     if os.path.exists(path):
-        return read_records(path)
+        try:
+            return read_records(path)
+        except CaptureError as err:  # a damaged cache entry: measured again and replaced
+            print(f"note: cached design records unusable ({err}); profiling them again")
     shipped = resources.files("capture_megatron.profile").joinpath(SHIPPED, name + ".jsonl.gz")
     if not shipped.is_file():
         return None
@@ -58,6 +62,13 @@ def load_design(name: str) -> list[ProfileRecord] | None:
 def store_design(name: str, records: list[ProfileRecord]) -> None:
     """Cache the design records of key `name`."""
     path = _cached(name)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    write_records(records, f"{path}.{os.getpid()}.tmp")
-    os.replace(f"{path}.{os.getpid()}.tmp", path)
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        write_records(records, f"{path}.{os.getpid()}.tmp")
+        os.replace(f"{path}.{os.getpid()}.tmp", path)
+    except OSError as err:  # the records are returned all the same; only the cache misses them
+        print(
+            f"note: could not cache the design records in {os.path.dirname(path)} "
+            f"({err.strerror}); they are measured again next time (set CAPTURE_MEGATRON_CACHE "
+            "to a writable directory)"
+        )

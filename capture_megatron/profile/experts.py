@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from capture_megatron.config import Kernels
 from capture_megatron.config.context import context_problem
+from capture_megatron.config.fp8 import fp8_problem
+from capture_megatron.config.kernels import kernel_set, tp_overlap_problem
+from capture_megatron.config.moe import FLEX_REFUSAL
 from capture_megatron.errors import CaptureError
 from capture_megatron.records import Probe, Variant
 
@@ -41,6 +44,10 @@ def refuse_on_fake_device(variant: Variant, device: str, kernels: Kernels) -> No
     do not run it) and grouped-GEMM experts with linear biases (the kernel set's GroupedLinear
     has none)."""
     problem = context_problem((variant.cp,), "", "gpu", kernels) if device == "fake-cuda" else ""
+    problem = problem or _fp8_device_problem(device, kernels)
+    problem = problem or _overlap_device_problem(device, kernels)
+    if variant.moe is not None and variant.moe.experts.moe_token_dispatcher_type == "flex":
+        problem = FLEX_REFUSAL
     if problem:
         raise CaptureError(problem)
     grouped = variant.moe is not None and variant.moe.experts.moe_grouped_gemm
@@ -50,6 +57,29 @@ def refuse_on_fake_device(variant: Variant, device: str, kernels: Kernels) -> No
             "emulation of Transformer Engine's GroupedLinear has no biases); give "
             "--disable-bias-linear, or leave out --moe-grouped-gemm"
         )
+
+
+def _fp8_device_problem(device: str, kernels: Kernels) -> str:
+    """Why FP8 probes of `kernels` cannot run on `device` ('' when they can, or without FP8)."""
+    if not kernels.fp8:
+        return ""
+    if device == "cuda":
+        return (
+            f"--fp8-format {kernels.fp8_format}: FP8 probes run on the GPU kernel set's emulation "
+            "(--device fake-cuda); probing FP8 with Transformer Engine on a real GPU is not "
+            "implemented yet"
+        )
+    return fp8_problem(kernel_set(device, kernels), kernels)
+
+
+def _overlap_device_problem(device: str, kernels: Kernels) -> str:
+    """Why --tp-comm-overlap probes cannot run on `device` ('' when they can, or without it)."""
+    if kernels.tp_comm_overlap and device == "cuda":
+        return (
+            "--tp-comm-overlap: its probes run on the GPU kernel set's emulation (--device "
+            "fake-cuda); probing TE's userbuffers on a real GPU is not implemented yet"
+        )
+    return tp_overlap_problem(kernel_set(device, kernels), kernels)
 
 
 def grouped_workspace(variant: Variant, device: str) -> int:

@@ -14,9 +14,18 @@ import torch
 
 
 @contextlib.contextmanager
-def fake_job(tp: int, dp: int, ep: int = 1, etp: int | None = None, cp: int = 1, seed: int = 1234):
+def fake_job(
+    tp: int,
+    dp: int,
+    ep: int = 1,
+    etp: int | None = None,
+    cp: int = 1,
+    seed: int = 1234,
+    instances: int = 1,
+):
     """Initialise torch.distributed (fake, world tp*cp*dp, rank 0) and megatron's parallel_state
-    (with `ep` x `etp` expert groups, etp None: TP; and `cp` context-parallel ranks)."""
+    (with `ep` x `etp` expert groups, etp None: TP; `cp` context-parallel ranks; `instances`
+    distributed-optimizer instances)."""
     from megatron.core import parallel_state as ps
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
     from torch.testing._internal.distributed.fake_pg import FakeStore
@@ -36,6 +45,7 @@ def fake_job(tp: int, dp: int, ep: int = 1, etp: int | None = None, cp: int = 1,
             context_parallel_size=cp,
             expert_model_parallel_size=ep,
             expert_tensor_parallel_size=etp,
+            num_distributed_optimizer_instances=instances,
             create_gloo_process_groups=False,
         )
         torch.manual_seed(seed)

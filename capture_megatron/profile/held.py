@@ -57,6 +57,19 @@ def routing_state_bytes(model, device_type: str) -> int:
     return _storages_bytes(held, params)
 
 
+def layer_buffer_bytes(model, device_type: str) -> int:
+    """Bytes of the registered module buffers of the model's transformer layers on `device_type`
+    (megatron-core's YarnRotaryEmbedding registers cos/sin tables of
+    original_max_position_embeddings rows in every MLA layer), storages counted once."""
+    held = [
+        b
+        for name, b in model.named_buffers()
+        if ".layers." in name and b.device.type == device_type
+    ]
+    params = {p.untyped_storage()._cdata for p in model.parameters()}
+    return _storages_bytes(held, params)
+
+
 def buffers_held(gpu: bool) -> tuple[BufferBytes, ...]:
     """Megatron's global memory buffers and, for the GPU kernel set, TE's dummy wgrad buffers."""
     from megatron.core import parallel_state as ps
@@ -71,3 +84,33 @@ def buffers_held(gpu: bool) -> tuple[BufferBytes, ...]:
         for name, dtype, t in held
     ]
     return tuple(sorted(found, key=lambda b: (b.name, b.dtype, b.nbytes)))
+
+
+def fp8_state_bytes(model) -> int:
+    """Bytes the model's Transformer Engine layers keep for good under FP8 (their weights' FP8
+    copies and scaling state: capture_megatron.megatron.gpu.fp8.keep_weight_state), storages
+    counted once; 0 without FP8."""
+    from capture_megatron.megatron.gpu.fp8 import STATE
+
+    return _storages_bytes([t for m in model.modules() for t in getattr(m, STATE, ())], set())
+
+
+def fp8_param_mask(model, kernels) -> tuple[bool, ...]:
+    """Per parameter (model.parameters() order), whether it is an FP8 parameter: with `kernels`
+    (capture_megatron.config.Kernels, None for the CPU set) training in FP8 with
+    --fp8-param-gather, the weight of a layer that runs in FP8; empty otherwise."""
+    from capture_megatron.megatron.gpu.fp8 import STATE
+
+    if kernels is None or not (kernels.fp8 and kernels.fp8_param_gather):
+        return ()
+    fp8 = {id(m.weight) for m in model.modules() if hasattr(m, STATE)}
+    return tuple(id(p) in fp8 for p in model.parameters())
+
+
+def clear_process_buffers() -> None:
+    """Forget the fake-cuda kernel set's process-wide buffers (TE's dummy wgrads, userbuffers),
+    so that a probe holds those of its own shapes only."""
+    from capture_megatron.megatron.gpu.linear import DUMMY_WGRADS, USERBUFFERS
+
+    DUMMY_WGRADS.clear()
+    USERBUFFERS.clear()

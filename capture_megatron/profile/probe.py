@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from capture_megatron.config import Kernels, ModelShape, ParallelPlan, Recompute
-from capture_megatron.config.moe import Experts
+from capture_megatron.config import Kernels, ModelShape, ParallelPlan
 from capture_megatron.config.training import BuildOptions, OptimOptions, RunOptions
+from capture_megatron.megatron.attention import rotary_tables_built_in_fp32
 from capture_megatron.megatron.builder import TORCH_DTYPES, build_gpt, transformer_config
 from capture_megatron.megatron.training import (
     forward_step,
@@ -28,71 +28,17 @@ from capture_megatron.megatron.training import (
     wrap_model,
 )
 from capture_megatron.predict.static import chunk_static
+from capture_megatron.profile import held
 from capture_megatron.profile.experts import (
     expert_mask,
     grouped_workspace,
-    probe_world,
     reset_aux_loss_tracker,
 )
-from capture_megatron.profile.held import buffers_held, routing_state_bytes, static_bytes
+from capture_megatron.profile.probed import model_shape, parallel_plan
 from capture_megatron.records import Probe, ProfileRecord, Timeline
 
 if TYPE_CHECKING:
     from capture_megatron.profile.session import Setup
-
-
-def model_shape(probe: Probe) -> ModelShape:
-    """The ModelShape a probe builds (vocab given already padded, so padding is a no-op)."""
-    v, s = probe.variant, probe.shape
-    drop = 0.1 if v.dropout else 0.0
-    return ModelShape(
-        num_layers=max(probe.layers, 1),
-        hidden_size=s.hidden_size,
-        num_attention_heads=s.num_attention_heads,
-        seq_length=s.seq_length,
-        vocab_size=s.padded_vocab,
-        ffn_hidden_size=s.ffn_hidden_size,
-        num_query_groups=s.num_query_groups,
-        kv_channels=s.kv_channels,
-        make_vocab_size_divisible_by=1,
-        swiglu=v.swiglu,
-        normalization=v.normalization,
-        untie_embeddings_and_output_weights=v.untied,
-        position_embedding_type=v.position_embedding_type,
-        add_bias_linear=v.add_bias_linear,
-        geglu=v.geglu,
-        add_qkv_bias=v.add_qkv_bias,
-        window_size=v.window_size,
-        hidden_dropout=drop,
-        attention_dropout=drop,
-        dtype=v.dtype,
-        moe=v.moe.experts if v.moe is not None else Experts(),
-    )
-
-
-def parallel_plan(probe: Probe) -> ParallelPlan:
-    """A one-stage ParallelPlan carrying the probe's TP, DP, SP, recompute and optimizer."""
-    v = probe.variant
-    if v.recompute == "full":
-        recompute = Recompute("full", "block", (probe.recompute_layers,))
-    else:
-        recompute = Recompute(v.recompute)
-    b = probe.shape.micro_batch_size
-    dp, ep, etp, cp = probe_world(probe)
-    return ParallelPlan(
-        tp=probe.shape.tp,
-        pp=1,
-        dp=dp,
-        cp=cp,
-        ep=ep,
-        etp=etp,
-        micro_batch_size=b,
-        global_batch_size=b * dp,
-        layers_per_stage=(max(probe.layers, 1),),
-        recompute=recompute,
-        sequence_parallel=v.sequence_parallel,
-        distributed_optimizer=probe.distributed_optimizer,
-    )
 
 
 def _batch(shape: ModelShape, b: int, device: str) -> dict:
@@ -161,19 +107,32 @@ def _default_dtype(dtype):
         torch.set_default_dtype(saved)
 
 
+PROBE_LOSS_SCALE = 1.0
+"""fp16 probes' initial loss scale (what the step allocates does not depend on it, as long as the
+step is not skipped)."""
+
+
 def build(probe: Probe, setup: Setup) -> _Chunk:
     """Build, wrap (Float16Module, DDP) and give an optimizer to the probe's chunk."""
     shape, plan, fake = model_shape(probe), parallel_plan(probe), setup.fake
+    if probe.kind in ("first", "middle"):  # MTP sits on the last stage; megatron-core would put
+        shape = shape.replace(mtp_num_layers=0)  # the final norm with a probe's last layer
+        plan = plan.replace(mtp_layers=0)
     reset_aux_loss_tracker()
     config = transformer_config(shape, plan, 0, BuildOptions(), setup.kernels)
     first, last = probe.kind in ("first", "only"), probe.kind in ("last", "only")
     with _default_dtype(config.params_dtype if fake else None):
         gpt = build_gpt(shape, plan, config, setup.kernels, probe.layers, first, last, None)
+    if fake:  # built in the parameters' dtype here (_default_dtype), in fp32 by a real run
+        rotary_tables_built_in_fp32(gpt)
     run = RunOptions(train_iters=2)
     with _no_dtype_casts(fake):
         model = wrap_model([gpt], shape, plan, run, check_for_nan_in_grad=not fake)
+    # fp16: a loss scale the probe's gradients do not overflow, so that the measured step updates
+    # (at Megatron-LM's 2^32 every probe step was skipped: no Adam temporaries were measured)
+    optim = OptimOptions(initial_loss_scale=PROBE_LOSS_SCALE)
     optimizer, _ = make_optimizer(
-        model, shape, plan, OptimOptions(), run.train_iters, use_gloo_process_groups=False
+        model, shape, plan, optim, run.train_iters, use_gloo_process_groups=False
     )
     config = set_schedule_hooks(model, optimizer, run)
     device = setup.tensor_device
@@ -330,22 +289,18 @@ def measure(probe: Probe, meter, setup: Setup, timelines: bool = False) -> Profi
     """Build and run the probe (two iterations) and return what the second one measured (with the
     windows' allocation timelines when `timelines`, not on cuda)."""
     fake = setup.fake
-    if setup.device == "fake-cuda":  # TE's dummy wgrad buffers of this probe's shapes only
-        from capture_megatron.megatron.gpu.linear import DUMMY_WGRADS
-
-        DUMMY_WGRADS.clear()
+    if setup.device == "fake-cuda":  # TE's dummy wgrads and userbuffers of this probe's shapes
+        held.clear_process_buffers()
     chunk = build(probe, setup)
     iteration(chunk, meter, fake)
     got, lines = iteration(chunk, meter, fake, timelines, last=True)
-    param_bytes, grad_bytes, optimizer_bytes = static_bytes(chunk.model, chunk.optimizer)
-    if fake:
-        optimizer_bytes = chunk_static(
-            list(p.numel() for p in chunk.model.parameters()),
-            probe.variant.dtype,
-            probe.dp * probe.variant.cp,
-            probe.distributed_optimizer,
-        ).optimizer
+    param_bytes, grad_bytes, optimizer_bytes = held.static_bytes(chunk.model, chunk.optimizer)
     numels = tuple(p.numel() for p in chunk.model.parameters())
+    if fake:
+        dp = probe.dp * probe.variant.cp
+        optimizer_bytes = chunk_static(
+            list(numels), probe.variant.dtype, dp, probe.distributed_optimizer
+        ).optimizer
     record = ProfileRecord(
         device=setup.device,
         kernels=setup.kernel_set,
@@ -368,13 +323,16 @@ def measure(probe: Probe, meter, setup: Setup, timelines: bool = False) -> Profi
         backward_peak=got["backward_peak"],
         residual_bytes=got["residual_bytes"],
         step_peak=got["step_peak"],
-        buffers=buffers_held(setup.device == "fake-cuda"),
+        buffers=held.buffers_held(setup.device == "fake-cuda"),
         workspace_bytes=_workspaces(probe, setup),
         timelines=lines,
         param_expert=expert_mask(chunk.model),
         retained_bytes=got["retained_bytes"],
         retained_grad_bytes=got["retained_grad_bytes"],
-        routing_state_bytes=routing_state_bytes(chunk.model, torch.device(chunk.device).type),
+        routing_state_bytes=held.routing_state_bytes(chunk.model, torch.device(chunk.device).type),
+        layer_buffer_bytes=held.layer_buffer_bytes(chunk.model, torch.device(chunk.device).type),
+        fp8_state_bytes=held.fp8_state_bytes(chunk.model),
+        param_fp8=held.fp8_param_mask(chunk.model, setup.kernels),
     )
     del chunk
     gc.collect()

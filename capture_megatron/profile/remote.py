@@ -139,10 +139,11 @@ def run_in_worker(
         ]
         try:
             _follow(workers, len(probes), progress)
-        finally:
+        finally:  # also on Ctrl-C / SIGTERM (cli: Stopped): no worker outlives the profile
             for w in workers:
                 if w.process.poll() is None:
                     w.process.kill()
+                w.process.wait()
         records: list[ProfileRecord | None] = [None] * len(probes)
         for w in workers:
             for i, record in zip(w.indices, _collect(w), strict=True):

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import os
 
-from capture_megatron.cache import records_path
+from capture_megatron.cache import check_writable, records_path
 from capture_megatron.config import Kernels, ModelShape
 from capture_megatron.config.kernels import kernel_set
 from capture_megatron.errors import CaptureError
 from capture_megatron.fit import MemoryModel, ModelSource, Needs, fit
 from capture_megatron.profile.options import device_name
-from capture_megatron.records import read_records, write_records
+from capture_megatron.records import ProfileRecord, read_records, write_records
 
 
 def default_device(requested: str = "") -> str:
@@ -42,10 +42,11 @@ def profiled_model(
     """A memory model of `kernels` on `device` holding anchors for every (variant, probe shape)
     in `needs`."""
     path = records_path(shape, device, kernel_set(device, kernels))
-    records = read_records(path) if os.path.exists(path) else []
+    records = _cached(path)
     have = {(r.variant, r.shape) for r in records}
     missing = sorted(((v, s) for v, s in needs if (v, s) not in have), key=str)
     if missing:
+        check_writable(os.path.dirname(path))
         from capture_megatron.profile.design import probes_for
         from capture_megatron.profile.session import run_probes
 
@@ -64,6 +65,18 @@ def profiled_model(
     if not records:
         raise CaptureError("nothing to profile: no candidate plan fits the model's shape")
     return fit(records)
+
+
+def _cached(path: str) -> list[ProfileRecord]:
+    """The cached records of a model; none when the file is absent or unreadable (a damaged
+    cache entry is profiled again and replaced, with a note)."""
+    if not os.path.exists(path):
+        return []
+    try:
+        return read_records(path)
+    except CaptureError as err:
+        print(f"note: the cached records are unusable ({err}); profiling again", flush=True)
+        return []
 
 
 def memory_source(

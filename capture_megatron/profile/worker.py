@@ -13,14 +13,18 @@ import sys
 
 from capture_megatron.config import Kernels
 from capture_megatron.errors import CaptureError
-from capture_megatron.megatron import quiet
+from capture_megatron.megatron import lifeline, quiet
 from capture_megatron.records import Probe, write_records
 from capture_megatron.serial import from_plain
+
+PARENT = os.getppid()
+"""The planner that started this worker, read at import."""
 
 
 def main(argv: list[str]) -> int:
     """Worker entry point: JOB.json OUT.jsonl."""
     job_path, out = argv
+    lifeline.die_with_parent(PARENT)  # a SIGKILLed planner takes its workers with it
     quiet.install()  # before megatron-core is imported: some of its warnings come at import
     try:
         from capture_megatron.profile import fake_cuda

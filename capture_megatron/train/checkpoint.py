@@ -5,7 +5,15 @@ Layout of --save DIR (Megatron-LM's): ``iter_0000003/`` per checkpoint and
 ``iter_0000003.partial/``; only when every rank has finished does rank 0 rename it and then replace
 the tracker file atomically (write + fsync + os.replace). A run killed during a save therefore
 leaves the previous checkpoint as the loadable one (a stale .partial directory is removed by the
-next save). Model weights and optimizer state are saved fully reshardable (the distributed optimizer
+next save). A save never skips: an ``iter_N/`` an earlier run left (a rollback, a run killed
+between the rename and the tracker write) is set aside as ``iter_N.replaced``, the new one renamed
+into place, the tracker pointed at it, and only then the old one removed (train.ckpt_dir finishes a
+replacement a kill interrupted). Before publishing, the ranks hash every file into the checkpoint's
+checksum file; a load verifies them and falls back to the previous sound checkpoint
+(train.ckpt_verify), and reads nothing that could run code (megatron.ckpt_safe). A save that fails
+(a full disk) is one paragraph naming the last complete checkpoint, which stays untouched.
+
+Model weights and optimizer state are saved fully reshardable (the distributed optimizer
 with 'fully_reshardable'), so a checkpoint loads under another TP / PP / VPP / layout / DP, within
 the rules of train.resume (same padded vocabulary; Megatron-LM's rule for the LR schedule), which
 preflight checks before launch and load_checkpoint again on every rank."""
@@ -16,40 +24,32 @@ import glob
 import os
 import shutil
 import time
-import warnings
 
 import torch
+from torch.distributed.checkpoint.api import CheckpointException
 
 from capture_megatron.config import ModelShape, ParallelPlan, TrainConfig
 from capture_megatron.errors import CaptureError
-from capture_megatron.megatron import ckpt_fixes
+from capture_megatron.megatron import ckpt_fixes, ckpt_safe
 from capture_megatron.megatron.ckpt_rechain import plain_values, rechained_common
 from capture_megatron.megatron.schedule import Schedule, schedule
+from capture_megatron.train import ckpt_verify
+from capture_megatron.train.ckpt_dir import (
+    REPLACED,
+    TRACKER,
+    iteration_dir,
+    latest_iteration,
+    quick_check,
+    recover,
+    resume_point,
+)
 from capture_megatron.train.resume import SavedRun, check_resume, loads_optimizer
 
-TRACKER = "latest_checkpointed_iteration.txt"
 PAUSE_ENV = "CAPTURE_MEGATRON_TEST_SAVE_PAUSE"
-"""Test hook: 'SECONDS' or 'SECONDS@ITERATION' to sleep after the shards are written and before the
-checkpoint is published (so a test can kill a run in the middle of a save)."""
-
-
-def iteration_dir(root: str, iteration: int) -> str:
-    """Directory of one checkpoint."""
-    return os.path.join(root, f"iter_{iteration:07d}")
-
-
-def latest_iteration(root: str) -> int | None:
-    """Iteration named by the tracker file, or None when there is no complete checkpoint."""
-    path = os.path.join(root, TRACKER)
-    if not os.path.isfile(path):
-        return None
-    with open(path) as f:
-        text = f.read().strip()
-    if not text.isdigit() or not os.path.isdir(iteration_dir(root, int(text))):
-        raise CaptureError(
-            f"--load {root}: {TRACKER} says {text!r} but no such checkpoint directory exists"
-        )
-    return int(text)
+"""Test hook: 'SECONDS', 'SECONDS@ITERATION' or 'SECONDS@ITERATION:published' to sleep after the
+shards are written and before the checkpoint is published (so a test can kill a run in the middle
+of a save), or with ':published' after its directory is renamed into place and before the tracker
+file names it."""
 
 
 def _metadata(plan: ParallelPlan) -> dict:
@@ -124,58 +124,113 @@ def _sharded_state(
     return state
 
 
-def _publish(root: str, partial: str, final: str, iteration: int) -> None:
-    """Rank 0: rename the finished checkpoint into place, then atomically point the tracker at
-    it."""
-    os.rename(partial, final)
-    tmp = os.path.join(root, TRACKER + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(str(iteration))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, os.path.join(root, TRACKER))
-    fd = os.open(root, os.O_RDONLY)
+def _pause(iteration: int, stage: str) -> None:
+    """The PAUSE_ENV test hook."""
+    seconds, _, rest = os.environ.get(PAUSE_ENV, "").partition("@")
+    at, _, when = rest.partition(":")
+    if seconds and (not at or int(at) == iteration) and (when or "written") == stage:
+        time.sleep(float(seconds))
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
 
 
+def _publish(root: str, partial: str, final: str, iteration: int) -> None:
+    """Rank 0: rename the finished checkpoint into place (an existing one of the same iteration,
+    from an earlier run, is set aside as iter_N.replaced first and removed last), then atomically
+    point the tracker at it."""
+    old = final + REPLACED
+    if os.path.isdir(final):
+        shutil.rmtree(old, ignore_errors=True)
+        os.rename(final, old)
+    os.rename(partial, final)
+    _fsync_dir(root)
+    _pause(iteration, "published")
+    tmp = os.path.join(root, TRACKER + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(str(iteration))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, os.path.join(root, TRACKER))
+    _fsync_dir(root)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _write_checksums(partial: str) -> None:
+    """Every rank hashes its share of the written files; rank 0 writes the checksum file."""
+    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    names = ckpt_verify.files_to_hash(partial)
+    mine = ckpt_verify.digests(partial, ckpt_verify.share(names, rank, world))
+    gathered: list = [None] * world
+    torch.distributed.all_gather_object(gathered, mine)
+    if rank == 0:
+        ckpt_verify.write_manifest(partial, {k: v for part in gathered for k, v in part.items()})
+
+
+def _prepare(root: str, partial: str) -> None:
+    """Rank 0, before a save: the directory, a clean .partial, interrupted replacements
+    finished."""
+    os.makedirs(root, exist_ok=True)
+    recover(root)
+    for stale in glob.glob(os.path.join(root, "iter_*.partial")):
+        shutil.rmtree(stale, ignore_errors=True)
+    os.makedirs(partial)
+
+
 def save_checkpoint(
     root: str, iteration: int, trainer, shape: ModelShape, plan: ParallelPlan, consumed_samples: int
 ) -> str:
-    """Save an atomic checkpoint of iteration `iteration`; returns its directory."""
+    """Save an atomic checkpoint of iteration `iteration` (replacing one of the same iteration
+    left by an earlier run); returns its directory. A failed save (a full disk) is one
+    CaptureError naming the last complete checkpoint, which it leaves in place."""
     from megatron.core import dist_checkpointing
 
     final, partial = iteration_dir(root, iteration), iteration_dir(root, iteration) + ".partial"
-    if os.path.isdir(final):
-        return final
     rank0 = torch.distributed.get_rank() == 0
-    if rank0:
-        os.makedirs(root, exist_ok=True)
-        for stale in glob.glob(os.path.join(root, "iter_*.partial")):
-            shutil.rmtree(stale, ignore_errors=True)
-        os.makedirs(partial)
-    torch.distributed.barrier()
-    state = _sharded_state(trainer, plan, with_optim=True, with_rng=True, loading=False)
-    state.update(
-        iteration=iteration,
-        consumed_samples=consumed_samples,
-        checkpoint_version=3.0,
-        shape=shape.to_json(),
-        plan=plan.to_json(),
-        vocab_size=shape.vocab_size,
-        padded_vocab_size=shape.padded_vocab(plan.tp),
-    )
-    dist_checkpointing.save(state, partial, content_metadata=_content_metadata(plan))
-    seconds, _, at = os.environ.get(PAUSE_ENV, "").partition("@")
-    if seconds and (not at or int(at) == iteration):
-        time.sleep(float(seconds))
-    torch.distributed.barrier()
-    if rank0:
-        _publish(root, partial, final, iteration)
+    try:
+        if rank0:
+            _prepare(root, partial)
+        torch.distributed.barrier()
+        state = _sharded_state(trainer, plan, with_optim=True, with_rng=True, loading=False)
+        state.update(
+            iteration=iteration,
+            consumed_samples=consumed_samples,
+            checkpoint_version=3.0,
+            shape=shape.to_json(),
+            plan=plan.to_json(),
+            vocab_size=shape.vocab_size,
+            padded_vocab_size=shape.padded_vocab(plan.tp),
+        )
+        dist_checkpointing.save(state, partial, content_metadata=_content_metadata(plan))
+        _pause(iteration, "written")
+        torch.distributed.barrier()
+        _write_checksums(partial)
+        torch.distributed.barrier()
+        if rank0:
+            _publish(root, partial, final, iteration)
+    except CaptureError:
+        raise
+    except (Exception, CheckpointException) as err:
+        raise _save_failed(root, iteration, partial, err, rank0) from None
     torch.distributed.barrier()
     return final
+
+
+def _save_failed(root: str, iteration: int, partial: str, err: BaseException, rank0: bool):
+    """The CaptureError of a failed save; rank 0 removes the incomplete directory."""
+    free = shutil.disk_usage(root).free if os.path.isdir(root) else None
+    if rank0:
+        shutil.rmtree(partial, ignore_errors=True)
+    try:
+        last = latest_iteration(root)
+    except CaptureError:
+        last = None
+    return ckpt_verify.SaveError(ckpt_verify.save_error_text(root, iteration, err, free, last))
 
 
 def _content_metadata(plan: ParallelPlan) -> dict:
@@ -190,14 +245,18 @@ def load_checkpoint(cfg: TrainConfig, trainer) -> tuple[int, int]:
     from megatron.core import dist_checkpointing
     from megatron.core.utils import unwrap_model
 
+    from capture_megatron.train.dist_env import is_logging_rank
+
     opts, plan = cfg.checkpoint, cfg.plan
-    iteration = latest_iteration(opts.load)
+    iteration, note = resume_point(opts.load, _rank_check)
     if iteration is None:
         if opts.exit_on_missing_checkpoint:
             raise CaptureError(f"--load {opts.load}: no checkpoint found ({TRACKER} missing)")
         return 0, 0
+    if note and is_logging_rank():
+        print(f"warning: {note}", flush=True)
     path = iteration_dir(opts.load, iteration)
-    common = dist_checkpointing.load_common_state_dict(path)
+    common = ckpt_safe.load_common(path)
     saved = SavedRun.from_common(path, common)
     current = Schedule.from_state(trainer.scheduler.state_dict())
     check_resume(saved, common, cfg, current)
@@ -210,19 +269,60 @@ def load_checkpoint(cfg: TrainConfig, trainer) -> tuple[int, int]:
     state = _sharded_state(trainer, plan, with_optim=with_optim, with_rng=with_rng, loading=True)
     # the optimizer's common state in this run's chain (EP 1 <-> EP > 1: ckpt_rechain)
     common_strategy = rechained_common(plain_values(state["optimizer"])) if with_optim else None
-    loaded = dist_checkpointing.load(state, path, common_strategy=common_strategy)
+    ckpt_safe.install()
+    try:
+        loaded = dist_checkpointing.load(state, path, common_strategy=common_strategy)
+    except (Exception, CheckpointException) as err:
+        raise ckpt_safe.load_failed(path, err) from None
     chunks = unwrap_model(trainer.model)
     for i, chunk in enumerate(chunks):
         chunk.load_state_dict(loaded[_model_key(i, len(chunks))], strict=True)
     if with_optim:
+        fresh = _group_lrs(trainer.optimizer)
         trainer.optimizer.load_state_dict(loaded["optimizer"])
         ckpt_fixes.untie_adam_steps(trainer.optimizer)
+        if opts.override_opt_param_scheduler:
+            _set_group_lrs(trainer.optimizer, fresh)
         trainer.scheduler.load_state_dict(loaded["opt_param_scheduler"])
     if with_rng:
         _restore_rng(loaded["rng_state"])
     if opts.finetune:
         return 0, 0
     return int(common["iteration"]), int(common["consumed_samples"])
+
+
+def _group_lrs(optimizer) -> list[tuple]:
+    """Each param group's (max_lr, min_lr): megatron-core 0.16.1's scheduler reads them from
+    the groups before its own values."""
+    return [(g.get("max_lr"), g.get("min_lr")) for g in optimizer.param_groups]
+
+
+def _set_group_lrs(optimizer, lrs: list[tuple]) -> None:
+    """Give the loaded param groups this run's learning rates again.
+
+    Loading the optimizer restores its param groups as saved, 'max_lr' and 'min_lr' included, and
+    the scheduler takes a group's 'max_lr' over its own: with --override-opt_param-scheduler a new
+    --lr / --min-lr would otherwise be dropped without a word (the schedule's shape was this
+    run's, its peak the checkpoint's)."""
+    groups = optimizer.param_groups
+    for group, (max_lr, min_lr) in zip(groups, lrs, strict=len(groups) == len(lrs)):
+        for key, value in (("max_lr", max_lr), ("min_lr", min_lr)):
+            if value is not None:
+                group[key] = value
+
+
+def _rank_check(directory: str) -> list[str]:
+    """Every rank's check of one checkpoint (collective): the launcher's, then the SHA-256 of
+    this rank's share of the files; the problems all ranks found, the same list on each."""
+    problems = quick_check(directory)
+    files = ckpt_verify.read_manifest(directory)
+    if not problems and files:
+        rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+        mine = ckpt_verify.share(sorted(files), rank, world)
+        problems = ckpt_verify.hash_problems(directory, mine, files)
+    gathered: list = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(gathered, problems)
+    return sorted({p for part in gathered for p in part})
 
 
 def _allocate_distributed_optimizer_state(optimizer) -> None:
@@ -254,14 +354,10 @@ def preflight(cfg: TrainConfig) -> None:
     check without --load or when it holds no checkpoint yet)."""
     if not cfg.checkpoint.load:
         return
-    with warnings.catch_warnings():  # megatron-core warns at import that TE / Apex are absent
-        warnings.simplefilter("ignore")
-        from megatron.core import dist_checkpointing
-
-    iteration = latest_iteration(cfg.checkpoint.load)
+    iteration, _ = resume_point(cfg.checkpoint.load)  # the ranks print any fall-back
     if iteration is None:
         return
     path = iteration_dir(cfg.checkpoint.load, iteration)
-    common = dist_checkpointing.load_common_state_dict(path)
+    common = ckpt_safe.load_common(path)
     current = schedule(cfg.optim, cfg.run.train_iters, cfg.plan.global_batch_size)
     check_resume(SavedRun.from_common(path, common), common, cfg, current)

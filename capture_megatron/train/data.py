@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import struct
 import warnings
 from collections.abc import Iterator
 
@@ -105,6 +106,47 @@ def check_data_paths(opts: DataOptions) -> None:
                 f"and {state}{hint}; write one with `capture-megatron preprocess --input FILE "
                 "--output-prefix PREFIX`"
             )
+        problem = indexed_problem(prefix)
+        if problem:
+            raise CaptureError(
+                f"--data-path prefix {prefix!r}: {problem}; the dataset is truncated or damaged: "
+                "write it again with `capture-megatron preprocess` (or Megatron-LM's "
+                "tools/preprocess_data.py)"
+            )
+
+
+_INDEX_HEADER = b"MMIDIDX\x00\x00"
+_TOKEN_BYTES = {1: 1, 2: 1, 3: 2, 4: 4, 5: 8, 6: 8, 7: 4, 8: 2}
+"""megatron-core's indexed dataset dtype codes -> bytes per token (indexed_dataset.DType)."""
+
+
+def indexed_problem(prefix: str) -> str:
+    """What is wrong with a Megatron indexed dataset's .idx / .bin pair ('' when sound): the
+    .idx must hold its header and the arrays its counts promise (int32 lengths, int64 pointers,
+    int64 document indices), and the .bin every token the last pointer and length name."""
+    idx, bin_ = prefix + ".idx", prefix + ".bin"
+    size = os.path.getsize(idx)
+    with open(idx, "rb") as f:
+        head = f.read(34)
+        if len(head) < 34 or head[:9] != _INDEX_HEADER:
+            return f"{idx} has no indexed-dataset header ({size} bytes)"
+        version, code, sequences, documents = struct.unpack("<QBQQ", head[9:])
+        if version != 1 or code not in _TOKEN_BYTES:
+            return f"{idx} has an unknown version {version} or token type {code}"
+        want = 34 + 12 * sequences + 8 * documents
+        if size < want:
+            return f"{idx} has {size} bytes and its header promises {want}"
+        if not sequences:
+            return ""
+        f.seek(34 + 4 * (sequences - 1))
+        (last_length,) = struct.unpack("<i", f.read(4))
+        f.seek(34 + 4 * sequences + 8 * (sequences - 1))
+        (last_pointer,) = struct.unpack("<q", f.read(8))
+    need = last_pointer + last_length * _TOKEN_BYTES[code]
+    have = os.path.getsize(bin_)
+    if have < need:
+        return f"{bin_} has {have} bytes and its index names {need}"
+    return ""
 
 
 def _dataset_config(opts: DataOptions, tokenizer, seq_length: int, seed: int, blend):

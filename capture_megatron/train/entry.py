@@ -8,13 +8,18 @@ real data (--data-path) or MockGPTDataset (--mock-data), checkpoints atomically,
 
 from __future__ import annotations
 
+import os
 import sys
 
 from capture_megatron.config import TrainConfig
+from capture_megatron.config.mtp import checkpoint_problem
 from capture_megatron.errors import CaptureError
-from capture_megatron.megatron import flags, quiet
+from capture_megatron.megatron import flags, lifeline, quiet
 from capture_megatron.megatron.args import data_options, train_config
 from capture_megatron.train.dist_env import read_env
+
+PARENT = os.getppid()
+"""The process that started this one (torchrun's agent), read at import."""
 
 
 def build_parser(
@@ -45,6 +50,9 @@ def parse_config(argv: list[str], world_size: int) -> TrainConfig:
         vocab = tokenizer_vocab_size(data)
     cfg = train_config(ns, world_size, vocab)
     check_context_parallel(cfg)
+    unsavable = checkpoint_problem(cfg.shape, cfg.plan)
+    if unsavable and (cfg.checkpoint.save or cfg.checkpoint.load):
+        raise CaptureError(unsavable)
     return cfg
 
 
@@ -68,6 +76,8 @@ def check_context_parallel(cfg: TrainConfig) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the process exit code (2 for bad input, printed once)."""
     argv = sys.argv[1:] if argv is None else argv
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # a torchrun rank: never outlive torchrun
+        lifeline.die_with_parent(PARENT)
     quiet.install()  # before megatron-core is imported: some of its warnings come at import
     env = read_env()
     try:
@@ -78,5 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     except CaptureError as err:
         if env.rank == 0:
             print(f"error: {err}", file=sys.stderr, flush=True)
+        elif getattr(err, "every_rank", False):  # this rank's own failure (a save)
+            print(f"error (rank {env.rank}): {err}", file=sys.stderr, flush=True)
         return 2
     return 0

@@ -10,18 +10,25 @@ one clear paragraph with exit code 2 — never a torchrun traceback — then run
 from __future__ import annotations
 
 import os
-import subprocess
+import signal
 import sys
+import tempfile
 
 from capture_megatron.config import TrainConfig
 from capture_megatron.errors import CaptureError
+from capture_megatron.train.job import run_job
 
 
-def torchrun_command(nproc: int, train_args: list[str], standalone: bool = True) -> list[str]:
-    """The torchrun command line that runs pretrain_gpt with `train_args` on one node."""
+def torchrun_command(
+    nproc: int, train_args: list[str], standalone: bool = True, log_dir: str = ""
+) -> list[str]:
+    """The torchrun command line that runs pretrain_gpt with `train_args` on one node
+    (`log_dir`: torchrun's, instead of a torchelastic_* directory it leaves in the temp dir)."""
     cmd = [sys.executable, "-m", "torch.distributed.run"]
     if standalone:
         cmd.append("--standalone")
+    if log_dir:
+        cmd += ["--log-dir", log_dir]
     return cmd + [
         "--nproc-per-node",
         str(nproc),
@@ -46,8 +53,10 @@ def validate(nproc: int, train_args: list[str]) -> TrainConfig:
 
     if not torch.cuda.is_available():  # the ranks will train on the CPU kernel set
         from capture_megatron.megatron.moe import refuse_on_cpu
+        from capture_megatron.train.refusals import refuse_cpu_state
 
         refuse_on_cpu(cfg.shape)
+        refuse_cpu_state(cfg)
     if cfg.checkpoint.load:
         from capture_megatron.train.checkpoint import preflight
 
@@ -58,16 +67,16 @@ def validate(nproc: int, train_args: list[str]) -> TrainConfig:
 def run_torchrun(
     nproc: int, train_args: list[str], timeout: float | None = None, env: dict | None = None
 ) -> int:
-    """Validate, then run torchrun in the foreground; returns its exit code."""
-    validate(nproc, train_args)
+    """Validate, then run torchrun in the foreground (train.job: signals reach every rank, a
+    stop leaves nothing running); returns its exit code (128 + the signal when one stopped it)."""
+    cfg = validate(nproc, train_args)
     full_env = dict(os.environ, **(env or {}))
     full_env.setdefault("OMP_NUM_THREADS", "1")
-    try:
-        return subprocess.run(
-            torchrun_command(nproc, train_args), env=full_env, timeout=timeout
-        ).returncode
-    except subprocess.TimeoutExpired:
-        raise CaptureError(f"training did not finish within {timeout:.0f} s") from None
+    run = cfg.run
+    handled = signal.Signals[run.exit_signal] if run.exit_signal_handler else None
+    with tempfile.TemporaryDirectory(prefix="capture-megatron-torchrun-") as logs:
+        cmd = torchrun_command(nproc, train_args, log_dir=logs)
+        return run_job(cmd, full_env, timeout, handled)
 
 
 def _flag_value(args: list[str], flag: str) -> str | None:
@@ -81,14 +90,30 @@ def _flag_value(args: list[str], flag: str) -> str | None:
 
 def failure_message(rc: int, train_args: list[str]) -> str:
     """What went wrong and how to resume: the last complete checkpoint under --save, if any."""
-    from capture_megatron.train.checkpoint import latest_iteration
+    from capture_megatron.train.ckpt_dir import latest_iteration
 
-    lines = [
-        f"capture-megatron train: training failed (torchrun exit code {rc}). A rank died or "
-        "raised and torchrun stopped the others; its root-cause report (rank, exit code or "
-        "signal) is above."
-    ]
-    save = _flag_value(train_args, "--save")
+    if rc > 128 and rc - 128 in {int(s) for s in signal.Signals}:
+        lines = [
+            f"capture-megatron train: stopped by {signal.Signals(rc - 128).name}; every rank "
+            "was stopped with it."
+        ]
+    elif rc < 0 and -rc in {int(s) for s in signal.Signals}:
+        lines = [
+            f"capture-megatron train: torchrun was killed by {signal.Signals(-rc).name}; every "
+            "rank was stopped with it (no rank outlives torchrun)."
+        ]
+    else:
+        lines = [
+            f"capture-megatron train: training failed (torchrun exit code {rc}). A rank died or "
+            "raised and torchrun stopped the others; its root-cause report (rank, exit code or "
+            "signal) is above."
+        ]
+    save, load = _flag_value(train_args, "--save"), _flag_value(train_args, "--load")
+    if load and load != save:
+        lines.append(
+            f"The run started from --load {load}: an error above about a checkpoint there is "
+            f"about {load}, not --save."
+        )
     if save:
         try:
             last = latest_iteration(save)

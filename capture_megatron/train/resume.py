@@ -15,6 +15,14 @@ started with torchrun directly). Pure Python: the callers read the checkpoint.
   equal. A different true vocabulary (another tokenizer) is refused too.
 - The learning-rate schedule: Megatron-LM's rule (capture_megatron.megatron.schedule).
 - The distributed optimizer: megatron-core cannot convert optimizer state between the two layouts.
+- The architecture (check_architecture): every setting that decides which weights exist or what
+  they compute must equal the checkpoint's -- the sizes (layers, hidden, heads, query groups, head
+  width, MLP width, learned position table), and what keeps every tensor's shape but changes the
+  function (heads of another width, LayerNorm vs RMSNorm, biases, the position embedding, the
+  activation, tied output weights, rotary settings, window, query/key norms). Megatron-LM's
+  check_checkpoint_args (core_v0.16.1) asserts num_layers, hidden_size, num_attention_heads and
+  add_position_embedding; the others fail its strict load by missing / unexpected keys. Here all
+  are refused before launch, each named by its flag with both values.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from capture_megatron.config import ModelShape, ParallelPlan, TrainConfig
+from capture_megatron.config.fields import flagged_fields
 from capture_megatron.config.training import CheckpointOptions
 from capture_megatron.errors import CaptureError
 from capture_megatron.megatron import schedule as sched
@@ -139,6 +148,85 @@ def check_experts(saved: SavedRun, shape: ModelShape) -> None:
     )
 
 
+ARCHITECTURE = (
+    "num_layers",
+    "hidden_size",
+    "num_attention_heads",
+    "num_query_groups",
+    "kv_channels",
+    "ffn_hidden_size",
+    "max_position_embeddings",
+    "swiglu",
+    "geglu",
+    "normalization",
+    "untie_embeddings_and_output_weights",
+    "position_embedding_type",
+    "add_bias_linear",
+    "add_qkv_bias",
+    "rotary_base",
+    "use_rope_scaling",
+    "rope_scaling_factor",
+    "window_size",
+    "qk_layernorm",
+    "qk_l2_norm",
+    "mtp_num_layers",
+)
+"""ModelShape fields a resume must keep (their flags are named in the refusal)."""
+_EFFECTIVE = {
+    "num_query_groups": lambda s: s.groups,
+    "kv_channels": lambda s: s.head_dim,
+    "ffn_hidden_size": lambda s: s.ffn,
+    # only a learned position table has a size; rope computes positions
+    "max_position_embeddings": lambda s: (
+        s.max_positions if s.position_embedding_type == "learned_absolute" else None
+    ),
+    "rotary_base": lambda s: s.rotary_base if s.position_embedding_type == "rope" else None,
+    "rope_scaling_factor": lambda s: s.rope_scaling_factor if s.use_rope_scaling else None,
+}
+"""Fields compared by their effective value (a default applied, or irrelevant: None)."""
+
+
+def _said(value: Any, negate: bool) -> str:
+    """A field's value as its flag says it."""
+    if isinstance(value, bool):
+        return "given" if value != negate else "not given"
+    if isinstance(value, tuple):
+        return ",".join(map(str, value)) or "none"
+    return str(value)
+
+
+def architecture_changes(saved: ModelShape, shape: ModelShape) -> list[str]:
+    """Each architecture flag whose value differs: '--flag: A in the checkpoint, B here'."""
+    out = []
+    for field, spec in flagged_fields(ModelShape):
+        if field.name not in ARCHITECTURE:
+            continue
+        get = _EFFECTIVE.get(field.name, lambda s, n=field.name: getattr(s, n))
+        old, new = get(saved), get(shape)
+        if old != new:
+            out.append(
+                f"{spec.name} {_said(old, spec.negate)} in the checkpoint, "
+                f"{_said(new, spec.negate)} here"
+            )
+    if saved.mla != shape.mla:
+        out.append("multi-latent attention (--multi-latent-attention and its sizes) differs")
+    return out
+
+
+def check_architecture(saved: SavedRun, shape: ModelShape) -> None:
+    """CaptureError naming every architecture flag this run changes from the checkpoint's."""
+    changes = architecture_changes(saved.shape, shape)
+    if not changes:
+        return
+    raise CaptureError(
+        f"--load {saved.path}: this run's model differs from the checkpoint's: "
+        + "; ".join(changes)
+        + ". Loading its weights into another architecture either fails on missing or "
+        "misshapen tensors or silently computes another function (stock Megatron-LM refuses "
+        "these too). Resume with the checkpoint's values, or train the new model without --load."
+    )
+
+
 def _check_optimizer_layout(saved: SavedRun, plan: ParallelPlan) -> None:
     if saved.plan.distributed_optimizer == plan.distributed_optimizer:
         return
@@ -156,6 +244,7 @@ def check_resume(
     saved: SavedRun, common: dict[str, Any], cfg: TrainConfig, current: sched.Schedule
 ) -> None:
     """Every rule above; `current` is this run's schedule (the live scheduler's on a rank)."""
+    check_architecture(saved, cfg.shape)
     check_vocab(saved, cfg.shape, cfg.plan.tp)
     check_experts(saved, cfg.shape)
     if not loads_optimizer(cfg.checkpoint):

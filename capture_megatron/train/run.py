@@ -9,6 +9,7 @@ from capture_megatron.megatron import cpu_compat, moe
 from capture_megatron.megatron.quiet import kernels_line
 from capture_megatron.train.dist_env import DistEnv, init_distributed, is_logging_rank
 from capture_megatron.train.exit_signal import ExitSignal
+from capture_megatron.train.refusals import refuse_cpu_state
 from capture_megatron.train.report import MemoryReport, RankMemory
 
 
@@ -129,7 +130,7 @@ def describe(cfg: TrainConfig, env: DistEnv) -> str:
     )
 
 
-def _iterators(cfg: TrainConfig, consumed: int) -> list:
+def train_iterators(cfg: TrainConfig, consumed: int) -> list:
     """This rank's training micro-batch iterators (one per chunk), after `consumed` samples."""
     from megatron.core import parallel_state as ps
 
@@ -168,6 +169,55 @@ def _rank_memory(env: DistEnv, trainer, window: PeakWindow, meter, setup_bytes: 
     )
 
 
+def _routing_recorder(cfg: TrainConfig, trainer):
+    """A RoutingRecorder on this rank's chunks when --moe-routing-stats is given (else None)."""
+    if not cfg.run.moe_routing_stats:
+        return None
+    from capture_megatron.train.routing import RoutingRecorder
+
+    return RoutingRecorder(trainer.model, cfg.plan.micro_batch_size)
+
+
+def _recording(on_step, recorder):
+    """on_step that first closes the recorder's step (on_step itself without a recorder)."""
+    if recorder is None:
+        return on_step
+
+    def hook(it: int, final: bool = False) -> bool:
+        if not final:
+            recorder.step()
+        return on_step(it, final)
+
+    return hook
+
+
+def _write_routing(cfg: TrainConfig, recorder, stats: list) -> None:
+    """Gather and write the routing statistics (rank 0 writes; nothing without a recorder)."""
+    if recorder is None:
+        return
+    from capture_megatron.serial import to_plain
+    from capture_megatron.train.routing import write_routing_stats
+
+    recorder.close()
+    header = {
+        "shape": to_plain(cfg.shape),
+        "plan": to_plain(cfg.plan),
+        "data": to_plain(cfg.data),
+        "seed": cfg.run.seed,
+        "iterations": to_plain(tuple(stats)),
+    }
+    write_routing_stats(cfg.run.moe_routing_stats, recorder, header)
+    if is_logging_rank():
+        print(f"wrote MoE routing statistics to {cfg.run.moe_routing_stats}", flush=True)
+
+
+def _refuse_on_cpu(cfg: TrainConfig, device: str) -> None:
+    """CaptureError for what the CPU kernel set cannot train (MoE kernels, optimizer state)."""
+    if device == "cpu":
+        moe.refuse_on_cpu(cfg.shape)
+        refuse_cpu_state(cfg)
+
+
 def run_training(cfg: TrainConfig, env: DistEnv) -> MemoryReport:
     """Train `cfg` on this rank; rank 0 writes cfg.run.memory_report. Returns the gathered
     report."""
@@ -180,8 +230,7 @@ def run_training(cfg: TrainConfig, env: DistEnv) -> MemoryReport:
     from capture_megatron.train.trainer import build_trainer, init_parallel_state
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cpu":
-        moe.refuse_on_cpu(cfg.shape)
+    _refuse_on_cpu(cfg, device)
     stop = ExitSignal(cfg.run.exit_signal) if cfg.run.exit_signal_handler else None
     init_distributed(env, cfg.run.distributed_backend)
     cpu_compat.apply("cpu")
@@ -198,11 +247,12 @@ def run_training(cfg: TrainConfig, env: DistEnv) -> MemoryReport:
     start, consumed = load_checkpoint(cfg, trainer) if loaded else (0, 0)
     if start and is_logging_rank():
         print(f"resumed from checkpoint iteration {start} in {loaded}", flush=True)
-    iterators = _iterators(cfg, consumed)
+    iterators = train_iterators(cfg, consumed)
     setup_bytes = meter.current()
     meter.reset_peak()
     window = PeakWindow(meter)
-    hook = _checkpoint_hook(cfg, trainer, window, (consumed, start), stop)
+    recorder = _routing_recorder(cfg, trainer)
+    hook = _recording(_checkpoint_hook(cfg, trainer, window, (consumed, start), stop), recorder)
     stats = run_iterations(
         trainer,
         iterators,
@@ -216,6 +266,7 @@ def run_training(cfg: TrainConfig, env: DistEnv) -> MemoryReport:
     )
     if start > 0 and not stats:
         hook(start, final=True)  # nothing left to train: re-save the loaded state under this plan
+    _write_routing(cfg, recorder, stats)
     mine = _rank_memory(env, trainer, window, meter, setup_bytes)
     report = _gather_report(cfg, device, impl, mine, stats)
     if is_logging_rank():

@@ -15,6 +15,7 @@ settings; --container-image runs the ranks in a pyxis/enroot container.
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import textwrap
@@ -37,6 +38,10 @@ gloo's communication threads."""
 DEFAULT_SIGNAL_SECONDS = 300
 """Default --signal-seconds: time for one more iteration and a checkpoint save before the limit."""
 _MEM = re.compile(r"^\d+[KMGT]?$")
+PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+"""This installation's capture_megatron package directory (mounted into a --container-image)."""
+CONTAINER_ROOT = "/opt/capture-megatron"
+"""Where the package is mounted in the container (put on PYTHONPATH there)."""
 
 
 @dataclass(frozen=True)
@@ -180,12 +185,40 @@ def _srun_flags(opts: SlurmOptions, per_node: int) -> str:
     """srun's options: CPUs again (srun does not inherit sbatch's --cpus-per-task since Slurm
     22.05), fail fast, and the container (on a line of its own)."""
     out = f"--cpus-per-task={opts.cpus(per_node)} --kill-on-bad-exit=1"
-    container = [
-        f"--{name.replace('_', '-')}={shlex.quote(getattr(opts, name))}"
-        for name in ("container_image", "container_mounts", "container_workdir")
-        if getattr(opts, name)
-    ]
+    container = _container_flags(opts)
     return out + (" \\\n    " + " ".join(container) + " \\\n   " if container else "")
+
+
+def _container_flags(opts: SlurmOptions) -> list[str]:
+    """pyxis flags; the image gets this capture_megatron mounted read-only (mounts given first)."""
+    if not opts.container_image:
+        return []
+    ours = f"{PACKAGE_DIR}:{CONTAINER_ROOT}/capture_megatron:ro"
+    mounts = ",".join(m for m in (opts.container_mounts, ours) if m)
+    out = [f"--container-image={shlex.quote(opts.container_image)}"]
+    out.append(f"--container-mounts={shlex.quote(mounts)}")
+    if opts.container_workdir:
+        out.append(f"--container-workdir={shlex.quote(opts.container_workdir)}")
+    return out
+
+
+def _container_env(opts: SlurmOptions) -> list[str]:
+    """In a container: capture_megatron on PYTHONPATH, and one step that checks, before the job
+    starts, that the image can import it and megatron-core (a clear message, not a traceback per
+    rank)."""
+    if not opts.container_image:
+        return []
+    check = (
+        f"srun --ntasks-per-node=1 {' '.join(_container_flags(opts))} {shlex.quote(opts.python)} "
+        "-c 'import capture_megatron, megatron.core, torch'"
+    )
+    return [
+        f"# capture_megatron is mounted from {PACKAGE_DIR} (a path the compute nodes must see);",
+        "# the image must provide torch and megatron-core 0.16 (pip install megatron-core==0.16.1)",
+        f"export PYTHONPATH={CONTAINER_ROOT}${{PYTHONPATH:+:$PYTHONPATH}}",
+        f"{check} || {{ echo 'capture-megatron: the container image cannot import "
+        "capture_megatron, megatron.core and torch (see the lines above)' >&2; exit 1; }",
+    ]
 
 
 def _notes(notes: tuple[str, ...]) -> str:
@@ -205,6 +238,7 @@ def render(opts: SlurmOptions, per_node: int, run: TrainRun) -> str:
     )
     env = ["export CUDA_DEVICE_MAX_CONNECTIONS=1"] if run.tp > 1 else []
     env.append("export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}")
+    env += _container_env(opts)
     args = _format_args(list(run.args))
     requeue = (
         slurm_requeue.parts(opts.lead, run.train_iters, run.save, run.load)

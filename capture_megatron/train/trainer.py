@@ -51,6 +51,7 @@ def init_parallel_state(plan: ParallelPlan, seed: int) -> None:
         context_parallel_size=plan.cp,
         expert_model_parallel_size=plan.ep,
         expert_tensor_parallel_size=plan.expert_tp,
+        num_distributed_optimizer_instances=plan.ddp.num_distributed_optimizer_instances,
     )
     rank_seed = seed + 100 * ps.get_pipeline_model_parallel_rank()
     random.seed(rank_seed)

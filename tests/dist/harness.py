@@ -92,16 +92,17 @@ def _run(command, args: list[str], workdir: str, name: str, timeout: float, env)
 
 
 def cli(
-    args: list[str], timeout: float = 300, cwd: str | None = None
+    args: list[str], timeout: float = 300, cwd: str | None = None, env: dict | None = None
 ) -> subprocess.CompletedProcess:
-    """Run the capture-megatron console entry point in a fresh interpreter."""
+    """Run the capture-megatron console entry point in a fresh interpreter (`env`: added to
+    this process's environment)."""
     return subprocess.run(
         [sys.executable, "-m", "capture_megatron.cli", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
         cwd=cwd,
-        env=dict(os.environ, OMP_NUM_THREADS="1"),
+        env=dict(os.environ, OMP_NUM_THREADS="1", **(env or {})),
     )
 
 

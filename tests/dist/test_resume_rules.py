@@ -87,3 +87,46 @@ def test_a_longer_run_needs_a_schedule_flag(saved, tmp_path):
     kept = train_single([*args, "--use-checkpoint-opt-param-scheduler"], str(tmp_path), "kept")
     # the checkpoint's decay over 3 iterations is over: --min-lr (0)
     assert _lrs(kept) == [(4, 0.0)]
+
+
+@pytest.mark.parametrize(
+    "changes, named",
+    [
+        # shape-keeping: stock Megatron-LM refuses each; here they loaded and trained on
+        (
+            [
+                *("--num-attention-heads", "4", "--normalization", "RMSNorm"),
+                *("--disable-bias-linear", "--position-embedding-type", "rope"),
+            ],
+            [
+                "--num-attention-heads 2 in the checkpoint, 4 here",
+                "--normalization LayerNorm in the checkpoint, RMSNorm here",
+                "--disable-bias-linear not given in the checkpoint, given here",
+                "--position-embedding-type learned_absolute in the checkpoint, rope here",
+            ],
+        ),
+        # shape-changing: these failed after launch with tracebacks
+        (
+            [
+                *("--num-layers", "2", "--hidden-size", "32", "--swiglu"),
+                *("--untie-embeddings-and-output-weights", "--max-position-embeddings", "16"),
+            ],
+            [
+                "--num-layers 1 in the checkpoint, 2 here",
+                "--hidden-size 16 in the checkpoint, 32 here",
+                "--swiglu not given in the checkpoint, given here",
+                "--untie-embeddings-and-output-weights not given in the checkpoint, given here",
+                "--max-position-embeddings 8 in the checkpoint, 16 here",
+            ],
+        ),
+    ],
+)
+def test_architecture_changes_are_refused_before_launch(saved, tmp_path, changes, named):
+    ckpt, _ = saved
+    args = [*TINY, "--train-iters", "3", "--load", str(ckpt), *changes]
+    refused = cli(["train", "--nproc", "1", *args])
+    assert refused.returncode == 2, refused.stdout[-2000:] + refused.stderr[-2000:]
+    assert "Traceback" not in refused.stderr and not refused.stdout.strip(), refused.stdout
+    assert f"--load {ckpt}/iter_0000003: this run's model differs" in refused.stderr
+    for text in named:
+        assert text in refused.stderr

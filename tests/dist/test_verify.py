@@ -102,12 +102,18 @@ def verify(flags: list[str], tmp_path) -> dict:
     out = tmp_path / "verify.json"
     run = ["--nproc", "4", "--device", "cpu", "--mock-data", "--train-iters", "2"]
     run += ["--objective", "min-peak"]
+    temp = tmp_path / "tmp"  # verify's own temporary files go here, and must be gone after
+    temp.mkdir(exist_ok=True)
     done = cli(
         ["verify", *MODEL, *flags, *run, "--no-progress", "--json", str(out)],
         timeout=600,
         cwd=str(tmp_path),
+        env={"TMPDIR": str(temp)},
     )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    # torch keeps one compile cache per user there (torchinductor_<user>, reused by every run)
+    left = [p.name for p in temp.iterdir() if not p.name.startswith("torchinductor_")]
+    assert not left, f"verify left temporary files behind (issue 29 item 11): {left}"
     return json.loads(out.read_text())
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from capture_megatron import __version__
 from capture_megatron.config import ModelShape
 from capture_megatron.fit import MemoryModel, Needs, shape_sizes
 from capture_megatron.fit.model import ChunkModel, VariantModel
@@ -103,8 +104,8 @@ def retention(kind: str, v: Variant) -> dict[str, Regression]:
 
 def variant_model(v: Variant) -> VariantModel:
     """The synthetic fits of one variant (no anchors: every shape is predicted by regression). An
-    MoE variant's layers hold four experts' MLPs (routed: marked as experts) and save twice what a
-    dense layer saves."""
+    MoE variant's layers hold four experts' MLPs (routed: marked as experts) and save what a dense
+    layer saves plus as much again times the probe's capacity factor (the routed experts')."""
     mlp = ({"h*f/t": 1.0}, {"h*f/t": 1.0})
     experts = 4 * mlp if v.moe is not None else mlp
     layer = tuple(
@@ -112,7 +113,10 @@ def variant_model(v: Variant) -> VariantModel:
         for t in ({"h": 1.0}, {"h*a*d/t": 3.0}, {"h*a*d/t": 1.0}, {"h": 1.0}) + experts
     )
     routed = (False,) * 4 + (True,) * len(experts) if v.moe is not None else ()
-    saved = layer_saved(v) if v.moe is None else plus(layer_saved(v), layer_saved(v))
+    saved = layer_saved(v)
+    if v.moe is not None:
+        factor = v.moe.experts.moe_expert_capacity_factor
+        saved = plus(saved, {k: c * factor for k, c in saved.items()})
     kept = reg("activation", hidden(v)) if v.recompute == "full" else None
     return VariantModel(
         variant=v,
@@ -142,7 +146,7 @@ def synthetic_source(needs: Needs) -> MemoryModel:
     return MemoryModel(
         device="fake-cuda",
         kernels="gpu:synthetic",
-        versions=("test", "none", "0.16.1"),
+        versions=(__version__, "none", "0.16.1"),
         variants=tuple(
             with_anchors(variant_model(v), [s for w, s in needs if w == v]) for v in variants
         ),

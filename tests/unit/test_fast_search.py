@@ -13,7 +13,7 @@ import itertools
 
 import pytest
 
-from capture_megatron.config import GIB, Cluster, ModelShape
+from capture_megatron.config import GIB, Cluster, DdpOptions, ModelShape
 from capture_megatron.plan import PlanOptions, Space, plan
 from capture_megatron.plan.partition import min_max_partition
 from capture_megatron.plan.search import rank_peak_fn, rank_table_fn
@@ -58,10 +58,21 @@ def _plans():
     return list(candidates(SHAPE, CLUSTER, 16, SPACE))
 
 
+DDP = (
+    DdpOptions(
+        grad_reduce_in_bf16=True, defer_embedding_wgrad_compute=True, wgrad_deferral_limit=3
+    ),
+    DdpOptions(use_precision_aware_optimizer=True, exp_avg_dtype="bf16", overlap_grad_reduce=True),
+)
+"""Gradient / optimizer-state settings the tables are also checked with (issue 26): a deferred
+output-layer weight gradient, bf16 gradients, the precision-aware optimizer with buckets."""
+
+
 def test_tables_equal_single_calls(source):
     plans = [p for p in _plans() if p.pp == 4 and p.tp == 2]
     model = source(needs_of(SHAPE, plans))
-    for p in plans:
+    more = [p.replace(distributed_optimizer=True, ddp=ddp) for p in plans[:2] for ddp in DDP]
+    for p in plans + more:
         layers = layers_for(model, SHAPE, p)
         for rank in range(p.pp):
             table = peak_table(layers, SHAPE, p, rank, 5)

@@ -11,6 +11,7 @@ from capture_megatron.config import (
     BuildOptions,
     CheckpointOptions,
     DataOptions,
+    DdpOptions,
     ModelShape,
     OptimOptions,
     ParallelFlags,
@@ -25,6 +26,7 @@ from capture_megatron.train.entry import build_parser
 MEGATRON_CLASSES = (
     ModelShape,
     ParallelFlags,
+    DdpOptions,
     OptimOptions,
     DataOptions,
     CheckpointOptions,
@@ -65,7 +67,17 @@ OPTIONS = {
         memory_report="m.json",
         distributed_backend="gloo",
         progress=False,
+    ),
+    DdpOptions: dict(
         overlap_grad_reduce=True,
+        grad_reduce_in_bf16=True,
+        use_precision_aware_optimizer=True,
+        exp_avg_dtype="bf16",
+        exp_avg_sq_dtype="fp8",
+        main_params_dtype="fp16",
+        num_distributed_optimizer_instances=2,
+        ddp_num_buckets=4,
+        ddp_pad_buckets_for_high_nccl_busbw=True,
     ),
     BuildOptions: dict(init_method_std=0.01),
 }

@@ -259,3 +259,52 @@ def test_grouped_linear_matches_per_expert_gemms_and_keeps_input_views(fuse):
     for w, g, ref in zip(weights, got[1:], want):
         torch.testing.assert_close(w.main_grad if fuse else g, ref)
         assert g.shape == w.shape and w.grad_added_to_main_grad == fuse
+
+
+def test_te_cross_entropy_matches_torch_and_keeps_only_the_logits():
+    """TE's fused cross entropy (--cross-entropy-fusion-impl te): the per-token loss and the
+    gradient of torch's cross entropy; it keeps the logits' own storage (overwritten with the
+    gradient, 2 bytes per logit in bf16) and returns it as the gradient."""
+    from capture_megatron.megatron.gpu.cross_entropy import TECrossEntropy
+
+    s, b, vocab = 6, 3, 11
+    x = torch.randn(s, b, vocab, dtype=torch.float64)
+    target = torch.randint(0, vocab, (s, b))
+    leaf = x.clone().requires_grad_()
+    logits = leaf * 1  # an output layer's output
+    loss = TECrossEntropy.apply(logits, target, None)
+    ref = F.cross_entropy(x.view(-1, vocab), target.view(-1), reduction="none").view(s, b)
+    torch.testing.assert_close(loss, ref.float())
+    (kept,) = _saved(loss)
+    assert kept.data_ptr() == logits.data_ptr() and kept.dtype == x.dtype
+    weights = torch.rand(s, b)
+    (loss * weights).sum().backward()
+    want = torch.autograd.grad(
+        (F.cross_entropy(x.requires_grad_().view(-1, vocab), target.view(-1), reduction="none")
+         * weights.view(-1).double()).sum(), x,
+    )[0]  # fmt: skip
+    torch.testing.assert_close(leaf.grad, want)
+
+
+@pytest.mark.slow
+def test_te_cross_entropy_keeps_two_bytes_per_logit_on_the_last_stage():
+    """On the fake-cuda device --cross-entropy-fusion-impl te runs (megatron raises without TE)
+    and a last stage keeps 2 bytes per logit more for each vocabulary entry more, in its saved
+    bytes and its forward peak (no fp32 softmax), and its backward allocates nothing per logit
+    (the gradient is the logits' storage)."""
+    import dataclasses
+
+    from capture_megatron.config import Kernels
+    from capture_megatron.profile.session import run_probes
+    from capture_megatron.records import Probe, ProbeShape, Variant
+
+    variant = Variant("bf16", "none", True, True, "RMSNorm", "rope", False, False, True)
+    te = Kernels(cross_entropy_loss_fusion=True, cross_entropy_fusion_impl="te")
+    b, s, t = 2, 128, 2
+    small = ProbeShape(b, s, 128, 4, 4, 32, 256, 1024, t)
+    big = dataclasses.replace(small, padded_vocab=2048)
+    one, two = run_probes([Probe(variant, z, "last", 0) for z in (small, big)], "fake-cuda", te)
+    per_entry = 2 * s * b // t
+    assert two.saved_bytes - one.saved_bytes == per_entry * (2048 - 1024)
+    assert two.forward_peak - one.forward_peak == per_entry * (2048 - 1024)
+    assert two.backward_peak == one.backward_peak

@@ -10,7 +10,7 @@ import json
 from synthetic_memory import SMALL, SMALL_ARGS, full_model
 
 from capture_megatron.cli import plan as plan_cli
-from capture_megatron.config import ParallelPlan
+from capture_megatron.config import DdpOptions, ParallelPlan
 from capture_megatron.fit import write_model
 from capture_megatron.megatron.policy import UNMODELLED
 from capture_megatron.plan.costmodel import step_time
@@ -21,7 +21,7 @@ from capture_megatron.predict.chunks import chunk_cost
 def _plan(bf16: bool) -> ParallelPlan:
     return ParallelPlan(
         tp=2, pp=2, dp=2, micro_batch_size=1, global_batch_size=8, layers_per_stage=(8, 8),
-        distributed_optimizer=True, grad_reduce_in_bf16=bf16,
+        distributed_optimizer=True, ddp=DdpOptions(grad_reduce_in_bf16=bf16),
     )  # fmt: skip
 
 
@@ -37,8 +37,8 @@ def test_bf16_gradients_predicted():
         step_time(SMALL, _plan(True)).data_parallel < step_time(SMALL, _plan(False)).data_parallel
     )
     copies = [chunk_cost(layers_for(model, SMALL, _plan(b)), SMALL, _plan(b), 0, 0) for b in (0, 1)]
-    assert copies[0].grad_copy == 0  # fp32 gradients: the optimizer steps a view of them
-    assert copies[1].grad_copy == copies[1].grads  # one fp32 element per bf16 one of its shard
+    assert copies[0].step_copies == 0  # fp32 gradients: the optimizer steps a view of them
+    assert copies[1].step_copies == copies[1].grads  # one fp32 element per bf16 one of its shard
 
 
 def test_plan_keeps_and_emits_the_flag(tmp_path, capsys):
@@ -51,7 +51,10 @@ def test_plan_keeps_and_emits_the_flag(tmp_path, capsys):
     argv += ["--gpu-memory-gib", "6", "--context-gib", "0", "--no-progress", "--json", str(out)]
     assert plan_cli.main([*argv, "--grad-reduce-in-bf16"]) == 0
     data = json.loads(out.read_text())
-    assert data["plan"]["grad_reduce_in_bf16"] and "--grad-reduce-in-bf16" in data["megatron_args"]
+    assert (
+        data["plan"]["ddp"]["grad_reduce_in_bf16"]
+        and "--grad-reduce-in-bf16" in data["megatron_args"]
+    )
     assert plan_cli.main(argv) == 0
-    assert not json.loads(out.read_text())["plan"]["grad_reduce_in_bf16"]
+    assert not json.loads(out.read_text())["plan"]["ddp"]["grad_reduce_in_bf16"]
     capsys.readouterr()

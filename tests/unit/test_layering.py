@@ -17,7 +17,7 @@ ALLOWED = {
     "serial": {"errors"},
     "config": {"errors", "serial"},
     "records": {"__init__", "config", "errors", "serial"},
-    "cache": {"__init__", "config"},
+    "cache": {"__init__", "config", "errors"},
     "fit": {"config", "records", "errors", "serial"},
     "predict": {"config", "records", "fit", "errors", "serial"},
     "plan": {"__init__", "config", "records", "fit", "predict", "errors", "serial"},

@@ -44,7 +44,9 @@ def test_every_megatron_flag_is_classified_once():
 
 def test_policy_names_only_megatron_flags():
     known = megatron_lm.flag_names()
-    assert sorted(f for f in policy.IGNORED | set(policy.UNMODELLED) if f not in known) == []
+    named = policy.IGNORED | set(policy.UNMODELLED) | set(policy.IGNORED_REASONS)
+    named |= set(policy.RULES)
+    assert sorted(f for f in named if f not in known) == []
 
 
 @pytest.mark.parametrize("build", [plan_parser, predict_parser])
@@ -54,20 +56,11 @@ def test_every_megatron_flag_parses(build):
         assert set(arg.flags) <= set(parser._option_string_actions), arg.flags
 
 
+BASE = "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 --gpus 1".split()
+
+
 def _check(argv: list[str]) -> tuple[str, ...]:
-    base = [
-        "--num-layers",
-        "2",
-        "--hidden-size",
-        "64",
-        "--num-attention-heads",
-        "4",
-        "--seq-length",
-        "32",
-        "--gpus",
-        "1",
-    ]
-    return megatron_lm.check(flags.parse_flags(predict_parser(), [*base, *argv]))
+    return megatron_lm.check(flags.parse_flags(predict_parser(), [*BASE, *argv]))
 
 
 def test_ignored_and_refused_flags():
@@ -75,10 +68,10 @@ def test_ignored_and_refused_flags():
         ["--eval-interval", "100", "--tensorboard-dir", "/tmp/tb", "--log-throughput"]
     ) == ("--eval-interval", "--log-throughput", "--tensorboard-dir")
     with pytest.raises(CaptureError) as err:
-        _check(["--moe-use-upcycling", "--fp8-format", "hybrid", "--eval-iters", "3"])
+        _check(["--moe-use-upcycling", "--fp4-format", "e2m1", "--eval-iters", "3"])
     text = str(err.value)
     assert "--moe-use-upcycling (this mixture-of-experts option is not modelled yet)" in text
-    assert "--fp8-format hybrid (low-precision (fp8 / fp4) training is not modelled yet)" in text
+    assert "--fp4-format e2m1 (this low-precision (fp8 / fp4) option is not modelled yet)" in text
     assert "--eval-iters" not in text
 
 
@@ -87,8 +80,8 @@ def test_defaults_given_explicitly_are_accepted():
         "--moe-upcycling-granularity",
         "--softmax-type",
     )
-    with pytest.raises(CaptureError, match="--moe-extended-tp"):
-        _check(["--moe-extended-tp"])
+    with pytest.raises(CaptureError, match="--moe-use-upcycling"):
+        _check(["--moe-use-upcycling"])
     assert _check(["--moe-router-group-topk", "2"]) == ("--moe-router-group-topk",)
 
 
@@ -97,3 +90,66 @@ def test_a_typo_gets_the_closest_megatron_flag():
         CaptureError, match=r"--atention-backend \(did you mean --attention-backend\?\)"
     ):
         flags.parse_flags(predict_parser(), ["--atention-backend", "flash"])
+
+
+def test_flags_that_change_nothing_in_megatron_core_are_ignored():
+    # megatron-core 0.16.1: --use-flash-attn is read by the legacy models only,
+    # --enable-experimental swaps kernels only with --moe-permute-fusion (ruled on by its own
+    # entry), the CUDA-graph expert padding is inference only, nothing reads moe_extended_tp,
+    # symmetric registration needs --use-nccl-ub, the FSDP knobs need Megatron-FSDP
+    given = ["--use-flash-attn", "--enable-experimental", "--moe-extended-tp"]
+    given += ["--moe-pad-experts-for-cuda-graph-inference", "--disable-symmetric-registration"]
+    given += ["--data-parallel-sharding-strategy", "optim_grads", "--fsdp-double-buffer"]
+    names = [g for g in given if g.startswith("--")]
+    assert _check(given) == tuple(sorted(names))
+    for name in names:
+        assert policy.ignored(name) and policy.IGNORED_REASONS[name]
+    # Megatron-FSDP itself stays refused, and its knobs are not named beside it
+    with pytest.raises(CaptureError) as err:
+        _check(["--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params"])
+    assert "--use-megatron-fsdp" in str(err.value) and "sharding" not in str(err.value)
+
+
+ROPE = ["--position-embedding-type", "rope"]
+
+
+def test_no_position_embedding_is_ignored_with_rope_and_refused_as_megatron_does_without():
+    assert _check([*ROPE, "--no-position-embedding"]) == ("--no-position-embedding",)
+    with pytest.raises(CaptureError) as err:
+        _check(["--no-position-embedding"])  # learned_absolute: Megatron-LM raises
+    assert "Megatron-LM would not run this line: --no-position-embedding" in str(err.value)
+    assert "--no-position-embedding is deprecated" in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_deprecated_rotary_switch_is_ignored_only_beside_rope():
+    assert _check([*ROPE, "--use-rotary-position-embeddings"]) == (
+        "--use-rotary-position-embeddings",
+    )
+    with pytest.raises(CaptureError, match="give --position-embedding-type rope"):
+        _check(["--use-rotary-position-embeddings"])
+
+
+def test_rope_type_is_read_as_megatron_lm_reads_it():
+    """--rope-type is a field of the model's attention (config.attention), not a policy flag:
+    rope without MLA is Megatron-LM's default and changes nothing; yarn needs MLA, as Megatron-LM
+    asserts."""
+    from capture_megatron.megatron.args import model_shape
+
+    def shape(argv: list[str]):
+        return model_shape(flags.parse_flags(predict_parser(), [*BASE, *argv]), vocab_size=128)
+
+    assert shape([*ROPE, "--rope-type", "rope"]).mla.rope == "rope"
+    assert _check([*ROPE, "--rope-type", "rope"]) == ()  # read, so not listed as ignored
+    with pytest.raises(CaptureError, match="needs --multi-latent-attention"):
+        shape([*ROPE, "--rope-type", "yarn"])
+    assert shape([*ROPE, "--multi-latent-attention"]).mla.rope == "yarn"  # MLA's default
+
+
+@pytest.mark.parametrize("kind", ["none", "mrope", "relative"])
+def test_megatron_lms_other_position_embeddings_are_refused_as_not_modelled(kind):
+    from capture_megatron.megatron.args import model_shape
+
+    ns = flags.parse_flags(predict_parser(), [*BASE, "--position-embedding-type", kind])
+    with pytest.raises(CaptureError, match=f"--position-embedding-type {kind} is not modelled"):
+        model_shape(ns, 99)

@@ -25,6 +25,7 @@ PACKAGE_DATA = (
     "py.typed",
     "megatron/megatron_args.json",
     "plan/step_time_constants.json",
+    "predict/moe_routing.json",
     "train/templates/sbatch_torchrun.sh",
     "train/templates/sbatch_tasks.sh",
 )

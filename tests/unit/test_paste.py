@@ -1,26 +1,19 @@
-"""Issue 12, must-show 2 (the paste test): the pretrain_gpt.py flags of two of Megatron-LM's own
-launch scripts (tests/data/megatron_lm_examples, paths replaced) given verbatim to `plan` and
-`predict` run, or are refused only for the flags that change memory in a way not modelled, each
-one named."""
+"""The pretrain_gpt.py flags of Megatron-LM's own launch scripts (tests/data/megatron_lm_examples,
+paths replaced) given verbatim to `plan` and `predict` run, or are refused only for the flags that
+change memory in a way not modelled, each one named: the Mixtral line (--vocab-size added: its
+tokenizer file is not here) fits at NVIDIA's sizes, the Llama 3 8B FP8 line is forecast as given;
+the DeepSeek-V3 line waits for its flex dispatcher (xfail)."""
 
 from __future__ import annotations
 
 import json
-import re
 import shlex
 from pathlib import Path
 
 import pytest
-from test_cli_errors import cli, one_error
+from test_cli_errors import cli
 
 EXAMPLES = Path(__file__).parents[1] / "data" / "megatron_lm_examples"
-NOT_MODELLED_LLAMA = {
-    "--grad-reduce-in-bf16",
-    "--fp8-format",
-    "--fp8-amax-history-len",
-    "--fp8-amax-compute-algo",
-    "--fp8-param-gather",
-}
 
 
 def flags_of(name: str) -> list[str]:
@@ -54,21 +47,56 @@ def test_gpt3_175b_runs_verbatim(command, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("command", ["predict", "plan"])
-def test_llama3_8b_fp8_is_refused_for_fp8_and_bf16_grads_only(command, tmp_path):
-    argv = flags_of("train_llama3_8b_h100_fp8")
-    done, _ = run(command, argv, 8, tmp_path)
-    line = one_error(done, command)
-    named = set(re.findall(r"(--[a-z0-9-]+)(?: [^;(]*)? \(", line))
-    assert named == NOT_MODELLED_LLAMA, line
-    kept, skip = [], False
-    for word in argv:  # the same line without the refused flags (and their values)
-        skip = word in NOT_MODELLED_LLAMA or (skip and not word.startswith("--"))
-        if not skip:
-            kept.append(word)
-    done, out = run(command, kept, 8, tmp_path)
+def test_llama3_8b_fp8_runs_verbatim(command, tmp_path):
+    """Megatron-LM's Llama 3 8B FP8 example (hybrid delayed scaling, amax history 1024, FP8
+    parameters all-gathered, bf16 gradients) is forecast as given, its FP8 settings emitted."""
+    done, out = run(command, flags_of("train_llama3_8b_h100_fp8"), 8, tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     data = json.loads(out.read_text())
     assert data["kernels"]["attention_backend"] == "fused"
     assert data["kernels"]["cross_entropy_loss_fusion"] is True
     assert data["plan"]["distributed_optimizer"] is True
     assert any("--sequence-parallel is off at TP 1" in n for n in data["notes"])
+    fp8 = ["--fp8-format", "hybrid", "--fp8-param-gather", "--fp8-amax-history-len", "1024"]
+    args = data["megatron_args"]
+    assert all(a in args for a in fp8) and args[args.index("--fp8-format") + 1] == "hybrid"
+    assert "--grad-reduce-in-bf16" in args
+    assert data["memory_model"]["kernels"].endswith("/fp8-delayed/fp8-params/amax1024")
+    assert "--fp8-amax-compute-algo" in data["ignored_flags"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["predict", "plan"])
+def test_mixtral_runs_verbatim_at_nvidias_sizes(command, tmp_path):
+    # examples/mixtral: TP 1, PP 4, EP 8 need data parallelism 8, so 32 GPUs; its Llama 2
+    # tokenizer file is not here, so --vocab-size 32000 (Mixtral's) is added
+    argv = [*flags_of("train_mixtral_8x7b_distributed"), "--vocab-size", "32000"]
+    done, out = run(command, argv, 32, tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    data = json.loads(out.read_text())
+    args = data["megatron_args"]
+    assert args[args.index("--pipeline-model-parallel-size") + 1] == "4"
+    assert args[args.index("--expert-model-parallel-size") + 1] == "8"
+    # --no-position-embedding with RoPE changes nothing in megatron-core 0.16.1
+    assert "--no-position-embedding" in data["ignored_flags"]
+    if command == "predict":  # balanced routing, which its aux loss (1e-2) trains towards
+        balanced = [*argv, "--moe-imbalance-factor", "1", "--gpu-memory-gib", "80"]
+        done, out = run(command, balanced, 32, tmp_path)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert json.loads(out.read_text())["fits"] is True
+
+
+WAITING = pytest.mark.xfail(
+    reason="Megatron-LM's DeepSeek-V3 line uses the flex dispatcher (refused: DeepEP / HybridEP "
+    "buffers not modelled) and --recompute-modules (being modelled)",
+    strict=False,
+)
+
+
+@pytest.mark.slow
+@WAITING
+def test_deepseek_v3_example_line_runs_verbatim(tmp_path):
+    argv = [*flags_of("sbatch_mfsdp_deepseek_v3_no_fsdp"), "--vocab-size", "129280"]
+    for command in ("predict", "plan"):
+        done, _ = run(command, argv, 256, tmp_path)
+        assert done.returncode == 0, done.stderr[-3000:]

@@ -90,12 +90,13 @@ def test_flags_parse_back_to_the_plan(seed):
     assert cfg.plan == best
     if cluster.device == "cpu":
         assert cfg.kernels.transformer_impl == "local"
-        assert not cfg.run.overlap_grad_reduce and not cfg.run.overlap_param_gather
+        assert not cfg.plan.ddp.overlap_grad_reduce and not cfg.run.overlap_param_gather
     else:
         assert cfg.kernels == result.kernels.for_gpu()
         settings = result.cost.settings
         dp = best.dp * best.cp > 1
-        assert cfg.run.overlap_grad_reduce == (settings.overlap_grad_reduce and dp)
+        # in the plan's DDP settings (its gradient buckets predicted), on any DP
+        assert cfg.plan.ddp.overlap_grad_reduce == settings.overlap_grad_reduce
         expected = settings.overlap_param_gather and dp and best.distributed_optimizer
         assert cfg.run.overlap_param_gather == expected
 

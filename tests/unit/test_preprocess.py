@@ -240,3 +240,21 @@ def test_eod_is_appended_only_when_asked_as_in_megatron_lm(tmp_path, capsys):
     parser = argparse.ArgumentParser()
     cli_preprocess.add_arguments(parser)
     assert "off by default, as in Megatron-LM" in " ".join(parser.format_help().split())
+
+
+@pytest.mark.parametrize("suffix, keep", [(".bin", 0.5), (".idx", 0.5), (".idx", 0.01)])
+def test_truncated_dataset_is_named_before_training(tmp_path, corpus, suffix, keep):
+    """Issue 29 item 9: a truncated .bin / .idx was a numpy ValueError from inside megatron-core;
+    it is one paragraph saying the dataset is truncated, before any process starts."""
+    from capture_megatron.train.entry import parse_config
+
+    prefix = str(tmp_path / "c")
+    assert cli_preprocess.main(["--input", corpus, "--output-prefix", prefix]) == 0
+    prefix += "_text_document"
+    model = "--num-layers 1 --hidden-size 16 --num-attention-heads 2 --seq-length 8".split()
+    parse_config([*model, "--data-path", prefix], 1)  # sound
+    path = Path(prefix + suffix)
+    path.write_bytes(path.read_bytes()[: int(path.stat().st_size * keep)])
+    with pytest.raises(CaptureError, match="the dataset is truncated or damaged") as err:
+        parse_config([*model, "--data-path", prefix], 1)
+    assert str(path) in str(err.value)

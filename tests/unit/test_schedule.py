@@ -152,7 +152,8 @@ def test_invalid_interleaving_names_the_numbers():
 def test_pruned_moments_keep_every_possible_peak():
     """schedule_states drops dominated moments and (VPP 2) those inside the hull: for random
     activation weights and transients the maximum over the kept moments equals the maximum over
-    all."""
+    all. With a deferred output-layer weight gradient the last rank's moments also count the
+    output chunk's completed backward passes (and end with the drain)."""
     import random
 
     from capture_megatron.predict.ranks import schedule_states
@@ -160,20 +161,25 @@ def test_pruned_moments_keep_every_possible_peak():
     rng = random.Random(0)
     for _ in range(200):
         pp, vpp = rng.choice([2, 3, 4, 8]), rng.choice([1, 2, 3])
-        m, r = pp * rng.randint(1, 4), rng.randrange(pp)
-        every, live, held, after = [], [0] * vpp, -1, [True] * vpp
+        m, r, defer = pp * rng.randint(1, 4), rng.randrange(pp), rng.random() < 0.5
+        every, live, held, after, done = [], [0] * vpp, -1, [True] * vpp, 0
+        counting = defer and r == pp - 1
         for ev in events(ScheduleSpec(pp=pp, num_microbatches=m, vpp=vpp), r):
-            every.append((ev.kind, ev.chunk, tuple(live), held, tuple(after)))
+            every.append((ev.kind, ev.chunk, tuple(live), held, tuple(after), done))
             live[ev.chunk] += 1 if ev.kind == "F" else -1
             held = ev.chunk if ev.kind == "B" else held
             after[ev.chunk] = ev.kind == "B"
-        kept = schedule_states(pp, m, vpp, r)
+            done += int(counting and ev.kind == "B" and ev.chunk == vpp - 1)
+        if counting:
+            every.append(("D", vpp - 1, tuple(live), held, tuple(after), done))
+            assert done == m
+        kept = schedule_states(pp, m, vpp, r, 0, defer)
         assert set(kept) <= set(every)
         for _ in range(10):
             w = [rng.random() for _ in range(vpp)]
-            extra = {(s[0], s[1], s[3], s[4]): rng.random() * 5 for s in every}
+            extra = {(s[0], s[1], s[3], s[4], s[5]): rng.random() * 5 for s in every}
 
             def value(s, w=w, extra=extra):
-                return sum(a * b for a, b in zip(s[2], w)) + extra[(s[0], s[1], s[3], s[4])]
+                return sum(a * b for a, b in zip(s[2], w)) + extra[(s[0], s[1], s[3], s[4], s[5])]
 
             assert max(map(value, kept)) == pytest.approx(max(map(value, every)), abs=1e-12)

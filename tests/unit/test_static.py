@@ -5,7 +5,10 @@ import random
 
 import pytest
 
+from capture_megatron.config import DdpOptions
 from capture_megatron.predict.static import chunk_static, runs_static
+
+BF16_GRADS = DdpOptions(grad_reduce_in_bf16=True)
 
 
 @pytest.mark.parametrize("seed", range(300))
@@ -22,8 +25,9 @@ def test_structured_equals_flat_layout(seed):
     index = {None: None, "pre": 0, "post": len(flat) - 1}[shared]
     for dtype, bf16_grads in (("fp32", False), ("bf16", False), ("bf16", True)):
         for distopt in (False, True):
-            want = chunk_static(flat, dtype, dp, distopt, index, bf16_grads)
-            got = runs_static(pre, ((layer, k),), post, dtype, dp, distopt, shared, bf16_grads)
+            ddp = DdpOptions(grad_reduce_in_bf16=bf16_grads)
+            want = chunk_static(flat, dtype, dp, distopt, index, ddp)
+            got = runs_static(pre, ((layer, k),), post, dtype, dp, distopt, shared, ddp)
             assert got == want, (
                 pre,
                 layer,
@@ -40,7 +44,8 @@ def test_bf16_gradients_halve_the_buffer_and_the_step_copies_the_shard():
     numels = [4096 * 4096, 4096, 11008 * 4096]
     for distopt, dp in ((False, 1), (True, 4)):
         fp32 = chunk_static(numels, "bf16", dp, distopt)
-        bf16 = chunk_static(numels, "bf16", dp, distopt, None, bf16_grads=True)
+        bf16 = chunk_static(numels, "bf16", dp, distopt, None, BF16_GRADS)
         assert bf16.grads * 2 == fp32.grads and bf16.params == fp32.params
-        assert bf16.optimizer == fp32.optimizer and bf16.owned == fp32.owned
-    assert chunk_static(numels, "bf16", 4, True).owned * 4 == pytest.approx(sum(numels), rel=0.01)
+        assert bf16.optimizer == fp32.optimizer and fp32.copies == 0
+    copies = chunk_static(numels, "bf16", 4, True, None, BF16_GRADS).copies
+    assert copies == pytest.approx(sum(numels), rel=0.01)  # 4 bytes x a quarter of the elements

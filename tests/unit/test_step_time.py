@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from capture_megatron.config import ParallelPlan, Recompute
+from capture_megatron.config import DdpOptions, ParallelPlan, Recompute
 from capture_megatron.config.hardware import PROFILES, Hardware
 from capture_megatron.config.presets import preset
 from capture_megatron.config.runtime import StepSettings
@@ -99,7 +99,7 @@ def test_overlap_settings_hide_communication():
     base, base_dp = seconds()
     assert seconds(tp_comm_overlap=True)[0] < base
     assert seconds(overlap_grad_reduce=True, overlap_param_gather=True)[1] < base_dp
-    assert seconds(plan.replace(grad_reduce_in_bf16=True))[1] < base_dp
+    assert seconds(plan.replace(ddp=DdpOptions(grad_reduce_in_bf16=True)))[1] < base_dp
 
 
 def test_data_parallel_traffic_stays_on_nvlink_inside_a_node():

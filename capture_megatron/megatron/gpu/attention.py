@@ -56,9 +56,9 @@ class CuDNNAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, scale: float, dropout: float):  # type: ignore[override]
-        """O like q."""
+        """O like q with v's head width (MLA: value heads narrower than query/key heads)."""
         s, b, np_, d = q.shape
-        out = _empty(q.shape, q.dtype, q)
+        out = _empty((s, b, np_, v.shape[-1]), q.dtype, q)
         stats = _empty((b, np_, s, 1), torch.float32, q)
         rng = _empty((2,), torch.int64, q)
         if not is_fake(q):
@@ -134,11 +134,14 @@ class _CoreAttention(_megatron_module()):  # type: ignore[misc]
         attention_type: str,
         attention_dropout: float | None = None,
         softmax_scale: float | None = None,
+        k_channels: int | None = None,
+        v_channels: int | None = None,
         cp_comm_type: str | None = None,
         pg_collection=None,
     ):
         super().__init__(config=config)
-        del attention_type, cp_comm_type  # p2p: others are refused (config.context)
+        # p2p: others are refused (config.context); MLA's head widths come with its tensors
+        del attention_type, cp_comm_type, k_channels, v_channels
         from megatron.core import parallel_state as ps
         from megatron.core.transformer.enums import AttnMaskType
 

@@ -2,7 +2,9 @@
 
 get_batch (pretrain_gpt.py) -> get_batch_on_this_tp_rank (megatron/training/utils.py): the first
 pipeline stage receives tokens, position_ids and the attention mask; the last stage labels,
-loss_mask and the attention mask; other stages nothing. The mask is GPTDataset's bool
+loss_mask and the attention mask (and tokens and position_ids with multi-token prediction, whose
+layers embed the shifted tokens there: get_batch_on_this_tp_rank's mtp_on_this_rank); other stages
+nothing. The mask is GPTDataset's bool
 [b, 1, s, s] (megatron/core/datasets/gpt_dataset.py), present unless
 --no-create-attention-mask-in-dataloader. forward_step passes them to the model as
 model(tokens, position_ids, attention_mask, labels=labels), after get_batch_on_this_cp_rank has
@@ -26,7 +28,7 @@ def megatron_lm_batch(
     """One micro-batch for a chunk holding the first and / or last stage's ends."""
     s = shape.seq_length
     batch: dict = {}
-    if first:
+    if first or (last and shape.mtp_num_layers):  # MTP embeds the shifted tokens on the last stage
         batch["tokens"] = torch.randint(0, shape.vocab_size, (b, s), device=device)
         batch["position_ids"] = torch.arange(s, device=device).expand(b, s).contiguous()
     if last:

@@ -9,7 +9,9 @@ outputs, as eager. One differs: the native fused cross entropy's `calculate_grad
 followed by a multiply on the saved fp32 softmax; Inductor materialises the index_put into a new
 fp32 [s * b, V / t] buffer, then writes the bf16 gradient and the softmax in place, so the
 compiled backward holds 10 bytes per logit (saved fp32 softmax, the fp32 buffer, the bf16
-gradient) where the eager one holds 6.
+gradient) where the eager one holds 6. Another is megatron's L2Norm (--qk-l2-norm): eager keeps
+fp32 copies, the compiled function (AOTAutograd's min-cut partition, read from its forward graph
+on the CPU, torch 2.13) keeps the input as given and rsqrt fp32 [..., 1] (CompiledL2Norm).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from __future__ import annotations
 import functools
 
 import torch
+
+from capture_megatron.megatron.gpu.common import is_fake
 
 
 def with_inductor_buffer(calculate_gradients):
@@ -33,6 +37,46 @@ def with_inductor_buffer(calculate_gradients):
         return grad
 
     return wrapped
+
+
+class _L2Norm(torch.autograd.Function):
+    """x * rsqrt(mean(x^2) + eps) in fp32, back in x's dtype, keeping what AOTAutograd's
+    min-cut partition of megatron's compiled L2Norm._norm saves (torch 2.13): the input as given
+    and rsqrt fp32 [..., 1]; the output and, in backward, the input gradient are new."""
+
+    @staticmethod
+    def forward(ctx, x, eps: float):  # type: ignore[override]
+        """The L2-normalised x."""
+        out = torch.empty_like(x)
+        rstd = torch.empty((*x.shape[:-1], 1), dtype=torch.float32, device=x.device)
+        if not is_fake(x):
+            rstd.copy_(torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps))
+            out.copy_(x.float() * rstd)
+        ctx.save_for_backward(x, rstd)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        """The input gradient."""
+        x, rstd = ctx.saved_tensors
+        dx = torch.empty_like(x)
+        if not is_fake(x):
+            xf, g = x.float(), grad.float()
+            dot = (g * xf).sum(-1, keepdim=True)
+            dx.copy_(g * rstd - xf * dot * rstd.pow(3) / x.shape[-1])
+        return dx, None
+
+
+class CompiledL2Norm(torch.nn.Module):
+    """megatron-core's L2Norm (--qk-l2-norm) as its torch.compile'd formula keeps tensors."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6, **_unused):
+        super().__init__()
+        self.hidden_size, self.eps = hidden_size, eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The L2-normalised x."""
+        return _L2Norm.apply(x, self.eps)
 
 
 def install() -> None:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import torch
 
 from capture_megatron.megatron.gpu.common import is_fake
+from capture_megatron.megatron.gpu.fp8 import keep_weight_state, saved_in_fp8
 
 STREAMS = 4
 """TE's compute streams (transformer_engine/common/util/multi_stream.cpp), one workspace each."""
@@ -90,6 +91,10 @@ class GroupedLinear(torch.nn.Module):
 
     parallel_mode = ""
     """column or row (set by the two subclasses)."""
+    fp8 = None
+    """The FP8 recipe (capture_megatron.megatron.gpu.fp8.Fp8Setting; set by grouped_classes):
+    each expert's input split is saved as TE's quantized copy and each weight keeps its FP8
+    workspace; None: bf16."""
 
     def __init__(
         self, num_gemms: int, input_size: int, output_size: int, *, config, init_method,
@@ -124,7 +129,9 @@ class GroupedLinear(torch.nn.Module):
         """(output, None), as megatron's TEGroupedLinear returns it without biases."""
         weights = [getattr(self, f"weight{i}") for i in range(self.num_gemms)]
         fuse = self.config.gradient_accumulation_fusion
-        return GroupedLinearFunction.apply(x, list(m_splits), fuse, *weights), None
+        keep_weight_state(self, weights, self.fp8)
+        with saved_in_fp8([x], self.fp8, False):
+            return GroupedLinearFunction.apply(x, list(m_splits), fuse, *weights), None
 
 
 class ColumnGroupedLinear(GroupedLinear):
@@ -137,6 +144,14 @@ class RowGroupedLinear(GroupedLinear):
     """TERowParallelGroupedLinear: the input width split over expert TP."""
 
     parallel_mode = "row"
+
+
+def grouped_classes(fp8) -> tuple[type, type]:
+    """(column, row) GroupedLinear classes running the FP8 recipe `fp8` (None: bf16)."""
+    if fp8 is None:
+        return ColumnGroupedLinear, RowGroupedLinear
+    column = type("ColumnGroupedLinear", (ColumnGroupedLinear,), {"fp8": fp8})
+    return column, type("RowGroupedLinear", (RowGroupedLinear,), {"fp8": fp8})
 
 
 def workspace_bytes() -> int:

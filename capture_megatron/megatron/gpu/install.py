@@ -7,8 +7,15 @@
   for Transformer Engine's fused RoPE (config.apply_rope_fusion);
 - megatron.core.fusions.fused_cross_entropy.calculate_gradients: with the buffer its compiled
   form allocates (capture_megatron.megatron.gpu.compiled);
-- apex's fused_weight_gradient_mlp_cuda and TE's get_dummy_wgrad in megatron's linear layers
-  (capture_megatron.megatron.gpu.linear).
+- apex's fused_weight_gradient_mlp_cuda and TE's get_dummy_wgrad in megatron's linear layers,
+  and TE's duplicated Linear where megatron's MLA module looks for TELinear
+  (capture_megatron.megatron.gpu.linear);
+- the Triton kernels of megatron's fused MLA RoPE (capture_megatron.megatron.gpu.rope);
+- megatron.core.models.common.language_module.language_module.te_parallel_cross_entropy: TE's
+  fused cross entropy (--cross-entropy-fusion-impl te; capture_megatron.megatron.gpu
+  .cross_entropy);
+- megatron.core.transformer.moe.moe_utils' fused_permute ... fused_moe_aux_loss: TE's fused MoE
+  permutation and router kernels (capture_megatron.megatron.gpu.permute, .router).
 Never called on a real GPU or for CPU runs.
 """
 
@@ -21,12 +28,16 @@ def install() -> None:
     """Register the fake-cuda kernels (idempotent)."""
     from megatron.core.models.common.embeddings import rope_utils
 
-    from capture_megatron.megatron.gpu import compiled, linear
-    from capture_megatron.megatron.gpu.rope import fused_apply_rotary_pos_emb
+    from capture_megatron.megatron.gpu import compiled, cross_entropy, linear, permute, router
+    from capture_megatron.megatron.gpu.rope import fused_apply_rotary_pos_emb, install_mla_rope
     from capture_megatron.megatron.gpu.softmax import extensions
 
     for name, module in extensions().items():
         sys.modules.setdefault(name, module)
     rope_utils.fused_apply_rotary_pos_emb = fused_apply_rotary_pos_emb
     compiled.install()
+    cross_entropy.install()
     linear.install()
+    permute.install()
+    router.install()
+    install_mla_rope()

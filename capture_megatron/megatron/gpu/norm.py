@@ -52,6 +52,7 @@ class TENormFunction(torch.autograd.Function):
     def backward(ctx, grad):  # type: ignore[override]
         """dx, dgamma, dbeta."""
         x, weight, bias, mu, rsigma = ctx.saved_tensors
+        grad = grad.contiguous()  # TE: dy = grad_output.contiguous()
         dx = torch.empty_like(x)
         dw = torch.empty_like(weight)
         db = None if bias is None else torch.empty_like(bias)
@@ -85,5 +86,8 @@ class TENorm(torch.nn.Module):
             param.sequence_parallel = config.sequence_parallel
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """The normalised x."""
-        return TENormFunction.apply(x, self.weight, self.bias, self.eps, self.rms)
+        """The normalised x; TE's norm ops normalise (and keep) a contiguous x
+        (`input_.contiguous()` in ops/basic/layer_norm.py / rmsnorm.py op_forward): a copy of a
+        strided view such as the query and key heads split from the fused QKV output
+        (--qk-layernorm)."""
+        return TENormFunction.apply(x.contiguous(), self.weight, self.bias, self.eps, self.rms)

@@ -72,3 +72,45 @@ def fused_apply_rotary_pos_emb(
     if freqs.dtype != torch.float32:
         freqs = freqs.float()  # as FusedRoPEFunc.forward does
     return FusedRoPE.apply(t, freqs)
+
+
+MLA_ROPE_KERNELS = (
+    "rotary_fwd_q_kernel",
+    "rotary_bwd_q_kernel",
+    "rotary_fwd_kv_kernel",
+    "rotary_bwd_kv_kernel",
+)
+"""The Triton kernels of megatron's fused MLA YaRN RoPE
+(megatron/core/fusions/fused_mla_yarn_rope_apply.py, config.apply_rope_fusion with MLA)."""
+
+
+class _TritonLaunch:
+    """A Triton kernel as `kernel[grid](*args)` launches it, on fake tensors only: megatron's
+    autograd functions around these kernels allocate every tensor themselves (the query's rotation
+    in place, new key / value outputs, the backward's d_kv and d_emb, contiguous copies of
+    strided gradients) and keep only the cached cos / sin tables; the kernels only write into
+    them."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __getitem__(self, grid):
+        return self._launch
+
+    def _launch(self, *args, **kwargs) -> None:
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        if tensors and not is_fake(*tensors):
+            from capture_megatron.errors import CaptureError
+
+            raise CaptureError(
+                f"megatron's Triton kernel {self.name} (fused MLA RoPE) has no CPU version; the "
+                "GPU kernel set runs it on the fake CUDA device only"
+            )
+
+
+def install_mla_rope() -> None:
+    """Give megatron's fused MLA RoPE its kernels' launches (no Triton on this machine)."""
+    from megatron.core.fusions import fused_mla_yarn_rope_apply as mla_rope
+
+    for name in MLA_ROPE_KERNELS:
+        setattr(mla_rope, name, _TritonLaunch(name))

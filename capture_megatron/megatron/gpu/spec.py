@@ -16,9 +16,19 @@ import dataclasses
 from capture_megatron.config import Kernels
 
 
+def fp8_setting(kernels: Kernels):
+    """The FP8 recipe TE's linear layers run (None without --fp8-format)."""
+    from capture_megatron.megatron.gpu.fp8 import Fp8Setting
+
+    if not kernels.fp8:
+        return None
+    return Fp8Setting(kernels.fp8_recipe, kernels.fp8_param_gather, kernels.fp8_amax_history_len)
+
+
 def gpu_layer_spec(spec, kernels: Kernels, local_norm):
     """megatron's local ModuleSpec `spec` with the kernel set's modules."""
-    from capture_megatron.megatron.gpu.linear import te_column_linear
+    from capture_megatron.megatron.attention import attention_norms
+    from capture_megatron.megatron.gpu.compiled import CompiledL2Norm
     from capture_megatron.megatron.gpu.select import core_attention
 
     te = kernels.transformer_impl == "transformer_engine"
@@ -27,47 +37,84 @@ def gpu_layer_spec(spec, kernels: Kernels, local_norm):
     attn, mlp = layer.self_attention, layer.mlp
     attn_parts = dataclasses.replace(attn.submodules, core_attention=core_attention(kernels))
     if te:
-        attn_parts = dataclasses.replace(attn_parts, linear_qkv=te_column_linear())
-        mlp = moe_spec(mlp) if hasattr(mlp.submodules, "experts") else _te_fc1(mlp)
+        fp8, ub = fp8_setting(kernels), kernels.tp_comm_overlap
+        attn_parts = _te_projections(attn_parts, fp8, ub)
+        mlp = moe_spec(mlp, fp8) if hasattr(mlp.submodules, "experts") else _te_mlp(mlp, fp8, ub)
+    attn = dataclasses.replace(attn, submodules=attn_parts)
     layer = dataclasses.replace(
         layer,
         input_layernorm=norm,
         pre_mlp_layernorm=norm,
-        self_attention=dataclasses.replace(attn, submodules=attn_parts),
+        self_attention=attention_norms(attn, norm, CompiledL2Norm),
         mlp=mlp,
     )
     return dataclasses.replace(spec, submodules=layer)
 
 
-def _te_fc1(mlp):
-    """An MLP spec whose linear_fc1 gathers as TE's does."""
-    from capture_megatron.megatron.gpu.linear import te_column_linear
+def _te_projections(parts, fp8=None, userbuffers: bool = False):
+    """Self-attention submodules with TE's projections: linear_qkv as TE's LayerNormLinear (its
+    gathers into userbuffers with --tp-comm-overlap), linear_proj as TE's row-parallel Linear;
+    for multi-latent attention (TE spec: get_gpt_layer_with_transformer_engine_spec) the down-
+    projections as TE's duplicated Linear (megatron's TELinear, the whole weight on every TP
+    rank) and the up-projections (or the direct query projection) column-parallel, gathering
+    as TE's do; their latent norms (--qk-layernorm) become TE norms with the other norms. Every
+    one keeps what TE's FP8 layers keep under `fp8` (None: bf16)."""
+    from capture_megatron.megatron.gpu.linear import (
+        duplicated_linear,
+        te_column_linear,
+        te_row_linear,
+    )
 
+    proj = te_row_linear(fp8)
+    if not hasattr(parts, "linear_kv_down_proj"):
+        return dataclasses.replace(
+            parts, linear_qkv=te_column_linear(fp8, userbuffers), linear_proj=proj
+        )
+    column, down = te_column_linear(fp8), duplicated_linear(fp8)
     return dataclasses.replace(
-        mlp, submodules=dataclasses.replace(mlp.submodules, linear_fc1=te_column_linear())
+        parts,
+        linear_q_proj=column,
+        linear_q_down_proj=down,
+        linear_q_up_proj=column,
+        linear_kv_down_proj=down,
+        linear_kv_up_proj=column,
+        linear_proj=proj,
     )
 
 
-def moe_spec(mlp):
+def _te_mlp(mlp, fp8=None, userbuffers: bool = False):
+    """An MLP spec whose linear_fc1 gathers as TE's does (into userbuffers with
+    --tp-comm-overlap), both linear layers keeping what TE's keep under `fp8` (None: bf16)."""
+    from capture_megatron.megatron.gpu.linear import te_column_linear, te_row_linear
+
+    fc1 = te_column_linear(fp8, userbuffers)
+    parts = dataclasses.replace(mlp.submodules, linear_fc1=fc1, linear_fc2=te_row_linear(fp8))
+    return dataclasses.replace(mlp, submodules=parts)
+
+
+def moe_spec(mlp, fp8=None):
     """megatron's local MoE spec as TE's: the shared experts' linear_fc1 gathers as TE's does;
     grouped experts (the local spec's legacy GroupedMLP) become megatron's TEGroupedMLP on the
     kernel set's GroupedLinear (capture_megatron.megatron.gpu.grouped). Sequential experts keep
-    megatron's linear layers: the dispatcher does their communication, so TE's Linear keeps the
-    same."""
+    megatron's linear layers in bf16 (the dispatcher does their communication, so TE's Linear
+    keeps the same) and TE's FP8 layers' under `fp8`; so do the grouped and shared experts."""
     from megatron.core.transformer.mlp import MLPSubmodules
     from megatron.core.transformer.moe.experts import GroupedMLP, TEGroupedMLP
     from megatron.core.transformer.spec_utils import ModuleSpec
 
-    from capture_megatron.megatron.gpu.grouped import ColumnGroupedLinear, RowGroupedLinear
+    from capture_megatron.megatron.gpu.grouped import grouped_classes
 
     parts = mlp.submodules
     experts = parts.experts
     if experts.module is GroupedMLP:
-        grouped = MLPSubmodules(linear_fc1=ColumnGroupedLinear, linear_fc2=RowGroupedLinear)
+        column, row = grouped_classes(fp8)
+        grouped = MLPSubmodules(linear_fc1=column, linear_fc2=row)
         experts = ModuleSpec(module=TEGroupedMLP, submodules=grouped)
+    elif fp8 is not None:
+        experts = _te_mlp(experts, fp8)
     shared = parts.shared_experts
     if shared is not None:
-        shared = _te_fc1(shared)
+        shared = _te_mlp(shared, fp8)
     return dataclasses.replace(
         mlp, submodules=dataclasses.replace(parts, experts=experts, shared_experts=shared)
     )

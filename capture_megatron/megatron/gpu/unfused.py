@@ -87,9 +87,10 @@ class UnfusedCoreAttention(_CoreAttention):
         if self.training and self.dropout:
             with self._rng():
                 probs = torch.nn.functional.dropout(probs, self.dropout)
-        context = torch.bmm(probs.view(b * np_, s, s), v.reshape(s, b * np_, d).transpose(0, 1))
-        context = context.view(b, np_, s, d).permute(2, 0, 1, 3).contiguous()
-        return context.view(s, b, np_ * d)
+        dv = v.shape[-1]  # MLA: value heads narrower than query/key heads
+        context = torch.bmm(probs.view(b * np_, s, s), v.reshape(s, b * np_, dv).transpose(0, 1))
+        context = context.view(b, np_, s, dv).permute(2, 0, 1, 3).contiguous()
+        return context.view(s, b, np_ * dv)
 
     def _softmax(self, scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         b, np_, sq, sk = scores.shape

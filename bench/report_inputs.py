@@ -1,0 +1,66 @@
+"""The "inputs nobody here wrote" section of docs/BENCHMARKS.md, from bench/results/inputs.json
+(bench/inputs.py; see bench/report.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+TITLES = {
+    "megatron_lm_examples": "Megatron-LM's example launch lines (core_v0.16.1)",
+    "moe_modelzoo": "Megatron MoE Model Zoo configs",
+    "megatron_bridge": "Megatron-Bridge H100 recipes (v0.3.1)",
+    "hf_configs": "published HF config.json (`plan --hf-config`, 64 x 80 GiB)",
+    "functional_tests": "Megatron-LM's functional tests (with a world size)",
+}
+STAGES = {
+    "dry": "the parse and refusal stage (everything before the first profile)",
+    "forecast": "the whole forecast (profiled on the spot, GPU kernel set on fake CUDA tensors)",
+}
+
+
+def _cell(text: str) -> str:
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
+def inputs_tables(data: dict) -> list[str]:
+    """Accepted / refused / tracebacks per input set, then each set's refusal causes."""
+    out = [
+        "Stages: `dry` is " + STAGES["dry"] + "; `forecast` is " + STAGES["forecast"] + ". "
+        "Accepted: the stage passed (a forecast: exit 0); refused: one paragraph, exit 2; a "
+        "traceback is a bug. `--vocab-size` is added only where a line's tokenizer file is not "
+        "here (column 'vocab added').",
+        "",
+        "| input set | command | stage | inputs | accepted | refused | tracebacks | vocab added |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, res in data["sets"].items():
+        stage = res["stage"]
+        for command, s in res["summary"].items():
+            counts = s["outcomes"]
+            accepted = counts.get("accepted" if stage == "forecast" else "passed-dry", 0)
+            out.append(
+                f"| {TITLES.get(name, name)} | {command} | {stage} | {s['inputs']} | {accepted} | "
+                f"{counts.get('refused', 0)} | {counts.get('traceback', 0)} | {s['vocab_added']} |"
+            )
+    out += ["", "Refusal causes, `predict` (the flags named; an input can have several):", ""]
+    out += ["| input set | cause | inputs |", "|---|---|---|"]
+    for name, res in data["sets"].items():
+        first = res["summary"].get("predict") or res["summary"]["plan"]
+        for cause, n in first["refusal_causes"].items():
+            out.append(f"| {TITLES.get(name, name)} | {_cell(cause)} | {n} |")
+    return out
+
+
+def inputs_section(root: str) -> str:
+    """The section's markdown ('' when the bench has not run)."""
+    path = os.path.join(root, "bench", "results", "inputs.json")
+    if not os.path.exists(path):
+        return ""
+    with open(path) as f:
+        data = json.load(f)
+    return (
+        "\n## Inputs nobody here wrote: accepted as written (bench/inputs.py)\n\n"
+        + "\n".join(inputs_tables(data))
+        + "\n"
+    )

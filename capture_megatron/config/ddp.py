@@ -1,0 +1,210 @@
+"""Gradient buffers and optimizer state: their precision, buckets and sharding (DdpOptions), with
+Megatron-LM's flags, defaults and rules (core_v0.16.1: megatron/training/arguments.py
+validate_args, training.py get_model; megatron-core's DistributedDataParallelConfig and
+OptimizerConfig). Pure Python: no torch import here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from capture_megatron.config.fields import flag
+from capture_megatron.errors import require
+from capture_megatron.serial import JsonMixin
+
+MAIN_GRADS_DTYPES = ("fp32", "bf16")
+"""Megatron-LM's --main-grads-dtype choices."""
+MAIN_PARAMS_DTYPES = ("fp32", "fp16")
+"""Megatron-LM's --main-params-dtype choices."""
+STATE_DTYPES = ("fp32", "fp16", "bf16", "fp8")
+"""Megatron-LM's --exp-avg-dtype / --exp-avg-sq-dtype choices (fp8: TE's Float8Tensor, 1 byte)."""
+STATE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
+"""Bytes per element of an optimizer-state dtype."""
+
+
+@dataclass(frozen=True)
+class DdpOptions(JsonMixin):
+    """Gradient buffers and optimizer state: precision, buckets, distributed-optimizer instances;
+    deferred output-layer weight gradients (Megatron flags)."""
+
+    overlap_grad_reduce: bool = flag("--overlap-grad-reduce", False)
+    """Overlap DP gradient reduce-scatter/all-reduce with backward (the first pipeline stage's
+    first chunk then splits its gradient buffer into buckets)."""
+    grad_reduce_in_bf16: bool = flag("--grad-reduce-in-bf16", False)
+    """bf16 training: keep and reduce gradients in bf16 buffers instead of fp32."""
+    accumulate_allreduce_grads_in_fp32: bool = flag("--accumulate-allreduce-grads-in-fp32", False)
+    """Keep and reduce gradients in fp32 buffers (set by Megatron-LM for bf16 unless
+    --grad-reduce-in-bf16 or --main-grads-dtype bf16; fp16 runs keep fp16 buffers without it)."""
+    use_precision_aware_optimizer: bool = flag("--use-precision-aware-optimizer", False)
+    """Transformer Engine's FusedAdam keeps the master weights and Adam moments in the dtypes
+    below and reads the gradients from the buffers as they are (needs the distributed
+    optimizer)."""
+    main_grads_dtype: str = flag("--main-grads-dtype", "fp32", choices=MAIN_GRADS_DTYPES)
+    """Precision-aware optimizer: dtype of the main gradients (bf16 training: bf16 buffers)."""
+    main_params_dtype: str = flag("--main-params-dtype", "fp32", choices=MAIN_PARAMS_DTYPES)
+    """Precision-aware optimizer: dtype of the master weights (fp32 with bf16 parameters keeps
+    only their 16 trailing bits, TE's store_param_remainders)."""
+    exp_avg_dtype: str = flag("--exp-avg-dtype", "fp32", choices=STATE_DTYPES)
+    """Precision-aware optimizer: dtype of Adam's first moment."""
+    exp_avg_sq_dtype: str = flag("--exp-avg-sq-dtype", "fp32", choices=STATE_DTYPES)
+    """Precision-aware optimizer: dtype of Adam's second moment."""
+    num_distributed_optimizer_instances: int = flag("--num-distributed-optimizer-instances", 1)
+    """Distributed-optimizer copies across the data-parallel ranks: each shards the optimizer
+    state over DP x CP / this many ranks (gradients all-reduced between the copies)."""
+    ddp_bucket_size: int | None = flag("--ddp-bucket-size", None)
+    """Elements per gradient bucket with --overlap-grad-reduce (default max(4e7, 1e6 x DP x
+    CP))."""
+    ddp_num_buckets: int | None = flag("--ddp-num-buckets", None)
+    """Gradient buckets with --overlap-grad-reduce: the bucket size is the rank's parameters
+    divided by this."""
+    ddp_pad_buckets_for_high_nccl_busbw: bool = flag("--ddp-pad-buckets-for-high-nccl-busbw", False)
+    """Distributed optimizer: pad every bucket to a multiple of lcm(DP, 128, 2^16) elements."""
+    defer_embedding_wgrad_compute: bool = flag("--defer-embedding-wgrad-compute", False)
+    """The last pipeline stage keeps the output layer's inputs and output gradients and computes
+    its weight gradient after the schedule's last backward (needs PP > 1 and gradient-accumulation
+    fusion)."""
+    wgrad_deferral_limit: int = flag("--wgrad-deferral-limit", 0)
+    """Micro-batches whose output-layer weight gradient is deferred (0: all of them)."""
+
+    def __post_init__(self) -> None:
+        require(self._problems(), "gradient and optimizer-state settings")
+
+    def _problems(self) -> list[str]:
+        p = []
+        lowered = [
+            f"--{name.replace('_', '-')} {getattr(self, name)}"
+            for name in (
+                "main_grads_dtype",
+                "main_params_dtype",
+                "exp_avg_dtype",
+                "exp_avg_sq_dtype",
+            )
+            if getattr(self, name) != "fp32"
+        ]
+        if lowered and not self.use_precision_aware_optimizer:
+            p.append(
+                f"{', '.join(lowered)} needs --use-precision-aware-optimizer (megatron-core's "
+                "OptimizerConfig keeps them fp32 otherwise)"
+            )
+        if self.accumulate_allreduce_grads_in_fp32 and self.main_grads_dtype != "fp32":
+            p.append(
+                "--main-grads-dtype can only be fp32 when --accumulate-allreduce-grads-in-fp32 "
+                "is set (Megatron-LM)"
+            )
+        if self.ddp_bucket_size is not None and self.ddp_num_buckets is not None:
+            p.append("cannot specify both --ddp-num-buckets and --ddp-bucket-size (Megatron-LM)")
+        if self.ddp_num_buckets is not None and self.ddp_num_buckets <= 0:
+            p.append(f"--ddp-num-buckets {self.ddp_num_buckets} must be greater than 0")
+        if self.ddp_bucket_size is not None and self.ddp_bucket_size <= 0:
+            p.append(f"--ddp-bucket-size {self.ddp_bucket_size} must be greater than 0")
+        if self.wgrad_deferral_limit < 0:
+            p.append(f"--wgrad-deferral-limit {self.wgrad_deferral_limit} must be >= 0")
+        if self.num_distributed_optimizer_instances < 1:
+            n = self.num_distributed_optimizer_instances
+            p.append(f"--num-distributed-optimizer-instances {n} must be at least 1")
+        return p
+
+    def grad_dtype(self, dtype: str) -> str:
+        """The gradient buffers' dtype when training in `dtype` (Megatron-LM's validate_args:
+        bf16 accumulates in fp32 unless --grad-reduce-in-bf16 or --main-grads-dtype bf16; fp16
+        only with --accumulate-allreduce-grads-in-fp32; fp32 always)."""
+        if dtype == "fp32":
+            return "fp32"
+        if dtype == "bf16":
+            if self.grad_reduce_in_bf16:
+                return "bf16"
+            fp32 = self.accumulate_allreduce_grads_in_fp32 or self.main_grads_dtype == "fp32"
+            return "fp32" if fp32 else "bf16"
+        return "fp32" if self.accumulate_allreduce_grads_in_fp32 else dtype
+
+    def plan_problems(
+        self, pp: int, vpp: int, dp_cp: int, expert_dp: int, distributed_optimizer: bool
+    ) -> list[str]:
+        """What megatron-core refuses (or capture-megatron does not model) in these settings for a
+        plan of `pp` stages of `vpp` chunks, `dp_cp` data x context-parallel ranks, `expert_dp`
+        expert-data-parallel ranks and the distributed optimizer or not (empty: nothing)."""
+        p = []
+        if self.defer_embedding_wgrad_compute and pp == 1:
+            p.append(
+                "--defer-embedding-wgrad-compute needs pipeline parallelism (megatron-core's "
+                "ModelParallelConfig)"
+            )
+        if self.use_precision_aware_optimizer and not distributed_optimizer:
+            p.append(
+                "--use-precision-aware-optimizer needs --use-distributed-optimizer "
+                "(megatron-core's OptimizerConfig)"
+            )
+        n = self.num_distributed_optimizer_instances
+        if n > 1 and not distributed_optimizer:
+            p.append(f"--num-distributed-optimizer-instances {n} needs --use-distributed-optimizer")
+        if n > 1 and (dp_cp % n or expert_dp % n):
+            p.append(
+                f"--num-distributed-optimizer-instances {n} does not divide the {dp_cp} data x "
+                f"context-parallel ranks (and the {expert_dp} expert-data-parallel ranks)"
+            )
+        buckets = self.overlap_grad_reduce and distributed_optimizer
+        if buckets and self.ddp_num_buckets is not None and vpp > 1:
+            p.append(
+                "--ddp-num-buckets with --overlap-grad-reduce, the distributed optimizer and "
+                "virtual pipeline stages is not modelled yet (the first chunk's buckets are sized "
+                "by every chunk's parameters); give --ddp-bucket-size"
+            )
+        return p
+
+    def bucket_size(self, dp_cp: int, rank_params: int) -> int | None:
+        """DDP's bucket size as Megatron-LM's get_model sets it for a rank of `rank_params`
+        parameters over `dp_cp` data x context-parallel ranks: --ddp-bucket-size, the parameters
+        over --ddp-num-buckets, or max(4e7, 1e6 x DP x CP); None (one bucket) without
+        --overlap-grad-reduce. megatron-core's DDP uses it on the first pipeline stage's first
+        chunk only."""
+        if not self.overlap_grad_reduce:
+            return None
+        if self.ddp_num_buckets is not None:
+            return rank_params // self.ddp_num_buckets
+        if self.ddp_bucket_size is not None:
+            return self.ddp_bucket_size
+        return max(40_000_000, 1_000_000 * dp_cp)
+
+    def kernel_problem(self, kernel_set: str, accumulation_fusion: bool) -> str:
+        """Why the kernel set cannot run these settings ('' when it can): deferring the output
+        layer's weight gradient needs gradient-accumulation fusion (megatron-core's
+        ModelParallelConfig), a CUDA extension (apex / TE) the CPU kernel set does not have."""
+        if not self.defer_embedding_wgrad_compute:
+            return ""
+        if kernel_set == "cpu":
+            return (
+                "--defer-embedding-wgrad-compute needs gradient-accumulation fusion, a CUDA "
+                "extension the CPU kernel set does not have (megatron-core refuses the setting "
+                "without it): predict it with the GPU kernel set (--device fake)"
+            )
+        if not accumulation_fusion:
+            return (
+                "--defer-embedding-wgrad-compute needs gradient-accumulation fusion (megatron-core "
+                "refuses it with --no-gradient-accumulation-fusion)"
+            )
+        return ""
+
+    def deferred(self, microbatches: int) -> int:
+        """Micro-batches whose output-layer weight gradient the last stage defers."""
+        if not self.defer_embedding_wgrad_compute:
+            return 0
+        limit = self.wgrad_deferral_limit
+        return microbatches if limit == 0 else min(limit, microbatches)
+
+    def dtype_problems(self, dtype: str) -> list[str]:
+        """What megatron-core refuses in these settings when training in `dtype`."""
+        if self.use_precision_aware_optimizer and self.grad_dtype(dtype) == "fp16":
+            return [
+                "--use-precision-aware-optimizer with fp16 gradient buffers: megatron-core's "
+                "gradient clipping takes only fp32 or bf16 gradients from it (clip_grads.py); "
+                "add --accumulate-allreduce-grads-in-fp32"
+            ]
+        return []
+
+    def shard_ranks(self, dp_cp: int) -> int:
+        """The ranks one distributed-optimizer instance shards the state over."""
+        return max(dp_cp // self.num_distributed_optimizer_instances, 1)
+
+
+DEFAULT_DDP = DdpOptions()
+"""Megatron-LM's defaults (fp32 gradients for bf16, no buckets, one optimizer instance)."""

@@ -1,0 +1,99 @@
+"""A --save / --load directory in Megatron-LM's layout: ``iter_NNNNNNN/`` per checkpoint and
+``latest_checkpointed_iteration.txt`` (the tracker) naming the newest complete one; which
+checkpoint a resume starts from (the tracker's, or the newest undamaged one before it:
+train.ckpt_verify), and finishing a replacement a killed save left half-done."""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+
+from capture_megatron.errors import CaptureError
+from capture_megatron.megatron import ckpt_safe
+from capture_megatron.train import ckpt_verify
+
+TRACKER = "latest_checkpointed_iteration.txt"
+"""The tracker file: the iteration of the newest complete checkpoint."""
+REPLACED = ".replaced"
+"""Suffix of a published checkpoint being replaced by a save of the same iteration."""
+
+
+def iteration_dir(root: str, iteration: int) -> str:
+    """Directory of one checkpoint."""
+    return os.path.join(root, f"iter_{iteration:07d}")
+
+
+def recover(root: str, iteration: int | None = None) -> None:
+    """Finish what a save killed while replacing a published checkpoint left: put ``iter_N``
+    back from ``iter_N.replaced`` when the new one never arrived, else drop the old copy (safe
+    to call from several processes at once)."""
+    pattern = (
+        iteration_dir(root, iteration) if iteration is not None else os.path.join(root, "iter_*")
+    )
+    for old in glob.glob(pattern + REPLACED):
+        final = old[: -len(REPLACED)]
+        try:
+            if os.path.isdir(final):
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.rename(old, final)
+        except OSError:
+            pass  # another process got there first
+
+
+def tracked_iteration(root: str) -> int | None:
+    """Iteration named by the tracker file, or None when there is none."""
+    path = os.path.join(root, TRACKER)
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read().strip()
+    except (OSError, UnicodeDecodeError) as err:
+        raise CaptureError(f"--load {root}: cannot read {TRACKER}: {err}") from None
+    if text.isdigit():
+        recover(root, int(text))
+    if not text.isdigit() or not os.path.isdir(iteration_dir(root, int(text))):
+        raise CaptureError(
+            f"--load {root}: {TRACKER} says {text[:40]!r} but no such checkpoint directory exists"
+        )
+    return int(text)
+
+
+def quick_check(directory: str) -> list[str]:
+    """The launcher's check of one checkpoint: sizes, small files' hashes, readable index and
+    common state (ckpt_verify.quick_problems, ckpt_safe)."""
+    problems = ckpt_verify.quick_problems(directory)
+    if problems:
+        return problems
+    try:
+        ckpt_safe.check_metadata(directory)
+        ckpt_safe.load_common(directory)
+    except CaptureError as err:
+        if "could run code" in str(err):
+            raise
+        return [str(err)]
+    return []
+
+
+def resume_point(root: str, check=quick_check) -> tuple[int | None, str]:
+    """(iteration, note): the newest complete checkpoint under `root` (up to the tracker's) whose
+    files pass `check`, and the paragraph saying which damaged ones were skipped ('' when none);
+    (None, '') without a tracker; CaptureError when every one is damaged."""
+    newest = tracked_iteration(root)
+    if newest is None:
+        return None, ""
+    damaged: list[tuple[int, list[str]]] = []
+    for it in ckpt_verify.complete_iterations(root, newest):
+        problems = check(iteration_dir(root, it))
+        if not problems:
+            return it, ckpt_verify.fallback_note(root, it, damaged) if damaged else ""
+        damaged.append((it, problems))
+    raise CaptureError(ckpt_verify.nothing_sound(root, damaged))
+
+
+def latest_iteration(root: str) -> int | None:
+    """The newest complete checkpoint whose sizes and small files match their checksums (cheap:
+    for messages; a resume checks more, resume_point), or None."""
+    return resume_point(root, ckpt_verify.quick_problems)[0]

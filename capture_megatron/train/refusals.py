@@ -1,0 +1,30 @@
+"""What the CPU kernel set cannot train, refused before any process group starts (by
+`capture-megatron train` before torchrun, and by each rank). Pure Python."""
+
+from __future__ import annotations
+
+from capture_megatron.config import TrainConfig
+from capture_megatron.errors import CaptureError
+
+
+def refuse_cpu_state(cfg: TrainConfig) -> None:
+    """CaptureError for the gradient / optimizer-state settings the CPU kernel set cannot train:
+    a deferred output-layer weight gradient (no gradient-accumulation fusion), and checkpoints of
+    the precision-aware optimizer (megatron-core's distributed optimizer saves its state through
+    torch's per-parameter Adam step counters without TE, which TE's FusedAdam, and so
+    capture_megatron.megatron.host_adam, does not keep)."""
+    ddp = cfg.plan.ddp
+    problem = ddp.kernel_problem("cpu", False)
+    if (
+        not problem
+        and ddp.use_precision_aware_optimizer
+        and (cfg.checkpoint.save or cfg.checkpoint.load)
+    ):
+        problem = (
+            "--use-precision-aware-optimizer with --save / --load on CPU: megatron-core saves "
+            "the distributed optimizer's state through the per-parameter step counters of "
+            "torch's Adam when Transformer Engine is absent, which TE's FusedAdam (run here as "
+            "its host re-implementation) does not keep; train it without checkpoints"
+        )
+    if problem:
+        raise CaptureError(problem + ".")

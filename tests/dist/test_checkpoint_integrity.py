@@ -1,0 +1,213 @@
+"""Nothing saved is lost or trusted blindly (issue 29, items 1, 4, 9, 10).
+
+- A save never skips an ``iter_N/`` an earlier run left: after a rollback with a new learning rate
+  and after a kill between the rename and the tracker write, the new checkpoint replaces the old
+  one and the tracker names it.
+- Every file is checksummed; flipped bytes or a truncated shard, ``.metadata`` or ``common.pt`` in
+  the newest checkpoint make the resume fall back to the previous complete one, in one paragraph.
+- A full disk during a save is "no space left on the device", and names the checkpoint that
+  survived.
+
+Single-process runs (pretrain_gpt's launcher-less gloo group of one) keep these fast.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from harness import cli, train_single
+
+from capture_megatron.train import ckpt_verify
+from capture_megatron.train.checkpoint import PAUSE_ENV, TRACKER, iteration_dir
+from capture_megatron.train.ckpt_verify import MANIFEST, quick_problems
+
+TINY = [
+    *("--num-layers", "1", "--hidden-size", "16", "--num-attention-heads", "2"),
+    *("--seq-length", "8", "--max-position-embeddings", "8", "--vocab-size", "257"),
+    *("--micro-batch-size", "1", "--global-batch-size", "2", "--mock-data"),
+    *("--hidden-dropout", "0", "--attention-dropout", "0", "--lr", "1e-3", "--seed", "7"),
+    "--no-progress",
+]
+FOUR = [*TINY, "--train-iters", "4", "--save-interval", "2"]
+
+
+def _manifest(ckpt: Path, it: int) -> dict:
+    return json.loads(Path(iteration_dir(str(ckpt), it), MANIFEST).read_text())["files"]
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory) -> Path:
+    """Four iterations, checkpoints at 2 and 4 (tracker: 4)."""
+    work = tmp_path_factory.mktemp("integrity")
+    ckpt = work / "ckpt"
+    run = train_single([*FOUR, "--save", str(ckpt)], str(work), "first")
+    assert run.returncode == 0, run.output[-3000:]
+    assert (ckpt / TRACKER).read_text().strip() == "4"
+    return ckpt
+
+
+def test_rollback_with_a_new_lr_replaces_the_old_checkpoint(saved, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(saved, ckpt)
+    old = _manifest(ckpt, 4)
+    (ckpt / TRACKER).write_text("2")  # roll back to iteration 2
+    args = [*FOUR, "--lr", "1e-2", "--override-opt_param-scheduler"]
+    run = train_single([*args, "--load", str(ckpt), "--save", str(ckpt)], str(tmp_path), "b")
+    assert run.returncode == 0, run.output[-3000:]
+    assert [it.iteration for it in run.report.iterations] == [3, 4]
+    # the new peak on the old schedule's shape (linear decay over 4 iterations, 2 done); loading
+    # the optimizer's param groups used to bring the checkpoint's 1e-3 back without a word
+    assert [it.lr for it in run.report.iterations] == pytest.approx([5e-3, 2.5e-3])
+    assert (ckpt / TRACKER).read_text().strip() == "4"
+    assert not list(ckpt.glob("*.replaced")) and not list(ckpt.glob("*.partial"))
+    new = _manifest(ckpt, 4)
+    shards = [n for n in old if n.endswith(".distcp")]
+    assert shards and any(new[n]["sha256"] != old[n]["sha256"] for n in shards)
+    common = torch.load(Path(iteration_dir(str(ckpt), 4), "common.pt"), weights_only=True)
+    assert common["opt_param_scheduler"]["max_lr"] == pytest.approx(1e-2)
+    assert quick_problems(iteration_dir(str(ckpt), 4)) == []
+
+
+def test_kill_between_rename_and_tracker_then_rerun(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    args = [*FOUR, "--save", str(ckpt)]
+    env = dict(os.environ, OMP_NUM_THREADS="1", **{PAUSE_ENV: "120@4:published"})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "capture_megatron.pretrain_gpt", *args],
+        env=env,
+        cwd=str(tmp_path),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    deadline = time.time() + 240
+    published = Path(iteration_dir(str(ckpt), 4))
+    while not published.is_dir() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert published.is_dir() and (ckpt / TRACKER).read_text().strip() == "2"
+    # the rerun resumes from the tracker's iteration 2 and must publish its iteration 4
+    run = train_single([*args, "--load", str(ckpt)], str(tmp_path), "rerun")
+    assert [it.iteration for it in run.report.iterations] == [3, 4], run.output[-3000:]
+    assert (ckpt / TRACKER).read_text().strip() == "4"
+    assert not list(ckpt.glob("*.replaced"))
+
+
+def _flip(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+@pytest.mark.parametrize(
+    "damage, name, words",
+    [
+        (_flip, "__0_0.distcp", "__0_0.distcp does not match its SHA-256"),
+        (_truncate, "__0_1.distcp", "__0_1.distcp has"),
+        (_truncate, ".metadata", ".metadata has"),
+        (_truncate, "common.pt", "common.pt has"),
+    ],
+)
+def test_damaged_newest_checkpoint_falls_back(saved, tmp_path, damage, name, words):
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(saved, ckpt)
+    damage(Path(iteration_dir(str(ckpt), 4), name))
+    run = train_single([*TINY, "--train-iters", "4", "--load", str(ckpt)], str(tmp_path), "r")
+    assert run.returncode == 0, run.output[-3000:]
+    assert [it.iteration for it in run.report.iterations] == [3, 4]
+    assert "Traceback" not in run.output
+    assert words in run.output and "Resuming from iteration 2" in run.output, run.output[-3000:]
+
+
+def test_every_checkpoint_damaged_is_one_paragraph(saved, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(saved, ckpt)
+    for it in (2, 4):
+        _truncate(Path(iteration_dir(str(ckpt), it), "common.pt"))
+    refused = cli(["train", "--nproc", "1", *TINY, "--train-iters", "4", "--load", str(ckpt)])
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
+    assert "no complete checkpoint there can be trusted" in refused.stderr
+    assert "iteration 4: common.pt has" in refused.stderr
+
+
+def _can_mount() -> bool:
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        return False
+    probe = subprocess.run(
+        ["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /mnt"],
+        capture_output=True,
+    )
+    return probe.returncode == 0
+
+
+@pytest.mark.skipif(not _can_mount(), reason="needs root to mount a small tmpfs")
+def test_disk_full_during_save(tmp_path):
+    mount = tmp_path / "small"
+    mount.mkdir()
+    ckpt = mount / "ckpt"
+    args = [*FOUR, "--save", str(ckpt), "--memory-report", str(tmp_path / "r.json")]
+    inner = " ".join([sys.executable, "-m", "capture_megatron.pretrain_gpt", *args])
+    # one checkpoint is ~250 KiB: room for the first, not the second
+    script = f"mount -t tmpfs -o size=400k tmpfs {mount} && {inner}; rc=$?; "
+    script += f"cat {ckpt}/{TRACKER}; ls {ckpt}; exit $rc"
+    done = subprocess.run(
+        ["unshare", "-m", "sh", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
+    out = done.stdout + done.stderr
+    assert done.returncode == 2, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
+    assert "saving checkpoint iteration 4" in out and "no space left on the device" in out
+    assert "The last complete checkpoint, iteration 2" in out, out[-3000:]
+    assert "iter_0000004.partial" not in done.stdout.split("was removed")[-1]
+
+
+class _RunsCode:
+    """Unpickling this runs a shell command (what a crafted checkpoint would do)."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.mark.parametrize("target", [".metadata", "common.pt"])
+def test_a_checkpoint_that_would_run_code_is_refused(saved, tmp_path, target):
+    import pickle
+
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(saved, ckpt)
+    marker = tmp_path / "pwned"
+    d = Path(iteration_dir(str(ckpt), 4))
+    if target == ".metadata":
+        (d / target).write_bytes(pickle.dumps(_RunsCode(str(marker))))
+    else:
+        torch.save({"iteration": 4, "evil": _RunsCode(str(marker))}, d / target)
+    # the attacker rewrites the checksums too: they guard against damage, not against intent
+    names = ckpt_verify.files_to_hash(str(d))
+    ckpt_verify.write_manifest(str(d), ckpt_verify.digests(str(d), names))
+    args = [*TINY, "--train-iters", "4", "--load", str(ckpt)]
+    refused = cli(["train", "--nproc", "1", *args])
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
+    assert "could run code" in refused.stderr and target in refused.stderr
+    ranks = train_single(args, str(tmp_path), "direct")  # the ranks check on their own too
+    assert ranks.returncode == 2 and "could run code" in ranks.output, ranks.output[-3000:]
+    assert not marker.exists()

@@ -1,0 +1,63 @@
+"""Never a traceback: every command line in tests/data -- Megatron-LM's functional tests (with the
+world size of their H100 recipe), its example launch lines, the Megatron MoE Model Zoo configs,
+the Megatron-Bridge H100 recipes -- given to `predict` (the launch lines to `plan` too), and every
+published config.json given to `plan --hf-config`, ends in a forecast or in one paragraph
+(CaptureError, exit 2).
+
+Fast: the parse and refusal stage (bench/inputs.py's dry stage: everything before the first
+profile). Slow: the whole forecast, profiling on the spot (GPU kernel set, fake CUDA tensors)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).parents[2] / "bench" / "inputs.py"
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("bench_inputs", BENCH)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+INPUTS = _bench()
+ITEMS = INPUTS.corpus()
+
+
+def test_the_corpus_holds_every_input_set():
+    sets = {i.set for i in ITEMS}
+    assert sets == set(INPUTS.SETS)
+    names = {s: {i.name for i in ITEMS if i.set == s} for s in sets}
+    assert len(names["functional_tests"]) >= 70 and len(names["megatron_bridge"]) == 13
+    assert len(names["moe_modelzoo"]) == 6 and len(names["megatron_lm_examples"]) == 8
+    lines = [i for i in ITEMS if i.set != "hf_configs" and i.set != "functional_tests"]
+    assert {i.command for i in lines} == {"predict", "plan"}  # each line through both
+
+
+def _check(row):
+    assert row["outcome"] != "traceback", f"{row['name']}: {row['reason']} at {row['where']}"
+    if row["outcome"] == "refused":
+        assert "\n" not in row["reason"].strip(), row["reason"]  # one paragraph
+
+
+def test_every_input_is_refused_in_one_paragraph_or_goes_on_to_be_forecast(monkeypatch, tmp_path):
+    monkeypatch.setenv("CAPTURE_MEGATRON_CACHE", str(tmp_path / "cache"))
+    for item in ITEMS:
+        _check(INPUTS.run(item, forecast=False))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("item", ITEMS, ids=lambda i: f"{i.set}:{i.command}:{i.name}")
+def test_every_input_forecasts_or_is_refused(item, monkeypatch, tmp_path_factory):
+    cache = tmp_path_factory.getbasetemp() / "no-tracebacks-cache"  # shared by the cases
+    monkeypatch.setenv("CAPTURE_MEGATRON_CACHE", str(cache))
+    row = INPUTS.run(item, forecast=True)
+    _check(row)
+    assert row["outcome"] in ("accepted", "refused")
