@@ -270,7 +270,7 @@ def plan_times_table(data: dict) -> list[str]:
     for row in data["plans"]:
         out.append(
             f"| {row['preset']} | {row['gpus']} | {row['cold_s']:.1f} s | {row['warm_s']:.1f} s | "
-            f"{row['probes']} |"
+            f"{row['probes']}{' (rerun at ' + row['rerun'] + ')' if 'rerun' in row else ''} |"
         )
     out += [
         "",
@@ -285,6 +285,12 @@ def plan_times_table(data: dict) -> list[str]:
         out.append(
             f"Measured on {data['workers']} cores with other work running: 5-minute load average "
             f"{start:.1f} at the start, {end:.1f} at the end."
+        )
+    if "rerun_load_average_5min" in data:
+        start, end = data["rerun_load_average_5min"]
+        out.append(
+            f"Rows marked rerun were measured again at that commit (the others earlier): load "
+            f"average {start:.1f} at the start, {end:.1f} at the end."
         )
     return out
 

@@ -62,6 +62,25 @@ def test_no_fitting_baseline_is_faster_and_the_trade_is_said(memory_gib):
     assert {"memory-balanced", "uniform"} <= names
 
 
+def test_the_trade_line_prices_the_memory_balanced_split():
+    """Issue 28, item 3, with memory to spare: the memory-balanced split of the same sizes is
+    lower in peak and slower; the line gives both by the numbers of the baseline and the plan,
+    and says the lower peak is not needed (the plan's headroom under the cap)."""
+    flags = ParallelFlags(tensor_model_parallel_size=2, pipeline_model_parallel_size=4)
+    options = PlanOptions(space=space_from(flags), global_batch_size=32, context_gib=0)
+    cluster = Cluster(gpus=8, gpu_memory_bytes=20 * GIB)
+    result = plan(SMALL, cluster, options, synthetic_source)
+    best, memory = result.best, result.baseline("memory-balanced")
+    assert memory.partition is not None and memory.fits
+    assert memory.partition.peak < best.peak and memory.step_seconds > best.step_seconds
+    line = next(x for x in result.reasoning if x.startswith("memory-balanced split ("))
+    lower = f"{round((best.peak - memory.partition.peak) / GIB, 1):g} GiB lower peak"
+    slower = f"{100 * (memory.step_seconds / best.step_seconds - 1):.0f}% slower"
+    spare = round((cluster.gpu_memory_bytes - best.needed) / GIB, 1)
+    headroom = f"not needed: {spare:g} GiB headroom"
+    assert lower in line and slower in line and headroom in line, line
+
+
 def test_min_gpus_recomputes_only_what_the_fewest_gpus_need():
     """The issue's case: min-gpus recomputed every layer (the min-peak plan that proved the GPU
     count) where the fastest plan on those GPUs needs less."""
