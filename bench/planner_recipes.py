@@ -130,7 +130,8 @@ def fixed_sizes(row: Row) -> dict:
 
 
 def main() -> None:
-    """Compare every recipe; write the results."""
+    """Compare every recipe; write the results after each one (`complete` false until the last:
+    a run cut short keeps the rows it finished)."""
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--out", default=os.path.join(ROOT, "bench/results/planner_recipes.json"))
     ap.add_argument("--only", default="", help="one recipe id (a partial run, not written)")
@@ -138,15 +139,18 @@ def main() -> None:
     by_id = {r.id: r for r in rows()}
     load = [os.getloadavg()[1]]
     chosen = [args.only] if args.only else list(RECIPES)
-    results = []
+    fixed = fixed_sizes(by_id["l70b-v2504-64"]) if not args.only else {}
+    print(json.dumps(fixed), flush=True)
+    results: list[dict] = []
     for key in chosen:
         results.append(compare(by_id[key]))
         print(json.dumps(results[-1]), flush=True)
-    fixed = fixed_sizes(by_id["l70b-v2504-64"]) if not args.only else {}
-    print(json.dumps(fixed), flush=True)
-    load.append(os.getloadavg()[1])
-    if args.only:
-        return
+        if not args.only:
+            write(args.out, results, fixed, [*load, os.getloadavg()[1]], key == chosen[-1])
+
+
+def write(path: str, results: list[dict], fixed: dict, load: list[float], complete: bool) -> None:
+    """The results file (see main)."""
     about = (
         "The default plan (throughput objective) against NVIDIA's recipe configuration on H100 "
         f"({Hardware().memory_bytes / GIB:.2f} GiB), each estimated by the step-time model and "
@@ -154,13 +158,10 @@ def main() -> None:
         "on, TP communication overlap off for both). in_space: NVIDIA's sizes are a candidate "
         "of the searched space. load_average_5min: at the start and end (a shared machine)."
     )
-    with open(args.out, "w") as f:
-        json.dump(
-            {"about": about, "recipes": results, "fixed_sizes": fixed, "load_average_5min": load},
-            f,
-            indent=1,
-        )
-    print(f"wrote {args.out}")
+    data = {"about": about, "recipes": results, "fixed_sizes": fixed, "load_average_5min": load}
+    with open(path, "w") as f:
+        json.dump({**data, "complete": complete}, f, indent=1)
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

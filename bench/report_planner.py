@@ -98,6 +98,11 @@ def planner_sections(root: str) -> str:
         data = json.load(f)
     text = "\n## Planner vs NVIDIA's recipes (bench/planner_recipes.py)\n\n"
     text += "\n".join(recipe_table(data)) + "\n"
+    if data.get("complete") is False:
+        text += (
+            "\nA partial run: the recipes above only (the run was cut short; "
+            "bench/planner_recipes.py writes each recipe as it finishes).\n"
+        )
     fixed = fixed_table(data)
     if fixed:
         text += "\n### The layout at fixed sizes\n\n" + "\n".join(fixed) + "\n"
