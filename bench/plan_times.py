@@ -6,6 +6,10 @@ types it, in a fresh process (imports included), default objective, fake-CUDA me
 medians of --repeats runs are reported (this machine is shared: medians, one run each in turn).
 
     python bench/plan_times.py [--repeats 3] [--out bench/results/plan_times.json]
+        [--cases llama2-70b:64,gpt3-175b:1024]
+
+--cases reruns only those presets (no profile times) and replaces their rows in --out, naming
+the commit they were measured at ("rerun"); the other rows stay as they were.
 """
 
 from __future__ import annotations
@@ -99,12 +103,35 @@ def profile_time(repeats: int, design: bool) -> float:
     return statistics.median(times)
 
 
+def rerun(ns: argparse.Namespace) -> None:
+    """Rerun the --cases presets and replace their rows in --out (see the module docstring)."""
+    load_start = os.getloadavg()[1]
+    with open(ns.out) as f:
+        out = json.load(f)
+    cases = [(c.split(":")[0], int(c.split(":")[1])) for c in ns.cases.split(",")]
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    for name, gpus in cases:
+        row = plan_times(name, gpus, ns.repeats)
+        row["rerun"] = commit.stdout.strip()
+        out["plans"] = [
+            row if (p["preset"], p["gpus"]) == (name, gpus) else p for p in out["plans"]
+        ]
+        print(json.dumps(row))
+    out["rerun_load_average_5min"] = [load_start, os.getloadavg()[1]]
+    with open(ns.out, "w") as f:
+        json.dump(out, f, indent=1)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default="bench/results/plan_times.json")
+    ap.add_argument("--cases", default="", help="preset:gpus,... to rerun (rows replaced)")
     ns = ap.parse_args()
     load_start = os.getloadavg()[1]
+    if ns.cases:
+        rerun(ns)
+        return
     out = {
         "workers": os.cpu_count(),
         "plans": [plan_times(name, gpus, ns.repeats) for name, gpus in CASES],

@@ -11,6 +11,7 @@ import platform
 
 from report_inputs import inputs_section
 from report_moe import moe_sections
+from report_planner import planner_sections
 from report_step_time import step_time_sections
 
 from capture_megatron.config import Kernels
@@ -269,7 +270,7 @@ def plan_times_table(data: dict) -> list[str]:
     for row in data["plans"]:
         out.append(
             f"| {row['preset']} | {row['gpus']} | {row['cold_s']:.1f} s | {row['warm_s']:.1f} s | "
-            f"{row['probes']} |"
+            f"{row['probes']}{' (rerun at ' + row['rerun'] + ')' if 'rerun' in row else ''} |"
         )
     out += [
         "",
@@ -284,6 +285,12 @@ def plan_times_table(data: dict) -> list[str]:
         out.append(
             f"Measured on {data['workers']} cores with other work running: 5-minute load average "
             f"{start:.1f} at the start, {end:.1f} at the end."
+        )
+    if "rerun_load_average_5min" in data:
+        start, end = data["rerun_load_average_5min"]
+        out.append(
+            f"Rows marked rerun were measured again at that commit (the others earlier): load "
+            f"average {start:.1f} at the start, {end:.1f} at the end."
         )
     return out
 
@@ -317,6 +324,7 @@ def main() -> None:
     text += inputs_section(ROOT)
     text += moe_sections(ROOT)
     text += step_time_sections(ROOT)
+    text += planner_sections(ROOT)
     text += "\n## Predicted worst-rank peak at CAPTURE's sizes\n\n" + "\n".join(at) + "\n"
     text += (
         "\n## Each approach at its own best sizes (lowest peak over TP/PP/DP)\n\n"

@@ -38,6 +38,7 @@ from capture_megatron.fit import MemoryModel, ModelSource
 from capture_megatron.megatron import flags, megatron_lm
 from capture_megatron.plan import PlanOptions, PlanResult, model_args, model_notes, plan
 from capture_megatron.plan.limits import too_large
+from capture_megatron.plan.planner import global_batch
 from capture_megatron.plan.window import latent_problem, window_problem
 
 
@@ -110,8 +111,9 @@ def plan_and_report(
     if getattr(ns, "hf_config", None):
         print_hf_model(ns.hf_config, shape)
     options = plan_options(ns, shape, cluster, device, fixed_plan)
-    gbs = options.global_batch_size or cluster.gpus * max(options.space.micro_batch_size)
-    too_large(shape, cluster, gbs, max(options.space.micro_batch_size))
+    gbs = global_batch(options, cluster)
+    # searched micro-batches: powers of two dividing the batch (plan.space.micro_batch_sizes)
+    too_large(shape, cluster, gbs, max(options.space.micro_batch_size, default=gbs & -gbs))
     _check_window(ns, shape, device, options)
     memory = memory_of(ns, shape, device, progress) if memory is None else memory
     result = plan(shape, cluster, options, memory)

@@ -104,7 +104,9 @@ def first_last_split(
     middle_stages = pp - len(ends)
     rest = num_layers - sum(ends)
     problems = []
-    if any(n < 0 for n in ends) or rest < 0:
+    if any(n <= 0 for n in ends):
+        problems.append(f"first/last stage layers {ends} must be larger than 0 (Megatron's rule)")
+    elif rest < 0:
         problems.append(f"first/last stage layers {ends} exceed --num-layers {num_layers}")
     elif middle_stages == 0 and rest:
         problems.append(f"{rest} layers left over with no middle stage")

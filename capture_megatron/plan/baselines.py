@@ -1,5 +1,7 @@
-"""Partitions other systems would choose, predicted side by side with the memory-balanced one.
+"""Partitions other systems would choose, predicted side by side with the plan's.
 
+- memory-balanced: CAPTURE's min-max memory split (the min-peak objective's; beside a plan split
+  for time it shows what the memory-balanced layout would cost).
 - uniform: Megatron's default even split (rejected by Megatron when the layers do not divide).
 - megatron-first-last: the best (lowest predicted peak) --decoder-first/last-pipeline-num-layers
   choice under Megatron's rule that the remaining layers split evenly over the middle stages.
@@ -17,16 +19,22 @@ memory, as the plan's counts were trimmed (throughput). Pure Python.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, replace
 
 from capture_megatron.config import Cluster, ModelShape, ParallelPlan, Recompute
 from capture_megatron.config.layout import first_last_split
 from capture_megatron.errors import CaptureError
 from capture_megatron.fit import MemoryModel
+from capture_megatron.plan.balance import (
+    balanced,
+    evaluate_plan,
+    split_score_fn,
+    trim_recompute,
+)
 from capture_megatron.plan.costmodel import CostModel
 from capture_megatron.plan.margins import Margins
 from capture_megatron.plan.partition import Partition, Score
-from capture_megatron.plan.search import evaluate_plan, split_score_fn, trim_recompute
 from capture_megatron.predict import layers_for, sizes_for
 
 BASES = {
@@ -42,7 +50,7 @@ class Baseline:
     """A baseline split, or why the method cannot produce one."""
 
     name: str
-    """uniform, megatron-first-last or deepspeed-parameters."""
+    """memory-balanced, uniform, megatron-first-last or deepspeed-parameters."""
     partition: Partition | None
     """The split and its predicted peaks (None when unavailable)."""
     flags: tuple[str, ...] = ()
@@ -71,35 +79,43 @@ def uniform(num_layers: int, pp: int, vpp: int, score: Score) -> Baseline:
     return Baseline("uniform", score((num_layers // stages,) * stages))
 
 
+def memory_balanced(
+    model: MemoryModel, shape: ModelShape, plan: ParallelPlan, given: bool, score: Score
+) -> Baseline:
+    """CAPTURE's split: the one minimising the worst rank's peak (the min-peak objective's; the
+    plan's recompute kept when given, else every layer recomputed, to be trimmed)."""
+    return Baseline("memory-balanced", score(balanced(model, shape, plan, given).layers_per_stage))
+
+
 def megatron_first_last(num_layers: int, pp: int, vpp: int, score: Score) -> Baseline:
     """The best choice of --decoder-first/last-pipeline-num-layers."""
     if pp < 2:
         return Baseline("megatron-first-last", None, reason="needs PP > 1")
     best = None
-    for first in range(num_layers + 1):
-        for last in range(num_layers + 1 - first):
-            try:
-                split = first_last_split(num_layers, pp, vpp, first, last)
-            except CaptureError:
-                continue
-            part = score(split)
-            if best is None or part.peak < best[0].peak:
-                best = (part, first, last)
+    given = (None, *range(1, num_layers + 1))  # Megatron refuses 0 (a stage of no layers)
+    for first, last in itertools.product(given, given):
+        if first is None and last is None:
+            continue  # that is the uniform split
+        try:
+            split = first_last_split(num_layers, pp, vpp, first, last)
+        except CaptureError:
+            continue
+        if min(split) == 0:
+            continue  # an empty stage: Megatron refuses 0 for the ends; no middle stage either
+        part = score(split)
+        if best is None or part.peak < best[0].peak:
+            best = (part, first, last)
     if best is None:
         return Baseline(
             "megatron-first-last", None, reason="no first/last choice satisfies Megatron's rules"
         )
     part, first, last = best
-    return Baseline(
-        "megatron-first-last",
-        part,
-        flags=(
-            "--decoder-first-pipeline-num-layers",
-            str(first),
-            "--decoder-last-pipeline-num-layers",
-            str(last),
-        ),
-    )
+    flags: tuple[str, ...] = ()
+    if first is not None:
+        flags += ("--decoder-first-pipeline-num-layers", str(first))
+    if last is not None:
+        flags += ("--decoder-last-pipeline-num-layers", str(last))
+    return Baseline("megatron-first-last", part, flags=flags)
 
 
 def _fill(weights: list[int], parts: int, limit: int) -> list[int] | None:
@@ -178,6 +194,7 @@ def baselines_for(
     n, pp, vpp = shape.num_layers, plan.pp, plan.vpp
     per_layer = [sum(layers.model(m).constants(z).layer_numels) for m in layers.chunk(0, n)]
     splits = (
+        memory_balanced(model, shape, plan, given, score),
         uniform(n, pp, vpp, score),
         megatron_first_last(n, pp, vpp, score),
         deepspeed_parameters(n, pp, vpp, emb, per_layer, head, score),

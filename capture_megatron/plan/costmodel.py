@@ -133,18 +133,48 @@ def model_flops(shape: ModelShape, sequences: int) -> float:
     return 3 * sequences * (shape.num_layers * layer_forward_flops(shape, 1) + head)
 
 
-def pipeline_seconds(rank_times: Sequence[float], microbatches: int, vpp: int = 1) -> float:
+def pipeline_seconds(
+    rank_times: Sequence[float],
+    microbatches: int,
+    vpp: int = 1,
+    slowest_chunks: Sequence[float] | None = None,
+) -> float:
     """Seconds of the forward and backward of `microbatches` micro-batches through pipeline ranks
     whose per-micro-batch times (all their chunks) are `rank_times`: m x the slowest rank, plus
-    the others' fill and drain (1F1B's bubble (p - 1) t for equal stages; / vpp interleaved)."""
-    slowest = max(rank_times)
-    return microbatches * slowest + (sum(rank_times) - slowest) / vpp
+    the others' fill and drain. The fill and drain wait on each other rank for one pass of its
+    slowest chunk (`slowest_chunks`, one per rank; by default its time / vpp, equal chunks): 1F1B's
+    bubble (p - 1) t for equal stages, (p - 1) t / v interleaved over equal chunks, and up to the
+    whole rank's time when one chunk holds all its layers."""
+    slowest = max(range(len(rank_times)), key=lambda r: rank_times[r])
+    chunks = slowest_chunks or [t / vpp for t in rank_times]
+    return microbatches * rank_times[slowest] + sum(chunks) - chunks[slowest]
 
 
 def _recomputed(plan: ParallelPlan, rank: int, chunk_layers: int) -> int:
     """Layers of a chunk that full recompute re-runs."""
     n = min(plan.recompute.layers_on(rank), chunk_layers)
     return chunk_layers if n and plan.recompute.method == "uniform" else n
+
+
+def chunk_seconds(
+    kinds: Sequence[cp.LayerTime],
+    redo: int,
+    selective: bool,
+    head: tuple[float, float] | None,
+    overhead: float,
+) -> tuple[float, float]:
+    """(forward, backward) seconds of one chunk of layers timed `kinds`, the first `redo` of them
+    fully recomputed (their forward again in the backward), selective recompute's attention
+    forward again, the output layer and loss where the chunk holds them (`head`), and the
+    schedule's overhead per pass."""
+    fwd = sum(x.forward for x in kinds)
+    bwd = sum(x.backward for x in kinds)
+    bwd += sum(x.forward for x in kinds[:redo])
+    if selective:
+        bwd += sum(x.attention_forward for x in kinds)
+    if head is not None:
+        fwd, bwd = fwd + head[0], bwd + head[1]
+    return fwd + overhead, bwd + overhead
 
 
 def chunk_times(shape: ModelShape, plan: ParallelPlan, model: CostModel) -> tuple[ChunkTime, ...]:
@@ -155,21 +185,19 @@ def chunk_times(shape: ModelShape, plan: ParallelPlan, model: CostModel) -> tupl
     if shape.moe.enabled:
         moe = cp.layer_time(s, shape, plan, moe=True)
     pattern = shape.moe_layers if moe is not None else ()
-    head_f, head_b = cp.head_time(s, shape, plan)
+    head = cp.head_time(s, shape, plan)
     last_stage = plan.pp * plan.vpp - 1
+    selective = plan.recompute.granularity == "selective"
     out = []
     for r in range(plan.pp):
         for v, (start, k) in enumerate(zip(plan.chunk_starts(r), plan.chunks_of(r))):
-            kinds = [moe if pattern and pattern[i] else dense for i in range(start, start + k)]
-            fwd = sum(x.forward for x in kinds if x is not None)
-            bwd = sum(x.backward for x in kinds if x is not None)
+            kinds = [
+                moe if pattern and pattern[i] and moe is not None else dense
+                for i in range(start, start + k)
+            ]
+            at_end = head if v * plan.pp + r == last_stage else None
             redo = _recomputed(plan, r, k)
-            bwd += sum(x.forward for x in kinds[:redo] if x is not None)
-            if plan.recompute.granularity == "selective":
-                bwd += sum(x.attention_forward for x in kinds if x is not None)
-            if v * plan.pp + r == last_stage:
-                fwd, bwd = fwd + head_f, bwd + head_b
-            fwd, bwd = fwd + s.k.chunk_overhead, bwd + s.k.chunk_overhead
+            fwd, bwd = chunk_seconds(kinds, redo, selective, at_end, s.k.chunk_overhead)
             out.append(ChunkTime(r, v, k, fwd, bwd))
     return tuple(out)
 
@@ -265,8 +293,9 @@ def step_time(shape: ModelShape, plan: ParallelPlan, model: CostModel | None = N
     bwd = [sum(c.backward for c in chunks if c.pp_rank == r) for r in range(plan.pp)]
     params = [_rank_params(shape, plan, r) for r in range(plan.pp)]
     per_rank = [f + b for f, b in zip(fwd, bwd)]
+    widest = [max(c.forward + c.backward for c in chunks if c.pp_rank == r) for r in range(plan.pp)]
     m = plan.num_microbatches
-    pipeline = pipeline_seconds(per_rank, m, plan.vpp)
+    pipeline = pipeline_seconds(per_rank, m, plan.vpp, widest)
     dp = max(_data_parallel(shape, plan, model, n, f, b) for n, f, b in zip(params, fwd, bwd))
     dp += _tied_embedding(shape, plan, model)
     optimizer = max(_optimizer(shape, plan, model, n) for n in params)
@@ -286,18 +315,21 @@ def step_time(shape: ModelShape, plan: ParallelPlan, model: CostModel | None = N
     )
 
 
-def step_seconds(
-    shape: ModelShape, plan: ParallelPlan, model: CostModel | None = None, bound: bool = False
-) -> float:
-    """Estimated seconds per optimizer step. With `bound`, a lower bound over every layout and
-    recompute setting of the plan's sizes (the search uses it to stop once no unexplored plan can
-    be faster): no recompute, the pipeline of equal stages of the mean rank's micro-batch time
-    (pipeline_seconds grows with the slowest rank, which is no faster than the mean: m t + (p t -
-    t) / v >= (m + (p - 1) / v) x the mean), the data-parallel share that no overlap hides and the
-    optimizer step of the mean rank's parameters (the largest rank holds no fewer)."""
-    model = model or CostModel()
-    if not bound:
-        return step_time(shape, plan, model).seconds
+@dataclass(frozen=True)
+class BoundParts:
+    """What no layout or recompute setting of a plan's sizes can undercut."""
+
+    work: float
+    """The ranks' least total per-micro-batch time: every layer's forward and backward without
+    recompute, the output layer and loss, every chunk's overhead."""
+    rest: float
+    """The pipeline sends, the data-parallel share no overlap hides and the optimizer step of
+    the mean rank's parameters (the largest rank holds no fewer), the tied embedding's
+    all-reduce."""
+
+
+def bound_parts(shape: ModelShape, plan: ParallelPlan, model: CostModel) -> BoundParts:
+    """The parts of the lower bound of a plan's sizes (BoundParts)."""
     s = model.setting
     kinds = [cp.layer_time(s, shape, plan)]
     if shape.moe.enabled:
@@ -309,10 +341,31 @@ def step_seconds(
         shape, plan.tp, True, True
     )
     params /= plan.pp
-    mean = work / plan.pp
-    return (
-        (plan.num_microbatches + (plan.pp - 1) / plan.vpp) * mean
-        + _p2p(shape, plan, model)
+    rest = (
+        _p2p(shape, plan, model)
         + _data_parallel(shape, plan, model, params, float("inf"), float("inf"))
         + _optimizer(shape, plan, model, params)
+        + _tied_embedding(shape, plan, model)
     )
+    return BoundParts(work, rest)
+
+
+def step_seconds(
+    shape: ModelShape, plan: ParallelPlan, model: CostModel | None = None, bound: bool = False
+) -> float:
+    """Estimated seconds per optimizer step. With `bound`, a lower bound over every layout and
+    recompute setting of the plan's sizes (the search uses it to stop once no unexplored plan can
+    be faster): the pipeline of equal stages of the mean rank's micro-batch time plus the parts no
+    layout changes (bound_parts). pipeline_seconds is m t_s + the others' slowest chunks, each at
+    least their time / v, so >= (m - 1/v) t_s + (sum of the ranks' times) / v, and the slowest
+    rank t_s is no faster than the mean: >= (m + (p - 1) / v) x the mean."""
+    model = model or CostModel()
+    if not bound:
+        return step_time(shape, plan, model).seconds
+    parts = bound_parts(shape, plan, model)
+    mean = parts.work / plan.pp
+    return ((plan.num_microbatches + (plan.pp - 1) / plan.vpp) * mean + parts.rest) * ROUNDING
+
+
+ROUNDING = 1 - 1e-12
+"""Bounds are scaled by this: the same seconds summed in another order may round higher."""

@@ -8,6 +8,20 @@ from __future__ import annotations
 
 from capture_megatron.config import Kernels, ModelShape, ParallelPlan
 from capture_megatron.config.fields import to_flags
+from capture_megatron.config.runtime import StepSettings
+
+
+def overlap_args(plan: ParallelPlan, settings: StepSettings) -> list[str]:
+    """The data-parallel overlap flags of a run (`settings`) that apply to the plan: gradient
+    reduce with DP x CP > 1, parameter gather also with the distributed optimizer (Megatron-LM
+    runs it only there); --overlap-grad-reduce not twice when the plan's DdpOptions has it."""
+    if plan.dp * plan.cp == 1:
+        return []
+    grad = settings.overlap_grad_reduce and not plan.ddp.overlap_grad_reduce
+    out = ["--overlap-grad-reduce"] if grad else []
+    if settings.overlap_param_gather and plan.distributed_optimizer:
+        out.append("--overlap-param-gather")
+    return out
 
 
 def plan_args(plan: ParallelPlan) -> list[str]:
@@ -205,7 +219,11 @@ def kernel_args(kernels: Kernels, gpu: bool = True) -> list[str]:
     """The layer implementation and attention backend, always named (the kernel set the forecast
     assumed), and every other kernel setting that differs from Megatron-LM's default, in
     Megatron-LM's own flags: `auto` is named as the implementation it picks (resolved_impl; `gpu`:
-    a GPU kernel set), and the cuBLAS workspace is an environment variable (see flag_notes)."""
+    a GPU kernel set), and the cuBLAS workspace is an environment variable (see flag_notes). The
+    CPU kernel set (`gpu` False) is the local spec with torch's CPU kernels, all fusions off (what
+    `train` runs on CPU, whatever kernel flags it is given): `--transformer-impl local`."""
+    if not gpu:  # the CPU kernel set: the local spec, every fusion off whatever the flags say
+        return ["--transformer-impl", "local"]
     named = ["--transformer-impl", resolved_impl(kernels, gpu)]
     named += ["--attention-backend", kernels.attention_backend]
     rest = to_flags(kernels)
@@ -230,12 +248,12 @@ def flag_notes(plan: ParallelPlan, kernels: Kernels, gpu: bool = True) -> tuple[
     notes = []
     if "--recompute-num-layers-per-stage" in plan_args(plan):
         notes.append(PER_STAGE_NOTE)
-    if kernels.transformer_impl == "auto":
+    if kernels.transformer_impl == "auto" and gpu:
         notes.append(
             f"--transformer-impl auto is written as {resolved_impl(kernels, gpu)}, what auto "
             f"picks {'on a GPU' if gpu else 'on CPU'} (Megatron-LM has no auto)"
         )
-    if kernels.cublas_workspace_config:
+    if kernels.cublas_workspace_config and gpu:
         notes.append(
             f"set CUBLAS_WORKSPACE_CONFIG={kernels.cublas_workspace_config} in the training "
             "environment (the forecast assumes it; it is not a Megatron-LM flag)"

@@ -15,10 +15,13 @@ from dataclasses import dataclass, replace
 from capture_megatron.config import GIB, Cluster, ModelShape, ParallelPlan, Recompute
 from capture_megatron.errors import CaptureError
 from capture_megatron.fit import MemoryModel
+from capture_megatron.plan.balance import Evaluated, balanced, evaluate_plan
+from capture_megatron.plan.baselines import Baseline, baselines_for
 from capture_megatron.plan.costmodel import CostModel
 from capture_megatron.plan.emit import stock_recompute_count
 from capture_megatron.plan.margins import Margins
-from capture_megatron.plan.search import Evaluated, Space, balanced, evaluate_plan
+from capture_megatron.plan.partition import TIE
+from capture_megatron.plan.space import Space
 
 
 @dataclass(frozen=True)
@@ -184,3 +187,94 @@ def stock_alternative(ctx: Context, ranked: tuple[Evaluated, ...]) -> Evaluated 
     if not options:
         return None
     return min(options, key=ranked_key(ctx.objective))
+
+
+def _better(b: Baseline, best: Evaluated) -> bool:
+    """Whether a baseline that fits is faster than the plan, or as fast with a lower peak."""
+    if b.partition is None or not b.fits:
+        return False
+    if b.step_seconds < best.step_seconds * (1 - TIE):
+        return True
+    return b.step_seconds <= best.step_seconds * (1 + TIE) and b.partition.peak < best.peak * (
+        1 - TIE
+    )
+
+
+def not_below_baselines(
+    ctx: Context, ranked: tuple[Evaluated, ...], fixed: bool
+) -> tuple[tuple[Evaluated, ...], tuple[Baseline, ...]]:
+    """(the ranking, the chosen plan's baselines): for the throughput and min-gpus objectives no
+    plan is slower than a baseline of its own sizes that fits -- a faster one (or one as fast
+    with a lower peak) takes its place (the time-aware split of more than two chunks per rank
+    searches near-even chunks only, and dense and MoE layers mixed keep the memory split)."""
+    given = fixed or ctx.space.keeps_recompute
+    floor = 1 if ctx.space.recompute == ("full",) else 0
+    best = ranked[0]
+    for _ in range(4):
+        found = baselines_for(
+            ctx.model, ctx.shape, best.plan, ctx.cluster, ctx.margins, ctx.hw, given, floor
+        )
+        better = [b for b in found if _better(b, best)]
+        if fixed or ctx.objective not in ("throughput", "min-gpus") or not better:
+            return ranked, found
+        b = min(better, key=lambda b: (b.step_seconds, b.needed))
+        assert b.partition is not None
+        split = replace(best.plan, layers_per_stage=b.partition.layers_per_stage)
+        e = ctx.evaluate(replace(split, recompute=b.recompute))
+        if e is None or not e.fits:
+            return ranked, found
+        e = replace(e, bound=min(best.bound, e.step_seconds) if best.bound else 0.0)
+        ranked = (e,) + tuple(x for x in ranked[1:] if x.plan != e.plan)
+        best = e
+    return ranked, found
+
+
+def _split_words(b: Baseline) -> str:
+    """A baseline's layers and recompute, briefly."""
+    assert b.partition is not None
+    rc = b.recompute
+    what = "no recompute" if rc.granularity == "none" else f"{rc.granularity} recompute"
+    if rc.granularity == "full":
+        what += f" of {list(rc.num_layers)} layers per stage"
+    return f"layers {list(b.partition.layers_per_stage)}, {what}"
+
+
+def _percent(x: float) -> str:
+    return f"{100 * x:.1f}%" if abs(x) < 0.01 else f"{100 * x:.0f}%"
+
+
+def trade(ctx: Context, best: Evaluated, baselines: tuple[Baseline, ...]) -> tuple[str, ...]:
+    """For a plan chosen for time, what the memory-balanced and the uniform split of the same
+    sizes would cost, in words ('memory-balanced split (...): 2.3 GiB lower peak, 14% slower; not
+    needed: 6 GiB headroom'); empty for the other objectives."""
+    if ctx.objective not in ("throughput", "min-gpus"):
+        return ()
+    cap, gpu = ctx.cluster.gpu_memory_bytes, ctx.cluster.device != "cpu"
+    lines = []
+    for b in baselines:
+        if b.name not in ("memory-balanced", "uniform"):
+            continue
+        label = f"{b.name} split"
+        if b.partition is None:
+            lines.append(f"{label}: unavailable ({b.reason})")
+            continue
+        if (b.partition.layers_per_stage, b.recompute) == (
+            best.plan.layers_per_stage,
+            best.plan.recompute,
+        ):
+            lines.append(f"{label}: the plan's own layout")
+            continue
+        lower = best.peak - b.partition.peak
+        words = [f"{gib(abs(lower))} {'lower' if lower > 0 else 'higher'} peak"]
+        if abs(lower) < 0.05 * GIB:
+            words = ["the same peak"]
+        slower = b.step_seconds / best.step_seconds - 1
+        if gpu:
+            words.append("as fast" if abs(slower) < TIE else _percent(abs(slower)) + " slower")
+        tail = ""
+        if not b.fits:
+            tail = f"; does not fit (needs {gib(b.needed)} > {gib(cap)})"
+        elif lower > 0:
+            tail = f"; not needed: {gib(cap - best.needed)} headroom"
+        lines.append(f"{label} ({_split_words(b)}): {', '.join(words)}{tail}")
+    return tuple(lines)

@@ -11,14 +11,18 @@ the optimum C* is one of the rank_peak values, so a bisection on C that ends on 
 of the assignment it found is exact. Ties (every assignment whose peak is within 1e-9 of C*) are
 broken toward balanced compute: the smallest possible maximum of layers per rank, then layers
 removed first from the earliest ranks (they hold the most in-flight activations). Cost: O(pp log N)
-rank_peak calls per bisection step (60 steps) with vpp = 1; with vpp > 1 each total is split over
-the chunks by enumerating compositions (O(t^(vpp-1)) per rank and total t, memoised)."""
+rank_peak calls per bisection step (60 steps) with vpp = 1; with vpp = 2 each total is split over
+the chunks by enumerating its splits (memoised), and so with more chunks while a total has at most
+MOST_SPLITS splits; beyond, it is spread near-evenly (the chunks differ by at most one layer, the
+extra ones on the first or the last chunks, whichever peaks lower): exact over those spreads, not
+over every split."""
 
 from __future__ import annotations
 
 import bisect
 import functools
 import itertools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -39,6 +43,9 @@ equal to rank_peak's values (capture_megatron.predict.table); used up to TABLE_C
 TIE = 1e-9
 TABLE_CHUNKS = 2
 """Tables are used up to this many chunks per rank ((limit + 1) ** vpp entries)."""
+MOST_SPLITS = 200
+"""A rank's total is split over its chunks in every way when there are at most this many ways,
+else near-evenly (the chunks differ by at most one layer)."""
 
 
 @dataclass(frozen=True)
@@ -91,6 +98,13 @@ class _Ranks:
         if self.vpp == 1:
             return self.rank_peak(rank, (total,)), (total,)
         options = []
+        if math.comb(total + self.vpp - 1, self.vpp - 1) > MOST_SPLITS:  # near-even spreads only
+            q, extra = divmod(total, self.vpp)
+            first = tuple(q + (v < extra) for v in range(self.vpp))
+            for split in dict.fromkeys((first, first[::-1])):
+                options.append((self.rank_peak(rank, split), max(split), split))
+            cost, _, split = min(options)
+            return cost, split
         for cut in itertools.combinations(range(total + self.vpp - 1), self.vpp - 1):
             bounds = (-1,) + cut + (total + self.vpp - 1,)
             split = tuple(bounds[i + 1] - bounds[i] - 1 for i in range(self.vpp))

@@ -17,23 +17,24 @@ from capture_megatron.config import GIB, Cluster, Kernels, ModelShape, ParallelP
 from capture_megatron.config.context import context_problem
 from capture_megatron.config.fields import flag
 from capture_megatron.config.fp8 import fp8_problem
-from capture_megatron.config.kernels import tp_overlap_problem
+from capture_megatron.config.kernels import kernel_set, tp_overlap_problem
 from capture_megatron.config.moe import FLEX_REFUSAL
 from capture_megatron.errors import CaptureError
 from capture_megatron.fit import MemoryModel, ModelSource
 from capture_megatron.plan.baselines import baselines_for
 from capture_megatron.plan.costmodel import CostModel
-from capture_megatron.plan.explain import Context, plans_explained, reasoning, stock_alternative
+from capture_megatron.plan.explain import (
+    Context,
+    not_below_baselines,
+    plans_explained,
+    reasoning,
+    stock_alternative,
+    trade,
+)
 from capture_megatron.plan.margins import CONTEXT_GIB, RESERVE_FRACTION, Margins
 from capture_megatron.plan.result import ModelOrigin, PlanResult
 from capture_megatron.plan.routing import at_forecast, routed, routing_report
-from capture_megatron.plan.search import (
-    OBJECTIVES,
-    Evaluated,
-    evaluate_plan,
-    memory_dominated,
-    search,
-)
+from capture_megatron.plan.search import OBJECTIVES, Evaluated, evaluate_plan, search, undominated
 from capture_megatron.plan.space import Space, candidates
 from capture_megatron.plan.supply import Supply
 from capture_megatron.plan.window import latent_problem, window_problem
@@ -67,7 +68,7 @@ class PlanOptions:
     space: Space = Space()
     """What the search may choose (a one-element tuple fixes a value)."""
     global_batch_size: int = 0
-    """Sequences per optimizer step; 0: one micro-batch per GPU."""
+    """Sequences per optimizer step; 0: DEFAULT_GLOBAL_BATCH (whatever the GPU count)."""
     fixed: ParallelPlan | None = None
     """Predict this plan instead of searching."""
     calibration: float = 1.0
@@ -83,10 +84,55 @@ class PlanOptions:
         return Margins(self.reserve_fraction, self.context_gib * GIB, self.calibration, on_cpu, ub)
 
 
+DEFAULT_GLOBAL_BATCH = 512
+"""Sequences per step when --global-batch-size is not given: the global batch of NVIDIA's NeMo
+Llama 3 8B / 70B pretraining recipes (nemo/collections/llm/recipes/llama3_8b.py, llama3_70b.py).
+It does not depend on the GPU count: the batch decides the plan (its micro-batches set the
+pipeline bubble), so a default that grew with the GPUs would change the plan with them."""
+
+
 def global_batch(options: PlanOptions, cluster: Cluster) -> int:
-    """The global batch: given, or one (fixed, else single) micro-batch per GPU."""
+    """The global batch: given, else DEFAULT_GLOBAL_BATCH (rounded up to a multiple of a fixed
+    micro-batch size); the same on any number of GPUs."""
     mbs = options.space.micro_batch_size
-    return options.global_batch_size or max(cluster.gpus, 1) * (mbs[0] if len(mbs) == 1 else 1)
+    unit = mbs[0] if len(mbs) == 1 else 1
+    return options.global_batch_size or -(-DEFAULT_GLOBAL_BATCH // unit) * unit
+
+
+def batch_line(options: PlanOptions, gbs: int) -> str:
+    """What the output says of a global batch the user did not give ('' when given)."""
+    if options.global_batch_size:
+        return ""
+    return (
+        f"global batch {gbs} sequences: the default (NVIDIA's Llama 3 recipes' batch, the same on "
+        "any number of GPUs), not given with --global-batch-size; the batch decides the plan "
+        "(its micro-batches set the pipeline bubble): give yours"
+    )
+
+
+def searched_options(options: PlanOptions, cluster: Cluster, shape: ModelShape) -> PlanOptions:
+    """The options a search runs with: on GPUs the free overlap flags on (--overlap-grad-reduce,
+    in the plans' DdpOptions so that their gradient buckets are predicted, unless
+    --ddp-num-buckets was given; --overlap-param-gather, which applies with the distributed
+    optimizer: they hide data-parallel communication behind the backward / forward), and context
+    parallelism searched only where the kernels run it (context_problem, latent_problem)."""
+    space, cost = options.space, options.cost
+    gpu = cluster.device != "cpu"
+    if gpu:
+        grad = space.ddp.ddp_num_buckets is None or space.ddp.overlap_grad_reduce
+        run = dataclasses.replace(
+            cost.settings, overlap_grad_reduce=grad, overlap_param_gather=True
+        )
+        cost = dataclasses.replace(cost, settings=run)
+        ddp = dataclasses.replace(space.ddp, overlap_grad_reduce=grad)
+        space = dataclasses.replace(space, ddp=ddp)
+    kind = kernel_set("cuda" if gpu else "cpu", options.kernels)
+    refused = context_problem((2,), space.cp_comm_type, kind, options.kernels) or (
+        shape.mla.enabled and kind.startswith("gpu")
+    )
+    if not space.cp and refused:
+        space = dataclasses.replace(space, cp=(1,))
+    return dataclasses.replace(options, cost=cost, space=space)
 
 
 def plan(
@@ -111,13 +157,18 @@ def plan(
         return _result(model, shape, cluster, options, (fixed,), 1, memory)
     if not cluster.gpu_memory_bytes:
         raise CaptureError("planning needs the usable memory per GPU: give --gpu-memory-gib")
+    options = searched_options(options, cluster, shape)
+    hw = options.cost
     gbs = global_batch(options, cluster)
     if not any(candidates(shape, cluster, gbs, options.space)):
         raise CaptureError(_why_no_candidate(shape, cluster, gbs, options.space))
     first = next(candidates(shape, cluster, gbs, options.space))
     supply.want(plans_explained(shape, options.space, first))  # plain DP, for the reasoning
-    search_ = _Search(supply, shape, cluster, gbs, options.space, margins, hw)
+    fp8_params = options.kernels.fp8 and options.kernels.fp8_param_gather
+    search_ = _Search(supply, shape, cluster, gbs, options.space, margins, hw, fp8_params)
     ranked, considered = search_.best(options.objective, options.top)
+    if not ranked:  # every candidate's static bytes alone exceed the memory
+        raise search_.no_fit(search_.run(cluster, "min-peak", 1)[0][0])
     if not ranked[0].fits:
         raise search_.no_fit(ranked[0])
     explained = plans_explained(shape, options.space, ranked[0].plan)
@@ -138,14 +189,15 @@ def _result(
     MoE): their peaks shown at the forecast, the chosen plan's routing report, baselines at the
     forecast, the reasoning and stock alternative at the planning factor."""
     space = options.space
+    cps = tuple(e.plan.cp for e in ranked)
     problem = (
         fp8_problem(model.kernels, options.kernels)
         or tp_overlap_problem(
             model.kernels, options.kernels, ranked[0].plan.tp, ranked[0].plan.sequence_parallel
         )
         or window_problem(shape, model.kernels, options.kernels)
-        or latent_problem(shape, model.kernels, options.kernels, max(space.cp or (1,)))
-        or context_problem(space.cp, space.cp_comm_type, model.kernels, options.kernels)
+        or latent_problem(shape, model.kernels, options.kernels, max(cps))
+        or context_problem(cps, space.cp_comm_type, model.kernels, options.kernels)
         or space.ddp.kernel_problem(model.kernels, options.kernels.gradient_accumulation_fusion)
     )
     if problem:
@@ -154,13 +206,19 @@ def _result(
     hw, margins = options.cost, options.margins(cluster, shape.hidden_size)
     space = options.space
     objective = "fixed" if options.fixed is not None else options.objective
-    given = options.fixed is not None or space.keeps_recompute
-    floor = 1 if space.recompute == ("full",) else 0
+    ctx = Context(model, shape, cluster, space, margins, hw, objective)
+    ranked, baselines = not_below_baselines(ctx, ranked, options.fixed is not None)
     shown = at_forecast(memory, shape, ranked, cluster, margins, hw)
     fore = routed(shape, "forecast")
-    fore_model = model if fore == shape else Supply(fore, memory).complete([shown[0].plan])
-    baselines = baselines_for(fore_model, fore, shown[0].plan, cluster, margins, hw, given, floor)
-    ctx = Context(model, shape, cluster, space, margins, hw, objective)
+    if fore != shape:  # dropless MoE: the baselines shown at the forecast, as the plans
+        given = options.fixed is not None or space.keeps_recompute
+        floor = 1 if space.recompute == ("full",) else 0
+        fore_model = Supply(fore, memory).complete([shown[0].plan])
+        plan0 = shown[0].plan
+        baselines = baselines_for(fore_model, fore, plan0, cluster, margins, hw, given, floor)
+    lines = reasoning(ctx, shown, considered) + trade(ctx, shown[0], baselines)
+    if options.fixed is None:
+        lines += tuple(x for x in (batch_line(options, ranked[0].plan.global_batch_size),) if x)
     return PlanResult(
         fore,
         cluster,
@@ -169,7 +227,7 @@ def _result(
         baselines,
         origin,
         options.kernels,
-        reasoning=reasoning(ctx, shown, considered),
+        reasoning=lines,
         stock_alternative=_shown(memory, shape, stock_alternative(ctx, ranked), ctx),
         margins=margins,
         routing=routing_report(memory, fore, ranked[0], shown[0], cluster, margins, hw),
@@ -197,6 +255,8 @@ class _Search:
     space: Space
     margins: Margins
     hw: CostModel
+    fp8_params: bool = False
+    """--fp8-param-gather: parameters of 1 byte (the search's memory floor)."""
 
     def run(self, cluster: Cluster, objective: str, top: int) -> tuple[tuple[Evaluated, ...], int]:
         """(ranked plans, candidates considered) on `cluster`."""
@@ -210,6 +270,7 @@ class _Search:
             self.margins,
             self.hw,
             top=top,
+            fp8_params=self.fp8_params,
         )
         return found.ranked, found.considered
 
@@ -221,7 +282,9 @@ class _Search:
         found = self.smallest_fit(self.cluster.gpus)
         if found is None:
             raise self.no_fit(self.run(self.cluster, "min-peak", 1)[0][0])
-        return (found[1],), 1
+        # on the fewest GPUs, the fastest plan that fits (not the min-peak one that proved it)
+        fastest = self.run(dataclasses.replace(self.cluster, gpus=found[0]), "throughput", top)
+        return fastest if fastest[0] and fastest[0][0].fits else ((found[1],), 1)
 
     def smallest_fit(self, limit: int) -> tuple[int, Evaluated] | None:
         """(gpus, plan) of the fewest GPUs up to `limit` on which some plan fits, else None."""
@@ -230,8 +293,7 @@ class _Search:
         self.supply.complete(  # every pair these min-peak searches need, in one round
             p
             for c in clusters
-            for p in candidates(self.shape, c, self.gbs, self.space)
-            if not memory_dominated(p, self.space)
+            for p in undominated(list(candidates(self.shape, c, self.gbs, self.space)))
         )
         for n in counts:
             ranked, _ = self.run(dataclasses.replace(self.cluster, gpus=n), "min-peak", 1)

@@ -17,7 +17,7 @@ from capture_megatron.config.layout import parse_layout
 from capture_megatron.errors import CaptureError
 from capture_megatron.plan.baselines import BASES, Baseline
 from capture_megatron.plan.costmodel import CostModel, StepTime, step_time
-from capture_megatron.plan.emit import flag_notes, kernel_args, model_args, plan_args
+from capture_megatron.plan.emit import flag_notes, kernel_args, model_args, overlap_args, plan_args
 from capture_megatron.plan.margins import Margins
 from capture_megatron.plan.routing import RoutingReport
 from capture_megatron.plan.search import Evaluated
@@ -82,7 +82,8 @@ class PlanResult:
         return self.ranked[0]
 
     def baseline(self, name: str) -> Baseline:
-        """One baseline by name (uniform, megatron-first-last, deepspeed-parameters)."""
+        """One baseline by name (memory-balanced, uniform, megatron-first-last,
+        deepspeed-parameters)."""
         return next(b for b in self.baselines if b.name == name)
 
     @property
@@ -92,7 +93,9 @@ class PlanResult:
 
     def megatron_args(self, e: Evaluated | None = None) -> list[str]:
         """The Megatron flags of the chosen plan (or of `e`): parallel settings and kernels."""
-        return plan_args((e or self.best).plan) + kernel_args(self.kernels, self._gpu_kernels)
+        plan = (e or self.best).plan
+        overlap = overlap_args(plan, self.cost.settings) if self.on_gpu else []
+        return plan_args(plan) + overlap + kernel_args(self.kernels, self._gpu_kernels)
 
     def flag_notes(self) -> tuple[str, ...]:
         """What the chosen plan's megatron_args need beyond stock Megatron-LM (empty: nothing)."""

@@ -109,7 +109,7 @@ def at_forecast(
     out = []
     for e in ranked:
         f = evaluate_plan(model, fore, e.plan, cluster, margins, hw)
-        out.append(dataclasses.replace(f, needed=e.needed, fits=e.fits))
+        out.append(dataclasses.replace(f, needed=e.needed, fits=e.fits, bound=e.bound))
     return tuple(out)
 
 

@@ -24,10 +24,12 @@ class Space:
     """Tensor-parallel sizes (kept within a node)."""
     pp: tuple[int, ...] = ()
     """Pipeline sizes; empty: every size up to the layer count."""
-    vpp: tuple[int, ...] = (1, 2)
-    """Virtual stages per pipeline rank."""
-    micro_batch_size: tuple[int, ...] = (1, 2)
-    """Micro-batch sizes."""
+    vpp: tuple[int, ...] = ()
+    """Virtual stages per pipeline rank; empty: every count the layers allow (PP x VPP virtual
+    stages of at least one layer each on average, the interleaved schedule's micro-batch rule)."""
+    micro_batch_size: tuple[int, ...] = ()
+    """Micro-batch sizes; empty: every power of two that divides the global batch over DP (memory
+    stops the search: a size whose next smaller twin does not fit is not tried)."""
     recompute: tuple[str, ...] = ("none", "selective", "full")
     """Recompute granularities."""
     sequence_parallel: tuple[bool, ...] = (False, True)
@@ -39,10 +41,10 @@ class Space:
     recompute_layers: tuple[int, ...] = ()
     """Full recompute's layer counts as given: one n (--recompute-num-layers) or one per pipeline
     stage; empty: the planner chooses per-stage block counts."""
-    cp: tuple[int, ...] = (1,)
-    """Context-parallel sizes (by default only 1: a size is planned when given, or searched when a
-    caller widens the space; the GPU kernel set models TE's ring algorithm, the CPU one the
-    all-gather)."""
+    cp: tuple[int, ...] = ()
+    """Context-parallel sizes; empty: on GPUs, for sequences of at least CP_FROM tokens, every size
+    that divides the GPUs over TP and the sequence into 2 x CP parts, else 1 (the GPU kernel set
+    models TE's ring algorithm, the CPU one the all-gather)."""
     cp_comm_type: str = ""
     """--cp-comm-type as given ('' when not), kept in every candidate with CP > 1."""
     ep: tuple[int, ...] = ()
@@ -125,8 +127,43 @@ def _fixed_sizes(flags: ParallelFlags) -> dict[str, tuple[int, ...]]:
     return fixed
 
 
+CP_FROM = 8192
+"""Sequence length from which context parallelism is searched by default on GPUs: NVIDIA's H100
+recipes run CP 2 at 8192 tokens (Llama 3.1 8B / 70B / 405B, dgxc-benchmarking) and none below;
+shorter sequences are planned at CP 1 unless --context-parallel-size is given."""
+
+
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def cp_sizes(shape: ModelShape, cluster: Cluster, tp: int, space: Space) -> tuple[int, ...]:
+    """The context-parallel sizes of a TP size: those given, else (space.cp empty) every size
+    dividing the GPUs over TP when the sequence is long enough (CP_FROM) on GPUs, else 1."""
+    if space.cp:
+        return space.cp
+    if cluster.device == "cpu" or shape.seq_length < CP_FROM or cluster.gpus % tp:
+        return (1,)
+    return tuple(c for c in _divisors(cluster.gpus // tp) if shape.seq_length % (2 * c) == 0)
+
+
+def vpp_sizes(shape: ModelShape, pp: int, m: int, space: Space) -> tuple[int, ...]:
+    """The virtual-stage counts of PP `pp` with m micro-batches: those given, else every count
+    with at least one layer per virtual stage on average; interleaving (VPP > 1) needs PP > 1 and
+    a multiple of PP micro-batches (Megatron's interleaved schedule)."""
+    allowed = space.vpp or tuple(range(1, shape.num_layers // pp + 1))
+    return tuple(
+        v for v in allowed if v == 1 or (pp > 1 and pp * v <= shape.num_layers and m % pp == 0)
+    )
+
+
+def micro_batch_sizes(gbs: int, dp: int, space: Space) -> tuple[int, ...]:
+    """The micro-batch sizes of DP `dp`: those given, else every power of two dividing the global
+    batch over DP (NVIDIA's recipes run 1, 2 and 4); only those dividing it either way."""
+    if gbs % dp:
+        return ()
+    allowed = space.micro_batch_size or tuple(b for b in _divisors(gbs // dp) if b & (b - 1) == 0)
+    return tuple(b for b in allowed if gbs % (b * dp) == 0)
 
 
 def candidates(
@@ -136,17 +173,14 @@ def candidates(
     for tp in space.tp:
         if tp > cluster.gpus_per_node or cluster.gpus % tp:
             continue
-        for cp in space.cp:
+        for cp in cp_sizes(shape, cluster, tp, space):
             if cluster.gpus % (tp * cp) or (cp > 1 and shape.seq_length % (2 * cp)):
                 continue
             for pp in space.pp or tuple(_divisors(cluster.gpus // (tp * cp))):
                 if cluster.gpus % (tp * cp * pp) or pp > shape.num_layers:
                     continue
                 dp = cluster.gpus // (tp * cp * pp)
-                for vpp in space.vpp:
-                    if vpp > 1 and (pp == 1 or pp * vpp > shape.num_layers):
-                        continue
-                    yield from _variants(shape, (tp, cp, pp, dp), vpp, gbs, space)
+                yield from _variants(shape, (tp, cp, pp, dp), gbs, space)
 
 
 def expert_sizes(shape: ModelShape, tp: int, dp: int, space: Space) -> list[int]:
@@ -188,47 +222,52 @@ def _allowed_ep(
 
 
 def _variants(
-    shape: ModelShape, sizes: tuple[int, int, int, int], vpp: int, gbs: int, space: Space
+    shape: ModelShape, sizes: tuple[int, int, int, int], gbs: int, space: Space
 ) -> Iterator[ParallelPlan]:
-    """The candidates of (TP, CP, PP, DP) `sizes` with `vpp` virtual stages."""
+    """The candidates of (TP, CP, PP, DP) `sizes`."""
+    _, _, pp, dp = sizes
+    for mbs in micro_batch_sizes(gbs, dp, space):
+        for vpp in vpp_sizes(shape, pp, gbs // (mbs * dp), space):
+            yield from _settings(shape, sizes, vpp, mbs, gbs, space)
+
+
+def _settings(
+    shape: ModelShape, sizes: tuple[int, int, int, int], vpp: int, mbs: int, gbs: int, space: Space
+) -> Iterator[ParallelPlan]:
+    """The candidates of (TP, CP, PP, DP) `sizes` with `vpp` virtual stages and micro-batch
+    `mbs`: sequence parallelism, recompute, the distributed optimizer, EP."""
     tp, cp, pp, dp = sizes
-    for mbs in space.micro_batch_size:
-        if gbs % (mbs * dp):
-            continue
-        m = gbs // (mbs * dp)
-        if vpp > 1 and (m < pp or (m % pp and m % pp < pp)):
-            continue
-        for sp in space.sequence_parallel:
-            if sp and tp == 1:  # Megatron-LM turns sequence parallelism off at TP 1
-                if False in space.sequence_parallel:
-                    continue
-                sp = False
-            if _skipped_sp(shape, tp, sp, space):
+    for sp in space.sequence_parallel:
+        if sp and tp == 1:  # Megatron-LM turns sequence parallelism off at TP 1
+            if False in space.sequence_parallel:
                 continue
-            for rc in space.recompute:
-                recompute = space.full_recompute(pp) if rc == "full" else Recompute(rc)
-                for do in space.distributed_optimizer:
-                    if (do and dp == 1 and len(space.distributed_optimizer) > 1) or _dominated(
-                        do, dp, space.distributed_optimizer
-                    ):
-                        continue
-                    base = ParallelPlan(
-                        tp=tp,
-                        pp=pp,
-                        dp=dp,
-                        cp=cp,
-                        cp_comm_type=space.cp_comm_type if cp > 1 else "",
-                        vpp=vpp,
-                        micro_batch_size=mbs,
-                        global_batch_size=gbs,
-                        layers_per_stage=_even(shape.num_layers, pp * vpp),
-                        recompute=recompute,
-                        sequence_parallel=sp,
-                        distributed_optimizer=do,
-                        ddp=space.ddp,
-                        mtp_layers=shape.mtp_num_layers,
-                    )
-                    yield from _expert_plans(shape, base, space)
+            sp = False
+        if _skipped_sp(shape, tp, sp, space):
+            continue
+        for rc in space.recompute:
+            recompute = space.full_recompute(pp) if rc == "full" else Recompute(rc)
+            for do in space.distributed_optimizer:
+                if (do and dp * cp == 1 and len(space.distributed_optimizer) > 1) or _dominated(
+                    do, dp * cp, space.distributed_optimizer
+                ):
+                    continue
+                base = ParallelPlan(
+                    tp=tp,
+                    pp=pp,
+                    dp=dp,
+                    cp=cp,
+                    cp_comm_type=space.cp_comm_type if cp > 1 else "",
+                    vpp=vpp,
+                    micro_batch_size=mbs,
+                    global_batch_size=gbs,
+                    layers_per_stage=_even(shape.num_layers, pp * vpp),
+                    recompute=recompute,
+                    sequence_parallel=sp,
+                    distributed_optimizer=do,
+                    ddp=space.ddp,
+                    mtp_layers=shape.mtp_num_layers,
+                )
+                yield from _expert_plans(shape, base, space)
 
 
 def _even(layers: int, stages: int) -> tuple[int, ...]:

@@ -20,7 +20,10 @@ from capture_megatron.predict import variants_of
 from capture_megatron.records import ProbeShape, Variant
 
 FIRST_BATCH = 4
-"""Pairs profiled in the first round of a lazy search (then 8, 16, ...)."""
+"""Pairs profiled in the first round of a lazy search (then 8, then LAST_BATCH)."""
+LAST_BATCH = 12
+"""The most pairs a round profiles beyond those asked for (upcoming candidates' pairs may never be
+needed: the search stops once its bound proves the fastest plan)."""
 
 Pair = tuple[Variant, ProbeShape]
 """A (variant, probe shape) pair of a memory model."""
@@ -79,6 +82,10 @@ class Supply:
             new |= {p for p in self._pairs([plan]) if p not in self.have}
         return self._grow(new)
 
+    def holds(self, plans: Iterable[ParallelPlan]) -> bool:
+        """Whether the model predicts `plans` without profiling."""
+        return self.source is None or all(p in self.have for p in self._pairs(plans))
+
     def complete(self, plans: Iterable[ParallelPlan]) -> MemoryModel:
         """A model that predicts every one of `plans` (all their pairs at once)."""
         return self.model_for(plans)  # no upcoming plans: exactly the missing pairs, one round
@@ -92,5 +99,5 @@ class Supply:
         self.wanted = set()
         self.model = self.source(frozenset(self.have))
         self.rounds += 1
-        self.batch *= 2
+        self.batch = min(2 * self.batch, LAST_BATCH)
         return self.model

@@ -191,13 +191,13 @@ MIXED = dataclasses.replace(
 
 @pytest.mark.parametrize("recompute", ["none", "full"])
 def test_the_plan_of_mixed_layers_is_the_best_split_and_predicts_where_layers_sit(recompute):
-    """The planner's split of dense and MoE layers is the best of every split of the layers over
+    """The min-peak split of dense and MoE layers is the best of every split of the layers over
     4 stages (each predicted for the layers it holds), and the same counts moved elsewhere in the
     model predict other peaks: a stage holding dense layers needs less than one holding MoE."""
     space = Space(tp=(2,), pp=(4,), vpp=(1,), micro_batch_size=(1,), recompute=(recompute,),
                   sequence_parallel=(True,), distributed_optimizer=(True,), ep=(2,))  # fmt: skip
     cluster = Cluster(gpus=16, gpu_memory_bytes=80 * GIB)
-    options = PlanOptions(space=space, global_batch_size=32)
+    options = PlanOptions(objective="min-peak", space=space, global_batch_size=32)
     best = plan(MIXED, cluster, options, synthetic_source).best
     model = synthetic_source(needs_of(MIXED, [best.plan]))
     assert {vm.variant.moe is None for vm in model.variants} == {True, False}
@@ -231,7 +231,8 @@ def test_interleaved_mixed_plans_are_no_worse_than_megatrons_splits(recompute):
     space = Space(tp=(2,), pp=(2,), vpp=(2,), micro_batch_size=(1,), recompute=(recompute,),
                   sequence_parallel=(True,), distributed_optimizer=(True,), ep=(2,))  # fmt: skip
     cluster = Cluster(gpus=8, gpu_memory_bytes=80 * GIB)
-    result = plan(MIXED, cluster, PlanOptions(space=space, global_batch_size=32), synthetic_source)
+    options = PlanOptions(objective="min-peak", space=space, global_batch_size=32)
+    result = plan(MIXED, cluster, options, synthetic_source)
     best = result.best
     for b in result.baselines:
         assert b.partition is None or best.peak <= b.partition.peak + 1, b.name

@@ -114,7 +114,7 @@ def test_what_is_not_modelled_with_mtp_is_named(change, named):
 
 
 def test_the_planner_leaves_the_mtp_stage_a_decoder_layer():
-    from capture_megatron.plan.search import _mtp_last_layer
+    from capture_megatron.plan.balance import mtp_last_layer as _mtp_last_layer
 
     assert _mtp_last_layer(SHAPE, (3, 1, 0), 1) == (3, 0, 1)
     assert _mtp_last_layer(SHAPE, (4, 0, 0, 0), 2) == (2, 0, 0, 2)

@@ -1,0 +1,197 @@
+"""The throughput objective's search: the fastest estimated step among plans that fit, by branch and
+bound over the candidates of the space. Pure Python.
+
+Candidates are visited in order of a lower bound on their step (costmodel.step_seconds(bound=True):
+no layout or recompute setting of their sizes is faster; refined by ranktimes.least_step -- whole
+layers, the output layer on the last rank -- before a candidate is split), and the search stops once
+a fitting plan is at least as fast as every bound left: the whole space is searched without
+evaluating most of it (the other plans ranked are the fastest evaluated on the way). A candidate is
+split by the time-aware partition (capture_megatron.plan.timed: the fastest layout that fits, each
+stage's full recompute the fewest layers that fit), and only when its lighter twins fit (memory
+dominance: the same sizes without interleaving, with the next smaller micro-batch, with full
+recompute of every layer; a twin that does not fit means no layout of the candidate fits; nor is a
+candidate whose parameters, gradients, optimizer share and layer inputs alone exceed the memory,
+ranktimes.memory_floor). Where recompute is searched, full recompute with chosen counts covers no
+recompute (every count 0), so candidates without recompute are not split separately. Dense and MoE
+layers mixed keep the min-max memory split with trimmed recompute.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+
+from capture_megatron.config import Cluster, ModelShape, ParallelPlan, Recompute
+from capture_megatron.fit import MemoryModel
+from capture_megatron.plan.balance import (
+    Evaluated,
+    balanced,
+    distinct,
+    evaluate_plan,
+    trim_recompute,
+)
+from capture_megatron.plan.costmodel import CostModel, step_seconds
+from capture_megatron.plan.margins import Margins, userbuffer_tokens
+from capture_megatron.plan.ranktimes import least_step, memory_floor
+from capture_megatron.plan.supply import Supply
+from capture_megatron.plan.timed import timed_split
+from capture_megatron.predict import mixed_layers
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """Ranked plans of a search."""
+
+    ranked: tuple[Evaluated, ...]
+    """Fitting plans first, then by the objective."""
+    considered: int
+    """Candidates evaluated."""
+
+
+def _key(p: ParallelPlan) -> tuple:
+    return (p.tp, p.pp, p.dp, p.cp, p.ep, p.vpp, p.micro_batch_size, p.recompute.granularity,
+            p.sequence_parallel, p.distributed_optimizer)  # fmt: skip
+
+
+def fit_plan(
+    model_for: Callable[[list[ParallelPlan]], MemoryModel],
+    shape: ModelShape,
+    plan: ParallelPlan,
+    cluster: Cluster,
+    margins: Margins,
+    hw: CostModel,
+    keep_recompute: bool,
+    floor: int = 0,
+) -> Evaluated:
+    """A candidate split for time (timed_split; full recompute's counts chosen unless kept), or,
+    for dense and MoE layers mixed or uniform recompute given, by the min-max memory partition
+    (recompute trimmed to the fewest layers that fit), and predicted; when no split fits, its
+    even split with every layer recomputed (which does not fit either). `model_for(plans)`: a
+    memory model that predicts those plans (the variant without recompute is asked for only when
+    the chosen counts are all 0)."""
+    rc = plan.recompute
+    choose = rc.granularity == "full" and not keep_recompute
+    uniform = rc.granularity == "full" and rc.method == "uniform"
+    cap, model = cluster.gpu_memory_bytes, model_for([plan])
+    if not mixed_layers(shape) and not uniform and not shape.mtp_num_layers:
+        found = timed_split(model, shape, plan, cap, margins, hw, choose, floor)
+        if found is None:  # no split fits: the even one with every layer recomputed says so
+            every = balanced(model, shape, plan, keep_recompute, even=True)
+            return evaluate_plan(model, shape, every, cluster, margins, hw)
+        e = evaluate_plan(model_for([found.plan]), shape, found.plan, cluster, margins, hw)
+        if e.fits or not choose or found.plan.recompute.granularity == "full":
+            return replace(e, bound=found.bound)
+        # no recompute fits by the full variant's forecast but not by its own: keep one layer
+        return fit_plan(model_for, shape, plan, cluster, margins, hw, keep_recompute, 1)
+    if choose and not floor:
+        model = model_for([plan, replace(plan, recompute=Recompute())])
+    fitted = balanced(model, shape, plan, keep_recompute)
+    if not keep_recompute:
+        fitted = trim_recompute(model, shape, fitted, cap, margins, floor)
+    return evaluate_plan(model, shape, fitted, cluster, margins, hw)
+
+
+class _Visit:
+    """The candidates of one search, their bounds, lighter twins and evaluations."""
+
+    def __init__(self, plans: list[ParallelPlan], bound: Callable[[ParallelPlan], float]) -> None:
+        self.index = {_key(p): p for p in plans}
+        self.sizes = sorted({p.micro_batch_size for p in plans})
+        self.bounds = {p: bound(p) for p in plans}
+        self.order = sorted(plans, key=self.bounds.__getitem__)
+        self.done: dict[ParallelPlan, Evaluated] = {}
+        self.viable: dict[ParallelPlan, bool] = {}
+
+    def twins(self, p: ParallelPlan) -> list[ParallelPlan]:
+        """The candidates of the same sizes that need no more memory: without interleaving, with
+        the next smaller micro-batch, with full recompute."""
+        k = _key(p)
+        smaller = [b for b in self.sizes if b < p.micro_batch_size]
+        found = [
+            self.index.get(k[:5] + (1,) + k[6:]) if p.vpp > 1 else None,
+            self.index.get(k[:6] + (smaller[-1],) + k[7:]) if smaller else None,
+            self.index.get(k[:7] + ("full",) + k[8:]) if k[7] != "full" else None,
+        ]
+        return [t for t in found if t is not None]
+
+    def upcoming(self, i: int) -> Iterator[ParallelPlan]:
+        """The candidates from the i-th on, each after its twins (what profiling batches)."""
+        for plan in self.order[i:]:
+            yield from self.twins(plan)
+            yield plan
+
+    def fastest_known(self, top: int) -> float:
+        """The `top`-th fastest step among the fitting plans found (inf while fewer)."""
+        fitting = sorted({e.plan: e.step_seconds for e in self.done.values() if e.fits}.values())
+        return fitting[top - 1] if len(fitting) >= top else float("inf")
+
+
+def _floor_fits(
+    shape: ModelShape, plan: ParallelPlan, margins: Margins, cap: float, fp8_params: bool
+) -> bool:
+    """Whether the plan's memory floor (ranktimes.memory_floor) plus margins is within `cap`."""
+    tokens = userbuffer_tokens(shape, plan)
+    return margins.needed(memory_floor(shape, plan, fp8_params), tokens) <= cap
+
+
+def fastest(
+    supply: Supply,
+    shape: ModelShape,
+    cluster: Cluster,
+    plans: list[ParallelPlan],
+    margins: Margins,
+    hw: CostModel,
+    top: int,
+    keep_recompute: bool,
+    floor: int = 0,
+    fp8_params: bool = False,
+) -> SearchResult:
+    """The branch and bound (module docstring): the fastest fitting plan, proven, then the
+    fastest of the others evaluated on the way (up to `top` in all; `fp8_params`:
+    --fp8-param-gather, for the memory floor)."""
+    if "full" in {p.recompute.granularity for p in plans} and not keep_recompute and not floor:
+        plans = [p for p in plans if p.recompute.granularity != "none"]
+    visit = _Visit(plans, lambda p: step_seconds(shape, p, hw, bound=True))
+
+    def run(plan: ParallelPlan, i: int) -> Evaluated:
+        if plan not in visit.done:
+
+            def model_for(plans: list[ParallelPlan]) -> MemoryModel:
+                return supply.model_for(plans, visit.upcoming(i))
+
+            visit.done[plan] = fit_plan(
+                model_for, shape, plan, cluster, margins, hw, keep_recompute, floor
+            )
+        return visit.done[plan]
+
+    def fits(plan: ParallelPlan, i: int) -> bool:
+        """Whether the plan's floor of bytes can fit, every lighter twin that costs no profiling
+        (recursively) fits, and then the plan itself."""
+        if plan not in visit.viable:
+            ok = _floor_fits(shape, plan, margins, cluster.gpu_memory_bytes, fp8_params)
+            visit.viable[plan] = ok and all(fits(t, i) for t in twins(plan)) and run(plan, i).fits
+        return visit.viable[plan]
+
+    def twins(plan: ParallelPlan) -> list[ParallelPlan]:
+        """The lighter twins worth asking first: known, or predicted without profiling (a twin
+        that needs a profile of its own saves nothing over the plan's)."""
+        return [t for t in visit.twins(plan) if t in visit.viable or supply.holds([t])]
+
+    # in order of the cheap bound, each refined (whole layers, the head on the last rank) before
+    # it is split; the search ends when the next bound is no better than the top-th plan found
+    refine = not mixed_layers(shape)
+    queue = [(visit.bounds[p], not refine, i) for i, p in enumerate(visit.order)]
+    heapq.heapify(queue)
+    while queue:
+        bound, refined, i = heapq.heappop(queue)
+        if visit.fastest_known(1) <= bound:
+            break
+        plan = visit.order[i]
+        if not refined:
+            heapq.heappush(queue, (max(bound, least_step(shape, plan, hw)), True, i))
+            continue
+        fits(plan, i)
+    done = visit.done.values()
+    ranked = distinct(sorted(done, key=lambda e: (not e.fits, e.step_seconds, e.peak)))
+    return SearchResult(ranked[:top], len(done))

@@ -1,0 +1,333 @@
+"""The time-aware partition (the throughput objective): for a plan's sizes, the contiguous split of
+the layers over the pipeline ranks and their virtual chunks, with the per-stage full-recompute
+counts, that minimises the estimated step while every rank's predicted peak plus margins fits the
+memory cap (MadPipe's bottleneck under a memory cap). Pure Python.
+
+The step (capture_megatron.plan.costmodel) is m x the slowest rank's per-micro-batch time plus the
+other ranks' slowest chunks (fill and drain), the pipeline sends, the data-parallel share left
+exposed and the optimizer step. For identical layers a rank's time depends on how many layers it
+holds and how many it recomputes, its memory on how they spread over its chunks. So, per rank and
+layer count k, the best way to hold k layers (`RankChoice`): the chunk split and the fewest
+recomputed layers that fit (recompute where it is needed, on that rank only), ranked fastest, then
+the narrowest chunk, then the lowest peak. A rank's best time grows with k (a layer removed never
+adds memory or time), so for a bottleneck B each rank holds at most cap_r(B) layers; the smallest
+B whose capacities hold every layer (a bisection, as the min-max memory partition's) is the least
+bottleneck B* any fitting split can have. Splits are then built for B* and the next larger
+bottlenecks (the layers spread to the smallest most-per-rank), each estimated in full, until
+
+    lower bound = (m - 1/v) B + W / v + rest
+
+for the next B is no better than the best found (W: the ranks' least total time, rest: the sends,
+the DP share no overlap hides, the mean rank's optimizer step; every split of bottleneck >= B
+costs at least that, since the fill and drain wait at least each other rank's time / v). The
+bound is returned with the split: the split is proven within `bound` of the fastest.
+
+Chunk splits searched: every split with one or two chunks per rank; with more, the near-even ones
+(chunks differing by at most one layer, the extra layers on the first or on the last chunks), so
+the bound then covers those splits only. Dense and MoE layers mixed are handled elsewhere
+(capture_megatron.plan.search: the min-max memory split with trimmed recompute).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from capture_megatron.config import ModelShape, ParallelPlan, Recompute
+from capture_megatron.fit import MemoryModel
+from capture_megatron.plan import costparts as cp
+from capture_megatron.plan.costmodel import CostModel, bound_parts, chunk_seconds, step_seconds
+from capture_megatron.plan.margins import Margins, userbuffer_tokens
+from capture_megatron.plan.partition import TIE
+from capture_megatron.plan.ranktimes import RankTimes, chunk_splits, lower_bound
+from capture_megatron.predict import layers_for, rank_memory
+
+MORE_BOTTLENECKS = 12
+"""Bottlenecks above the least one tried at most (the bound covers the ones not tried)."""
+
+
+@dataclass(frozen=True)
+class RankChoice:
+    """One pipeline rank's best way to hold some layers."""
+
+    time: float
+    """Its per-micro-batch seconds, every chunk's forward and backward (recompute included)."""
+    widest: float
+    """Its slowest chunk's seconds (what the fill and drain wait for)."""
+    peak: float
+    """Its predicted peak (bytes)."""
+    chunks: tuple[int, ...]
+    """Layers of each of its chunks."""
+    recompute: int
+    """Full-recompute count n of the rank (0 without recompute)."""
+
+
+@dataclass(frozen=True)
+class TimedSplit:
+    """The time-aware split of a plan's sizes."""
+
+    plan: ParallelPlan
+    """The plan with its split and recompute counts."""
+    seconds: float
+    """Its estimated step."""
+    bound: float
+    """No split of the searched family with these sizes and recompute granularity that fits is
+    estimated faster than this (seconds)."""
+
+
+class _Ranks(RankTimes):
+    """Each rank's RankChoice for every layer count, computed when asked and memoised."""
+
+    def __init__(
+        self,
+        model: MemoryModel,
+        shape: ModelShape,
+        plan: ParallelPlan,
+        cap: float,
+        margins: Margins,
+        hw: CostModel,
+        choose: bool,
+        floor: int = 0,
+    ) -> None:
+        super().__init__(shape, plan, hw)
+        self.cap, self.margins = cap, margins
+        self.choose = choose
+        """Whether the full-recompute counts are chosen (else the plan's are kept)."""
+        self.floor = floor
+        """The fewest layers a chosen count recomputes (1: full recompute was asked for)."""
+        self.layers = layers_for(model, shape, plan)
+        self.cache: dict = {}
+        self.peaks: dict[tuple, float] = {}
+        self.plans: dict[tuple[int, int], ParallelPlan] = {}
+        self.best_of: dict[tuple[int, int], RankChoice | None] = {}
+
+    def _with(self, rank: int, n: int) -> ParallelPlan:
+        """The plan with rank `rank` recomputing n layers (the count only that rank reads)."""
+        rc = self.plan.recompute
+        if not self.choose:
+            return self.plan
+        if (rank, n) not in self.plans:
+            counts = tuple(n if r == rank else 0 for r in range(self.plan.pp))
+            self.plans[rank, n] = replace(self.plan, recompute=Recompute("full", rc.method, counts))
+        return self.plans[rank, n]
+
+    def fits(self, rank: int, chunks: tuple[int, ...], n: int) -> float | None:
+        """The rank's peak holding `chunks` recomputing n, or None when it does not fit."""
+        key = (rank, chunks, n)
+        if key not in self.peaks:
+            plan = self._with(rank, n)
+            self.peaks[key] = rank_memory(
+                self.layers, self.shape, plan, rank, chunks, self.cache
+            ).peak
+        peak = self.peaks[key]
+        tokens = userbuffer_tokens(self.shape, self.plan)
+        return peak if self.margins.needed(peak, tokens) <= self.cap else None
+
+    def seconds(self, rank: int, chunks: tuple[int, ...], n: int) -> tuple[float, float]:
+        """(the rank's time, its slowest chunk's) holding `chunks`, recomputing n per chunk."""
+        plan, last = self.plan, self.plan.pp * self.plan.vpp - 1
+        selective = plan.recompute.granularity == "selective"
+        uniform = plan.recompute.method == "uniform"
+        fwds, bwds = [], []
+        for v, k in enumerate(chunks):
+            redo = (k if n else 0) if uniform else min(n, k)
+            head = self.head if v * plan.pp + rank == last else None
+            f, b = chunk_seconds([self.layer] * k, redo, selective, head, self.overhead)
+            fwds.append(f)
+            bwds.append(b)
+        return sum(fwds) + sum(bwds), max(f + b for f, b in zip(fwds, bwds))
+
+    def _fewest(self, rank: int, chunks: tuple[int, ...]) -> tuple[int, float] | None:
+        """(n, peak): the fewest recomputed layers per chunk with which `chunks` fit (the plan's
+        count when it is kept), or None."""
+        if not self.choose:
+            n = self.plan.recompute.layers_on(rank)
+            peak = self.fits(rank, chunks, n)
+            return None if peak is None else (n, peak)
+        top = max(chunks, default=0)
+        lo = min(self.floor, top)
+        least = self.fits(rank, chunks, lo)
+        if least is not None:
+            return lo, least
+        if self.fits(rank, chunks, top) is None:
+            return None
+        hi = top  # fits; recomputing more never needs more memory
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self.fits(rank, chunks, mid) is not None:
+                hi = mid
+            else:
+                lo = mid + 1
+        peak = self.fits(rank, chunks, lo)
+        assert peak is not None
+        return lo, peak
+
+    def best(self, rank: int, k: int) -> RankChoice | None:
+        """The fastest way for `rank` to hold k layers that fits (then the narrowest slowest chunk,
+        then the lowest peak), or None."""
+        key = (rank, k)
+        if key in self.best_of:
+            return self.best_of[key]
+        found: RankChoice | None = None
+        splits = [(self.seconds(rank, c, 0), c) for c in chunk_splits(k, self.plan.vpp)]
+        floor = min(t for (t, _), _ in splits)  # no recompute: the least time
+        for (_, narrowest), chunks in sorted(splits, key=lambda x: (x[0][1], x[1])):
+            fastest = found is not None and found.time <= floor * (1 + TIE)
+            if fastest and found is not None and narrowest > found.widest * (1 + TIE):
+                break  # the least time is found and every later split is wider
+            fewest = self._fewest(rank, chunks)
+            if fewest is None:
+                continue
+            time, widest = self.seconds(rank, chunks, fewest[0])
+            option = RankChoice(time, widest, fewest[1], chunks, fewest[0])
+            if found is None or (option.time, option.widest, option.peak) < (
+                found.time,
+                found.widest,
+                found.peak,
+            ):
+                found = option
+        self.best_of[key] = found
+        return found
+
+    def narrowest(self, rank: int, k: int, limit: float) -> RankChoice | None:
+        """For a rank that is not the slowest: of its ways to hold k layers within the cap and
+        `limit` seconds, the one with the narrowest slowest chunk (what the fill and drain wait
+        for), then the fastest, then the lowest peak."""
+        found = self.best(rank, k)
+        if found is None or self.plan.vpp == 1:
+            return found
+        splits = sorted((self.seconds(rank, c, 0)[1], c) for c in chunk_splits(k, self.plan.vpp))
+        for least, chunks in splits:
+            if least > found.widest * (1 + TIE):
+                break
+            fewest = self._fewest(rank, chunks)
+            if fewest is None:
+                continue
+            time, widest = self.seconds(rank, chunks, fewest[0])
+            option = RankChoice(time, widest, fewest[1], chunks, fewest[0])
+            if time <= limit and (widest, time, option.peak) < (
+                found.widest,
+                found.time,
+                found.peak,
+            ):
+                found = option
+        return found
+
+    def time(self, rank: int, k: int) -> float:
+        """The rank's best time for k layers within the cap (inf when they do not fit)."""
+        choice = self.best(rank, k) if 0 <= k <= self.shape.num_layers else None
+        return float("inf") if choice is None else choice.time
+
+    def capacity(self, rank: int, limit: float, start: int = 0) -> int:
+        """The most layers the rank holds within the cap at a time <= `limit` (-1: none); at
+        least `start` (a capacity known for a smaller limit)."""
+        hi = max(start, self.held(rank, limit))  # the most without recompute: an upper bound
+        if self.time(rank, hi) <= limit:
+            return hi
+        lo = start if self.time(rank, start) <= limit else -1
+        while lo < hi - 1:  # time(lo) <= limit < time(hi): the time grows with the layers
+            mid = (lo + hi) // 2
+            if self.time(rank, mid) <= limit:
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+
+def _least_bottleneck(ranks: _Ranks, n: int) -> tuple[float, list[int]] | None:
+    """(B*, each rank's capacity at B*): the least slowest-rank time of a split of n layers that
+    fits, found upward from the least one without memory (each step raises the limit to the next
+    rank time that lets some rank hold one more layer); None when no split fits."""
+    pp = ranks.plan.pp
+    limit = ranks.least_bottleneck()[1] * (1 + TIE)
+    caps = [ranks.capacity(r, limit) for r in range(pp)]
+    while min(caps) < 0 or sum(caps) < n:
+        more = [ranks.time(r, caps[r] + 1) for r in range(pp)]
+        if min(more) == float("inf"):
+            return None
+        limit = min(more) * (1 + TIE)
+        caps = [ranks.capacity(r, limit, max(c, 0)) for r, c in enumerate(caps)]
+    return max(ranks.time(r, c) for r, c in enumerate(caps) if c >= 0), caps
+
+
+def _spread(caps: list[int], n: int, extra: list[float], per_layer: float) -> list[int]:
+    """Layers per rank within `caps` summing to n with the smallest most parameters on a rank
+    (each layer `per_layer`, rank r `extra[r]` more: the embedding, the output layer), which the
+    optimizer step and the gradient reduce wait for; the excess taken from the ranks holding the
+    most, the earliest first (they keep the most micro-batches in flight)."""
+
+    def most(limit: float) -> list[int]:
+        return [min(c, max(int((limit - e) / per_layer + TIE), 0)) for c, e in zip(caps, extra)]
+
+    values = sorted({k * per_layer + e for c, e in zip(caps, extra) for k in range(c + 1)})
+    lo, hi = 0, len(values) - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if sum(most(values[mid])) >= n:
+            hi = mid
+        else:
+            lo = mid + 1
+    totals = most(values[lo])
+    for _ in range(sum(totals) - n):
+        heaviest = max(range(len(totals)), key=lambda r: (totals[r] * per_layer + extra[r], -r))
+        totals[heaviest] -= 1
+    return totals
+
+
+def _assemble(ranks: _Ranks, totals: list[int]) -> tuple[ParallelPlan, float]:
+    """(the plan with each rank's way to hold its total -- the fastest on the slowest rank, the
+    narrowest within its time on the others --, the worst rank's peak)."""
+    plan, pp = ranks.plan, ranks.plan.pp
+    limit = max(ranks.time(r, k) for r, k in enumerate(totals))
+    choices = [ranks.narrowest(r, k, limit * (1 + TIE)) for r, k in enumerate(totals)]
+    layers = [0] * (pp * plan.vpp)
+    for r, c in enumerate(choices):
+        assert c is not None
+        for v, k in enumerate(c.chunks):
+            layers[v * pp + r] = k
+    rc = plan.recompute
+    if ranks.choose:
+        counts = tuple(c.recompute for c in choices if c is not None)
+        rc = Recompute("full", "block", counts) if any(counts) else Recompute()
+    peak = max(c.peak for c in choices if c is not None)
+    return replace(plan, layers_per_stage=tuple(layers), recompute=rc), peak
+
+
+def timed_split(
+    model: MemoryModel,
+    shape: ModelShape,
+    plan: ParallelPlan,
+    cap: float,
+    margins: Margins,
+    hw: CostModel,
+    choose: bool,
+    floor: int = 0,
+) -> TimedSplit | None:
+    """The fastest split of the plan's sizes that fits `cap` (module docstring; `choose`: full
+    recompute's per-stage counts are chosen, the fewest that fit; else the plan's recompute is
+    kept; `floor`: the fewest layers a chosen count recomputes); None when no split fits. Layers
+    of one kind only (not dense and MoE mixed)."""
+    if choose:
+        plan = replace(plan, recompute=Recompute("full", "block", (0,) * plan.pp))
+    ranks = _Ranks(model, shape, plan, cap, margins, hw, choose, floor)
+    n = shape.num_layers
+    least = _least_bottleneck(ranks, n)
+    if least is None:
+        return None
+    bottleneck, caps = least
+    parts = bound_parts(shape, plan, hw)
+    m, pp, vpp = plan.num_microbatches, plan.pp, plan.vpp
+    per_layer = cp.layer_params(shape, plan.tp)
+    extra = [cp.end_params(shape, plan.tp, r == 0, r == pp - 1) for r in range(pp)]
+    best: tuple[float, float, ParallelPlan] | None = None
+    for _ in range(MORE_BOTTLENECKS + 1):
+        split, peak = _assemble(ranks, _spread(caps, n, extra, per_layer))
+        found = (step_seconds(shape, split, hw), peak, split)
+        if best is None or found[:2] < best[:2]:
+            best = found
+        more = min(ranks.time(r, caps[r] + 1) for r in range(pp))
+        if more == float("inf") or lower_bound((parts.work, parts.rest), m, vpp, more) >= best[0]:
+            break
+        caps = [ranks.capacity(r, more * (1 + TIE), c) for r, c in enumerate(caps)]
+    assert best is not None
+    lower = min(best[0], lower_bound((parts.work, parts.rest), m, vpp, bottleneck))
+    return TimedSplit(best[2], best[0], lower)

@@ -1,0 +1,138 @@
+"""Issue 28, item 2: the time-aware partition. On a synthetic memory model (no profiling) small
+enough that every contiguous split can be tried, the answer is known: the fastest estimated step
+among all splits (each stage recomputing the fewest layers that fit) whose every rank fits the
+cap. timed_split must find it (up to two chunks per rank every split is searched), its bound must
+not exceed it, and with memory to spare it must be faster than the min-max memory split (the
+min-peak objective's) while fitting."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+
+import pytest
+from synthetic_memory import SMALL, synthetic_source
+
+from capture_megatron.config import GIB, Cluster, ParallelPlan, Recompute
+from capture_megatron.plan.balance import balanced, evaluate_plan
+from capture_megatron.plan.costmodel import CostModel, step_seconds
+from capture_megatron.plan.margins import Margins
+from capture_megatron.plan.ranktimes import least_step, memory_floor
+from capture_megatron.plan.supply import needs_of
+from capture_megatron.plan.timed import timed_split
+from capture_megatron.predict import layers_for, rank_memory
+
+HW = CostModel()
+MARGINS = Margins(context_bytes=0.0)
+
+
+def _plan(pp: int, vpp: int, recompute: str, mbs: int = 1) -> ParallelPlan:
+    stages = pp * vpp
+    even = tuple(SMALL.num_layers // stages for _ in range(stages))
+    rc = Recompute("full", "block", (0,) * pp) if recompute == "full" else Recompute(recompute)
+    return ParallelPlan(
+        tp=2, pp=pp, dp=8 // (2 * pp), micro_batch_size=mbs, global_batch_size=32, vpp=vpp,
+        layers_per_stage=even, recompute=rc, sequence_parallel=True, distributed_optimizer=True,
+    )  # fmt: skip
+
+
+def _model(plan: ParallelPlan):
+    return synthetic_source(needs_of(SMALL, [plan, replace(plan, recompute=Recompute())]))
+
+
+def _splits(n: int, stages: int):
+    for cut in itertools.combinations(range(n + stages - 1), stages - 1):
+        bounds = (-1, *cut, n + stages - 1)
+        yield tuple(bounds[i + 1] - bounds[i] - 1 for i in range(stages))
+
+
+def _known_fastest(plan: ParallelPlan, cap: float) -> tuple[float, float]:
+    """(step, peak) of the fastest split that fits, by trying every split; with full recompute
+    each rank's count is the fewest that fits (a rank's memory depends on its own count only)."""
+    model = _model(plan)
+    layers = layers_for(model, SMALL, plan)
+    best = (float("inf"), float("inf"))
+    for split in _splits(SMALL.num_layers, plan.pp * plan.vpp):
+        trial = replace(plan, layers_per_stage=split)
+        counts, peaks = [], []
+        for r in range(plan.pp):
+            options = (
+                range(max(trial.chunks_of(r)) + 1) if plan.recompute.granularity == "full" else [0]
+            )
+            for n in options:
+                probe = trial
+                if plan.recompute.granularity == "full":
+                    c = tuple(n if q == r else 0 for q in range(plan.pp))
+                    probe = replace(trial, recompute=Recompute("full", "block", c))
+                peak = rank_memory(layers, SMALL, probe, r).peak
+                if MARGINS.needed(peak) <= cap:
+                    counts.append(n)
+                    peaks.append(peak)
+                    break
+        if len(counts) < plan.pp:
+            continue
+        if plan.recompute.granularity == "full":
+            trial = replace(trial, recompute=Recompute("full", "block", tuple(counts)))
+        best = min(best, (step_seconds(SMALL, trial, HW), max(peaks)))
+    return best
+
+
+CASES = [
+    (4, 1, "none", 20.0),
+    (4, 1, "full", 3.0),
+    (2, 2, "none", 20.0),
+    (2, 2, "full", 3.4),
+    (2, 1, "selective", 5.0),
+]
+
+
+@pytest.mark.parametrize("pp,vpp,recompute,cap_gib", CASES)
+def test_timed_split_is_the_fastest_split_that_fits(pp, vpp, recompute, cap_gib):
+    plan, cap = _plan(pp, vpp, recompute), cap_gib * GIB
+    known_step, known_peak = _known_fastest(plan, cap)
+    assert known_step < float("inf"), "the case must have a split that fits"
+    found = timed_split(_model(plan), SMALL, plan, cap, MARGINS, HW, recompute == "full")
+    assert found is not None
+    e = evaluate_plan(_model(plan), SMALL, found.plan, Cluster(gpus=8, gpu_memory_bytes=int(cap)),
+                      MARGINS, HW)  # fmt: skip
+    assert e.fits
+    assert found.seconds == pytest.approx(e.step_seconds, rel=1e-12)
+    assert found.seconds == pytest.approx(known_step, rel=1e-9), (found.plan, known_step)
+    assert found.bound <= known_step * (1 + 1e-12)
+    assert least_step(SMALL, plan, HW) <= found.bound * (1 + 1e-12)
+
+
+def test_no_split_fits_gives_none():
+    plan = _plan(4, 1, "full")
+    assert timed_split(_model(plan), SMALL, plan, 0.5 * GIB, MARGINS, HW, True) is None
+
+
+def test_time_layout_beats_the_memory_layout_with_memory_to_spare():
+    """The min-max memory split piles layers where memory is low (the last rank's fewer
+    micro-batches in flight), which a time-aware split need not do when memory is ample; the
+    output layer on the last rank makes the even split uneven in time, too."""
+    plan = _plan(4, 2, "none")
+    model, cap = _model(plan), 20 * GIB
+    cluster = Cluster(gpus=8, gpu_memory_bytes=int(cap))
+    found = timed_split(model, SMALL, plan, cap, MARGINS, HW, False)
+    assert found is not None
+    memory = evaluate_plan(model, SMALL, balanced(model, SMALL, plan), cluster, MARGINS, HW)
+    timed = evaluate_plan(model, SMALL, found.plan, cluster, MARGINS, HW)
+    assert timed.fits and memory.fits
+    assert timed.step_seconds < memory.step_seconds
+    assert memory.peak <= timed.peak
+
+
+@pytest.mark.parametrize("pp,mbs", [(1, 1), (2, 2), (4, 1), (4, 4)])
+def test_memory_floor_is_below_every_split(pp, mbs):
+    """The search drops sizes whose memory_floor (parameters, gradients, a share of the optimizer
+    state, every layer's input per micro-batch in flight) does not fit without profiling them: it
+    must not exceed the peak of any split, even recomputing every layer."""
+    plan = _plan(pp, 1, "full", mbs)
+    model = _model(plan)
+    layers = layers_for(model, SMALL, plan)
+    least = float("inf")
+    for split in _splits(SMALL.num_layers, pp):
+        trial = replace(plan, layers_per_stage=split, recompute=Recompute("full", "block", split))
+        least = min(least, max(rank_memory(layers, SMALL, trial, r).peak for r in range(pp)))
+    assert 0 < memory_floor(SMALL, plan) <= least
