@@ -3,7 +3,8 @@ its JSON; its model_args plus megatron_args, given as they are to `capture-megat
 torchrun, gloo, 4 ranks), train the plan the JSON describes (the trainer's report holds the same
 parallel plan), and every pipeline rank's measured peak is within 2% of the plan's forecast (the
 CPU kernel set is validated to that: tests/dist/test_verify.py). Held-out style configs of this
-test's own: a GQA / RMSNorm / SwiGLU model searched freely (the throughput objective), and a
+test's own: a GQA / RMSNorm / SwiGLU model searched (the throughput objective; TP and micro-batch
+given to keep the cold CPU profile short), and a
 LayerNorm GPT with full recompute asked for and interleaving fixed."""
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ CONFIGS = {
         "--num-layers", "10", "--swiglu", "--normalization", "RMSNorm",
         "--position-embedding-type", "rope", "--group-query-attention", "--num-query-groups", "2",
         "--disable-bias-linear", "--untie-embeddings-and-output-weights",
-    ],
+        "--tensor-model-parallel-size", "1", "--micro-batch-size", "2",  # CI time: PP, DP,
+    ],  # layout and recompute searched
     "gpt-full-recompute-interleaved": [
         "--num-layers", "12", "--pipeline-model-parallel-size", "2",
         "--num-virtual-stages-per-pipeline-rank", "2", "--recompute-granularity", "full",
