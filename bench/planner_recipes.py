@@ -6,8 +6,8 @@ bench/step_time_rows.py), each with the recipe's global batch and sequence on H1
   training setting: its gradient precision), its estimated step and predicted peak;
 - NVIDIA's configuration (sizes, layout, batch) predicted and estimated by the same models and
   the same run settings (overlap of the DP gradient reduce / parameter gather as the planner turns
-  them on; TP communication overlap, which three recipes run, is left out of both: the planner
-  cannot choose it until its userbuffers' memory is modelled);
+  them on; TP communication overlap, which three recipes run, is left out of both: its
+  userbuffers are modelled for a given --tp-comm-overlap, but the planner does not search it);
 - whether NVIDIA's configuration is in the searched space and predicted to fit.
 
 And the fixed-size comparison: Llama 3 70B, 64 GPUs, TP 4 PP 4 VPP 2 micro-batch 1, no
