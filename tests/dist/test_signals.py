@@ -103,6 +103,15 @@ def test_sigkill_to_torchrun_leaves_no_rank(tmp_path):
     assert "torchrun was killed by SIGKILL; every rank was stopped with it" in output
 
 
+def _cmdline(process: psutil.Process) -> str:
+    """A child's command line; '' for one that has just exited (a zombie not yet reaped, such as
+    a short-lived compiler run) or gone."""
+    try:
+        return " ".join(process.cmdline())
+    except psutil.Error:
+        return ""
+
+
 def test_sigterm_to_a_cold_plan_leaves_no_worker_or_temp_dir(tmp_path):
     temp = tmp_path / "tmp"
     temp.mkdir()
@@ -128,7 +137,7 @@ def test_sigterm_to_a_cold_plan_leaves_no_worker_or_temp_dir(tmp_path):
     while not workers and time.time() < deadline and proc.poll() is None:
         time.sleep(0.2)
         with_children = psutil.Process(proc.pid).children(recursive=True)
-        workers = [p for p in with_children if "profile.worker" in " ".join(p.cmdline())]
+        workers = [p for p in with_children if "profile.worker" in _cmdline(p)]
     assert workers, "no profiling worker started: " + (proc.stdout.read() if proc.poll() else "")
     time.sleep(1)
     os.kill(proc.pid, signal.SIGTERM)
