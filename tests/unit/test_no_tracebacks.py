@@ -4,8 +4,9 @@ the Megatron-Bridge H100 recipes -- given to `predict` (the launch lines to `pla
 published config.json given to `plan --hf-config`, ends in a forecast or in one paragraph
 (CaptureError, exit 2).
 
-Fast: the parse and refusal stage (bench/inputs.py's dry stage: everything before the first
-profile), every input and command. Slow: the whole `predict` forecast of every functional test and
+Both tests are slow (make test, not test-fast). The first: the parse and refusal stage
+(bench/inputs.py's dry stage: everything before the first profile), every input and command.
+The second: the whole `predict` forecast of every functional test and
 every launch line, profiling on the spot (GPU kernel set, fake CUDA tensors). The whole forecast of
 `plan` over the launch lines and the HF configs is bench/inputs.py --forecast's (minutes per large
 model: bench/results/inputs.json); tests/unit/test_paste.py and test_hf_today.py plan samples of
@@ -53,6 +54,7 @@ def _check(row):
         assert "\n" not in row["reason"].strip(), row["reason"]  # one paragraph
 
 
+@pytest.mark.slow  # about 45 s: every input (both commands) up to the first profile
 def test_every_input_is_refused_in_one_paragraph_or_goes_on_to_be_forecast(monkeypatch, tmp_path):
     monkeypatch.setenv("CAPTURE_MEGATRON_CACHE", str(tmp_path / "cache"))
     for item in ITEMS:
