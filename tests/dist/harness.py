@@ -10,6 +10,13 @@ from dataclasses import dataclass
 from capture_megatron.train.launch import torchrun_command
 from capture_megatron.train.report import MemoryReport
 
+# The 4-layer sizes the forecast tests of issue 26 (attention, MoE, MTP) build their models on.
+SMALL_SHAPE = [
+    *("--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4"),
+    *("--seq-length", "64", "--max-position-embeddings", "64", "--vocab-size", "512"),
+    *("--micro-batch-size", "2", "--global-batch-size", "8"),
+]
+
 # A tiny GPT every equivalence test shares (dropout off so every plan computes the same function).
 TINY = [
     "--num-layers",

@@ -9,25 +9,10 @@ from __future__ import annotations
 
 import json
 
-from harness import cli
+from harness import SMALL_SHAPE, cli
 
 BASE = [
-    "--num-layers",
-    "4",
-    "--hidden-size",
-    "64",
-    "--num-attention-heads",
-    "4",
-    "--seq-length",
-    "64",
-    "--max-position-embeddings",
-    "64",
-    "--vocab-size",
-    "512",
-    "--micro-batch-size",
-    "2",
-    "--global-batch-size",
-    "8",
+    *SMALL_SHAPE,
     "--normalization",
     "RMSNorm",
     "--swiglu",

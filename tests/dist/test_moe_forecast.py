@@ -10,25 +10,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from harness import cli, train
+from harness import SMALL_SHAPE, cli, train
 
 MOE = [
-    "--num-layers",
-    "4",
-    "--hidden-size",
-    "64",
-    "--num-attention-heads",
-    "4",
-    "--seq-length",
-    "64",
-    "--max-position-embeddings",
-    "64",
-    "--vocab-size",
-    "512",
-    "--micro-batch-size",
-    "2",
-    "--global-batch-size",
-    "8",
+    *SMALL_SHAPE,
     "--disable-bias-linear",
     "--num-experts",
     "4",

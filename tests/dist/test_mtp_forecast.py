@@ -9,25 +9,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from harness import cli, grad_norms, losses, train, train_single
+from harness import SMALL_SHAPE, cli, grad_norms, losses, train, train_single
 
 SMALL = [
-    "--num-layers",
-    "4",
-    "--hidden-size",
-    "64",
-    "--num-attention-heads",
-    "4",
-    "--seq-length",
-    "64",
-    "--max-position-embeddings",
-    "64",
-    "--vocab-size",
-    "512",
-    "--micro-batch-size",
-    "2",
-    "--global-batch-size",
-    "8",
+    *SMALL_SHAPE,
     "--untie-embeddings-and-output-weights",
     "--num-virtual-stages-per-pipeline-rank",
     "1",
