@@ -5,6 +5,9 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.capture-megatron-installed
 PYTEST_ARGS ?=
+# tests outside tests/dist and tests/slurm run on JOBS pytest workers (pytest-xdist): most of them
+# are one Python thread, so 2 workers fill CI's 2 cores; the torchrun and Slurm jobs run one at a time
+JOBS   ?= 2
 FAST   := not slow and not dist and not slurm and not gpu
 LINTED := capture_megatron tests bench
 
@@ -27,10 +30,11 @@ demo: setup
 	$(BIN)/capture-megatron demo
 
 test: setup
-	$(BIN)/python -m pytest -q tests $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadgroup -m "not dist and not slurm" tests $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -m "dist or slurm" tests $(PYTEST_ARGS)
 
 test-fast: setup
-	$(BIN)/python -m pytest -q -m "$(FAST)" tests $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(JOBS) -m "$(FAST)" tests $(PYTEST_ARGS)
 
 test-dist: setup
 	$(BIN)/python -m pytest -q -m dist tests $(PYTEST_ARGS)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import types
 import typing
@@ -47,9 +48,17 @@ def _build(tp: Any, value: Any) -> Any:
     return value
 
 
+@functools.cache
+def type_hints(cls: type) -> dict[str, Any]:
+    """typing.get_type_hints of a class, evaluated once per class (the annotations are strings
+    under `from __future__ import annotations`; the planner builds and checks plans by the
+    hundred thousand). Read it, do not change it."""
+    return typing.get_type_hints(cls)
+
+
 def from_plain(cls: type[T], data: dict[str, Any]) -> T:
     """Rebuild dataclass `cls` from `to_plain` output; unknown keys are an error."""
-    hints = typing.get_type_hints(cls)
+    hints = type_hints(cls)
     fields = dataclasses.fields(cls)  # type: ignore[arg-type]  # T is a dataclass type
     names = {f.name for f in fields if f.init}
     unknown = set(data) - names - {f.name for f in fields}

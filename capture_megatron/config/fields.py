@@ -19,6 +19,8 @@ import typing
 from dataclasses import dataclass
 from typing import Any
 
+from capture_megatron.serial import type_hints
+
 FLAG = "capture_megatron.flag"
 """The metadata key under which a field keeps its Flag."""
 
@@ -181,7 +183,7 @@ def value_problems(
     above 0 (floats). Flag fields are named by their flag; `every_field` checks the fields no
     flag sets too (objects read from JSON). None (not given) is accepted; nested dataclasses are
     checked too. Type problems stop the rest of a class's checks (its arithmetic would fail)."""
-    hints = typing.get_type_hints(type(obj))
+    hints = type_hints(type(obj))
     problems = []
     for field in dataclasses.fields(obj):
         spec, value = flag_of(field), getattr(obj, field.name)

@@ -12,10 +12,13 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+import numpy as np
+
 from capture_megatron.config import ModelShape, ParallelPlan, dtype_bytes
 from capture_megatron.fit import MemoryModel
 from capture_megatron.predict.chunks import ChunkCost, cached_chunk
 from capture_megatron.predict.layers import Layers, layers_for
+from capture_megatron.predict.moments import moment_arrays, moment_totals
 from capture_megatron.predict.schedule import ScheduleSpec, events
 from capture_megatron.serial import JsonMixin
 
@@ -220,19 +223,15 @@ def rank_memory(
         plan.pp, plan.num_microbatches, plan.vpp, pp_rank, plan.microbatch_group_size, pair > 0
     )
     limit = plan.ddp.deferred(plan.num_microbatches)
-    for kind, chunk, live, held, after, done in moments:
-        c = chunks[chunk]
-        acts, transient = _moment(chunks, kind, chunk, live, held, after)
-        acts += min(done, limit) * pair
-        if static + acts + transient > best[0]:
-            running = _running(c, kind)  # moved from transient to activations: same total
-            best = (
-                static + acts + transient,
-                acts + running,
-                transient - running,
-                PHASES[kind],
-                live,
-            )
+    acts, transient = moment_totals(moment_arrays(moments, plan.vpp), chunks, pair, limit)
+    totals = static + acts + transient
+    top = int(np.argmax(totals))  # the first moment at the highest total, as one moment at a time
+    if totals[top] > best[0]:
+        kind, chunk, live, held, after, done = moments[top]
+        acts_at, transient_at = _moment(chunks, kind, chunk, live, held, after)
+        acts_at += min(done, limit) * pair
+        running = _running(chunks[chunk], kind)  # moved from transient to activations
+        best = (float(totals[top]), acts_at + running, transient_at - running, PHASES[kind], live)
     peak, activations, transient, phase, inflight = best
     return StageMemory(
         pp_rank=pp_rank,

@@ -32,8 +32,9 @@ def _conformance():
 
 
 @pytest.mark.slow
-def test_development_cases_on_the_gpu_kernel_set(tmp_path, monkeypatch):
-    monkeypatch.setenv("CAPTURE_MEGATRON_CACHE", str(tmp_path / "cache"))
+@pytest.mark.xdist_group("forecasts")  # with the other forecasts: tests/conftest.py
+def test_development_cases_on_the_gpu_kernel_set(forecast_cache, monkeypatch):
+    monkeypatch.setenv("CAPTURE_MEGATRON_CACHE", forecast_cache)
     bench = _conformance()
     dev = [c for c in bench.cases(("gpt",)) if c["world_size"] == 8 and "resume" not in c["name"]]
     assert len(dev) >= 20
@@ -61,11 +62,12 @@ MOE_CASES = (
 
 
 @pytest.mark.slow
-def test_moe_cases_on_the_gpu_kernel_set(tmp_path, monkeypatch):
+@pytest.mark.xdist_group("forecasts")  # with the other forecasts: tests/conftest.py
+def test_moe_cases_on_the_gpu_kernel_set(forecast_cache, monkeypatch):
     """Issue 16, must-show 2, and issue 26 (two development cases; bench/conformance.py runs them
     all): dropless MoE at the default routing forecast (measured routing statistics) within 10%
     of the measured peak, and the worst-case bound above it."""
-    monkeypatch.setenv("CAPTURE_MEGATRON_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("CAPTURE_MEGATRON_CACHE", forecast_cache)
     bench = _conformance()
     for case in (c for c in bench.cases(("moe",)) if c["name"] in MOE_CASES):
         row = bench.predict_case(case, "fake-cuda")

@@ -178,11 +178,12 @@ TESTED = ("Qwen3-8B",)
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("forecasts")  # with the other forecasts: tests/conftest.py
 @pytest.mark.parametrize("name", TESTED)
-def test_todays_models_are_planned(name, tmp_path):
+def test_todays_models_are_planned(name, tmp_path, forecast_cache):
     argv = ["plan", "--hf-config", str(HF / f"{name}.json"), "--gpus", str(PLANNED[name])]
     argv += ["--gpu-memory-gib", "80", "--no-progress", "--json", str(tmp_path / "p.json")]
-    done = cli(argv, str(tmp_path), CAPTURE_MEGATRON_CACHE=str(tmp_path / "cache"))
+    done = cli(argv, str(tmp_path), CAPTURE_MEGATRON_CACHE=forecast_cache)
     assert done.returncode == 0, done.stderr[-2000:]
     data = json.loads((tmp_path / "p.json").read_text())
     assert data["fits"] and data["model"]["num_layers"] > 0

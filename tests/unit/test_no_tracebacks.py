@@ -62,10 +62,10 @@ def test_every_input_is_refused_in_one_paragraph_or_goes_on_to_be_forecast(monke
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("forecasts")  # with the other forecasts: tests/conftest.py
 @pytest.mark.parametrize("item", PREDICTED, ids=lambda i: f"{i.set}:{i.command}:{i.name}")
-def test_every_launch_line_is_predicted_or_refused(item, monkeypatch, tmp_path_factory):
-    cache = tmp_path_factory.getbasetemp() / "no-tracebacks-cache"  # shared by the cases
-    monkeypatch.setenv("CAPTURE_MEGATRON_CACHE", str(cache))
+def test_every_launch_line_is_predicted_or_refused(item, monkeypatch, forecast_cache):
+    monkeypatch.setenv("CAPTURE_MEGATRON_CACHE", forecast_cache)
     row = INPUTS.run(item, forecast=True)
     _check(row)
     assert row["outcome"] in ("accepted", "refused")

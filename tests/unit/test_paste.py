@@ -22,17 +22,20 @@ def flags_of(name: str) -> list[str]:
     return [w for ln in lines if ln and not ln.startswith("#") for w in shlex.split(ln)]
 
 
-def run(command: str, argv: list[str], gpus: int, tmp_path: Path):
+pytestmark = pytest.mark.xdist_group("forecasts")  # sharing forecast_cache: tests/conftest.py
+
+
+def run(command: str, argv: list[str], gpus: int, tmp_path: Path, cache: str):
     out = tmp_path / f"{command}.json"
     extra = ["--gpu-memory-gib", "80"] if command == "plan" else []
     argv = [command, *argv, "--gpus", str(gpus), *extra, "--no-progress", "--json", str(out)]
-    return cli(argv, str(tmp_path), CAPTURE_MEGATRON_CACHE=str(tmp_path / "cache")), out
+    return cli(argv, str(tmp_path), CAPTURE_MEGATRON_CACHE=cache), out
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("command", ["predict", "plan"])
-def test_gpt3_175b_runs_verbatim(command, tmp_path):
-    done, out = run(command, flags_of("train_gpt3_175b_distributed"), 128, tmp_path)
+def test_gpt3_175b_runs_verbatim(command, tmp_path, forecast_cache):
+    done, out = run(command, flags_of("train_gpt3_175b_distributed"), 128, tmp_path, forecast_cache)
     assert done.returncode == 0, done.stderr[-3000:]
     data = json.loads(out.read_text())
     args = data["megatron_args"]
@@ -47,10 +50,10 @@ def test_gpt3_175b_runs_verbatim(command, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("command", ["predict", "plan"])
-def test_llama3_8b_fp8_runs_verbatim(command, tmp_path):
+def test_llama3_8b_fp8_runs_verbatim(command, tmp_path, forecast_cache):
     """Megatron-LM's Llama 3 8B FP8 example (hybrid delayed scaling, amax history 1024, FP8
     parameters all-gathered, bf16 gradients) is forecast as given, its FP8 settings emitted."""
-    done, out = run(command, flags_of("train_llama3_8b_h100_fp8"), 8, tmp_path)
+    done, out = run(command, flags_of("train_llama3_8b_h100_fp8"), 8, tmp_path, forecast_cache)
     assert done.returncode == 0, done.stderr[-3000:]
     data = json.loads(out.read_text())
     assert data["kernels"]["attention_backend"] == "fused"
@@ -67,11 +70,11 @@ def test_llama3_8b_fp8_runs_verbatim(command, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("command", ["predict", "plan"])
-def test_mixtral_runs_verbatim_at_nvidias_sizes(command, tmp_path):
+def test_mixtral_runs_verbatim_at_nvidias_sizes(command, tmp_path, forecast_cache):
     # examples/mixtral: TP 1, PP 4, EP 8 need data parallelism 8, so 32 GPUs; its Llama 2
     # tokenizer file is not here, so --vocab-size 32000 (Mixtral's) is added
     argv = [*flags_of("train_mixtral_8x7b_distributed"), "--vocab-size", "32000"]
-    done, out = run(command, argv, 32, tmp_path)
+    done, out = run(command, argv, 32, tmp_path, forecast_cache)
     assert done.returncode == 0, done.stderr[-3000:]
     data = json.loads(out.read_text())
     args = data["megatron_args"]
@@ -81,7 +84,7 @@ def test_mixtral_runs_verbatim_at_nvidias_sizes(command, tmp_path):
     assert "--no-position-embedding" in data["ignored_flags"]
     if command == "predict":  # balanced routing, which its aux loss (1e-2) trains towards
         balanced = [*argv, "--moe-imbalance-factor", "1", "--gpu-memory-gib", "80"]
-        done, out = run(command, balanced, 32, tmp_path)
+        done, out = run(command, balanced, 32, tmp_path, forecast_cache)
         assert done.returncode == 0, done.stderr[-2000:]
         assert json.loads(out.read_text())["fits"] is True
 
@@ -95,8 +98,8 @@ WAITING = pytest.mark.xfail(
 
 @pytest.mark.slow
 @WAITING
-def test_deepseek_v3_example_line_runs_verbatim(tmp_path):
+def test_deepseek_v3_example_line_runs_verbatim(tmp_path, forecast_cache):
     argv = [*flags_of("sbatch_mfsdp_deepseek_v3_no_fsdp"), "--vocab-size", "129280"]
     for command in ("predict", "plan"):
-        done, _ = run(command, argv, 256, tmp_path)
+        done, _ = run(command, argv, 256, tmp_path, forecast_cache)
         assert done.returncode == 0, done.stderr[-3000:]
