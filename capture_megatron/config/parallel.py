@@ -357,7 +357,8 @@ class ParallelFlags:
         choices=RECOMPUTE_GRANULARITIES,
         note="(none: capture-megatron also fixes 'no recompute' for the planner)",
     )
-    """Activation recomputation: none, selective (attention core) or full (whole layers)."""
+    """Activation recomputation: none, selective (--recompute-modules; default the attention core)
+    or full (whole layers)."""
     recompute_method: str | None = flag("--recompute-method", None, choices=("uniform", "block"))
     """Full recompute: block (the first n layers of a chunk) or uniform (n at a time)."""
     recompute_num_layers: int | None = flag("--recompute-num-layers", None)
