@@ -69,7 +69,7 @@ def granularity_of(flags: ParallelFlags) -> str:
             "--moe-layer-recompute with --recompute-granularity full: megatron-core 0.16.1's "
             "TransformerConfig refuses it ('Do not set --moe-layer-recompute with full recompute "
             "granularity'); the deprecated flag means selective recompute with 'moe' added to "
-            "--recompute-modules: leave one of them out"
+            "--recompute-modules: leave one of them out."
         )
     if flags.recompute_granularity:
         return flags.recompute_granularity

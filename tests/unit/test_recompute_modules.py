@@ -27,6 +27,7 @@ from capture_megatron.plan.costmodel import CostModel
 from capture_megatron.plan.costparts import layer_time
 from capture_megatron.profile.design import variant_tps
 from capture_megatron.profile.design_cache import design_key
+from capture_megatron.profile.experts import refuse_on_fake_device
 from capture_megatron.records import Variant
 
 
@@ -148,3 +149,13 @@ def test_the_step_time_counts_each_recomputed_modules_forward():
     assert mlp > 0 and redo(Recompute("selective", modules=("core_attn", "mlp"))) == attn + mlp
     assert redo(Recompute("selective", modules=("core_attn", "mlp", "layernorm"))) > attn + mlp
     assert redo(Recompute("selective", modules=("moe",))) == 0.0  # a dense layer has no MoE
+
+
+def test_fp8_with_other_modules_is_refused_on_the_gpu_kernel_set():
+    """Under FP8 megatron-core recomputes them with TE's own checkpoint (te_checkpoint), which the
+    GPU kernel set does not emulate: refused by name, not run wrong."""
+    kernels = dataclasses.replace(Kernels().for_gpu(), fp8_format="hybrid", fp8_recipe="tensorwise")
+    variant = Variant.of(preset("llama2-7b"), "selective", True, modules=("mlp",))
+    with pytest.raises(CaptureError, match="--recompute-modules mlp with --fp8-format"):
+        refuse_on_fake_device(variant, "fake-cuda", kernels)
+    refuse_on_fake_device(Variant.of(preset("llama2-7b"), "selective", True), "fake-cuda", kernels)
