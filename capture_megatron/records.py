@@ -21,6 +21,7 @@ from capture_megatron import __version__
 from capture_megatron.config import ModelShape
 from capture_megatron.config.attention import LatentAttention
 from capture_megatron.config.moe import Experts
+from capture_megatron.config.recompute import check_variant_modules, variant_modules
 from capture_megatron.errors import CaptureError, require
 from capture_megatron.serial import JsonMixin, from_plain, to_plain
 
@@ -88,23 +89,23 @@ class Variant(JsonMixin):
     mla: LatentAttention | None = None
     """Multi-latent attention's widths and RoPE kind (None: standard attention; fitted at the
     model's own shapes: its latent ranks and head widths are not probe-shape sizes)."""
-
     mtp: int = 0
     """Multi-token prediction layers (--mtp-num-layers), built into the last / only chunk as
     Megatron places them (> 0: fitted at the model's own shapes, like `moe`)."""
+    recompute_modules: tuple[str, ...] = ()
+    """Selective recompute's modules (sorted) other than the default core_attn alone, else empty
+    (default variants keep their keys; non-empty: fitted at the model's own shapes, like `moe`)."""
+
+    def __post_init__(self) -> None:
+        check_variant_modules(self.recompute, self.recompute_modules)
 
     @property
     def designed(self) -> bool:
         """Whether the variant is fitted over the regression's design shapes too (dense, CP 1,
-        standard attention without query/key norms, no MTP); the other variants are fitted at the
-        model's own shapes only (docs/MEMORY_MODEL.md)."""
-        return (
-            self.moe is None
-            and self.cp == 1
-            and self.mla is None
-            and not self.qk_norm
-            and self.mtp == 0
-        )
+        standard attention without query/key norms, no MTP, default recompute modules); the others
+        are fitted at the model's own shapes only (docs/MEMORY_MODEL.md)."""
+        plain = not (self.qk_norm or self.mtp or self.recompute_modules)
+        return self.moe is None and self.cp == 1 and self.mla is None and plain
 
     @classmethod
     def of(
@@ -114,13 +115,15 @@ class Variant(JsonMixin):
         sequence_parallel: bool = False,
         moe: ExpertsProbe | None = None,
         cp: int = 1,
+        modules: tuple[str, ...] = (),
     ) -> Variant:
         """The Variant of a model under a recompute granularity and sequence-parallel setting
         (`moe`: its experts as probed, for a model with experts; `cp`: the context-parallel
-        size)."""
+        size; `modules`: --recompute-modules as given, empty for the default)."""
         return cls(
             dtype=shape.dtype,
             recompute=recompute,
+            recompute_modules=variant_modules(recompute, modules),
             sequence_parallel=sequence_parallel,
             swiglu=shape.swiglu,
             normalization=shape.normalization,

@@ -24,9 +24,10 @@ from capture_megatron.config import (
 )
 from capture_megatron.config.hardware import Hardware, HardwareFlags, ok
 from capture_megatron.config.kernels import TE_FUSED_BACKENDS
+from capture_megatron.config.recompute import Recompute, module_problems
 from capture_megatron.config.resolve import parallel_plan
 from capture_megatron.config.runtime import StepSettings
-from capture_megatron.errors import CaptureError
+from capture_megatron.errors import CaptureError, require
 from capture_megatron.fit import MemoryModel, ModelSource, read_model
 from capture_megatron.fit.io import check_fitted
 from capture_megatron.megatron import flags, megatron_lm
@@ -242,10 +243,14 @@ def plan_options(
 
         scale = calibration_factor(default_device(device))
     kernels = flags.from_namespace(Kernels, ns)
+    space = space_from(fixed, whole, ddp)
+    if "selective" in space.recompute:  # what megatron-core refuses is refused, not skipped
+        chosen = Recompute.selective(space.recompute_modules).selected
+        require(module_problems(shape, chosen), "selective recompute for this model")
     return flags.from_namespace(
         PlanOptions,
         ns,
-        space=overlap_space(space_from(fixed, whole, ddp), kernels),
+        space=overlap_space(space, kernels),
         fixed=given_plan,
         global_batch_size=fixed.global_batch_size or 0,
         calibration=scale,

@@ -11,7 +11,8 @@ import argparse
 import time
 
 from capture_megatron.cli.outputs import prepare_outputs
-from capture_megatron.config import Kernels, ModelShape
+from capture_megatron.config import Kernels, ModelShape, ParallelFlags
+from capture_megatron.config.resolve import given_modules, granularity_of
 from capture_megatron.errors import CaptureError
 from capture_megatron.megatron import flags
 from capture_megatron.megatron.args import model_shape
@@ -70,17 +71,19 @@ def build_parser() -> flags.FlagParser:
 
 
 def variants_for(ns: argparse.Namespace, shape: ModelShape) -> tuple[Variant, ...]:
-    """The variants to profile."""
+    """The variants to profile (selective recompute of the --recompute-modules given)."""
+    given = flags.from_namespace(ParallelFlags, ns)
+    modules = given_modules(given)
     if ns.variants == "all":
         return tuple(
-            Variant.of(shape, rc, sp)
+            Variant.of(shape, rc, sp, modules=modules)
             for rc in ("none", "selective", "full")
             for sp in (False, True)
         )
-    rc = ns.recompute_granularity or ("selective" if ns.recompute_activations else "none")
+    rc = granularity_of(given)
     if ns.recompute_num_layers_per_stage:
         rc = "full"
-    return (Variant.of(shape, rc, bool(ns.sequence_parallel)),)
+    return (Variant.of(shape, rc, bool(ns.sequence_parallel), modules=modules),)
 
 
 def options_of(ns: argparse.Namespace, shape: ModelShape) -> ProfileOptions:

@@ -1,4 +1,4 @@
-"""Parallel plans: Recompute, ParallelPlan, Cluster, and ParallelFlags (the sizes a user fixed).
+"""Parallel plans: ParallelPlan, Cluster, and ParallelFlags (the sizes a user fixed).
 
 Frozen dataclasses validated at construction (a CaptureError naming every offending factor) and
 round-tripped exactly through JSON. Pure Python: no torch import here.
@@ -15,48 +15,17 @@ from capture_megatron.config.fields import flag, value_problems
 from capture_megatron.config.layout import format_layout
 from capture_megatron.config.model import GIB, ModelShape
 from capture_megatron.config.mtp import mtp_problems
+from capture_megatron.config.recompute import (
+    RECOMPUTE_GRANULARITIES,
+    RECOMPUTE_MODULES,
+    Recompute,
+    recompute_problems,
+)
 from capture_megatron.errors import require
 from capture_megatron.serial import JsonMixin
 
-RECOMPUTE_GRANULARITIES = ("none", "selective", "full")
-"""Activation recomputation granularities (none: keep every activation)."""
-RECOMPUTE_METHODS = ("block", "uniform")
-"""Megatron's --recompute-method choices."""
 CP_COMM_TYPES = ("p2p", "a2a", "allgather", "a2a+p2p")
 """Megatron's --cp-comm-type choices."""
-
-
-@dataclass(frozen=True)
-class Recompute(JsonMixin):
-    """Activation recomputation, possibly different on every pipeline stage."""
-
-    granularity: str = "none"
-    """none, selective (attention core only) or full (whole layers)."""
-    method: str = "block"
-    """For full: block (the first n layers of each model chunk) or uniform (all layers, n at a
-    time)."""
-    num_layers: tuple[int, ...] = ()
-    """For full: n per pipeline stage (one entry per pp rank, applied to each of its chunks)."""
-
-    def __post_init__(self) -> None:
-        p: list[str] = []
-        if self.granularity not in RECOMPUTE_GRANULARITIES:
-            p.append(f"granularity {self.granularity!r} not one of {RECOMPUTE_GRANULARITIES}")
-        if self.method not in RECOMPUTE_METHODS:
-            p.append(f"method {self.method!r} not one of {RECOMPUTE_METHODS}")
-        if self.granularity == "full" and not self.num_layers:
-            p.append("full recompute needs num_layers per stage")
-        if self.granularity != "full" and self.num_layers:
-            p.append(f"num_layers {list(self.num_layers)} only applies to full recompute")
-        if any(n < 0 for n in self.num_layers):
-            p.append(f"negative recompute layers {list(self.num_layers)}")
-        if self.method == "uniform" and len(set(self.num_layers)) > 1:
-            p.append("per-stage recompute counts need method 'block'")
-        require(p, "recompute setting")
-
-    def layers_on(self, pp_rank: int) -> int:
-        """Full-recompute n of a pipeline stage (0 when not full)."""
-        return self.num_layers[pp_rank] if self.granularity == "full" else 0
 
 
 @dataclass(frozen=True)
@@ -269,6 +238,7 @@ def check_plan_fits_model(shape: ModelShape, plan: ParallelPlan) -> None:
                     f"uniform recompute of {plan.recompute.layers_on(r)} does not divide {n} layers"
                 )
     p += expert_problems(shape, plan) + context_problems(shape, plan) + mtp_problems(shape, plan)
+    p += recompute_problems(shape, plan)
     p += plan.ddp.dtype_problems(shape.dtype)
     require(p, "plan for this model")
 
@@ -387,7 +357,8 @@ class ParallelFlags:
         choices=RECOMPUTE_GRANULARITIES,
         note="(none: capture-megatron also fixes 'no recompute' for the planner)",
     )
-    """Activation recomputation: none, selective (attention core) or full (whole layers)."""
+    """Activation recomputation: none, selective (--recompute-modules; default the attention core)
+    or full (whole layers)."""
     recompute_method: str | None = flag("--recompute-method", None, choices=("uniform", "block"))
     """Full recompute: block (the first n layers of a chunk) or uniform (n at a time)."""
     recompute_num_layers: int | None = flag("--recompute-num-layers", None)
@@ -396,3 +367,12 @@ class ParallelFlags:
         "--recompute-num-layers-per-stage", None, note="(capture-megatron), e.g. 2,1,0,0"
     )
     """Full block recompute count per pipeline stage, comma separated."""
+    recompute_modules: tuple[str, ...] | None = flag(
+        "--recompute-modules",
+        None,
+        note=f"(megatron-core 0.16.1: {', '.join(RECOMPUTE_MODULES)}; default core_attn)",
+    )
+    """Selective recompute: the submodules recomputed in every layer (only selective recompute
+    reads them)."""
+    moe_layer_recompute: bool | None = flag("--moe-layer-recompute", None)
+    """Deprecated Megatron switch: selective recompute with 'moe' added to the modules."""

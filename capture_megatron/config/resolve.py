@@ -21,10 +21,10 @@ from capture_megatron.errors import CaptureError
 
 
 def recompute(flags: ParallelFlags, pp: int) -> Recompute:
-    """Recompute setting from --recompute-* flags (per-stage counts via our per-stage flag)."""
-    granularity = flags.recompute_granularity or (
-        "selective" if flags.recompute_activations else "none"
-    )
+    """Recompute setting from --recompute-* flags (per-stage counts via our per-stage flag;
+    --recompute-modules and the deprecated --moe-layer-recompute as megatron-core reads them)."""
+    granularity = granularity_of(flags)
+    modules = given_modules(flags)
     per_stage = flags.recompute_num_layers_per_stage
     if per_stage:
         try:
@@ -43,19 +43,47 @@ def recompute(flags: ParallelFlags, pp: int) -> Recompute:
                 "--recompute-num-layers-per-stage needs --recompute-granularity full "
                 "--recompute-method block"
             )
-        return Recompute("full", "block", counts)
+        return Recompute("full", "block", counts, modules)
     if granularity == "full":
         if flags.recompute_method is None or flags.recompute_num_layers is None:
             raise CaptureError(
                 "--recompute-granularity full needs --recompute-method and --recompute-num-layers"
             )
-        return Recompute("full", flags.recompute_method, (flags.recompute_num_layers,) * pp)
+        counts = (flags.recompute_num_layers,) * pp
+        return Recompute("full", flags.recompute_method, counts, modules)
     if flags.recompute_num_layers is not None:
         raise CaptureError(
             f"--recompute-num-layers {flags.recompute_num_layers} needs "
             "--recompute-granularity full"
         )
-    return Recompute(granularity)
+    return Recompute(granularity, modules=modules)
+
+
+def granularity_of(flags: ParallelFlags) -> str:
+    """The recompute granularity the flags give: --recompute-granularity, else selective with
+    --recompute-activations or the deprecated --moe-layer-recompute (megatron-core 0.16.1 makes
+    the granularity selective for it, and refuses it with full recompute), else none."""
+    moe_layer = bool(flags.moe_layer_recompute)
+    if moe_layer and flags.recompute_granularity == "full":
+        raise CaptureError(
+            "--moe-layer-recompute with --recompute-granularity full: megatron-core 0.16.1's "
+            "TransformerConfig refuses it ('Do not set --moe-layer-recompute with full recompute "
+            "granularity'); the deprecated flag means selective recompute with 'moe' added to "
+            "--recompute-modules: leave one of them out."
+        )
+    if flags.recompute_granularity:
+        return flags.recompute_granularity
+    return "selective" if flags.recompute_activations or moe_layer else "none"
+
+
+def given_modules(flags: ParallelFlags) -> tuple[str, ...]:
+    """--recompute-modules as given (empty: not given, megatron-core's default core_attn), with
+    'moe' added by the deprecated --moe-layer-recompute as megatron-core 0.16.1 adds it (to the
+    default core_attn when no modules are given)."""
+    modules = tuple(flags.recompute_modules or ())
+    if flags.moe_layer_recompute and "moe" not in modules:
+        return (*(modules or ("core_attn",)), "moe")
+    return modules
 
 
 def _split(
@@ -122,7 +150,7 @@ def refuse_dropped_recompute(flags: ParallelFlags) -> None:
     """CaptureError for recompute flags the planner could not keep as given: a method or layer
     counts without --recompute-granularity full, --recompute-method uniform without its group
     size, per-stage counts with the uniform method."""
-    full = flags.recompute_granularity == "full"
+    full = granularity_of(flags) == "full"
     given = {
         "--recompute-method": flags.recompute_method,
         "--recompute-num-layers": flags.recompute_num_layers,

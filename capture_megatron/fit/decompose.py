@@ -86,6 +86,9 @@ def _kind_constants(
         fp8state1=one.fp8_state_bytes,
         lbuf1=one.layer_buffer_bytes,
     )
+    two_kept = probes.get((kind, 2, 0))
+    if two_kept is not None:
+        values.update(retk2=two_kept.retained_bytes)
     numels: tuple[int, ...] = ()
     expert: tuple[bool, ...] = ()
     if kind in END_KINDS:

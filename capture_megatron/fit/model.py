@@ -68,6 +68,10 @@ class KindConstants(JsonMixin):
     """Retained bytes with two layers, the first recomputed."""
     ret2: float | None = None
     """Retained bytes with two fully recomputed layers (middle chunks; others with MoE layers)."""
+    retk2: float | None = None
+    """Retained bytes with two layers kept (middle chunks): above ret1 what each further MoE layer
+    keeps when selective recompute checkpoints part of it (--recompute-modules moe, layernorm,
+    moe_act: the checkpoint's detached input and its gradient); equal to ret1 otherwise."""
     grad1: float | None = None
     """Of ret1, the chunk's input gradient (the tensor the schedule sends back)."""
     state1: float | None = None
@@ -178,7 +182,7 @@ def settled(sc: ShapeConstants) -> ShapeConstants:
     A probe's measured iteration starts with what the previous iteration's backward left retained
     (MoE layers: KindConstants.ret1), which its forward releases; so a probe's saved bytes and
     forward peak are net of it. Here they are given back: saved1 / fwd1 / fwdrc gain the one-layer
-    probe's retained bytes, R and R2 the difference of the retention they measured across. The
+    probe's retained bytes, S, R and R2 the difference of the retention they measured across. The
     predictor counts a chunk's retained bytes on its own (capture_megatron.predict.retained)."""
     mid = sc.chunk("middle")
     if not (mid.ret1 or mid.retrc):
@@ -192,6 +196,8 @@ def settled(sc: ShapeConstants) -> ShapeConstants:
             fixed.update(fwdrc=c.fwdrc + c.retrc)
         chunks.append(dataclasses.replace(c, **fixed))
     layer: dict[str, Any] = {}
+    if mid.retk2 is not None and mid.ret1 is not None and mid.retk2 != mid.ret1:
+        layer["layer_saved"] = sc.layer_saved + mid.retk2 - mid.ret1
     if sc.layer_saved_rc is not None and mid.retmix is not None:
         layer["layer_saved_rc"] = sc.layer_saved_rc + mid.retmix - (mid.ret1 or 0.0)
     if sc.layer_saved_rc_next is not None and mid.ret2 is not None and mid.retrc is not None:

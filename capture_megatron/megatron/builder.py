@@ -31,6 +31,7 @@ from capture_megatron.config.context import te_comm_type
 from capture_megatron.config.kernels import TE_FUSED_BACKENDS
 from capture_megatron.config.training import BuildOptions
 from capture_megatron.megatron import attention, cpu_compat, moe, mtp
+from capture_megatron.megatron.gpu.spec import keep_fused_norms
 from capture_megatron.megatron.norms import LocalNorm
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -156,7 +157,8 @@ def gpu_kernels(kernels: Kernels, impl: str) -> Kernels:
 
 
 def _recompute_fields(plan: ParallelPlan, pp_rank: int) -> dict:
-    """TransformerConfig's recompute fields for one pipeline rank (its full-recompute layers)."""
+    """TransformerConfig's recompute fields for one pipeline rank (its full-recompute layers;
+    selective recompute's modules, the deprecated --moe-layer-recompute folded in)."""
     n_recompute = plan.recompute.layers_on(pp_rank)
     full = plan.recompute.granularity == "full" and n_recompute > 0
     selective = plan.recompute.granularity == "selective"
@@ -164,6 +166,7 @@ def _recompute_fields(plan: ParallelPlan, pp_rank: int) -> dict:
         "recompute_granularity": "full" if full else ("selective" if selective else None),
         "recompute_method": plan.recompute.method if full else None,
         "recompute_num_layers": n_recompute if full else None,
+        "recompute_modules": list(plan.recompute.selected) if selective else None,
     }
 
 
@@ -303,9 +306,8 @@ def build_gpt(
     vp_stage: int | None,
 ):
     """One GPTModel chunk holding `num_layers` transformer layers (and the ends it is told to
-    hold); with experts, megatron's decoder block spec for this rank and `vp_stage`. GPU
-    kernels: on the GPU, as Megatron-LM's get_model moves it there (on the fake-cuda device it
-    is built there: fake parameters cannot be moved)."""
+    hold); with experts, megatron's decoder block spec for this rank and `vp_stage`. GPU kernels:
+    on the GPU as Megatron-LM's get_model moves it (built on fake-cuda: fake parameters stay)."""
     from megatron.core.models.gpt import GPTModel
 
     from capture_megatron.megatron.cp_attention import with_context_parallel
@@ -349,6 +351,8 @@ def build_gpt(
         )
     if kernels is not None and not fake_cuda:
         model.cuda(torch.cuda.current_device())
+    elif kernels is not None:  # the GPU kernel set: TE's fused norms are not recomputed
+        keep_fused_norms(model, kernels)
     return model
 
 

@@ -38,6 +38,12 @@ call sites it serves:
    thread has dropped the tensors they were given (capture_megatron.megatron.gloo_settle): the
    temporaries megatron passes them (the MoE dispatcher's permuted tokens) then die where the
    program drops them, not at a point that races with the next allocations.
+9. ``tensor_parallel/random.py``'s ``CheckpointWithoutOutput`` (selective recompute of layernorm,
+   moe_act, mla_up_proj) sets ``self.fp8 = fp8 is not None``, so with its default ``fp8=False`` it
+   asks Transformer Engine's ``FP8GlobalStateManager`` whether FP8 is on and enters TE's
+   ``activation_recompute_forward`` / ``fp8_autocast`` contexts -- names imported only when TE
+   is installed (a NameError otherwise). Without TE they answer as TE does for a run without FP8:
+   FP8 off, no recipe, contexts that do nothing (``NoFp8``).
 
 Settings that are not patches but are required for correct results on gloo (enforced by the model
 builder): ``batch_p2p_comm=False`` (PP+VPP gives wrong gradients otherwise), no CUDA-only fusions
@@ -172,8 +178,26 @@ class CpuRNGStatesTracker:
             torch.set_rng_state(orig)
 
 
+class NoFp8:
+    """Transformer Engine's FP8GlobalStateManager as it answers a run without FP8 (patch 9)."""
+
+    @staticmethod
+    def is_fp8_enabled() -> bool:
+        """FP8 is off."""
+        return False
+
+    @staticmethod
+    def get_fp8_recipe() -> None:
+        """No FP8 recipe."""
+
+
 def _install_rng() -> None:
     from megatron.core.tensor_parallel import random as mrandom
+
+    if not mrandom.HAVE_TE:  # patch 9: CheckpointWithoutOutput's TE names, as without FP8
+        mrandom.FP8GlobalStateManager = NoFp8
+        mrandom.activation_recompute_forward = lambda **k: contextlib.nullcontext()
+        mrandom.fp8_autocast = lambda **k: contextlib.nullcontext()
 
     mrandom._get_cuda_rng_state = lambda *a, **k: torch.get_rng_state()
     mrandom._set_cuda_rng_state = lambda state, *a, **k: torch.set_rng_state(state)

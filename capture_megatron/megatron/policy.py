@@ -249,9 +249,6 @@ _REASONS = {
     "distributed saved activations are not modelled yet": """
         --distribute-saved-activations
     """,
-    ("selective recompute of modules other than the attention core is not modelled yet"): """
-        --recompute-modules
-    """,
     _KERNEL: """
         --ddp-reduce-scatter-with-fp32-accumulation --disable-jit-fuser
         --softmax-type --use-te-activation-func

@@ -1,18 +1,18 @@
-"""Estimated step time of a plan, with the structure of a Megatron step (the `throughput`
-objective ranks plans by it; predict and plan print it). Pure Python, fast: the search calls it for
-every candidate.
+"""Estimated step time of a plan, with the structure of a Megatron step (the `throughput` objective
+ranks plans by it; predict and plan print it). Pure Python, fast: the search calls it for every
+candidate.
 
 Per pipeline rank and model chunk, one micro-batch's forward and backward (capture_megatron.plan.
 costparts: GEMMs at an efficiency that falls as the per-GPU matrices shrink, the attention core,
 memory-bound kernels, TP / CP / EP communication left exposed; full recompute re-runs a layer's
-forward, selective its attention core). The pipeline takes m x the slowest rank's micro-batch time
-plus the other ranks' share of the fill and drain (the bubble from the stages' real times; / v when
-interleaved), plus the pipeline sends it cannot overlap. Then the data-parallel gradient reduce
-(and the distributed optimizer's parameter all-gather): sized from the real parameter count in the
-gradient dtype, over NVLink or the network as Megatron places the ranks, hidden by the backward
-(forward) as --overlap-grad-reduce (--overlap-param-gather) say; and the optimizer step, bytes of
-parameters and state over HBM. The constants are fitted to published H100 step times
-(capture_megatron.plan.calibration, bench/step_time.py).
+forward, selective the modules of --recompute-modules). The pipeline takes m x the slowest rank's
+micro-batch time plus the other ranks' share of the fill and drain (the bubble from the stages' real
+times; / v when interleaved), plus the pipeline sends it cannot overlap. Then the data-parallel
+gradient reduce (and the distributed optimizer's parameter all-gather): sized from the real
+parameter count in the gradient dtype, over NVLink or the network as Megatron places the ranks,
+hidden by the backward (forward) as --overlap-grad-reduce (--overlap-param-gather) say; and the
+optimizer step, bytes of parameters and state over HBM. The constants are fitted to published H100
+step times (capture_megatron.plan.calibration, bench/step_time.py).
 """
 
 from __future__ import annotations
@@ -164,14 +164,14 @@ def chunk_seconds(
     overhead: float,
 ) -> tuple[float, float]:
     """(forward, backward) seconds of one chunk of layers timed `kinds`, the first `redo` of them
-    fully recomputed (their forward again in the backward), selective recompute's attention
+    fully recomputed (their forward again in the backward), selective recompute's modules'
     forward again, the output layer and loss where the chunk holds them (`head`), and the
     schedule's overhead per pass."""
     fwd = sum(x.forward for x in kinds)
     bwd = sum(x.backward for x in kinds)
     bwd += sum(x.forward for x in kinds[:redo])
     if selective:
-        bwd += sum(x.attention_forward for x in kinds)
+        bwd += sum(x.recomputed_forward for x in kinds)
     if head is not None:
         fwd, bwd = fwd + head[0], bwd + head[1]
     return fwd + overhead, bwd + overhead

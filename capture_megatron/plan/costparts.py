@@ -26,8 +26,9 @@ class LayerTime:
     """Forward: compute plus the communication left exposed."""
     backward: float
     """Backward: compute plus the communication left exposed."""
-    attention_forward: float
-    """The attention core's forward alone (what selective recompute re-runs in the backward)."""
+    recomputed_forward: float
+    """The forward of the modules selective recompute re-runs in the backward (--recompute-modules;
+    its default: the attention core); 0 without selective recompute."""
 
 
 @dataclass(frozen=True)
@@ -182,7 +183,59 @@ def layer_time(s: Setting, shape: ModelShape, plan: ParallelPlan, moe: bool = Fa
     ep = ep_comm(s, shape, plan) if moe else 0.0
     fwd = gemms + attn[0] + elem + tp[0] + ep + cp[0]
     bwd = 2 * gemms + attn[1] + 2 * elem + tp[1] + ep + cp[1] + unfused_wgrad(s, shape, plan, moe)
-    return LayerTime(fwd, bwd, attn[0])
+    return LayerTime(fwd, bwd, recomputed(s, shape, plan, moe, attn[0], tp[0] + ep))
+
+
+def recomputed(
+    s: Setting, shape: ModelShape, plan: ParallelPlan, moe: bool, attn: float, comm: float
+) -> float:
+    """Forward seconds selective recompute runs again in one layer's backward: each module of
+    --recompute-modules that megatron-core 0.16.1 checkpoints in this kind of layer, priced as
+    the same pieces of the forward. core_attn: the attention core (`attn`); mlp (dense layers)
+    and moe (MoE layers): the MLP's GEMMs, its activation and half the layer's exposed TP (and
+    EP) communication (`comm`: the MLP's share); moe_act: the experts' activation; shared_experts:
+    the shared experts' GEMMs; layernorm: the two norms (a read and a write of the hidden
+    states each); mla_up_proj: MLA's query and key/value up-projections."""
+    chosen = plan.recompute.selected
+    if not chosen:
+        return 0.0
+    n_tok, t, h, up = tokens(shape, plan), plan.tp, shape.hidden_size, 2 if shape.gated else 1
+    hbm = s.hw.hbm_bytes_per_s * s.k.memory_efficiency
+    width = shape.moe_ffn * shape.moe.moe_router_topk if moe else shape.ffn
+    act = dtype_bytes(shape.dtype) * 3 * n_tok * width / t * up / hbm
+    total = attn if "core_attn" in chosen else 0.0
+    mlp_part = "mlp" in chosen and not moe or "moe" in chosen and moe
+    if mlp_part:
+        gemms = _mlp_gemms(s, shape, plan) if moe else dense_gemms_mlp(s, shape, plan)
+        total += gemms + act + comm / 2
+    elif moe and "moe_act" in chosen and shape.moe.moe_grouped_gemm:
+        total += act
+    shared = shape.moe.moe_shared_expert_intermediate_size
+    if moe and shared and "shared_experts" in chosen and not mlp_part:
+        total += gemm(s, n_tok, up * shared / t, h) + gemm(s, n_tok, h, shared / t)
+    if "layernorm" in chosen:
+        hidden = n_tok / (t if plan.sequence_parallel else 1) * h
+        total += 2 * 2 * dtype_bytes(shape.dtype) * hidden / hbm
+    mla = shape.mla
+    if "mla_up_proj" in chosen and mla.enabled:
+        a = shape.num_attention_heads / t
+        q_in = mla.q_lora_rank or 0
+        q_dims = a * (mla.qk_head_dim + mla.qk_pos_emb_head_dim)
+        total += gemm(s, n_tok, q_dims, q_in) if q_in else 0.0
+        total += gemm(s, n_tok, a * (mla.qk_head_dim + mla.v_head_dim), mla.kv_lora_rank)
+    return total
+
+
+def _mlp_gemms(s: Setting, shape: ModelShape, plan: ParallelPlan) -> float:
+    """Forward seconds of an MoE layer's routed and shared experts and router GEMMs."""
+    attn_only = dense_gemms(s, shape, plan, False) - dense_gemms_mlp(s, shape, plan)
+    return dense_gemms(s, shape, plan, True) - attn_only
+
+
+def dense_gemms_mlp(s: Setting, shape: ModelShape, plan: ParallelPlan) -> float:
+    """Forward seconds of a dense layer's two MLP GEMMs."""
+    n_tok, t, h, up = tokens(shape, plan), plan.tp, shape.hidden_size, 2 if shape.gated else 1
+    return gemm(s, n_tok, up * shape.ffn / t, h) + gemm(s, n_tok, h, shape.ffn / t)
 
 
 def head_time(s: Setting, shape: ModelShape, plan: ParallelPlan) -> tuple[float, float]:

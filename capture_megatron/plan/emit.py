@@ -55,7 +55,13 @@ def plan_args(plan: ParallelPlan) -> list[str]:
         out.append("--sequence-parallel")
     if plan.distributed_optimizer:
         out.append("--use-distributed-optimizer")
-    out += to_flags(plan.ddp)
+    return out + to_flags(plan.ddp) + recompute_args(plan)
+
+
+def recompute_args(plan: ParallelPlan) -> list[str]:
+    """The plan's recompute flags (--recompute-modules as given: megatron-core reads them for
+    selective recompute only)."""
+    out: list[str] = []
     rc = plan.recompute
     if rc.granularity == "selective":
         out += ["--recompute-granularity", "selective"]
@@ -66,6 +72,8 @@ def plan_args(plan: ParallelPlan) -> list[str]:
             out += ["--recompute-num-layers", str(n)]
         else:
             out += ["--recompute-num-layers-per-stage", ",".join(str(n) for n in rc.num_layers)]
+    if rc.modules:
+        out += ["--recompute-modules", *rc.modules]
     return out
 
 

@@ -232,6 +232,7 @@ def _result(
         margins=margins,
         routing=routing_report(memory, fore, ranked[0], shown[0], cluster, margins, hw),
         cost=options.cost,
+        recompute_modules=space.recompute_modules,
     )
 
 

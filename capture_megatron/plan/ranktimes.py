@@ -48,9 +48,9 @@ class RankTimes:
         self.per_layer = (
             self.layer.forward
             + self.layer.backward
-            + (self.layer.attention_forward if selective else 0.0)
+            + (self.layer.recomputed_forward if selective else 0.0)
         )
-        """A layer's forward and backward (selective recompute's attention again)."""
+        """A layer's forward and backward (selective recompute's modules again)."""
 
     def fixed(self, rank: int) -> float:
         """The rank's time beside its layers: the chunks' overhead, the output layer and loss."""

@@ -75,6 +75,9 @@ class PlanResult:
     """Dropless MoE: the routing factors and the chosen plan's peaks at each (None otherwise)."""
     cost: CostModel = CostModel()
     """The step-time model the plans were ranked with (hardware, overlap settings, constants)."""
+    recompute_modules: tuple[str, ...] = ()
+    """--recompute-modules as given, handed back with every plan (megatron-core reads them for
+    selective recompute only)."""
 
     @property
     def best(self) -> Evaluated:
@@ -95,7 +98,10 @@ class PlanResult:
         """The Megatron flags of the chosen plan (or of `e`): parallel settings and kernels."""
         plan = (e or self.best).plan
         overlap = overlap_args(plan, self.cost.settings) if self.on_gpu else []
-        return plan_args(plan) + overlap + kernel_args(self.kernels, self._gpu_kernels)
+        given = plan_args(plan)
+        if self.recompute_modules and "--recompute-modules" not in given:
+            given += ["--recompute-modules", *self.recompute_modules]
+        return given + overlap + kernel_args(self.kernels, self._gpu_kernels)
 
     def flag_notes(self) -> tuple[str, ...]:
         """What the chosen plan's megatron_args need beyond stock Megatron-LM (empty: nothing)."""

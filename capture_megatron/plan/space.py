@@ -12,7 +12,11 @@ from capture_megatron.config.ddp import DEFAULT_DDP, DdpOptions
 from capture_megatron.config.kernels import Kernels, tp_overlap_problem
 from capture_megatron.config.mtp import mtp_problems
 from capture_megatron.config.parallel import tp_fits
-from capture_megatron.config.resolve import refuse_dropped_recompute
+from capture_megatron.config.resolve import (
+    given_modules,
+    granularity_of,
+    refuse_dropped_recompute,
+)
 from capture_megatron.errors import CaptureError
 
 
@@ -36,6 +40,9 @@ class Space:
     """Sequence parallelism (only with TP > 1)."""
     distributed_optimizer: tuple[bool, ...] = (False, True)
     """Megatron's distributed optimizer (only with DP > 1)."""
+    recompute_modules: tuple[str, ...] = ()
+    """--recompute-modules as given (the deprecated --moe-layer-recompute's 'moe' added; empty:
+    megatron-core's default, core_attn), recomputed by every selective candidate."""
     recompute_method: str = ""
     """Full recompute's method as given (block or uniform); empty: block, counts searched."""
     recompute_layers: tuple[int, ...] = ()
@@ -99,8 +106,9 @@ def space_from(
         fixed["vpp"] = (flags.num_virtual_stages_per_pipeline_rank,)
     if flags.micro_batch_size:
         fixed["micro_batch_size"] = (flags.micro_batch_size,)
-    if flags.recompute_granularity or flags.recompute_activations:
-        fixed["recompute"] = (flags.recompute_granularity or "selective",)
+    if flags.recompute_granularity or flags.recompute_activations or flags.moe_layer_recompute:
+        fixed["recompute"] = (granularity_of(flags),)
+    fixed["recompute_modules"] = given_modules(flags)
     if flags.recompute_granularity == "full":
         per_stage = flags.recompute_num_layers_per_stage
         if per_stage:
@@ -246,6 +254,8 @@ def _settings(
             continue
         for rc in space.recompute:
             recompute = space.full_recompute(pp) if rc == "full" else Recompute(rc)
+            if rc == "selective":
+                recompute = Recompute.selective(space.recompute_modules)
             for do in space.distributed_optimizer:
                 if (do and dp * cp == 1 and len(space.distributed_optimizer) > 1) or _dominated(
                     do, dp * cp, space.distributed_optimizer

@@ -67,7 +67,8 @@ def mixed_layers(shape: ModelShape) -> bool:
 def variant_of(shape: ModelShape, plan: ParallelPlan) -> Variant:
     """The categorical settings of the model's own layers (its MoE layers' with experts)."""
     moe = experts_probe(shape, plan)
-    return Variant.of(shape, plan.recompute.granularity, plan.sequence_parallel, moe, plan.cp)
+    rc = plan.recompute
+    return Variant.of(shape, rc.granularity, plan.sequence_parallel, moe, plan.cp, rc.modules)
 
 
 def variants_of(shape: ModelShape, plan: ParallelPlan) -> tuple[Variant, ...]:
@@ -75,8 +76,9 @@ def variants_of(shape: ModelShape, plan: ParallelPlan) -> tuple[Variant, ...]:
     main = variant_of(shape, plan)
     if not mixed_layers(shape):
         return (main,)
+    rc = plan.recompute
     return main, Variant.of(
-        shape, plan.recompute.granularity, plan.sequence_parallel, None, plan.cp
+        shape, rc.granularity, plan.sequence_parallel, None, plan.cp, rc.modules
     )
 
 

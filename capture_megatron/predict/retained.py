@@ -9,7 +9,9 @@ schedule sends back). They stay alive until the layer's next forward replaces it
 Measured per probe (ProfileRecord.retained_bytes); per chunk:
 
 - no recomputed layer: the kept layers' retention `ret1` (received input + its gradient on middle /
-  last chunks; nothing on first / only chunks, whose graph starts at the embedding);
+  last chunks; nothing on first / only chunks, whose graph starts at the embedding), and for each
+  further MoE layer `retk2 - ret1` (what selective recompute's checkpoint in it leaves: its
+  detached input and gradient; 0 without --recompute-modules moe / layernorm / moe_act);
 - each recomputed MoE layer: its input and gradient (`retrc` for the chunk's first layer, whose
   input is the chunk's, `ret2 - retrc` for each further one); with the uniform method, each
   checkpointed group holding an MoE layer;
@@ -64,7 +66,11 @@ def retention(
             ret += _v(c.retmix) - _v(c.retrc)
             grad += _v(c.gradmix) - _v(c.gradrc)
         else:
-            ret, grad = ret + _v(c.ret1), grad + _v(c.grad1)
+            kept = sum(moe[n:]) - 1  # further kept MoE layers: what selective recompute leaves
+            ret, grad = (
+                ret + _v(c.ret1) + kept * max(_v(mid.retk2) - _v(mid.ret1), 0.0),
+                grad + _v(c.grad1),
+            )
     return ret, grad
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import json
 import os
 import tempfile
 from importlib import resources
@@ -23,6 +24,7 @@ from capture_megatron import __version__
 from capture_megatron.cache import cache_dir
 from capture_megatron.errors import CaptureError
 from capture_megatron.records import ProfileRecord, Variant, read_records, write_records
+from capture_megatron.serial import to_plain
 
 SHIPPED = "design"
 """Folder of capture_megatron.profile holding the shipped design records."""
@@ -33,7 +35,10 @@ def design_key(
 ) -> str:
     """The file name (without suffix) of one variant's design records."""
     soft = f"{__version__}|{version('torch')}|{version('megatron-core')}"
-    key = f"{device}|{kernel_set}|{variant.to_json()}|{tps}|{timelines}|{soft}"
+    plain = to_plain(variant)
+    if not variant.recompute_modules:  # the default modules: the key the variant had before them
+        del plain["recompute_modules"]
+    key = f"{device}|{kernel_set}|{json.dumps(plain)}|{tps}|{timelines}|{soft}"
     return f"{device}-{hashlib.sha1(key.encode()).hexdigest()[:16]}"
 
 

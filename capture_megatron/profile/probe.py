@@ -282,7 +282,21 @@ def release(chunk: _Chunk, meter) -> int:
         output = _forward(chunk, hidden)
     del output, hidden
     get_attr_wrapped_model(chunk.model, "set_input_tensor")(None)
+    drop_checkpoints(chunk.model)
     return before - meter.current()
+
+
+def drop_checkpoints(model) -> None:
+    """Forget what the forward without autograd left in megatron-core's CheckpointWithoutOutput
+    objects (selective recompute of layernorm, moe_act, mla_up_proj keeps them on the modules):
+    without a backward to recompute them they would keep their saved inputs, which a training
+    step's backward releases (it sets their ctx to None)."""
+    from megatron.core.tensor_parallel.random import CheckpointWithoutOutput
+
+    for module in model.modules():
+        for name, value in list(vars(module).items()):
+            if isinstance(value, CheckpointWithoutOutput):
+                setattr(module, name, None)
 
 
 def measure(probe: Probe, meter, setup: Setup, timelines: bool = False) -> ProfileRecord:

@@ -49,7 +49,7 @@ def parallel_plan(probe: Probe) -> ParallelPlan:
     if v.recompute == "full":
         recompute = Recompute("full", "block", (probe.recompute_layers,))
     else:
-        recompute = Recompute(v.recompute)
+        recompute = Recompute(v.recompute, modules=v.recompute_modules)
     b = probe.shape.micro_batch_size
     dp, ep, etp, cp = probe_world(probe)
     return ParallelPlan(

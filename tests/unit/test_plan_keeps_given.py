@@ -49,7 +49,8 @@ def test_plan_keeps_kernels_recompute_and_sizes(impl, tmp_path):
     assert args.count("--sequence-parallel") == 1
     plan = data["plan"]
     assert (plan["tp"], plan["pp"], plan["micro_batch_size"]) == (2, 2, 2)
-    assert plan["recompute"] == {"granularity": "full", "method": "uniform", "num_layers": [2, 2]}
+    rc = {"granularity": "full", "method": "uniform", "num_layers": [2, 2], "modules": []}
+    assert plan["recompute"] == rc
     kernels = data["kernels"]
     assert (kernels["transformer_impl"], kernels["attention_backend"]) == (impl, "unfused")
     assert data["memory_model"]["kernels"].startswith("gpu:")

@@ -136,3 +136,24 @@ def gpu_block_spec(block, kernels: Kernels):
 
     layers = [gpu_layer_spec(s, kernels, LocalNorm) for s in block.layer_specs]
     return dataclasses.replace(block, layer_specs=layers, layer_norm=layer_norm(kernels, LocalNorm))
+
+
+def keep_fused_norms(model, kernels: Kernels) -> None:
+    """Selective recompute of 'layernorm' as on the GPU: Transformer Engine's spec fuses the
+    attention's input norm (standard attention) and a dense layer's pre-MLP norm into
+    LayerNormLinear, leaving megatron-core an IdentityOp it does not recompute; the kernel set
+    builds those norms as separate modules (keeping what LayerNormLinear keeps), so their
+    recompute is switched off here as megatron-core's IdentityOp test would. MLA's input norm and
+    an MoE layer's pre-MLP norm are TE norms of their own and stay recomputed."""
+    from megatron.core.transformer.multi_latent_attention import MultiLatentAttention
+    from megatron.core.transformer.transformer_layer import TransformerLayer
+
+    if kernels.transformer_impl != "transformer_engine":
+        return
+    for layer in model.modules():
+        if not isinstance(layer, TransformerLayer):
+            continue
+        if not isinstance(layer.self_attention, MultiLatentAttention):
+            layer.recompute_input_layernorm = False
+        if not layer.is_moe_layer:
+            layer.recompute_pre_mlp_layernorm = False
