@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from capture_megatron.config import GIB, ModelShape, ParallelPlan
+from capture_megatron.config.flex import hybridep_buffer_bytes
 
 RESERVE_FRACTION = 0.02
 """Default allocator reserve: reserved was 1.9% above allocated on a dense Megatron-LM run on H100
@@ -32,6 +33,25 @@ class Margins:
     userbuffers_per_token: int = 0
     """CUDA with --tp-comm-overlap: bytes per token of Transformer Engine's userbuffers, outside
     the allocator (capture_megatron.config.Kernels.userbuffer_bytes_per_token); 0 without."""
+
+    hybridep_domain: int = 0
+    """CUDA with the flex dispatcher's HybridEP backend: the GPUs per NVLink domain HybridEP's
+    buffers span (capture_megatron.config.flex.hybridep_buffer_bytes), outside the allocator; 0
+    without HybridEP."""
+
+    def plan_needed(self, peak: float, shape: ModelShape, plan: ParallelPlan) -> float:
+        """Bytes a GPU must have for a predicted peak of `plan` (userbuffers and HybridEP's
+        buffers sized by the plan)."""
+        outside = 0.0
+        if self.hybridep_domain and not self.on_cpu and shape.moe.enabled:
+            outside = hybridep_buffer_bytes(
+                shape.hidden_size,
+                shape.seq_length * plan.micro_batch_size // (plan.tp * plan.cp),
+                plan.ep * plan.expert_tp,
+                shape.moe.num_experts // plan.ep,
+                self.hybridep_domain,
+            )
+        return self.needed(peak, userbuffer_tokens(shape, plan)) + outside
 
     def needed(self, peak: float, tokens: int = 0) -> float:
         """Bytes a GPU must have for a predicted peak (`tokens`: the plan's sequence x
