@@ -39,19 +39,37 @@ class Margins:
     buffers span (capture_megatron.config.flex.hybridep_buffer_bytes), outside the allocator; 0
     without HybridEP."""
 
+    def hybridep_bytes(self, shape: ModelShape, plan: ParallelPlan) -> int:
+        """HybridEP's buffers on each GPU of `plan`, outside the allocator (0 without HybridEP):
+        megatron-core sizes them by the tokens of a layer's input on a rank (sequence x
+        micro-batch / TP x CP, sequence parallelism being on with TP > 1 in MoE models)."""
+        if not self.hybridep_domain or self.on_cpu or not shape.moe.enabled:
+            return 0
+        return hybridep_buffer_bytes(
+            shape.hidden_size,
+            shape.seq_length * plan.micro_batch_size // (plan.tp * plan.cp),
+            plan.ep * plan.expert_tp,
+            shape.moe.num_experts // plan.ep,
+            self.hybridep_domain,
+        )
+
     def plan_needed(self, peak: float, shape: ModelShape, plan: ParallelPlan) -> float:
         """Bytes a GPU must have for a predicted peak of `plan` (userbuffers and HybridEP's
         buffers sized by the plan)."""
-        outside = 0.0
-        if self.hybridep_domain and not self.on_cpu and shape.moe.enabled:
-            outside = hybridep_buffer_bytes(
-                shape.hidden_size,
-                shape.seq_length * plan.micro_batch_size // (plan.tp * plan.cp),
-                plan.ep * plan.expert_tp,
-                shape.moe.num_experts // plan.ep,
-                self.hybridep_domain,
-            )
+        outside = self.hybridep_bytes(shape, plan)
         return self.needed(peak, userbuffer_tokens(shape, plan)) + outside
+
+    def hybridep_note(self, shape: ModelShape, plan: ParallelPlan) -> str:
+        """What `need` counts of HybridEP's buffers for `plan` ('' without them)."""
+        nbytes = self.hybridep_bytes(shape, plan)
+        if not nbytes:
+            return ""
+        return (
+            f"need includes HybridEP's communication buffers, {nbytes / GIB:.2f} GiB per GPU "
+            "outside the allocator (flex dispatcher, --moe-flex-dispatcher-backend hybridep; "
+            "sized as DeepEP's hybrid-ep eb9cee7 allocates them for the expert TP x EP group "
+            "over NVLink domains of the --gpu-type's size, docs/MEMORY_MODEL.md)"
+        )
 
     def needed(self, peak: float, tokens: int = 0) -> float:
         """Bytes a GPU must have for a predicted peak (`tokens`: the plan's sequence x
