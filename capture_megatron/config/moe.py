@@ -50,8 +50,9 @@ class Experts(JsonMixin):
     moe_flex_dispatcher_backend: str = flag(
         "--moe-flex-dispatcher-backend", "deepep", choices=FLEX_BACKENDS, omit_default=True
     )
-    """The flex dispatcher's communication library (read only with the flex dispatcher; left out
-    of a record's key at its default, so that the keys of other runs stay as they were)."""
+    """The flex dispatcher's communication library: hybridep (forecast on the GPU kernel set,
+    HybridEP's buffers counted outside the allocator) or deepep (refused); read only with
+    --moe-token-dispatcher-type flex (capture_megatron.config.flex)."""
     moe_expert_capacity_factor: float = flag(
         "--moe-expert-capacity-factor", 0.0, note="(0 or absent: dropless)"
     )
