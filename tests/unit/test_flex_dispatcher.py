@@ -1,6 +1,7 @@
-"""--moe-token-dispatcher-type flex: HybridEP (--moe-flex-dispatcher-backend hybridep) forecast on the
-GPU kernel set, with its buffers outside the allocator in what a GPU needs; DeepEP, megatron-core's
-flex rules and the CPU kernel set refused with one paragraph each, before any probe."""
+"""--moe-token-dispatcher-type flex: HybridEP (--moe-flex-dispatcher-backend hybridep) forecast on
+the GPU kernel set, with its buffers outside the allocator in what a GPU needs; DeepEP,
+megatron-core's flex rules and the CPU kernel set refused with one paragraph each, before any
+probe."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import json
 import pytest
 from test_cli_errors import cli, one_error
 
-from capture_megatron.config.flex import CPU_REFUSAL, flex_problems, hybridep_buffer_bytes
 from capture_megatron.config import GIB
+from capture_megatron.config.flex import CPU_REFUSAL, flex_problems, hybridep_buffer_bytes
 from capture_megatron.config.moe import Experts
 from capture_megatron.plan.margins import CONTEXT_GIB, RESERVE_FRACTION
 
