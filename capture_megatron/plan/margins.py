@@ -64,12 +64,20 @@ class Margins:
         nbytes = self.hybridep_bytes(shape, plan)
         if not nbytes:
             return ""
-        return (
-            f"need includes HybridEP's communication buffers, {nbytes / GIB:.2f} GiB per GPU "
-            "outside the allocator (flex dispatcher, --moe-flex-dispatcher-backend hybridep; "
-            "sized as DeepEP's hybrid-ep eb9cee7 allocates them for the expert TP x EP group "
-            "over NVLink domains of the --gpu-type's size, docs/MEMORY_MODEL.md)"
+        size = f"{nbytes / GIB:.2f} GiB" if nbytes >= GIB / 10 else f"{nbytes / 2**20:.1f} MiB"
+        note = (
+            f"need includes HybridEP's communication buffers, {size} per GPU outside the "
+            "allocator (flex dispatcher, --moe-flex-dispatcher-backend hybridep; sized as DeepEP's "
+            "hybrid-ep eb9cee7 allocates them for the expert TP x EP group over NVLink domains of "
+            "the --gpu-type's size, docs/MEMORY_MODEL.md)"
         )
+        if shape.moe.moe_router_dtype != "fp32":
+            note += (
+                "; HybridEP takes float32 routing probabilities only: megatron-core converts "
+                "them (warning 'please set --moe-router-dtype=fp32' at every dispatch), and the "
+                "forecast holds the float32 copies"
+            )
+        return note
 
     def needed(self, peak: float, tokens: int = 0) -> float:
         """Bytes a GPU must have for a predicted peak (`tokens`: the plan's sequence x

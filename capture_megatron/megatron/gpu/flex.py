@@ -38,6 +38,8 @@ real GPU or for CPU runs.
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from capture_megatron.config.flex import MIN_TOKENS
@@ -219,10 +221,22 @@ def hybrid_ep_combine(x, handle, num_permuted_tokens, pad_multiple):
     return fused_a2a.HybridEPCombine.apply(x, handle, num_permuted_tokens, pad_multiple)
 
 
+class _Float32ProbsNotice(logging.Filter):
+    """Drops megatron's per-dispatch 'HybridEP only supports float32 probs' warning in probes
+    (the plan's note says it once: capture_megatron.plan.margins.Margins.hybridep_note)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """False for that warning."""
+        return not str(record.msg).startswith("HybridEP only supports float32 probs")
+
+
 def install() -> None:
     """Give megatron-core's fused_a2a and token dispatcher HybridEP (idempotent)."""
     from megatron.core.transformer.moe import fused_a2a, token_dispatcher
 
+    log = logging.getLogger(token_dispatcher.__name__)
+    if not any(isinstance(f, _Float32ProbsNotice) for f in log.filters):
+        log.addFilter(_Float32ProbsNotice())
     fused_a2a.HybridEPBuffer = HybridEPBuffer
     fused_a2a.HAVE_HYBRIDEP = True
     for module in (fused_a2a, token_dispatcher):
