@@ -35,8 +35,9 @@ DEEPEP_REFUSAL = (
 
 CPU_REFUSAL = (
     "--moe-token-dispatcher-type flex runs only on the GPU kernel set: it sends tokens through "
-    "DeepEP or HybridEP, CUDA-only libraries; forecast it with --kernel-set gpu (the default), "
-    "or train on the CPU with --moe-token-dispatcher-type alltoall or allgather"
+    "DeepEP or HybridEP, CUDA-only libraries; forecast it with the GPU kernel set (--device "
+    "fake-cuda, the default without a GPU), or run on the CPU with --moe-token-dispatcher-type "
+    "alltoall or allgather"
 )
 """The CPU kernel set's refusal (one paragraph)."""
 

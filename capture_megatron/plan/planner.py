@@ -150,7 +150,7 @@ def plan(
         raise CaptureError(
             "plan() needs a memory model or a source (capture_megatron.profile.memory_source)"
         )
-    _refuse_flex(shape, options)
+    _refuse_flex(shape, options, cluster)
     shape = routed(shape, "planning")  # dropless MoE: plans fit at the forecast plus its margin
     supply = Supply(shape, memory)
     hw, margins = options.cost, options.margins(cluster, shape.hidden_size, hybridep(shape))
@@ -187,13 +187,14 @@ def hybridep(shape: ModelShape) -> bool:
     return flex and moe.moe_flex_dispatcher_backend == "hybridep"
 
 
-def _refuse_flex(shape: ModelShape, options: PlanOptions) -> None:
+def _refuse_flex(shape: ModelShape, options: PlanOptions, cluster: Cluster) -> None:
     """CaptureError for what megatron-core or HybridEP refuses of a flex run (the rules of
     capture_megatron.config.flex; for a searched plan those of the plan-independent settings,
-    the search keeps expert TP x EP > 1)."""
+    the search keeps expert TP x EP > 1; on CPU processes the CPU kernel set's refusal)."""
     fixed, domain = options.fixed, options.cost.hardware.nvlink_domain
     group = fixed.ep * fixed.expert_tp if fixed is not None else 2
-    problems = flex_problems(shape.moe, shape.dtype, group, domain if fixed else group)
+    cpu = cluster.device == "cpu"
+    problems = flex_problems(shape.moe, shape.dtype, group, domain if fixed else group, cpu)
     if problems:
         raise CaptureError("; ".join(problems) + ".")
 
