@@ -12,12 +12,21 @@ from typing import Any, TypeVar
 from capture_megatron.errors import CaptureError
 
 T = TypeVar("T")
+OMIT_DEFAULT = "capture_megatron.omit_default"
+"""Metadata key of a field that to_plain leaves out at its default (capture_megatron.config
+.fields.flag(omit_default=True)), so that adding the field kept the JSON, hence the record keys,
+of everything made before it."""
 
 
 def to_plain(obj: Any) -> Any:
-    """Turn a (nested) dataclass into JSON-ready lists, dicts and scalars (field order kept)."""
+    """Turn a (nested) dataclass into JSON-ready lists, dicts and scalars (field order kept; a
+    field marked omit_default is left out at its default, which from_plain restores)."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        return {
+            f.name: to_plain(getattr(obj, f.name))
+            for f in dataclasses.fields(obj)
+            if not (f.metadata.get(OMIT_DEFAULT) and getattr(obj, f.name) == f.default)
+        }
     if isinstance(obj, (list, tuple)):
         return [to_plain(v) for v in obj]
     if isinstance(obj, dict):

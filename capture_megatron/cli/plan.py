@@ -123,7 +123,9 @@ def plan_and_report(
         else ""
     )
     routing = result.routing.notes() if result.routing else ()
-    notes = (*shape_notes, *model_notes(shape), *routing, *((sp_note,) if sp_note else ()))
+    flex = result.margins.hybridep_note(result.shape, result.best.plan)
+    extra = tuple(n for n in (sp_note, flex) if n)
+    notes = (*shape_notes, *model_notes(shape), *routing, *extra)
     result = dataclasses.replace(result, ignored_flags=ignored, notes=notes)
     print_plan(result)
     if ns.json:

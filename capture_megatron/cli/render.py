@@ -76,6 +76,8 @@ def legend(result: PlanResult) -> list[str]:
             f"need = peak{calibrated} + allocator reserve ({100 * m.reserve_fraction:g}%) + "
             f"CUDA context and NCCL ({m.context_bytes / GIB:g} GiB)"
         )
+        if m.hybridep_domain:
+            need += " + HybridEP's communication buffers (outside the allocator)"
         step = (
             "step s: the step-time model's estimate per optimizer step on the --gpu-type "
             "(docs/STEP_TIME.md), to rank plans"

@@ -19,7 +19,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any
 
-from capture_megatron.serial import type_hints
+from capture_megatron.serial import OMIT_DEFAULT, type_hints
 
 FLAG = "capture_megatron.flag"
 """The metadata key under which a field keeps its Flag."""
@@ -53,9 +53,13 @@ def flag(
     note: str = "",
     sep: str = "",
     aliases: tuple[str, ...] = (),
+    omit_default: bool = False,
 ) -> Any:
-    """A dataclass field set by the flag `name` (no default: the field is required)."""
-    meta = {FLAG: Flag(name, negate, tuple(choices), note, sep, tuple(aliases))}
+    """A dataclass field set by the flag `name` (no default: the field is required;
+    `omit_default`: left out of JSON at its default, see OMIT_DEFAULT)."""
+    meta: dict[str, Any] = {FLAG: Flag(name, negate, tuple(choices), note, sep, tuple(aliases))}
+    if omit_default:
+        meta[OMIT_DEFAULT] = True
     return dataclasses.field(default=default, metadata=meta)
 
 

@@ -22,17 +22,9 @@ BALANCING = ("aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none")
 """Megatron's --moe-router-load-balancing-type choices."""
 SCORE_FUNCTIONS = ("softmax", "sigmoid")
 """Megatron's --moe-router-score-function choices."""
-FLEX_REFUSAL = (
-    "--moe-token-dispatcher-type flex is not modelled: it sends tokens through DeepEP or HybridEP "
-    "(--moe-flex-dispatcher-backend), GPU-only communication libraries that allocate their own "
-    "NVLink / RDMA buffers once per process (sized by their configuration, not by megatron-core) "
-    "and keep their own dispatch layouts, none of which the CPU or GPU kernel set holds; "
-    "megatron-core also refuses flex with padded expert inputs, which the forecast's routing "
-    "bound uses. Give --moe-token-dispatcher-type alltoall (the same experts and routing, "
-    "megatron-core's all-to-all dispatcher) to forecast the run without DeepEP's buffers"
-)
-"""Why `predict` and `plan` refuse the flex dispatcher (one paragraph; capture-megatron's CPU
-training names it with the other flags the CPU cannot run: capture_megatron.megatron.moe)."""
+FLEX_BACKENDS = ("deepep", "hybridep")
+"""Megatron's --moe-flex-dispatcher-backend choices (deepep is its default); what megatron-core
+0.16.1 and capture-megatron make of them: capture_megatron.config.flex."""
 
 
 @dataclass(frozen=True)
@@ -55,6 +47,12 @@ class Experts(JsonMixin):
         "--moe-token-dispatcher-type", "allgather", choices=DISPATCHERS
     )
     """How tokens reach the experts' ranks."""
+    moe_flex_dispatcher_backend: str = flag(
+        "--moe-flex-dispatcher-backend", "deepep", choices=FLEX_BACKENDS, omit_default=True
+    )
+    """The flex dispatcher's communication library: hybridep (forecast on the GPU kernel set,
+    HybridEP's buffers counted outside the allocator) or deepep (refused); read only with
+    --moe-token-dispatcher-type flex (capture_megatron.config.flex)."""
     moe_expert_capacity_factor: float = flag(
         "--moe-expert-capacity-factor", 0.0, note="(0 or absent: dropless)"
     )

@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 
 from capture_megatron.config import ModelShape, ParallelPlan
+from capture_megatron.config.flex import CPU_REFUSAL
 from capture_megatron.errors import CaptureError
 
 
@@ -56,6 +57,7 @@ def config_fields(shape: ModelShape, plan: ParallelPlan) -> dict:
         "moe_shared_expert_intermediate_size": moe.moe_shared_expert_intermediate_size or None,
         "moe_router_topk": moe.moe_router_topk,
         "moe_token_dispatcher_type": moe.moe_token_dispatcher_type,
+        "moe_flex_dispatcher_backend": moe.moe_flex_dispatcher_backend,
         "moe_expert_capacity_factor": None if _sinkhorn_bound(moe) else capacity,
         "moe_pad_expert_input_to_capacity": moe.moe_pad_expert_input_to_capacity
         and not _sinkhorn_bound(moe),
@@ -141,10 +143,7 @@ def cpu_refusals(shape: ModelShape) -> list[str]:
             "leave it out to run the experts one after another (SequentialMLP, the same function)"
         )
     if moe.moe_token_dispatcher_type == "flex":
-        p.append(
-            "--moe-token-dispatcher-type flex needs DeepEP or HybridEP (CUDA kernels); use "
-            "alltoall or allgather"
-        )
+        p.append(CPU_REFUSAL)
     if shape.add_bias_linear:
         p.append(
             "linear biases (the default without --disable-bias-linear) fail in the local spec's "

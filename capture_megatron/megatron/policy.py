@@ -121,6 +121,12 @@ _IGNORED_BECAUSE = {
         "nothing in megatron-core 0.16.1 reads it (a field left in ModelParallelConfig)"
     ): "--moe-extended-tp",
     (
+        "the streaming multiprocessors HybridEP's dispatch and combine kernels run on "
+        "(num_sms_dispatch_api / num_sms_combine_api); DeepEP hybrid-ep eb9cee7 sizes its "
+        "buffers and the tensors it returns by tokens, hidden size, experts and ranks only "
+        "(hybrid_ep.cu allocate_buffer, executor.cu)"
+    ): "--moe-hybridep-num-sms",
+    (
         "only registers the gradient buffers of --use-nccl-ub (refused) with NCCL "
         "(param_and_grad_buffer.py); on its own it changes nothing"
     ): "--disable-symmetric-registration",

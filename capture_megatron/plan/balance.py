@@ -14,7 +14,7 @@ from capture_megatron.config import Cluster, ModelShape, ParallelPlan, Recompute
 from capture_megatron.fit import MemoryModel
 from capture_megatron.plan.contiguous import contiguous_partition, descend
 from capture_megatron.plan.costmodel import CostModel, step_seconds
-from capture_megatron.plan.margins import Margins, userbuffer_tokens
+from capture_megatron.plan.margins import Margins
 from capture_megatron.plan.partition import (
     LocatedPeak,
     RankPeak,
@@ -203,8 +203,7 @@ def trim_recompute(
                     "full", "block", tuple(counts[:r] + [counts[r] - 1] + counts[r + 1 :])
                 ),
             )
-            tokens = userbuffer_tokens(shape, trial)
-            if margins.needed(rank_memory(layers, shape, trial, r).peak, tokens) > cap:
+            if margins.plan_needed(rank_memory(layers, shape, trial, r).peak, shape, trial) > cap:
                 break
             counts[r] -= 1
     if not any(counts):
@@ -224,7 +223,7 @@ def evaluate_plan(
     layers = layers_for(model, shape, plan)
     stages = tuple(rank_memory(layers, shape, plan, r) for r in range(plan.pp))
     peak = max(s.peak for s in stages)
-    needed = margins.needed(peak, userbuffer_tokens(shape, plan))
+    needed = margins.plan_needed(peak, shape, plan)
     return Evaluated(
         plan,
         stages,

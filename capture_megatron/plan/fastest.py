@@ -32,7 +32,7 @@ from capture_megatron.plan.balance import (
     trim_recompute,
 )
 from capture_megatron.plan.costmodel import CostModel, step_seconds
-from capture_megatron.plan.margins import Margins, userbuffer_tokens
+from capture_megatron.plan.margins import Margins
 from capture_megatron.plan.ranktimes import least_step, memory_floor
 from capture_megatron.plan.supply import Supply
 from capture_megatron.plan.timed import timed_split
@@ -131,8 +131,7 @@ def _floor_fits(
     shape: ModelShape, plan: ParallelPlan, margins: Margins, cap: float, fp8_params: bool
 ) -> bool:
     """Whether the plan's memory floor (ranktimes.memory_floor) plus margins is within `cap`."""
-    tokens = userbuffer_tokens(shape, plan)
-    return margins.needed(memory_floor(shape, plan, fp8_params), tokens) <= cap
+    return margins.plan_needed(memory_floor(shape, plan, fp8_params), shape, plan) <= cap
 
 
 def fastest(

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from capture_megatron.config import GIB, ModelShape, ParallelPlan
+from capture_megatron.config.flex import hybridep_buffer_bytes
 
 RESERVE_FRACTION = 0.02
 """Default allocator reserve: reserved was 1.9% above allocated on a dense Megatron-LM run on H100
@@ -32,6 +33,51 @@ class Margins:
     userbuffers_per_token: int = 0
     """CUDA with --tp-comm-overlap: bytes per token of Transformer Engine's userbuffers, outside
     the allocator (capture_megatron.config.Kernels.userbuffer_bytes_per_token); 0 without."""
+
+    hybridep_domain: int = 0
+    """CUDA with the flex dispatcher's HybridEP backend: the GPUs per NVLink domain HybridEP's
+    buffers span (capture_megatron.config.flex.hybridep_buffer_bytes), outside the allocator; 0
+    without HybridEP."""
+
+    def hybridep_bytes(self, shape: ModelShape, plan: ParallelPlan) -> int:
+        """HybridEP's buffers on each GPU of `plan`, outside the allocator (0 without HybridEP):
+        megatron-core sizes them by the tokens of a layer's input on a rank (sequence x
+        micro-batch / TP x CP, sequence parallelism being on with TP > 1 in MoE models)."""
+        if not self.hybridep_domain or self.on_cpu or not shape.moe.enabled:
+            return 0
+        return hybridep_buffer_bytes(
+            shape.hidden_size,
+            shape.seq_length * plan.micro_batch_size // (plan.tp * plan.cp),
+            plan.ep * plan.expert_tp,
+            shape.moe.num_experts // plan.ep,
+            self.hybridep_domain,
+        )
+
+    def plan_needed(self, peak: float, shape: ModelShape, plan: ParallelPlan) -> float:
+        """Bytes a GPU must have for a predicted peak of `plan` (userbuffers and HybridEP's
+        buffers sized by the plan)."""
+        outside = self.hybridep_bytes(shape, plan)
+        return self.needed(peak, userbuffer_tokens(shape, plan)) + outside
+
+    def hybridep_note(self, shape: ModelShape, plan: ParallelPlan) -> str:
+        """What `need` counts of HybridEP's buffers for `plan` ('' without them)."""
+        nbytes = self.hybridep_bytes(shape, plan)
+        if not nbytes:
+            return ""
+        size = f"{nbytes / GIB:.2f} GiB" if nbytes >= GIB / 10 else f"{nbytes / 2**20:.1f} MiB"
+        note = (
+            f"need includes HybridEP's communication buffers, {size} per GPU outside the "
+            "allocator (flex dispatcher, --moe-flex-dispatcher-backend hybridep; sized as DeepEP's "
+            "hybrid-ep eb9cee7 allocates them for the expert TP x EP group over NVLink domains of "
+            "the --gpu-type's size, docs/MEMORY_MODEL.md)"
+        )
+        if shape.moe.moe_router_dtype != "fp32":
+            note += (
+                "; HybridEP takes float32 routing probabilities only: megatron-core converts "
+                "them (warning 'please set --moe-router-dtype=fp32' at every dispatch), and the "
+                "forecast holds the float32 copies"
+            )
+        return note
 
     def needed(self, peak: float, tokens: int = 0) -> float:
         """Bytes a GPU must have for a predicted peak (`tokens`: the plan's sequence x

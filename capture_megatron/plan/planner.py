@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from capture_megatron.config import GIB, Cluster, Kernels, ModelShape, ParallelPlan
 from capture_megatron.config.context import context_problem
 from capture_megatron.config.fields import flag
+from capture_megatron.config.flex import flex_problems
 from capture_megatron.config.fp8 import fp8_problem
 from capture_megatron.config.kernels import kernel_set, tp_overlap_problem
-from capture_megatron.config.moe import FLEX_REFUSAL
 from capture_megatron.errors import CaptureError
 from capture_megatron.fit import MemoryModel, ModelSource
 from capture_megatron.plan.baselines import baselines_for
@@ -76,12 +76,16 @@ class PlanOptions:
     kernels: Kernels = Kernels()
     """The layer implementation and fused kernels the run uses (Megatron-LM's defaults)."""
 
-    def margins(self, cluster: Cluster, hidden_size: int = 0) -> Margins:
+    def margins(self, cluster: Cluster, hidden_size: int = 0, hybridep: bool = False) -> Margins:
         """The memory margins these options set for `cluster` (and a model of `hidden_size`:
-        the userbuffers of --tp-comm-overlap)."""
+        the userbuffers of --tp-comm-overlap; `hybridep`: the flex dispatcher's HybridEP
+        buffers, over the hardware's NVLink domains)."""
         ub = self.kernels.userbuffer_bytes_per_token(hidden_size)
         on_cpu = cluster.device == "cpu"
-        return Margins(self.reserve_fraction, self.context_gib * GIB, self.calibration, on_cpu, ub)
+        domain = self.cost.hardware.nvlink_domain if hybridep else 0
+        return Margins(
+            self.reserve_fraction, self.context_gib * GIB, self.calibration, on_cpu, ub, domain
+        )
 
 
 DEFAULT_GLOBAL_BATCH = 512
@@ -146,11 +150,10 @@ def plan(
         raise CaptureError(
             "plan() needs a memory model or a source (capture_megatron.profile.memory_source)"
         )
-    if shape.moe.enabled and shape.moe.moe_token_dispatcher_type == "flex":
-        raise CaptureError(FLEX_REFUSAL + ".")
+    _refuse_flex(shape, options, cluster)
     shape = routed(shape, "planning")  # dropless MoE: plans fit at the forecast plus its margin
     supply = Supply(shape, memory)
-    hw, margins = options.cost, options.margins(cluster, shape.hidden_size)
+    hw, margins = options.cost, options.margins(cluster, shape.hidden_size, hybridep(shape))
     if options.fixed is not None:
         model = supply.complete([options.fixed])
         fixed = evaluate_plan(model, shape, options.fixed, cluster, margins, hw)
@@ -174,6 +177,26 @@ def plan(
     explained = plans_explained(shape, options.space, ranked[0].plan)
     model = supply.complete([e.plan for e in ranked] + explained)
     return _result(model, shape, cluster, options, ranked, considered, memory)
+
+
+def hybridep(shape: ModelShape) -> bool:
+    """Whether `shape`'s MoE layers dispatch through HybridEP (the flex dispatcher's hybridep
+    backend), whose buffers a GPU holds outside the allocator."""
+    moe = shape.moe
+    flex = moe.enabled and moe.moe_token_dispatcher_type == "flex"
+    return flex and moe.moe_flex_dispatcher_backend == "hybridep"
+
+
+def _refuse_flex(shape: ModelShape, options: PlanOptions, cluster: Cluster) -> None:
+    """CaptureError for what megatron-core or HybridEP refuses of a flex run (the rules of
+    capture_megatron.config.flex; for a searched plan those of the plan-independent settings,
+    the search keeps expert TP x EP > 1; on CPU processes the CPU kernel set's refusal)."""
+    fixed, domain = options.fixed, options.cost.hardware.nvlink_domain
+    group = fixed.ep * fixed.expert_tp if fixed is not None else 2
+    cpu = cluster.device == "cpu"
+    problems = flex_problems(shape.moe, shape.dtype, group, domain if fixed else group, cpu)
+    if problems:
+        raise CaptureError("; ".join(problems) + ".")
 
 
 def _result(
@@ -203,7 +226,7 @@ def _result(
     if problem:
         raise CaptureError(problem + ".")
     origin = ModelOrigin(model.device, model.kernels, model.versions)
-    hw, margins = options.cost, options.margins(cluster, shape.hidden_size)
+    hw, margins = options.cost, options.margins(cluster, shape.hidden_size, hybridep(shape))
     space = options.space
     objective = "fixed" if options.fixed is not None else options.objective
     ctx = Context(model, shape, cluster, space, margins, hw, objective)

@@ -193,13 +193,18 @@ def candidates(
 
 def expert_sizes(shape: ModelShape, tp: int, dp: int, space: Space) -> list[int]:
     """The EP sizes of a (TP, DP) candidate: those of the space that divide the experts and the
-    TP x DP ranks of a stage (expert TP = TP; with CP, `dp` counts DP x CP); [1] for a dense
-    model."""
+    TP x DP ranks of a stage (expert TP = TP; with CP, `dp` counts DP x CP), expert TP x EP > 1
+    for the flex dispatcher (megatron-core asserts it); [1] for a dense model."""
     if not shape.moe.enabled:
         return [1]
     experts = shape.moe.num_experts
     allowed = space.ep or tuple(_divisors(experts))
-    return [e for e in allowed if experts % e == 0 and (tp * dp) % (e * tp) == 0]
+    flex = shape.moe.moe_token_dispatcher_type == "flex"  # needs expert TP x EP > 1
+    return [
+        e
+        for e in allowed
+        if experts % e == 0 and (tp * dp) % (e * tp) == 0 and not (flex and e * tp == 1)
+    ]
 
 
 def _skipped_sp(shape: ModelShape, tp: int, sp: bool, space: Space) -> bool:

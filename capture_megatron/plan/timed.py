@@ -36,7 +36,7 @@ from capture_megatron.config import ModelShape, ParallelPlan, Recompute
 from capture_megatron.fit import MemoryModel
 from capture_megatron.plan import costparts as cp
 from capture_megatron.plan.costmodel import CostModel, bound_parts, chunk_seconds, step_seconds
-from capture_megatron.plan.margins import Margins, userbuffer_tokens
+from capture_megatron.plan.margins import Margins
 from capture_megatron.plan.partition import TIE
 from capture_megatron.plan.ranktimes import RankTimes, chunk_splits, lower_bound
 from capture_megatron.predict import layers_for, rank_memory
@@ -119,8 +119,7 @@ class _Ranks(RankTimes):
                 self.layers, self.shape, plan, rank, chunks, self.cache
             ).peak
         peak = self.peaks[key]
-        tokens = userbuffer_tokens(self.shape, self.plan)
-        return peak if self.margins.needed(peak, tokens) <= self.cap else None
+        return peak if self.margins.plan_needed(peak, self.shape, self.plan) <= self.cap else None
 
     def seconds(self, rank: int, chunks: tuple[int, ...], n: int) -> tuple[float, float]:
         """(the rank's time, its slowest chunk's) holding `chunks`, recomputing n per chunk."""

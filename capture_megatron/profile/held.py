@@ -108,9 +108,11 @@ def fp8_param_mask(model, kernels) -> tuple[bool, ...]:
 
 
 def clear_process_buffers() -> None:
-    """Forget the fake-cuda kernel set's process-wide buffers (TE's dummy wgrads, userbuffers),
-    so that a probe holds those of its own shapes only."""
+    """Forget the fake-cuda kernel set's process-wide buffers (TE's dummy wgrads, userbuffers,
+    HybridEP's buffer object), so that a probe holds those of its own shapes only."""
+    from capture_megatron.megatron.gpu import flex
     from capture_megatron.megatron.gpu.linear import DUMMY_WGRADS, USERBUFFERS
 
     DUMMY_WGRADS.clear()
     USERBUFFERS.clear()
+    flex.reset()

@@ -1,26 +1,125 @@
-"""--moe-token-dispatcher-type flex (DeepEP / HybridEP) is refused by `predict` and `plan` with
-one paragraph naming the flag and the alternative, before any probe (megatron-core's own error
-about padding the forecast's routing bound never asked for used to leak out)."""
+"""--moe-token-dispatcher-type flex: HybridEP (--moe-flex-dispatcher-backend hybridep) forecast on
+the GPU kernel set, with its buffers outside the allocator in what a GPU needs; DeepEP,
+megatron-core's flex rules and the CPU kernel set refused with one paragraph each, before any
+probe."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from test_cli_errors import cli, one_error
+
+from capture_megatron.config import GIB
+from capture_megatron.config.flex import CPU_REFUSAL, flex_problems, hybridep_buffer_bytes
+from capture_megatron.config.moe import Experts
+from capture_megatron.plan.margins import CONTEXT_GIB, RESERVE_FRACTION
+
+CONTEXT = CONTEXT_GIB * GIB
 
 MOE = (
     "--num-layers 2 --hidden-size 64 --ffn-hidden-size 128 --num-attention-heads 4 "
     "--seq-length 64 --max-position-embeddings 64 --vocab-size 256 --micro-batch-size 1 "
     "--global-batch-size 4 --bf16 --num-experts 4 --moe-router-topk 2 --disable-bias-linear "
-    "--expert-model-parallel-size 2 --moe-token-dispatcher-type flex --gpus 2 --no-progress"
+    "--moe-token-dispatcher-type flex --gpus 2 --no-progress"
 ).split()
+EP2 = ["--expert-model-parallel-size", "2"]
+HYBRID = ["--moe-flex-dispatcher-backend", "hybridep"]
+
+
+def _run(command, argv, tmp_path):
+    extra = ["--gpu-memory-gib", "80"] if command == "plan" else []
+    return cli([command, *MOE, *argv, *extra], str(tmp_path))
 
 
 @pytest.mark.parametrize("command", ["predict", "plan"])
-@pytest.mark.parametrize("device", ["cpu", "fake-cuda"])
-def test_flex_is_one_paragraph(command, device, tmp_path):
-    extra = ["--gpu-memory-gib", "80"] if command == "plan" else []
-    done = cli([command, *MOE, "--device", device, *extra], str(tmp_path))
+def test_deepep_is_one_paragraph(command, tmp_path):
+    """DeepEP, megatron-core's default backend: refused, naming hybridep and alltoall."""
+    done = _run(command, [*EP2, "--device", "fake-cuda"], tmp_path)
     line = one_error(done, command)
-    assert "--moe-token-dispatcher-type flex is not modelled" in line
-    assert "DeepEP" in line and "--moe-token-dispatcher-type alltoall" in line
+    assert "--moe-flex-dispatcher-backend deepep" in line
+    assert "moe_pad_expert_input_to_capacity" in line  # megatron-core's own rule, quoted
+    assert "hybridep" in line and "--moe-token-dispatcher-type alltoall" in line
     assert "profiling" not in done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("command", ["predict", "plan"])
+@pytest.mark.parametrize("backend", [[], HYBRID])
+def test_flex_on_the_cpu_kernel_set_names_the_gpu_set(command, backend, tmp_path):
+    done = _run(command, [*EP2, *backend, "--device", "cpu"], tmp_path)
+    line = one_error(done, command)
+    assert CPU_REFUSAL in line and "GPU kernel set" in line
+    assert "profiling" not in done.stdout + done.stderr
+
+
+def test_flex_needs_tp_x_ep_above_one(tmp_path):
+    done = _run("predict", ["--expert-model-parallel-size", "1", *HYBRID], tmp_path)
+    assert "TPxEP > 1" in one_error(done, "predict")
+
+
+def test_hybridep_needs_16_bit_tokens(tmp_path):
+    fp32 = [w for w in MOE if w != "--bf16"]
+    done = cli(["predict", *fp32, *EP2, *HYBRID, "--device", "fake-cuda"], str(tmp_path))
+    assert "--bf16 or --fp16" in one_error(done, "predict")
+
+
+def test_group_must_be_whole_nvlink_domains():
+    moe = Experts(
+        num_experts=24, moe_token_dispatcher_type="flex", moe_flex_dispatcher_backend="hybridep"
+    )
+    assert flex_problems(moe, "bf16", 8, 8) == []
+    assert flex_problems(moe, "bf16", 16, 8) == []
+    assert "whole NVLink domains" in flex_problems(moe, "bf16", 12, 8)[0]
+    assert flex_problems(moe, "bf16", 12, 72) == []  # one GB200 NVL72 domain
+    assert CPU_REFUSAL in flex_problems(moe, "bf16", 8, 8, cpu=True)
+    dense = Experts()
+    assert flex_problems(dense, "bf16", 1, 8) == []
+
+
+def test_backend_is_left_out_of_record_keys_at_its_default():
+    """A new Experts field would change every MoE record's key; at megatron's default (deepep)
+    the JSON, hence the key, is what it was before the field existed."""
+    default = Experts(num_experts=4)
+    assert "moe_flex_dispatcher_backend" not in default.to_json()
+    hybrid = Experts(num_experts=4, moe_flex_dispatcher_backend="hybridep")
+    assert '"moe_flex_dispatcher_backend": "hybridep"' in hybrid.to_json()
+    assert Experts.from_json(hybrid.to_json()) == hybrid
+    assert Experts.from_json(default.to_json()) == default
+
+
+def test_hybridep_buffers_follow_deepep_eb9cee7():
+    """Megatron-LM's DeepSeek-V3 example (TP 1, EP 8, micro-batch 4 x 4096 tokens, hidden 7168,
+    256 experts): one NVLink domain of 8, M = 16384 x 8 rows of a uint16 token buffer, float32
+    probabilities over 32 x 8 experts and float32 scaling factors over 7168 / 128 blocks."""
+    m = 16384 * 8
+    want = m * 7168 * 2 + m * 32 * 8 * 4 + m * 56 * 4
+    assert hybridep_buffer_bytes(7168, 16384, 8, 32, 8) == want
+    # fewer than 512 tokens: HybridEPBuffer's floor
+    assert hybridep_buffer_bytes(64, 100, 2, 2, 8) == hybridep_buffer_bytes(64, 512, 2, 2, 8)
+    # two nodes add the RDMA buffers of internode.cu (they grow with the nodes)
+    one, two = (hybridep_buffer_bytes(1024, 4096, g, 4, 8) for g in (8, 16))
+    t = 4096
+    rdma = t * (2048 + 4 * 4 * 16 + 32) + t * (2048 + 4 * 32 + 32) + 2 * t * (2048 + 4 * 32)
+    rdma += 4 * (t // 128) * 8
+    assert two == 2 * one + rdma
+
+
+@pytest.mark.slow
+def test_hybridep_predicts_and_needs_its_buffers(tmp_path):
+    """predict on the GPU kernel set: exit 0, and `need` is the peak plus the allocator reserve,
+    the CUDA context and HybridEP's buffers (alltoall: without them; the peaks themselves are
+    compared in test_flex_emulation)."""
+    base = [*EP2, "--device", "fake-cuda", "--moe-router-force-load-balancing"]
+    outside, notes = {}, {}
+    for name in ("flex", "alltoall"):
+        line = [w if w != "flex" else name for w in MOE] + base + (HYBRID if name == "flex" else [])
+        done = cli(["predict", *line, "--json", str(tmp_path / f"{name}.json")], str(tmp_path))
+        assert done.returncode == 0, done.stderr[-2000:]
+        data = json.loads((tmp_path / f"{name}.json").read_text())
+        peak = max(data["predicted_peak_bytes"])
+        outside[name] = data["needed_bytes_per_gpu"] - peak * (1 + RESERVE_FRACTION) - CONTEXT
+        notes[name] = " ".join(data["notes"])
+    assert "HybridEP's communication buffers" in notes["flex"]
+    assert "HybridEP" not in notes["alltoall"]
+    assert abs(outside["alltoall"]) <= 2
+    assert abs(outside["flex"] - hybridep_buffer_bytes(64, 64, 2, 2, 8)) <= 2

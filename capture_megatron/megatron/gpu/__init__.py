@@ -13,5 +13,7 @@ and only allocates on fake tensors.
 - attention: flash / cuDNN-fused attention and TE's unfused attention, per --attention-backend.
 - cp: TE's ring (p2p) context-parallel attention around the flash / fused kernels.
 - grouped: TE's GroupedLinear, the experts of --moe-grouped-gemm (megatron's TEGroupedMLP).
+- flex: DeepEP's HybridEP (--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend
+  hybridep): what its dispatch and combine return and keep; its own buffers are counted outside.
 - install: puts them where megatron-core looks for the real ones.
 """

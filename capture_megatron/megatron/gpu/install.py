@@ -15,7 +15,9 @@
   fused cross entropy (--cross-entropy-fusion-impl te; capture_megatron.megatron.gpu
   .cross_entropy);
 - megatron.core.transformer.moe.moe_utils' fused_permute ... fused_moe_aux_loss: TE's fused MoE
-  permutation and router kernels (capture_megatron.megatron.gpu.permute, .router).
+  permutation and router kernels (capture_megatron.megatron.gpu.permute, .router);
+- megatron.core.transformer.moe.fused_a2a.HybridEPBuffer and the token dispatcher's
+  hybrid_ep_dispatch / hybrid_ep_combine: DeepEP's HybridEP (capture_megatron.megatron.gpu.flex).
 Never called on a real GPU or for CPU runs.
 """
 
@@ -28,7 +30,7 @@ def install() -> None:
     """Register the fake-cuda kernels (idempotent)."""
     from megatron.core.models.common.embeddings import rope_utils
 
-    from capture_megatron.megatron.gpu import compiled, cross_entropy, linear, permute, router
+    from capture_megatron.megatron.gpu import compiled, cross_entropy, flex, linear, permute, router
     from capture_megatron.megatron.gpu.rope import fused_apply_rotary_pos_emb, install_mla_rope
     from capture_megatron.megatron.gpu.softmax import extensions
 
@@ -37,6 +39,7 @@ def install() -> None:
     rope_utils.fused_apply_rotary_pos_emb = fused_apply_rotary_pos_emb
     compiled.install()
     cross_entropy.install()
+    flex.install()
     linear.install()
     permute.install()
     router.install()
