@@ -218,6 +218,7 @@ def _allowed_ep(
         ep
         for ep in expert_sizes(shape, tp, dp * cp, space)
         if not space.ddp.plan_problems(pp, vpp, dp * cp, dp * cp // ep, do)
+        and not (space.ddp.overlap_moe_expert_parallel_comm and ep == 1)
     ]
 
 
@@ -245,6 +246,8 @@ def _settings(
         if _skipped_sp(shape, tp, sp, space):
             continue
         for rc in space.recompute:
+            if rc == "full" and space.ddp.overlap_moe_expert_parallel_comm:
+                continue  # megatron-core refuses full recompute with the EP overlap
             recompute = space.full_recompute(pp) if rc == "full" else Recompute(rc)
             for do in space.distributed_optimizer:
                 if (do and dp * cp == 1 and len(space.distributed_optimizer) > 1) or _dominated(

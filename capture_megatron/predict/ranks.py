@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from capture_megatron.config import ModelShape, ParallelPlan, dtype_bytes
 from capture_megatron.fit import MemoryModel
+from capture_megatron.predict import overlap
 from capture_megatron.predict.chunks import ChunkCost, cached_chunk
 from capture_megatron.predict.layers import Layers, layers_for
 from capture_megatron.predict.schedule import ScheduleSpec, events
@@ -220,9 +221,12 @@ def rank_memory(
         plan.pp, plan.num_microbatches, plan.vpp, pp_rank, plan.microbatch_group_size, pair > 0
     )
     limit = plan.ddp.deferred(plan.num_microbatches)
+    combined = overlap.merged(layers, shape, plan)
     for kind, chunk, live, held, after, done in moments:
         c = chunks[chunk]
         acts, transient = _moment(chunks, kind, chunk, live, held, after)
+        if combined is not None:
+            transient = overlap.merged_transient(kind, transient, c.backward, combined)
         acts += min(done, limit) * pair
         if static + acts + transient > best[0]:
             running = _running(c, kind)  # moved from transient to activations: same total

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from capture_megatron.config import ModelShape, ParallelPlan
+from capture_megatron.predict import overlap
 from capture_megatron.predict.chunks import cached_chunk, chunk_kind
 from capture_megatron.predict.layers import Layers
 from capture_megatron.predict.ranks import deferral, schedule_states
@@ -105,6 +106,7 @@ def peak_table(
     ):
         groups.setdefault((kind, chunk, held, after, done), []).append(live)
     limit = plan.ddp.deferred(plan.num_microbatches)
+    combined = overlap.merged(layers, shape, plan)
     for (kind, chunk, held, after, done), lives in groups.items():
         counts = np.asarray(lives, dtype=np.float64)
         acts = zero
@@ -117,6 +119,13 @@ def peak_table(
             counted = (after[held] and held != chunk) or (held == chunk and kind == "F")
             grad = np.minimum(h["retained_grad"], h["input_bytes"]) if counted else 0.0
             transient = transient + (h["input_bytes"] - grad)
+        if combined is not None:  # as capture_megatron.predict.overlap.merged_transient
+            if kind == "F":
+                transient = transient + combined.hidden
+            elif kind == "B":
+                b = ch[chunk]["backward"]
+                lift = np.maximum(b, combined.layer_step - combined.head)
+                transient = transient - b + lift + combined.hidden
         deferred = min(done, limit) * pair
         np.maximum(best, static + (acts + others + deferred).max(axis=0) + transient, out=best)
     return best
