@@ -158,24 +158,15 @@ class DdpOptions(JsonMixin):
         return p
 
     def _overlap_pp_problems(self, pp: int, vpp: int) -> list[str]:
-        """--overlap-moe-expert-parallel-comm over pipeline stages: megatron-core's rule, then what
-        the forecast does not replay (capture_megatron.config.overlap has the other rules)."""
-        flag = "--overlap-moe-expert-parallel-comm"
-        if not self.overlap_moe_expert_parallel_comm or pp == 1:
+        """--overlap-moe-expert-parallel-comm over pipeline stages: megatron-core's rule
+        (capture_megatron.config.overlap has the others)."""
+        if not self.overlap_moe_expert_parallel_comm or pp == 1 or vpp > 1:
             return []
-        if vpp == 1:
-            return [
-                f"{flag} with PP {pp} needs virtual pipeline stages (megatron-core's "
-                "TransformerConfig: 'If enabling EP A2A overlap, "
-                "virtual_pipeline_model_parallel_size must be specified when "
-                "pipeline_model_parallel_size > 1')"
-            ]
         return [
-            f"{flag} with pipeline parallelism is not modelled yet: megatron-core's interleaved "
-            "combined 1F1B schedule adds a warm-up micro-batch and merges the forward of one "
-            "virtual stage with the backward of another layer by layer "
-            "(pipeline_parallel/combined_1f1b.py), which the forecast does not replay; it "
-            "forecasts the overlap at PP 1"
+            f"--overlap-moe-expert-parallel-comm with PP {pp} needs virtual pipeline stages "
+            "(megatron-core's TransformerConfig: 'If enabling EP A2A overlap, "
+            "virtual_pipeline_model_parallel_size must be specified when "
+            "pipeline_model_parallel_size > 1')"
         ]
 
     def bucket_size(self, dp_cp: int, rank_params: int) -> int | None:

@@ -2,7 +2,7 @@
 refuses with it. Pure Python: no torch import here.
 
 Megatron's rules (MC transformer/transformer_config.py:1852-1919, __post_init__): PP > 1 needs
-virtual pipeline stages (that rule, and PP > 1 not being modelled yet: DdpOptions.plan_problems);
+virtual pipeline stages (that rule: DdpOptions.plan_problems);
 expert parallelism (EP > 1); the alltoall or flex token dispatcher; no full recompute, no
 recompute method or layer count; bf16 or fp16; no --moe-shared-expert-overlap; at most one MTP
 layer, and MTP only with PP > 1; CUDA graphs not over the MoE / MLP scopes (CUDA graphs are
@@ -22,11 +22,19 @@ _MC = "megatron-core's TransformerConfig"
 
 
 def moe_overlap_problems(shape: ModelShape, plan: ParallelPlan) -> list[str]:
-    """Why megatron-core refuses `plan` with --overlap-moe-expert-parallel-comm on `shape` (empty:
-    it runs, or the flag is off)."""
+    """Why megatron-core refuses `plan` with --overlap-moe-expert-parallel-comm on `shape`, or
+    why the forecast does not cover it (empty: it runs and is forecast, or the flag is off)."""
     if not plan.ddp.overlap_moe_expert_parallel_comm:
         return []
-    return _megatron_rules(shape, plan)
+    p = _megatron_rules(shape, plan)
+    if not p and shape.mtp_num_layers:
+        p.append(
+            "--overlap-moe-expert-parallel-comm with a multi-token-prediction layer is not "
+            "modelled yet: the combined 1F1B schedule runs the MTP layer as one more layer node "
+            "of the last stage (model_chunk_schedule_plan.py), which the forecast's merged steps "
+            "do not place"
+        )
+    return p
 
 
 def _megatron_rules(shape: ModelShape, plan: ParallelPlan) -> list[str]:

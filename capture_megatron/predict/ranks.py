@@ -54,7 +54,7 @@ class StageMemory(JsonMixin):
     """Micro-batches alive per local chunk at the peak."""
 
 
-PHASES = {"F": "forward", "B": "backward", "D": "drain"}
+PHASES = {"F": "forward", "B": "backward", "D": "drain", "M": "forward+backward"}
 """StageMemory.phase of each kind of schedule moment."""
 
 Moment = tuple[str, int, tuple[int, ...], int, tuple[bool, ...], int]
@@ -67,19 +67,37 @@ Kind "D" is that deferral's drain, after the schedule's last backward."""
 
 @functools.lru_cache(maxsize=4096)
 def schedule_states(
-    pp: int, num_microbatches: int, vpp: int, pp_rank: int, group: int = 0, defer: bool = False
+    pp: int,
+    num_microbatches: int,
+    vpp: int,
+    pp_rank: int,
+    group: int = 0,
+    defer: bool = False,
+    overlap: bool = False,
 ) -> tuple[Moment, ...]:
     """The distinct Moments of a rank's schedule that can be its peak, in first-seen order
     (`defer`: --defer-embedding-wgrad-compute, whose buffers grow with the last stage's backward
-    passes)."""
+    passes; `overlap`: --overlap-moe-expert-parallel-comm, whose merged (forward, backward) steps
+    are one Moment of kind "M" before both, its chunk the forward's + vpp x the backward's)."""
     live, held, after, done = [0] * vpp, -1, [True] * vpp, 0
     counting = defer and pp_rank == pp - 1
     seen: dict[Moment, None] = {}
     spec = ScheduleSpec(
-        pp=pp, num_microbatches=num_microbatches, vpp=vpp, microbatch_group_size=group
+        pp=pp,
+        num_microbatches=num_microbatches,
+        vpp=vpp,
+        microbatch_group_size=group,
+        overlap=overlap,
     )
-    for ev in events(spec, pp_rank):
-        seen.setdefault((ev.kind, ev.chunk, tuple(live), held, tuple(after), done), None)
+    order = events(spec, pp_rank)
+    for i, ev in enumerate(order):
+        if i and order[i - 1].merged:  # the backward of a merged step: recorded with its forward
+            pass
+        elif ev.merged:
+            pair = ev.chunk + vpp * order[i + 1].chunk
+            seen.setdefault(("M", pair, tuple(live), held, tuple(after), done), None)
+        else:
+            seen.setdefault((ev.kind, ev.chunk, tuple(live), held, tuple(after), done), None)
         live[ev.chunk] += 1 if ev.kind == "F" else -1
         after[ev.chunk] = ev.kind == "B"
         if ev.kind == "B":
@@ -153,12 +171,21 @@ def _moment(
     gradient is already counted as retained."""
     c = chunks[chunk]
     transient = {"F": c.input_bytes + c.forward, "B": c.backward}.get(kind, 0.0)
-    if held >= 0 and kind != "D":
-        h = chunks[held]
-        counted = (after[held] and held != chunk) or (held == chunk and kind == "F")
-        transient += h.input_bytes - (min(h.retained_grad, h.input_bytes) if counted else 0.0)
+    transient += _held(chunks, kind, chunk, held, after)
     kept = sum(ch.retained for i, ch in enumerate(chunks) if after[i] and i != chunk)
     return sum(n * ch.inflight for n, ch in zip(live, chunks)) + kept, transient
+
+
+def _held(
+    chunks: list[ChunkCost], kind: str, chunk: int, held: int, after: tuple[bool, ...]
+) -> float:
+    """The input gradient the schedule still holds at a Moment, unless already counted as
+    retained (0 at a drain or when none is held)."""
+    if held < 0 or kind == "D":
+        return 0.0
+    h = chunks[held]
+    counted = (after[held] and held != chunk) or (held == chunk and kind == "F")
+    return h.input_bytes - (min(h.retained_grad, h.input_bytes) if counted else 0.0)
 
 
 def deferral(shape: ModelShape, plan: ParallelPlan, pp_rank: int) -> tuple[float, float]:
@@ -217,16 +244,29 @@ def rank_memory(
     pair = deferral(shape, plan, pp_rank)[0]
     kept = sum(c.retained for c in chunks)  # every chunk's last pass before the step: a backward
     best = (static + kept + step, kept, step, "step", (0,) * plan.vpp)
+    over = plan.ddp.overlap_moe_expert_parallel_comm
     moments = schedule_states(
-        plan.pp, plan.num_microbatches, plan.vpp, pp_rank, plan.microbatch_group_size, pair > 0
+        plan.pp,
+        plan.num_microbatches,
+        plan.vpp,
+        pp_rank,
+        plan.microbatch_group_size,
+        pair > 0,
+        over,
     )
     limit = plan.ddp.deferred(plan.num_microbatches)
-    combined = overlap.merged(layers, shape, plan)
+    terms = overlap.merged(layers, shape, plan, tuple(c.kind for c in chunks)) if over else None
     for kind, chunk, live, held, after, done in moments:
+        if kind == "M" and terms is not None:
+            cf, cb = chunk % plan.vpp, chunk // plan.vpp
+            acts = _moment(chunks, "B", cb, live, held, after)[0]
+            f_kept = chunks[cf].retained if after[cf] and cf != cb else 0.0
+            transient = overlap.merged_peak(terms, chunks[cf], chunks[cb], f_kept)
+            transient += _held(chunks, "B", cb, held, after)
+            chunk = cb
+        else:
+            acts, transient = _moment(chunks, kind, chunk, live, held, after)
         c = chunks[chunk]
-        acts, transient = _moment(chunks, kind, chunk, live, held, after)
-        if combined is not None:
-            transient = overlap.merged_transient(kind, transient, c.backward, combined)
         acts += min(done, limit) * pair
         if static + acts + transient > best[0]:
             running = _running(c, kind)  # moved from transient to activations: same total

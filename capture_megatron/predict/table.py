@@ -64,9 +64,33 @@ def _chunk_arrays(
     out = {name: _along([getattr(c, name) for c in costs], v, plan.vpp) for name in FIELDS}
     out["forward"] = out["input_bytes"] + _along([c.forward for c in costs], v, plan.vpp)
     out["backward"] = _along([c.backward for c in costs], v, plan.vpp)
+    out["layers"] = _along([float(c.layers) for c in costs], v, plan.vpp)
     if cache is not None:
         cache[key] = out
     return out
+
+
+def _merged(
+    layers: Layers,
+    shape: ModelShape,
+    plan: ParallelPlan,
+    pp_rank: int,
+    ch: list[dict[str, np.ndarray]],
+    pair: tuple[int, int],
+    after: tuple[bool, ...],
+) -> np.ndarray:
+    """A merged step's peak above the moment before it, for every split: as
+    capture_megatron.predict.overlap.merged_peak (forward chunk, backward chunk = `pair`)."""
+    cf, cb = pair
+    kinds = tuple(chunk_kind(plan, pp_rank, v) for v in range(plan.vpp))
+    m = overlap.merged(layers, shape, plan, kinds)
+    f, b = ch[cf], ch[cb]
+    f_kept = f["retained"] if after[cf] and cf != cb else 0.0
+    head = b["backward"] + m.hidden
+    some = (f["layers"] + b["layers"]) > 0
+    steps = np.where(some, m.hidden - m.head(kinds[cb]) + m.layer_step, 0.0)
+    tail = m.hidden + f["forward"] - b["inflight"] - f_kept
+    return np.maximum(np.maximum(head, steps), tail)
 
 
 def peak_table(
@@ -102,30 +126,32 @@ def peak_table(
     # monotone, so the largest of their activations gives the largest total
     groups: dict[tuple, list[tuple[int, ...]]] = {}
     for kind, chunk, live, held, after, done in schedule_states(
-        plan.pp, plan.num_microbatches, plan.vpp, pp_rank, plan.microbatch_group_size, pair > 0
+        plan.pp,
+        plan.num_microbatches,
+        plan.vpp,
+        pp_rank,
+        plan.microbatch_group_size,
+        pair > 0,
+        plan.ddp.overlap_moe_expert_parallel_comm,
     ):
         groups.setdefault((kind, chunk, held, after, done), []).append(live)
     limit = plan.ddp.deferred(plan.num_microbatches)
-    combined = overlap.merged(layers, shape, plan)
     for (kind, chunk, held, after, done), lives in groups.items():
         counts = np.asarray(lives, dtype=np.float64)
         acts = zero
         for v in range(vpp):
             acts = acts + counts[:, v].reshape((-1,) + (1,) * vpp) * ch[v]["inflight"]
+        pair_of = (chunk % vpp, chunk // vpp) if kind == "M" else None
+        chunk = pair_of[1] if pair_of else chunk
         others = sum((ch[v]["retained"] for v in range(vpp) if after[v] and v != chunk), zero)
         transient = {"F": ch[chunk]["forward"], "B": ch[chunk]["backward"]}.get(kind, zero)
+        if pair_of:
+            transient = _merged(layers, shape, plan, pp_rank, ch, pair_of, after)
         if held >= 0 and kind != "D":
             h = ch[held]
             counted = (after[held] and held != chunk) or (held == chunk and kind == "F")
             grad = np.minimum(h["retained_grad"], h["input_bytes"]) if counted else 0.0
             transient = transient + (h["input_bytes"] - grad)
-        if combined is not None:  # as capture_megatron.predict.overlap.merged_transient
-            if kind == "F":
-                transient = transient + combined.hidden
-            elif kind == "B":
-                b = ch[chunk]["backward"]
-                lift = np.maximum(b, combined.layer_step - combined.head)
-                transient = transient - b + lift + combined.hidden
         deferred = min(done, limit) * pair
         np.maximum(best, static + (acts + others + deferred).max(axis=0) + transient, out=best)
     return best

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import torch
 from synthetic_memory import SMALL, synthetic_source
 
 from capture_megatron.config import DdpOptions, ParallelPlan, check_plan_fits_model
@@ -18,6 +19,7 @@ from capture_megatron.errors import CaptureError
 from capture_megatron.megatron import policy
 from capture_megatron.predict import Layers, rank_memory, sizes_for, variant_of
 from capture_megatron.predict.overlap import merged
+from capture_megatron.predict.schedule import ScheduleSpec, events, warmup_count
 from capture_megatron.predict.table import peak_table
 from capture_megatron.records import ProbeShape
 
@@ -45,18 +47,18 @@ def _layers(plan: ParallelPlan) -> Layers:
 
 
 def test_merged_steps_add_the_overlapped_micro_batch():
-    """The forward holds the previous micro-batch's embedding gradient besides; the backward is
-    the worse of its head (with the next micro-batch's embedding output) and a merged layer
-    step (the head's saved bytes freed, one layer's saved bytes and peak on top)."""
+    """PP 1: the forward holds the previous micro-batch's embedding gradient besides; the
+    backward is the worse of its head (with the next micro-batch's embedding output) and a merged
+    layer step (the head's saved bytes freed, one layer's saved bytes and peak on top)."""
     plain, over = _plan(False), _plan(True)
     layers = _layers(plain)
     sc = layers.main.constants(sizes_for(SMALL, plain))
     mid, only = sc.chunk("middle"), sc.chunk("only")
-    m = merged(layers, SMALL, over)
-    assert m is not None
+    m = merged(layers, SMALL, over, ("only",))
     assert m.hidden == mid.input_bytes > 0
     assert m.layer_step == max(sc.layer_saved + mid.bwd1, mid.fwd1)
-    assert m.head == only.need("saved0") - sc.chunk("first").need("saved0") > 0
+    assert m.head("only") == only.need("saved0") - sc.chunk("first").need("saved0") > 0
+    assert m.head("middle") == 0.0
     before, after = rank_memory(layers, SMALL, plain, 0), rank_memory(layers, SMALL, over, 0)
     assert (after.params, after.grads, after.optimizer, after.other) == (
         before.params,
@@ -66,23 +68,61 @@ def test_merged_steps_add_the_overlapped_micro_batch():
     )
     # the merged moments only ever add: at least the hidden state, at most it plus the layer step
     assert before.peak + m.hidden <= after.peak
-    assert after.peak <= before.peak + m.hidden + max(m.layer_step - m.head, 0.0)
+    assert after.peak <= before.peak + m.hidden + max(m.layer_step - m.head("only"), 0.0)
 
 
 def test_one_micro_batch_runs_no_merged_step():
     """With one micro-batch the combined schedule runs its forward alone, then its backward."""
     plain, over = _plan(False, m=1), _plan(True, m=1)
     layers = _layers(plain)
-    assert merged(layers, SMALL, over) is None
+    assert [e.merged for e in events(ScheduleSpec(1, 1, overlap=True), 0)] == [False, False]
     assert rank_memory(layers, SMALL, over, 0) == rank_memory(layers, SMALL, plain, 0)
 
 
-def test_the_partitioner_table_equals_rank_memory():
-    over = _plan(True)
+def test_pp1_merges_each_forward_with_the_previous_backward():
+    """combined_1f1b_schedule_for_no_pipelining: micro-batch 0's forward alone, then (i's
+    forward, i-1's backward) for i = 1 .. m-1, then the last backward alone."""
+    order = events(ScheduleSpec(1, 4, overlap=True), 0)
+    got = [(e.kind, e.microbatch, e.merged) for e in order]
+    pairs = [x for i in range(1, 4) for x in (("F", i, True), ("B", i - 1, False))]
+    assert got == [("F", 0, False), *pairs, ("B", 3, False)]
+
+
+@pytest.mark.parametrize("pp,vpp", [(1, 1), (2, 2), (4, 2)])
+def test_the_partitioner_table_equals_rank_memory(pp, vpp):
+    over = _plan(True, m=8, pp=pp, dp=8 // pp, vpp=vpp, ep=2)
     layers = _layers(over)
-    table = peak_table(layers, SMALL, over, 0, 16)
-    for k in (1, 7, 16):
-        assert table[k] == rank_memory(layers, SMALL, over, 0, counts=(k,)).peak
+    for rank in range(pp):
+        table = peak_table(layers, SMALL, over, rank, 5)
+        for counts in ((1,) * vpp, (5,) * vpp, (2, 3)[:vpp], (0, 4)[:vpp]):
+            expect = rank_memory(layers, SMALL, over, rank, counts=counts).peak
+            assert table[counts] == expect, (pp, vpp, rank, counts)
+
+
+@pytest.mark.parametrize("p,m,v", [(2, 4, 2), (2, 6, 3), (4, 8, 2), (4, 4, 2), (3, 6, 2)])
+def test_interleaved_warmup_has_one_more_forward_as_megatron(p, m, v):
+    """megatron-core's get_pp_rank_microbatches with overlap_moe_expert_parallel_comm=True
+    (schedules.py:775-778), read through a fake process group as pipeline rank r."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.pipeline_parallel.schedules import get_pp_rank_microbatches
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    for rank in range(p):
+        torch.distributed.init_process_group("fake", store=FakeStore(), rank=rank, world_size=p)
+        try:
+            ps.initialize_model_parallel(1, p, v, create_gloo_process_groups=False)
+            for over in (False, True):
+                warm = get_pp_rank_microbatches(m, v, p, overlap_moe_expert_parallel_comm=over)[2]
+                spec = ScheduleSpec(p, m, v, overlap=over)
+                assert warmup_count(spec, rank) == warm, (p, m, v, rank, over)
+        finally:
+            ps.destroy_model_parallel()
+            torch.distributed.destroy_process_group()
+    spec = ScheduleSpec(p, m, v, overlap=True)
+    order = events(spec, 0)
+    merged_at = [i for i, e in enumerate(order) if e.merged]
+    assert all(order[i + 1].kind == "B" for i in merged_at)
+    assert len(merged_at) == m * v - warmup_count(spec, 0)
 
 
 @pytest.mark.parametrize(
@@ -116,11 +156,18 @@ def test_megatron_rules_are_refusals(change, rule):
     assert FLAG in str(err.value) and "\n" not in str(err.value)
 
 
-def test_pipeline_parallelism_needs_vpp_and_is_not_modelled_yet():
+def test_pipeline_parallelism_needs_virtual_stages():
     with pytest.raises(CaptureError, match="needs virtual pipeline stages"):
-        _plan(True, pp=2, dp=2)
-    with pytest.raises(CaptureError, match="with pipeline parallelism is not modelled yet"):
-        _plan(True, pp=2, dp=2, vpp=2)
+        _plan(True, pp=2, dp=2, ep=2)
+    assert _plan(True, pp=2, dp=2, vpp=2, ep=2).ddp.overlap_moe_expert_parallel_comm
+
+
+def test_mtp_is_not_modelled_yet():
+    shape = dataclasses.replace(MOE, mtp_num_layers=1)
+    plan = dataclasses.replace(_plan(True, pp=2, dp=2, vpp=2, ep=2), mtp_layers=1)
+    plan = dataclasses.replace(plan, layers_per_stage=(1, 1, 1, 1))
+    with pytest.raises(CaptureError, match="multi-token-prediction layer is not modelled yet"):
+        check_plan_fits_model(shape, plan)
 
 
 def test_delay_wgrad_compute_stays_refused():
