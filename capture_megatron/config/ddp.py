@@ -25,7 +25,8 @@ STATE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
 @dataclass(frozen=True)
 class DdpOptions(JsonMixin):
     """Gradient buffers and optimizer state: precision, buckets, distributed-optimizer instances;
-    deferred output-layer weight gradients (Megatron flags)."""
+    deferred output-layer weight gradients; the EP all-to-all overlap's combined schedule
+    (Megatron flags)."""
 
     overlap_grad_reduce: bool = flag("--overlap-grad-reduce", False)
     """Overlap DP gradient reduce-scatter/all-reduce with backward (the first pipeline stage's
