@@ -188,6 +188,38 @@ def _held(
     return h.input_bytes - (min(h.retained_grad, h.input_bytes) if counted else 0.0)
 
 
+def _merged_moment(
+    chunks: list[ChunkCost],
+    terms: overlap.Merged,
+    pair: int,
+    live: tuple[int, ...],
+    held: int,
+    after: tuple[bool, ...],
+) -> tuple[float, float, int]:
+    """(activations held, transient, backward chunk) at a merged step's Moment (`pair`: the
+    forward's chunk + vpp x the backward's): the moment before it, as before the backward, and
+    the step's peak above it (capture_megatron.predict.overlap.merged_peak)."""
+    cf, cb = pair % len(chunks), pair // len(chunks)
+    acts = _moment(chunks, "B", cb, live, held, after)[0]
+    f_kept = chunks[cf].retained if after[cf] and cf != cb else 0.0
+    transient = overlap.merged_peak(terms, chunks[cf], chunks[cb], f_kept)
+    return acts, transient + _held(chunks, "B", cb, held, after), cb
+
+
+def plan_states(plan: ParallelPlan, pp_rank: int, defer: bool) -> tuple[Moment, ...]:
+    """schedule_states of a plan's rank (`defer`: the last stage defers its output layer's weight
+    gradient)."""
+    return schedule_states(
+        plan.pp,
+        plan.num_microbatches,
+        plan.vpp,
+        pp_rank,
+        plan.microbatch_group_size,
+        defer,
+        plan.ddp.overlap_moe_expert_parallel_comm,
+    )
+
+
 def deferral(shape: ModelShape, plan: ParallelPlan, pp_rank: int) -> tuple[float, float]:
     """With --defer-embedding-wgrad-compute on the last stage (0, 0 elsewhere): (bytes each
     deferred micro-batch keeps from its backward until the schedule's end -- the output layer's
@@ -244,26 +276,12 @@ def rank_memory(
     pair = deferral(shape, plan, pp_rank)[0]
     kept = sum(c.retained for c in chunks)  # every chunk's last pass before the step: a backward
     best = (static + kept + step, kept, step, "step", (0,) * plan.vpp)
-    over = plan.ddp.overlap_moe_expert_parallel_comm
-    moments = schedule_states(
-        plan.pp,
-        plan.num_microbatches,
-        plan.vpp,
-        pp_rank,
-        plan.microbatch_group_size,
-        pair > 0,
-        over,
-    )
     limit = plan.ddp.deferred(plan.num_microbatches)
+    over = plan.ddp.overlap_moe_expert_parallel_comm
     terms = overlap.merged(layers, shape, plan, tuple(c.kind for c in chunks)) if over else None
-    for kind, chunk, live, held, after, done in moments:
+    for kind, chunk, live, held, after, done in plan_states(plan, pp_rank, pair > 0):
         if kind == "M" and terms is not None:
-            cf, cb = chunk % plan.vpp, chunk // plan.vpp
-            acts = _moment(chunks, "B", cb, live, held, after)[0]
-            f_kept = chunks[cf].retained if after[cf] and cf != cb else 0.0
-            transient = overlap.merged_peak(terms, chunks[cf], chunks[cb], f_kept)
-            transient += _held(chunks, "B", cb, held, after)
-            chunk = cb
+            acts, transient, chunk = _merged_moment(chunks, terms, chunk, live, held, after)
         else:
             acts, transient = _moment(chunks, kind, chunk, live, held, after)
         c = chunks[chunk]

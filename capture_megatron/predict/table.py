@@ -14,7 +14,7 @@ from capture_megatron.config import ModelShape, ParallelPlan
 from capture_megatron.predict import overlap
 from capture_megatron.predict.chunks import cached_chunk, chunk_kind
 from capture_megatron.predict.layers import Layers
-from capture_megatron.predict.ranks import deferral, schedule_states
+from capture_megatron.predict.ranks import deferral, plan_states
 
 
 def _along(values: list[float], axis: int, ndim: int) -> np.ndarray:
@@ -125,15 +125,7 @@ def peak_table(
     # moments with the same (kind, chunk, held, retaining) add the same transient; rounding is
     # monotone, so the largest of their activations gives the largest total
     groups: dict[tuple, list[tuple[int, ...]]] = {}
-    for kind, chunk, live, held, after, done in schedule_states(
-        plan.pp,
-        plan.num_microbatches,
-        plan.vpp,
-        pp_rank,
-        plan.microbatch_group_size,
-        pair > 0,
-        plan.ddp.overlap_moe_expert_parallel_comm,
-    ):
+    for kind, chunk, live, held, after, done in plan_states(plan, pp_rank, pair > 0):
         groups.setdefault((kind, chunk, held, after, done), []).append(live)
     limit = plan.ddp.deferred(plan.num_microbatches)
     for (kind, chunk, held, after, done), lives in groups.items():
