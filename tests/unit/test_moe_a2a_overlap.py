@@ -181,3 +181,22 @@ def test_cpu_kernel_set_refuses_it():
     ddp = DdpOptions(overlap_moe_expert_parallel_comm=True)
     assert "--device fake" in ddp.kernel_problem("cpu", False)
     assert ddp.kernel_problem("gpu", False) == ""
+
+
+def test_the_planner_searches_only_what_megatron_runs():
+    """With the overlap `plan` searches EP > 1, no full recompute and, at PP > 1, virtual
+    stages only (megatron-core's rules); without it all of them."""
+    from capture_megatron.config import GIB, Cluster
+    from capture_megatron.plan import Space
+    from capture_megatron.plan.space import candidates
+
+    gpu = Cluster(gpus=8, gpu_memory_bytes=80 * GIB)
+    plain = list(candidates(MOE, gpu, 64, Space()))
+    over = list(
+        candidates(MOE, gpu, 64, Space(ddp=DdpOptions(overlap_moe_expert_parallel_comm=True)))
+    )
+    assert over and len(over) < len(plain)
+    assert min(p.ep for p in plain) == 1 and min(p.ep for p in over) > 1
+    assert "full" in {p.recompute.granularity for p in plain}
+    assert "full" not in {p.recompute.granularity for p in over}
+    assert {p.vpp for p in over if p.pp > 1} and all(p.vpp > 1 for p in over if p.pp > 1)
