@@ -25,7 +25,8 @@ STATE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
 @dataclass(frozen=True)
 class DdpOptions(JsonMixin):
     """Gradient buffers and optimizer state: precision, buckets, distributed-optimizer instances;
-    deferred output-layer weight gradients (Megatron flags)."""
+    deferred output-layer weight gradients; the EP all-to-all overlap's combined schedule
+    (Megatron flags)."""
 
     overlap_grad_reduce: bool = flag("--overlap-grad-reduce", False)
     """Overlap DP gradient reduce-scatter/all-reduce with backward (the first pipeline stage's
@@ -65,6 +66,11 @@ class DdpOptions(JsonMixin):
     fusion)."""
     wgrad_deferral_limit: int = flag("--wgrad-deferral-limit", 0)
     """Micro-batches whose output-layer weight gradient is deferred (0: all of them)."""
+    overlap_moe_expert_parallel_comm: bool = flag("--overlap-moe-expert-parallel-comm", False)
+    """Hide the MoE token all-to-alls behind the computation of another micro-batch:
+    megatron-core's combined 1F1B schedule runs micro-batch i + 1's forward layer by layer with
+    micro-batch i's backward (capture_megatron.predict.overlap); a schedule setting, carried with
+    the plan's other training settings."""
 
     def __post_init__(self) -> None:
         require(self._problems(), "gradient and optimizer-state settings")
@@ -142,6 +148,7 @@ class DdpOptions(JsonMixin):
                 f"--num-distributed-optimizer-instances {n} does not divide the {dp_cp} data x "
                 f"context-parallel ranks (and the {expert_dp} expert-data-parallel ranks)"
             )
+        p += self._overlap_pp_problems(pp, vpp)
         buckets = self.overlap_grad_reduce and distributed_optimizer
         if buckets and self.ddp_num_buckets is not None and vpp > 1:
             p.append(
@@ -150,6 +157,18 @@ class DdpOptions(JsonMixin):
                 "by every chunk's parameters); give --ddp-bucket-size"
             )
         return p
+
+    def _overlap_pp_problems(self, pp: int, vpp: int) -> list[str]:
+        """--overlap-moe-expert-parallel-comm over pipeline stages: megatron-core's rule
+        (capture_megatron.config.overlap has the others)."""
+        if not self.overlap_moe_expert_parallel_comm or pp == 1 or vpp > 1:
+            return []
+        return [
+            f"--overlap-moe-expert-parallel-comm with PP {pp} needs virtual pipeline stages "
+            "(megatron-core's TransformerConfig: 'If enabling EP A2A overlap, "
+            "virtual_pipeline_model_parallel_size must be specified when "
+            "pipeline_model_parallel_size > 1')"
+        ]
 
     def bucket_size(self, dp_cp: int, rank_params: int) -> int | None:
         """DDP's bucket size as Megatron-LM's get_model sets it for a rank of `rank_params`
@@ -166,9 +185,17 @@ class DdpOptions(JsonMixin):
         return max(40_000_000, 1_000_000 * dp_cp)
 
     def kernel_problem(self, kernel_set: str, accumulation_fusion: bool) -> str:
-        """Why the kernel set cannot run these settings ('' when it can): deferring the output
+        """Why the kernel set cannot run these settings ('' when it can): the combined 1F1B
+        schedule of --overlap-moe-expert-parallel-comm needs CUDA streams; deferring the output
         layer's weight gradient needs gradient-accumulation fusion (megatron-core's
         ModelParallelConfig), a CUDA extension (apex / TE) the CPU kernel set does not have."""
+        if self.overlap_moe_expert_parallel_comm and kernel_set == "cpu":
+            return (
+                "--overlap-moe-expert-parallel-comm runs megatron-core's combined 1F1B schedule "
+                "on a CUDA communication stream and events (pipeline_parallel/utils.py "
+                "set_streams) and only in bf16 / fp16, which the CPU kernel set cannot run: "
+                "predict it with the GPU kernel set (--device fake)"
+            )
         if not self.defer_embedding_wgrad_compute:
             return ""
         if kernel_set == "cpu":

@@ -15,6 +15,7 @@ from capture_megatron.config.fields import flag, value_problems
 from capture_megatron.config.layout import format_layout
 from capture_megatron.config.model import GIB, ModelShape
 from capture_megatron.config.mtp import mtp_problems
+from capture_megatron.config.overlap import moe_overlap_problems
 from capture_megatron.config.recompute import (
     RECOMPUTE_GRANULARITIES,
     RECOMPUTE_MODULES,
@@ -239,7 +240,7 @@ def check_plan_fits_model(shape: ModelShape, plan: ParallelPlan) -> None:
                 )
     p += expert_problems(shape, plan) + context_problems(shape, plan) + mtp_problems(shape, plan)
     p += recompute_problems(shape, plan)
-    p += plan.ddp.dtype_problems(shape.dtype)
+    p += plan.ddp.dtype_problems(shape.dtype) + moe_overlap_problems(shape, plan)
     require(p, "plan for this model")
 
 

@@ -204,7 +204,7 @@ _REASONS = {
         --hybrid-context-parallel
     """,
     _MOE: """
-        --moe-upcycling-granularity --moe-use-upcycling --overlap-moe-expert-parallel-comm
+        --moe-upcycling-granularity --moe-use-upcycling
     """,
     _FP8: """
         --fp4-format --fp4-param-gather --fp4-quantizer-factory --fp4-recipe
@@ -249,7 +249,11 @@ _REASONS = {
     "symmetric-memory all-reduce buffers are not modelled yet": """
         --symmetric-ar-type
     """,
-    "delayed weight-gradient computation keeps activations longer, not modelled yet": """
+    (
+        "delayed weight-gradient computation (with --overlap-moe-expert-parallel-comm) keeps "
+        "each layer node's weight-gradient inputs -- Transformer Engine's gathered inputs and "
+        "output gradients -- from its backward until its backward_dw, not modelled yet"
+    ): """
         --delay-wgrad-compute
     """,
     "distributed saved activations are not modelled yet": """

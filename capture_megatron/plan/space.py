@@ -231,6 +231,7 @@ def _allowed_ep(
         ep
         for ep in expert_sizes(shape, tp, dp * cp, space)
         if not space.ddp.plan_problems(pp, vpp, dp * cp, dp * cp // ep, do)
+        and not (space.ddp.overlap_moe_expert_parallel_comm and ep == 1)
     ]
 
 
@@ -241,6 +242,8 @@ def _variants(
     _, _, pp, dp = sizes
     for mbs in micro_batch_sizes(gbs, dp, space):
         for vpp in vpp_sizes(shape, pp, gbs // (mbs * dp), space):
+            if space.ddp.overlap_moe_expert_parallel_comm and pp > 1 and vpp == 1:
+                continue  # megatron-core needs virtual stages for the EP overlap at PP > 1
             yield from _settings(shape, sizes, vpp, mbs, gbs, space)
 
 
@@ -258,6 +261,8 @@ def _settings(
         if _skipped_sp(shape, tp, sp, space):
             continue
         for rc in space.recompute:
+            if rc == "full" and space.ddp.overlap_moe_expert_parallel_comm:
+                continue  # megatron-core refuses full recompute with the EP overlap
             recompute = space.full_recompute(pp) if rc == "full" else Recompute(rc)
             if rc == "selective":
                 recompute = Recompute.selective(space.recompute_modules)

@@ -16,6 +16,7 @@ import numpy as np
 
 from capture_megatron.config import ModelShape, ParallelPlan, dtype_bytes
 from capture_megatron.fit import MemoryModel
+from capture_megatron.predict import overlap
 from capture_megatron.predict.chunks import ChunkCost, cached_chunk
 from capture_megatron.predict.layers import Layers, layers_for
 from capture_megatron.predict.moments import moment_arrays, moment_totals
@@ -56,7 +57,7 @@ class StageMemory(JsonMixin):
     """Micro-batches alive per local chunk at the peak."""
 
 
-PHASES = {"F": "forward", "B": "backward", "D": "drain"}
+PHASES = {"F": "forward", "B": "backward", "D": "drain", "M": "forward+backward"}
 """StageMemory.phase of each kind of schedule moment."""
 
 Moment = tuple[str, int, tuple[int, ...], int, tuple[bool, ...], int]
@@ -69,19 +70,37 @@ Kind "D" is that deferral's drain, after the schedule's last backward."""
 
 @functools.lru_cache(maxsize=4096)
 def schedule_states(
-    pp: int, num_microbatches: int, vpp: int, pp_rank: int, group: int = 0, defer: bool = False
+    pp: int,
+    num_microbatches: int,
+    vpp: int,
+    pp_rank: int,
+    group: int = 0,
+    defer: bool = False,
+    overlap: bool = False,
 ) -> tuple[Moment, ...]:
     """The distinct Moments of a rank's schedule that can be its peak, in first-seen order
     (`defer`: --defer-embedding-wgrad-compute, whose buffers grow with the last stage's backward
-    passes)."""
+    passes; `overlap`: --overlap-moe-expert-parallel-comm, whose merged (forward, backward) steps
+    are one Moment of kind "M" before both, its chunk the forward's + vpp x the backward's)."""
     live, held, after, done = [0] * vpp, -1, [True] * vpp, 0
     counting = defer and pp_rank == pp - 1
     seen: dict[Moment, None] = {}
     spec = ScheduleSpec(
-        pp=pp, num_microbatches=num_microbatches, vpp=vpp, microbatch_group_size=group
+        pp=pp,
+        num_microbatches=num_microbatches,
+        vpp=vpp,
+        microbatch_group_size=group,
+        overlap=overlap,
     )
-    for ev in events(spec, pp_rank):
-        seen.setdefault((ev.kind, ev.chunk, tuple(live), held, tuple(after), done), None)
+    order = events(spec, pp_rank)
+    for i, ev in enumerate(order):
+        if i and order[i - 1].merged:  # the backward of a merged step: recorded with its forward
+            pass
+        elif ev.merged:
+            pair = ev.chunk + vpp * order[i + 1].chunk
+            seen.setdefault(("M", pair, tuple(live), held, tuple(after), done), None)
+        else:
+            seen.setdefault((ev.kind, ev.chunk, tuple(live), held, tuple(after), done), None)
         live[ev.chunk] += 1 if ev.kind == "F" else -1
         after[ev.chunk] = ev.kind == "B"
         if ev.kind == "B":
@@ -155,12 +174,103 @@ def _moment(
     gradient is already counted as retained."""
     c = chunks[chunk]
     transient = {"F": c.input_bytes + c.forward, "B": c.backward}.get(kind, 0.0)
-    if held >= 0 and kind != "D":
-        h = chunks[held]
-        counted = (after[held] and held != chunk) or (held == chunk and kind == "F")
-        transient += h.input_bytes - (min(h.retained_grad, h.input_bytes) if counted else 0.0)
+    transient += _held(chunks, kind, chunk, held, after)
     kept = sum(ch.retained for i, ch in enumerate(chunks) if after[i] and i != chunk)
     return sum(n * ch.inflight for n, ch in zip(live, chunks)) + kept, transient
+
+
+def _held(
+    chunks: list[ChunkCost], kind: str, chunk: int, held: int, after: tuple[bool, ...]
+) -> float:
+    """The input gradient the schedule still holds at a Moment, unless already counted as
+    retained (0 at a drain or when none is held)."""
+    if held < 0 or kind == "D":
+        return 0.0
+    h = chunks[held]
+    counted = (after[held] and held != chunk) or (held == chunk and kind == "F")
+    return h.input_bytes - (min(h.retained_grad, h.input_bytes) if counted else 0.0)
+
+
+def _merged_moment(
+    chunks: list[ChunkCost],
+    terms: overlap.Merged,
+    pair: int,
+    live: tuple[int, ...],
+    held: int,
+    after: tuple[bool, ...],
+) -> tuple[float, float, int]:
+    """(activations held, transient, backward chunk) at a merged step's Moment (`pair`: the
+    forward's chunk + vpp x the backward's): the moment before it, as before the backward, and
+    the step's peak above it (capture_megatron.predict.overlap.merged_peak)."""
+    cf, cb = pair % len(chunks), pair // len(chunks)
+    acts = _moment(chunks, "B", cb, live, held, after)[0]
+    f_kept = chunks[cf].retained if after[cf] and cf != cb else 0.0
+    transient = overlap.merged_peak(terms, chunks[cf], chunks[cb], f_kept)
+    return acts, transient + _held(chunks, "B", cb, held, after), cb
+
+
+Peak = tuple[float, float, float, str, tuple[int, ...]]
+"""(total, activations, transient, phase, micro-batches alive per chunk) of a rank's peak moment."""
+
+
+def _all_at_once(
+    chunks: list[ChunkCost],
+    moments: tuple[Moment, ...],
+    static: float,
+    pair: float,
+    limit: int,
+    best: Peak,
+) -> Peak:
+    """The peak over `moments` (of kinds F, B and D) if above `best` (predict.moments' arrays;
+    its breakdown from the peak moment's own sums)."""
+    acts, transient = moment_totals(moment_arrays(moments, len(chunks)), chunks, pair, limit)
+    totals = static + acts + transient
+    top = int(np.argmax(totals))  # the first moment at the highest total, as one moment at a time
+    if totals[top] <= best[0]:
+        return best
+    kind, chunk, live, held, after, done = moments[top]
+    acts_at, transient_at = _moment(chunks, kind, chunk, live, held, after)
+    acts_at += min(done, limit) * pair
+    running = _running(chunks[chunk], kind)  # moved from transient to activations
+    return float(totals[top]), acts_at + running, transient_at - running, PHASES[kind], live
+
+
+def _one_by_one(
+    chunks: list[ChunkCost],
+    terms: overlap.Merged,
+    moments: tuple[Moment, ...],
+    static: float,
+    pair: float,
+    limit: int,
+    best: Peak,
+) -> Peak:
+    """The peak over `moments` with merged (forward, backward) steps (kind M, under
+    --overlap-moe-expert-parallel-comm), one moment at a time, if above `best`."""
+    for kind, chunk, live, held, after, done in moments:
+        if kind == "M":
+            acts, transient, chunk = _merged_moment(chunks, terms, chunk, live, held, after)
+        else:
+            acts, transient = _moment(chunks, kind, chunk, live, held, after)
+        acts += min(done, limit) * pair
+        if static + acts + transient > best[0]:
+            running = _running(chunks[chunk], kind)  # moved from transient to activations
+            best = (static + acts + transient, acts + running, transient - running,
+                    PHASES[kind], live)  # fmt: skip
+    return best
+
+
+def plan_states(plan: ParallelPlan, pp_rank: int, defer: bool) -> tuple[Moment, ...]:
+    """schedule_states of a plan's rank (`defer`: the last stage defers its output layer's weight
+    gradient)."""
+    return schedule_states(
+        plan.pp,
+        plan.num_microbatches,
+        plan.vpp,
+        pp_rank,
+        plan.microbatch_group_size,
+        defer,
+        plan.ddp.overlap_moe_expert_parallel_comm,
+    )
 
 
 def deferral(shape: ModelShape, plan: ParallelPlan, pp_rank: int) -> tuple[float, float]:
@@ -219,19 +329,13 @@ def rank_memory(
     pair = deferral(shape, plan, pp_rank)[0]
     kept = sum(c.retained for c in chunks)  # every chunk's last pass before the step: a backward
     best = (static + kept + step, kept, step, "step", (0,) * plan.vpp)
-    moments = schedule_states(
-        plan.pp, plan.num_microbatches, plan.vpp, pp_rank, plan.microbatch_group_size, pair > 0
-    )
     limit = plan.ddp.deferred(plan.num_microbatches)
-    acts, transient = moment_totals(moment_arrays(moments, plan.vpp), chunks, pair, limit)
-    totals = static + acts + transient
-    top = int(np.argmax(totals))  # the first moment at the highest total, as one moment at a time
-    if totals[top] > best[0]:
-        kind, chunk, live, held, after, done = moments[top]
-        acts_at, transient_at = _moment(chunks, kind, chunk, live, held, after)
-        acts_at += min(done, limit) * pair
-        running = _running(chunks[chunk], kind)  # moved from transient to activations
-        best = (float(totals[top]), acts_at + running, transient_at - running, PHASES[kind], live)
+    moments = plan_states(plan, pp_rank, pair > 0)
+    if plan.ddp.overlap_moe_expert_parallel_comm:
+        terms = overlap.merged(layers, shape, plan, tuple(c.kind for c in chunks))
+        best = _one_by_one(chunks, terms, moments, static, pair, limit, best)
+    else:
+        best = _all_at_once(chunks, moments, static, pair, limit, best)
     peak, activations, transient, phase, inflight = best
     return StageMemory(
         pp_rank=pp_rank,

@@ -7,6 +7,11 @@
 - Interleaved 1F1B (VPP v > 1): (micro-batch, chunk) order from get_schedule_table with
   microbatch_group_size_per_vp_stage (default PP); warm-up (p - r - 1) * 2 + (v - 1) * group
   forwards (capped at m * v); a backward of virtual id k runs chunk v - 1 - chunk_table[k].
+- With --overlap-moe-expert-parallel-comm (the combined 1F1B schedule, MC
+  pipeline_parallel/combined_1f1b.py): interleaving runs one more warm-up forward
+  (get_pp_rank_microbatches), and PP = 1 runs micro-batch 0's forward alone, then merges each
+  forward with the previous micro-batch's backward; every steady-state (forward, backward) pair
+  is one merged step (Event.merged on its forward).
 Pure Python (no torch).
 """
 
@@ -29,6 +34,8 @@ class ScheduleSpec:
     """Model chunks per pipeline rank (interleaving when > 1)."""
     microbatch_group_size: int = 0
     """Megatron's microbatch_group_size_per_vp_stage; 0 means PP."""
+    overlap: bool = False
+    """--overlap-moe-expert-parallel-comm: megatron-core's combined 1F1B schedule."""
 
     def __post_init__(self) -> None:
         p = []
@@ -72,6 +79,8 @@ class Event:
     """Micro-batch index."""
     chunk: int
     """Local model chunk (virtual stage index on this rank)."""
+    merged: bool = False
+    """A forward the combined 1F1B schedule merges with the backward that follows it."""
 
 
 def schedule_table(m: int, v: int, group: int) -> list[tuple[int, int]]:
@@ -87,11 +96,11 @@ def warmup_count(spec: ScheduleSpec, pp_rank: int) -> int:
     """Forwards before the first backward (megatron's get_pp_rank_microbatches)."""
     total = spec.num_microbatches * spec.vpp
     if spec.pp == 1:
-        return 0
+        return min(1, total) if spec.overlap else 0
     if spec.vpp == 1:
         warm = spec.pp - pp_rank - 1
     else:
-        warm = (spec.pp - pp_rank - 1) * 2 + (spec.vpp - 1) * spec.group
+        warm = (spec.pp - pp_rank - 1) * 2 + (spec.vpp - 1) * spec.group + int(spec.overlap)
     return min(warm, total)
 
 
@@ -100,13 +109,13 @@ def events(spec: ScheduleSpec, pp_rank: int) -> tuple[Event, ...]:
     if not 0 <= pp_rank < spec.pp:
         raise CaptureError(f"pipeline rank {pp_rank} outside PP {spec.pp}")
     m, v = spec.num_microbatches, spec.vpp
-    if spec.pp == 1:
+    if spec.pp == 1 and not spec.overlap:
         return tuple(e for mb in range(m) for e in (Event("F", mb, 0), Event("B", mb, 0)))
     table = schedule_table(m, v, spec.group)
-    fwd = [Event("F", mb, chunk) for mb, chunk in table]
+    fwd = [Event("F", mb, chunk, spec.overlap) for mb, chunk in table]
     bwd = [Event("B", mb, v - 1 - chunk) for mb, chunk in table]
     warm = warmup_count(spec, pp_rank)
-    out = fwd[:warm]
+    out = [Event("F", e.microbatch, e.chunk) for e in fwd[:warm]]
     for k in range(len(table) - warm):
         out += [fwd[warm + k], bwd[k]]
     out += bwd[len(table) - warm :]

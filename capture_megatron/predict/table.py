@@ -11,9 +11,10 @@ from __future__ import annotations
 import numpy as np
 
 from capture_megatron.config import ModelShape, ParallelPlan
+from capture_megatron.predict import overlap
 from capture_megatron.predict.chunks import cached_chunk, chunk_kind
 from capture_megatron.predict.layers import Layers
-from capture_megatron.predict.ranks import deferral, schedule_states
+from capture_megatron.predict.ranks import deferral, plan_states
 
 
 def _along(values: list[float], axis: int, ndim: int) -> np.ndarray:
@@ -63,9 +64,33 @@ def _chunk_arrays(
     out = {name: _along([getattr(c, name) for c in costs], v, plan.vpp) for name in FIELDS}
     out["forward"] = out["input_bytes"] + _along([c.forward for c in costs], v, plan.vpp)
     out["backward"] = _along([c.backward for c in costs], v, plan.vpp)
+    out["layers"] = _along([float(c.layers) for c in costs], v, plan.vpp)
     if cache is not None:
         cache[key] = out
     return out
+
+
+def _merged(
+    layers: Layers,
+    shape: ModelShape,
+    plan: ParallelPlan,
+    pp_rank: int,
+    ch: list[dict[str, np.ndarray]],
+    pair: tuple[int, int],
+    after: tuple[bool, ...],
+) -> np.ndarray:
+    """A merged step's peak above the moment before it, for every split: as
+    capture_megatron.predict.overlap.merged_peak (forward chunk, backward chunk = `pair`)."""
+    cf, cb = pair
+    kinds = tuple(chunk_kind(plan, pp_rank, v) for v in range(plan.vpp))
+    m = overlap.merged(layers, shape, plan, kinds)
+    f, b = ch[cf], ch[cb]
+    f_kept = f["retained"] if after[cf] and cf != cb else 0.0
+    head = b["backward"] + m.hidden
+    some = (f["layers"] + b["layers"]) > 0
+    steps = np.where(some, m.hidden - m.head(kinds[cb]) + m.layer_step, 0.0)
+    tail = m.hidden + f["forward"] - b["inflight"] - f_kept
+    return np.maximum(np.maximum(head, steps), tail)
 
 
 def peak_table(
@@ -100,9 +125,7 @@ def peak_table(
     # moments with the same (kind, chunk, held, retaining) add the same transient; rounding is
     # monotone, so the largest of their activations gives the largest total
     groups: dict[tuple, list[tuple[int, ...]]] = {}
-    for kind, chunk, live, held, after, done in schedule_states(
-        plan.pp, plan.num_microbatches, plan.vpp, pp_rank, plan.microbatch_group_size, pair > 0
-    ):
+    for kind, chunk, live, held, after, done in plan_states(plan, pp_rank, pair > 0):
         groups.setdefault((kind, chunk, held, after, done), []).append(live)
     limit = plan.ddp.deferred(plan.num_microbatches)
     for (kind, chunk, held, after, done), lives in groups.items():
@@ -110,8 +133,12 @@ def peak_table(
         acts = zero
         for v in range(vpp):
             acts = acts + counts[:, v].reshape((-1,) + (1,) * vpp) * ch[v]["inflight"]
+        pair_of = (chunk % vpp, chunk // vpp) if kind == "M" else None
+        chunk = pair_of[1] if pair_of else chunk
         others = sum((ch[v]["retained"] for v in range(vpp) if after[v] and v != chunk), zero)
         transient = {"F": ch[chunk]["forward"], "B": ch[chunk]["backward"]}.get(kind, zero)
+        if pair_of:
+            transient = _merged(layers, shape, plan, pp_rank, ch, pair_of, after)
         if held >= 0 and kind != "D":
             h = ch[held]
             counted = (after[held] and held != chunk) or (held == chunk and kind == "F")

@@ -1,0 +1,202 @@
+"""--overlap-moe-expert-parallel-comm (issue 26): megatron-core 0.16.1's combined 1F1B schedule
+at PP 1 in the forecast (capture_megatron.predict.overlap), Megatron's rules for it as one-paragraph
+refusals, and what is still refused (PP > 1, --delay-wgrad-compute, the CPU kernel set). The
+forecast terms are checked against the fitted constants they are derived from (synthetic memory
+model: the constants come from the shape, not from a fit)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from synthetic_memory import SMALL, synthetic_source
+
+from capture_megatron.config import DdpOptions, ParallelPlan, check_plan_fits_model
+from capture_megatron.config.moe import Experts
+from capture_megatron.config.parallel import Recompute
+from capture_megatron.errors import CaptureError
+from capture_megatron.megatron import policy
+from capture_megatron.predict import Layers, rank_memory, sizes_for, variant_of
+from capture_megatron.predict.overlap import merged
+from capture_megatron.predict.schedule import ScheduleSpec, events, warmup_count
+from capture_megatron.predict.table import peak_table
+from capture_megatron.records import ProbeShape
+
+FLAG = "--overlap-moe-expert-parallel-comm"
+MOE = dataclasses.replace(
+    SMALL, moe=Experts(num_experts=8, moe_token_dispatcher_type="alltoall"), num_layers=4
+)
+
+
+def _plan(overlap: bool, m: int = 4, **kw) -> ParallelPlan:
+    fields = dict(tp=2, pp=1, dp=4, ep=4, micro_batch_size=1, sequence_parallel=True)
+    fields.update(kw)
+    pp, vpp = fields["pp"], fields.get("vpp", 1)
+    return ParallelPlan(
+        global_batch_size=m * fields["micro_batch_size"] * fields["dp"],
+        layers_per_stage=(16 // (pp * vpp),) * (pp * vpp),
+        ddp=DdpOptions(overlap_moe_expert_parallel_comm=overlap),
+        **fields,
+    )
+
+
+def _layers(plan: ParallelPlan) -> Layers:
+    probe = ProbeShape.of(SMALL, plan.tp, plan.micro_batch_size)
+    return Layers(synthetic_source(frozenset({(variant_of(SMALL, plan), probe)})).variants[0])
+
+
+def test_merged_steps_add_the_overlapped_micro_batch():
+    """PP 1: the forward holds the previous micro-batch's embedding gradient besides; the
+    backward is the worse of its head (with the next micro-batch's embedding output) and a merged
+    layer step (the head's saved bytes freed, one layer's saved bytes and peak on top)."""
+    plain, over = _plan(False), _plan(True)
+    layers = _layers(plain)
+    sc = layers.main.constants(sizes_for(SMALL, plain))
+    mid, only = sc.chunk("middle"), sc.chunk("only")
+    m = merged(layers, SMALL, over, ("only",))
+    assert m.hidden == mid.input_bytes > 0
+    assert m.layer_step == max(sc.layer_saved + mid.bwd1, mid.fwd1)
+    assert m.head("only") == only.need("saved0") - sc.chunk("first").need("saved0") > 0
+    assert m.head("middle") == 0.0
+    before, after = rank_memory(layers, SMALL, plain, 0), rank_memory(layers, SMALL, over, 0)
+    assert (after.params, after.grads, after.optimizer, after.other) == (
+        before.params,
+        before.grads,
+        before.optimizer,
+        before.other,
+    )
+    # the merged moments only ever add: at least the hidden state, at most it plus the layer step
+    assert before.peak + m.hidden <= after.peak
+    assert after.peak <= before.peak + m.hidden + max(m.layer_step - m.head("only"), 0.0)
+
+
+def test_one_micro_batch_runs_no_merged_step():
+    """With one micro-batch the combined schedule runs its forward alone, then its backward."""
+    plain, over = _plan(False, m=1), _plan(True, m=1)
+    layers = _layers(plain)
+    assert [e.merged for e in events(ScheduleSpec(1, 1, overlap=True), 0)] == [False, False]
+    assert rank_memory(layers, SMALL, over, 0) == rank_memory(layers, SMALL, plain, 0)
+
+
+def test_pp1_merges_each_forward_with_the_previous_backward():
+    """combined_1f1b_schedule_for_no_pipelining: micro-batch 0's forward alone, then (i's
+    forward, i-1's backward) for i = 1 .. m-1, then the last backward alone."""
+    order = events(ScheduleSpec(1, 4, overlap=True), 0)
+    got = [(e.kind, e.microbatch, e.merged) for e in order]
+    pairs = [x for i in range(1, 4) for x in (("F", i, True), ("B", i - 1, False))]
+    assert got == [("F", 0, False), *pairs, ("B", 3, False)]
+
+
+@pytest.mark.parametrize("pp,vpp", [(1, 1), (2, 2), (4, 2)])
+def test_the_partitioner_table_equals_rank_memory(pp, vpp):
+    over = _plan(True, m=8, pp=pp, dp=8 // pp, vpp=vpp, ep=2)
+    layers = _layers(over)
+    for rank in range(pp):
+        table = peak_table(layers, SMALL, over, rank, 5)
+        for counts in ((1,) * vpp, (5,) * vpp, (2, 3)[:vpp], (0, 4)[:vpp]):
+            expect = rank_memory(layers, SMALL, over, rank, counts=counts).peak
+            assert table[counts] == expect, (pp, vpp, rank, counts)
+
+
+@pytest.mark.parametrize("p,m,v", [(2, 4, 2), (2, 6, 3), (4, 8, 2), (4, 4, 2), (3, 6, 2)])
+def test_interleaved_warmup_has_one_more_forward_as_megatron(p, m, v):
+    """megatron-core's get_pp_rank_microbatches with overlap_moe_expert_parallel_comm=True
+    (schedules.py:775-778), read through a fake process group as pipeline rank r."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.pipeline_parallel.schedules import get_pp_rank_microbatches
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    for rank in range(p):
+        torch.distributed.init_process_group("fake", store=FakeStore(), rank=rank, world_size=p)
+        try:
+            ps.initialize_model_parallel(1, p, v, create_gloo_process_groups=False)
+            for over in (False, True):
+                warm = get_pp_rank_microbatches(m, v, p, overlap_moe_expert_parallel_comm=over)[2]
+                spec = ScheduleSpec(p, m, v, overlap=over)
+                assert warmup_count(spec, rank) == warm, (p, m, v, rank, over)
+        finally:
+            ps.destroy_model_parallel()
+            torch.distributed.destroy_process_group()
+    spec = ScheduleSpec(p, m, v, overlap=True)
+    order = events(spec, 0)
+    merged_at = [i for i, e in enumerate(order) if e.merged]
+    assert all(order[i + 1].kind == "B" for i in merged_at)
+    assert len(merged_at) == m * v - warmup_count(spec, 0)
+
+
+@pytest.mark.parametrize(
+    ("change", "rule"),
+    [
+        (dict(ep=1), "needs expert parallelism, EP > 1"),
+        (dict(dispatcher="allgather"), "needs --moe-token-dispatcher-type alltoall or flex"),
+        (dict(dtype="fp32"), "needs --bf16 or --fp16"),
+        (dict(full=True), "does not allow full recomputation"),
+        (dict(mtp=1), "allows one MTP layer, and only with PP > 1"),
+    ],
+)
+def test_megatron_rules_are_refusals(change, rule):
+    """megatron-core's TransformerConfig asserts these (transformer_config.py:1852-1906)."""
+    shape = MOE
+    if "dispatcher" in change:
+        shape = dataclasses.replace(shape, moe=Experts(num_experts=8))
+    if "dtype" in change:
+        shape = dataclasses.replace(shape, dtype="fp32")
+    if "mtp" in change:
+        shape = dataclasses.replace(shape, mtp_num_layers=1)
+    kw = dict(ep=change.get("ep", 4))
+    if change.get("full"):
+        kw["recompute"] = Recompute("full", "block", (1,))
+    plan = dataclasses.replace(_plan(True, **kw), layers_per_stage=(4,))
+    if "mtp" in change:
+        plan = dataclasses.replace(plan, mtp_layers=1)
+    check_plan_fits_model(shape, dataclasses.replace(plan, ddp=DdpOptions()))  # fine without
+    with pytest.raises(CaptureError, match=rule) as err:
+        check_plan_fits_model(shape, plan)
+    assert FLAG in str(err.value) and "\n" not in str(err.value)
+
+
+def test_pipeline_parallelism_needs_virtual_stages():
+    with pytest.raises(CaptureError, match="needs virtual pipeline stages"):
+        _plan(True, pp=2, dp=2, ep=2)
+    assert _plan(True, pp=2, dp=2, vpp=2, ep=2).ddp.overlap_moe_expert_parallel_comm
+
+
+def test_mtp_is_not_modelled_yet():
+    shape = dataclasses.replace(MOE, mtp_num_layers=1)
+    plan = dataclasses.replace(_plan(True, pp=2, dp=2, vpp=2, ep=2), mtp_layers=1)
+    plan = dataclasses.replace(plan, layers_per_stage=(1, 1, 1, 1))
+    with pytest.raises(CaptureError, match="multi-token-prediction layer is not modelled yet"):
+        check_plan_fits_model(shape, plan)
+
+
+def test_delay_wgrad_compute_stays_refused():
+    reason = policy.unmodelled_reason("--delay-wgrad-compute")
+    assert reason is not None and "backward_dw" in reason
+    assert policy.unmodelled_reason(FLAG) is None and not policy.ignored(FLAG)
+
+
+def test_cpu_kernel_set_refuses_it():
+    """The combined schedule needs a CUDA communication stream and events."""
+    ddp = DdpOptions(overlap_moe_expert_parallel_comm=True)
+    assert "--device fake" in ddp.kernel_problem("cpu", False)
+    assert ddp.kernel_problem("gpu", False) == ""
+
+
+def test_the_planner_searches_only_what_megatron_runs():
+    """With the overlap `plan` searches EP > 1, no full recompute and, at PP > 1, virtual
+    stages only (megatron-core's rules); without it all of them."""
+    from capture_megatron.config import GIB, Cluster
+    from capture_megatron.plan import Space
+    from capture_megatron.plan.space import candidates
+
+    gpu = Cluster(gpus=8, gpu_memory_bytes=80 * GIB)
+    plain = list(candidates(MOE, gpu, 64, Space()))
+    over = list(
+        candidates(MOE, gpu, 64, Space(ddp=DdpOptions(overlap_moe_expert_parallel_comm=True)))
+    )
+    assert over and len(over) < len(plain)
+    assert min(p.ep for p in plain) == 1 and min(p.ep for p in over) > 1
+    assert "full" in {p.recompute.granularity for p in plain}
+    assert "full" not in {p.recompute.granularity for p in over}
+    assert {p.vpp for p in over if p.pp > 1} and all(p.vpp > 1 for p in over if p.pp > 1)
