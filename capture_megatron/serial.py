@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import types
 import typing
@@ -57,12 +56,17 @@ def _build(tp: Any, value: Any) -> Any:
     return value
 
 
-@functools.cache
+_HINTS: dict[type, dict[str, Any]] = {}
+"""type_hints' answers, per class."""
+
+
 def type_hints(cls: type) -> dict[str, Any]:
     """typing.get_type_hints of a class, evaluated once per class (the annotations are strings
     under `from __future__ import annotations`; the planner builds and checks plans by the
     hundred thousand). Read it, do not change it."""
-    return typing.get_type_hints(cls)
+    if cls not in _HINTS:
+        _HINTS[cls] = typing.get_type_hints(cls)
+    return _HINTS[cls]
 
 
 def from_plain(cls: type[T], data: dict[str, Any]) -> T:

@@ -187,7 +187,7 @@ def value_problems(
     above 0 (floats). Flag fields are named by their flag; `every_field` checks the fields no
     flag sets too (objects read from JSON). None (not given) is accepted; nested dataclasses are
     checked too. Type problems stop the rest of a class's checks (its arithmetic would fail)."""
-    hints = type_hints(type(obj))  # type: ignore[arg-type]  # a class is hashable
+    hints = type_hints(type(obj))
     problems = []
     for field in dataclasses.fields(obj):
         spec, value = flag_of(field), getattr(obj, field.name)
