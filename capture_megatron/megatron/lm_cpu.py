@@ -19,7 +19,8 @@ patch below names the Megatron-LM call that fails without it, in the order a run
    step ("Torch not compiled with CUDA enabled") -- the CPU generator's state.
 6. On gloo the interleaved schedule needs p2p neither overlapped nor batched: with
    `overlap_p2p_comm` (Megatron-LM's default under VPP) the first step's grad norm is NaN, with
-   `batch_p2p_comm` gradients are wrong (../shared/MEGATRON_CPU.md) -- both off (`gloo_p2p`).
+   `batch_p2p_comm` gradients are wrong (found running the interleaved schedule on gloo) -- both
+   off (`gloo_p2p`).
 
 Flags CPU kernels need are appended to the command line (CPU_FLAGS; the last value wins).
 """

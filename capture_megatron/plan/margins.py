@@ -11,11 +11,11 @@ from capture_megatron.config.flex import hybridep_buffer_bytes
 
 RESERVE_FRACTION = 0.02
 """Default allocator reserve: reserved was 1.9% above allocated on a dense Megatron-LM run on H100
-(../shared/GPU_FIDELITY.md, section 8), rounded up. MoE runs show 13-26% (Megatron's offloading
-docs); MoE is not modelled."""
+(docs/MEMORY_MODEL.md, Margins), rounded up. MoE runs show 13-26% (Megatron's offloading docs);
+MoE is not modelled."""
 CONTEXT_GIB = 3.9
 """Default memory per process outside the allocator (CUDA context, NCCL), GiB: the upper bound
-measured on the same run (GPU_FIDELITY.md, section 8; taken during a checkpoint save)."""
+measured on the same run (docs/MEMORY_MODEL.md, Margins; taken during a checkpoint save)."""
 
 
 @dataclass(frozen=True)

@@ -58,10 +58,10 @@ class PlanOptions:
         "--reserve-fraction", RESERVE_FRACTION, note="(calibrate with verify --refit)"
     )
     """CUDA: the caching allocator's reserve above allocated, as a fraction of the peak (default:
-    the 1.9% measured on a dense Megatron run, rounded up; ../shared/GPU_FIDELITY.md section 8)."""
+    the 1.9% measured on a dense Megatron run, rounded up; docs/MEMORY_MODEL.md, Margins)."""
     context_gib: float = flag("--context-gib", CONTEXT_GIB)
     """CUDA: memory per process outside the allocator (CUDA context, NCCL), in GiB (default: the
-    3.9 GiB upper bound measured on a dense Megatron run; GPU_FIDELITY.md section 8). cuBLAS and
+    3.9 GiB upper bound measured on a dense Megatron run; docs/MEMORY_MODEL.md, Margins). cuBLAS and
     TE workspaces are allocator memory and are in the forecast itself."""
     cost: CostModel = CostModel()
     """The step-time model: hardware profile, the run's overlap settings, fitted constants."""

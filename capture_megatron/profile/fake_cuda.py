@@ -9,7 +9,7 @@ a whole megatron-core model run forward and backward on fake CUDA tensors, so th
 CUDA's dispatch (native_dropout keeps a bool mask, native_layer_norm fp32 statistics, the flash
 attention op its log-sum-exp). torch.cuda.is_available() stays False; real CPU tensors are
 unaffected. Probes on this device run in their own process (capture_megatron.profile.worker).
-See ../shared/GPU_FIDELITY.md and docs/MEMORY_MODEL.md.
+See docs/MEMORY_MODEL.md.
 """
 
 from __future__ import annotations
