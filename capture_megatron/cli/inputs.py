@@ -90,13 +90,14 @@ def add_cluster_flags(p: argparse.ArgumentParser) -> None:
 
 
 def add_plan_flags(p: argparse.ArgumentParser, training: bool = False) -> None:
-    """Model, kernel and parallel flags, PlanOptions and the cluster flags (`training`: the
-    kernels' defaults of capture-megatron's own training, for commands that train the plan)."""
+    """The cluster flags (what a user gives first), then model, kernel and parallel flags and
+    PlanOptions (`training`: the kernels' defaults of capture-megatron's own training, for
+    commands that train the plan)."""
+    add_cluster_flags(p)
     flags.add_model_flags(p)
     flags.add_kernel_flags(p, training=training)
     flags.add_parallel_flags(p)
     flags.add_fields(p, PlanOptions, "planning")
-    add_cluster_flags(p)
 
 
 def add_megatron_line(p: argparse.ArgumentParser) -> None:

@@ -1,5 +1,6 @@
 """`capture-megatron plan <a Megatron-LM command line> --gpus N --gpu-memory-gib G`: the
-memory-balanced pipeline layout and TP/PP/DP/VPP choice for a cluster.
+TP/PP/DP/VPP/EP/CP sizes, micro-batch, recompute and pipeline layout for a cluster -- the fastest
+plan that fits (default), the lowest peak (--objective min-peak) or the fewest GPUs (min-gpus).
 
 Parallel sizes given on the command line are fixed, the rest searched; with
 --pipeline-model-parallel-layout nothing is searched and the plan is only predicted. Every
@@ -41,10 +42,33 @@ from capture_megatron.plan.limits import too_large
 from capture_megatron.plan.planner import global_batch
 from capture_megatron.plan.window import latent_problem, window_problem
 
+USAGE = (
+    "%(prog)s (--hf-config CONFIG | --preset NAME | <Megatron-LM model flags>) --gpus N "
+    "--gpu-memory-gib G [any other pretrain_gpt.py flag] [--objective throughput|min-peak|min-gpus]"
+    " [--json FILE] [--png FILE]"
+)
+"""The plan command's one-line usage (argparse's lists every one of its hundreds of flags)."""
+EXAMPLES = """examples:
+  capture-megatron plan --hf-config Qwen3-8B/config.json --seq-length 4096 --gpus 8 \\
+      --gpu-memory-gib 80
+  capture-megatron plan --preset llama3-70b --gpus 64 --gpu-memory-gib 80 --global-batch-size 128
+  capture-megatron plan $(cat my_pretrain_gpt_flags.txt) --gpus 256 --gpu-memory-gib 80 \\
+      --json plan.json --png plan.png
+
+Sizes given (--tensor-model-parallel-size, --micro-batch-size, ...) are kept; the rest is
+searched. docs/MEGATRON_FLAGS.md lists how every pretrain_gpt.py flag is read."""
+"""Shown after the plan command's options."""
+
 
 def build_parser(prog: str = "capture-megatron plan") -> flags.FlagParser:
     """The plan command's parser: a whole Megatron-LM command line plus the cluster."""
-    p = flags.FlagParser(prog=prog, description=flags.summary(__doc__))
+    p = flags.FlagParser(
+        prog=prog,
+        usage=USAGE,
+        description=flags.summary(__doc__),
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_plan_flags(p)
     add_megatron_line(p)
     return p
