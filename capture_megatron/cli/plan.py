@@ -43,7 +43,7 @@ from capture_megatron.plan.planner import global_batch
 from capture_megatron.plan.window import latent_problem, window_problem
 
 USAGE = (
-    "%(prog)s (--hf-config CONFIG | --preset NAME | <Megatron-LM model flags>) --gpus N "
+    "%(prog)s [--hf-config CONFIG | --preset NAME | <Megatron-LM model flags>] --gpus N "
     "--gpu-memory-gib G [any other pretrain_gpt.py flag] [--objective throughput|min-peak|min-gpus]"
     " [--json FILE] [--png FILE]"
 )
