@@ -106,8 +106,12 @@ def check(ns: argparse.Namespace) -> tuple[str, ...]:
     that changes memory in a way not modelled (unless it is at Megatron-LM's default), and every
     one Megatron-LM itself would stop at on this line (policy.RULES)."""
     table = {a.flags[0]: a for a in arguments()}
+    lm = given(ns)
     line = policy.LineContext(
         rope=getattr(ns, "position_embedding_type", None) == "rope",
+        offload_modules=tuple(lm.get("--offload-modules") or ()),
+        transformer_impl=getattr(ns, "transformer_impl", "transformer_engine"),
+        cpu_offloading_layers=lm.get("--cpu-offloading-num-layers") or 0,
     )
     ignored, refused, invalid = [], [], []
     for name, value in given(ns).items():
