@@ -120,7 +120,7 @@ def check(ns: argparse.Namespace) -> tuple[str, ...]:
             value = False
         shown = name if isinstance(value, bool) else f"{name} {_text(value)}"
         reason = policy.unmodelled_reason(*arg.flags)
-        verdict = policy.conditional_verdict(name, value, line) if name in policy.RULES else None
+        verdict = policy.conditional_verdict(name, value, line)
         if verdict is not None:
             (refused if verdict[0] == "refused" else invalid).append(f"{shown} ({verdict[1]})")
         elif reason is not None and not arg.default_matches(value):

@@ -30,14 +30,6 @@ NOT_MODELLED = (
 )
 """Why --fine-grained-activation-offloading is refused when Megatron-LM would run the line."""
 
-RULE = (
-    "refused (not modelled yet: which offloaded groups are on the GPU at each moment of the "
-    "schedule); Megatron-LM stops without --transformer-impl transformer_engine, without "
-    "--offload-modules, with a module outside " + ", ".join(sorted(OFFLOAD_MODULES)) + ", with "
-    "attn_proj but not core_attn, or with --cpu-offloading-num-layers"
-)
-"""docs/MEGATRON_FLAGS.md's line for --fine-grained-activation-offloading."""
-
 READ_ONLY_WITH_IT = (
     "read only with --fine-grained-activation-offloading (megatron-core tests that flag at every "
     "call site); alone it changes nothing"

@@ -161,7 +161,6 @@ RULES = {
         "ignored with --position-embedding-type rope, which it sets (deprecated); without it, "
         "refused: give --position-embedding-type rope"
     ),
-    "--fine-grained-activation-offloading": offload_rules.RULE,
     "--offload-modules": offload_rules.READ_ONLY_WITH_IT,
     "--min-offloaded-tensor-size": offload_rules.READ_ONLY_WITH_IT,
 }
@@ -184,8 +183,10 @@ class LineContext:
 
 
 def conditional_verdict(flag: str, value: Any, line: LineContext) -> tuple[str, str] | None:
-    """For a flag of RULES given with `value` on a line: None when it is ignored there, else
-    ('refused', why not modelled) or ('invalid', why Megatron-LM stops)."""
+    """For a flag given with `value` on a line: None when no rule of the line applies (a flag of
+    RULES is then ignored, any other keeps its own kind), else ('refused', why not modelled) or
+    ('invalid', why Megatron-LM stops: the rules of RULES' flags and
+    --fine-grained-activation-offloading's)."""
     if flag == "--no-position-embedding" and not line.rope:
         return "invalid", (
             "Megatron-LM stops: '--no-position-embedding is deprecated, use "
@@ -197,7 +198,6 @@ def conditional_verdict(flag: str, value: Any, line: LineContext) -> tuple[str, 
         )
         if stops:
             return "invalid", "Megatron-LM stops: " + "; ".join(stops)
-        return "refused", offload_rules.NOT_MODELLED
     if flag == "--use-rotary-position-embeddings" and not line.rope:
         return "refused", "deprecated; give --position-embedding-type rope, which it means"
     return None
@@ -244,6 +244,9 @@ _REASONS = {
     """,
     "a standalone multi-token-prediction stage is not modelled yet": """
         --mtp-standalone
+    """,
+    offload_rules.NOT_MODELLED: """
+        --fine-grained-activation-offloading
     """,
     "NCCL user buffers are not modelled yet": """
         --use-nccl-ub
