@@ -57,7 +57,8 @@ def launched(value: str) -> str:
     """A MODEL_ARGS value as Megatron-LM's launcher hands it to the training script: core_v0.16.1
     tests/functional_tests/shell_test_utils/_run_training.sh trims each value with `xargs`
     (which removes one level of backslash escapes) and builds the argument array with `eval`
-    (a second level), so the YAML's `Et*3\\\\|\\\\(tt\\\\|\\\\)*6mL` reaches Megatron as `Et*3|(tt|)*6mL`."""
+    (a second level), so the YAML's `Et*3\\\\|\\\\(tt\\\\|\\\\)*6mL` reaches Megatron as
+    `Et*3|(tt|)*6mL`."""
     for _ in range(2):
         value = re.sub(r"\\(.)", r"\1", value)
     return value
@@ -65,7 +66,8 @@ def launched(value: str) -> str:
 
 def _predict(case: dict[str, Any], device: str, extra: list[str]):
     """The last stage's predicted peak and the result, or the CaptureError's text."""
-    argv = [*map(launched, case["argv"]), *extra, "--gpus", str(case["world_size"]), "--no-progress"]
+    argv = [*map(launched, case["argv"]), *extra]
+    argv += ["--gpus", str(case["world_size"]), "--no-progress"]
     cublas = case["env_vars"].get("CUBLAS_WORKSPACE_CONFIG")
     argv += ["--cublas-workspace-config", cublas] if cublas else []
     argv += ["--device", device] if device else []
