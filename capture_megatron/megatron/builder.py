@@ -156,17 +156,21 @@ def gpu_kernels(kernels: Kernels, impl: str) -> Kernels:
     return dataclasses.replace(kernels, transformer_impl=impl)
 
 
-def _recompute_fields(plan: ParallelPlan, pp_rank: int) -> dict:
+def _recompute_fields(shape: ModelShape, plan: ParallelPlan, pp_rank: int) -> dict:
     """TransformerConfig's recompute fields for one pipeline rank (its full-recompute layers;
-    selective recompute's modules, the deprecated --moe-layer-recompute folded in)."""
+    selective recompute's modules, the deprecated --moe-layer-recompute folded in). A probe
+    without experts (the dense layers of a model with MoE layers) leaves `moe_act` out: it
+    touches no dense layer, and the model's own config (with --moe-grouped-gemm, which the user
+    input was checked for) is not the probe's."""
     n_recompute = plan.recompute.layers_on(pp_rank)
     full = plan.recompute.granularity == "full" and n_recompute > 0
     selective = plan.recompute.granularity == "selective"
+    modules = [m for m in plan.recompute.selected if shape.moe.enabled or m != "moe_act"]
     return {
         "recompute_granularity": "full" if full else ("selective" if selective else None),
         "recompute_method": plan.recompute.method if full else None,
         "recompute_num_layers": n_recompute if full else None,
-        "recompute_modules": list(plan.recompute.selected) if selective else None,
+        "recompute_modules": modules if selective else None,
     }
 
 
@@ -218,7 +222,7 @@ def transformer_config(
         persist_layer_norm=False,
         batch_p2p_comm=False,
         deallocate_pipeline_outputs=True,
-        **_recompute_fields(plan, pp_rank),
+        **_recompute_fields(shape, plan, pp_rank),
         microbatch_group_size_per_vp_stage=plan.microbatch_group_size or None,
         cuda_graph_scope=[],  # the default "full" warns "deprecated"; [] is its same-meaning twin
         **moe.config_fields(shape, plan),

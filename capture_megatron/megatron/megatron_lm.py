@@ -106,8 +106,12 @@ def check(ns: argparse.Namespace) -> tuple[str, ...]:
     that changes memory in a way not modelled (unless it is at Megatron-LM's default), and every
     one Megatron-LM itself would stop at on this line (policy.RULES)."""
     table = {a.flags[0]: a for a in arguments()}
+    lm = given(ns)
     line = policy.LineContext(
         rope=getattr(ns, "position_embedding_type", None) == "rope",
+        offload_modules=tuple(lm.get("--offload-modules") or ()),
+        transformer_impl=getattr(ns, "transformer_impl", "transformer_engine"),
+        cpu_offloading_layers=lm.get("--cpu-offloading-num-layers") or 0,
     )
     ignored, refused, invalid = [], [], []
     for name, value in given(ns).items():
@@ -116,7 +120,7 @@ def check(ns: argparse.Namespace) -> tuple[str, ...]:
             value = False
         shown = name if isinstance(value, bool) else f"{name} {_text(value)}"
         reason = policy.unmodelled_reason(*arg.flags)
-        verdict = policy.conditional_verdict(name, value, line) if name in policy.RULES else None
+        verdict = policy.conditional_verdict(name, value, line)
         if verdict is not None:
             (refused if verdict[0] == "refused" else invalid).append(f"{shown} ({verdict[1]})")
         elif reason is not None and not arg.default_matches(value):

@@ -25,6 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from capture_megatron.megatron import offload_rules
+
 IGNORED_PREFIXES = tuple(
     """
     --log- --tensorboard --wandb- --timing-log --one-logger --app-tag --inprocess- --ft-
@@ -64,7 +66,7 @@ IGNORED = frozenset(
     --inference-rng-tracker --init-method-xavier-uniform --init-model-with-meta-device
     --iter-per-epoch --iterations-to-skip --lazy-mpu-init --legacy-tokenizer --local-rank
     --logging-level --mask-factor --mask-prob --mask-type --max-tokens-to-oom
-    --memory-snapshot-path --merge-file --min-offloaded-tensor-size --mlp-chunks-for-prefill
+    --memory-snapshot-path --merge-file --mlp-chunks-for-prefill
     --mock-data --multiple-validation-sets --nccl-all-reduce-for-prefill
     --nccl-communicator-config-path --no-align-grad-reduce --no-align-param-gather
     --no-async-tensor-model-parallel-allreduce --no-barrier-with-level-1-timing
@@ -159,6 +161,8 @@ RULES = {
         "ignored with --position-embedding-type rope, which it sets (deprecated); without it, "
         "refused: give --position-embedding-type rope"
     ),
+    "--offload-modules": offload_rules.READ_ONLY_WITH_IT,
+    "--min-offloaded-tensor-size": offload_rules.READ_ONLY_WITH_IT,
 }
 """Flags ignored only in the context stated (the rest of the command line decides); outside it
 Megatron-LM stops, or the flag is refused. Applied by conditional_verdict."""
@@ -170,16 +174,30 @@ class LineContext:
 
     rope: bool
     """--position-embedding-type rope."""
+    offload_modules: tuple[str, ...] = ()
+    """--offload-modules (read with --fine-grained-activation-offloading)."""
+    transformer_impl: str = "transformer_engine"
+    """--transformer-impl."""
+    cpu_offloading_layers: int = 0
+    """--cpu-offloading-num-layers."""
 
 
 def conditional_verdict(flag: str, value: Any, line: LineContext) -> tuple[str, str] | None:
-    """For a flag of RULES given with `value` on a line: None when it is ignored there, else
-    ('refused', why not modelled) or ('invalid', why Megatron-LM stops)."""
+    """For a flag given with `value` on a line: None when no rule of the line applies (a flag of
+    RULES is then ignored, any other keeps its own kind), else ('refused', why not modelled) or
+    ('invalid', why Megatron-LM stops: the rules of RULES' flags and
+    --fine-grained-activation-offloading's)."""
     if flag == "--no-position-embedding" and not line.rope:
         return "invalid", (
             "Megatron-LM stops: '--no-position-embedding is deprecated, use "
             "--position-embedding-type' (it is accepted only with --position-embedding-type rope)"
         )
+    if flag == "--fine-grained-activation-offloading" and value:
+        stops = offload_rules.megatron_stops(
+            line.offload_modules, line.transformer_impl, line.cpu_offloading_layers
+        )
+        if stops:
+            return "invalid", "Megatron-LM stops: " + "; ".join(stops)
     if flag == "--use-rotary-position-embeddings" and not line.rope:
         return "refused", "deprecated; give --position-embedding-type rope, which it means"
     return None
@@ -215,8 +233,8 @@ _REASONS = {
         --fsdp-manual-registration --use-megatron-fsdp --use-torch-fsdp2
     """,
     _OFFLOAD: """
-        --cpu-offloading-num-layers --fine-grained-activation-offloading --no-pin-cpu-grads
-        --no-pin-cpu-params --offload-modules --optimizer-cpu-offload
+        --cpu-offloading-num-layers --no-pin-cpu-grads
+        --no-pin-cpu-params --optimizer-cpu-offload
         --optimizer-offload-fraction --overlap-cpu-optimizer-d2h-h2d
         --use-torch-optimizer-for-cpu-offload
     """,
@@ -226,6 +244,9 @@ _REASONS = {
     """,
     "a standalone multi-token-prediction stage is not modelled yet": """
         --mtp-standalone
+    """,
+    offload_rules.NOT_MODELLED: """
+        --fine-grained-activation-offloading
     """,
     "NCCL user buffers are not modelled yet": """
         --use-nccl-ub

@@ -74,3 +74,11 @@ def test_moe_cases_on_the_gpu_kernel_set(forecast_cache, monkeypatch):
         assert row.get("routing") == "forecast", row.get("refused")
         assert 1.0 < row["factor"] <= row["planning_factor"] < row["bound_factor"], row
         assert abs(row["error"]) <= 0.10 and row["bound"] > row["measured"], row
+
+
+def test_values_reach_capture_megatron_as_megatron_lms_launcher_hands_them_on():
+    """_run_training.sh (core_v0.16.1) trims each MODEL_ARGS value with xargs and builds the
+    argument array with eval: two levels of backslash escapes go, nothing else changes."""
+    launched = _conformance().launched
+    assert launched(r"Et*3\\|\\(tt\\|\\)*6mL") == "Et*3|(tt|)*6mL"
+    assert launched("([0]*3+[1]*12)") == "([0]*3+[1]*12)"

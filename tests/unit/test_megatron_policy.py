@@ -153,3 +153,44 @@ def test_megatron_lms_other_position_embeddings_are_refused_as_not_modelled(kind
     ns = flags.parse_flags(predict_parser(), [*BASE, "--position-embedding-type", kind])
     with pytest.raises(CaptureError, match=f"--position-embedding-type {kind} is not modelled"):
         model_shape(ns, 99)
+
+
+TE = ["--transformer-impl", "transformer_engine"]
+OFFLOAD = ["--fine-grained-activation-offloading"]
+
+
+def test_offload_modules_alone_change_nothing_and_are_ignored():
+    """megatron-core reads --offload-modules / --min-offloaded-tensor-size only under
+    --fine-grained-activation-offloading (every call site tests that flag first)."""
+    argv = ["--offload-modules", "core_attn", "--min-offloaded-tensor-size", "16"]
+    assert _check(argv) == ("--min-offloaded-tensor-size", "--offload-modules")
+
+
+def test_fine_grained_offloading_is_refused_by_name_with_what_it_does():
+    with pytest.raises(CaptureError) as err:
+        _check([*TE, *OFFLOAD, "--offload-modules", "core_attn", "attn_proj", "expert_fc1"])
+    text = str(err.value)
+    assert "--fine-grained-activation-offloading (fine-grained activation offloading is not" in text
+    assert "pinned host memory" in text and "Megatron-LM would not run" not in text
+    assert "--offload-modules" not in text.split("(")[0] and "\n" not in text
+
+
+@pytest.mark.parametrize(
+    "argv, named",
+    [
+        (["--transformer-impl", "local", "--offload-modules", "core_attn"], "transformer_engine"),
+        ([*TE], "at least one module"),
+        ([*TE, "--offload-modules", "core_attn", "mlp"], "Invalid choices for offload_modules"),
+        ([*TE, "--offload-modules", "attn_proj"], "attn_proj cannot be set"),
+        (
+            [*TE, "--offload-modules", "core_attn", "--cpu-offloading-num-layers", "1"],
+            "cannot be enabled with cpu_offloading",
+        ),
+    ],
+)
+def test_fine_grained_offloading_megatron_refuses_is_named_in_one_paragraph(argv, named):
+    with pytest.raises(CaptureError) as err:
+        _check([*OFFLOAD, *argv])
+    text = str(err.value)
+    assert "Megatron-LM would not run this line: --fine-grained-activation-offloading" in text
+    assert named in text and "\n" not in text

@@ -188,3 +188,18 @@ def test_expert_tp_other_than_tp_needs_ep():
     check_plan_fits_model(
         _shape(), _plan(tp=2, dp=2, ep=2, etp=1, sequence_parallel=True, global_batch_size=2)
     )
+
+
+def test_dense_probes_of_a_moe_model_leave_moe_act_out():
+    """megatron-core 0.16.1 refuses recompute_modules moe_act without moe_grouped_gemm; the model's
+    own config has grouped experts (Megatron-LM's gpt3_moe_..._fine_grained_offloading recipes:
+    dense first layers, --recompute-modules layernorm mla_up_proj mlp moe_act), but a probe of its
+    dense layers has no experts at all, and moe_act touches none of them."""
+    from capture_megatron.config import Recompute
+
+    modules = ("layernorm", "mlp", "moe_act")
+    plan = _plan(recompute=Recompute(granularity="selective", modules=modules))
+    dense = builder.transformer_config(_shape(num_experts=0), plan, 0)
+    assert dense.recompute_modules == ["layernorm", "mlp"]
+    grouped = builder.transformer_config(_shape(moe_grouped_gemm=True), plan, 0)
+    assert grouped.recompute_modules == list(modules)
