@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -111,6 +112,19 @@ def cli(
         cwd=cwd,
         env=dict(os.environ, OMP_NUM_THREADS="1", **(env or {})),
     )
+
+
+def verify_on_cpu(flags: list[str], workdir, nproc: int) -> dict:
+    """`capture-megatron verify` of `flags` on the CPU (nproc torchrun processes, mock data, 2
+    iterations): the run must succeed; its JSON (forecast against measured, per rank)."""
+    out = os.path.join(str(workdir), "verify.json")
+    run = ["--nproc", str(nproc), "--device", "cpu", "--mock-data", "--train-iters", "2"]
+    done = cli(
+        ["verify", *flags, *run, "--no-progress", "--json", out], timeout=600, cwd=str(workdir)
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    with open(out) as f:
+        return json.load(f)
 
 
 def losses(run: Run) -> list[float]:

@@ -7,9 +7,7 @@ local spec."""
 
 from __future__ import annotations
 
-import json
-
-from harness import SMALL_SHAPE, cli
+from harness import SMALL_SHAPE, verify_on_cpu
 
 BASE = [
     *SMALL_SHAPE,
@@ -45,15 +43,7 @@ MLA = [
 
 
 def _verify(flags: list[str], tmp_path, nproc: int) -> dict:
-    out = tmp_path / "verify.json"
-    run = ["--nproc", str(nproc), "--device", "cpu", "--mock-data", "--train-iters", "2"]
-    done = cli(
-        ["verify", *flags, *run, "--no-progress", "--json", str(out)],
-        timeout=600,
-        cwd=str(tmp_path),
-    )
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-    return json.loads(out.read_text())
+    return verify_on_cpu(flags, tmp_path, nproc)
 
 
 def test_qk_layernorm_is_forecast_within_2_percent(tmp_path):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from harness import SMALL_SHAPE, cli, train
+from harness import SMALL_SHAPE, cli, train, verify_on_cpu
 
 MOE = [
     *SMALL_SHAPE,
@@ -38,15 +38,7 @@ PADDED = ["--moe-expert-capacity-factor", "1.0", "--moe-pad-expert-input-to-capa
 
 
 def _verify(flags: list[str], tmp_path, nproc: int = 2) -> dict:
-    out = tmp_path / "verify.json"
-    run = ["--nproc", str(nproc), "--device", "cpu", "--mock-data", "--train-iters", "2"]
-    done = cli(
-        ["verify", *flags, *run, "--no-progress", "--json", str(out)],
-        timeout=600,
-        cwd=str(tmp_path),
-    )
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-    return json.loads(out.read_text())
+    return verify_on_cpu(flags, tmp_path, nproc)
 
 
 def test_capacity_padded_moe_is_forecast_within_2_percent(tmp_path):

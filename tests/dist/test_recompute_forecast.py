@@ -8,9 +8,7 @@ moe / shared_experts, CheckpointWithoutOutput for the norms)."""
 
 from __future__ import annotations
 
-import json
-
-from harness import SMALL_SHAPE, cli
+from harness import SMALL_SHAPE, verify_on_cpu
 
 DENSE = [
     *SMALL_SHAPE,
@@ -35,15 +33,7 @@ MOE = [
 
 
 def _verify(flags: list[str], tmp_path, nproc: int) -> dict:
-    out = tmp_path / "verify.json"
-    run = ["--nproc", str(nproc), "--device", "cpu", "--mock-data", "--train-iters", "2"]
-    done = cli(
-        ["verify", *flags, *run, "--no-progress", "--json", str(out)],
-        timeout=600,
-        cwd=str(tmp_path),
-    )
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-    return json.loads(out.read_text())
+    return verify_on_cpu(flags, tmp_path, nproc)
 
 
 def test_dense_mlp_and_norm_recompute_is_forecast_within_2_percent(tmp_path):
