@@ -82,6 +82,9 @@ def experts_of(cfg: dict[str, Any], kind: str) -> Experts:
         moe_aux_loss_coeff=_aux_loss(cfg, kind),
         moe_router_pre_softmax=qwen and not cfg.get("norm_topk_prob", False),
         moe_router_score_function=_score_function(cfg, kind) if deepseek else "softmax",
+        # DeepSeek's gate computes its logits in fp32, as Megatron-Bridge's deepseek_v2 / v3
+        # bridges set (moe_router_dtype "fp32"); Mixtral's and Qwen's in the model's dtype
+        moe_router_dtype="fp32" if deepseek else "",
         moe_router_load_balancing_type="seq_aux_loss"
         if deepseek and cfg.get("seq_aux")
         else "aux_loss",

@@ -86,6 +86,14 @@ SILENCED = (
         "activations, which is what the memory model measures and the plan's notes say once "
         "(plan/emit.py model_notes)",
     ),
+    Silenced(
+        r"Using a large number of experts \(e\.g\. >=32\) without fp32 routing",
+        UserWarning,
+        r"megatron\.core\.transformer\.transformer_config",
+        "advice on the routing's numerical stability, raised by every model megatron-core builds "
+        "(each profiling probe); it changes no memory a plan is about, and Megatron-LM prints it "
+        "again when the run itself starts (--moe-router-dtype fp32 is counted where given)",
+    ),
 )
 """Warnings silenced in every capture-megatron process that imports megatron-core."""
 

@@ -28,12 +28,29 @@ PUBLISHED = {
     "OLMo-2-1124-7B": 7.3e9,
     "DeepSeek-V3": 685e9,
     "DeepSeek-V2-Lite": 15.7e9,
+    "Moonlight-16B-A3B-Instruct": 16e9,
     "gemma-3-1b-it": 999_885_952,
 }
 """Published totals: the Qwen3 model cards (Qwen3-8B 8.2B, Qwen3-30B-A3B 30.5B, Qwen3-235B-A22B
 235B), OLMo-2-1124-7B's model card (7.3B), DeepSeek-V3's README (685B on the Hub: 671B main model
 + 14B multi-token-prediction module, whose copies of the embedding and output head Megatron
-shares), DeepSeek-V2-Lite's model card (15.7B), keras-hub's gemma3_1b preset (999,885,952)."""
+shares), DeepSeek-V2-Lite's model card (15.7B), Moonlight-16B-A3B's model card (16B total; 15.29B
+without the embedding and output layer, as ai-tldr.dev/models/moonlight-16b-a3b quotes it, is
+what the count gives less 2 x 163840 x 2048), keras-hub's gemma3_1b preset (999,885,952)."""
+
+
+def test_moonlight_is_deepseek_v3_without_a_query_latent():
+    # moonshotai/Moonlight-16B-A3B: 27 layers (1 dense), 64 routed experts (top 6) and 2 shared
+    # of width 1408, latent attention with kv_lora_rank 512 and no query latent
+    shape = read_hf_config(str(HF / "Moonlight-16B-A3B-Instruct.json")).shape
+    assert shape.mla.enabled and (shape.mla.q_lora_rank, shape.mla.kv_lora_rank) == (0, 512)
+    moe = shape.moe
+    assert (moe.num_experts, moe.moe_router_topk, moe.moe_ffn_hidden_size) == (64, 6, 1408)
+    assert moe.moe_shared_expert_intermediate_size == 2 * 1408
+    assert moe.moe_layer_freq == "([0]*1+[1]*26)" and moe.moe_router_dtype == "fp32"
+    assert shape.mtp_num_layers == 0 and shape.vocab_size == 163840
+    embedding_and_output = 2 * 163840 * 2048
+    assert parameter_count(shape) - embedding_and_output == pytest.approx(15.29e9, rel=0.001)
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
@@ -168,8 +185,9 @@ PLANNED = {
     "DeepSeek-V2-Lite": 8,
     "Qwen3-235B-A22B-Instruct-2507": 256,
     "DeepSeek-V3": 1024,
+    "Moonlight-16B-A3B-Instruct": 8,
 }
-"""Issue 26 must-show 3 (Moonlight-16B-A3B's config.json is not vendored here): GPUs of 80 GiB.
+"""Issue 26 must-show 3: GPUs of 80 GiB.
 Each plans cold in minutes on 2 cores, so the whole set is bench/inputs.py --forecast --sets
 hf_configs's (bench/results/inputs.json); the test plans the dense model with query/key norms
 (the MoE and latent-attention ones take minutes each to plan cold)."""
