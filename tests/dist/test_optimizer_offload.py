@@ -2,7 +2,8 @@
 HybridDeviceOptimizer (--optimizer-cpu-offload --optimizer-offload-fraction 0.5 under torchrun +
 gloo, DP 2 with the distributed and precision-aware optimizers), its losses equal those of the same
 run without offload, and the forecast's device / host split is what the optimizer placed on each
-rank (the trainer counts its device-side and host-side sub-optimizers' tensors).
+rank (the trainer counts its device-side and host-side sub-optimizers' tensors); on the CPU, where
+host and device memory are one, the measured peak is the forecast's device peak plus its host bytes.
 
 The forecast knows a rank's optimizer elements E exactly and the bytes per element on each side
 (12 on the device for a bf16 slice kept there, 16 on the host for a moved one, plus a 4-byte step
@@ -33,13 +34,14 @@ LARGEST = 512 * 64
 """Elements of the model's largest parameter (the word embedding): the most one slice adds."""
 
 
-def _forecast(tmp_path) -> dict:
+def _forecast(tmp_path) -> tuple[dict, int]:
     out = tmp_path / "forecast.json"
     run = ["--gpus", "2", "--device", "cpu", "--no-progress", "--json", str(out)]
     done = cli(["predict", *MODEL, *OFFLOAD, *run], cwd=str(tmp_path))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    (stage,) = json.loads(out.read_text())["breakdown"]
-    return stage
+    forecast = json.loads(out.read_text())
+    (stage,), (peak,) = forecast["breakdown"], forecast["predicted_peak_bytes"]
+    return stage, peak
 
 
 def test_offloaded_optimizer_trains_the_same_and_places_what_was_forecast(tmp_path):
@@ -53,7 +55,7 @@ def test_offloaded_optimizer_trains_the_same_and_places_what_was_forecast(tmp_pa
     assert got[0] == want[0]
     assert got == pytest.approx(want, rel=1e-5)
 
-    stage = _forecast(tmp_path)
+    stage, peak = _forecast(tmp_path)
     device, host = stage["optimizer"], stage["host"]
     elements = device / 12 + host / 16  # the forecast's E (its step bytes are a few elements)
     assert off.report is not None
@@ -67,4 +69,8 @@ def test_offloaded_optimizer_trains_the_same_and_places_what_was_forecast(tmp_pa
         assert r.optimizer_device_bytes <= device  # at least the fraction moved ...
         assert device - r.optimizer_device_bytes < 12 * LARGEST  # ... at most one slice more
         assert 0 < r.optimizer_host_bytes - host < 16 * LARGEST
+        # on the CPU kernel set host memory is the process's: the measured peak is the device
+        # peak forecast plus the host bytes, and 4 more bytes per element moved beyond the fraction
+        beyond = (device - r.optimizer_device_bytes) // 12
+        assert r.peak_bytes == pytest.approx(peak + host + 4 * beyond, rel=1e-3)
     assert all(r.optimizer_host_bytes == 0 for r in base.report.ranks)
