@@ -148,7 +148,7 @@ def plan_and_report(
     )
     routing = result.routing.notes() if result.routing else ()
     flex = result.margins.hybridep_note(result.shape, result.best.plan)
-    extra = tuple(n for n in (sp_note, flex) if n)
+    extra = tuple(n for n in (sp_note, flex, _offload_note(result)) if n)
     notes = (*shape_notes, *model_notes(shape), *routing, *extra)
     result = dataclasses.replace(result, ignored_flags=ignored, notes=notes)
     print_plan(result)
@@ -168,3 +168,21 @@ def main(argv: list[str]) -> int:
     """Entry point."""
     run_plan(flags.parse_flags(build_parser(), argv))
     return 0
+
+
+def _offload_note(result: PlanResult) -> str:
+    """With --optimizer-cpu-offload: what it saves on the device and costs per step, on the rank
+    with the most host bytes ('' without offload)."""
+    from capture_megatron.plan.costmodel import step_time
+    from capture_megatron.plan.offload_cost import offload_note, state_saved, without_offload
+
+    plan = result.best.plan
+    if not plan.ddp.optimizer_cpu_offload:
+        return ""
+    stage = max(result.best.stages, key=lambda s: s.host)
+    saved = state_saved(result.shape.dtype, plan, stage.optimizer, stage.host)
+    seconds = None
+    if result.on_gpu:
+        before = step_time(result.shape, without_offload(plan), result.cost).seconds
+        seconds = step_time(result.shape, plan, result.cost).seconds - before
+    return offload_note(plan, stage.host, saved, seconds)
