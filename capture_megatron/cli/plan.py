@@ -27,6 +27,7 @@ from capture_megatron.config.context import context_problem
 from capture_megatron.config.fp8 import fp8_problem
 from capture_megatron.config.hf_count import parameter_count
 from capture_megatron.config.kernels import kernel_set, tp_overlap_problem
+from capture_megatron.config.optimizer_offload import fp8_offload_problem
 from capture_megatron.config.training import (
     NOT_ADAM,
     BuildOptions,
@@ -78,7 +79,12 @@ def _check_window(
     ns: argparse.Namespace, shape: ModelShape, device: str, options: PlanOptions
 ) -> None:
     """Refuse FP8, a sliding window or a context-parallel attention the kernels' memory model
-    does not hold before profiling (plan() refuses them too, once it has the memory model)."""
+    does not hold before profiling (plan() refuses them too, once it has the memory model), and
+    --optimizer-cpu-offload with FP8 parameters as Megatron-LM does."""
+    kernels = options.kernels
+    offload = fp8_offload_problem(options.space.ddp, kernels.fp8_param_gather, kernels.fp8_recipe)
+    if offload:
+        raise CaptureError(offload + ".")
     if ns.memory_model:
         return
     from capture_megatron.profile import default_device

@@ -57,6 +57,12 @@ def test_megatron_offload_rules_are_named(fields, named):
             "CPU offloading does not work when activation recomputation is enabled",
         ),
         (["--cpu-offloading-num-layers", "4"], "only for layers less than 4"),
+        (
+            ["--use-distributed-optimizer", "--use-precision-aware-optimizer"]
+            + ["--optimizer-cpu-offload", "--fp8-format", "hybrid", "--fp8-recipe", "tensorwise"]
+            + ["--fp8-param-gather", "--bf16"],
+            "arguments.py:1195-1198",
+        ),
         (["--cpu-offloading-num-layers", "1"], "layer-level CPU offloading"),
     ],
 )
