@@ -27,6 +27,7 @@ from capture_megatron.config.context import context_problem
 from capture_megatron.config.fp8 import fp8_problem
 from capture_megatron.config.hf_count import parameter_count
 from capture_megatron.config.kernels import kernel_set, tp_overlap_problem
+from capture_megatron.config.optimizer_offload import fp8_offload_problem
 from capture_megatron.config.training import (
     NOT_ADAM,
     BuildOptions,
@@ -78,7 +79,12 @@ def _check_window(
     ns: argparse.Namespace, shape: ModelShape, device: str, options: PlanOptions
 ) -> None:
     """Refuse FP8, a sliding window or a context-parallel attention the kernels' memory model
-    does not hold before profiling (plan() refuses them too, once it has the memory model)."""
+    does not hold before profiling (plan() refuses them too, once it has the memory model), and
+    --optimizer-cpu-offload with FP8 parameters as Megatron-LM does."""
+    kernels = options.kernels
+    offload = fp8_offload_problem(options.space.ddp, kernels.fp8_param_gather, kernels.fp8_recipe)
+    if offload:
+        raise CaptureError(offload + ".")
     if ns.memory_model:
         return
     from capture_megatron.profile import default_device
@@ -148,7 +154,7 @@ def plan_and_report(
     )
     routing = result.routing.notes() if result.routing else ()
     flex = result.margins.hybridep_note(result.shape, result.best.plan)
-    extra = tuple(n for n in (sp_note, flex) if n)
+    extra = tuple(n for n in (sp_note, flex, _offload_note(result)) if n)
     notes = (*shape_notes, *model_notes(shape), *routing, *extra)
     result = dataclasses.replace(result, ignored_flags=ignored, notes=notes)
     print_plan(result)
@@ -168,3 +174,21 @@ def main(argv: list[str]) -> int:
     """Entry point."""
     run_plan(flags.parse_flags(build_parser(), argv))
     return 0
+
+
+def _offload_note(result: PlanResult) -> str:
+    """With --optimizer-cpu-offload: what it saves on the device and costs per step, on the rank
+    with the most host bytes ('' without offload)."""
+    from capture_megatron.plan.costmodel import step_time
+    from capture_megatron.plan.offload_cost import offload_note, state_saved, without_offload
+
+    plan = result.best.plan
+    if not plan.ddp.optimizer_cpu_offload:
+        return ""
+    stage = max(result.best.stages, key=lambda s: s.host)
+    saved = state_saved(result.shape.dtype, plan, stage.optimizer, stage.host)
+    seconds = None
+    if result.on_gpu:
+        before = step_time(result.shape, without_offload(plan), result.cost).seconds
+        seconds = step_time(result.shape, plan, result.cost).seconds - before
+    return offload_note(plan, stage.host, saved, seconds)

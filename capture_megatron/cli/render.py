@@ -129,17 +129,25 @@ def _recompute_words(rc: Recompute) -> str:
 
 def _print_stages(result: PlanResult, unit: float, uname: str) -> None:
     best = result.best
+    host = any(s.host for s in best.stages)  # --optimizer-cpu-offload: a host column
     print(f"chosen plan, per pipeline rank ({uname}; {_recompute_words(best.plan.recompute)}):")
     print(
         f"  {'rank':>4} {'layers':>6} {'in flight':>9} "
         + " ".join(f"{k:>11}" for k in PARTS)
         + f" {'peak':>9}  phase"
+        + (f" {'host':>9}" if host else "")
     )
     for s, peak in zip(best.stages, best.rank_peaks):
         parts = " ".join(f"{int(getattr(s, k)) / unit:11.3f}" for k in PARTS)
         layers = best.plan.layers_of(s.pp_rank)
         alive = "+".join(str(n) for n in s.inflight)
-        print(f"  {s.pp_rank:4d} {layers:6d} {alive:>9} {parts} {peak / unit:9.3f}  {s.phase}")
+        row = f"  {s.pp_rank:4d} {layers:6d} {alive:>9} {parts} {peak / unit:9.3f}  {s.phase:8s}"
+        print((row + f" {s.host / unit:9.3f}") if host else row.rstrip())
+    if host:
+        print(
+            "  host: host memory per rank (--optimizer-cpu-offload: the optimizer's host copies, "
+            "moments and gradients), not in the peak"
+        )
     print(
         "  in flight: micro-batches alive per chunk at the peak; activations: what they hold, "
         "the running one included (its saved tensors so far; with full recompute the layers "

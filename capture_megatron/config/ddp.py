@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from capture_megatron.config.fields import flag
+from capture_megatron.config.optimizer_offload import offload_problems
 from capture_megatron.errors import require
 from capture_megatron.serial import JsonMixin
 
@@ -71,6 +72,29 @@ class DdpOptions(JsonMixin):
     megatron-core's combined 1F1B schedule runs micro-batch i + 1's forward layer by layer with
     micro-batch i's backward (capture_megatron.predict.overlap); a schedule setting, carried with
     the plan's other training settings."""
+    optimizer_cpu_offload: bool = flag("--optimizer-cpu-offload", False, omit_default=True)
+    """megatron-core's HybridDeviceOptimizer: the Adam update of whole parameter slices, up to
+    --optimizer-offload-fraction of this rank's elements, runs on the host with their fp32 master
+    weights, moments and gradients in host memory (needs --use-precision-aware-optimizer)."""
+    optimizer_offload_fraction: float = flag("--optimizer-offload-fraction", 1.0, omit_default=True)
+    """With --optimizer-cpu-offload: the fraction of the rank's optimizer elements updated on the
+    host (Megatron-LM's default 1.0: all of them)."""
+    overlap_cpu_optimizer_d2h_h2d: bool = flag(
+        "--overlap-cpu-optimizer-d2h-h2d", False, omit_default=True
+    )
+    """With --optimizer-cpu-offload: one host optimizer per parameter slice, its gradient copy
+    and parameter copy-back on their own CUDA streams (time only; the same tensors)."""
+    use_torch_optimizer_for_cpu_offload: bool = flag(
+        "--use-torch-optimizer-for-cpu-offload", False, omit_default=True
+    )
+    """With --optimizer-cpu-offload: megatron-core 0.16.1 picks the device optimizer class again
+    for Adam right after reading it (optimizer/__init__.py), so it changes nothing."""
+    pin_cpu_grads: bool = flag("--no-pin-cpu-grads", True, negate=True, omit_default=True)
+    """With --optimizer-cpu-offload: the host gradient copies in pinned memory (host bytes the
+    same either way)."""
+    pin_cpu_params: bool = flag("--no-pin-cpu-params", True, negate=True, omit_default=True)
+    """With --optimizer-cpu-offload: stored by HybridDeviceOptimizer and never read in 0.16.1
+    (its host parameter copies are pinned either way)."""
 
     def __post_init__(self) -> None:
         require(self._problems(), "gradient and optimizer-state settings")
@@ -108,7 +132,7 @@ class DdpOptions(JsonMixin):
         if self.num_distributed_optimizer_instances < 1:
             n = self.num_distributed_optimizer_instances
             p.append(f"--num-distributed-optimizer-instances {n} must be at least 1")
-        return p
+        return p + offload_problems(self)
 
     def grad_dtype(self, dtype: str) -> str:
         """The gradient buffers' dtype when training in `dtype` (Megatron-LM's validate_args:

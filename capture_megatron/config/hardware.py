@@ -40,9 +40,8 @@ class Hardware(JsonMixin):
     nvlink_domain: int = 8
     """GPUs that reach each other over NVLink (8 in an HGX node, 72 in a GB200 NVL72 rack)."""
     host_bytes_per_s: float = 64e9
-    """Host-device bandwidth of one GPU, per direction (PCIe Gen5 x16, or NVLink-C2C); for CPU
-    offloading, not used by the step time yet (offloading is refused until its memory is
-    modelled)."""
+    """Host-device bandwidth of one GPU, per direction (PCIe Gen5 x16, or NVLink-C2C): the
+    gradient and parameter copies of --optimizer-cpu-offload (plan/offload_cost.py)."""
 
     def __post_init__(self) -> None:
         p = []

@@ -44,6 +44,15 @@ call sites it serves:
    ``activation_recompute_forward`` / ``fp8_autocast`` contexts -- names imported only when TE
    is installed (a NameError otherwise). Without TE they answer as TE does for a run without FP8:
    FP8 off, no recipe, contexts that do nothing (``NoFp8``).
+10. Optimizer CPU offload (``optimizer/cpu_offloading/hybrid_optimizer.py``): HybridDeviceOptimizer
+   moves a parameter slice to the host with ``param.detach().clone().cpu().pin_memory()`` and sorts
+   slices into its device and host optimizers by ``param.is_cuda``; it records and waits on events
+   of its D2H / H2D streams. On the cpu device every tensor is a host tensor, so while it builds
+   its sub-optimizers (``_init_sub_optimizers``) ``HostCopies`` tells them apart as on a GPU: what
+   ``.cpu()`` / ``.pin_memory()`` returned, and clones / casts of it, are the host copies
+   (``is_cuda`` False, ``pin_memory`` returns the copy: no pinned allocator without CUDA), every
+   other tensor is the device's; ``HostStream.record_event`` returns a ``HostEvent`` whose
+   ``synchronize`` / ``wait`` do nothing (work is in program order).
 
 Settings that are not patches but are required for correct results on gloo (enforced by the model
 builder): ``batch_p2p_comm=False`` (PP+VPP gives wrong gradients otherwise), no CUDA-only fusions
@@ -222,6 +231,67 @@ class HostStream:
     def synchronize(self) -> None:
         """Nothing to wait for."""
 
+    def record_event(self, event=None) -> HostEvent:
+        """An event that is already complete."""
+        return event or HostEvent()
+
+
+class HostEvent:
+    """A CUDA event on the host (patch 10): the work it marks is done when it is recorded."""
+
+    def synchronize(self) -> None:
+        """Nothing to wait for."""
+
+    def wait(self, stream=None) -> None:
+        """Nothing to wait for."""
+
+    def query(self) -> bool:
+        """Always complete."""
+        return True
+
+
+_HOST = "_capture_megatron_host_copy"
+"""The attribute that marks a tensor as a host copy while HostCopies is active."""
+
+
+class HostCopies(TorchFunctionMode):
+    """Patch 10: marks what ``Tensor.cpu()`` / ``Tensor.pin_memory()`` return, and clones and
+    casts of it, as host copies; ``pin_memory`` returns the tensor itself."""
+
+    _PROPAGATE = (torch.Tensor.clone, torch.Tensor.detach, torch.Tensor.float, torch.Tensor.to)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = args[0] if func is torch.Tensor.pin_memory else func(*args, **kwargs)
+        host = func in (torch.Tensor.cpu, torch.Tensor.pin_memory)
+        if isinstance(out, torch.Tensor) and (
+            host or (func in self._PROPAGATE and getattr(args[0], _HOST, False))
+        ):
+            setattr(out, _HOST, True)
+        return out
+
+
+def _install_hybrid_optimizer() -> None:
+    """HybridDeviceOptimizer's sub-optimizers built with HostCopies telling host copies from
+    device tensors (patch 10)."""
+    from megatron.core.optimizer.cpu_offloading import hybrid_optimizer as ho
+
+    cls = ho.HybridDeviceOptimizer
+    if getattr(cls._init_sub_optimizers, "_capture_megatron", False):
+        return
+    init = cls._init_sub_optimizers
+
+    def init_sub_optimizers(self) -> None:
+        torch.Tensor.is_cuda = property(lambda t: not getattr(t, _HOST, False))  # type: ignore
+        try:
+            with HostCopies():
+                init(self)
+        finally:
+            del torch.Tensor.is_cuda
+
+    init_sub_optimizers._capture_megatron = True  # type: ignore[attr-defined]
+    cls._init_sub_optimizers = init_sub_optimizers  # type: ignore[method-assign]
+
 
 def _install_streams() -> None:
     """torch.cuda's stream API answered on the host (patch 7)."""
@@ -285,6 +355,7 @@ def apply(device: str = "cpu") -> None:
     if device == "cpu":
         gloo_settle.install()
         _install_streams()
+        _install_hybrid_optimizer()
     mode = CudaDeviceMode(device)
     mode.__enter__()
     _STATE.update(device=device, mode=mode)

@@ -112,6 +112,9 @@ def check(ns: argparse.Namespace) -> tuple[str, ...]:
         offload_modules=tuple(lm.get("--offload-modules") or ()),
         transformer_impl=getattr(ns, "transformer_impl", "transformer_engine"),
         cpu_offloading_layers=lm.get("--cpu-offloading-num-layers") or 0,
+        num_layers=getattr(ns, "num_layers", None) or 0,
+        pp=getattr(ns, "pipeline_model_parallel_size", None) or 1,
+        recompute=_recompute(ns),
     )
     ignored, refused, invalid = [], [], []
     for name, value in given(ns).items():
@@ -130,6 +133,13 @@ def check(ns: argparse.Namespace) -> tuple[str, ...]:
     if refused or invalid:
         raise CaptureError(_refusal(refused, invalid))
     return tuple(sorted(ignored))
+
+
+def _recompute(ns: argparse.Namespace) -> str | None:
+    """--recompute-granularity as given (--recompute-activations: selective)."""
+    if getattr(ns, "recompute_activations", None):
+        return "selective"
+    return getattr(ns, "recompute_granularity", None)
 
 
 def _refusal(refused: list[str], invalid: list[str]) -> str:

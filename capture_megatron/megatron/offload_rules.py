@@ -66,3 +66,29 @@ def megatron_stops(modules: tuple[str, ...], transformer_impl: str, cpu_layers: 
             "core_attn's output, which core_attn's backward needs)"
         )
     return why
+
+
+_TC = "megatron-core 0.16.1 transformer/transformer_config.py"
+
+
+def layer_offload_stops(layers: int, num_layers: int, pp: int, recompute: str | None) -> list[str]:
+    """Why Megatron-LM core_v0.16.1 stops at --cpu-offloading-num-layers `layers` (> 0; it sets
+    cpu_offloading, arguments.py:1236-1237) on a line of `num_layers` layers (0: not given), `pp`
+    pipeline stages and --recompute-granularity `recompute` (empty: it runs; with
+    --fine-grained-activation-offloading, megatron_stops says why)."""
+    why = []
+    if num_layers and not 0 <= layers < num_layers:
+        why.append(
+            f"'CPU offloading can be done only for layers less than {num_layers}' ({_TC}:1137-1142)"
+        )
+    if pp > 1:
+        why.append(
+            "'Currently there is no support for Pipeline parallelism with CPU offloading' "
+            f"(PP {pp}; {_TC}:1144-1147)"
+        )
+    if recompute not in (None, "none"):
+        why.append(
+            "'CPU offloading does not work when activation recomputation is enabled' "
+            f"(--recompute-granularity {recompute}; {_TC}:1149-1152)"
+        )
+    return why

@@ -72,8 +72,8 @@ IGNORED = frozenset(
     --no-async-tensor-model-parallel-allreduce --no-barrier-with-level-1-timing
     --no-check-for-nan-in-loss-and-grad
     --no-data-sharding --no-gradient-reduce-div-fusion --no-initialization --no-mmap-bin-files
-    --no-one-logger --no-overlap-p2p-communication --no-persist-layer-norm --no-pin-cpu-grads
-    --no-pin-cpu-params --no-save-optim --no-save-rng --no-scatter-gather-tensors-in-pipeline
+    --no-one-logger --no-overlap-p2p-communication --no-persist-layer-norm
+    --no-save-optim --no-save-rng --no-scatter-gather-tensors-in-pipeline
     --no-strict-fsdp-dtensor-load --no-use-tokenizer-model-from-checkpoint-args
     --no-weight-decay-cond-type --num-channels --num-classes --num-dataset-builder-threads
     --num-layers-at-end-in-bf16 --num-layers-at-start-in-bf16 --num-workers --onnx-safe
@@ -180,6 +180,12 @@ class LineContext:
     """--transformer-impl."""
     cpu_offloading_layers: int = 0
     """--cpu-offloading-num-layers."""
+    num_layers: int = 0
+    """--num-layers (0: not given)."""
+    pp: int = 1
+    """--pipeline-model-parallel-size (1 when not given)."""
+    recompute: str | None = None
+    """--recompute-granularity (None or 'none': no recompute)."""
 
 
 def conditional_verdict(flag: str, value: Any, line: LineContext) -> tuple[str, str] | None:
@@ -198,6 +204,10 @@ def conditional_verdict(flag: str, value: Any, line: LineContext) -> tuple[str, 
         )
         if stops:
             return "invalid", "Megatron-LM stops: " + "; ".join(stops)
+    if flag == "--cpu-offloading-num-layers" and value:
+        stops = offload_rules.layer_offload_stops(value, line.num_layers, line.pp, line.recompute)
+        if stops:
+            return "invalid", "Megatron-LM stops: " + "; ".join(stops)
     if flag == "--use-rotary-position-embeddings" and not line.rope:
         return "refused", "deprecated; give --position-embedding-type rope, which it means"
     return None
@@ -206,7 +216,10 @@ def conditional_verdict(flag: str, value: Any, line: LineContext) -> tuple[str, 
 _MOE = "this mixture-of-experts option is not modelled yet"
 _FP8 = "this low-precision (fp8 / fp4) option is not modelled yet"
 _FSDP = "fully sharded data parallelism is not modelled yet"
-_OFFLOAD = "CPU offloading is not modelled yet"
+_OFFLOAD = (
+    "layer-level CPU offloading (megatron-core's cpu_offload context over the first "
+    "--cpu-offloading-num-layers layers' activations and weights) is not modelled yet"
+)
 _GRAPH = "CUDA graphs keep their own static buffers, not modelled yet"
 _ARCH = "this architecture change is not modelled yet"
 _KERNEL = "this kernel choice keeps different tensors, not modelled yet"
@@ -233,10 +246,7 @@ _REASONS = {
         --fsdp-manual-registration --use-megatron-fsdp --use-torch-fsdp2
     """,
     _OFFLOAD: """
-        --cpu-offloading-num-layers --no-pin-cpu-grads
-        --no-pin-cpu-params --optimizer-cpu-offload
-        --optimizer-offload-fraction --overlap-cpu-optimizer-d2h-h2d
-        --use-torch-optimizer-for-cpu-offload
+        --cpu-offloading-num-layers
     """,
     _GRAPH: """
         --cuda-graph-impl --cuda-graph-scope --decode-only-cuda-graphs --enable-cuda-graph

@@ -170,6 +170,17 @@ STATE_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "fp8":
 """Megatron-LM's names of the optimizer-state dtypes -> torch's (fp8: TE's uint8 Float8Tensor)."""
 
 
+OFFLOAD_FIELDS = (
+    "optimizer_cpu_offload",
+    "optimizer_offload_fraction",
+    "overlap_cpu_optimizer_d2h_h2d",
+    "use_torch_optimizer_for_cpu_offload",
+    "pin_cpu_grads",
+    "pin_cpu_params",
+)
+"""The OptimizerConfig fields of optimizer CPU offload, as DdpOptions names them."""
+
+
 @contextlib.contextmanager
 def precision_aware(config, opts: DdpOptions):
     """Megatron-LM's precision-aware optimizer settings on `config` (an OptimizerConfig), and the
@@ -186,6 +197,8 @@ def precision_aware(config, opts: DdpOptions):
     }
     for name, value in dtypes.items():
         setattr(config, name, value)
+    for name in OFFLOAD_FIELDS:  # HybridDeviceOptimizer (--optimizer-cpu-offload)
+        setattr(config, name, getattr(opts, name))
     config.use_precision_aware_optimizer = True
     try:
         import transformer_engine  # noqa: F401

@@ -25,6 +25,7 @@ from capture_megatron.config.hardware import Hardware
 from capture_megatron.config.runtime import StepSettings
 from capture_megatron.plan import costparts as cp
 from capture_megatron.plan.calibration import Constants, fitted
+from capture_megatron.plan.offload_cost import device_share, host_step_seconds
 
 
 @dataclass(frozen=True)
@@ -268,11 +269,15 @@ def _grad_bytes(shape: ModelShape, plan: ParallelPlan) -> int:
 def _optimizer(shape: ModelShape, plan: ParallelPlan, model: CostModel, params: float) -> float:
     """Seconds of a rank's Adam step over its `params`: fp32 master weights and moments read and
     written, gradients read (twice, with the norm for clipping), 16-bit weights written, the
-    gradient buffer zeroed; over its 1 / (DP x CP) share with the distributed optimizer."""
+    gradient buffer zeroed; over its 1 / (DP x CP) share with the distributed optimizer; with
+    --optimizer-cpu-offload the moved share's transfers and host Adam instead
+    (capture_megatron.plan.offload_cost)."""
     s, grad = model.setting, _grad_bytes(shape, plan)
     owned = params / (plan.dp * plan.cp) if plan.distributed_optimizer else params
-    nbytes = owned * (24 + 2 * grad + dtype_bytes(shape.dtype)) + params * grad
-    return nbytes / (s.hw.hbm_bytes_per_s * s.k.memory_efficiency)
+    kept = owned * device_share(plan)  # --optimizer-cpu-offload: the rest on the host
+    nbytes = kept * (24 + 2 * grad + dtype_bytes(shape.dtype)) + params * grad
+    device = nbytes / (s.hw.hbm_bytes_per_s * s.k.memory_efficiency)
+    return device + host_step_seconds(shape, plan, s.hw, owned)
 
 
 def _tied_embedding(shape: ModelShape, plan: ParallelPlan, model: CostModel) -> float:

@@ -258,7 +258,12 @@ def _plan_section(p: ParallelPlan) -> dict[str, Any]:
 
 def _breakdown(stages: tuple[StageMemory, ...]) -> list[dict[str, Any]]:
     return [
-        {"pp_rank": s.pp_rank, **{k: int(getattr(s, k)) for k in PARTS}, "phase": s.phase}
+        {
+            "pp_rank": s.pp_rank,
+            **{k: int(getattr(s, k)) for k in PARTS},
+            "phase": s.phase,
+            **({"host": int(s.host)} if s.host else {}),  # --optimizer-cpu-offload
+        }
         for s in stages
     ]
 

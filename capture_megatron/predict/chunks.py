@@ -64,6 +64,8 @@ class ChunkCost:
     """A step-time peak while no copies are alive (the CPU kernel set's gradient clipping with the
     precision-aware optimizer: a scaled copy of one gradient); the rank's step is the larger of
     the largest of these and its step with the copies."""
+    host: float = 0.0
+    """Host bytes of the chunk's optimizer (--optimizer-cpu-offload; StaticBytes.host)."""
 
 
 def chunk_kind(plan: ParallelPlan, pp_rank: int, vp: int) -> str:
@@ -217,7 +219,7 @@ def chunk_cost(
     state += sum(moe.count(m) * float(c.lbuf1 or 0.0) for m, c in zip(sorted(set(moe)), kinds))
     return ChunkCost(
         kind, k, inp + saved, inp, fwd, bwd, step, st.params + round(fp8_state), st.grads,
-        st.optimizer, buffers, redone, ret, ret_grad, state, st.copies, alone,
+        st.optimizer, buffers, redone, ret, ret_grad, state, st.copies, alone, st.host,
     )  # fmt: skip
 
 

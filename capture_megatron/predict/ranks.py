@@ -10,7 +10,7 @@ maximum over all of them (iterations after the first, when optimizer state exist
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -21,7 +21,7 @@ from capture_megatron.predict.chunks import ChunkCost, cached_chunk
 from capture_megatron.predict.layers import Layers, layers_for
 from capture_megatron.predict.moments import moment_arrays, moment_totals
 from capture_megatron.predict.schedule import ScheduleSpec, events
-from capture_megatron.serial import JsonMixin
+from capture_megatron.serial import OMIT_DEFAULT, JsonMixin
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,9 @@ class StageMemory(JsonMixin):
     gradients after the last backward)."""
     inflight: tuple[int, ...]
     """Micro-batches alive per local chunk at the peak."""
+    host: float = field(default=0.0, metadata={OMIT_DEFAULT: True})
+    """Host bytes the rank keeps besides (--optimizer-cpu-offload: HybridDeviceOptimizer's host
+    copies, moments and gradients; 0 without offload)."""
 
 
 PHASES = {"F": "forward", "B": "backward", "D": "drain", "M": "forward+backward"}
@@ -348,6 +351,7 @@ def rank_memory(
         other=other,
         phase=phase,
         inflight=inflight,
+        host=sum(c.host for c in chunks),
     )
 
 

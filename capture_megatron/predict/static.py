@@ -30,6 +30,12 @@ from dataclasses import dataclass
 
 from capture_megatron.config import DdpOptions, dtype_bytes
 from capture_megatron.config.ddp import DEFAULT_DDP, STATE_BYTES
+from capture_megatron.config.optimizer_offload import (
+    HOST_BYTES,
+    HOST_STEP_BYTES,
+    offloaded,
+    offloaded_slices,
+)
 
 
 @dataclass(frozen=True)
@@ -47,6 +53,9 @@ class StaticBytes:
     gradients, or the precision-aware optimizer's fp32 copies of its 16/8-bit states."""
     largest: int = 0
     """Elements of the largest slice of one parameter this rank's optimizer updates."""
+    host: int = 0
+    """Host bytes (--optimizer-cpu-offload: what HybridDeviceOptimizer keeps on the host for
+    the slices it moved there; capture_megatron.config.optimizer_offload)."""
 
 
 @dataclass(frozen=True)
@@ -72,6 +81,10 @@ class Layout:
     """Bucket ends are padded to a multiple of this (distributed optimizer)."""
     bucket_size: int | None = None
     """Elements after which a new bucket starts (None: one bucket, bar the shared embedding)."""
+    offload: float | None = None
+    """--optimizer-cpu-offload: the fraction of the owned elements updated on the host (None:
+    no offload); `state`, `per_tensor` and `copies` are then those of the elements left on the
+    device."""
 
 
 def layout_of(
@@ -88,7 +101,10 @@ def layout_of(
     pbytes = dtype_bytes(dtype)
     gbytes = dtype_bytes(ddp.grad_dtype(dtype))
     shards = ddp.shard_ranks(dp) if distributed_optimizer else 1
-    if ddp.use_precision_aware_optimizer:
+    if ddp.optimizer_cpu_offload:  # HybridDeviceOptimizer's device side: fp32 master, moments
+        state, per_tensor = 8 + (4 if dtype != "fp32" else 0), 0
+        copies = 4 if dtype != "fp32" and gbytes != 4 else 0
+    elif ddp.use_precision_aware_optimizer:
         state, per_tensor, copies = _fused_adam(dtype, ddp)
     else:
         state, per_tensor = 8 + (4 if dtype != "fp32" else 0), 4
@@ -104,6 +120,7 @@ def layout_of(
         distributed=distributed_optimizer,
         divisor=math.lcm(shards, 128, pad),
         bucket_size=bucket_size if distributed_optimizer else None,
+        offload=ddp.optimizer_offload_fraction if ddp.optimizer_cpu_offload else None,
     )
 
 
@@ -151,13 +168,20 @@ def _owned(ranges: list[tuple[int, int]], buckets: list[tuple[int, int]], dp: in
 
 def _bytes(layout: Layout, total: int, elements: int, tensors: int, largest: int) -> StaticBytes:
     """StaticBytes of a buffer of `total` elements of which this rank owns `elements` in
-    `tensors` parameter tensors, at most `largest` of one."""
+    `tensors` parameter tensors, at most `largest` of one (with --optimizer-cpu-offload, those
+    HybridDeviceOptimizer moves to the host cost host bytes instead)."""
+    moved = moved_slices = 0
+    if layout.offload is not None:
+        moved = offloaded(layout.offload, elements)
+        moved_slices = offloaded_slices(layout.offload, tensors)
+    kept, kept_slices = elements - moved, tensors - moved_slices
     return StaticBytes(
         total * layout.param,
         total * layout.grad,
-        elements * layout.state + tensors * layout.per_tensor,
-        elements * layout.copies,
+        kept * layout.state + kept_slices * layout.per_tensor,
+        kept * layout.copies,
         largest,
+        moved * HOST_BYTES + moved_slices * HOST_STEP_BYTES,
     )
 
 
@@ -358,4 +382,5 @@ def layer_static(
         optimizer=sum(p.optimizer for p in parts),
         copies=sum(p.copies for p in parts),
         largest=max(p.largest for p in parts),
+        host=sum(p.host for p in parts),
     )

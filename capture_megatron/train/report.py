@@ -4,10 +4,10 @@ contract)."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from capture_megatron.config import ModelShape, ParallelPlan
-from capture_megatron.serial import JsonMixin, from_plain, to_plain
+from capture_megatron.serial import OMIT_DEFAULT, JsonMixin, from_plain, to_plain
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,12 @@ class RankMemory(JsonMixin):
     """Context-parallel rank (0 without context parallelism, and in reports written before it)."""
     ep_rank: int = 0
     """Expert-parallel rank (which slice of the routed experts this rank holds; 0 without EP)."""
+    optimizer_device_bytes: int = field(default=0, metadata={OMIT_DEFAULT: True})
+    """--optimizer-cpu-offload: bytes HybridDeviceOptimizer's device-side optimizer keeps (fp32
+    masters of 16-bit slices, moments, fp32 gradient copies), counted at the end of training."""
+    optimizer_host_bytes: int = field(default=0, metadata={OMIT_DEFAULT: True})
+    """--optimizer-cpu-offload: bytes its host-side optimizers keep (fp32 copies, moments, step
+    tensors, gradient copies)."""
 
 
 @dataclass(frozen=True)

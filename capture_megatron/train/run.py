@@ -155,6 +155,9 @@ def _rank_memory(env: DistEnv, trainer, window: PeakWindow, meter, setup_bytes: 
     """What this process measured."""
     from megatron.core import parallel_state as ps
 
+    from capture_megatron.megatron.offload_placed import placed
+
+    split = placed(trainer.optimizer)
     return RankMemory(
         rank=env.rank,
         tp_rank=ps.get_tensor_model_parallel_rank(),
@@ -166,6 +169,8 @@ def _rank_memory(env: DistEnv, trainer, window: PeakWindow, meter, setup_bytes: 
         reserved_bytes=int(meter.reserved()) if hasattr(meter, "reserved") else 0,
         cp_rank=ps.get_context_parallel_rank(),
         ep_rank=ps.get_expert_model_parallel_rank(),
+        optimizer_device_bytes=split.device,
+        optimizer_host_bytes=split.host,
     )
 
 
