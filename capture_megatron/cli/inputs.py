@@ -15,7 +15,6 @@ from capture_megatron.config import (
     GIB,
     Cluster,
     DataOptions,
-    DdpOptions,
     Kernels,
     ModelShape,
     ParallelFlags,
@@ -235,7 +234,7 @@ def plan_options(
     with `fixed_plan`, the whole run the flags describe), the calibration of the memory model's
     device (none with --memory-model)."""
     fixed = flags.from_namespace(ParallelFlags, ns)
-    ddp = flags.from_namespace(DdpOptions, ns)
+    ddp = flags.ddp_options(ns)
     whole = fixed_plan or bool(fixed.pipeline_model_parallel_layout)
     given_plan = parallel_plan(fixed, shape, cluster.gpus, ddp) if whole else None
     scale = 1.0

@@ -13,7 +13,7 @@ from capture_megatron.errors import CaptureError
 from capture_megatron.fit.regression import Regression
 from capture_megatron.fit.terms import Sizes
 from capture_megatron.fit.timelines.windows import FIELDS, KEPT, LAYER_FIELDS, ProbeWindow, lookup
-from capture_megatron.records import ProbeShape, Variant
+from capture_megatron.records import OffloadTensor, ProbeShape, Variant
 from capture_megatron.serial import JsonMixin
 
 KINDS = ("first", "middle", "last", "only")
@@ -127,6 +127,9 @@ class ShapeConstants(JsonMixin):
     """Per entry of layer_numels, whether it is a routed expert's parameter (empty: none is)."""
     layer_fp8: tuple[bool, ...] = ()
     """Per entry of layer_numels, whether it is an FP8 parameter (empty: none is)."""
+    layer_offload: tuple[OffloadTensor, ...] | None = None
+    """What one layer's fine-grained offloading groups save (ProfileRecord.offload_tensors of the
+    one-layer middle probe); None where not measured (regressed shapes, older records)."""
 
     def chunk(self, kind: str) -> KindConstants:
         """The constants of one kind."""

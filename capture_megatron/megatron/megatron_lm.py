@@ -109,11 +109,14 @@ def check(ns: argparse.Namespace) -> tuple[str, ...]:
     lm = given(ns)
     line = policy.LineContext(
         rope=getattr(ns, "position_embedding_type", None) == "rope",
-        offload_modules=tuple(lm.get("--offload-modules") or ()),
+        offload_modules=tuple(getattr(ns, "offload_modules", None) or ()),
         transformer_impl=getattr(ns, "transformer_impl", "transformer_engine"),
         cpu_offloading_layers=lm.get("--cpu-offloading-num-layers") or 0,
     )
     ignored, refused, invalid = [], [], []
+    if getattr(ns, "fine_grained_activation_offloading", False):  # declared (ActivationOffload)
+        stop = policy.conditional_verdict("--fine-grained-activation-offloading", True, line)
+        invalid += [f"--fine-grained-activation-offloading ({stop[1]})"] if stop else []
     for name, value in given(ns).items():
         arg = table[name]
         if arg.kind == "storefalse":  # given means set to False, i.e. off the default

@@ -331,12 +331,16 @@ def rank_memory(
     best = (static + kept + step, kept, step, "step", (0,) * plan.vpp)
     limit = plan.ddp.deferred(plan.num_microbatches)
     moments = plan_states(plan, pp_rank, pair > 0)
+    # fine-grained offloading: one micro-batch's kept groups, alive through every schedule moment
+    # (from the first backward chunk's forward to its backward, the steady state's peak region)
+    on = next((c.offload_kept for c in reversed(chunks) if c.layers), 0.0)
     if plan.ddp.overlap_moe_expert_parallel_comm:
         terms = overlap.merged(layers, shape, plan, tuple(c.kind for c in chunks))
-        best = _one_by_one(chunks, terms, moments, static, pair, limit, best)
+        best = _one_by_one(chunks, terms, moments, static + on, pair, limit, best)
     else:
-        best = _all_at_once(chunks, moments, static, pair, limit, best)
+        best = _all_at_once(chunks, moments, static + on, pair, limit, best)
     peak, activations, transient, phase, inflight = best
+    activations += on if phase != "step" else 0.0
     return StageMemory(
         pp_rank=pp_rank,
         peak=peak,
