@@ -117,6 +117,8 @@ def check(ns: argparse.Namespace) -> tuple[str, ...]:
     if getattr(ns, "fine_grained_activation_offloading", False):  # declared (ActivationOffload)
         stop = policy.conditional_verdict("--fine-grained-activation-offloading", True, line)
         invalid += [f"--fine-grained-activation-offloading ({stop[1]})"] if stop else []
+    else:  # read only with it (every megatron-core call site tests it first)
+        ignored += _read_only_with_offloading(ns)
     for name, value in given(ns).items():
         arg = table[name]
         if arg.kind == "storefalse":  # given means set to False, i.e. off the default
@@ -133,6 +135,15 @@ def check(ns: argparse.Namespace) -> tuple[str, ...]:
     if refused or invalid:
         raise CaptureError(_refusal(refused, invalid))
     return tuple(sorted(ignored))
+
+
+def _read_only_with_offloading(ns: argparse.Namespace) -> list[str]:
+    """--offload-modules and --min-offloaded-tensor-size when given without
+    --fine-grained-activation-offloading (at a value other than the default): they change
+    nothing, so they are listed as ignored."""
+    out = ["--offload-modules"] if getattr(ns, "offload_modules", None) else []
+    size = getattr(ns, "min_offloaded_tensor_size", 1024 * 1024)
+    return out + (["--min-offloaded-tensor-size"] if size != 1024 * 1024 else [])
 
 
 def _refusal(refused: list[str], invalid: list[str]) -> str:

@@ -49,9 +49,9 @@ class _Recorder:
 
     def pack(self, tensor: Any) -> Any:
         """The saved-tensors pack hook: note the storage, keep the tensor as autograd would."""
-        if isinstance(tensor, torch.Tensor) and not isinstance(tensor, torch.nn.Parameter):
-            if getattr(tensor, "offloading_activation", True):
-                self.note(tensor, self.group)
+        plain = isinstance(tensor, torch.Tensor) and not isinstance(tensor, torch.nn.Parameter)
+        if plain and getattr(tensor, "offloading_activation", True):
+            self.note(tensor, self.group)
         return tensor
 
     def note(self, tensor: torch.Tensor, group: str | None) -> int:
@@ -116,11 +116,11 @@ def _switched_on(model: Any) -> Iterator[None]:
     sets them (attn_norm / mlp_norm only where the norm is a module of its own)."""
     from megatron.core.transformer.identity_op import IdentityOp
 
+    norm = {"offload_attn_norm": "input_layernorm", "offload_mlp_norm": "pre_mlp_layernorm"}
     before = []
     for module in model.modules():
         for attr in FLAGS:
             if hasattr(module, attr):
-                norm = {"offload_attn_norm": "input_layernorm", "offload_mlp_norm": "pre_mlp_layernorm"}
                 own = attr not in norm or not isinstance(getattr(module, norm[attr]), IdentityOp)
                 before.append((module, attr, getattr(module, attr)))
                 setattr(module, attr, own)
