@@ -20,9 +20,10 @@ SHAPE = ModelShape(
 )  # fmt: skip
 ALL = ActivationOffload(True, OFFLOAD_MODULES, 0)
 """Every group, every tensor (the tiny model's are far below the default threshold)."""
+OFF = ActivationOffload()
 
 
-def _plan(offload: ActivationOffload = ActivationOffload(), pp: int = 2) -> ParallelPlan:
+def _plan(offload: ActivationOffload = OFF, pp: int = 2) -> ParallelPlan:
     per = SHAPE.num_layers // pp
     return ParallelPlan(
         tp=1, pp=pp, dp=1, micro_batch_size=2, global_batch_size=8,
