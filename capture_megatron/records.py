@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from capture_megatron import __version__
 from capture_megatron.config import ModelShape
+from capture_megatron.config.act_offload import OffloadTensor
 from capture_megatron.config.attention import LatentAttention
 from capture_megatron.config.moe import Experts
 from capture_megatron.config.recompute import check_variant_modules, variant_modules
@@ -211,26 +212,6 @@ class BufferBytes(JsonMixin):
 
 
 @dataclass(frozen=True)
-class OffloadTensor(JsonMixin):
-    """One storage a transformer layer's forward saves for the backward inside a fine-grained
-    offloading group (capture_megatron.profile.offload), as megatron-core 0.16.1 would see it."""
-
-    group: str
-    """The module group whose context saved it first (config.act_offload.OFFLOAD_MODULES)."""
-    numel: int
-    """Elements of the saved tensor (megatron-core offloads it when at least
-    --min-offloaded-tensor-size)."""
-    nbytes: int
-    """Bytes of its storage, freed on the device when it is offloaded."""
-
-    def __post_init__(self) -> None:
-        require(
-            [] if self.numel >= 0 and self.nbytes >= 0 else [f"negative size {self}"],
-            "offloaded tensor",
-        )
-
-
-@dataclass(frozen=True)
 class Timeline(JsonMixin):
     """Every allocation and release of one measured window, in order (cpu and fake devices)."""
 
@@ -336,9 +317,8 @@ class ProfileRecord(JsonMixin):
     """Per parameter of param_numels, whether it is an FP8 parameter (--fp8-param-gather: in DDP's
     1-byte param buffer); empty: none is."""
     offload_tensors: tuple[OffloadTensor, ...] | None = None
-    """The one-layer middle probe's storages saved inside megatron-core's fine-grained offloading
-    groups (every group on; capture_megatron.profile.offload), and the storages a group frees by
-    hand (its forced_released_tensors); None: not measured (other probes, or older records)."""
+    """The one-layer middle probe's storages megatron-core's fine-grained offloading groups would
+    move (capture_megatron.profile.offload); None: not measured (other probes, older records)."""
 
     def timeline(self, window: str) -> Timeline | None:
         """The timeline of one window, if recorded."""

@@ -94,3 +94,23 @@ class ActivationOffload(JsonMixin):
             "transformer_engine implementation' (arguments.py; it hooks Transformer Engine's "
             "cpu_offload): give --transformer-impl transformer_engine"
         )
+
+
+@dataclass(frozen=True)
+class OffloadTensor(JsonMixin):
+    """One storage a transformer layer's forward saves for the backward inside a fine-grained
+    offloading group (capture_megatron.profile.offload), as megatron-core 0.16.1 would see it."""
+
+    group: str
+    """The module group whose context saved it first (config.act_offload.OFFLOAD_MODULES)."""
+    numel: int
+    """Elements of the saved tensor (megatron-core offloads it when at least
+    --min-offloaded-tensor-size)."""
+    nbytes: int
+    """Bytes of its storage, freed on the device when it is offloaded."""
+
+    def __post_init__(self) -> None:
+        require(
+            [] if self.numel >= 0 and self.nbytes >= 0 else [f"negative size {self}"],
+            "offloaded tensor",
+        )
