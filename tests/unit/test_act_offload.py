@@ -119,6 +119,24 @@ def test_records_without_the_measurement_are_named():
         layer_bytes(sc, ALL)
 
 
+def test_the_plan_emits_the_offloading_flags_megatron_lm_reads_back():
+    from capture_megatron.cli.predict import build_parser
+    from capture_megatron.megatron import flags
+    from capture_megatron.plan.emit import plan_args
+
+    moved = ActivationOffload(True, ("core_attn", "moe_act"), 4096)
+    argv = plan_args(_plan(moved))
+    i = argv.index("--fine-grained-activation-offloading")
+    assert argv[i : i + 6] == [
+        "--fine-grained-activation-offloading", "--offload-modules", "core_attn", "moe_act",
+        "--min-offloaded-tensor-size", "4096",
+    ]  # fmt: skip
+    assert "--fine-grained-activation-offloading" not in plan_args(_plan())
+    base = "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 --gpus 1"
+    ns = flags.parse_flags(build_parser(), [*base.split(), *argv[i : i + 6]])
+    assert flags.ddp_options(ns).activation_offload == moved
+
+
 def test_megatron_core_rules_are_one_paragraph():
     with pytest.raises(CaptureError, match="at least one module"):
         ActivationOffload(True)
