@@ -166,3 +166,17 @@ def test_megatron_lms_fine_grained_offloading_case_within_10_percent(forecast_ca
     argv = [a for a in case["argv"] if a != "--fine-grained-activation-offloading"]
     plain = bench.predict_case({**case, "argv": argv}, "fake-cuda")
     assert plain["predicted"] > 1.5 * row["predicted"]
+
+
+def test_the_cpu_kernel_set_refuses_it_before_profiling(tmp_path):
+    """One paragraph, exit 2, and no probe run (the cache stays empty)."""
+    from test_cli_errors import TINY, cli, one_error
+
+    cache = tmp_path / "cache"
+    args = ["predict", *TINY, "--gpus", "2", "--pipeline-model-parallel-size", "2"]
+    args += ["--device", "cpu", "--fine-grained-activation-offloading"]
+    done = cli([*args, "--offload-modules", "core_attn"], str(tmp_path), **{
+        "CAPTURE_MEGATRON_CACHE": str(cache)
+    })  # fmt: skip
+    assert "the CPU kernel set cannot run" in one_error(done, "predict")
+    assert not any(p.suffix == ".jsonl" for p in cache.rglob("*"))
