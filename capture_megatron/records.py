@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from capture_megatron import __version__
 from capture_megatron.config import ModelShape
+from capture_megatron.config.act_offload import OffloadTensor
 from capture_megatron.config.attention import LatentAttention
 from capture_megatron.config.moe import Experts
 from capture_megatron.config.recompute import check_variant_modules, variant_modules
@@ -315,6 +316,9 @@ class ProfileRecord(JsonMixin):
     param_fp8: tuple[bool, ...] = ()
     """Per parameter of param_numels, whether it is an FP8 parameter (--fp8-param-gather: in DDP's
     1-byte param buffer); empty: none is."""
+    offload_tensors: tuple[OffloadTensor, ...] | None = None
+    """The one-layer middle probe's storages megatron-core's fine-grained offloading groups would
+    move (capture_megatron.profile.offload); None: not measured (other probes, older records)."""
 
     def timeline(self, window: str) -> Timeline | None:
         """The timeline of one window, if recorded."""

@@ -15,7 +15,6 @@ from capture_megatron.config import (
     GIB,
     Cluster,
     DataOptions,
-    DdpOptions,
     Kernels,
     ModelShape,
     ParallelFlags,
@@ -23,7 +22,7 @@ from capture_megatron.config import (
     presets,
 )
 from capture_megatron.config.hardware import Hardware, HardwareFlags, ok
-from capture_megatron.config.kernels import TE_FUSED_BACKENDS
+from capture_megatron.config.kernels import TE_FUSED_BACKENDS, kernel_set
 from capture_megatron.config.recompute import Recompute, module_problems
 from capture_megatron.config.resolve import parallel_plan
 from capture_megatron.config.runtime import StepSettings
@@ -235,15 +234,19 @@ def plan_options(
     with `fixed_plan`, the whole run the flags describe), the calibration of the memory model's
     device (none with --memory-model)."""
     fixed = flags.from_namespace(ParallelFlags, ns)
-    ddp = flags.from_namespace(DdpOptions, ns)
+    ddp = flags.ddp_options(ns)
     whole = fixed_plan or bool(fixed.pipeline_model_parallel_layout)
     given_plan = parallel_plan(fixed, shape, cluster.gpus, ddp) if whole else None
     scale = 1.0
+    kernels = flags.from_namespace(Kernels, ns)
     if not ns.memory_model:
         from capture_megatron.profile import default_device
 
         scale = calibration_factor(default_device(device))
-    kernels = flags.from_namespace(Kernels, ns)
+        # before profiling: can the kernel set run fine-grained offloading at all?
+        problem = ddp.activation_offload.kernel_problem(kernel_set(default_device(device), kernels))
+        if problem:
+            raise CaptureError(problem + ".")
     space = space_from(fixed, whole, ddp)
     if "selective" in space.recompute:  # what megatron-core refuses is refused, not skipped
         chosen = Recompute.selective(space.recompute_modules).selected

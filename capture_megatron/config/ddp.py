@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from capture_megatron.config.act_offload import ActivationOffload
 from capture_megatron.config.fields import flag
 from capture_megatron.config.optimizer_offload import offload_problems
 from capture_megatron.errors import require
@@ -67,6 +68,8 @@ class DdpOptions(JsonMixin):
     fusion)."""
     wgrad_deferral_limit: int = flag("--wgrad-deferral-limit", 0)
     """Micro-batches whose output-layer weight gradient is deferred (0: all of them)."""
+    activation_offload: ActivationOffload = ActivationOffload()
+    """Fine-grained activation offloading (its own flags, config.act_offload)."""
     overlap_moe_expert_parallel_comm: bool = flag("--overlap-moe-expert-parallel-comm", False)
     """Hide the MoE token all-to-alls behind the computation of another micro-batch:
     megatron-core's combined 1F1B schedule runs micro-batch i + 1's forward layer by layer with
@@ -213,6 +216,9 @@ class DdpOptions(JsonMixin):
         schedule of --overlap-moe-expert-parallel-comm needs CUDA streams; deferring the output
         layer's weight gradient needs gradient-accumulation fusion (megatron-core's
         ModelParallelConfig), a CUDA extension (apex / TE) the CPU kernel set does not have."""
+        offload = self.activation_offload.kernel_problem(kernel_set)
+        if offload:
+            return offload
         if self.overlap_moe_expert_parallel_comm and kernel_set == "cpu":
             return (
                 "--overlap-moe-expert-parallel-comm runs megatron-core's combined 1F1B schedule "

@@ -159,6 +159,7 @@ def shape_constants(probes: dict[ProbeKey, ProfileRecord], full: bool) -> ShapeC
         layer_saved_rc_next=rc2,
         layer_expert=one.param_expert,
         layer_fp8=one.param_fp8,
+        layer_offload=one.offload_tensors,
     )
 
 

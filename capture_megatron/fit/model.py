@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from capture_megatron.config.act_offload import OffloadTensor
 from capture_megatron.errors import CaptureError
 from capture_megatron.fit.regression import Regression
 from capture_megatron.fit.terms import Sizes
@@ -127,6 +128,9 @@ class ShapeConstants(JsonMixin):
     """Per entry of layer_numels, whether it is a routed expert's parameter (empty: none is)."""
     layer_fp8: tuple[bool, ...] = ()
     """Per entry of layer_numels, whether it is an FP8 parameter (empty: none is)."""
+    layer_offload: tuple[OffloadTensor, ...] | None = None
+    """What one layer's fine-grained offloading groups save (ProfileRecord.offload_tensors of the
+    one-layer middle probe); None where not measured (regressed shapes, older records)."""
 
     def chunk(self, kind: str) -> KindConstants:
         """The constants of one kind."""

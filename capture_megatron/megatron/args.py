@@ -11,7 +11,6 @@ from capture_megatron.config import (
     BuildOptions,
     CheckpointOptions,
     DataOptions,
-    DdpOptions,
     Kernels,
     ModelShape,
     OptimOptions,
@@ -23,7 +22,7 @@ from capture_megatron.config.attention import LatentAttention
 from capture_megatron.config.moe import Experts
 from capture_megatron.config.resolve import parallel_plan
 from capture_megatron.errors import CaptureError, require
-from capture_megatron.megatron.flags import from_namespace, given
+from capture_megatron.megatron.flags import ddp_options, from_namespace, given
 
 REQUIRED = ("num_layers", "hidden_size", "num_attention_heads", "seq_length")
 """ModelShape fields a command line must give (the vocabulary may come from the tokenizer)."""
@@ -85,11 +84,16 @@ def data_options(ns: argparse.Namespace) -> DataOptions:
 def train_config(ns: argparse.Namespace, world_size: int, vocab_size: int | None) -> TrainConfig:
     """TrainConfig of a run on `world_size` processes from flags parsed by the training parser."""
     shape = model_shape(ns, vocab_size)
+    if getattr(ns, "fine_grained_activation_offloading", False):
+        raise CaptureError(
+            "--fine-grained-activation-offloading: capture-megatron's trainer does not run it "
+            "(megatron-core needs Transformer Engine, CUDA streams and pinned host memory for "
+            "it); its memory is forecast by `plan` / `predict` with the GPU kernel set, and "
+            "Megatron-LM runs it with the plan's flags"
+        )
     return TrainConfig(
         shape=shape,
-        plan=parallel_plan(
-            from_namespace(ParallelFlags, ns), shape, world_size, from_namespace(DdpOptions, ns)
-        ),
+        plan=parallel_plan(from_namespace(ParallelFlags, ns), shape, world_size, ddp_options(ns)),
         optim=from_namespace(OptimOptions, ns),
         data=data_options(ns),
         checkpoint=from_namespace(CheckpointOptions, ns),

@@ -29,6 +29,7 @@ from capture_megatron.config import (
     ParallelFlags,
     RunOptions,
 )
+from capture_megatron.config.act_offload import ActivationOffload
 from capture_megatron.config.attention import LatentAttention
 from capture_megatron.config.fields import Flag, field_docs, flagged_fields, value_problems
 from capture_megatron.config.moe import Experts
@@ -175,6 +176,12 @@ def add_parallel_flags(p: argparse.ArgumentParser) -> None:
     """Parallel sizes, batch and memory savers (ParallelFlags); unset values are None."""
     add_fields(p, ParallelFlags, "parallelism and batch (Megatron flags)", unset=True)
     add_fields(p, DdpOptions, "gradient buffers and optimizer state (Megatron flags)")
+    add_fields(p, ActivationOffload, "fine-grained activation offloading (Megatron flags)")
+
+
+def ddp_options(ns: argparse.Namespace) -> DdpOptions:
+    """DdpOptions from parsed flags, with its fine-grained activation offloading settings."""
+    return from_namespace(DdpOptions, ns, activation_offload=from_namespace(ActivationOffload, ns))
 
 
 def add_training_flags(p: argparse.ArgumentParser, **defaults: Any) -> None:

@@ -109,7 +109,7 @@ def check(ns: argparse.Namespace) -> tuple[str, ...]:
     lm = given(ns)
     line = policy.LineContext(
         rope=getattr(ns, "position_embedding_type", None) == "rope",
-        offload_modules=tuple(lm.get("--offload-modules") or ()),
+        offload_modules=tuple(getattr(ns, "offload_modules", None) or ()),
         transformer_impl=getattr(ns, "transformer_impl", "transformer_engine"),
         cpu_offloading_layers=lm.get("--cpu-offloading-num-layers") or 0,
         num_layers=getattr(ns, "num_layers", None) or 0,
@@ -117,6 +117,11 @@ def check(ns: argparse.Namespace) -> tuple[str, ...]:
         recompute=_recompute(ns),
     )
     ignored, refused, invalid = [], [], []
+    if getattr(ns, "fine_grained_activation_offloading", False):  # declared (ActivationOffload)
+        stop = policy.conditional_verdict("--fine-grained-activation-offloading", True, line)
+        invalid += [f"--fine-grained-activation-offloading ({stop[1]})"] if stop else []
+    else:  # read only with it (every megatron-core call site tests it first)
+        ignored += _read_only_with_offloading(ns)
     for name, value in given(ns).items():
         arg = table[name]
         if arg.kind == "storefalse":  # given means set to False, i.e. off the default
@@ -140,6 +145,15 @@ def _recompute(ns: argparse.Namespace) -> str | None:
     if getattr(ns, "recompute_activations", None):
         return "selective"
     return getattr(ns, "recompute_granularity", None)
+
+
+def _read_only_with_offloading(ns: argparse.Namespace) -> list[str]:
+    """--offload-modules and --min-offloaded-tensor-size when given without
+    --fine-grained-activation-offloading (at a value other than the default): they change
+    nothing, so they are listed as ignored."""
+    out = ["--offload-modules"] if getattr(ns, "offload_modules", None) else []
+    size = getattr(ns, "min_offloaded_tensor_size", 1024 * 1024)
+    return out + (["--min-offloaded-tensor-size"] if size != 1024 * 1024 else [])
 
 
 def _refusal(refused: list[str], invalid: list[str]) -> str:

@@ -1,5 +1,6 @@
-"""Megatron-LM's fine-grained activation offloading flags (core_v0.16.1): what Megatron-LM and
-megatron-core accept, and why capture-megatron refuses the rest. Pure Python.
+"""Megatron-LM's fine-grained activation offloading flags (core_v0.16.1): where Megatron-LM and
+megatron-core stop. Pure Python. The settings are config.act_offload.ActivationOffload; the
+forecast capture_megatron.predict.offload.
 
 `--fine-grained-activation-offloading` turns on megatron-core's
 `pipeline_parallel/fine_grained_activation_offload.py`; `--offload-modules` and
@@ -9,32 +10,7 @@ megatron-core accept, and why capture-megatron refuses the rest. Pure Python.
 
 from __future__ import annotations
 
-OFFLOAD_MODULES = frozenset(
-    {"core_attn", "attn_proj", "expert_fc1", "moe_act", "attn_norm", "mlp_norm", "qkv_linear"}
-)
-"""The module groups megatron-core 0.16.1 can offload (TransformerConfig.__post_init__)."""
-
-NOT_MODELLED = (
-    "fine-grained activation offloading is not modelled yet: megatron-core 0.16.1 "
-    "(pipeline_parallel/fine_grained_activation_offload.py) copies the tensors each "
-    "--offload-modules group saves for the backward, those of at least "
-    "--min-offloaded-tensor-size elements (default 1048576), to pinned host memory on a second "
-    "CUDA stream and frees them on the GPU when the copy is queued; after the first iteration "
-    "(which offloads every group) it keeps on the GPU the last group of each module in the first "
-    "chunk, in backward order, that has one, and on a chunk whose backward follows its forward at "
-    "once (the last pipeline stage) the last group of each module; in the backward it reloads "
-    "one group ahead, and the last group of the next chunk when a chunk's groups are done. The "
-    "forecast does not replay which groups are on the GPU at each moment of the schedule (with "
-    "an unfused attention core one group is the s x s probabilities of every local head, "
-    "hundreds of MiB), so it cannot place the peak"
-)
-"""Why --fine-grained-activation-offloading is refused when Megatron-LM would run the line."""
-
-READ_ONLY_WITH_IT = (
-    "read only with --fine-grained-activation-offloading (megatron-core tests that flag at every "
-    "call site); alone it changes nothing"
-)
-"""docs/MEGATRON_FLAGS.md's line for --offload-modules and --min-offloaded-tensor-size."""
+from capture_megatron.config.act_offload import OFFLOAD_MODULES
 
 
 def megatron_stops(modules: tuple[str, ...], transformer_impl: str, cpu_layers: int) -> list[str]:
@@ -53,11 +29,11 @@ def megatron_stops(modules: tuple[str, ...], transformer_impl: str, cpu_layers: 
         )
     if not modules:
         why.append("TransformerConfig asserts --offload-modules names at least one module")
-    unknown = sorted(set(modules) - OFFLOAD_MODULES)
+    unknown = sorted(set(modules) - set(OFFLOAD_MODULES))
     if unknown:
         why.append(
             f"'Invalid choices for offload_modules: {unknown}' (allowed: "
-            + ", ".join(sorted(OFFLOAD_MODULES))
+            + ", ".join(OFFLOAD_MODULES)
             + ")"
         )
     if "attn_proj" in modules and "core_attn" not in modules:

@@ -161,8 +161,6 @@ RULES = {
         "ignored with --position-embedding-type rope, which it sets (deprecated); without it, "
         "refused: give --position-embedding-type rope"
     ),
-    "--offload-modules": offload_rules.READ_ONLY_WITH_IT,
-    "--min-offloaded-tensor-size": offload_rules.READ_ONLY_WITH_IT,
 }
 """Flags ignored only in the context stated (the rest of the command line decides); outside it
 Megatron-LM stops, or the flag is refused. Applied by conditional_verdict."""
@@ -254,9 +252,6 @@ _REASONS = {
     """,
     "a standalone multi-token-prediction stage is not modelled yet": """
         --mtp-standalone
-    """,
-    offload_rules.NOT_MODELLED: """
-        --fine-grained-activation-offloading
     """,
     "NCCL user buffers are not modelled yet": """
         --use-nccl-ub

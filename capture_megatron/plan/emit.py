@@ -55,7 +55,8 @@ def plan_args(plan: ParallelPlan) -> list[str]:
         out.append("--sequence-parallel")
     if plan.distributed_optimizer:
         out.append("--use-distributed-optimizer")
-    return out + to_flags(plan.ddp) + recompute_args(plan)
+    offload = to_flags(plan.ddp.activation_offload)  # fine-grained activation offloading
+    return out + to_flags(plan.ddp) + offload + recompute_args(plan)
 
 
 def recompute_args(plan: ParallelPlan) -> list[str]:

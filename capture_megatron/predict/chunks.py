@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from capture_megatron.config import DdpOptions, ModelShape, ParallelPlan
 from capture_megatron.fit import KindConstants, ShapeConstants, Sizes
-from capture_megatron.predict import mixed, retained
+from capture_megatron.predict import mixed, offload, retained
 from capture_megatron.predict.layers import Layers, sizes_for
 from capture_megatron.predict.static import LayerRun, layer_static, layout_of
 
@@ -66,6 +66,10 @@ class ChunkCost:
     the largest of these and its step with the copies."""
     host: float = 0.0
     """Host bytes of the chunk's optimizer (--optimizer-cpu-offload; StaticBytes.host)."""
+    offload_kept: float = 0.0
+    """Fine-grained activation offloading: what megatron-core keeps on the device of one
+    micro-batch of this chunk if it is its rank's first chunk in backward order with layers
+    (capture_megatron.predict.offload.kept_bytes); 0 without offloading."""
 
 
 def chunk_kind(plan: ParallelPlan, pp_rank: int, vp: int) -> str:
@@ -195,7 +199,11 @@ def chunk_cost(
     k = len(moe)
     rc = plan.recompute
     n = min(rc.layers_on(pp_rank), k) if rc.granularity == "full" else 0
-    (inp, saved, fwd, bwd, redone), (ret, ret_grad) = _costs(layers, z, kind, moe, n, rc.method)
+    costs, (ret, ret_grad) = _costs(layers, z, kind, moe, n, rc.method)
+    moved = plan.ddp.activation_offload
+    own = [layers.model(m).constants(z) for m in moe] if moved.groups else []
+    per_layer = [offload.layer_bytes(sc, moved) for sc in own]
+    inp, saved, fwd, bwd, redone = offload.chunk_adjusted(costs, per_layer)
     ends = layers.main.constants(z)
     kinds = [layers.model(m).constants(z).chunk(kind) for m in sorted(set(moe))]
     step, buffers = _step_buffers(layers, z, shape.dtype, kind, moe)
@@ -220,6 +228,7 @@ def chunk_cost(
     return ChunkCost(
         kind, k, inp + saved, inp, fwd, bwd, step, st.params + round(fp8_state), st.grads,
         st.optimizer, buffers, redone, ret, ret_grad, state, st.copies, alone, st.host,
+        offload.kept_bytes(own, moved),
     )  # fmt: skip
 
 

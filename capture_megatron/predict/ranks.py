@@ -223,17 +223,21 @@ def _all_at_once(
     pair: float,
     limit: int,
     best: Peak,
+    kept: float = 0.0,
 ) -> Peak:
     """The peak over `moments` (of kinds F, B and D) if above `best` (predict.moments' arrays;
-    its breakdown from the peak moment's own sums)."""
-    acts, transient = moment_totals(moment_arrays(moments, len(chunks)), chunks, pair, limit)
+    its breakdown from the peak moment's own sums); `kept`: offloading's kept groups, counted at
+    forward moments (ChunkCost.offload_kept)."""
+    arrays = moment_arrays(moments, len(chunks))
+    acts, transient = moment_totals(arrays, chunks, pair, limit)
+    acts = acts + np.where(arrays.kind == 0, kept, 0.0)
     totals = static + acts + transient
     top = int(np.argmax(totals))  # the first moment at the highest total, as one moment at a time
     if totals[top] <= best[0]:
         return best
     kind, chunk, live, held, after, done = moments[top]
     acts_at, transient_at = _moment(chunks, kind, chunk, live, held, after)
-    acts_at += min(done, limit) * pair
+    acts_at += min(done, limit) * pair + (kept if kind == "F" else 0.0)
     running = _running(chunks[chunk], kind)  # moved from transient to activations
     return float(totals[top]), acts_at + running, transient_at - running, PHASES[kind], live
 
@@ -246,15 +250,17 @@ def _one_by_one(
     pair: float,
     limit: int,
     best: Peak,
+    kept: float = 0.0,
 ) -> Peak:
     """The peak over `moments` with merged (forward, backward) steps (kind M, under
-    --overlap-moe-expert-parallel-comm), one moment at a time, if above `best`."""
+    --overlap-moe-expert-parallel-comm), one moment at a time, if above `best` (`kept`: as for
+    _all_at_once; a merged step runs a backward)."""
     for kind, chunk, live, held, after, done in moments:
         if kind == "M":
             acts, transient, chunk = _merged_moment(chunks, terms, chunk, live, held, after)
         else:
             acts, transient = _moment(chunks, kind, chunk, live, held, after)
-        acts += min(done, limit) * pair
+        acts += min(done, limit) * pair + (kept if kind == "F" else 0.0)
         if static + acts + transient > best[0]:
             running = _running(chunks[chunk], kind)  # moved from transient to activations
             best = (static + acts + transient, acts + running, transient - running,
@@ -334,11 +340,13 @@ def rank_memory(
     best = (static + kept + step, kept, step, "step", (0,) * plan.vpp)
     limit = plan.ddp.deferred(plan.num_microbatches)
     moments = plan_states(plan, pp_rank, pair > 0)
+    # fine-grained offloading: what the first backward chunk keeps of one micro-batch
+    kept = next((c.offload_kept for c in reversed(chunks) if c.layers), 0.0)
     if plan.ddp.overlap_moe_expert_parallel_comm:
         terms = overlap.merged(layers, shape, plan, tuple(c.kind for c in chunks))
-        best = _one_by_one(chunks, terms, moments, static, pair, limit, best)
+        best = _one_by_one(chunks, terms, moments, static, pair, limit, best, kept)
     else:
-        best = _all_at_once(chunks, moments, static, pair, limit, best)
+        best = _all_at_once(chunks, moments, static, pair, limit, best, kept)
     peak, activations, transient, phase, inflight = best
     return StageMemory(
         pp_rank=pp_rank,

@@ -37,6 +37,7 @@ FIELDS = (
     "routing_state",
     "step_copies",
     "step_alone",
+    "offload_kept",
 )
 """The ChunkCost fields a table reads; forward and backward are read as input + forward and
 backward."""
@@ -122,6 +123,9 @@ def peak_table(
     static = params + grads + opt + (other + layers.workspace_bytes + routing + gathers)
     kept = sum((c["retained"] for c in ch), zero)
     best = np.broadcast_to(static + kept + step, (limit + 1,) * vpp).copy()
+    held_back = zero  # offloading: the last chunk with layers keeps groups (rank_memory)
+    for c in ch:
+        held_back = np.where(c["layers"] > 0, c["offload_kept"], held_back)
     # moments with the same (kind, chunk, held, retaining) add the same transient; rounding is
     # monotone, so the largest of their activations gives the largest total
     groups: dict[tuple, list[tuple[int, ...]]] = {}
@@ -136,7 +140,9 @@ def peak_table(
         pair_of = (chunk % vpp, chunk // vpp) if kind == "M" else None
         chunk = pair_of[1] if pair_of else chunk
         others = sum((ch[v]["retained"] for v in range(vpp) if after[v] and v != chunk), zero)
-        transient = {"F": ch[chunk]["forward"], "B": ch[chunk]["backward"]}.get(kind, zero)
+        transient = {"F": ch[chunk]["forward"] + held_back, "B": ch[chunk]["backward"]}.get(
+            kind, zero
+        )
         if pair_of:
             transient = _merged(layers, shape, plan, pp_rank, ch, pair_of, after)
         if held >= 0 and kind != "D":

@@ -10,6 +10,7 @@ the second (the first allocates optimizer state and Megatron's global buffers).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import weakref
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ from capture_megatron.profile.experts import (
     grouped_workspace,
     reset_aux_loss_tracker,
 )
+from capture_megatron.profile.offload import offload_tensors
 from capture_megatron.profile.probed import model_shape, parallel_plan
 from capture_megatron.records import Probe, ProfileRecord, Timeline
 
@@ -348,9 +350,23 @@ def measure(probe: Probe, meter, setup: Setup, timelines: bool = False) -> Profi
         fp8_state_bytes=held.fp8_state_bytes(chunk.model),
         param_fp8=held.fp8_param_mask(chunk.model, setup.kernels),
     )
+    if probe.kind == "middle" and probe.layers == 1 and not probe.recompute_layers:
+        record = dataclasses.replace(record, offload_tensors=_offloaded(chunk))
     del chunk
     gc.collect()
     return record
+
+
+def _offloaded(chunk: _Chunk) -> tuple:
+    """What fine-grained activation offloading would move off the device from the chunk's layer
+    (capture_megatron.profile.offload), by one more forward; what it leaves is dropped."""
+    from megatron.core.utils import get_attr_wrapped_model
+
+    hidden = _hidden(chunk.shape, chunk.plan, chunk.device).requires_grad_()
+    rows = offload_tensors(chunk.model, lambda: _forward(chunk, hidden))
+    get_attr_wrapped_model(chunk.model, "set_input_tensor")(None)
+    drop_checkpoints(chunk.model)
+    return rows
 
 
 def _workspaces(probe: Probe, setup) -> int:

@@ -166,13 +166,26 @@ def test_offload_modules_alone_change_nothing_and_are_ignored():
     assert _check(argv) == ("--min-offloaded-tensor-size", "--offload-modules")
 
 
-def test_fine_grained_offloading_is_refused_by_name_with_what_it_does():
-    with pytest.raises(CaptureError) as err:
-        _check([*TE, *OFFLOAD, "--offload-modules", "core_attn", "attn_proj", "expert_fc1"])
-    text = str(err.value)
-    assert "--fine-grained-activation-offloading (fine-grained activation offloading is not" in text
-    assert "pinned host memory" in text and "Megatron-LM would not run" not in text
-    assert "--offload-modules" not in text.split("(")[0] and "\n" not in text
+def test_fine_grained_offloading_is_accepted_with_its_settings():
+    """--fine-grained-activation-offloading is forecast (GPU kernel set): the line passes the
+    Megatron-LM check and its settings reach the plan's DdpOptions."""
+    argv = [*TE, *OFFLOAD, "--offload-modules", "core_attn", "attn_proj", "expert_fc1"]
+    argv += ["--min-offloaded-tensor-size", "4096"]
+    assert _check(argv) == ()
+    ns = flags.parse_flags(predict_parser(), [*BASE, *argv])
+    moved = flags.ddp_options(ns).activation_offload
+    assert moved.groups == ("core_attn", "attn_proj", "expert_fc1")
+    assert moved.min_offloaded_tensor_size == 4096
+
+
+def test_fine_grained_offloading_is_refused_on_the_cpu_kernel_set():
+    from capture_megatron.config.act_offload import ActivationOffload
+
+    on = ActivationOffload(True, ("core_attn",))
+    assert "CPU kernel set" in on.kernel_problem("cpu")
+    assert "transformer_engine" in on.kernel_problem("gpu:local/local")
+    assert on.kernel_problem("gpu:transformer_engine/auto") == ""
+    assert ActivationOffload().kernel_problem("cpu") == ""
 
 
 @pytest.mark.parametrize(
