@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from capture_megatron.config.ddp import DEFAULT_DDP, DdpOptions
 from capture_megatron.config.layout import accounted_split, first_last_split, parse_layout
-from capture_megatron.config.model import ModelShape
+from capture_megatron.config.model import ModelShape, tp_head_problems
 from capture_megatron.config.parallel import (
     ParallelFlags,
     ParallelPlan,
@@ -186,7 +186,7 @@ def parallel_plan(
     pp = flags.pipeline_model_parallel_size or 1
     cp = flags.context_parallel_size or 1
     problems = []
-    if tp >= 1 and (shape.num_attention_heads % tp or shape.groups % tp):
+    if tp_head_problems(shape.num_attention_heads, shape.groups, tp):
         problems.append(
             f"heads {shape.num_attention_heads} (query groups {shape.groups}) not divisible by "
             f"TP {tp}"
