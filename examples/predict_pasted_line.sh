@@ -3,9 +3,9 @@
 # pretrain_gpt.py flags of the "GPT-3 Training Example" in NVIDIA/Megatron-LM's
 # docs/user-guide/training-examples.md at tag core_v0.16.1 (its `torchrun --nproc_per_node=8`
 # line; /path/to/... replaced by /data/..., as in tests/data/megatron_lm_examples/
-# docs_training_examples_gpt3.args). Flags that cannot change memory (data, checkpoints,
-# learning rate, ...) are accepted and listed as ignored; a flag that changes memory in a way not
-# modelled would be refused by name. No GPU needed: the GPU kernel set runs on a fake CUDA device
+# docs_training_examples_gpt3.args). Every pretrain_gpt.py flag is accepted: those that cannot
+# change memory (data, checkpoints, learning rate) change nothing here, and a flag that changes
+# memory in a way not modelled would be refused by name. No GPU needed: the GPU kernel set runs on a fake CUDA device
 # (a minute or two with an empty profiling cache).
 # Usage: bash examples/predict_pasted_line.sh [WORKDIR]   (default: a new temporary folder)
 set -euo pipefail
