@@ -21,6 +21,7 @@ from capture_megatron import __version__
 from capture_megatron.config import ModelShape
 from capture_megatron.config.act_offload import OffloadTensor
 from capture_megatron.config.attention import LatentAttention
+from capture_megatron.config.model import tp_head_problems
 from capture_megatron.config.moe import Experts
 from capture_megatron.config.recompute import check_variant_modules, variant_modules
 from capture_megatron.errors import CaptureError, require
@@ -167,13 +168,9 @@ class ProbeShape(JsonMixin):
     """t, tensor-parallel size."""
 
     def __post_init__(self) -> None:
-        t, p = self.tp, []
-        for name, value in (
-            ("heads", self.num_attention_heads),
-            ("query groups", self.num_query_groups),
-            ("ffn", self.ffn_hidden_size),
-            ("padded vocab", self.padded_vocab),
-        ):
+        t = self.tp
+        p = tp_head_problems(self.num_attention_heads, self.num_query_groups, t)
+        for name, value in (("ffn", self.ffn_hidden_size), ("padded vocab", self.padded_vocab)):
             if value % t:
                 p.append(f"{name} {value} not divisible by TP {t}")
         if self.num_attention_heads % self.num_query_groups:

@@ -247,3 +247,11 @@ class ModelShape(JsonMixin):
     def replace(self, **changes: Any) -> ModelShape:
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)
+
+
+def tp_head_problems(heads: int, groups: int, tp: int) -> list[str]:
+    """The one place of the rule "TP divides the attention heads and the query groups" (Megatron
+    gives every tensor-parallel rank whole heads and whole key/value groups): one problem per count
+    `tp` does not divide (empty: TP splits the attention)."""
+    counts = (("heads", heads), ("query groups", groups))
+    return [f"{name} {n} not divisible by TP {tp}" for name, n in counts if tp >= 1 and n % tp]

@@ -13,7 +13,7 @@ from typing import Any
 from capture_megatron.config.ddp import DdpOptions
 from capture_megatron.config.fields import flag, value_problems
 from capture_megatron.config.layout import format_layout
-from capture_megatron.config.model import GIB, ModelShape
+from capture_megatron.config.model import GIB, ModelShape, tp_head_problems
 from capture_megatron.config.mtp import mtp_problems
 from capture_megatron.config.overlap import moe_overlap_problems
 from capture_megatron.config.recompute import (
@@ -210,17 +210,13 @@ class Cluster(JsonMixin):
 
 def tp_fits(shape: ModelShape, tp: int, sequence_parallel: bool) -> bool:
     """Whether Megatron can split `shape` over `tp` tensor-parallel ranks (with or without SP)."""
-    ok = shape.num_attention_heads % tp == 0 and shape.groups % tp == 0 and shape.ffn % tp == 0
+    ok = not tp_head_problems(shape.num_attention_heads, shape.groups, tp) and shape.ffn % tp == 0
     return ok and (not sequence_parallel or (tp > 1 and shape.seq_length % tp == 0))
 
 
 def check_plan_fits_model(shape: ModelShape, plan: ParallelPlan) -> None:
     """Raise a CaptureError naming every way `plan` cannot run `shape` in Megatron."""
-    p: list[str] = []
-    if shape.num_attention_heads % plan.tp:
-        p.append(f"heads {shape.num_attention_heads} not divisible by TP {plan.tp}")
-    if shape.groups % plan.tp:
-        p.append(f"query groups {shape.groups} not divisible by TP {plan.tp}")
+    p = tp_head_problems(shape.num_attention_heads, shape.groups, plan.tp)
     if shape.ffn % plan.tp:
         p.append(f"ffn hidden {shape.ffn} not divisible by TP {plan.tp}")
     if plan.num_layers != shape.num_layers:

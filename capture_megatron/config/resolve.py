@@ -8,9 +8,11 @@ Pure Python (no torch).
 
 from __future__ import annotations
 
+import dataclasses
+
 from capture_megatron.config.ddp import DEFAULT_DDP, DdpOptions
 from capture_megatron.config.layout import accounted_split, first_last_split, parse_layout
-from capture_megatron.config.model import ModelShape
+from capture_megatron.config.model import ModelShape, tp_head_problems
 from capture_megatron.config.parallel import (
     ParallelFlags,
     ParallelPlan,
@@ -177,6 +179,18 @@ def refuse_dropped_recompute(flags: ParallelFlags) -> None:
         )
 
 
+def block_counts_held(rc: Recompute, layers_per_stage: tuple[int, ...], pp: int) -> Recompute:
+    """Full block recompute with each stage's count at most its largest chunk: Megatron's block
+    method recomputes min(n, k) layers of a chunk of k, so every larger n is the same run, and the
+    plan names the one the planner writes (`--recompute-num-layers 4` over stages of 2 and 3 layers
+    is (2, 3); emitted again, it is `--recompute-num-layers 3`, the same run)."""
+    if rc.granularity != "full" or rc.method != "block":
+        return rc
+    largest = [max(layers_per_stage[r::pp]) for r in range(pp)]
+    held = tuple(min(n, k) for n, k in zip(rc.num_layers, largest, strict=True))
+    return dataclasses.replace(rc, num_layers=held)
+
+
 def parallel_plan(
     flags: ParallelFlags, shape: ModelShape, world_size: int, ddp: DdpOptions = DEFAULT_DDP
 ) -> ParallelPlan:
@@ -186,7 +200,7 @@ def parallel_plan(
     pp = flags.pipeline_model_parallel_size or 1
     cp = flags.context_parallel_size or 1
     problems = []
-    if tp >= 1 and (shape.num_attention_heads % tp or shape.groups % tp):
+    if tp_head_problems(shape.num_attention_heads, shape.groups, tp):
         problems.append(
             f"heads {shape.num_attention_heads} (query groups {shape.groups}) not divisible by "
             f"TP {tp}"
@@ -217,7 +231,7 @@ def parallel_plan(
         micro_batch_size=mbs,
         global_batch_size=gbs,
         layers_per_stage=counts,
-        recompute=recompute(flags, pp),
+        recompute=block_counts_held(recompute(flags, pp), counts, pp),
         sequence_parallel=bool(flags.sequence_parallel) and tp > 1,  # as Megatron-LM: off at TP 1
         distributed_optimizer=bool(flags.use_distributed_optimizer),
         microbatch_group_size=flags.microbatch_group_size_per_vp_stage or 0,

@@ -24,6 +24,23 @@ def overlap_args(plan: ParallelPlan, settings: StepSettings) -> list[str]:
     return out
 
 
+def run_args(
+    plan: ParallelPlan,
+    kernels: Kernels,
+    gpu_kernels: bool,
+    settings: StepSettings | None = None,
+    recompute_modules: tuple[str, ...] = (),
+) -> list[str]:
+    """A plan JSON's `megatron_args`: the plan's flags, the data-parallel overlap flags of a GPU
+    run (`settings`; None for CPU processes), the kernel set the forecast assumed (`gpu_kernels`:
+    a GPU kernel set), and the searched --recompute-modules when the plan does not name them."""
+    given = plan_args(plan)
+    if recompute_modules and "--recompute-modules" not in given:
+        given += ["--recompute-modules", *recompute_modules]
+    overlap = overlap_args(plan, settings) if settings is not None else []
+    return given + overlap + kernel_args(kernels, gpu_kernels)
+
+
 def plan_args(plan: ParallelPlan) -> list[str]:
     """Every parallel and batch setting of the plan in Megatron's flag names."""
     out = [

@@ -19,6 +19,7 @@ from capture_megatron.config.fields import flag
 from capture_megatron.config.flex import flex_problems
 from capture_megatron.config.fp8 import fp8_problem
 from capture_megatron.config.kernels import kernel_set, tp_overlap_problem
+from capture_megatron.config.model import tp_head_problems
 from capture_megatron.errors import CaptureError
 from capture_megatron.fit import MemoryModel, ModelSource
 from capture_megatron.plan.baselines import baselines_for
@@ -358,7 +359,7 @@ def gpu_counts(cluster: Cluster, limit: int) -> list[int]:
 
 
 def _why_no_candidate(shape: ModelShape, cluster: Cluster, gbs: int, space: Space) -> str:
-    tps = [t for t in space.tp if shape.num_attention_heads % t == 0 and shape.groups % t == 0]
+    tps = [t for t in space.tp if not tp_head_problems(shape.num_attention_heads, shape.groups, t)]
     parts = [
         f"no parallel plan of {shape.num_layers} layers fits {cluster.gpus} GPUs with global "
         f"batch {gbs}"

@@ -17,7 +17,7 @@ from capture_megatron.config.layout import parse_layout
 from capture_megatron.errors import CaptureError
 from capture_megatron.plan.baselines import BASES, Baseline
 from capture_megatron.plan.costmodel import CostModel, StepTime, step_time
-from capture_megatron.plan.emit import flag_notes, kernel_args, model_args, overlap_args, plan_args
+from capture_megatron.plan.emit import flag_notes, model_args, run_args
 from capture_megatron.plan.margins import Margins
 from capture_megatron.plan.routing import RoutingReport
 from capture_megatron.plan.search import Evaluated
@@ -96,12 +96,9 @@ class PlanResult:
 
     def megatron_args(self, e: Evaluated | None = None) -> list[str]:
         """The Megatron flags of the chosen plan (or of `e`): parallel settings and kernels."""
+        settings = self.cost.settings if self.on_gpu else None
         plan = (e or self.best).plan
-        overlap = overlap_args(plan, self.cost.settings) if self.on_gpu else []
-        given = plan_args(plan)
-        if self.recompute_modules and "--recompute-modules" not in given:
-            given += ["--recompute-modules", *self.recompute_modules]
-        return given + overlap + kernel_args(self.kernels, self._gpu_kernels)
+        return run_args(plan, self.kernels, self._gpu_kernels, settings, self.recompute_modules)
 
     def flag_notes(self) -> tuple[str, ...]:
         """What the chosen plan's megatron_args need beyond stock Megatron-LM (empty: nothing)."""

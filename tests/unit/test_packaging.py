@@ -70,6 +70,7 @@ def test_wheel_holds_every_module_and_data_file(wheel):
     sources = {f"capture_megatron/{p.relative_to(package)}" for p in package.rglob("*.py")}
     data = {f"capture_megatron/{name}" for name in PACKAGE_DATA}
     assert sources - names == set() and data - names == set()
+    assert not any(n.startswith(("examples/", "tests/")) for n in names)  # repository-only
     meta = next(n for n in names if n.endswith(".dist-info/METADATA"))
     text = zipfile.ZipFile(wheel).read(meta).decode()
     assert f"Version: {capture_megatron.__version__}" in text
