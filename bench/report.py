@@ -9,7 +9,7 @@ import json
 import os
 import platform
 
-from report_inputs import inputs_section
+from report_inputs import hf_planned_section, inputs_section
 from report_moe import moe_sections
 from report_planner import planner_sections
 from report_step_time import step_time_sections
@@ -322,6 +322,7 @@ def main() -> None:
             + "\n".join(conformance_tables(json.loads(_read(conformance))))
         )
     text += inputs_section(ROOT)
+    text += hf_planned_section(ROOT)
     text += moe_sections(ROOT)
     text += step_time_sections(ROOT)
     text += planner_sections(ROOT)

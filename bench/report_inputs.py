@@ -64,3 +64,39 @@ def inputs_section(root: str) -> str:
         + "\n".join(inputs_tables(data))
         + "\n"
     )
+
+
+def hf_planned_section(root: str) -> str:
+    """Today's published models planned (bench/hf_planned.py; '' when it has not run)."""
+    path = os.path.join(root, "bench", "results", "hf_planned.json")
+    if not os.path.exists(path):
+        return ""
+    with open(path) as f:
+        data = json.load(f)
+    out = [
+        "\n## Today's published models planned (`plan --hf-config`, bench/hf_planned.py)\n",
+        f"Each published config.json (tests/data/hf_configs) planned by the default objective on "
+        f"GPUs of {data['gpu_memory_gib']} GiB; parameters as megatron-core builds the model "
+        "against the model card's total; need: the worst rank's forecast plus the planner's "
+        "margins; wall time in a fresh process (cold: profiled on the spot on this machine, "
+        "shared with other work).\n",
+        "| model | parameters | published | GPUs | plan | recompute | need GiB | fits "
+        "| step s | wall s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in data["rows"]:
+        count = f"{r['parameters'] / 1e9:.2f}B" if r["parameters"] else "-"
+        head = f"| {r['model']} | {count} | {r['published'] / 1e9:g}B | {r['gpus']} |"
+        if "plan" not in r:
+            out.append(f"{head} exit {r['exit']}: {_cell(r.get('why', ''))} | | | | | |")
+            continue
+        p = r["plan"]
+        sizes = f"TP{p['tp']} PP{p['pp']} DP{p['dp']} EP{p['ep']} VPP{p['vpp']}"
+        sizes += f" mbs{p['micro_batch_size']}"
+        rc = r["recompute"]["granularity"] if isinstance(r["recompute"], dict) else r["recompute"]
+        step = f"{r['step_s']:.2f}" if r.get("step_s") else "-"
+        wall = f"{r['seconds']:.0f} ({'cold' if r['cold'] else 'warm'})"
+        out.append(
+            f"{head} {sizes} | {rc} | {r['needed_gib']:.1f} | {r['fits']} | {step} | {wall} |"
+        )
+    return "\n".join(out) + "\n"

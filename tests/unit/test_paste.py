@@ -2,11 +2,12 @@
 paths replaced) given verbatim to `plan` and `predict` run, or are refused only for the flags that
 change memory in a way not modelled, each one named: the Mixtral line (--vocab-size added: its
 tokenizer file is not here) fits at NVIDIA's sizes, the Llama 3 8B FP8 line is forecast as given;
-the DeepSeek-V3 line waits for --recompute-modules (xfail)."""
+the DeepSeek-V3 line is predicted and planned where it fits."""
 
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from pathlib import Path
 
@@ -89,19 +90,26 @@ def test_mixtral_runs_verbatim_at_nvidias_sizes(command, tmp_path, forecast_cach
         assert json.loads(out.read_text())["fits"] is True
 
 
-WAITING = pytest.mark.xfail(
-    reason="Megatron-LM's DeepSeek-V3 line uses --recompute-modules (being modelled); its flex "
-    "dispatcher (HybridEP) is forecast (tests/unit/test_flex_dispatcher.py). With both, predict "
-    "exits 0 and plan at 256 GPUs x 80 GiB finds no fit (exit 2: best 201.8 GiB; the line keeps "
-    "micro-batch 4 and selective recompute, written for Megatron-FSDP)",
-    strict=False,
-)
+SMALLEST = re.compile(r"the smallest fitting setup is (\d+) GPUs")
+"""plan's answer when no plan of the given sizes fits the GPUs (exit 2): where one does."""
 
 
 @pytest.mark.slow
-@WAITING
 def test_deepseek_v3_example_line_runs_verbatim(tmp_path, forecast_cache):
+    """Megatron-LM's DeepSeek-V3 line (Megatron-FSDP flags aside; TP 1, EP 8, micro-batch 4 and
+    selective recompute of mlp moe mla_up_proj layernorm fixed, HybridEP): predicted as written
+    (PP 1), and planned: on 1024 GPUs of 80 GiB no plan of its sizes fits, and plan names the
+    smallest cluster where one does, where it then plans (written for Megatron-FSDP, the line
+    keeps a micro-batch of 4 on one pipeline; the plan pipelines it)."""
     argv = [*flags_of("sbatch_mfsdp_deepseek_v3_no_fsdp"), "--vocab-size", "129280"]
-    for command in ("predict", "plan"):
-        done, _ = run(command, argv, 256, tmp_path, forecast_cache)
-        assert done.returncode == 0, done.stderr[-3000:]
+    done, out = run("predict", argv, 256, tmp_path, forecast_cache)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(out.read_text())["plan"]["pp"] == 1
+    done, _ = run("plan", argv, 1024, tmp_path, forecast_cache)
+    found = SMALLEST.search(done.stderr)
+    assert done.returncode == 2 and found and len(done.stderr.splitlines()) == 1, done.stderr
+    done, out = run("plan", argv, int(found.group(1)), tmp_path, forecast_cache)
+    assert done.returncode == 0, done.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert data["fits"] is True and data["plan"]["tp"] == 1 and data["plan"]["ep"] == 8
+    assert data["plan"]["micro_batch_size"] == 4
