@@ -1,3 +1,3 @@
 """capture-megatron: profile, predict and balance per-GPU peak memory of Megatron-Core training."""
 
-__version__ = "0.5.0"
+__version__ = "0.6.0"
