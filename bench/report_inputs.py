@@ -52,13 +52,20 @@ def inputs_tables(data: dict) -> list[str]:
     return out
 
 
+def _results(root: str, name: str) -> dict | None:
+    """bench/results/<name>.json, or None when its bench has not run."""
+    path = os.path.join(root, "bench", "results", f"{name}.json")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
 def inputs_section(root: str) -> str:
     """The section's markdown ('' when the bench has not run)."""
-    path = os.path.join(root, "bench", "results", "inputs.json")
-    if not os.path.exists(path):
+    data = _results(root, "inputs")
+    if data is None:
         return ""
-    with open(path) as f:
-        data = json.load(f)
     return (
         "\n## Inputs nobody here wrote: accepted as written (bench/inputs.py)\n\n"
         + "\n".join(inputs_tables(data))
@@ -68,11 +75,9 @@ def inputs_section(root: str) -> str:
 
 def hf_planned_section(root: str) -> str:
     """Today's published models planned (bench/hf_planned.py; '' when it has not run)."""
-    path = os.path.join(root, "bench", "results", "hf_planned.json")
-    if not os.path.exists(path):
+    data = _results(root, "hf_planned")
+    if data is None:
         return ""
-    with open(path) as f:
-        data = json.load(f)
     out = [
         "\n## Today's published models planned (`plan --hf-config`, bench/hf_planned.py)\n",
         f"Each published config.json (tests/data/hf_configs) planned by the default objective on "
