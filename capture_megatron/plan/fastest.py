@@ -95,7 +95,13 @@ def fit_plan(
 class _Visit:
     """The candidates of one search, their bounds, lighter twins and evaluations."""
 
-    def __init__(self, plans: list[ParallelPlan], bound: Callable[[ParallelPlan], float]) -> None:
+    def __init__(
+        self,
+        plans: list[ParallelPlan],
+        bound: Callable[[ParallelPlan], float],
+        floor: Callable[[ParallelPlan], bool],
+    ) -> None:
+        self.floor, self.floors = floor, dict[ParallelPlan, bool]()
         self.index = {_key(p): p for p in plans}
         self.sizes = sorted({p.micro_batch_size for p in plans})
         self.bounds = {p: bound(p) for p in plans}
@@ -115,11 +121,19 @@ class _Visit:
         ]
         return [t for t in found if t is not None]
 
+    def floor_fits(self, p: ParallelPlan) -> bool:
+        """Whether the plan's memory floor fits (the `floor` predicate, once per plan)."""
+        if p not in self.floors:
+            self.floors[p] = self.floor(p)
+        return self.floors[p]
+
     def upcoming(self, i: int) -> Iterator[ParallelPlan]:
-        """The candidates from the i-th on, each after its twins (what profiling batches)."""
+        """The candidates from the i-th on whose memory floor fits, each after its twins (what
+        profiling batches)."""
         for plan in self.order[i:]:
-            yield from self.twins(plan)
-            yield plan
+            if self.floor_fits(plan):
+                yield from (t for t in self.twins(plan) if self.floor_fits(t))
+                yield plan
 
     def fastest_known(self, top: int) -> float:
         """The `top`-th fastest step among the fitting plans found (inf while fewer)."""
@@ -128,10 +142,12 @@ class _Visit:
 
 
 def _floor_fits(
-    shape: ModelShape, plan: ParallelPlan, margins: Margins, cap: float, fp8_params: bool
+    shape: ModelShape, plan: ParallelPlan, margins: Margins, cap: float, fp8: tuple[bool, bool]
 ) -> bool:
-    """Whether the plan's memory floor (ranktimes.memory_floor) plus margins is within `cap`."""
-    return margins.plan_needed(memory_floor(shape, plan, fp8_params), shape, plan) <= cap
+    """Whether the plan's memory floor (ranktimes.memory_floor) plus margins is within `cap`;
+    `fp8`: (FP8 compute, --fp8-param-gather)."""
+    floor = memory_floor(shape, plan, fp8_params=fp8[1], fp8=fp8[0])
+    return margins.plan_needed(floor, shape, plan) <= cap
 
 
 def fastest(
@@ -144,14 +160,18 @@ def fastest(
     top: int,
     keep_recompute: bool,
     floor: int = 0,
-    fp8_params: bool = False,
+    fp8: tuple[bool, bool] = (False, False),
 ) -> SearchResult:
     """The branch and bound (module docstring): the fastest fitting plan, proven, then the
-    fastest of the others evaluated on the way (up to `top` in all; `fp8_params`:
+    fastest of the others evaluated on the way (up to `top` in all; `fp8`: FP8 compute and
     --fp8-param-gather, for the memory floor)."""
     if "full" in {p.recompute.granularity for p in plans} and not keep_recompute and not floor:
         plans = [p for p in plans if p.recompute.granularity != "none"]
-    visit = _Visit(plans, lambda p: step_seconds(shape, p, hw, bound=True))
+    visit = _Visit(
+        plans,
+        lambda p: step_seconds(shape, p, hw, bound=True),
+        lambda p: _floor_fits(shape, p, margins, cluster.gpu_memory_bytes, fp8),
+    )
 
     def run(plan: ParallelPlan, i: int) -> Evaluated:
         if plan not in visit.done:
@@ -168,7 +188,7 @@ def fastest(
         """Whether the plan's floor of bytes can fit, every lighter twin that costs no profiling
         (recursively) fits, and then the plan itself."""
         if plan not in visit.viable:
-            ok = _floor_fits(shape, plan, margins, cluster.gpu_memory_bytes, fp8_params)
+            ok = visit.floor_fits(plan)
             visit.viable[plan] = ok and all(fits(t, i) for t in twins(plan)) and run(plan, i).fits
         return visit.viable[plan]
 

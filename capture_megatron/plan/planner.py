@@ -168,8 +168,9 @@ def plan(
         raise CaptureError(_why_no_candidate(shape, cluster, gbs, options.space))
     first = next(candidates(shape, cluster, gbs, options.space))
     supply.want(plans_explained(shape, options.space, first))  # plain DP, for the reasoning
-    fp8_params = options.kernels.fp8 and options.kernels.fp8_param_gather
-    search_ = _Search(supply, shape, cluster, gbs, options.space, margins, hw, fp8_params)
+    k = options.kernels
+    fp8 = (k.fp8, k.fp8 and k.fp8_param_gather)
+    search_ = _Search(supply, shape, cluster, gbs, options.space, margins, hw, fp8)
     ranked, considered = search_.best(options.objective, options.top)
     if not ranked:  # every candidate's static bytes alone exceed the memory
         raise search_.no_fit(search_.run(cluster, "min-peak", 1)[0][0])
@@ -280,8 +281,9 @@ class _Search:
     space: Space
     margins: Margins
     hw: CostModel
-    fp8_params: bool = False
-    """--fp8-param-gather: parameters of 1 byte (the search's memory floor)."""
+    fp8: tuple[bool, bool] = (False, False)
+    """(FP8 compute: activations of 1 byte; --fp8-param-gather: parameters of 1 byte), for the
+    search's memory floor."""
 
     def run(self, cluster: Cluster, objective: str, top: int) -> tuple[tuple[Evaluated, ...], int]:
         """(ranked plans, candidates considered) on `cluster`."""
@@ -295,7 +297,7 @@ class _Search:
             self.margins,
             self.hw,
             top=top,
-            fp8_params=self.fp8_params,
+            fp8=self.fp8,
         )
         return found.ranked, found.considered
 
