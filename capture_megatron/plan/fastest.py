@@ -167,11 +167,9 @@ def fastest(
     --fp8-param-gather, for the memory floor)."""
     if "full" in {p.recompute.granularity for p in plans} and not keep_recompute and not floor:
         plans = [p for p in plans if p.recompute.granularity != "none"]
-    visit = _Visit(
-        plans,
-        lambda p: step_seconds(shape, p, hw, bound=True),
-        lambda p: _floor_fits(shape, p, margins, cluster.gpu_memory_bytes, fp8),
-    )
+    cap = cluster.gpu_memory_bytes
+    visit = _Visit(plans, lambda p: step_seconds(shape, p, hw, bound=True),
+                   lambda p: _floor_fits(shape, p, margins, cap, fp8))  # fmt: skip
 
     def run(plan: ParallelPlan, i: int) -> Evaluated:
         if plan not in visit.done:
@@ -188,17 +186,15 @@ def fastest(
         """Whether the plan's floor of bytes can fit, every lighter twin that costs no profiling
         (recursively) fits, and then the plan itself."""
         if plan not in visit.viable:
-            ok = visit.floor_fits(plan)
-            visit.viable[plan] = ok and all(fits(t, i) for t in twins(plan)) and run(plan, i).fits
+            ok = visit.floor_fits(plan) and all(fits(t, i) for t in twins(plan))
+            visit.viable[plan] = ok and run(plan, i).fits
         return visit.viable[plan]
 
     def twins(plan: ParallelPlan) -> list[ParallelPlan]:
-        """The lighter twins worth asking first: known, or predicted without profiling (a twin
-        that needs a profile of its own saves nothing over the plan's)."""
+        """The lighter twins known, or predicted without profiling (worth asking first)."""
         return [t for t in visit.twins(plan) if t in visit.viable or supply.holds([t])]
 
-    # in order of the cheap bound, each refined (whole layers, the head on the last rank) before
-    # it is split; the search ends when the next bound is no better than the top-th plan found
+    # by the cheap bound, refined before a split; ends when no bound beats the fastest found
     refine = not mixed_layers(shape)
     queue = [(visit.bounds[p], not refine, i) for i, p in enumerate(visit.order)]
     heapq.heapify(queue)
