@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -33,6 +34,10 @@ from capture_megatron.config.training import BuildOptions
 from capture_megatron.megatron import attention, cpu_compat, moe, mtp
 from capture_megatron.megatron.gpu.spec import keep_fused_norms
 from capture_megatron.megatron.norms import LocalNorm
+
+if TYPE_CHECKING:
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.transformer.transformer_config import TransformerConfig
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -180,7 +185,7 @@ def transformer_config(
     pp_rank: int,
     opts: BuildOptions = BuildOptions(),
     kernels: Kernels | None = None,
-):
+) -> TransformerConfig:
     """Megatron TransformerConfig of one pipeline rank (recompute differs per rank)."""
     if kernels is None or kernels.transformer_impl == "local":
         attention.check_local_latents(shape, plan.tp)
@@ -302,13 +307,13 @@ def block_spec(spec, kernels: Kernels | None, num_layers: int):
 def build_gpt(
     shape: ModelShape,
     plan: ParallelPlan,
-    config,
+    config: TransformerConfig,
     kernels: Kernels | None,
     num_layers: int,
     pre_process: bool,
     post_process: bool,
     vp_stage: int | None,
-):
+) -> GPTModel:
     """One GPTModel chunk holding `num_layers` transformer layers (and the ends it is told to
     hold); with experts, megatron's decoder block spec for this rank and `vp_stage`. GPU kernels:
     on the GPU as Megatron-LM's get_model moves it (built on fake-cuda: fake parameters stay)."""
@@ -366,7 +371,7 @@ def build_chunks(
     opts: BuildOptions = BuildOptions(),
     kernels: Kernels | None = None,
     seed: int = 1234,
-) -> list:
+) -> list[GPTModel]:
     """This rank's model chunks (one per virtual stage), unwrapped GPTModels with initialised
     weights, with `kernels` (None: the CPU set; else their transformer_impl resolved).
 
