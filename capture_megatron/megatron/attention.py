@@ -136,10 +136,11 @@ def with_head_widths(core_attention: type) -> type:
     """`core_attention` taking MLA's key and value head widths (k_channels, v_channels):
     megatron's DotProductAttention takes neither and sizes its output by --kv-channels; this
     subclass sizes it by the value heads. Classes that take them are returned as they are."""
-    if "v_channels" in inspect.signature(core_attention.__init__).parameters:
+    init = core_attention.__init__  # type: ignore[misc]  # a class's, not an instance's
+    if "v_channels" in inspect.signature(init).parameters:
         return core_attention
 
-    class LatentCore(core_attention):  # type: ignore[misc, valid-type]
+    class LatentCore(core_attention):
         """The core attention with MLA's head widths (query/key k_channels, value v_channels)."""
 
         def __init__(self, config, layer_number, attn_mask_type, attention_type,

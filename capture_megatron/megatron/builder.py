@@ -265,10 +265,8 @@ def layer_spec(shape: ModelShape, kernels: Kernels | None):
     from megatron.core.models.gpt import gpt_layer_specs as specs
 
     flags = attention.spec_flags(shape)
-    if real_te(kernels):
-        return specs.get_gpt_layer_with_transformer_engine_spec(
-            normalization=shape.normalization, **flags
-        )
+    if real_te(kernels):  # no `normalization` argument: TE's TENorm reads config.normalization
+        return specs.get_gpt_layer_with_transformer_engine_spec(**flags)
     spec = specs.get_gpt_layer_local_spec(normalization=shape.normalization, **flags)
     if kernels is not None and cpu_compat.active_device() == "fake-cuda":
         from capture_megatron.megatron.gpu.spec import gpu_layer_spec
@@ -295,13 +293,20 @@ def block_spec(spec, kernels: Kernels | None, num_layers: int):
     if real_te(kernels):
         from megatron.core.extensions.transformer_engine import TENorm
 
-        return TransformerBlockSubmodules(layer_specs=[spec] * num_layers, layer_norm=TENorm)
+        # megatron-core annotates a spec or an instance; its own block specs pass a class too
+        return TransformerBlockSubmodules(
+            layer_specs=[spec] * num_layers,
+            layer_norm=TENorm,  # type: ignore[arg-type]
+        )
     norm = LocalNorm
     if kernels is not None and cpu_compat.active_device() == "fake-cuda":
         from capture_megatron.megatron.gpu.spec import layer_norm
 
         norm = layer_norm(kernels, LocalNorm)
-    return TransformerBlockSubmodules(layer_specs=[spec] * num_layers, layer_norm=norm)
+    return TransformerBlockSubmodules(
+        layer_specs=[spec] * num_layers,
+        layer_norm=norm,  # type: ignore[arg-type]  # a class, as above
+    )
 
 
 def build_gpt(
@@ -351,7 +356,8 @@ def build_gpt(
             pre_process=pre_process,
             post_process=post_process,
             share_embeddings_and_output_weights=not shape.untie_embeddings_and_output_weights,
-            position_embedding_type=shape.position_embedding_type,
+            # a str that ModelShape checks against megatron-core's choices (its Literal)
+            position_embedding_type=shape.position_embedding_type,  # type: ignore[arg-type]
             rotary_base=shape.rotary_base,
             rope_scaling=shape.use_rope_scaling,
             rope_scaling_factor=shape.rope_scaling_factor,

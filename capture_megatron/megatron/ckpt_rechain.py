@@ -40,7 +40,7 @@ def parts(optim_common: dict) -> list:
     return [optim_common[i] for i in range(n)] if n > 1 else [optim_common]
 
 
-def plain_values(sharded_optim: dict) -> dict:
+def plain_values(sharded_optim: dict[str, Any]) -> dict[str, Any]:
     """The common (non-sharded) values of a sharded optimizer state dict, copied."""
     from megatron.core.dist_checkpointing.dict_utils import extract_matching_values
     from megatron.core.dist_checkpointing.mapping import LocalNonpersistentObject, ShardedBase
@@ -48,6 +48,7 @@ def plain_values(sharded_optim: dict) -> dict:
     _, plain = extract_matching_values(
         sharded_optim, lambda v: isinstance(v, (ShardedBase, LocalNonpersistentObject))
     )
+    assert isinstance(plain, dict), "a dict in, a dict out"
     return copy.deepcopy(plain)
 
 

@@ -62,13 +62,14 @@ builder): ``batch_p2p_comm=False`` (PP+VPP gives wrong gradients otherwise), no 
 from __future__ import annotations
 
 import contextlib
+from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
 
 from capture_megatron.megatron import attention, gloo_settle, moe_cpu, moe_fake
 
-_STATE = {"device": None, "mode": None}
+_STATE: dict[str, Any] = {"device": None, "mode": None}
 FAKE_CUDA_CAPABILITY = (9, 0)
 """The compute capability the fake CUDA device reports (Hopper)."""
 _CUDA_TYPES = {
@@ -210,7 +211,8 @@ def _install_rng() -> None:
 
     mrandom._get_cuda_rng_state = lambda *a, **k: torch.get_rng_state()
     mrandom._set_cuda_rng_state = lambda state, *a, **k: torch.set_rng_state(state)
-    mrandom._CUDA_RNG_STATE_TRACKER = CpuRNGStatesTracker()
+    # megatron-core declares the global None until it builds its CUDA tracker
+    mrandom._CUDA_RNG_STATE_TRACKER = CpuRNGStatesTracker()  # type: ignore[assignment]
     mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
     torch.cuda.manual_seed = lambda seed: None
     torch.cuda.manual_seed_all = lambda seed: None
@@ -345,7 +347,8 @@ def apply(device: str = "cpu") -> None:
         return
     if _STATE["mode"] is not None:
         _STATE["mode"].__exit__(None, None, None)
-    torch.cuda.current_device = lambda: device
+    # megatron-core passes current_device() on as a device: the host's name stands in for the index
+    torch.cuda.current_device = lambda: device  # type: ignore[assignment,return-value]
     torch.cuda.synchronize = lambda *a, **k: None
     torch.cuda.empty_cache = lambda: None
     _install_rng()

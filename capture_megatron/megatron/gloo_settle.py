@@ -76,7 +76,7 @@ def settled(collective):
         if bound.arguments.get("async_op") or not waiting:
             return collective(*args, **kwargs)
         tensors = [t for t in tree_leaves(list(bound.arguments.values())) if torch.is_tensor(t)]
-        counts = [t._use_count() for t in tensors]
+        counts = [t._use_count() for t in tensors]  # type: ignore[attr-defined]  # private, no stub
         result = collective(*args, **kwargs)
         waiting = settle(tensors, counts)
         return result

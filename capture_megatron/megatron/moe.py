@@ -115,6 +115,7 @@ def block_spec(config, shape: ModelShape, te: bool, vp_stage: int | None, num_la
     )
     if num_layers == 0:
         block = dataclasses.replace(block, layer_specs=[])
+    assert block.layer_specs is not None, "megatron-core's decoder block spec lists its layers"
     if len(block.layer_specs) != num_layers:
         raise RuntimeError(
             f"megatron-core placed {len(block.layer_specs)} layers in this chunk, the plan "
@@ -125,7 +126,8 @@ def block_spec(config, shape: ModelShape, te: bool, vp_stage: int | None, num_la
     return dataclasses.replace(
         block,
         layer_specs=[_local_norms(s, LocalNorm) for s in block.layer_specs],
-        layer_norm=LocalNorm,
+        # megatron-core annotates a spec or an instance; its own block specs pass a class too
+        layer_norm=LocalNorm,  # type: ignore[arg-type]
     )
 
 

@@ -84,7 +84,8 @@ def moe_layer_spec(config, shape: ModelShape, real_te: bool, kernels: Kernels | 
     from capture_megatron.megatron import cpu_compat
     from capture_megatron.megatron.norms import LocalNorm
 
-    spec = get_gpt_decoder_layer_specs(
+    # megatron-core 0.16.1 annotates TransformerBlockSubmodules but returns the list of layer specs
+    spec = get_gpt_decoder_layer_specs(  # type: ignore[index]
         config, use_transformer_engine=real_te, normalization=shape.normalization
     )[-1]
     if real_te:

@@ -20,5 +20,6 @@ class LocalNorm:
         norm_cls = torch.nn.RMSNorm if config.normalization == "RMSNorm" else torch.nn.LayerNorm
         norm = norm_cls(normalized_shape=hidden_size, eps=eps, dtype=config.params_dtype)
         for param in norm.parameters():
-            param.sequence_parallel = config.sequence_parallel
+            # megatron-core's marker attribute on parameters (read by finalize_model_grads)
+            param.sequence_parallel = config.sequence_parallel  # type: ignore[attr-defined]
         return norm

@@ -110,13 +110,13 @@ def _function(userbuffers: bool = False):
         (or, with userbuffers, gathers into TE's persistent userbuffers)."""
 
         @staticmethod
-        def forward(ctx, *args):  # type: ignore[override]
+        def forward(ctx, *args):
             """megatron's forward, gathering into a fresh tensor (or a userbuffer)."""
             with _gather_buffers(userbuffers):
                 return Megatron.forward(ctx, *args)
 
         @staticmethod
-        def backward(ctx, *grads):  # type: ignore[override]
+        def backward(ctx, *grads):
             """megatron's backward, re-gathering into a fresh tensor (or a userbuffer)."""
             with _gather_buffers(userbuffers):
                 return Megatron.backward(ctx, *grads)
@@ -154,7 +154,8 @@ def te_column_linear(fp8: Fp8Setting | None = None, userbuffers: bool = False):
             gathered = bool(kwargs.get("sequence_parallel"))
             input = input.contiguous()
             with saved_in_fp8([input], fp8, gathered):
-                return te_linear(input, weight, *args, **kwargs, userbuffers=userbuffers)
+                # megatron-core passes fewer positional arguments than reach `userbuffers`
+                return te_linear(input, weight, *args, **kwargs, userbuffers=userbuffers)  # type: ignore[misc]
 
     return TEColumnParallelLinear
 
@@ -241,5 +242,6 @@ def install() -> None:
     layers.get_dummy_wgrad = dummy_wgrad
     from megatron.core.transformer import multi_latent_attention
 
-    multi_latent_attention.TELinear = DuplicatedLinear  # its spec check: a duplicated linear
+    # its spec check: a duplicated linear (a patch of megatron-core's module global)
+    multi_latent_attention.TELinear = DuplicatedLinear  # type: ignore[misc,assignment]
     multi_latent_attention.HAVE_TE = False  # TE's fp8 input-saving switch does not apply
