@@ -293,20 +293,13 @@ def block_spec(spec, kernels: Kernels | None, num_layers: int):
     if real_te(kernels):
         from megatron.core.extensions.transformer_engine import TENorm
 
-        # megatron-core annotates a spec or an instance; its own block specs pass a class too
-        return TransformerBlockSubmodules(
-            layer_specs=[spec] * num_layers,
-            layer_norm=TENorm,  # type: ignore[arg-type]
-        )
+        return TransformerBlockSubmodules(layer_specs=[spec] * num_layers, layer_norm=TENorm)  # type: ignore[arg-type]  # annotated a spec or an instance: megatron-core passes classes too
     norm = LocalNorm
     if kernels is not None and cpu_compat.active_device() == "fake-cuda":
         from capture_megatron.megatron.gpu.spec import layer_norm
 
         norm = layer_norm(kernels, LocalNorm)
-    return TransformerBlockSubmodules(
-        layer_specs=[spec] * num_layers,
-        layer_norm=norm,  # type: ignore[arg-type]  # a class, as above
-    )
+    return TransformerBlockSubmodules(layer_specs=[spec] * num_layers, layer_norm=norm)  # type: ignore[arg-type]  # a class, as above
 
 
 def build_gpt(

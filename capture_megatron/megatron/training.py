@@ -157,10 +157,9 @@ def make_optimizer(
         use_distributed_optimizer=plan.distributed_optimizer,
     )
     with precision_aware(config, plan.ddp):
-        # list[MegatronModule] expected: DDP is one, but a list's type is invariant
         optimizer = get_megatron_optimizer(
             config,
-            model,  # type: ignore[arg-type]
+            model,  # type: ignore[arg-type]  # DDP is a MegatronModule; list is invariant
             use_gloo_process_groups=use_gloo_process_groups,
         )
     s = schedule(optim, train_iters, plan.global_batch_size)

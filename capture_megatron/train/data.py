@@ -27,7 +27,6 @@ import os
 import struct
 import warnings
 from collections.abc import Iterator
-from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -41,6 +40,9 @@ if TYPE_CHECKING:
 
     from capture_megatron.data.tokenizer_base import TokenizerBase
     from capture_megatron.megatron.training import Batch
+
+Blend = tuple[list[str], list[float] | None]
+"""--data-path as megatron-core's GPTDatasetConfig takes it: (prefixes, weights or None)."""
 
 BATCH_KEYS = ("tokens", "labels", "loss_mask", "position_ids")
 """Megatron's GPT batch keys, in the order pretrain_gpt.get_batch lists them (no attention mask)."""
@@ -160,11 +162,7 @@ def indexed_problem(prefix: str) -> str:
 
 
 def _dataset_config(
-    opts: DataOptions,
-    tokenizer: TokenizerBase,
-    seq_length: int,
-    seed: int,
-    blend: tuple[list[str], list[float] | None] | None,
+    opts: DataOptions, tokenizer: TokenizerBase, seq_length: int, seed: int, blend: Blend | None
 ) -> GPTDatasetConfig:
     """Megatron-LM pretrain_gpt's GPTDatasetConfig for this run, training split only."""
     from megatron.core.datasets.gpt_dataset import GPTDatasetConfig
@@ -176,8 +174,7 @@ def _dataset_config(
         split=opts.split,
         path_to_cache=(opts.data_cache_path or None) if not opts.mock_data else None,
         mmap_bin_files=True,
-        # megatron-core annotates its new MegatronTokenizerBase; Megatron-LM's pretrain_gpt
-        # passes a legacy MegatronLegacyTokenizer here too (what every tokenizer here is)
+        # annotated MegatronTokenizerBase; Megatron-LM's pretrain_gpt passes legacy ones too
         tokenizer=tokenizer,  # type: ignore[arg-type]
         reset_position_ids=False,
         reset_attention_mask=False,
@@ -190,8 +187,7 @@ def _dataset_config(
             f"--split {opts.split} leaves nothing for training; give the training split a "
             "positive weight, e.g. --split 969,30,1"
         )
-    # megatron-core annotates the entries as ranges, but its own split matrix holds None for a
-    # split of weight 0 and its builder builds no dataset for one
+    # annotated as ranges, but megatron-core's own holds None for a split of weight 0
     config.split_matrix = [train, None, None]  # type: ignore[list-item]
     return config
 
@@ -242,11 +238,10 @@ def _build_lock(dirs: list[str], writer: bool) -> Iterator[None]:
             raise CaptureError(
                 f"cannot write dataset index caches into {d!r}; give a writable --data-cache-path"
             )
-    fcntl: ModuleType | None
     try:
         import fcntl
     except ImportError:  # not POSIX: no lock
-        fcntl = None
+        fcntl = None  # type: ignore[assignment]  # a module or None
     with contextlib.ExitStack() as stack:
         if writer and fcntl is not None:
             for d in dirs:
