@@ -70,8 +70,8 @@ class _FreshBuffers:
 USERBUFFERS: dict[tuple[tuple[int, ...], torch.dtype], torch.Tensor] = {}
 """--tp-comm-overlap: TE's userbuffers the gathers fill, one per (shape, dtype), allocated once.
 The real ones come from cuMemCreate / cudaMalloc, outside torch's caching allocator: probes never
-report them (what a run needs for them is a margin: capture_megatron.config.fp8
-.userbuffer_bytes_per_token)."""
+report them (what a run needs for them is a margin: capture_megatron.config
+.userbuffers.userbuffer_bytes_per_token)."""
 
 
 class _UserBuffers:
