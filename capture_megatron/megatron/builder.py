@@ -211,11 +211,11 @@ def transformer_config(
         fp16=shape.dtype == "fp16",
         gated_linear_unit=shape.gated,
         activation_func=activation(shape, fields["bias_activation_fusion"]),
-        normalization=shape.normalization,
+        normalization=shape.normalization,  # type: ignore[arg-type]  # a str ModelShape checks against the Literal
         layernorm_epsilon=shape.norm_epsilon,
         add_bias_linear=shape.add_bias_linear,
         add_qkv_bias=shape.add_qkv_bias,
-        window_size=tuple(shape.window_size) or None,
+        window_size=tuple(shape.window_size) or None,  # type: ignore[arg-type]  # ModelShape checks: two ints
         hidden_dropout=shape.hidden_dropout,
         attention_dropout=shape.attention_dropout,
         init_method_std=opts.init_method_std,
@@ -326,7 +326,7 @@ def build_gpt(
             from capture_megatron.megatron.gpu.spec import gpu_block_spec
 
             spec = gpu_block_spec(spec, kernels)
-        layers = [with_context_parallel(s, plan, te_attention(kernels)) for s in spec.layer_specs]
+        layers = [with_context_parallel(s, plan, te_attention(kernels)) for s in spec.layer_specs]  # type: ignore[union-attr]  # listed
         spec = dataclasses.replace(spec, layer_specs=[attention.latent_core(s) for s in layers])
     else:
         layer = with_context_parallel(layer_spec(shape, kernels), plan, te_attention(kernels))
@@ -343,18 +343,17 @@ def build_gpt(
     with torch.device("cuda") if fake_cuda else contextlib.nullcontext():
         model = GPTModel(
             config=config,
-            transformer_layer_spec=spec,
+            transformer_layer_spec=spec,  # type: ignore[arg-type]  # megatron-core takes block submodules too
             vocab_size=shape.padded_vocab(plan.tp),
             max_sequence_length=shape.max_positions,
             pre_process=pre_process,
             post_process=post_process,
             share_embeddings_and_output_weights=not shape.untie_embeddings_and_output_weights,
-            # a str that ModelShape checks against megatron-core's choices (its Literal)
-            position_embedding_type=shape.position_embedding_type,  # type: ignore[arg-type]
+            position_embedding_type=shape.position_embedding_type,  # type: ignore[arg-type]  # a str ModelShape checks against megatron-core's Literal
             rotary_base=shape.rotary_base,
             rope_scaling=shape.use_rope_scaling,
             rope_scaling_factor=shape.rope_scaling_factor,
-            mtp_block_spec=mtp_spec,
+            mtp_block_spec=mtp_spec,  # type: ignore[arg-type]  # megatron-core's own get_gpt_mtp_block_spec returns these submodules
             vp_stage=vp_stage,
         )
     if kernels is not None and not fake_cuda:
