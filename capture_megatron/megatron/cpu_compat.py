@@ -284,23 +284,23 @@ def _install_hybrid_optimizer() -> None:
     init = cls._init_sub_optimizers
 
     def init_sub_optimizers(self) -> None:
-        torch.Tensor.is_cuda = property(lambda t: not getattr(t, _HOST, False))  # type: ignore
+        torch.Tensor.is_cuda = property(lambda t: not getattr(t, _HOST, False))  # type: ignore[assignment]  # a property patched over torch's
         try:
             with HostCopies():
                 init(self)
         finally:
             del torch.Tensor.is_cuda
 
-    init_sub_optimizers._capture_megatron = True  # type: ignore[attr-defined]
-    cls._init_sub_optimizers = init_sub_optimizers  # type: ignore[method-assign]
+    init_sub_optimizers._capture_megatron = True  # type: ignore[attr-defined]  # our marker
+    cls._init_sub_optimizers = init_sub_optimizers  # type: ignore[method-assign]  # the patch itself
 
 
 def _install_streams() -> None:
     """torch.cuda's stream API answered on the host (patch 7)."""
-    torch.cuda.Stream = HostStream  # type: ignore[misc, assignment]
-    torch.cuda.default_stream = lambda *a, **k: HostStream()  # type: ignore[assignment]
-    torch.cuda.current_stream = lambda *a, **k: HostStream()  # type: ignore[assignment]
-    torch.cuda.stream = lambda *a, **k: contextlib.nullcontext()  # type: ignore[assignment]
+    torch.cuda.Stream = HostStream  # type: ignore[misc, assignment]  # host stand-ins for torch.cuda's streams
+    torch.cuda.default_stream = lambda *a, **k: HostStream()  # type: ignore[assignment]  # as above
+    torch.cuda.current_stream = lambda *a, **k: HostStream()  # type: ignore[assignment]  # as above
+    torch.cuda.stream = lambda *a, **k: contextlib.nullcontext()  # type: ignore[assignment]  # as above
 
 
 def needed() -> bool:

@@ -81,7 +81,7 @@ def settled(collective):
         waiting = settle(tensors, counts)
         return result
 
-    call.__wrapped_for_gloo__ = True  # type: ignore[attr-defined]
+    call.__wrapped_for_gloo__ = True  # type: ignore[attr-defined]  # our marker on the wrapper
     return call
 
 

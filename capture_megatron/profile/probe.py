@@ -97,7 +97,7 @@ def _no_dtype_casts(active: bool) -> Iterator[None]:
     try:
         yield
     finally:
-        torch.nn.Module.bfloat16, torch.nn.Module.half = saved  # type: ignore[method-assign]
+        torch.nn.Module.bfloat16, torch.nn.Module.half = saved  # type: ignore[method-assign]  # restored
 
 
 @contextlib.contextmanager

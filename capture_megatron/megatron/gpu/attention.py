@@ -123,7 +123,7 @@ def _megatron_module():
     return MegatronModule
 
 
-class _CoreAttention(_megatron_module()):  # type: ignore[misc]
+class _CoreAttention(_megatron_module()):  # type: ignore[misc]  # a base class imported on demand
     """megatron's core_attention interface for causal self-attention."""
 
     def __init__(

@@ -85,4 +85,4 @@ def install() -> None:
 
     if not getattr(fce.calculate_gradients, "capture_megatron", False):
         fce.calculate_gradients = with_inductor_buffer(fce.calculate_gradients)
-        fce.calculate_gradients.capture_megatron = True  # type: ignore[attr-defined]
+        fce.calculate_gradients.capture_megatron = True  # type: ignore[attr-defined]  # our marker

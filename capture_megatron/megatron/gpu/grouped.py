@@ -122,7 +122,7 @@ class GroupedLinear(torch.nn.Module):
                             device=torch.cuda.current_device())
             )  # fmt: skip
             init_method(weight)
-            weight.allreduce = not (is_expert and expert_parallel)  # type: ignore[attr-defined]
+            weight.allreduce = not (is_expert and expert_parallel)  # type: ignore[attr-defined]  # megatron-core's marker
             self.register_parameter(f"weight{i}", weight)
 
     def forward(self, x, m_splits):

@@ -53,8 +53,8 @@ def _accumulate(total_input: torch.Tensor, grad_output: torch.Tensor, main_grad:
 def wgrad_extension() -> types.ModuleType:
     """apex's fused_weight_gradient_mlp_cuda as megatron calls it."""
     module = types.ModuleType("fused_weight_gradient_mlp_cuda", f"fake-cuda kernels ({__name__})")
-    module.wgrad_gemm_accum_fp32 = _accumulate  # type: ignore[attr-defined]
-    module.wgrad_gemm_accum_fp16 = _accumulate  # type: ignore[attr-defined]
+    module.wgrad_gemm_accum_fp32 = _accumulate  # type: ignore[attr-defined]  # a stand-in module's kernels
+    module.wgrad_gemm_accum_fp16 = _accumulate  # type: ignore[attr-defined]  # as above
     return module
 
 
@@ -200,8 +200,8 @@ class DuplicatedLinear(torch.nn.Module):
         )
         if config.perform_initialization:
             init_method(self.weight)
-        self.weight.allreduce = True  # type: ignore[attr-defined]
-        self.weight.sequence_parallel = config.sequence_parallel  # type: ignore[attr-defined]
+        self.weight.allreduce = True  # type: ignore[attr-defined]  # megatron-core's marker
+        self.weight.sequence_parallel = config.sequence_parallel  # type: ignore[attr-defined]  # megatron-core's marker
 
     fp8: Fp8Setting | None = None
     """The FP8 recipe (duplicated_linear sets it): TE's FP8 input copy and weight state."""
