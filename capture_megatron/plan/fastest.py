@@ -128,11 +128,16 @@ class _Visit:
         return self.floors[p]
 
     def upcoming(self, i: int) -> Iterator[ParallelPlan]:
-        """The candidates from the i-th on whose memory floor fits, each after its twins (what
-        profiling batches)."""
+        """The candidates from the i-th on that may still be split -- their memory floor fits, no
+        lighter twin is known not to fit, their bound is below the fastest plan found -- each
+        after its twins (what profiling batches)."""
+        known = self.fastest_known(1)
         for plan in self.order[i:]:
-            if self.floor_fits(plan):
-                yield from (t for t in self.twins(plan) if self.floor_fits(t))
+            if self.bounds[plan] >= known:
+                break
+            twins = self.twins(plan)
+            if self.floor_fits(plan) and all(self.viable.get(t, True) for t in twins):
+                yield from (t for t in twins if self.floor_fits(t))
                 yield plan
 
     def fastest_known(self, top: int) -> float:
