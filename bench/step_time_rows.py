@@ -17,7 +17,7 @@ from capture_megatron.megatron import flags
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEV = os.path.join(HERE, "data", "step_times_h100_dev.json")
-"""The development set (a copy of ../shared/step_times_h100_dev.json)."""
+"""The development set: published H100 BF16 step times, each row with its source (its "about")."""
 RECIPES = os.path.join(HERE, "data", "step_time_recipes.json")
 """What each row's recipe config says (read from the row's sources)."""
 SETTINGS = ("tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather", "deterministic")

@@ -59,7 +59,11 @@ def usage() -> str:
     """The top-level help text."""
     lines = ["usage: capture-megatron <command> [Megatron flags ...]", "", "commands:"]
     lines += [f"  {name:11s} {text}" for name, (_, text) in COMMANDS.items()]
-    lines += ["", "`capture-megatron <command> --help` lists a command's flags."]
+    lines += [
+        "",
+        "`capture-megatron <command> --help`: an example and the essential flags; --help-all: "
+        "every flag, Megatron-LM's included.",
+    ]
     return "\n".join(lines)
 
 

@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 import time
 
@@ -20,7 +19,7 @@ import psutil
 from capture_megatron.cli.render import MIB, save_plan_png
 from capture_megatron.config import GIB, Cluster, ModelShape
 from capture_megatron.errors import CaptureError
-from capture_megatron.megatron.flags import summary
+from capture_megatron.megatron.flags import HelpParser, summary
 from capture_megatron.plan import PlanOptions, PlanResult, Space, model_args, plan, plan_args
 from capture_megatron.train.report import MemoryReport
 
@@ -112,7 +111,7 @@ def main(argv: list[str]) -> int:
     from capture_megatron.cli.render import print_plan
     from capture_megatron.profile import memory_source
 
-    p = argparse.ArgumentParser(prog="capture-megatron demo", description=summary(__doc__))
+    p = HelpParser(prog="capture-megatron demo", description=summary(__doc__), example="--iters 24")
     p.add_argument(
         "--workdir", default=os.path.join("runs", "demo"), help="dataset, reports and plot"
     )

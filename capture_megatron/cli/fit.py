@@ -12,7 +12,11 @@ from capture_megatron.records import read_records
 
 def main(argv: list[str]) -> int:
     """Entry point."""
-    p = FlagParser(prog="capture-megatron fit", description=summary(__doc__))
+    p = FlagParser(
+        prog="capture-megatron fit",
+        description=summary(__doc__),
+        example="records.jsonl --out memory_model.json",
+    )
     p.add_argument("records", help="records file written by `capture-megatron profile`")
     p.add_argument("--out", required=True, help="write the memory model JSON here")
     p.add_argument("--quiet", action="store_true", help="do not print the fit-quality table")

@@ -58,11 +58,9 @@ def add_cluster_flags(p: argparse.ArgumentParser) -> None:
         "--gpu-memory-gib",
         type=float,
         help=(
-            "usable memory per GPU: what one process may take of the card (e.g. 80 for an "
-            "80 GiB H100 that runs nothing else); a plan fits when its forecast plus the "
-            "allocator reserve (--reserve-fraction) and the memory outside the allocator "
-            "(--context-gib) is at most this (default: the --gpu-type's memory as the driver "
-            "reports it, 79.65 for an H100 SXM; with --device cpu: this host's)"
+            "GiB one process may take of its GPU; a plan fits when its forecast plus "
+            "--reserve-fraction and --context-gib is at most this (default: the --gpu-type's "
+            "memory as the driver reports it, 79.65 for an H100 SXM; --device cpu: this host's)"
         ),
     )
     g.add_argument(

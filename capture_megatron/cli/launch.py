@@ -40,9 +40,43 @@ SIGNAL = "SIGUSR1"
 """The signal a --requeue job's ranks save and exit on (the script's #SBATCH --signal=B:USR1)."""
 
 
+USAGE = (
+    "%(prog)s [--hf-config CONFIG | --preset NAME | <Megatron-LM model flags>] --nodes K "
+    "--gpus-per-node G --sbatch FILE [--plan-json FILE] [--partition P] [--time T] "
+    "[--mode torchrun|tasks] [any other pretrain_gpt.py flag]"
+)
+"""The launch command's one-line usage (argparse's lists every one of its hundreds of flags)."""
+EXAMPLE = (
+    "--preset llama3-70b --nodes 8 --gpus-per-node 8 --gpu-memory-gib 80 "
+    "--global-batch-size 128 --mock-data --partition gpu --time 04:00:00 --sbatch job.sh"
+)
+"""The command line --help opens with (after the program name)."""
+ESSENTIAL = (
+    "--hf-config",
+    "--preset",
+    "--nodes",
+    "--gpus-per-node",
+    "--gpu-memory-gib",
+    "--global-batch-size",
+    "--data-path",
+    "--plan-json",
+    "--sbatch",
+    "--partition",
+    "--time",
+    "--mode",
+)
+"""The flags --help lists first."""
+
+
 def build_parser() -> flags.FlagParser:
     """Plan flags + the training run's flags + the Slurm job's."""
-    p = flags.FlagParser(prog="capture-megatron launch", description=flags.summary(__doc__))
+    p = flags.FlagParser(
+        prog="capture-megatron launch",
+        usage=USAGE,
+        description=flags.summary(__doc__),
+        example=EXAMPLE,
+        essential=ESSENTIAL,
+    )
     add_plan_flags(p, training=True)
     flags.add_data_flags(p)
     flags.add_training_flags(p)

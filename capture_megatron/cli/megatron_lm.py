@@ -21,7 +21,7 @@ import sys
 from capture_megatron.config import GIB, Cluster
 from capture_megatron.errors import CaptureError
 from capture_megatron.megatron import lm_deps
-from capture_megatron.megatron.flags import summary
+from capture_megatron.megatron.flags import HelpParser, summary
 from capture_megatron.plan import plan_args
 from capture_megatron.plan.emit import GEGLU_NOTE
 from capture_megatron.train.job import run_job
@@ -110,7 +110,14 @@ def megatron_args_for(
 
 def build_parser() -> argparse.ArgumentParser:
     """The wrapper's own flags (the rest of the command line is the user's pretrain_gpt.py's)."""
-    p = argparse.ArgumentParser(prog="capture-megatron megatron-lm", description=summary(__doc__))
+    p = HelpParser(
+        prog="capture-megatron megatron-lm",
+        description=summary(__doc__),
+        example="--megatron-lm ~/Megatron-LM --nproc-per-node 8 --num-layers 32 --hidden-size 4096 "
+        "--num-attention-heads 32 --seq-length 4096 --max-position-embeddings 4096 "
+        "--micro-batch-size 1 --global-batch-size 64 --bf16 --mock-data --tokenizer-type "
+        "NullTokenizer --vocab-size 32000 --train-iters 10 --dry-run",
+    )
     p.add_argument("--megatron-lm", required=True, help="your Megatron-LM checkout (core_v0.16.x)")
     p.add_argument("--nproc-per-node", type=int, required=True)
     p.add_argument("--nnodes", type=int, default=1)

@@ -49,10 +49,24 @@ USAGE = (
     " [--json FILE] [--png FILE]"
 )
 """The plan command's one-line usage (argparse's lists every one of its hundreds of flags)."""
-EXAMPLES = """examples:
+EXAMPLE = "--preset llama3-70b --gpus 64 --gpu-memory-gib 80 --global-batch-size 128"
+"""The command line --help opens with (after the program name)."""
+ESSENTIAL = (
+    "--hf-config",
+    "--preset",
+    "--seq-length",
+    "--gpus",
+    "--gpu-memory-gib",
+    "--host-memory-gib",
+    "--global-batch-size",
+    "--objective",
+    "--json",
+    "--png",
+)
+"""The flags --help lists first."""
+EXAMPLES = """more examples:
   capture-megatron plan --hf-config Qwen3-8B/config.json --seq-length 4096 --gpus 8 \\
       --gpu-memory-gib 80
-  capture-megatron plan --preset llama3-70b --gpus 64 --gpu-memory-gib 80 --global-batch-size 128
   capture-megatron plan $(cat my_pretrain_gpt_flags.txt) --gpus 256 --gpu-memory-gib 80 \\
       --json plan.json --png plan.png
 
@@ -68,6 +82,8 @@ def build_parser(prog: str = "capture-megatron plan") -> flags.FlagParser:
         usage=USAGE,
         description=flags.summary(__doc__),
         epilog=EXAMPLES,
+        example=EXAMPLE,
+        essential=ESSENTIAL,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_plan_flags(p)

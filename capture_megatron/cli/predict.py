@@ -16,10 +16,43 @@ from capture_megatron.megatron import flags
 from capture_megatron.megatron.flags import summary
 from capture_megatron.plan import PlanOptions
 
+USAGE = (
+    "%(prog)s [--hf-config CONFIG | --preset NAME] <pretrain_gpt.py flags, verbatim> --gpus N "
+    "[--gpu-memory-gib G] [--device DEVICE] [--json FILE] [--png FILE]"
+)
+"""The predict command's one-line usage (argparse's lists every one of its hundreds of flags)."""
+EXAMPLE = (
+    "--num-layers 24 --hidden-size 2048 --num-attention-heads 16 --seq-length 2048 "
+    "--max-position-embeddings 2048 --micro-batch-size 2 --global-batch-size 64 "
+    "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --bf16 --gpus 8 "
+    "--gpu-memory-gib 80"
+)
+"""The command line --help opens with (after the program name)."""
+ESSENTIAL = (
+    "--hf-config",
+    "--preset",
+    "--gpus",
+    "--gpu-memory-gib",
+    "--tensor-model-parallel-size",
+    "--pipeline-model-parallel-size",
+    "--micro-batch-size",
+    "--global-batch-size",
+    "--device",
+    "--json",
+    "--png",
+)
+"""The flags --help lists first."""
+
 
 def build_parser() -> flags.FlagParser:
     """A whole Megatron-LM command line, the cluster, and the memory margins."""
-    p = flags.FlagParser(prog="capture-megatron predict", description=summary(__doc__))
+    p = flags.FlagParser(
+        prog="capture-megatron predict",
+        usage=USAGE,
+        description=summary(__doc__),
+        example=EXAMPLE,
+        essential=ESSENTIAL,
+    )
     flags.add_model_flags(p)
     flags.add_kernel_flags(p)
     flags.add_parallel_flags(p)

@@ -8,7 +8,7 @@ import sys
 
 from capture_megatron.data.preprocess import preprocess
 from capture_megatron.data.tokenizers import TOKENIZER_TYPES, TokenizerOptions
-from capture_megatron.megatron.flags import summary
+from capture_megatron.megatron.flags import HelpParser, summary
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -54,8 +54,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """`capture-megatron preprocess ...`; returns 0 (CaptureError on bad input)."""
-    parser = argparse.ArgumentParser(
-        prog="capture-megatron preprocess", description=summary(__doc__)
+    parser = HelpParser(
+        prog="capture-megatron preprocess",
+        description=summary(__doc__),
+        example="--input corpus.jsonl --output-prefix data/corpus --tokenizer-type ByteTokenizer "
+        "--append-eod",
     )
     add_arguments(parser)
     ns = parser.parse_args(sys.argv[1:] if argv is None else argv)

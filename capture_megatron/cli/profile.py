@@ -31,9 +31,38 @@ def _ints(text: str, what: str) -> tuple[int, ...]:
     return values
 
 
+USAGE = (
+    "%(prog)s [Megatron-LM model flags: --num-layers L --hidden-size H ...] --device DEVICE "
+    "--out FILE [--probe-tp 1,2,4] [--variants model|all] [--no-design]"
+)
+"""The profile command's one-line usage (argparse's lists every one of its hundreds of flags)."""
+EXAMPLE = (
+    "--num-layers 2 --hidden-size 256 --num-attention-heads 8 --seq-length 256 "
+    "--max-position-embeddings 256 --vocab-size 1024 --device cpu --out records.jsonl"
+)
+"""The command line --help opens with (after the program name)."""
+ESSENTIAL = (
+    "--num-layers",
+    "--hidden-size",
+    "--num-attention-heads",
+    "--seq-length",
+    "--device",
+    "--out",
+    "--probe-tp",
+    "--variants",
+)
+"""The flags --help lists first."""
+
+
 def build_parser() -> flags.FlagParser:
     """Model flags plus the profile command's own."""
-    p = flags.FlagParser(prog="capture-megatron profile", description=summary(__doc__))
+    p = flags.FlagParser(
+        prog="capture-megatron profile",
+        usage=USAGE,
+        description=summary(__doc__),
+        example=EXAMPLE,
+        essential=ESSENTIAL,
+    )
     flags.add_model_flags(p)
     flags.add_kernel_flags(p)
     flags.add_parallel_flags(p)

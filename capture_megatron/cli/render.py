@@ -8,7 +8,7 @@ from types import ModuleType
 from capture_megatron.config import GIB, Recompute
 from capture_megatron.config.kernels import VALIDATION
 from capture_megatron.fit import MemoryModel
-from capture_megatron.fit.quality import quality_rows
+from capture_megatron.fit.quality import quality_rows, used_error
 from capture_megatron.plan import PlanResult
 from capture_megatron.plan.explain import units
 from capture_megatron.plan.result import PARTS
@@ -260,7 +260,8 @@ def save_checks_png(rows: list[RankCheck], path: str, title: str) -> None:
 
 
 def print_quality(model: MemoryModel) -> None:
-    """The fit-quality table."""
+    """The fit-quality table: every row's leave-one-out error, the regression rows a replayed
+    timeline replaces marked as not used, and the largest error of what predictions use."""
     v = model.versions
     print(
         f"memory model: {model.device}, kernels {model.kernels}, capture-megatron {v[0]}, "
@@ -270,8 +271,26 @@ def print_quality(model: MemoryModel) -> None:
         f"  {'variant':22s} {'quantity':34s} {'probes':>6s} {'max resid B':>12s} "
         f"{'LOO max err':>12s}"
     )
-    for variant, quantity, n, resid, loo in quality_rows(model):
-        print(f"  {variant:22s} {quantity:34s} {n:6d} {resid:12.0f} {100 * loo:11.3f}%")
+    rows = quality_rows(model)
+    for r in rows:
+        unused = f"  not used: {r.replaced_by} replaces it" if r.replaced_by else ""
+        print(
+            f"  {r.variant:22s} {r.quantity:34s} {r.samples:6d} {r.max_abs_residual:12.0f} "
+            f"{100 * r.loo_max_rel_error:11.3f}%{unused}"
+        )
+    worst = used_error(rows)
+    if worst is not None:
+        replaced = sum(1 for r in rows if r.replaced_by)
+        print(
+            f"largest leave-one-out error of what predictions use: "
+            f"{100 * worst.loo_max_rel_error:.3f}% ({worst.variant} {worst.quantity}; exact at "
+            "the probed shapes)"
+            + (
+                f"; {replaced} regression rows are not used (a timeline replaces them)"
+                if replaced
+                else ""
+            )
+        )
 
 
 def _pyplot() -> ModuleType:

@@ -29,10 +29,44 @@ from capture_megatron.train.compare import RankCheck, compare
 from capture_megatron.train.launch import run_torchrun
 from capture_megatron.train.report import MemoryReport
 
+USAGE = (
+    "%(prog)s [--hf-config CONFIG | --preset NAME | <Megatron-LM model flags>] --nproc N "
+    "[--gpus N] [--device DEVICE] "
+    "[--data-path PREFIX | --mock-data] [--tolerance F] [--json FILE] [--png FILE]"
+)
+"""The verify command's one-line usage (argparse's lists every one of its hundreds of flags)."""
+EXAMPLE = (
+    "--num-layers 4 --hidden-size 256 --num-attention-heads 8 --seq-length 256 "
+    "--max-position-embeddings 256 --vocab-size 1024 --micro-batch-size 1 --global-batch-size 8 "
+    "--nproc 4 --pipeline-model-parallel-size 4 --device cpu --mock-data --png verify.png"
+)
+"""The command line --help opens with (after the program name)."""
+ESSENTIAL = (
+    "--nproc",
+    "--hf-config",
+    "--preset",
+    "--gpus",
+    "--gpu-memory-gib",
+    "--pipeline-model-parallel-size",
+    "--device",
+    "--data-path",
+    "--mock-data",
+    "--tolerance",
+    "--json",
+    "--png",
+)
+"""The flags --help lists first."""
+
 
 def build_parser() -> flags.FlagParser:
     """The plan command's flags plus data/training flags and verify's own."""
-    p = flags.FlagParser(prog="capture-megatron verify", description=flags.summary(__doc__))
+    p = flags.FlagParser(
+        prog="capture-megatron verify",
+        usage=USAGE,
+        description=flags.summary(__doc__),
+        example=EXAMPLE,
+        essential=ESSENTIAL,
+    )
     add_plan_flags(p, training=True)
     flags.add_data_flags(p)
     flags.add_training_flags(p, train_iters=4)

@@ -68,8 +68,8 @@ def check_fitted(model: MemoryModel, shape: ModelShape, path: str, version: str)
     one of its anchors (the model's own probed shapes) has the shape's sizes. A memory model is
     exact at its anchors and regressed between shapes of the same model (micro-batch, TP); for
     another model its terms would be extrapolated from shapes it never saw (a model fitted at
-    hidden 64 predicted the same peak at hidden 4096, and one fitted on another model was 79% low
-    -- issue 29), so it is refused with what it was fitted for and its probes' ranges."""
+    hidden 64 predicted the same peak at hidden 4096, and one fitted on another model was 79% low),
+    so it is refused with what it was fitted for and its probes' ranges."""
     if model.versions[0] != version:
         raise CaptureError(
             f"--memory-model {path} was fitted by capture-megatron {model.versions[0]} (torch "

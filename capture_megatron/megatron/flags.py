@@ -14,6 +14,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import re
+import textwrap
 import types
 import typing
 from typing import Any, NoReturn, TypeVar
@@ -45,8 +47,100 @@ def summary(doc: str | None) -> str:
     return " ".join((doc or "").strip().split("\n\n")[0].split())
 
 
-class FlagParser(argparse.ArgumentParser):
-    """ArgumentParser whose errors are one-paragraph CaptureErrors (exit 2, no usage dump). Like
+MEGATRON_GROUP = "Megatron flags"
+"""The generated groups of Megatron-LM's flags have this in their title; --help hides them (the
+long tail of accepted flags) and --help-all shows them."""
+HELP_ALL = "--help-all"
+"""The flag that shows every group."""
+
+
+class _HelpAll(argparse.Action):
+    """--help-all: the whole help, every Megatron-LM flag group included, then exit."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, **kwargs: Any):
+        kwargs.update(default=argparse.SUPPRESS, nargs=0)
+        super().__init__(option_strings, dest, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
+        """Print the help with every group and exit 0."""
+        if isinstance(parser, HelpParser):
+            parser.show_all = True
+        parser.print_help()
+        parser.exit()
+
+
+class HelpParser(argparse.ArgumentParser):
+    """ArgumentParser whose --help opens with one runnable example and the essential options, then
+    the command's own groups; the generated Megatron-LM flag groups (MEGATRON_GROUP in the title)
+    are counted, not listed, unless --help-all is given. Parsing is argparse's, unchanged."""
+
+    def __init__(
+        self, *args: Any, example: str = "", essential: tuple[str, ...] = (), **kwargs: Any
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.example = example
+        """One command line after the program name, shown first (it parses with this parser)."""
+        self.essential = essential
+        """Flags listed first, in this order (those the parser does not declare are skipped)."""
+        self.show_all = False
+        """Whether the help lists the Megatron-LM flag groups too (--help-all)."""
+        if self.add_help:  # advertised by the help's count of the flags it adds, if any
+            self.add_argument(HELP_ALL, action=_HelpAll, help=argparse.SUPPRESS)
+
+    def _sections(self) -> list[tuple[str, list[argparse.Action]]]:
+        """(title, actions) of the help's option sections: the essential options, then each
+        group's others (the Megatron-LM groups only with show_all)."""
+        named = {o: a for a in self._actions for o in a.option_strings}
+        first = list(dict.fromkeys(named[n] for n in self.essential if n in named))
+        out = [("essential options", first)] if first else []
+        for group in self._action_groups:
+            title = group.title or ""
+            if MEGATRON_GROUP in title and not self.show_all:
+                continue
+            rest = [a for a in group._group_actions if a not in first]
+            out.append((title, rest))
+        return out
+
+    def hidden_count(self) -> int:
+        """How many flags the Megatron-LM groups hold that --help does not list."""
+        return sum(
+            1
+            for group in self._action_groups
+            if MEGATRON_GROUP in (group.title or "")
+            for a in group._group_actions
+            if a.help != argparse.SUPPRESS and a.option_strings[0] not in self.essential
+        )
+
+    def _example_lines(self) -> list[str]:
+        """The example command line in lines of at most ~84 characters, a flag kept with its
+        value."""
+        glued = re.sub(r"(?<=\S) (?!-)", "\0", f"{self.prog} {self.example}")
+        lines = textwrap.wrap(glued, 84, break_long_words=False, break_on_hyphens=False)
+        return [line.replace("\0", " ") for line in lines]
+
+    def format_help(self) -> str:
+        """Usage, description, example, essential options, the command's groups, the count of
+        Megatron-LM flags --help-all adds, epilog."""
+        head = self._get_formatter()
+        head.add_usage(self.usage, self._actions, self._mutually_exclusive_groups)
+        head.add_text(self.description)
+        text = head.format_help()
+        if self.example:
+            text += "\nexample:\n  " + " \\\n      ".join(self._example_lines()) + "\n"
+        body = self._get_formatter()
+        for title, actions in self._sections():
+            body.start_section(title)
+            body.add_arguments(actions)
+            body.end_section()
+        hidden = 0 if self.show_all else self.hidden_count()
+        if hidden:
+            body.add_text(f"{hidden} more Megatron-LM flags: {HELP_ALL}")
+        body.add_text(self.epilog)
+        return text + "\n" + body.format_help()
+
+
+class FlagParser(HelpParser):
+    """HelpParser whose errors are one-paragraph CaptureErrors (exit 2, no usage dump). Like
     Megatron-LM's parser it takes no abbreviations: `--num-layer` is a typo with a suggestion,
     not a prefix of one of several flags."""
 

@@ -1,4 +1,4 @@
-"""Inputs too large to plan, refused at once with what would be planned (issue 29, item 8).
+"""Inputs too large to plan, refused at once with what would be planned (not after minutes).
 
 The planner's work grows with the model's layers (the exact min-max partition over every layer
 and stage), its experts (their placements) and the micro-batches of a step (megatron-core's

@@ -1,5 +1,5 @@
-"""MemoryReport: what a training run measured, per rank and per iteration (DESIGN.md's JSON
-contract)."""
+"""MemoryReport: what a training run measured, per rank and per iteration (the JSON that
+`--memory-report` writes and `capture-megatron verify` reads)."""
 
 from __future__ import annotations
 

@@ -113,7 +113,7 @@ def verify(flags: list[str], tmp_path) -> dict:
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     # torch keeps one compile cache per user there (torchinductor_<user>, reused by every run)
     left = [p.name for p in temp.iterdir() if not p.name.startswith("torchinductor_")]
-    assert not left, f"verify left temporary files behind (issue 29 item 11): {left}"
+    assert not left, f"verify left temporary files behind: {left}"
     return json.loads(out.read_text())
 
 

@@ -60,6 +60,6 @@ def test_byte_items_are_read_weights_only(tmp_path):
         )
         runs[mode] = (done.stdout.strip().splitlines() or [""])[-1], marker.exists()
         marker.unlink(missing_ok=True)
-    # without it, loading ran the crafted object's command (what issue 29 item 12 saw)
+    # without it, loading runs the crafted object's command (torch.load, weights_only=False)
     assert runs["stock"] == ("loaded", True)
     assert runs["safe"][1] is False and runs["safe"][0].startswith("refused"), runs

@@ -344,3 +344,39 @@ def test_full_recompute_chunks_of_any_depth(variant):
     ):
         _, saved, fwd, bwd, _ = _activations(sc, "middle", k, n)
         assert (saved, fwd, bwd) == (rec.saved_bytes, rec.forward_peak, rec.backward_peak), (k, n)
+
+
+def test_fit_table_reports_the_error_of_what_predictions_use(gpt_model, gpt_held_out, capsys):
+    """`capture-megatron fit`'s table marks every regression row whose quantity a replayed timeline
+    gives as not used (naming the timeline row), exactly the rows VariantModel.constants replaces
+    at a shape it never saw, and closes with the largest leave-one-out error of the used rows."""
+    from capture_megatron.cli.render import print_quality
+    from capture_megatron.fit.quality import quality_rows, used_error
+    from capture_megatron.fit.timelines.windows import FIELDS, lookup
+
+    _, model = gpt_model
+    vm = model.variants[0]
+    z = sizes_of(gpt_held_out[0])
+    pred, replay = vm.constants(z), lookup(vm.windows, z)
+    rows = {r.quantity: r for r in quality_rows(model)}
+    assert {"middle.fwd1", "middle.bwd1", "layer saved S"} <= {
+        q for q, r in rows.items() if r.replaced_by
+    }
+    differ = 0
+    for chunk in vm.chunks:
+        for field, reg in chunk.fields:
+            row, used = rows[f"{chunk.kind}.{field}"], getattr(pred.chunk(chunk.kind), field)
+            if row.replaced_by:
+                assert row.replaced_by in rows, row
+                assert used == replay(chunk.kind, *FIELDS[field]), row
+                differ += used != reg.predict(z)
+            else:
+                assert used == reg.predict(z), row
+    assert differ > 0  # the replay is not the regression: which one is used matters
+    print_quality(model)
+    out = capsys.readouterr().out
+    worst = used_error(list(rows.values()))
+    assert worst is not None and not worst.replaced_by
+    assert f"{100 * worst.loo_max_rel_error:.3f}% ({worst.variant} {worst.quantity}" in out
+    marked = [line for line in out.splitlines() if "not used:" in line]
+    assert len(marked) == sum(1 for r in rows.values() if r.replaced_by)
