@@ -46,6 +46,9 @@ class Evaluated:
     bound: float = 0.0
     """No layout of the plan's sizes and recompute granularity that fits is estimated faster than
     this (seconds; capture_megatron.plan.timed); 0 when the layout was not chosen for time."""
+    host_per_node: float = 0.0
+    """--optimizer-cpu-offload: host bytes of one node's ranks (its GPUs x the largest rank's host
+    bytes); a plan fits only if they are within the hardware's host memory (--host-memory-gib)."""
 
     @property
     def rank_peaks(self) -> tuple[int, ...]:
@@ -224,14 +227,25 @@ def evaluate_plan(
     stages = tuple(rank_memory(layers, shape, plan, r) for r in range(plan.pp))
     peak = max(s.peak for s in stages)
     needed = margins.plan_needed(peak, shape, plan)
+    host = host_per_node(stages, cluster)
     return Evaluated(
         plan,
         stages,
         peak,
         needed,
-        needed <= cluster.gpu_memory_bytes,
+        needed <= cluster.gpu_memory_bytes and host <= hw.hardware.host_memory_bytes,
         step_seconds(shape, plan, hw),
+        host_per_node=host,
     )
+
+
+def host_per_node(stages: tuple[StageMemory, ...], cluster: Cluster) -> float:
+    """Host bytes of one node's ranks: the GPUs of a node (at most the cluster's) times the largest
+    rank's host bytes (--optimizer-cpu-offload; 0 without it, and on CPU processes, whose device
+    memory is the host's)."""
+    if cluster.device == "cpu":
+        return 0.0
+    return min(cluster.gpus_per_node, cluster.gpus) * max((s.host for s in stages), default=0.0)
 
 
 def distinct(ranked: list[Evaluated]) -> tuple[Evaluated, ...]:

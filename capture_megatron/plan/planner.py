@@ -36,7 +36,7 @@ from capture_megatron.plan.margins import CONTEXT_GIB, RESERVE_FRACTION, Margins
 from capture_megatron.plan.result import ModelOrigin, PlanResult
 from capture_megatron.plan.routing import at_forecast, routed, routing_report
 from capture_megatron.plan.search import OBJECTIVES, Evaluated, evaluate_plan, search, undominated
-from capture_megatron.plan.space import Space, candidates
+from capture_megatron.plan.space import Space, candidates, searched_offload
 from capture_megatron.plan.supply import Supply
 from capture_megatron.plan.window import latent_problem, window_problem
 
@@ -137,6 +137,9 @@ def searched_options(options: PlanOptions, cluster: Cluster, shape: ModelShape) 
     )
     if not space.cp and refused:
         space = dataclasses.replace(space, cp=(1,))
+    if not space.optimizer_offload:
+        offload = searched_offload(space.ddp, options.objective, gpu, shape.dtype, options.kernels)
+        space = dataclasses.replace(space, optimizer_offload=offload)
     return dataclasses.replace(options, cost=cost, space=space)
 
 
@@ -348,7 +351,19 @@ class _Search:
             where = f"none fits on up to {limit} GPUs either"
         return CaptureError(
             f"no plan fits {cluster.gpu_memory_bytes / GIB:g} GiB on {cluster.gpus} GPUs (best "
-            f"needs {best.needed / GIB:.1f} GiB per GPU); {where}"
+            f"needs {best.needed / GIB:.1f} GiB per GPU{self.host_words(best)}); {where}"
+        )
+
+    def host_words(self, best: Evaluated) -> str:
+        """What no_fit says of a plan whose offload overflows a node's host memory (or '')."""
+        host = self.hw.hardware.host_memory_bytes
+        if best.host_per_node <= host:
+            return ""
+        return (
+            f", with --optimizer-cpu-offload of {best.plan.ddp.optimizer_offload_fraction:g} of "
+            f"its optimizer, whose host copies take {best.host_per_node / GIB:.1f} GiB on a "
+            f"node's {min(self.cluster.gpus_per_node, self.cluster.gpus)} ranks, above its "
+            f"{host / GIB:g} GiB of host memory (--host-memory-gib)"
         )
 
 

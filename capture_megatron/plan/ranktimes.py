@@ -108,6 +108,8 @@ def _per_param(shape: ModelShape, plan: ParallelPlan, fp8_params: bool) -> float
     moments = STATE_BYTES[ddp.exp_avg_dtype] + STATE_BYTES[ddp.exp_avg_sq_dtype]
     if not ddp.use_precision_aware_optimizer:
         moments = 4  # two moments of at least 16 bits (fp32 ones and master weights take more)
+    if ddp.optimizer_cpu_offload:  # HybridDeviceOptimizer: the offloaded share's on the host
+        moments *= 1.0 - ddp.optimizer_offload_fraction
     shards = plan.dp * plan.cp // ddp.num_distributed_optimizer_instances
     return pbytes + gbytes + moments / (shards if plan.distributed_optimizer else 1)
 

@@ -7,6 +7,9 @@ memory split, trimmed recompute) is capture_megatron.plan.balance. Pure Python.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
+
 from capture_megatron.config import Cluster, ModelShape, ParallelPlan
 from capture_megatron.errors import CaptureError
 from capture_megatron.fit import MemoryModel
@@ -21,7 +24,7 @@ from capture_megatron.plan.balance import (
     split_score_fn,
     trim_recompute,
 )
-from capture_megatron.plan.costmodel import CostModel
+from capture_megatron.plan.costmodel import CostModel, step_seconds
 from capture_megatron.plan.fastest import SearchResult, fastest
 from capture_megatron.plan.margins import Margins
 from capture_megatron.plan.space import Space, candidates
@@ -78,7 +81,11 @@ def search(
     keep = space.keeps_recompute
     if objective == "throughput":
         floor = 1 if space.recompute == ("full",) else 0
-        return fastest(supply, shape, cluster, plans, margins, hw, top, keep, floor, fp8_params)
+
+        def run(some: list[ParallelPlan]) -> SearchResult:
+            return fastest(supply, shape, cluster, some, margins, hw, top, keep, floor, fp8_params)
+
+        return _with_offload(run, shape, plans, hw, top)
     plans = undominated(plans)
     m = supply.complete(plans)
     results = [
@@ -86,6 +93,31 @@ def search(
     ]
     ranked = distinct(sorted(results, key=lambda e: (not e.fits, e.peak, e.step_seconds)))
     return SearchResult(ranked[:top], len(results))
+
+
+def _with_offload(
+    run: Callable[[list[ParallelPlan]], SearchResult],
+    shape: ModelShape,
+    plans: list[ParallelPlan],
+    hw: CostModel,
+    top: int,
+) -> SearchResult:
+    """throughput with optimizer offload searched: the fastest plan without offload first, then
+    the offload candidates whose step bound is below it (none when it is at least as fast as
+    every bound: offload only adds step time, so it wins only where it saves recompute or
+    stages), the two rankings merged. One search when the space has plans of one kind only."""
+    plain = [p for p in plans if not p.ddp.optimizer_cpu_offload]
+    moved = [p for p in plans if p.ddp.optimizer_cpu_offload]
+    if not plain or not moved:
+        return run(plans)
+    first = run(plain)
+    best = first.ranked[0].step_seconds if first.ranked and first.ranked[0].fits else math.inf
+    moved = [p for p in moved if step_seconds(shape, p, hw, bound=True) < best]
+    if not moved:
+        return first
+    second = run(moved)
+    both = sorted(first.ranked + second.ranked, key=lambda e: (not e.fits, e.step_seconds, e.peak))
+    return SearchResult(distinct(both)[:top], first.considered + second.considered)
 
 
 def _sizes(p: ParallelPlan) -> tuple:
@@ -96,21 +128,35 @@ def _sizes(p: ParallelPlan) -> tuple:
 def undominated(plans: list[ParallelPlan]) -> list[ParallelPlan]:
     """The candidates min-peak keeps: those with no twin among `plans` that needs no more memory
     (memory_dominated)."""
-    lightest: dict[tuple, tuple[int, int, bool]] = {}
+    lightest: dict[tuple, tuple[int, int, bool, float]] = {}
     for p in plans:
-        key, light = _sizes(p), (p.micro_batch_size, p.vpp, p.recompute.granularity != "full")
+        full, moved = p.recompute.granularity != "full", offloaded(p)
+        key, light = _sizes(p), (p.micro_batch_size, p.vpp, full, moved)
         have = lightest.get(key, light)
-        lightest[key] = (min(have[0], light[0]), min(have[1], light[1]), have[2] and light[2])
+        lightest[key] = (
+            min(have[0], light[0]),
+            min(have[1], light[1]),
+            have[2] and light[2],
+            max(have[3], light[3]),
+        )
     return [p for p in plans if not memory_dominated(p, lightest[_sizes(p)])]
 
 
-def memory_dominated(plan: ParallelPlan, lightest: tuple[int, int, bool]) -> bool:
-    """Whether min-peak may skip `plan`: its sizes have a twin that needs no more memory (a smaller
-    micro-batch, no interleaving, full recompute); `lightest`: (the smallest micro-batch, the
-    fewest virtual stages, whether no twin recomputes in full) among the twins."""
-    mbs, vpp, no_full = lightest
+def offloaded(plan: ParallelPlan) -> float:
+    """The fraction of the plan's optimizer offloaded to the host (0 without offload)."""
+    ddp = plan.ddp
+    return ddp.optimizer_offload_fraction if ddp.optimizer_cpu_offload else 0.0
+
+
+def memory_dominated(plan: ParallelPlan, lightest: tuple[int, int, bool, float]) -> bool:
+    """Whether min-peak may skip `plan`: its sizes have a twin that needs no more device memory (a
+    smaller micro-batch, no interleaving, full recompute, more of the optimizer offloaded);
+    `lightest`: (the smallest micro-batch, the fewest virtual stages, whether no twin recomputes
+    in full, the largest offload fraction) among the twins."""
+    mbs, vpp, no_full, moved = lightest
     return (
         plan.micro_batch_size > mbs
         or plan.vpp > vpp
         or (plan.recompute.granularity != "full" and not no_full)
+        or offloaded(plan) < moved
     )
