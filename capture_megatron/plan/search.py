@@ -11,6 +11,8 @@ import math
 from collections.abc import Callable
 
 from capture_megatron.config import Cluster, ModelShape, ParallelPlan
+from capture_megatron.config.hf_count import parameter_count
+from capture_megatron.config.optimizer_offload import HOST_BYTES, HOST_STEP_BYTES
 from capture_megatron.errors import CaptureError
 from capture_megatron.fit import MemoryModel
 from capture_megatron.plan.balance import (
@@ -85,7 +87,7 @@ def search(
         def run(some: list[ParallelPlan]) -> SearchResult:
             return fastest(supply, shape, cluster, some, margins, hw, top, keep, floor, fp8_params)
 
-        return _with_offload(run, shape, plans, hw, top)
+        return _with_offload(run, shape, cluster, plans, hw, top)
     plans = undominated(plans)
     m = supply.complete(plans)
     results = [
@@ -98,26 +100,54 @@ def search(
 def _with_offload(
     run: Callable[[list[ParallelPlan]], SearchResult],
     shape: ModelShape,
+    cluster: Cluster,
     plans: list[ParallelPlan],
     hw: CostModel,
     top: int,
 ) -> SearchResult:
     """throughput with optimizer offload searched: the fastest plan without offload first, then
-    the offload candidates whose step bound is below it (none when it is at least as fast as
-    every bound: offload only adds step time, so it wins only where it saves recompute or
-    stages), the two rankings merged. One search when the space has plans of one kind only."""
+    the offload candidates of the sizes, micro-batch and recompute granularity found not to fit
+    without it whose step bound is below that plan (none when it is at least as fast as every
+    bound: offload only adds step time, so it wins where it saves recompute or stages), the
+    rankings merged. One search when the space has plans of one kind only."""
     plain = [p for p in plans if not p.ddp.optimizer_cpu_offload]
     moved = [p for p in plans if p.ddp.optimizer_cpu_offload]
     if not plain or not moved:
         return run(plans)
     first = run(plain)
     best = first.ranked[0].step_seconds if first.ranked and first.ranked[0].fits else math.inf
-    moved = [p for p in moved if step_seconds(shape, p, hw, bound=True) < best]
+    unfit = {_base(p) for p in first.unfit}
+    moved = [
+        p for p in moved if _base(p) in unfit and step_seconds(shape, p, hw, bound=True) < best
+    ]
     if not moved:
         return first
-    second = run(moved)
-    both = sorted(first.ranked + second.ranked, key=lambda e: (not e.fits, e.step_seconds, e.peak))
-    return SearchResult(distinct(both)[:top], first.considered + second.considered)
+    if all(_host_bound(shape, p, cluster) <= hw.hardware.host_memory_bytes for p in moved):
+        found = [run(moved)]  # a fraction's twin with all of it offloaded needs no more memory
+    else:  # the host memory may bind: more offload is then not lighter; each fraction apart
+        found = [
+            run([p for p in moved if offloaded(p) == f]) for f in {offloaded(p) for p in moved}
+        ]
+    both = sorted(
+        [e for r in (first, *found) for e in r.ranked],
+        key=lambda e: (not e.fits, e.step_seconds, e.peak),
+    )
+    return SearchResult(distinct(both)[:top], sum(r.considered for r in (first, *found)))
+
+
+def _base(p: ParallelPlan) -> tuple:
+    """What an offload candidate shares with the candidate it offloads from."""
+    return (p.tp, p.pp, p.dp, p.cp, p.ep, p.vpp, p.micro_batch_size, p.recompute.granularity,
+            p.sequence_parallel)  # fmt: skip
+
+
+def _host_bound(shape: ModelShape, plan: ParallelPlan, cluster: Cluster) -> float:
+    """No fewer host bytes than a node's ranks take with all of their optimizer offloaded: per
+    element of 1 / (TP x DP x CP) of the model's parameters (a rank's owned share at most, 10%
+    over for the norms TP does not split) 16 bytes (HOST_BYTES) and a slice's 4-byte step (at
+    most one slice per element), on each of the node's GPUs."""
+    share = 1.1 * parameter_count(shape) / (plan.tp * plan.dp * plan.cp)
+    return min(cluster.gpus_per_node, cluster.gpus) * (HOST_BYTES + HOST_STEP_BYTES) * share
 
 
 def _sizes(p: ParallelPlan) -> tuple:
