@@ -101,17 +101,17 @@ def lower_bound(parts: tuple[float, float], m: int, vpp: int, bottleneck: float)
 def _per_param(shape: ModelShape, plan: ParallelPlan, fp8_params: bool) -> float:
     """Bytes a dense parameter takes at least: itself (1 byte as an FP8 parameter), its gradient
     buffer's element (DdpOptions.grad_dtype) and its rank's share of the Adam moments (fp32, or
-    the precision-aware optimizer's dtypes; the master weights left out)."""
+    the precision-aware optimizer's dtypes; the master weights left out; with
+    --optimizer-cpu-offload only the share kept on the device)."""
     ddp = plan.ddp
     pbytes = 1 if fp8_params else dtype_bytes(shape.dtype)
     gbytes = dtype_bytes(ddp.grad_dtype(shape.dtype))
     moments = STATE_BYTES[ddp.exp_avg_dtype] + STATE_BYTES[ddp.exp_avg_sq_dtype]
     if not ddp.use_precision_aware_optimizer:
         moments = 4  # two moments of at least 16 bits (fp32 ones and master weights take more)
-    if ddp.optimizer_cpu_offload:  # HybridDeviceOptimizer: the offloaded share's on the host
-        moments *= 1.0 - ddp.optimizer_offload_fraction
+    kept = 1.0 - ddp.optimizer_offload_fraction if ddp.optimizer_cpu_offload else 1.0
     shards = plan.dp * plan.cp // ddp.num_distributed_optimizer_instances
-    return pbytes + gbytes + moments / (shards if plan.distributed_optimizer else 1)
+    return pbytes + gbytes + kept * moments / (shards if plan.distributed_optimizer else 1)
 
 
 def static_floor(shape: ModelShape, plan: ParallelPlan, fp8_params: bool = False) -> float:
