@@ -42,6 +42,15 @@ LLAMA31_405B = (
     "--bf16"
 ).split()
 """Llama 3.1 405B as Megatron-LM flags (meta-llama/Llama-3.1-405B config.json)."""
+DENSE_671B = (
+    "--num-layers 61 --hidden-size 7168 --ffn-hidden-size 500736 --num-attention-heads 128 "
+    "--seq-length 4096 --max-position-embeddings 4096 --vocab-size 129280 --swiglu "
+    "--normalization RMSNorm --untie-embeddings-and-output-weights --position-embedding-type rope "
+    "--disable-bias-linear --hidden-dropout 0 --attention-dropout 0 --bf16"
+).split()
+"""A dense model of DeepSeek-V3's size: its 61 layers, hidden 7168, 128 heads, vocabulary 129280
+and sequence 4096, one dense SwiGLU MLP per layer sized for 671.2B parameters (DeepSeek-V3's
+671B main model; its multi-token prediction module left out)."""
 MODELS: dict[str, tuple[str, list[str]]] = {
     "llama2-70b": ("preset llama2-70b", ["--preset", "llama2-70b"]),
     "llama3.1-405b": ("meta-llama/Llama-3.1-405B config.json", LLAMA31_405B),
@@ -49,6 +58,10 @@ MODELS: dict[str, tuple[str, list[str]]] = {
         "tests/data/hf_configs/DeepSeek-V3.json",
         ["--hf-config", os.path.join(ROOT, "tests/data/hf_configs/DeepSeek-V3.json")]
         + ["--seq-length", "4096"],
+    ),
+    "deepseek-v3-dense": (
+        "a dense model of DeepSeek-V3's 671B parameters (61 layers, hidden 7168, FFN 500736)",
+        DENSE_671B,
     ),
 }
 """Name -> (source, the model's flags)."""

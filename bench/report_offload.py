@@ -38,8 +38,11 @@ def offload_table(data: dict[str, Any]) -> list[str]:
         f"`{data['fixed']}`; GPU kernel set (fake CUDA), the planner's margins, the h100-sxm "
         "profile (64 GB/s host link per GPU, 2 TiB host memory per node). Slowdown: the estimated "
         "step with offload over the step without it (same global batch, so the time to train the "
-        "same tokens); GPU-s: GPUs x step seconds, the GPU time per step. The host Adam's speed is "
-        "an assumption (plan/offload_cost.py), so the slowdown is an estimate.",
+        "same tokens); GPU-s: GPUs x step seconds, the GPU time per step; plan s: each command's "
+        "wall seconds on this shared CPU (the first run profiles the model, cold). The host "
+        "Adam's speed is an assumption from one published measurement with one rank per node "
+        "(plan/offload_cost.py); eight ranks sharing a node's CPU are not modelled, so the "
+        "slowdown is optimistic.",
         "",
         "| model | without offload: GPUs | step s | with offload: GPUs | offloaded | step s | "
         "host GiB / node | fewer GPUs | slowdown | GPU-s per step (without -> with) | "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import replace
 
 from capture_megatron.config import Cluster, ModelShape, ParallelPlan
 from capture_megatron.config.hf_count import parameter_count
@@ -29,7 +30,7 @@ from capture_megatron.plan.balance import (
 from capture_megatron.plan.costmodel import CostModel, step_seconds
 from capture_megatron.plan.fastest import SearchResult, fastest
 from capture_megatron.plan.margins import Margins
-from capture_megatron.plan.space import Space, candidates
+from capture_megatron.plan.space import Space, candidates, offload_ddp
 from capture_megatron.plan.supply import Supply
 
 __all__ = [
@@ -79,7 +80,6 @@ def search(
     if objective not in OBJECTIVES:
         raise CaptureError(f"--objective {objective!r} is not one of {', '.join(OBJECTIVES)}")
     supply = model if isinstance(model, Supply) else Supply(shape, model)
-    plans = list(candidates(shape, cluster, gbs, space))
     keep = space.keeps_recompute
     if objective == "throughput":
         floor = 1 if space.recompute == ("full",) else 0
@@ -87,8 +87,12 @@ def search(
         def run(some: list[ParallelPlan]) -> SearchResult:
             return fastest(supply, shape, cluster, some, margins, hw, top, keep, floor, fp8_params)
 
-        return _with_offload(run, shape, cluster, plans, hw, top)
-    plans = undominated(plans)
+        moved = [f for f in space.optimizer_offload if f > 0.0]
+        if len(space.optimizer_offload) < 2 or not moved or True not in space.distributed_optimizer:
+            return run(list(candidates(shape, cluster, gbs, space)))
+        plain = list(candidates(shape, cluster, gbs, replace(space, optimizer_offload=(0.0,))))
+        return _with_offload(run, shape, cluster, plain, moved, hw, top)
+    plans = undominated(list(candidates(shape, cluster, gbs, space)))
     m = supply.complete(plans)
     results = [
         evaluate_plan(m, shape, balanced(m, shape, p, keep), cluster, margins, hw) for p in plans
@@ -101,33 +105,31 @@ def _with_offload(
     run: Callable[[list[ParallelPlan]], SearchResult],
     shape: ModelShape,
     cluster: Cluster,
-    plans: list[ParallelPlan],
+    plain: list[ParallelPlan],
+    fractions: list[float],
     hw: CostModel,
     top: int,
 ) -> SearchResult:
     """throughput with optimizer offload searched: the fastest plan without offload first, then
-    the offload candidates of the sizes, micro-batch and recompute granularity found not to fit
-    without it whose step bound is below that plan (none when it is at least as fast as every
-    bound: offload only adds step time, so it wins where it saves recompute or stages), the
-    rankings merged. One search when the space has plans of one kind only."""
-    plain = [p for p in plans if not p.ddp.optimizer_cpu_offload]
-    moved = [p for p in plans if p.ddp.optimizer_cpu_offload]
-    if not plain or not moved:
-        return run(plans)
+    the offloading twins (each fraction, the distributed optimizer on) of the candidates found not
+    to fit without it whose step bound is below that plan (none when it is at least as fast as
+    every bound: offload only adds step time, so it wins where it saves recompute or stages),
+    the rankings merged."""
     first = run(plain)
     best = first.ranked[0].step_seconds if first.ranked and first.ranked[0].fits else math.inf
-    unfit = {_base(p) for p in first.unfit}
+    order = {p: i for i, p in enumerate(plain)}  # the candidates' order, not the set's
     moved = [
-        p for p in moved if _base(p) in unfit and step_seconds(shape, p, hw, bound=True) < best
+        t
+        for p in sorted(first.unfit, key=order.__getitem__)
+        for t in offloading_twins(p, fractions)
+        if step_seconds(shape, t, hw, bound=True) < best
     ]
     if not moved:
         return first
     if all(_host_bound(shape, p, cluster) <= hw.hardware.host_memory_bytes for p in moved):
         found = [run(moved)]  # a fraction's twin with all of it offloaded needs no more memory
     else:  # the host memory may bind: more offload is then not lighter; each fraction apart
-        found = [
-            run([p for p in moved if offloaded(p) == f]) for f in {offloaded(p) for p in moved}
-        ]
+        found = [run([p for p in moved if offloaded(p) == f]) for f in fractions]
     both = sorted(
         [e for r in (first, *found) for e in r.ranked],
         key=lambda e: (not e.fits, e.step_seconds, e.peak),
@@ -135,10 +137,17 @@ def _with_offload(
     return SearchResult(distinct(both)[:top], sum(r.considered for r in (first, *found)))
 
 
-def _base(p: ParallelPlan) -> tuple:
-    """What an offload candidate shares with the candidate it offloads from."""
-    return (p.tp, p.pp, p.dp, p.cp, p.ep, p.vpp, p.micro_batch_size, p.recompute.granularity,
-            p.sequence_parallel)  # fmt: skip
+def offloading_twins(plan: ParallelPlan, fractions: list[float]) -> list[ParallelPlan]:
+    """`plan` offloading each fraction of its optimizer, with the distributed optimizer (which
+    the precision-aware optimizer needs), less those Megatron refuses."""
+    out = []
+    for f in fractions:
+        try:
+            ddp = offload_ddp(plan.ddp, f)
+            out.append(replace(plan, distributed_optimizer=True, ddp=ddp))
+        except CaptureError:
+            continue
+    return out
 
 
 def _host_bound(shape: ModelShape, plan: ParallelPlan, cluster: Cluster) -> float:
