@@ -113,7 +113,7 @@ def main() -> None:
     """Plan each model without and with offload; write the rows."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="llama2-70b,llama3.1-405b,deepseek-v3-dense")
-    ap.add_argument("--limit", type=int, default=1024, help="--gpus: the most GPUs tried")
+    ap.add_argument("--limit", type=int, default=2048, help="--gpus: the most GPUs tried")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench/results/offload_gpus.json"))
     ap.add_argument("--cache", default=os.environ.get("CAPTURE_MEGATRON_CACHE", ""))
     ns = ap.parse_args()
@@ -126,13 +126,10 @@ def main() -> None:
         source, flags = MODELS[name]
         without = plan(flags, ns.limit, False, cache)  # profiles (cold) on the first run
         with_ = plan(flags, ns.limit, True, cache)
-        old[name] = {"model": name, "source": source, "without": without, "with": with_}
+        old[name] = {"model": name, "source": source, "limit": ns.limit}
+        old[name] |= {"without": without, "with": with_}
         print(json.dumps(old[name]), flush=True)
-        result = {
-            "fixed": " ".join(FIXED),
-            "limit": ns.limit,
-            "rows": [old[m] for m in MODELS if m in old],
-        }
+        result = {"fixed": " ".join(FIXED), "rows": [old[m] for m in MODELS if m in old]}
         with open(ns.out, "w") as f:
             json.dump(result, f, indent=1)
 

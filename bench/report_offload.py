@@ -43,7 +43,7 @@ def offload_table(data: dict[str, Any]) -> list[str]:
         "`--optimizer-offload-fraction 0` (without) and once with the offload fraction searched "
         "(0, 1/4, 1/2, 3/4, 1: --optimizer-cpu-offload with the precision-aware optimizer at "
         "fp32), "
-        f"on GPUs of 80 GiB (up to {data['limit']}: 1 to 8, then whole nodes of 8), fixed: "
+        "on GPUs of 80 GiB (1 to 8, then whole nodes of 8, up to each row's limit), fixed: "
         f"`{data['fixed']}`; GPU kernel set (fake CUDA), the planner's margins, the h100-sxm "
         "profile (64 GB/s host link per GPU, 2 TiB host memory per node). Slowdown: the estimated "
         "step with offload over the step without it (same global batch, so the time to train the "
@@ -53,24 +53,25 @@ def offload_table(data: dict[str, Any]) -> list[str]:
         "(plan/offload_cost.py); eight ranks sharing a node's CPU are not modelled, so the "
         "slowdown is optimistic.",
         "",
-        "| model | without offload: GPUs | step s | with offload: GPUs | offloaded | step s | "
-        "host GiB / node | fewer GPUs | slowdown | GPU-s per step (without -> with) | "
+        "| model | GPUs tried | without offload: GPUs | step s | with offload: GPUs | offloaded | "
+        "step s | host GiB / node | fewer GPUs | slowdown | GPU-s per step (without -> with) | "
         "plan s (without / with) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in data["rows"]:
         a, b = row["without"], row["with"]
+        limit = row.get("limit", 1024)
         if a.get("exit") or b.get("exit"):
             out.append(
-                f"| {row['model']} | {_cell(a)} | - | {_cell(b)} | - | - | - | - | - | - | "
-                f"{a['seconds']:.0f} / {b['seconds']:.0f} |"
+                f"| {row['model']} | {limit} | {_cell(a)} | - | {_cell(b)} | - | - | - | - | - | "
+                f"- | {a['seconds']:.0f} / {b['seconds']:.0f} |"
             )
             continue
         fewer = a["gpus"] - b["gpus"]
         fewer_s = f"{fewer} ({100 * fewer / a['gpus']:.0f}%)" if fewer else "0"
         slow = b["step_s"] / a["step_s"]
         out.append(
-            f"| {row['model']} | {_cell(a)} | {a['step_s']:.1f} | {_cell(b)} | "
+            f"| {row['model']} | {limit} | {_cell(a)} | {a['step_s']:.1f} | {_cell(b)} | "
             f"{_fraction(b['offload_fraction'])} | {b['step_s']:.1f} | "
             f"{b['host_gib_per_node']:.0f} | {fewer_s} | {slow:.2f}x | "
             f"{a['gpus'] * a['step_s']:.0f} -> "
