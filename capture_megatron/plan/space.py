@@ -64,8 +64,8 @@ class Space:
     optimizer_offload: tuple[float, ...] = ()
     """Optimizer CPU offload fractions (--optimizer-offload-fraction); 0: no offload. A fraction
     above 0 turns on --optimizer-cpu-offload with --use-precision-aware-optimizer at its default
-    fp32 dtypes (Megatron-LM's rule; HybridDeviceOptimizer takes neither, so no byte changes) and
-    the distributed optimizer. Empty: the planner's choice (plan.planner.searched_options: on GPUs
+    fp32 dtypes (Megatron-LM's rule; HybridDeviceOptimizer takes none of its dtypes, so no byte
+    changes) and the distributed optimizer. Empty: the planner's choice (plan.planner.searched_options: on GPUs
     OFFLOAD_FRACTIONS for min-gpus and throughput, none for min-peak), else none."""
 
     @property
