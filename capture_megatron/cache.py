@@ -115,11 +115,15 @@ def _ratio(row: object, device: str) -> float | None:
         raise ValueError("not a JSON object")
     if row.get("device") != device:
         return None
-    measured, predicted = row.get("measured"), row.get("predicted")
-    for name, value in (("measured", measured), ("predicted", predicted)):
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ValueError(f"{name} {value!r} is not a positive byte count")
-    return measured / predicted
+    return _byte_count(row, "measured") / _byte_count(row, "predicted")
+
+
+def _byte_count(row: dict[str, object], name: str) -> int:
+    """`row[name]` as a positive byte count; a ValueError for anything else."""
+    value = row.get(name)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} {value!r} is not a positive byte count")
+    return value
 
 
 def calibration_factor(device: str) -> float:

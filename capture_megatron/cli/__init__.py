@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import signal
 import sys
+from types import FrameType
 
 from capture_megatron.errors import CaptureError, Stopped
 from capture_megatron.megatron import quiet
@@ -96,6 +97,6 @@ def main(argv: list[str] | None = None) -> int:
         return 128 + stop.signum
 
 
-def _stop(signum: int, frame) -> None:
+def _stop(signum: int, frame: FrameType | None) -> None:
     """SIGTERM / SIGHUP: unwind (temporary directories, worker processes), then exit."""
     raise Stopped(signum)

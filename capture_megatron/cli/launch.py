@@ -32,6 +32,7 @@ from capture_megatron.megatron import flags
 from capture_megatron.megatron.args import data_options
 from capture_megatron.plan import model_args, plan_args, read_plan
 from capture_megatron.plan.costmodel import step_seconds
+from capture_megatron.plan.result import PlanFile
 from capture_megatron.train.slurm import SlurmOptions, TrainRun, render
 from capture_megatron.train.slurm_time import run_time_warning
 
@@ -84,7 +85,7 @@ def _model_differences(given: ModelShape, planned: ModelShape) -> list[str]:
     return out
 
 
-def _check_plan_file(ns: argparse.Namespace, argv: list[str], path: str, planned) -> None:
+def _check_plan_file(ns: argparse.Namespace, argv: list[str], path: str, planned: PlanFile) -> None:
     """Refuse model or parallel flags that contradict the --plan-json (they were ignored)."""
     problems = []
     model_flags = {spec.name for _, spec in flagged_fields(ModelShape)}
@@ -137,7 +138,9 @@ def _job_gpus(ns: argparse.Namespace, opts: SlurmOptions) -> int:
     return gpus
 
 
-def _requeue_run(opts: SlurmOptions, run: RunOptions, ckpt: CheckpointOptions, argv: list[str]):
+def _requeue_run(
+    opts: SlurmOptions, run: RunOptions, ckpt: CheckpointOptions, argv: list[str]
+) -> RunOptions:
     """RunOptions with Megatron-LM's exit-signal handler on SIGUSR1 under --requeue, after
     refusing what would make a requeued start lose its progress."""
     if not opts.requeue:

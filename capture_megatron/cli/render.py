@@ -3,6 +3,8 @@ measured per rank (verify), and the fit-quality table."""
 
 from __future__ import annotations
 
+from types import ModuleType
+
 from capture_megatron.config import GIB, ParallelPlan, Recompute
 from capture_megatron.config.kernels import VALIDATION
 from capture_megatron.fit import MemoryModel
@@ -293,7 +295,8 @@ def print_quality(model: MemoryModel) -> None:
         print(f"  {variant:22s} {quantity:34s} {n:6d} {resid:12.0f} {100 * loo:11.3f}%")
 
 
-def _pyplot():  # noqa: ANN202 - matplotlib.pyplot, imported on demand (slow)
+def _pyplot() -> ModuleType:
+    """matplotlib.pyplot on the Agg backend, imported on demand (slow)."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -1,6 +1,6 @@
 """FP8 training on the GPU kernel set: what Transformer Engine keeps for Megatron-LM's --fp8-*
-flags (the flags are fields of capture_megatron.config.kernels.Kernels), tensor by tensor. Pure
-Python.
+flags (the flags are fields of capture_megatron.config.kernels.Kernels, with their choices), tensor
+by tensor. Pure Python.
 
 Sources: Transformer Engine 5671fd36 (the revision megatron-core 0.16.1 pins;
 `transformer_engine/pytorch/`), on Hopper (sm90), whose FP8 GEMMs take only the TN layout
@@ -25,10 +25,6 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from capture_megatron.config.kernels import Kernels
 
-FP8_FORMATS = ("", "e4m3", "hybrid")
-"""--fp8-format choices ('': no FP8, Megatron-LM's default None)."""
-FP8_RECIPES = ("delayed", "tensorwise", "mxfp8", "blockwise", "custom")
-"""--fp8-recipe choices (Megatron-LM core_v0.16.1)."""
 MODELLED_RECIPES = ("delayed", "tensorwise", "mxfp8", "blockwise")
 """Recipes whose tensors are modelled (custom takes a user's quantizer factory)."""
 FLOAT8_RECIPES = ("delayed", "tensorwise")
@@ -156,25 +152,3 @@ def fp8_problem(kernel_set: str, kernels: Kernels) -> str:
             "FP8 kernels (leave out --memory-model)"
         )
     return ""
-
-
-UB_ALL_GATHER: tuple[str, ...] = ("qkv_fprop", "qkv_dgrad", "proj_dgrad", "proj_wgrad")
-UB_ALL_GATHER += ("fc1_fprop", "fc1_dgrad", "fc2_dgrad", "fc2_wgrad")
-"""Userbuffers TE keeps in FP8 (uint8) when the run trains in FP8 (initialize_ub's
-layers_all_gather_overlap)."""
-UB_LAYERS = UB_ALL_GATHER + ("proj_fprop", "fc2_fprop", "qkv_wgrad", "fc1_wgrad")
-"""Every userbuffer initialize_ub allocates with the default methods (ring_exchange: qkv_fprop,
-fc1_fprop, proj_dgrad, fc2_dgrad; pipeline: proj_fprop, fc2_fprop; bulk: qkv / fc1 dgrad and
-wgrad; external: proj_wgrad, fc2_wgrad)."""
-
-
-def userbuffer_bytes_per_token(hidden_size: int, fp8: bool) -> int:
-    """Bytes per token of the userbuffers Megatron-LM's _initialize_tp_communicators has TE's
-    initialize_ub allocate on every GPU for --tp-comm-overlap (MC training/initialize.py:242-313;
-    TE module/base.py initialize_ub): one [seq x micro-batch / CP, hidden] buffer per layer of
-    UB_LAYERS (the default methods make every ring-exchange buffer an all-gather one, which holds
-    the full shape, comm_gemm_overlap.cpp:672-695), bf16, or uint8 for the all-gather buffers in
-    FP8 runs. They come from cuMemCreate / cudaMalloc (userbuffers-host.cpp
-    register_user_buffer_collective), outside torch's caching allocator: not in
-    max_memory_allocated, but on the GPU."""
-    return sum(hidden_size * (1 if fp8 and name in UB_ALL_GATHER else 2) for name in UB_LAYERS)

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 
 from capture_megatron.config.fields import flag
-from capture_megatron.config.fp8 import FP8_FORMATS, FP8_RECIPES, userbuffer_bytes_per_token
+from capture_megatron.config.userbuffers import userbuffer_bytes_per_token
 from capture_megatron.errors import CaptureError, require
 from capture_megatron.serial import JsonMixin
 
@@ -20,6 +20,11 @@ IMPLEMENTATIONS = ("local", "transformer_engine", "auto")
 importable on CUDA, else the local spec)."""
 ATTENTION_BACKENDS = ("flash", "fused", "unfused", "local", "auto")
 """--attention-backend choices; auto lets Transformer Engine pick (flash, else cuDNN fused)."""
+
+FP8_FORMATS = ("", "e4m3", "hybrid")
+"""--fp8-format choices ('': no FP8, Megatron-LM's default None)."""
+FP8_RECIPES = ("delayed", "tensorwise", "mxfp8", "blockwise", "custom")
+"""--fp8-recipe choices (Megatron-LM core_v0.16.1; what each keeps: capture_megatron.config.fp8)."""
 
 TE_FUSED_BACKENDS = ("flash", "fused", "auto")
 """Transformer Engine attention backends that keep no s x s tensor (flash-attn or cuDNN): a sliding
@@ -176,7 +181,7 @@ class Kernels(JsonMixin):
     def userbuffer_bytes_per_token(self, hidden_size: int) -> int:
         """Bytes per token (row of the [seq x micro-batch / CP, hidden] shape) of the
         userbuffers --tp-comm-overlap allocates on every GPU, outside the caching allocator
-        (capture_megatron.config.fp8.userbuffer_bytes_per_token); 0 without it."""
+        (capture_megatron.config.userbuffers.userbuffer_bytes_per_token); 0 without it."""
         if not self.tp_comm_overlap:
             return 0
         return userbuffer_bytes_per_token(hidden_size, self.fp8)

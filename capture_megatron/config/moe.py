@@ -210,7 +210,7 @@ def _walk(node: ast.AST) -> list[int] | int:
         items = [_walk(e) for e in node.elts]
         if any(not isinstance(i, int) for i in items):
             raise ValueError("nested list")
-        return [int(i) for i in items]  # type: ignore[arg-type]
+        return [int(i) for i in items]  # type: ignore[arg-type]  # all ints: checked above
     if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult)):
         left, right = _walk(node.left), _walk(node.right)
         if isinstance(node.op, ast.Add) and isinstance(left, list) and isinstance(right, list):

@@ -25,10 +25,37 @@ passed to it (the states are fp32 whatever they say).
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from capture_megatron.config.ddp import DdpOptions
+
+class OffloadSettings(Protocol):
+    """What the offload rules read of DdpOptions (described here, not imported: DdpOptions runs
+    these rules when it is constructed)."""
+
+    @property
+    def optimizer_cpu_offload(self) -> bool:
+        """--optimizer-cpu-offload."""
+
+    @property
+    def optimizer_offload_fraction(self) -> float:
+        """--optimizer-offload-fraction."""
+
+    @property
+    def use_precision_aware_optimizer(self) -> bool:
+        """--use-precision-aware-optimizer."""
+
+    @property
+    def main_params_dtype(self) -> str:
+        """--main-params-dtype."""
+
+    @property
+    def exp_avg_dtype(self) -> str:
+        """--exp-avg-dtype."""
+
+    @property
+    def exp_avg_sq_dtype(self) -> str:
+        """--exp-avg-sq-dtype."""
+
 
 HOST_BYTES = 16
 """Host bytes per offloaded element: fp32 parameter copy, two fp32 moments, pinned fp32 gradient."""
@@ -38,7 +65,7 @@ HOST_STEP_BYTES = 4
 _ARGS = "Megatron-LM core_v0.16.1 megatron/training/arguments.py"
 
 
-def offload_problems(ddp: DdpOptions) -> list[str]:
+def offload_problems(ddp: OffloadSettings) -> list[str]:
     """What Megatron-LM refuses (or would silently not do) in these offload settings."""
     p = []
     f = ddp.optimizer_offload_fraction
@@ -73,7 +100,7 @@ def offload_problems(ddp: DdpOptions) -> list[str]:
     return p
 
 
-def fp8_offload_problem(ddp: DdpOptions, fp8_param_gather: bool, fp8_recipe: str) -> str:
+def fp8_offload_problem(ddp: OffloadSettings, fp8_param_gather: bool, fp8_recipe: str) -> str:
     """Megatron-LM's rule for --optimizer-cpu-offload with FP8 parameters ('' when it runs)."""
     if not (ddp.optimizer_cpu_offload and fp8_param_gather) or fp8_recipe == "delayed":
         return ""

@@ -14,14 +14,7 @@ from capture_megatron.config.ddp import DdpOptions
 from capture_megatron.config.fields import flag, value_problems
 from capture_megatron.config.layout import format_layout
 from capture_megatron.config.model import GIB, ModelShape, tp_head_problems
-from capture_megatron.config.mtp import mtp_problems
-from capture_megatron.config.overlap import moe_overlap_problems
-from capture_megatron.config.recompute import (
-    RECOMPUTE_GRANULARITIES,
-    RECOMPUTE_MODULES,
-    Recompute,
-    recompute_problems,
-)
+from capture_megatron.config.recompute import RECOMPUTE_GRANULARITIES, RECOMPUTE_MODULES, Recompute
 from capture_megatron.errors import require
 from capture_megatron.serial import JsonMixin
 
@@ -212,32 +205,6 @@ def tp_fits(shape: ModelShape, tp: int, sequence_parallel: bool) -> bool:
     """Whether Megatron can split `shape` over `tp` tensor-parallel ranks (with or without SP)."""
     ok = not tp_head_problems(shape.num_attention_heads, shape.groups, tp) and shape.ffn % tp == 0
     return ok and (not sequence_parallel or (tp > 1 and shape.seq_length % tp == 0))
-
-
-def check_plan_fits_model(shape: ModelShape, plan: ParallelPlan) -> None:
-    """Raise a CaptureError naming every way `plan` cannot run `shape` in Megatron."""
-    p = tp_head_problems(shape.num_attention_heads, shape.groups, plan.tp)
-    if shape.ffn % plan.tp:
-        p.append(f"ffn hidden {shape.ffn} not divisible by TP {plan.tp}")
-    if plan.num_layers != shape.num_layers:
-        p.append(
-            f"layout {plan.layout!r} places {plan.num_layers} layers but --num-layers is "
-            f"{shape.num_layers}"
-        )
-    if plan.sequence_parallel and shape.seq_length % plan.tp:
-        p.append(
-            f"seq length {shape.seq_length} not divisible by TP {plan.tp} for sequence parallel"
-        )
-    for r in range(plan.pp):
-        for n in plan.chunks_of(r) if plan.recompute.granularity == "full" else ():
-            if plan.recompute.method == "uniform" and n % max(plan.recompute.layers_on(r), 1):
-                p.append(
-                    f"uniform recompute of {plan.recompute.layers_on(r)} does not divide {n} layers"
-                )
-    p += expert_problems(shape, plan) + context_problems(shape, plan) + mtp_problems(shape, plan)
-    p += recompute_problems(shape, plan)
-    p += plan.ddp.dtype_problems(shape.dtype) + moe_overlap_problems(shape, plan)
-    require(p, "plan for this model")
 
 
 def expert_problems(shape: ModelShape, plan: ParallelPlan) -> list[str]:

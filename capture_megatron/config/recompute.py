@@ -16,7 +16,6 @@ from capture_megatron.serial import JsonMixin
 
 if TYPE_CHECKING:
     from capture_megatron.config.model import ModelShape
-    from capture_megatron.config.parallel import ParallelPlan
 
 RECOMPUTE_GRANULARITIES = ("none", "selective", "full")
 """Activation recomputation granularities (none: keep every activation)."""
@@ -120,13 +119,6 @@ def check_variant_modules(granularity: str, modules: tuple[str, ...]) -> None:
             f"variant: recompute modules {list(modules)} are kept only for selective recompute, "
             "sorted, each once, and not the default core_attn alone"
         )
-
-
-def recompute_problems(shape: ModelShape, plan: ParallelPlan) -> list[str]:
-    """Why megatron-core 0.16.1's TransformerConfig.__post_init__ refuses `plan`'s selective
-    recompute modules for `shape` (empty: it takes them; it checks them only for selective
-    recompute)."""
-    return module_problems(shape, plan.recompute.selected)
 
 
 def module_problems(shape: ModelShape, chosen: tuple[str, ...]) -> list[str]:

@@ -18,6 +18,8 @@ import os
 import pkgutil
 import sys
 import warnings
+from collections.abc import Iterator
+from types import ModuleType
 
 SKIP_MODULES = frozenset(
     {
@@ -56,7 +58,7 @@ MIN_DOC_CHARS = 40
 """Docstrings shorter than this are left out (one-liners such as 'Return self==value.')."""
 
 
-def _import_quietly(name: str):
+def _import_quietly(name: str) -> ModuleType | None:
     """The module `name`, or None when importing it fails or writes to stdout/stderr."""
     out, err = io.StringIO(), io.StringIO()
     try:
@@ -72,13 +74,13 @@ def _import_quietly(name: str):
     return None if out.getvalue() or err.getvalue() else module
 
 
-def _own_doc(obj) -> str:
+def _own_doc(obj: object) -> str:
     """`obj`'s own docstring (not inherited), cleaned, or ''."""
     doc = obj.__dict__.get("__doc__") if isinstance(obj, type) else getattr(obj, "__doc__", None)
     return inspect.cleandoc(doc) if isinstance(doc, str) else ""
 
 
-def module_documents(module) -> list[str]:
+def module_documents(module: ModuleType) -> list[str]:
     """Documents of one module: its docstring, then each public class, its methods, and function
     defined in it, by sorted name; each as 'qualified.name\\n\\ndocstring'."""
     name = module.__name__
@@ -100,7 +102,7 @@ def module_documents(module) -> list[str]:
     return [f"{qual}\n\n{doc}" for qual, doc in found if len(doc) >= MIN_DOC_CHARS]
 
 
-def iter_stdlib_modules():
+def iter_stdlib_modules() -> Iterator[ModuleType]:
     """Importable public standard-library modules in a fixed order: each top-level module (sorted),
     followed by its package's public submodules one level down (sorted)."""
     for name in sorted(sys.stdlib_module_names):
@@ -119,9 +121,9 @@ def iter_stdlib_modules():
                     yield submodule
 
 
-def iter_stdlib_documents():
+def iter_stdlib_documents() -> Iterator[str]:
     """Every document of every importable public standard-library module, in a fixed order."""
-    seen = set()
+    seen: set[str] = set()
     for module in iter_stdlib_modules():
         for doc in module_documents(module):
             if doc not in seen:

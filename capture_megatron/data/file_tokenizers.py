@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable
 
 from capture_megatron.data.tokenizer_base import TokenizerBase
 from capture_megatron.errors import CaptureError
@@ -73,11 +74,11 @@ class HuggingFaceTokenizer(TokenizerBase):
             f"{', '.join(EOD_CANDIDATES)}); add one of them as a special token"
         )
 
-    def tokenize(self, text: str) -> list[int]:
+    def tokenize(self, text: str) -> list[int]:  # type: ignore[override]  # ids as a list: see TokenizerBase
         """Token ids of `text`."""
         return self._tok.encode(text).ids
 
-    def detokenize(self, ids) -> str:
+    def detokenize(self, ids: Iterable[int]) -> str:
         """Text of `ids` (special tokens skipped)."""
         return self._tok.decode([int(i) for i in ids])
 
@@ -133,11 +134,11 @@ class SentencePieceTokenizer(TokenizerBase):
                 "train it with eos_id >= 0"
             )
 
-    def tokenize(self, text: str) -> list[int]:
+    def tokenize(self, text: str) -> list[int]:  # type: ignore[override]  # ids as a list: see TokenizerBase
         """Piece ids of `text`."""
         return self._sp.encode(text)
 
-    def detokenize(self, ids) -> str:
+    def detokenize(self, ids: Iterable[int]) -> str:
         """Text of `ids`."""
         return self._sp.decode([int(i) for i in ids])
 
@@ -194,11 +195,11 @@ class GPT2BPETokenizer(TokenizerBase):
                 "with; use GPT-2's vocab.json or add it"
             )
 
-    def tokenize(self, text: str) -> list[int]:
+    def tokenize(self, text: str) -> list[int]:  # type: ignore[override]  # ids as a list: see TokenizerBase
         """BPE ids of `text`."""
         return self._tok.encode(text).ids
 
-    def detokenize(self, ids) -> str:
+    def detokenize(self, ids: Iterable[int]) -> str:
         """Text of `ids`."""
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=False)
 

@@ -17,10 +17,23 @@ import json
 import multiprocessing
 import os
 import warnings
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 from capture_megatron.data.tokenizers import TokenizerOptions
 from capture_megatron.errors import CaptureError
+
+if TYPE_CHECKING:
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
+    from capture_megatron.data.tokenizer_base import TokenizerBase
+
+Document = tuple[tuple[str, ...], ...]
+"""One document: per JSON key, its sentences."""
+Encoded = tuple[tuple[list[int], list[int]], ...]
+"""One tokenized document: per JSON key, (token ids, sequence lengths)."""
 
 TEXT_SUFFIXES = (".txt", ".text", ".md")
 """Inputs with these suffixes are plain text (paragraphs = documents); anything else is JSON
@@ -51,7 +64,7 @@ class PreprocessResult:
     """Token dtype in the .bin file (uint16 or int32)."""
 
 
-def _json_documents(path: str, keys: list[str]):
+def _json_documents(path: str, keys: list[str]) -> Iterator[tuple[Document | None, int]]:
     """(per-key texts, bytes read) for each non-blank JSON line; CaptureError names the bad line."""
     with open(path, "rb") as f:
         for number, raw in enumerate(f, start=1):
@@ -91,9 +104,10 @@ def _field(obj: dict, key: str, path: str, number: int) -> tuple[str, ...]:
     )
 
 
-def _text_documents(path: str):
+def _text_documents(path: str) -> Iterator[tuple[Document | None, int]]:
     """(paragraph, bytes read) for each blank-line-separated paragraph of a text file."""
-    lines, size = [], 0
+    lines: list[str] = []
+    size = 0
     with open(path, "rb") as f:
         for number, raw in enumerate(f, start=1):
             size += len(raw)
@@ -116,37 +130,44 @@ def _text_documents(path: str):
         yield ((("\n".join(lines),),) if lines else None), size
 
 
-_WORKER_TOKENIZER = None
+_WORKER_TOKENIZER: TokenizerBase | None = None
 
 
-def _init_worker(opts: TokenizerOptions) -> None:
-    """Pool initializer: one tokenizer per process."""
+def _init_worker(opts: TokenizerOptions) -> TokenizerBase:
+    """Pool initializer: one tokenizer per process (returned too)."""
     global _WORKER_TOKENIZER
     from capture_megatron.data.tokenizers import build_tokenizer
 
     _WORKER_TOKENIZER = build_tokenizer(opts)
+    return _WORKER_TOKENIZER
 
 
-def _encode(doc: tuple, append_eod: bool = True) -> tuple:
+def _encode(doc: Document, append_eod: bool = True) -> Encoded:
     """Per key: (token ids, sequence lengths) of one document, EOD appended to the last sequence."""
+    tok = _WORKER_TOKENIZER
+    assert tok is not None, "_init_worker runs first"
     out = []
     for sentences in doc:
-        ids, lengths = [], []
+        ids: list[int] = []
+        lengths: list[int] = []
         for sentence in sentences:
-            piece = _WORKER_TOKENIZER.tokenize(sentence)
+            piece = tok.tokenize(sentence)
             if len(piece):
                 ids.extend(int(i) for i in piece)
                 lengths.append(len(piece))
         if ids and append_eod:
-            ids.append(_WORKER_TOKENIZER.eod)
+            ids.append(tok.eod)
             lengths[-1] += 1
         out.append((ids, lengths))
     return tuple(out)
 
 
-def _batches(docs, size: int):
+def _batches(
+    docs: Iterable[tuple[Document | None, int]], size: int
+) -> Iterator[tuple[list[Document], int]]:
     """Lists of up to `size` documents (blank entries dropped), with the bytes each list covers."""
-    batch, nbytes = [], 0
+    batch: list[Document] = []
+    nbytes = 0
     for doc, n in docs:
         nbytes += n
         if doc is not None:
@@ -158,7 +179,7 @@ def _batches(docs, size: int):
         yield batch, nbytes
 
 
-def _import_indexed_dataset():
+def _import_indexed_dataset() -> ModuleType:
     """megatron.core.datasets.indexed_dataset without megatron's import-time warnings."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -187,7 +208,7 @@ def preprocess(
     input_path: str,
     output_prefix: str,
     tokenizer: TokenizerOptions,
-    json_keys=("text",),
+    json_keys: Sequence[str] = ("text",),
     append_eod: bool = False,
     workers: int = 1,
     progress: bool = True,
@@ -198,8 +219,7 @@ def preprocess(
     is_text = _check_input(input_path, keys)
     if workers < 1:
         raise CaptureError(f"--workers {workers} must be at least 1")
-    _init_worker(tokenizer)
-    tok = _WORKER_TOKENIZER
+    tok = _init_worker(tokenizer)
     ids_mod = _import_indexed_dataset()
     dtype = ids_mod.DType.optimal_dtype(tok.vocab_size)
     prefixes = tuple(f"{output_prefix}_{key}_document" for key in keys)
@@ -242,8 +262,8 @@ def preprocess(
 
 
 def _run(
-    docs,
-    builders,
+    docs: Iterable[tuple[Document | None, int]],
+    builders: list[IndexedDatasetBuilder],
     tokenizer: TokenizerOptions,
     append_eod: bool,
     workers: int,
@@ -276,7 +296,9 @@ def _run(
                         skipped += 1
                         continue
                     for builder, (ids, lengths) in zip(builders, doc):
-                        builder.add_document(ids, lengths)
+                        # megatron-core annotates a Tensor; it takes anything numpy.array reads,
+                        # and Megatron-LM's tools/preprocess_data.py passes lists of ids too
+                        builder.add_document(ids, lengths)  # type: ignore[arg-type]
                         tokens += len(ids)
                     written += 1
                 pbar.update(nbytes)

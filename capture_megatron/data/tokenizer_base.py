@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import logging
 import warnings
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from capture_megatron.errors import CaptureError
 
@@ -15,7 +17,7 @@ with warnings.catch_warnings():  # megatron-core warns at import that TE / Apex 
 
 
 @contextmanager
-def _quiet_legacy_warning():
+def _quiet_legacy_warning() -> Iterator[None]:
     """megatron-core logs a deprecation warning for every legacy tokenizer; these are deliberate."""
     log = logging.getLogger("megatron.core.datasets.megatron_tokenizer")
     level = log.level
@@ -29,9 +31,13 @@ def _quiet_legacy_warning():
 class TokenizerBase(MegatronLegacyTokenizer):
     """Common constructor: megatron's unique identifiers without its deprecation warning."""
 
-    def __init__(self, *paths: str, **options) -> None:
+    def __init__(self, *paths: str, **options: Any) -> None:
         with _quiet_legacy_warning():
             super().__init__(*paths, **options)
+
+    # every tokenize() here returns a list of ids: megatron-core annotates an ndarray, but its
+    # consumers (GPTDataset, Megatron-LM's tools/preprocess_data.py) take any sequence of ids and
+    # Megatron-LM's own tokenizers return lists, hence the `ignore[override]` on each
 
     @property
     def inv_vocab(self) -> dict:
@@ -50,11 +56,11 @@ class ByteTokenizer(TokenizerBase):
     def __init__(self) -> None:
         super().__init__()
 
-    def tokenize(self, text: str) -> list[int]:
+    def tokenize(self, text: str) -> list[int]:  # type: ignore[override]  # ids as a list: see TokenizerBase
         """The UTF-8 bytes of `text`."""
         return list(text.encode("utf-8"))
 
-    def detokenize(self, ids) -> str:
+    def detokenize(self, ids: Iterable[int]) -> str:
         """Bytes back to text; EOD and other ids >= 256 are dropped, bad UTF-8 is replaced."""
         return bytes(int(i) for i in ids if 0 <= int(i) < 256).decode("utf-8", errors="replace")
 
@@ -88,11 +94,11 @@ class MockTokenizer(TokenizerBase):
         super().__init__(vocab_size=vocab_size)
         self._size = int(vocab_size)
 
-    def tokenize(self, text: str) -> list[int]:
+    def tokenize(self, text: str) -> list[int]:  # type: ignore[override]  # ids as a list: see TokenizerBase
         """Not available: mock data is generated, never tokenized."""
         raise CaptureError("MockTokenizer cannot tokenize text; pick a real --tokenizer-type")
 
-    def detokenize(self, ids) -> str:
+    def detokenize(self, ids: Iterable[int]) -> str:
         """Ids as space-separated numbers."""
         return " ".join(str(int(i)) for i in ids)
 

@@ -68,10 +68,21 @@ class TokenizerOptions:
 class HasTokenizerFlags(Protocol):
     """Anything with the four tokenizer fields: DataOptions or TokenizerOptions."""
 
-    tokenizer_type: str
-    tokenizer_model: str
-    vocab_file: str
-    merge_file: str
+    @property
+    def tokenizer_type(self) -> str:
+        """--tokenizer-type."""
+
+    @property
+    def tokenizer_model(self) -> str:
+        """--tokenizer-model."""
+
+    @property
+    def vocab_file(self) -> str:
+        """--vocab-file."""
+
+    @property
+    def merge_file(self) -> str:
+        """--merge-file."""
 
 
 def build_tokenizer(opts: HasTokenizerFlags) -> TokenizerBase:

@@ -26,10 +26,15 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from capture_megatron.config import ModelShape
+
+if TYPE_CHECKING:
+    from megatron.core.transformer.spec_utils import ModuleSpec
+    from megatron.core.transformer.transformer_config import TransformerConfig
 
 
 def config_fields(shape: ModelShape) -> dict:
@@ -55,7 +60,7 @@ def config_fields(shape: ModelShape) -> dict:
     }
 
 
-def config_class(shape: ModelShape):
+def config_class(shape: ModelShape) -> type[TransformerConfig]:
     """megatron-core's config class for the model: MLATransformerConfig with MLA."""
     from megatron.core.transformer.transformer_config import (
         MLATransformerConfig,
@@ -65,7 +70,7 @@ def config_class(shape: ModelShape):
     return MLATransformerConfig if shape.mla.enabled else TransformerConfig
 
 
-def spec_flags(shape: ModelShape) -> dict:
+def spec_flags(shape: ModelShape) -> dict[str, Any]:
     """The keyword arguments megatron-core's layer-spec functions take for these features."""
     return {
         "qk_layernorm": shape.qk_layernorm,
@@ -95,7 +100,7 @@ class EagerL2Norm(torch.nn.Module):
     """megatron-core's L2Norm (x * rsqrt(mean(x^2) + eps) in fp32, back in x's dtype), run
     eagerly: megatron wraps the formula in jit_fuser (torch.compile)."""
 
-    def __init__(self, hidden_size: int, eps: float = 1e-6, **_unused):
+    def __init__(self, hidden_size: int, eps: float = 1e-6, **_unused: Any) -> None:
         super().__init__()
         self.hidden_size, self.eps = hidden_size, eps
 
@@ -105,7 +110,7 @@ class EagerL2Norm(torch.nn.Module):
         return (x_float * torch.rsqrt(x_float.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x)
 
 
-def _replace_norm(module, norm, l2):
+def _replace_norm(module: Any, norm: type, l2: type) -> Any:
     """`norm` for a norm spec entry, `l2` for megatron's L2Norm, identities kept."""
     from megatron.core.transformer.identity_op import IdentityOp
     from megatron.core.transformer.torch_norm import L2Norm
@@ -115,16 +120,16 @@ def _replace_norm(module, norm, l2):
     return l2 if module is L2Norm else norm
 
 
-def attention_norms(attention_spec, norm, l2=EagerL2Norm):
+def attention_norms(attention_spec: ModuleSpec, norm: type, l2: type = EagerL2Norm) -> ModuleSpec:
     """The self-attention ModuleSpec with its query/key (or MLA latent) norms replaced by `norm`
     and megatron's L2Norm by `l2`."""
-    parts = attention_spec.submodules
+    parts: Any = attention_spec.submodules  # megatron-core types a spec's submodules `object`
     names = [n for n in ("q_layernorm", "k_layernorm", "kv_layernorm") if hasattr(parts, n)]
     changes = {n: _replace_norm(getattr(parts, n), norm, l2) for n in names}
     return dataclasses.replace(attention_spec, submodules=dataclasses.replace(parts, **changes))
 
 
-def is_latent(attention_spec) -> bool:
+def is_latent(attention_spec: ModuleSpec) -> bool:
     """Whether a self-attention ModuleSpec is megatron-core's MLA."""
     from megatron.core.transformer.multi_latent_attention import MLASelfAttentionSubmodules
 
@@ -136,15 +141,18 @@ def with_head_widths(core_attention: type) -> type:
     """`core_attention` taking MLA's key and value head widths (k_channels, v_channels):
     megatron's DotProductAttention takes neither and sizes its output by --kv-channels; this
     subclass sizes it by the value heads. Classes that take them are returned as they are."""
-    if "v_channels" in inspect.signature(core_attention.__init__).parameters:
+    init = core_attention.__init__  # type: ignore[misc]  # a class's, not an instance's
+    if "v_channels" in inspect.signature(init).parameters:
         return core_attention
 
-    class LatentCore(core_attention):  # type: ignore[misc, valid-type]
+    class LatentCore(core_attention):
         """The core attention with MLA's head widths (query/key k_channels, value v_channels)."""
 
-        def __init__(self, config, layer_number, attn_mask_type, attention_type,
-                     attention_dropout=None, softmax_scale=None, k_channels=None,
-                     v_channels=None, cp_comm_type=None, pg_collection=None):  # fmt: skip
+        def __init__(self, config: TransformerConfig, layer_number: int, attn_mask_type: Any,
+                     attention_type: str, attention_dropout: float | None = None,
+                     softmax_scale: float | None = None, k_channels: int | None = None,
+                     v_channels: int | None = None, cp_comm_type: str | None = None,
+                     pg_collection: Any = None) -> None:  # fmt: skip
             super().__init__(
                 config, layer_number, attn_mask_type, attention_type,
                 attention_dropout=attention_dropout, softmax_scale=softmax_scale,
@@ -159,16 +167,17 @@ def with_head_widths(core_attention: type) -> type:
     return LatentCore
 
 
-def latent_core(layer_spec):
+def latent_core(layer_spec: ModuleSpec) -> ModuleSpec:
     """A transformer-layer ModuleSpec whose MLA core attention takes MLA's head widths (other
     layers unchanged)."""
-    attention = layer_spec.submodules.self_attention
+    parts: Any = layer_spec.submodules  # typed `object` by megatron-core
+    attention = parts.self_attention
     if not is_latent(attention):
         return layer_spec
     core = with_head_widths(attention.submodules.core_attention)
     inner = dataclasses.replace(attention.submodules, core_attention=core)
     layer = dataclasses.replace(
-        layer_spec.submodules, self_attention=dataclasses.replace(attention, submodules=inner)
+        parts, self_attention=dataclasses.replace(attention, submodules=inner)
     )
     return dataclasses.replace(layer_spec, submodules=layer)
 
@@ -183,11 +192,11 @@ def apply_without_te() -> None:
         multi_latent_attention.HAVE_TE = False
 
 
-def rotary_tables_built_in_fp32(model) -> None:
+def rotary_tables_built_in_fp32(model: torch.nn.Module) -> None:
     """Record fp32 as the dtype of the model's MLA YaRN tables (a model built under another
     default dtype, as fake mode builds it). A real run builds them in fp32 (the default dtype)
     before Float16Module casts them, so their cache records fp32 and fused MLA RoPE re-caches
     them for the sequence in the activation dtype at the first forward."""
     for module in model.modules():
         if hasattr(module, "dtype_cached"):
-            module.dtype_cached = torch.float32
+            module.dtype_cached = torch.float32  # type: ignore[assignment]  # YaRN's cache: a dtype

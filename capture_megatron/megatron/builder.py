@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -33,6 +34,10 @@ from capture_megatron.config.training import BuildOptions
 from capture_megatron.megatron import attention, cpu_compat, moe, mtp
 from capture_megatron.megatron.gpu.spec import keep_fused_norms
 from capture_megatron.megatron.norms import LocalNorm
+
+if TYPE_CHECKING:
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.transformer.transformer_config import TransformerConfig
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -180,7 +185,7 @@ def transformer_config(
     pp_rank: int,
     opts: BuildOptions = BuildOptions(),
     kernels: Kernels | None = None,
-):
+) -> TransformerConfig:
     """Megatron TransformerConfig of one pipeline rank (recompute differs per rank)."""
     if kernels is None or kernels.transformer_impl == "local":
         attention.check_local_latents(shape, plan.tp)
@@ -206,11 +211,11 @@ def transformer_config(
         fp16=shape.dtype == "fp16",
         gated_linear_unit=shape.gated,
         activation_func=activation(shape, fields["bias_activation_fusion"]),
-        normalization=shape.normalization,
+        normalization=shape.normalization,  # type: ignore[arg-type]  # a str ModelShape checks against the Literal
         layernorm_epsilon=shape.norm_epsilon,
         add_bias_linear=shape.add_bias_linear,
         add_qkv_bias=shape.add_qkv_bias,
-        window_size=tuple(shape.window_size) or None,
+        window_size=tuple(shape.window_size) or None,  # type: ignore[arg-type]  # ModelShape checks: two ints
         hidden_dropout=shape.hidden_dropout,
         attention_dropout=shape.attention_dropout,
         init_method_std=opts.init_method_std,
@@ -260,10 +265,8 @@ def layer_spec(shape: ModelShape, kernels: Kernels | None):
     from megatron.core.models.gpt import gpt_layer_specs as specs
 
     flags = attention.spec_flags(shape)
-    if real_te(kernels):
-        return specs.get_gpt_layer_with_transformer_engine_spec(
-            normalization=shape.normalization, **flags
-        )
+    if real_te(kernels):  # no `normalization` argument: TE's TENorm reads config.normalization
+        return specs.get_gpt_layer_with_transformer_engine_spec(**flags)
     spec = specs.get_gpt_layer_local_spec(normalization=shape.normalization, **flags)
     if kernels is not None and cpu_compat.active_device() == "fake-cuda":
         from capture_megatron.megatron.gpu.spec import gpu_layer_spec
@@ -290,25 +293,25 @@ def block_spec(spec, kernels: Kernels | None, num_layers: int):
     if real_te(kernels):
         from megatron.core.extensions.transformer_engine import TENorm
 
-        return TransformerBlockSubmodules(layer_specs=[spec] * num_layers, layer_norm=TENorm)
+        return TransformerBlockSubmodules(layer_specs=[spec] * num_layers, layer_norm=TENorm)  # type: ignore[arg-type]  # annotated a spec or an instance: megatron-core passes classes too
     norm = LocalNorm
     if kernels is not None and cpu_compat.active_device() == "fake-cuda":
         from capture_megatron.megatron.gpu.spec import layer_norm
 
         norm = layer_norm(kernels, LocalNorm)
-    return TransformerBlockSubmodules(layer_specs=[spec] * num_layers, layer_norm=norm)
+    return TransformerBlockSubmodules(layer_specs=[spec] * num_layers, layer_norm=norm)  # type: ignore[arg-type]  # a class, as above
 
 
 def build_gpt(
     shape: ModelShape,
     plan: ParallelPlan,
-    config,
+    config: TransformerConfig,
     kernels: Kernels | None,
     num_layers: int,
     pre_process: bool,
     post_process: bool,
     vp_stage: int | None,
-):
+) -> GPTModel:
     """One GPTModel chunk holding `num_layers` transformer layers (and the ends it is told to
     hold); with experts, megatron's decoder block spec for this rank and `vp_stage`. GPU kernels:
     on the GPU as Megatron-LM's get_model moves it (built on fake-cuda: fake parameters stay)."""
@@ -323,7 +326,7 @@ def build_gpt(
             from capture_megatron.megatron.gpu.spec import gpu_block_spec
 
             spec = gpu_block_spec(spec, kernels)
-        layers = [with_context_parallel(s, plan, te_attention(kernels)) for s in spec.layer_specs]
+        layers = [with_context_parallel(s, plan, te_attention(kernels)) for s in spec.layer_specs]  # type: ignore[union-attr]  # listed
         spec = dataclasses.replace(spec, layer_specs=[attention.latent_core(s) for s in layers])
     else:
         layer = with_context_parallel(layer_spec(shape, kernels), plan, te_attention(kernels))
@@ -340,17 +343,17 @@ def build_gpt(
     with torch.device("cuda") if fake_cuda else contextlib.nullcontext():
         model = GPTModel(
             config=config,
-            transformer_layer_spec=spec,
+            transformer_layer_spec=spec,  # type: ignore[arg-type]  # megatron-core takes block submodules too
             vocab_size=shape.padded_vocab(plan.tp),
             max_sequence_length=shape.max_positions,
             pre_process=pre_process,
             post_process=post_process,
             share_embeddings_and_output_weights=not shape.untie_embeddings_and_output_weights,
-            position_embedding_type=shape.position_embedding_type,
+            position_embedding_type=shape.position_embedding_type,  # type: ignore[arg-type]  # a str ModelShape checks against megatron-core's Literal
             rotary_base=shape.rotary_base,
             rope_scaling=shape.use_rope_scaling,
             rope_scaling_factor=shape.rope_scaling_factor,
-            mtp_block_spec=mtp_spec,
+            mtp_block_spec=mtp_spec,  # type: ignore[arg-type]  # megatron-core's own get_gpt_mtp_block_spec returns these submodules
             vp_stage=vp_stage,
         )
     if kernels is not None and not fake_cuda:
@@ -366,7 +369,7 @@ def build_chunks(
     opts: BuildOptions = BuildOptions(),
     kernels: Kernels | None = None,
     seed: int = 1234,
-) -> list:
+) -> list[GPTModel]:
     """This rank's model chunks (one per virtual stage), unwrapped GPTModels with initialised
     weights, with `kernels` (None: the CPU set; else their transformer_impl resolved).
 

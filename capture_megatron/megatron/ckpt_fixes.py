@@ -92,7 +92,8 @@ def apply() -> None:
         finally:
             del self.get_parameter_state_dp_zero
 
-    cls.sharded_param_state_fully_reshardable = fully_reshardable
+    # patches of megatron-core's DistributedOptimizer (the point of this module)
+    cls.sharded_param_state_fully_reshardable = fully_reshardable  # type: ignore[method-assign]
     if not dopt.HAVE_APEX_OR_TE:
         original_set = cls._set_main_param_and_optimizer_states
 
@@ -101,5 +102,5 @@ def apply() -> None:
                 return original_set(self, model_param, tensors)
             return _set_main_param_and_optimizer_states(self, model_param, tensors)
 
-        cls._set_main_param_and_optimizer_states = set_states
+        cls._set_main_param_and_optimizer_states = set_states  # type: ignore[method-assign]
     _DONE["applied"] = True

@@ -23,7 +23,12 @@ chain is read unchanged.
 from __future__ import annotations
 
 import copy
-from typing import Any
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from megatron.core.dist_checkpointing.strategies.common import TorchCommonLoadStrategy
 
 
 def chain_length(optim_common: Any) -> int:
@@ -40,7 +45,7 @@ def parts(optim_common: dict) -> list:
     return [optim_common[i] for i in range(n)] if n > 1 else [optim_common]
 
 
-def plain_values(sharded_optim: dict) -> dict:
+def plain_values(sharded_optim: dict[str, Any]) -> dict[str, Any]:
     """The common (non-sharded) values of a sharded optimizer state dict, copied."""
     from megatron.core.dist_checkpointing.dict_utils import extract_matching_values
     from megatron.core.dist_checkpointing.mapping import LocalNonpersistentObject, ShardedBase
@@ -48,10 +53,11 @@ def plain_values(sharded_optim: dict) -> dict:
     _, plain = extract_matching_values(
         sharded_optim, lambda v: isinstance(v, (ShardedBase, LocalNonpersistentObject))
     )
+    assert isinstance(plain, dict), "a dict in, a dict out"
     return copy.deepcopy(plain)
 
 
-def _walk(tree: Any):
+def _walk(tree: Any) -> Iterator[dict[str, Any]]:
     """Every dict in a nested dict/list tree."""
     if isinstance(tree, dict):
         yield tree
@@ -62,7 +68,7 @@ def _walk(tree: Any):
             yield from _walk(v)
 
 
-def saved_step(tree: Any):
+def saved_step(tree: Any) -> Any:
     """Adam's step in a common optimizer part: ``state['common_step']`` (FP32 / mixed-precision
     optimizers) or the param groups' 'step' (distributed optimizer); None when absent."""
     for d in _walk(tree):
@@ -74,7 +80,7 @@ def saved_step(tree: Any):
     return None
 
 
-def _set_step(tree: Any, step) -> None:
+def _set_step(tree: Any, step: Any) -> None:
     """Put `step` wherever the part keeps it (see saved_step)."""
     for d in _walk(tree):
         if "common_step" in d:
@@ -106,7 +112,7 @@ def rechain(saved: dict, template: dict) -> dict:
     return out
 
 
-def rechained_common(template: dict):
+def rechained_common(template: dict[str, Any]) -> TorchCommonLoadStrategy:
     """A LoadCommonStrategy for dist_checkpointing.load that rewrites the checkpoint's common
     'optimizer' state into the chain of `template` (see the module docstring)."""
     from megatron.core.dist_checkpointing.strategies.common import TorchCommonLoadStrategy
@@ -114,7 +120,7 @@ def rechained_common(template: dict):
     class RechainedCommon(TorchCommonLoadStrategy):
         """torch_dist's common load strategy, with the optimizer state rechained."""
 
-        def load_common(self, checkpoint_dir):
+        def load_common(self, checkpoint_dir: str | Path) -> dict[str, Any]:
             """The common state dict, its 'optimizer' in the loading optimizer's chain."""
             common = super().load_common(checkpoint_dir)
             if "optimizer" in common:

@@ -132,7 +132,7 @@ def install() -> None:
     """Make megatron-core's torch_dist load planner read byte items with weights_only=True."""
     from megatron.core.dist_checkpointing.strategies.torch import MCoreLoadPlanner
 
-    MCoreLoadPlanner.load_bytes = _load_bytes
+    MCoreLoadPlanner.load_bytes = _load_bytes  # type: ignore[method-assign]  # the patch itself
 
 
 def load_failed(path: str, err: BaseException) -> CaptureError:

@@ -62,13 +62,14 @@ builder): ``batch_p2p_comm=False`` (PP+VPP gives wrong gradients otherwise), no 
 from __future__ import annotations
 
 import contextlib
+from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
 
 from capture_megatron.megatron import attention, gloo_settle, moe_cpu, moe_fake
 
-_STATE = {"device": None, "mode": None}
+_STATE: dict[str, Any] = {"device": None, "mode": None}
 FAKE_CUDA_CAPABILITY = (9, 0)
 """The compute capability the fake CUDA device reports (Hopper)."""
 _CUDA_TYPES = {
@@ -210,7 +211,8 @@ def _install_rng() -> None:
 
     mrandom._get_cuda_rng_state = lambda *a, **k: torch.get_rng_state()
     mrandom._set_cuda_rng_state = lambda state, *a, **k: torch.set_rng_state(state)
-    mrandom._CUDA_RNG_STATE_TRACKER = CpuRNGStatesTracker()
+    # megatron-core declares the global None until it builds its CUDA tracker
+    mrandom._CUDA_RNG_STATE_TRACKER = CpuRNGStatesTracker()  # type: ignore[assignment]
     mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
     torch.cuda.manual_seed = lambda seed: None
     torch.cuda.manual_seed_all = lambda seed: None
@@ -282,23 +284,23 @@ def _install_hybrid_optimizer() -> None:
     init = cls._init_sub_optimizers
 
     def init_sub_optimizers(self) -> None:
-        torch.Tensor.is_cuda = property(lambda t: not getattr(t, _HOST, False))  # type: ignore
+        torch.Tensor.is_cuda = property(lambda t: not getattr(t, _HOST, False))  # type: ignore[assignment]  # a property patched over torch's
         try:
             with HostCopies():
                 init(self)
         finally:
             del torch.Tensor.is_cuda
 
-    init_sub_optimizers._capture_megatron = True  # type: ignore[attr-defined]
-    cls._init_sub_optimizers = init_sub_optimizers  # type: ignore[method-assign]
+    init_sub_optimizers._capture_megatron = True  # type: ignore[attr-defined]  # our marker
+    cls._init_sub_optimizers = init_sub_optimizers  # type: ignore[method-assign]  # the patch itself
 
 
 def _install_streams() -> None:
     """torch.cuda's stream API answered on the host (patch 7)."""
-    torch.cuda.Stream = HostStream  # type: ignore[misc, assignment]
-    torch.cuda.default_stream = lambda *a, **k: HostStream()  # type: ignore[assignment]
-    torch.cuda.current_stream = lambda *a, **k: HostStream()  # type: ignore[assignment]
-    torch.cuda.stream = lambda *a, **k: contextlib.nullcontext()  # type: ignore[assignment]
+    torch.cuda.Stream = HostStream  # type: ignore[misc, assignment]  # host stand-ins for torch.cuda's streams
+    torch.cuda.default_stream = lambda *a, **k: HostStream()  # type: ignore[assignment]  # as above
+    torch.cuda.current_stream = lambda *a, **k: HostStream()  # type: ignore[assignment]  # as above
+    torch.cuda.stream = lambda *a, **k: contextlib.nullcontext()  # type: ignore[assignment]  # as above
 
 
 def needed() -> bool:
@@ -345,7 +347,8 @@ def apply(device: str = "cpu") -> None:
         return
     if _STATE["mode"] is not None:
         _STATE["mode"].__exit__(None, None, None)
-    torch.cuda.current_device = lambda: device
+    # megatron-core passes current_device() on as a device: the host's name stands in for the index
+    torch.cuda.current_device = lambda: device  # type: ignore[assignment,return-value]
     torch.cuda.synchronize = lambda *a, **k: None
     torch.cuda.empty_cache = lambda: None
     _install_rng()

@@ -76,12 +76,12 @@ def settled(collective):
         if bound.arguments.get("async_op") or not waiting:
             return collective(*args, **kwargs)
         tensors = [t for t in tree_leaves(list(bound.arguments.values())) if torch.is_tensor(t)]
-        counts = [t._use_count() for t in tensors]
+        counts = [t._use_count() for t in tensors]  # type: ignore[attr-defined]  # private, no stub
         result = collective(*args, **kwargs)
         waiting = settle(tensors, counts)
         return result
 
-    call.__wrapped_for_gloo__ = True  # type: ignore[attr-defined]
+    call.__wrapped_for_gloo__ = True  # type: ignore[attr-defined]  # our marker on the wrapper
     return call
 
 

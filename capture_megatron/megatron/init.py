@@ -11,16 +11,22 @@ from __future__ import annotations
 
 import math
 import zlib
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from capture_megatron.config import ModelShape
 from capture_megatron.config.training import BuildOptions
 
+if TYPE_CHECKING:
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor
+    from megatron.core.models.gpt import GPTModel
+
 _SCALED = ("linear_proj.weight", "linear_fc2.weight")
 
 
-def _sharded_tensors(sharded_dict):
+def _sharded_tensors(sharded_dict: dict[str, Any]) -> Iterator[ShardedTensor]:
     """Yield every ShardedTensor of a model's sharded state dict, expanding factories."""
     from megatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
 
@@ -45,7 +51,12 @@ def _sharded_tensors(sharded_dict):
 
 
 def _full_value(
-    key: str, shape: tuple[int, ...], seed: int, std: float, num_layers: int, device
+    key: str,
+    shape: tuple[int, ...],
+    seed: int,
+    std: float,
+    num_layers: int,
+    device: torch.device | str,
 ) -> torch.Tensor:
     """The whole tensor for `key`, reproducible from (seed, key)."""
     if key.endswith("bias"):
@@ -63,7 +74,7 @@ def _full_value(
     return torch.randn(shape, generator=gen, device=device) * std
 
 
-def _state_dict(model) -> dict:
+def _state_dict(model: GPTModel) -> dict[str, Any]:
     """The model's sharded state dict. A last stage with multi-token prediction and tied
     embeddings (PP > 1) holds megatron-core 0.16.1's output-layer weight that its forward never
     uses (GPTModel allocates it unless the stage also holds the embedding, then computes the logits
@@ -79,14 +90,14 @@ def _state_dict(model) -> dict:
     if not (model.share_embeddings_and_output_weights and model.post_process) or model.pre_process:
         return model.sharded_state_dict(metadata=metadata)
     weight = model.output_layer.weight
-    model.output_layer.weight = None
+    model.output_layer.weight = None  # type: ignore[assignment]  # put back below
     try:
         return model.sharded_state_dict(metadata=metadata)
     finally:
         model.output_layer.weight = weight
 
 
-def init_weights(model, shape: ModelShape, opts: BuildOptions, seed: int) -> None:
+def init_weights(model: GPTModel, shape: ModelShape, opts: BuildOptions, seed: int) -> None:
     """Fill `model`'s parameters in place with the partition-independent initial values."""
     with torch.no_grad():
         for st in _sharded_tensors(_state_dict(model)):

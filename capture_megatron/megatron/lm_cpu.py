@@ -73,9 +73,9 @@ def apply() -> None:
     torch.cuda.device_count = lambda: 1
     torch.cuda.set_device = lambda *args, **kwargs: None
     fused_kernels.load = lambda args: None
-    torch.cuda.Stream = lambda *args, **kwargs: _Stream()  # type: ignore[assignment,misc]
-    torch.cuda.current_stream = lambda *args, **kwargs: _Stream()  # type: ignore[assignment]
-    torch.cuda.stream = lambda *args, **kwargs: contextlib.nullcontext()  # type: ignore[assignment]
+    torch.cuda.Stream = lambda *args, **kwargs: _Stream()  # type: ignore[assignment,misc]  # host stand-ins for torch.cuda
+    torch.cuda.current_stream = lambda *args, **kwargs: _Stream()  # type: ignore[assignment]  # as above
+    torch.cuda.stream = lambda *args, **kwargs: contextlib.nullcontext()  # type: ignore[assignment]  # as above
     torch.cuda.get_rng_state = lambda *args, **kwargs: torch.get_rng_state()
     torch.cuda.set_rng_state = lambda state, *args, **kwargs: torch.set_rng_state(state)
 

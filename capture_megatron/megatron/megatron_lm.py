@@ -80,11 +80,15 @@ def add_megatron_lm_flags(parser: argparse.ArgumentParser) -> None:
             action = present[known[0]]
             for alias in arg.flags:
                 if alias not in present:
-                    action.option_strings.append(alias)
+                    action.option_strings.append(alias)  # type: ignore[attr-defined]  # a list
                     present[alias] = action
             continue
         dest = PREFIX + arg.flags[0]
-        common = {"dest": dest, "default": argparse.SUPPRESS, "help": argparse.SUPPRESS}
+        common: dict[str, Any] = {
+            "dest": dest,
+            "default": argparse.SUPPRESS,
+            "help": argparse.SUPPRESS,
+        }
         if arg.kind in ("storetrue", "storefalse"):
             group.add_argument(*arg.flags, action="store_true", **common)
         elif arg.kind == "booleanoptional":
@@ -116,7 +120,9 @@ def check(ns: argparse.Namespace) -> tuple[str, ...]:
         pp=getattr(ns, "pipeline_model_parallel_size", None) or 1,
         recompute=_recompute(ns),
     )
-    ignored, refused, invalid = [], [], []
+    ignored: list[str] = []
+    refused: list[str] = []
+    invalid: list[str] = []
     if getattr(ns, "fine_grained_activation_offloading", False):  # declared (ActivationOffload)
         stop = policy.conditional_verdict("--fine-grained-activation-offloading", True, line)
         invalid += [f"--fine-grained-activation-offloading ({stop[1]})"] if stop else []

@@ -24,10 +24,18 @@ after any load-balancing type: for sinkhorn the bound is set on the config after
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING, Any
 
 from capture_megatron.config import ModelShape, ParallelPlan
 from capture_megatron.config.flex import CPU_REFUSAL
 from capture_megatron.errors import CaptureError
+
+if TYPE_CHECKING:
+    from megatron.core.transformer.spec_utils import ModuleSpec
+    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from capture_megatron.config.moe import Experts
 
 
 def layer_freq(shape: ModelShape) -> int | list[int]:
@@ -72,11 +80,11 @@ def config_fields(shape: ModelShape, plan: ParallelPlan) -> dict:
     }
 
 
-def _sinkhorn_bound(moe) -> bool:
+def _sinkhorn_bound(moe: Experts) -> bool:
     return moe.routing_bound and moe.moe_router_load_balancing_type == "sinkhorn"
 
 
-def bound_sinkhorn(config, shape: ModelShape) -> None:
+def bound_sinkhorn(config: TransformerConfig, shape: ModelShape) -> None:
     """Give a probe's sinkhorn router its routing bound (capacity and padding) after megatron's
     config checks, which refuse a capacity with sinkhorn (see the module docstring)."""
     if _sinkhorn_bound(shape.moe):
@@ -84,19 +92,22 @@ def bound_sinkhorn(config, shape: ModelShape) -> None:
         config.moe_pad_expert_input_to_capacity = shape.moe.moe_pad_expert_input_to_capacity
 
 
-def _local_norms(spec, norm):
+def _local_norms(spec: ModuleSpec, norm: type) -> ModuleSpec:
     """A layer spec of the local spec with its norms (query/key norms included) replaced by
     `norm`."""
     from capture_megatron.megatron.attention import attention_norms
 
-    attention = attention_norms(spec.submodules.self_attention, norm)
+    parts: Any = spec.submodules  # typed `object` by megatron-core
+    attention = attention_norms(parts.self_attention, norm)
     layer = dataclasses.replace(
-        spec.submodules, input_layernorm=norm, pre_mlp_layernorm=norm, self_attention=attention
+        parts, input_layernorm=norm, pre_mlp_layernorm=norm, self_attention=attention
     )
     return dataclasses.replace(spec, submodules=layer)
 
 
-def block_spec(config, shape: ModelShape, te: bool, vp_stage: int | None, num_layers: int):
+def block_spec(
+    config: TransformerConfig, shape: ModelShape, te: bool, vp_stage: int | None, num_layers: int
+) -> TransformerBlockSubmodules:
     """TransformerBlockSubmodules of one model chunk of an MoE model: megatron-core's
     get_gpt_decoder_block_spec for this pipeline rank and `vp_stage` (TE specs when `te`, else
     the local spec with LocalNorm). `num_layers` is what the plan places there (checked; 0 for a
@@ -115,6 +126,7 @@ def block_spec(config, shape: ModelShape, te: bool, vp_stage: int | None, num_la
     )
     if num_layers == 0:
         block = dataclasses.replace(block, layer_specs=[])
+    assert block.layer_specs is not None, "megatron-core's decoder block spec lists its layers"
     if len(block.layer_specs) != num_layers:
         raise RuntimeError(
             f"megatron-core placed {len(block.layer_specs)} layers in this chunk, the plan "
@@ -125,7 +137,8 @@ def block_spec(config, shape: ModelShape, te: bool, vp_stage: int | None, num_la
     return dataclasses.replace(
         block,
         layer_specs=[_local_norms(s, LocalNorm) for s in block.layer_specs],
-        layer_norm=LocalNorm,
+        # megatron-core annotates a spec or an instance; its own block specs pass a class too
+        layer_norm=LocalNorm,  # type: ignore[arg-type]
     )
 
 

@@ -122,11 +122,13 @@ def apply() -> None:
     from megatron.core.transformer.moe import moe_utils, token_dispatcher
 
     if not hasattr(moe_utils, "te_general_gemm"):
-        moe_utils.te_general_gemm = None
+        moe_utils.te_general_gemm = None  # type: ignore[assignment]  # megatron-core: None = no TE
     dispatcher = token_dispatcher.MoEAlltoAllTokenDispatcher
     if dispatcher.cuda_dtoh_stream is None:
-        dispatcher.cuda_dtoh_stream = HostStream()
-    dispatcher._maybe_dtoh_and_synchronize = host_dtoh_and_synchronize
+        # a host stand-in with the two methods the dispatcher calls on its stream
+        dispatcher.cuda_dtoh_stream = HostStream()  # type: ignore[assignment]
+    # a patch of megatron-core's class (the point of this module)
+    dispatcher._maybe_dtoh_and_synchronize = host_dtoh_and_synchronize  # type: ignore[method-assign]
     original = token_dispatcher.all_to_all
 
     def all_to_all(group, input_, output_split_sizes_=None, input_split_sizes=None):

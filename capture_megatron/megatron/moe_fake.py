@@ -101,7 +101,8 @@ def _patch_allgather() -> None:
         with SelectedCount(self.num_local_experts * per_expert):
             return original(self, hidden_states, probs)
 
-    MoEAllGatherTokenDispatcher.dispatch_postprocess = dispatch_postprocess
+    # a patch of megatron-core's class (the point of this module)
+    MoEAllGatherTokenDispatcher.dispatch_postprocess = dispatch_postprocess  # type: ignore[method-assign]
 
 
 def one_sinkhorn_iteration(cost):

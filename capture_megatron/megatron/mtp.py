@@ -18,7 +18,16 @@ parallelism); on the fake-cuda device the GPU kernel set's TENorm and TE-gatheri
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from capture_megatron.config import Kernels, ModelShape
+
+if TYPE_CHECKING:
+    from megatron.core.transformer.multi_token_prediction import (
+        MultiTokenPredictionBlockSubmodules,
+    )
+    from megatron.core.transformer.spec_utils import ModuleSpec
+    from megatron.core.transformer.transformer_config import TransformerConfig
 
 
 def config_fields(shape: ModelShape) -> dict:
@@ -51,7 +60,9 @@ def _parts(kernels: Kernels | None, real_te: bool) -> tuple[type, type]:
     return LocalNorm, ColumnParallelLinear
 
 
-def block_spec(shape: ModelShape, kernels: Kernels | None, real_te: bool, layer_spec):
+def block_spec(
+    shape: ModelShape, kernels: Kernels | None, real_te: bool, layer_spec: ModuleSpec
+) -> MultiTokenPredictionBlockSubmodules | None:
     """MultiTokenPredictionBlockSubmodules of the model's MTP layers, each with the transformer
     layer `layer_spec` (the decoder's last layer's, as Megatron-LM takes it); None without MTP."""
     from megatron.core.transformer.multi_token_prediction import (
@@ -73,7 +84,9 @@ def block_spec(shape: ModelShape, kernels: Kernels | None, real_te: bool, layer_
     return MultiTokenPredictionBlockSubmodules(layer_specs=[layer] * shape.mtp_num_layers)
 
 
-def moe_layer_spec(config, shape: ModelShape, real_te: bool, kernels: Kernels | None):
+def moe_layer_spec(
+    config: TransformerConfig, shape: ModelShape, real_te: bool, kernels: Kernels | None
+) -> ModuleSpec:
     """The spec of an MoE model's last decoder layer (megatron-core's
     get_gpt_decoder_layer_specs, as Megatron-LM picks the MTP layer's), with the builder's norms
     or the GPU kernel set's modules: for a last chunk that holds no decoder layer."""
@@ -84,7 +97,8 @@ def moe_layer_spec(config, shape: ModelShape, real_te: bool, kernels: Kernels | 
     from capture_megatron.megatron import cpu_compat
     from capture_megatron.megatron.norms import LocalNorm
 
-    spec = get_gpt_decoder_layer_specs(
+    # megatron-core 0.16.1 annotates TransformerBlockSubmodules but returns the list of layer specs
+    spec = get_gpt_decoder_layer_specs(  # type: ignore[index]
         config, use_transformer_engine=real_te, normalization=shape.normalization
     )[-1]
     if real_te:

@@ -5,8 +5,13 @@ bytes its device-side and host-side sub-optimizers keep, counted tensor by tenso
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from megatron.core.optimizer import MegatronOptimizer
+    from megatron.core.optimizer.cpu_offloading import HybridDeviceOptimizer
 
 
 @dataclass(frozen=True)
@@ -31,7 +36,7 @@ def _state_bytes(opt: torch.optim.Optimizer) -> int:
     return sum(_bytes(v) for p, state in opt.state.items() for v in state.values() if v is not p)
 
 
-def _hybrid(optimizer) -> list:
+def _hybrid(optimizer: MegatronOptimizer) -> list[HybridDeviceOptimizer]:
     """The HybridDeviceOptimizers inside megatron's (chained) distributed optimizer."""
     from megatron.core.optimizer.cpu_offloading import HybridDeviceOptimizer
 
@@ -40,7 +45,7 @@ def _hybrid(optimizer) -> list:
     return [h for h in found if isinstance(h, HybridDeviceOptimizer)]
 
 
-def placed(optimizer) -> OffloadPlaced:
+def placed(optimizer: MegatronOptimizer) -> OffloadPlaced:
     """Count what each HybridDeviceOptimizer of `optimizer` keeps on either side."""
     device = host = 0
     for hdo in _hybrid(optimizer):

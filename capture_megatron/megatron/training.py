@@ -8,7 +8,9 @@ Megatron-LM's pretrain_gpt.py (per-token loss summed with the loss mask, reporte
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Iterator
 from functools import partial
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -19,8 +21,21 @@ from capture_megatron.megatron import host_adam
 from capture_megatron.megatron.builder import TORCH_DTYPES
 from capture_megatron.megatron.schedule import schedule
 
+if TYPE_CHECKING:
+    from megatron.core.distributed import DistributedDataParallel
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.optimizer import MegatronOptimizer, OptimizerConfig
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+    from megatron.core.transformer.transformer_config import TransformerConfig
 
-def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
+Batch = dict[str, torch.Tensor]
+"""One micro-batch as Megatron-LM's get_batch returns it: tokens, labels, loss_mask,
+position_ids."""
+
+
+def loss_func(
+    loss_mask: torch.Tensor, output_tensor: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
     """Masked token-loss sum, token count, and the (sum, tokens) pair reported as 'lm loss'."""
     losses = output_tensor.view(-1).float()
     mask = loss_mask.view(-1).float()
@@ -33,7 +48,7 @@ def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
     )
 
 
-def batch_on_this_cp_rank(batch: dict) -> dict:
+def batch_on_this_cp_rank(batch: Batch) -> Batch:
     """This context-parallel rank's part of a micro-batch, as Megatron-LM's get_batch slices it
     (megatron.core.utils.get_batch_on_this_cp_rank: the sequence in 2 x cp chunks, rank r keeps
     chunks r and 2cp-1-r of tokens, labels, loss_mask, position_ids); the batch itself with CP 1."""
@@ -45,7 +60,9 @@ def batch_on_this_cp_rank(batch: dict) -> dict:
     return get_batch_on_this_cp_rank(dict(batch))
 
 
-def forward_step(data_iterator, model):
+def forward_step(
+    data_iterator: Iterator[Batch], model: torch.nn.Module
+) -> tuple[torch.Tensor, Callable[[torch.Tensor], Any]]:
     """Megatron's forward_step_func: run a chunk on the next micro-batch (this CP rank's part).
 
     With CP each rank's loss is the mean over its own tokens (megatron-core's schedules divide the
@@ -58,12 +75,12 @@ def forward_step(data_iterator, model):
 
 
 def wrap_model(
-    chunks: list,
+    chunks: list[GPTModel],
     shape: ModelShape,
     plan: ParallelPlan,
     run: RunOptions,
     check_for_nan_in_grad: bool = True,
-) -> list:
+) -> list[DistributedDataParallel]:
     """Float16Module (bf16/fp16) and megatron DDP around each chunk, then broadcast over DP.
 
     Probes under FakeTensorMode pass check_for_nan_in_grad=False (the check reads gradient values).
@@ -97,7 +114,7 @@ def wrap_model(
     return wrapped
 
 
-def bucket_size(opts: DdpOptions, chunks: list) -> int | None:
+def bucket_size(opts: DdpOptions, chunks: list[GPTModel]) -> int | None:
     """DDP's bucket size as Megatron-LM's get_model sets it: --ddp-bucket-size, or the rank's
     parameters over --ddp-num-buckets; None: megatron-core's default (which DDP applies only with
     --overlap-grad-reduce)."""
@@ -107,14 +124,14 @@ def bucket_size(opts: DdpOptions, chunks: list) -> int | None:
 
 
 def make_optimizer(
-    model: list,
+    model: list[DistributedDataParallel],
     shape: ModelShape,
     plan: ParallelPlan,
     optim: OptimOptions,
     train_iters: int,
     use_gloo_process_groups: bool = True,
     resume: CheckpointOptions | None = None,
-):
+) -> tuple[MegatronOptimizer, OptimizerParamScheduler]:
     """get_megatron_optimizer + OptimizerParamScheduler as Megatron-LM configures them (`resume`:
     its --override-opt_param-scheduler / --use-checkpoint-opt_param-scheduler, both off by
     default as in Megatron-LM).
@@ -141,7 +158,9 @@ def make_optimizer(
     )
     with precision_aware(config, plan.ddp):
         optimizer = get_megatron_optimizer(
-            config, model, use_gloo_process_groups=use_gloo_process_groups
+            config,
+            model,  # type: ignore[arg-type]  # DDP is a MegatronModule; list is invariant
+            use_gloo_process_groups=use_gloo_process_groups,
         )
     s = schedule(optim, train_iters, plan.global_batch_size)
     resume = resume or CheckpointOptions()
@@ -182,7 +201,7 @@ OFFLOAD_FIELDS = (
 
 
 @contextlib.contextmanager
-def precision_aware(config, opts: DdpOptions):
+def precision_aware(config: OptimizerConfig, opts: DdpOptions) -> Iterator[None]:
     """Megatron-LM's precision-aware optimizer settings on `config` (an OptimizerConfig), and the
     optimizer megatron-core builds for them: Transformer Engine's FusedAdam where TE imports, else
     capture_megatron.megatron.host_adam.HostFusedAdam. megatron-core's OptimizerConfig checks TE's
@@ -211,7 +230,9 @@ def precision_aware(config, opts: DdpOptions):
     yield
 
 
-def set_schedule_hooks(model: list, optimizer, run: RunOptions) -> object:
+def set_schedule_hooks(
+    model: list[DistributedDataParallel], optimizer: MegatronOptimizer, run: RunOptions
+) -> TransformerConfig:
     """The TransformerConfig hooks Megatron-LM's train() sets before training."""
     from megatron.core.distributed import finalize_model_grads
     from megatron.core.utils import get_model_config

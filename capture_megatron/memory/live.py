@@ -16,6 +16,8 @@ per op)."""
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -42,7 +44,7 @@ class LiveTensorTracker(TorchDispatchMode):
         origin), origin being for a release the log index i of its storage's allocation, -2 - i when
         that was in the previous log, -1 otherwise."""
 
-    def _register(self, storage) -> None:
+    def _register(self, storage: torch.UntypedStorage) -> None:
         key = storage._cdata
         size = storage.nbytes()
         old = self._sizes.get(key)
@@ -89,7 +91,7 @@ class LiveTensorTracker(TorchDispatchMode):
         events, self.events = self.events or [], None
         return events
 
-    def track_existing(self, tensors) -> None:
+    def track_existing(self, tensors: torch.nn.Module | Iterable[torch.Tensor]) -> None:
         """Count storages created before tracking started (e.g. a module's parameters)."""
         if isinstance(tensors, torch.nn.Module):
             tensors = list(tensors.parameters()) + list(tensors.buffers())
@@ -103,7 +105,13 @@ class LiveTensorTracker(TorchDispatchMode):
         """Start a new peak window at the current live bytes."""
         self.peak_bytes = self.current_bytes
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+    def __torch_dispatch__(
+        self,
+        func: Callable[..., Any],
+        types: object,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
         kwargs = kwargs or {}
         inputs = {
             t.untyped_storage()._cdata

@@ -91,7 +91,7 @@ class CudaMeter(MemoryMeter):
 
     device = "cuda"
 
-    def __init__(self):
+    def __init__(self) -> None:
         import torch
 
         self.cuda = torch.cuda

@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from capture_megatron.config import Cluster, ModelShape, ParallelPlan, Recompute
+from capture_megatron.config import GIB, Cluster, ModelShape, ParallelPlan, Recompute
 from capture_megatron.fit import MemoryModel
 from capture_megatron.plan.contiguous import contiguous_partition, descend
 from capture_megatron.plan.costmodel import CostModel, step_seconds
@@ -236,6 +236,19 @@ def evaluate_plan(
         needed <= cluster.gpu_memory_bytes and host <= hw.hardware.host_memory_bytes,
         step_seconds(shape, plan, hw),
         host_per_node=host,
+    )
+
+
+def host_overflow(e: Evaluated, cluster: Cluster, host: int) -> str:
+    """What the no-fit error says of a plan whose offloaded optimizer overflows a node's `host`
+    bytes of host memory ('' when it fits there)."""
+    if e.host_per_node <= host:
+        return ""
+    return (
+        f", with --optimizer-cpu-offload of {e.plan.ddp.optimizer_offload_fraction:g} of its "
+        f"optimizer, whose host copies take {e.host_per_node / GIB:.1f} GiB on a node's "
+        f"{min(cluster.gpus_per_node, cluster.gpus)} ranks, above its {host / GIB:g} GiB of host "
+        "memory (--host-memory-gib)"
     )
 
 

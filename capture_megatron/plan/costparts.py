@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from capture_megatron.config import ModelShape, ParallelPlan, dtype_bytes
+from capture_megatron.config.attention import attention_parameters
 from capture_megatron.config.hardware import Hardware
 from capture_megatron.config.runtime import StepSettings
 from capture_megatron.plan.calibration import Constants
@@ -247,21 +248,27 @@ def head_time(s: Setting, shape: ModelShape, plan: ParallelPlan) -> tuple[float,
     return out + loss, 2 * out + loss
 
 
-def layer_params(shape: ModelShape, tp: int, moe: bool = False, ep: int = 1) -> float:
-    """Parameters of one transformer layer held by one GPU (weights over TP; routed experts over
-    EP and the expert TP (taken as TP); norms and biases included)."""
-    h, a, g, d = shape.hidden_size, shape.num_attention_heads, shape.groups, shape.head_dim
+def routed_params(shape: ModelShape, tp: int, ep: int) -> float:
+    """Routed-expert parameters of one MoE layer held by one GPU (over EP and the expert TP,
+    taken as TP: a lower count where the expert TP is smaller)."""
     up = 2 if shape.gated else 1
-    attn = h * (a + 2 * g) * d + a * d * h
+    return shape.moe.num_experts / ep * shape.hidden_size * shape.moe_ffn * (up + 1) / tp
+
+
+def layer_params(shape: ModelShape, tp: int, moe: bool = False, ep: int = 1) -> float:
+    """Parameters of one transformer layer held by one GPU: the attention as megatron-core builds
+    it (config.attention.attention_parameters: GQA, QK norms, MLA's latent projections), the MLP
+    over TP, routed experts over EP and the expert TP (taken as TP), norms and biases included."""
+    h = shape.hidden_size
+    up = 2 if shape.gated else 1
+    attn = attention_parameters(shape, tp)
     norms = 2 * h
-    bias = (a + 2 * g) * d + h + (up * shape.ffn + h if not moe else 0)
     if not moe:
-        mlp = h * shape.ffn * (up + 1)
-        return (attn + mlp + (bias if shape.add_bias_linear else 0)) / tp + norms
+        bias = up * shape.ffn / tp + h if shape.add_bias_linear else 0
+        return attn + h * shape.ffn * (up + 1) / tp + bias + norms
     m = shape.moe
-    experts = m.num_experts / ep * h * shape.moe_ffn * (up + 1)
     shared = h * m.moe_shared_expert_intermediate_size * (up + 1)
-    return (attn + experts + shared) / tp + norms + m.num_experts * h
+    return attn + routed_params(shape, tp, ep) + shared / tp + norms + m.num_experts * h
 
 
 def end_params(shape: ModelShape, tp: int, first: bool, last: bool) -> float:

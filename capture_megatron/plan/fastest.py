@@ -106,7 +106,13 @@ def fit_plan(
 class _Visit:
     """The candidates of one search, their bounds, lighter twins and evaluations."""
 
-    def __init__(self, plans: list[ParallelPlan], bound: Callable[[ParallelPlan], float]) -> None:
+    def __init__(
+        self,
+        plans: list[ParallelPlan],
+        bound: Callable[[ParallelPlan], float],
+        floor: Callable[[ParallelPlan], bool],
+    ) -> None:
+        self.floor, self.floors = floor, dict[ParallelPlan, bool]()
         self.index = {_key(p): p for p in plans}
         self.sizes = sorted({p.micro_batch_size for p in plans})
         self.bounds = {p: bound(p) for p in plans}
@@ -127,11 +133,19 @@ class _Visit:
         ]
         return [t for t in found if t is not None]
 
+    def floor_fits(self, p: ParallelPlan) -> bool:
+        """Whether the plan's memory floor fits (the `floor` predicate, once per plan)."""
+        if p not in self.floors:
+            self.floors[p] = self.floor(p)
+        return self.floors[p]
+
     def upcoming(self, i: int) -> Iterator[ParallelPlan]:
-        """The candidates from the i-th on, each after its twins (what profiling batches)."""
+        """The candidates from the i-th on whose memory floor fits, each after its twins (what
+        profiling batches)."""
         for plan in self.order[i:]:
-            yield from self.twins(plan)
-            yield plan
+            if self.floor_fits(plan):
+                yield from (t for t in self.twins(plan) if self.floor_fits(t))
+                yield plan
 
     def unfit(self) -> frozenset[ParallelPlan]:
         """The candidates found not to fit."""
@@ -144,10 +158,12 @@ class _Visit:
 
 
 def _floor_fits(
-    shape: ModelShape, plan: ParallelPlan, margins: Margins, cap: float, fp8_params: bool
+    shape: ModelShape, plan: ParallelPlan, margins: Margins, cap: float, fp8: tuple[bool, bool]
 ) -> bool:
-    """Whether the plan's memory floor (ranktimes.memory_floor) plus margins is within `cap`."""
-    return margins.plan_needed(memory_floor(shape, plan, fp8_params), shape, plan) <= cap
+    """Whether the plan's memory floor (ranktimes.memory_floor) plus margins is within `cap`;
+    `fp8`: (FP8 compute, --fp8-param-gather)."""
+    floor = memory_floor(shape, plan, fp8_params=fp8[1], fp8=fp8[0])
+    return margins.plan_needed(floor, shape, plan) <= cap
 
 
 def fastest(
@@ -160,14 +176,16 @@ def fastest(
     top: int,
     keep_recompute: bool,
     floor: int = 0,
-    fp8_params: bool = False,
+    fp8: tuple[bool, bool] = (False, False),
 ) -> SearchResult:
     """The branch and bound (module docstring): the fastest fitting plan, proven, then the
-    fastest of the others evaluated on the way (up to `top` in all; `fp8_params`:
+    fastest of the others evaluated on the way (up to `top` in all; `fp8`: FP8 compute and
     --fp8-param-gather, for the memory floor)."""
     if "full" in {p.recompute.granularity for p in plans} and not keep_recompute and not floor:
         plans = [p for p in plans if p.recompute.granularity != "none"]
-    visit = _Visit(plans, lambda p: step_seconds(shape, p, hw, bound=True))
+    cap = cluster.gpu_memory_bytes
+    visit = _Visit(plans, lambda p: step_seconds(shape, p, hw, bound=True),
+                   lambda p: _floor_fits(shape, p, margins, cap, fp8))  # fmt: skip
 
     def run(plan: ParallelPlan, i: int) -> Evaluated:
         if plan not in visit.done:
@@ -184,17 +202,15 @@ def fastest(
         """Whether the plan's floor of bytes can fit, every lighter twin that costs no profiling
         (recursively) fits, and then the plan itself."""
         if plan not in visit.viable:
-            ok = _floor_fits(shape, plan, margins, cluster.gpu_memory_bytes, fp8_params)
-            visit.viable[plan] = ok and all(fits(t, i) for t in twins(plan)) and run(plan, i).fits
+            ok = visit.floor_fits(plan) and all(fits(t, i) for t in twins(plan))
+            visit.viable[plan] = ok and run(plan, i).fits
         return visit.viable[plan]
 
     def twins(plan: ParallelPlan) -> list[ParallelPlan]:
-        """The lighter twins worth asking first: known, or predicted without profiling (a twin
-        that needs a profile of its own saves nothing over the plan's)."""
+        """The lighter twins known, or predicted without profiling (worth asking first)."""
         return [t for t in visit.twins(plan) if t in visit.viable or supply.holds([t])]
 
-    # in order of the cheap bound, each refined (whole layers, the head on the last rank) before
-    # it is split; the search ends when the next bound is no better than the top-th plan found
+    # by the cheap bound, refined before a split; ends when no bound beats the fastest found
     refine = not mixed_layers(shape)
     queue = [(visit.bounds[p], not refine, i) for i, p in enumerate(visit.order)]
     heapq.heapify(queue)

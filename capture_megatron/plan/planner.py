@@ -22,6 +22,7 @@ from capture_megatron.config.kernels import kernel_set, tp_overlap_problem
 from capture_megatron.config.model import tp_head_problems
 from capture_megatron.errors import CaptureError
 from capture_megatron.fit import MemoryModel, ModelSource
+from capture_megatron.plan.balance import host_overflow
 from capture_megatron.plan.baselines import baselines_for
 from capture_megatron.plan.costmodel import CostModel
 from capture_megatron.plan.explain import (
@@ -171,8 +172,9 @@ def plan(
         raise CaptureError(_why_no_candidate(shape, cluster, gbs, options.space))
     first = next(candidates(shape, cluster, gbs, options.space))
     supply.want(plans_explained(shape, options.space, first))  # plain DP, for the reasoning
-    fp8_params = options.kernels.fp8 and options.kernels.fp8_param_gather
-    search_ = _Search(supply, shape, cluster, gbs, options.space, margins, hw, fp8_params)
+    k = options.kernels
+    fp8 = (k.fp8, k.fp8 and k.fp8_param_gather)
+    search_ = _Search(supply, shape, cluster, gbs, options.space, margins, hw, fp8)
     ranked, considered = search_.best(options.objective, options.top)
     if not ranked:  # every candidate's static bytes alone exceed the memory
         raise search_.no_fit(search_.run(cluster, "min-peak", 1)[0][0])
@@ -283,8 +285,9 @@ class _Search:
     space: Space
     margins: Margins
     hw: CostModel
-    fp8_params: bool = False
-    """--fp8-param-gather: parameters of 1 byte (the search's memory floor)."""
+    fp8: tuple[bool, bool] = (False, False)
+    """(FP8 compute: activations of 1 byte; --fp8-param-gather: parameters of 1 byte), for the
+    search's memory floor."""
 
     def run(self, cluster: Cluster, objective: str, top: int) -> tuple[tuple[Evaluated, ...], int]:
         """(ranked plans, candidates considered) on `cluster`."""
@@ -298,7 +301,7 @@ class _Search:
             self.margins,
             self.hw,
             top=top,
-            fp8_params=self.fp8_params,
+            fp8=self.fp8,
         )
         return found.ranked, found.considered
 
@@ -351,19 +354,8 @@ class _Search:
             where = f"none fits on up to {limit} GPUs either"
         return CaptureError(
             f"no plan fits {cluster.gpu_memory_bytes / GIB:g} GiB on {cluster.gpus} GPUs (best "
-            f"needs {best.needed / GIB:.1f} GiB per GPU{self.host_words(best)}); {where}"
-        )
-
-    def host_words(self, best: Evaluated) -> str:
-        """What no_fit says of a plan whose offload overflows a node's host memory (or '')."""
-        host = self.hw.hardware.host_memory_bytes
-        if best.host_per_node <= host:
-            return ""
-        return (
-            f", with --optimizer-cpu-offload of {best.plan.ddp.optimizer_offload_fraction:g} of "
-            f"its optimizer, whose host copies take {best.host_per_node / GIB:.1f} GiB on a "
-            f"node's {min(self.cluster.gpus_per_node, self.cluster.gpus)} ranks, above its "
-            f"{host / GIB:g} GiB of host memory (--host-memory-gib)"
+            f"needs {best.needed / GIB:.1f} GiB per GPU"
+            f"{host_overflow(best, cluster, self.hw.hardware.host_memory_bytes)}); {where}"
         )
 
 

@@ -8,10 +8,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 from capture_megatron.config import ModelShape, ParallelPlan, dtype_bytes
-from capture_megatron.config.ddp import STATE_BYTES
 from capture_megatron.plan import costparts as cp
 from capture_megatron.plan.costmodel import ROUNDING, CostModel, bound_parts
+from capture_megatron.plan.offload_cost import device_share
 from capture_megatron.plan.partition import TIE
+from capture_megatron.predict.static import layout_of
 
 EXACT_CHUNKS = 2
 """Up to this many chunks per rank every chunk split is searched; beyond, the near-even ones."""
@@ -98,67 +99,112 @@ def lower_bound(parts: tuple[float, float], m: int, vpp: int, bottleneck: float)
     return ((m - 1 / vpp) * bottleneck + parts[0] / vpp + parts[1]) * ROUNDING
 
 
-def _per_param(shape: ModelShape, plan: ParallelPlan, fp8_params: bool) -> float:
-    """Bytes a dense parameter takes at least: itself (1 byte as an FP8 parameter), its gradient
-    buffer's element (DdpOptions.grad_dtype) and its rank's share of the Adam moments (fp32, or
-    the precision-aware optimizer's dtypes; the master weights left out; with
-    --optimizer-cpu-offload only the share kept on the device)."""
-    ddp = plan.ddp
-    pbytes = 1 if fp8_params else dtype_bytes(shape.dtype)
-    gbytes = dtype_bytes(ddp.grad_dtype(shape.dtype))
-    moments = STATE_BYTES[ddp.exp_avg_dtype] + STATE_BYTES[ddp.exp_avg_sq_dtype]
-    if not ddp.use_precision_aware_optimizer:
-        moments = 4  # two moments of at least 16 bits (fp32 ones and master weights take more)
-    kept = 1.0 - ddp.optimizer_offload_fraction if ddp.optimizer_cpu_offload else 1.0
-    shards = plan.dp * plan.cp // ddp.num_distributed_optimizer_instances
-    return pbytes + gbytes + kept * moments / (shards if plan.distributed_optimizer else 1)
+def _per_param(shape: ModelShape, plan: ParallelPlan, fp8_params: bool, shards: int) -> float:
+    """Bytes a parameter takes at least: itself (1 byte as an FP8 parameter), its gradient
+    buffer's element and its rank's share over `shards` ranks of the optimizer state kept on
+    the device (master weights and moments: the Layout the forecast uses, predict.static)."""
+    layout = layout_of(shape.dtype, plan.ddp, 1, True, param_bytes=1 if fp8_params else 0)
+    state = layout.state * device_share(plan)
+    shards = plan.ddp.shard_ranks(shards) if plan.distributed_optimizer else 1
+    return layout.param + layout.grad + state / shards
+
+
+def _layer_bytes(shape: ModelShape, plan: ParallelPlan, fp8_params: bool) -> tuple[float, float]:
+    """(a dense layer's, an MoE layer's) parameters, gradients and optimizer share on one rank
+    (_per_param; routed experts' moments shard over the expert-data-parallel ranks, the rest
+    over DP x CP; biases left out: a floor)."""
+    bare = replace(shape, add_bias_linear=False)
+    dense = _per_param(shape, plan, fp8_params, plan.dp * plan.cp)
+    dense_layer = cp.layer_params(bare, plan.tp) * dense
+    if not shape.moe.enabled:
+        return dense_layer, dense_layer
+    routed = cp.routed_params(bare, plan.tp, plan.ep)
+    rest = cp.layer_params(bare, plan.tp, True, plan.ep) - routed
+    expert = _per_param(shape, plan, fp8_params, plan.expert_dp)
+    return dense_layer, rest * dense + routed * expert
 
 
 def static_floor(shape: ModelShape, plan: ParallelPlan, fp8_params: bool = False) -> float:
     """Bytes the most loaded rank of any layout of the plan's sizes holds at least, before any
-    activation: the mean rank's parameters, their gradients and (dense models) a share of the
-    Adam moments (_per_param; `fp8_params`: --fp8-param-gather). Lets the search drop sizes that
-    cannot fit without profiling them."""
+    activation: the mean rank's parameters, their gradients and a share of the Adam moments
+    (_per_param, _layer_bytes; `fp8_params`: --fp8-param-gather). Lets the search drop sizes
+    that cannot fit without profiling them."""
     pattern = shape.moe_layers if shape.moe.enabled else (False,) * shape.num_layers
-    bare = replace(shape, add_bias_linear=False)  # biases left out: a floor
-    params = sum(cp.layer_params(bare, plan.tp, x, plan.ep) for x in pattern)
-    params += cp.end_params(bare, plan.tp, True, True)
-    per_param = _per_param(shape, plan, fp8_params)
-    if shape.moe.enabled:  # expert state is sharded over the expert-data-parallel ranks
-        per_param = (1 if fp8_params else dtype_bytes(shape.dtype)) + dtype_bytes(
-            plan.ddp.grad_dtype(shape.dtype)
-        )
-    return params / plan.pp * per_param
+    dense, moe = _layer_bytes(shape, plan, fp8_params)
+    ends = cp.end_params(shape, plan.tp, True, True)
+    per_param = _per_param(shape, plan, fp8_params, plan.dp * plan.cp)
+    return (sum(moe if x else dense for x in pattern) + ends * per_param) / plan.pp
 
 
-def memory_floor(shape: ModelShape, plan: ParallelPlan, fp8_params: bool = False) -> float:
-    """Bytes the most loaded rank of any layout of the plan's sizes holds at least (one chunk per
-    rank; static_floor with more): static_floor's bytes per parameter, plus, for every layer and
-    every micro-batch in flight under 1F1B (min(PP - rank, m) on a rank), the layer's input, which
-    even full recompute of every layer keeps (1 / TP of it with sequence parallelism, 1 / CP of
-    the sequence). The least worst rank over every split of the layers, by bisection. Uniform
-    recompute of several layers at a time keeps one input per group: static_floor alone."""
-    rc = plan.recompute
-    grouped = rc.granularity == "full" and rc.method == "uniform" and max(rc.num_layers) > 1
-    if plan.vpp > 1 or shape.moe.enabled or grouped:
-        return static_floor(shape, plan, fp8_params)
-    pbytes = dtype_bytes(shape.dtype)
-    per_param = _per_param(shape, plan, fp8_params)
+def _kept(shape: ModelShape, plan: ParallelPlan, fp8: bool) -> tuple[float, float]:
+    """(bytes each layer keeps at least for every micro-batch in flight, bytes the rank's running
+    MoE layer adds for one micro-batch). Kept: its input (1 / TP of it with sequence
+    parallelism, 1 / CP of the sequence), which even full recompute keeps. An MoE layer saves
+    the tokens routed to its first expert projection for the weight gradient (1 byte each
+    under FP8) and that projection's output for the activation's backward (which recompute of
+    the activation keeps as its input); the worst expert-parallel rank receives at least the
+    mean, its own tokens times top-k (1 / TP of them: the expert TP taken as TP). So for every
+    micro-batch when its experts are not recomputed, else while its
+    forward is recomputed for the backward. Uniform recompute of g layers at a time keeps one
+    input per g layers; fine-grained activation offloading keeps none."""
+    if plan.ddp.activation_offload.fine_grained_activation_offloading:
+        return 0.0, 0.0
+    pbytes, rc, m = dtype_bytes(shape.dtype), plan.recompute, shape.moe
     tokens = plan.micro_batch_size * shape.seq_length / plan.cp
     hidden = tokens * shape.hidden_size * pbytes / (plan.tp if plan.sequence_parallel else 1)
-    bare = replace(shape, add_bias_linear=False)  # biases left out: a floor
-    layer = cp.layer_params(bare, plan.tp) * per_param
+    routed = 0.0
+    if m.enabled and not m.moe_expert_capacity_factor:
+        up = (2 if shape.gated else 1) * shape.moe_ffn  # the first projection's output
+        per_token = shape.hidden_size * (1 if fp8 else pbytes) + up * pbytes
+        routed = tokens / plan.tp * m.moe_router_topk * per_token
+    if rc.granularity == "full":
+        if rc.method == "uniform" and rc.num_layers:
+            return hidden / max(rc.num_layers), 0.0
+        return hidden, routed
+    if "moe" in rc.modules:
+        return hidden, routed
+    return hidden + routed, 0.0
+
+
+def _logits(shape: ModelShape, plan: ParallelPlan) -> float:
+    """Bytes of one micro-batch's logits on the last rank: the output layer's product, its
+    vocabulary over TP, in the model's dtype."""
+    tokens = plan.micro_batch_size * shape.seq_length / plan.cp
+    return tokens * shape.padded_vocab(plan.tp) / plan.tp * dtype_bytes(shape.dtype)
+
+
+def memory_floor(
+    shape: ModelShape, plan: ParallelPlan, fp8_params: bool = False, fp8: bool = False
+) -> float:
+    """Bytes the most loaded rank of any layout of the plan's sizes holds at least: _layer_bytes
+    per layer, plus _kept for every layer and every micro-batch in flight at the rank's first
+    backward (min(PP - rank, m) under 1F1B; interleaved, each chunk's first micro-batch) and
+    once for its running layer, the embedding and output layer on the end ranks, one
+    micro-batch's logits on the last. The least worst rank over every placement of the layers
+    (dense layers beside MoE ones left out), by bisection. `fp8`: FP8 compute; `fp8_params`:
+    --fp8-param-gather."""
+    dense, moe = _layer_bytes(shape, plan, fp8_params)
+    kept, running = _kept(shape, plan, fp8)
+    pattern = shape.moe_layers if shape.moe.enabled else (False,) * shape.num_layers
+    n, layer = (sum(pattern), moe) if any(pattern) else (shape.num_layers, dense)
+    running = running if any(pattern) else 0.0
+    per_param = _per_param(shape, plan, fp8_params, plan.dp * plan.cp)
     ends, per_layer = [], []
     for r in range(plan.pp):
-        ends.append(cp.end_params(shape, plan.tp, r == 0, r == plan.pp - 1) * per_param)
-        per_layer.append(layer + min(plan.pp - r, plan.num_microbatches) * hidden)
-    n = shape.num_layers
+        last = r == plan.pp - 1
+        end = cp.end_params(shape, plan.tp, r == 0, last) * per_param
+        ends.append(end + (_logits(shape, plan) if last else 0.0))
+        flight = 1 if plan.vpp > 1 else min(plan.pp - r, plan.num_microbatches)
+        per_layer.append(layer + flight * kept)
 
     def fits(limit: float) -> bool:
-        held = [(limit - e) // w if limit >= e else -1 for e, w in zip(ends, per_layer)]
+        held = [
+            (limit - e - running) // w if limit >= e + running + w else (0 if limit >= e else -1)
+            for e, w in zip(ends, per_layer)
+        ]
         return min(held) >= 0 and sum(held) >= n
 
-    lo, hi = 0.0, max(e + n * w for e, w in zip(ends, per_layer))
+    lo, hi = 0.0, max(e + running + n * w for e, w in zip(ends, per_layer))
     for _ in range(100):
         mid = (lo + hi) / 2
         lo, hi = (lo, mid) if fits(mid) else (mid, hi)

@@ -65,7 +65,7 @@ def search(
     margins: Margins,
     hw: CostModel = CostModel(),
     top: int = 10,
-    fp8_params: bool = False,
+    fp8: tuple[bool, bool] = (False, False),
 ) -> SearchResult:
     """Balance and predict the candidates; rank by the objective (fitting plans first).
 
@@ -75,8 +75,8 @@ def search(
     each by the min-max memory partition. throughput is the branch and bound of
     capture_megatron.plan.fastest. `model` may be a Supply that profiles the pairs of the plans
     visited on demand (capture_megatron.plan.supply); min-peak asks for the pairs of every
-    non-dominated candidate at once. `fp8_params`: --fp8-param-gather (the memory floor's
-    parameter bytes)."""
+    non-dominated candidate at once. `fp8`: FP8 compute and --fp8-param-gather (the memory
+    floor's activation and parameter bytes)."""
     if objective not in OBJECTIVES:
         raise CaptureError(f"--objective {objective!r} is not one of {', '.join(OBJECTIVES)}")
     supply = model if isinstance(model, Supply) else Supply(shape, model)
@@ -85,7 +85,7 @@ def search(
         floor = 1 if space.recompute == ("full",) else 0
 
         def run(some: list[ParallelPlan]) -> SearchResult:
-            return fastest(supply, shape, cluster, some, margins, hw, top, keep, floor, fp8_params)
+            return fastest(supply, shape, cluster, some, margins, hw, top, keep, floor, fp8)
 
         moved = [f for f in space.optimizer_offload if f > 0.0]
         if len(space.optimizer_offload) < 2 or not moved or True not in space.distributed_optimizer:

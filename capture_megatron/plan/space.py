@@ -65,8 +65,9 @@ class Space:
     """Optimizer CPU offload fractions (--optimizer-offload-fraction); 0: no offload. A fraction
     above 0 turns on --optimizer-cpu-offload with --use-precision-aware-optimizer at its default
     fp32 dtypes (Megatron-LM's rule; HybridDeviceOptimizer takes none of its dtypes, so no byte
-    changes) and the distributed optimizer. Empty: the planner's choice (plan.planner.searched_options: on GPUs
-    OFFLOAD_FRACTIONS for min-gpus and throughput, none for min-peak), else none."""
+    changes) and the distributed optimizer. Empty: the planner's choice
+    (plan.planner.searched_options: on GPUs OFFLOAD_FRACTIONS for min-gpus and throughput, none
+    for min-peak), else none."""
 
     @property
     def keeps_recompute(self) -> bool:

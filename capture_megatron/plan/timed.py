@@ -98,6 +98,8 @@ class _Ranks(RankTimes):
         self.cache: dict = {}
         self.peaks: dict[tuple, float] = {}
         self.plans: dict[tuple[int, int], ParallelPlan] = {}
+        self.chunk_memo: dict[tuple[int, int, bool], tuple[float, float]] = {}
+        """(forward, backward) seconds of a chunk by (layers, recomputed layers, holds the head)."""
         self.best_of: dict[tuple[int, int], RankChoice | None] = {}
 
     def _with(self, rank: int, n: int) -> ParallelPlan:
@@ -129,8 +131,13 @@ class _Ranks(RankTimes):
         fwds, bwds = [], []
         for v, k in enumerate(chunks):
             redo = (k if n else 0) if uniform else min(n, k)
-            head = self.head if v * plan.pp + rank == last else None
-            f, b = chunk_seconds([self.layer] * k, redo, selective, head, self.overhead)
+            holds_head = v * plan.pp + rank == last
+            key = (k, redo, holds_head)
+            if key not in self.chunk_memo:  # identical layers: a few distinct chunks
+                head = self.head if holds_head else None
+                layers = [self.layer] * k
+                self.chunk_memo[key] = chunk_seconds(layers, redo, selective, head, self.overhead)
+            f, b = self.chunk_memo[key]
             fwds.append(f)
             bwds.append(b)
         return sum(fwds) + sum(bwds), max(f + b for f, b in zip(fwds, bwds))

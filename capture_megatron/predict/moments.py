@@ -46,9 +46,28 @@ KINDS = {"F": 0, "B": 1, "D": 2}
 """MomentArrays.kind of each kind of moment."""
 
 
-@functools.lru_cache(maxsize=4096)
+_BY_IDENTITY: dict[tuple[int, int], tuple[tuple[tuple, ...], MomentArrays]] = {}
+"""moment_arrays by the moments tuple's identity (hashing a long tuple on every call is what a
+value-keyed cache costs; the entry keeps the tuple alive, so its id is not reused)."""
+
+
 def moment_arrays(moments: tuple[tuple, ...], vpp: int) -> MomentArrays:
-    """The arrays of a schedule's moments (ranks.schedule_states' tuple, which is cached too)."""
+    """The arrays of a schedule's moments (ranks.schedule_states' tuple, which is cached too, so
+    the same schedule is the same object)."""
+    key = (id(moments), vpp)
+    found = _BY_IDENTITY.get(key)
+    if found is not None and found[0] is moments:
+        return found[1]
+    if len(_BY_IDENTITY) >= 4096:
+        _BY_IDENTITY.clear()
+    arrays = _moment_arrays(moments, vpp)
+    _BY_IDENTITY[key] = (moments, arrays)
+    return arrays
+
+
+@functools.lru_cache(maxsize=4096)
+def _moment_arrays(moments: tuple[tuple, ...], vpp: int) -> MomentArrays:
+    """moment_arrays by value."""
     n = len(moments)
     kind = np.array([KINDS[m[0]] for m in moments], dtype=np.int64).reshape(n)
     chunk = np.array([m[1] for m in moments], dtype=np.int64).reshape(n)

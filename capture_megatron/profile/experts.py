@@ -3,6 +3,8 @@ parameters are routed experts', and what is not profiled yet."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from capture_megatron.config import Kernels
 from capture_megatron.config.context import context_problem
 from capture_megatron.config.flex import flex_problems
@@ -10,6 +12,9 @@ from capture_megatron.config.fp8 import fp8_problem
 from capture_megatron.config.kernels import kernel_set, tp_overlap_problem
 from capture_megatron.errors import CaptureError
 from capture_megatron.records import Probe, Variant
+
+if TYPE_CHECKING:
+    import torch
 
 
 def probe_world(probe: Probe) -> tuple[int, int, int, int]:
@@ -23,7 +28,7 @@ def probe_world(probe: Probe) -> tuple[int, int, int, int]:
     return dp, moe.ep, moe.etp, cp
 
 
-def expert_mask(model) -> tuple[bool, ...]:
+def expert_mask(model: torch.nn.Module) -> tuple[bool, ...]:
     """Per parameter, whether it is a routed expert's (megatron marks them allreduce=False); empty
     when none is."""
     mask = tuple(not getattr(p, "allreduce", True) for p in model.parameters())

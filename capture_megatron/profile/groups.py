@@ -9,6 +9,8 @@ buffers megatron allocates for all-gathers and reduce-scatters included.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 
@@ -22,7 +24,7 @@ def fake_job(
     cp: int = 1,
     seed: int = 1234,
     instances: int = 1,
-):
+) -> Iterator[None]:
     """Initialise torch.distributed (fake, world tp*cp*dp, rank 0) and megatron's parallel_state
     (with `ep` x `etp` expert groups, etp None: TP; `cp` context-parallel ranks; `instances`
     distributed-optimizer instances)."""
@@ -32,12 +34,14 @@ def fake_job(
 
     torch.distributed.init_process_group("fake", store=FakeStore(), rank=0, world_size=tp * cp * dp)
     original_gather = torch.distributed.all_gather_object
+
     # Object collectives pickle through real tensors (and read them back with .item(), which fake
     # tensors cannot answer). Every rank of the symmetric fake job holds the same object, so the
     # gather is this rank's object repeated — what megatron's optimizer set-up asks it for.
-    torch.distributed.all_gather_object = lambda out, obj, group=None: out.__setitem__(
-        slice(None), [obj] * len(out)
-    )
+    def gather(object_list: list[Any], obj: Any, group: Any = None) -> None:
+        object_list[:] = [obj] * len(object_list)
+
+    torch.distributed.all_gather_object = gather
     try:
         ps.initialize_model_parallel(
             tensor_model_parallel_size=tp,

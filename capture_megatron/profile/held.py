@@ -4,13 +4,22 @@ buffers and the optimizer's state (storages counted once), Megatron's global mem
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
 import torch
 from torch.utils._pytree import tree_leaves
 
 from capture_megatron.records import BufferBytes
 
+if TYPE_CHECKING:
+    from megatron.core.distributed import DistributedDataParallel
+    from megatron.core.optimizer import MegatronOptimizer
 
-def _storages_bytes(tensors, exclude: set) -> int:
+    from capture_megatron.config import Kernels
+
+
+def _storages_bytes(tensors: Iterable[torch.Tensor], exclude: set[int]) -> int:
     seen, total = set(exclude), 0
     for t in tensors:
         st = t.untyped_storage()
@@ -20,9 +29,12 @@ def _storages_bytes(tensors, exclude: set) -> int:
     return total
 
 
-def static_bytes(model, optimizer) -> tuple[int, int, int]:
+def static_bytes(
+    model: DistributedDataParallel, optimizer: MegatronOptimizer
+) -> tuple[int, int, int]:
     """(param bytes, grad-buffer bytes, optimizer bytes) by walking the live objects."""
-    buffers = list(model.buffers) + list(getattr(model, "expert_parallel_buffers", []))
+    # megatron-core's DDP shadows Module.buffers() with its list of _ParamAndGradBuffers
+    buffers = list(model.buffers) + list(getattr(model, "expert_parallel_buffers", []))  # type: ignore[call-overload]
     params = [p for p in model.parameters()]
     param_bytes = _storages_bytes(
         [b.param_data for b in buffers if b.param_data is not None] or params, set()
@@ -42,7 +54,7 @@ def static_bytes(model, optimizer) -> tuple[int, int, int]:
     return param_bytes, grad_bytes, _storages_bytes(opt_tensors, model_ptrs)
 
 
-def routing_state_bytes(model, device_type: str) -> int:
+def routing_state_bytes(model: torch.nn.Module, device_type: str) -> int:
     """Bytes the model's MoE token dispatchers hold on `device_type` between iterations: what each
     keeps from its layer's last forward (megatron's alltoall dispatcher: probs, routing_map,
     the permutation mapping, split and token counts), storages counted once. Host copies of
@@ -57,7 +69,7 @@ def routing_state_bytes(model, device_type: str) -> int:
     return _storages_bytes(held, params)
 
 
-def layer_buffer_bytes(model, device_type: str) -> int:
+def layer_buffer_bytes(model: torch.nn.Module, device_type: str) -> int:
     """Bytes of the registered module buffers of the model's transformer layers on `device_type`
     (megatron-core's YarnRotaryEmbedding registers cos/sin tables of
     original_max_position_embeddings rows in every MLA layer), storages counted once."""
@@ -86,7 +98,7 @@ def buffers_held(gpu: bool) -> tuple[BufferBytes, ...]:
     return tuple(sorted(found, key=lambda b: (b.name, b.dtype, b.nbytes)))
 
 
-def fp8_state_bytes(model) -> int:
+def fp8_state_bytes(model: torch.nn.Module) -> int:
     """Bytes the model's Transformer Engine layers keep for good under FP8 (their weights' FP8
     copies and scaling state: capture_megatron.megatron.gpu.fp8.keep_weight_state), storages
     counted once; 0 without FP8."""
@@ -95,7 +107,7 @@ def fp8_state_bytes(model) -> int:
     return _storages_bytes([t for m in model.modules() for t in getattr(m, STATE, ())], set())
 
 
-def fp8_param_mask(model, kernels) -> tuple[bool, ...]:
+def fp8_param_mask(model: torch.nn.Module, kernels: Kernels | None) -> tuple[bool, ...]:
     """Per parameter (model.parameters() order), whether it is an FP8 parameter: with `kernels`
     (capture_megatron.config.Kernels, None for the CPU set) training in FP8 with
     --fp8-param-gather, the weight of a layer that runs in FP8; empty otherwise."""

@@ -100,8 +100,8 @@ def _recording(recorder: _Recorder) -> Iterator[None]:
         return tensor
 
     saved = {k: Interface.__dict__[k] for k in ("__enter__", "__exit__", "group_commit")}
-    Interface.__enter__, Interface.__exit__ = enter, leave  # type: ignore[method-assign]
-    Interface.group_commit = staticmethod(commit)  # type: ignore[method-assign,assignment]
+    Interface.__enter__, Interface.__exit__ = enter, leave  # type: ignore[method-assign]  # patched, restored after
+    Interface.group_commit = staticmethod(commit)  # type: ignore[method-assign,assignment]  # as above
     try:
         with torch.autograd.graph.saved_tensors_hooks(recorder.pack, lambda t: t):
             yield

@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import gc
 import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -37,13 +38,18 @@ from capture_megatron.profile.experts import (
 )
 from capture_megatron.profile.offload import offload_tensors
 from capture_megatron.profile.probed import model_shape, parallel_plan
+from capture_megatron.profile.setup import Setup
 from capture_megatron.records import Probe, ProfileRecord, Timeline
 
 if TYPE_CHECKING:
-    from capture_megatron.profile.session import Setup
+    from megatron.core.distributed import DistributedDataParallel
+    from megatron.core.optimizer import MegatronOptimizer
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from capture_megatron.memory.meter import MemoryMeter
 
 
-def _batch(shape: ModelShape, b: int, device: str) -> dict:
+def _batch(shape: ModelShape, b: int, device: str) -> dict[str, torch.Tensor]:
     s = shape.seq_length
     tokens = torch.randint(0, shape.vocab_size, (b, s), device=device)
     return {
@@ -66,9 +72,9 @@ def _hidden(shape: ModelShape, plan: ParallelPlan, device: str) -> torch.Tensor:
 class _Chunk:
     """The live objects of a probe (mutable)."""
 
-    model: object
-    optimizer: object
-    config: object
+    model: DistributedDataParallel
+    optimizer: MegatronOptimizer
+    config: TransformerConfig
     shape: ModelShape
     plan: ParallelPlan
     first: bool
@@ -78,7 +84,7 @@ class _Chunk:
 
 
 @contextlib.contextmanager
-def _no_dtype_casts(active: bool):
+def _no_dtype_casts(active: bool) -> Iterator[None]:
     """Float16Module casts its module with Module.bfloat16()/half(), which cannot swap fake
     parameters; the builder already creates every parameter in the training dtype, so the cast is
     skipped."""
@@ -86,15 +92,16 @@ def _no_dtype_casts(active: bool):
         yield
         return
     saved = torch.nn.Module.bfloat16, torch.nn.Module.half
-    torch.nn.Module.bfloat16 = torch.nn.Module.half = lambda self: self
+    # a patch of torch's class for the block's duration (restored below)
+    torch.nn.Module.bfloat16 = torch.nn.Module.half = lambda self: self  # type: ignore[method-assign]
     try:
         yield
     finally:
-        torch.nn.Module.bfloat16, torch.nn.Module.half = saved
+        torch.nn.Module.bfloat16, torch.nn.Module.half = saved  # type: ignore[method-assign]  # restored
 
 
 @contextlib.contextmanager
-def _default_dtype(dtype):
+def _default_dtype(dtype: torch.dtype | None) -> Iterator[None]:
     """Fake mode skips Float16Module's cast (see _no_dtype_casts), so parameters megatron creates
     without params_dtype (LanguageModelEmbedding's learned position table: torch.nn.Embedding) must
     be born in it."""
@@ -141,7 +148,7 @@ def build(probe: Probe, setup: Setup) -> _Chunk:
     return _Chunk(model[0], optimizer, config, shape, plan, first, last, device, setup.kernels)
 
 
-def _forward(chunk: _Chunk, input_tensor):
+def _forward(chunk: _Chunk, input_tensor: torch.Tensor | None) -> torch.Tensor:
     from megatron.core.pipeline_parallel import schedules
 
     b, step = chunk.plan.micro_batch_size, forward_step
@@ -177,11 +184,12 @@ class _Windows:
     release storages at a moment that depends on unrelated allocations (timelines of different
     shapes would not align, and the peak would depend on when Python last collected)."""
 
-    def __init__(self, meter, timelines: bool):
-        self.meter, self.timelines, self.lines = meter, timelines, []
+    def __init__(self, meter: MemoryMeter, timelines: bool) -> None:
+        self.meter, self.timelines = meter, timelines
+        self.lines: list[Timeline] = []
 
     @contextlib.contextmanager
-    def window(self, name: str, offset: int = 0):
+    def window(self, name: str, offset: int = 0) -> Iterator[None]:
         """Measure the body's peak above the bytes live at entry; `offset` bytes before the window
         count."""
         collecting = gc.isenabled()
@@ -201,8 +209,12 @@ class _Windows:
 
 
 def iteration(
-    chunk: _Chunk, meter, fake: bool = False, timelines: bool = False, last: bool = False
-) -> tuple[dict, tuple]:
+    chunk: _Chunk,
+    meter: MemoryMeter,
+    fake: bool = False,
+    timelines: bool = False,
+    last: bool = False,
+) -> tuple[dict[str, int], tuple[Timeline, ...]]:
     """One micro-batch forward + backward + finalize + optimizer step; the measured increments and,
     with `timelines`, the windows' Timelines. The `last` iteration also measures what the chunk
     retains after it (releasing it; earlier iterations leave it for the next one to start with, as
@@ -245,8 +257,10 @@ def iteration(
         not fake
     ):  # bytes are computed from the parameters (capture_megatron.predict.static) instead.
         before_step = meter.current()
+        finalize = chunk.config.finalize_model_grads_func
+        assert finalize is not None, "set_schedule_hooks sets it"
         with windows.window("step"):
-            chunk.config.finalize_model_grads_func([chunk.model])
+            finalize([chunk.model])
             chunk.optimizer.step()
         out["step_peak"] = meter.peak() - before_step
     out["retained_bytes"], out["retained_grad_bytes"] = (
@@ -255,7 +269,9 @@ def iteration(
     return out, tuple(windows.lines)
 
 
-def _retained(chunk: _Chunk, meter, kept_grad) -> tuple[int, int]:
+def _retained(
+    chunk: _Chunk, meter: MemoryMeter, kept_grad: weakref.ref[torch.Tensor] | None
+) -> tuple[int, int]:
     """(bytes, of them the input gradient's) the chunk keeps after its backward until its next
     forward, measured by releasing them with a forward without autograd.
 
@@ -273,7 +289,7 @@ def _retained(chunk: _Chunk, meter, kept_grad) -> tuple[int, int]:
     return release(chunk, meter), grad_bytes
 
 
-def release(chunk: _Chunk, meter) -> int:
+def release(chunk: _Chunk, meter: MemoryMeter) -> int:
     """Run a forward without autograd (what the next forward frees, it frees) and return how many
     bytes fewer are live after it."""
     from megatron.core.utils import get_attr_wrapped_model
@@ -288,7 +304,7 @@ def release(chunk: _Chunk, meter) -> int:
     return before - meter.current()
 
 
-def drop_checkpoints(model) -> None:
+def drop_checkpoints(model: torch.nn.Module) -> None:
     """Forget what the forward without autograd left in megatron-core's CheckpointWithoutOutput
     objects (selective recompute of layernorm, moe_act, mla_up_proj keeps them on the modules):
     without a backward to recompute them they would keep their saved inputs, which a training
@@ -301,7 +317,9 @@ def drop_checkpoints(model) -> None:
                 setattr(module, name, None)
 
 
-def measure(probe: Probe, meter, setup: Setup, timelines: bool = False) -> ProfileRecord:
+def measure(
+    probe: Probe, meter: MemoryMeter, setup: Setup, timelines: bool = False
+) -> ProfileRecord:
     """Build and run the probe (two iterations) and return what the second one measured (with the
     windows' allocation timelines when `timelines`, not on cuda)."""
     fake = setup.fake
@@ -369,7 +387,7 @@ def _offloaded(chunk: _Chunk) -> tuple:
     return rows
 
 
-def _workspaces(probe: Probe, setup) -> int:
+def _workspaces(probe: Probe, setup: Setup) -> int:
     """GEMM workspaces the process keeps that no probe allocates: the kernel set's, and on
     fake-cuda TE's multi-stream ones of grouped-GEMM experts."""
     if setup.kernels is None:

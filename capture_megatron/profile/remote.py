@@ -60,7 +60,14 @@ class _Worker:
     """Which of the probes it runs (positions in the caller's list)."""
 
 
-def _start(tmp: str, k: int, probes: list[Probe], indices, kernels, timelines) -> _Worker:
+def _start(
+    tmp: str,
+    k: int,
+    probes: list[Probe],
+    indices: range,
+    kernels: Kernels,
+    timelines: bool,
+) -> _Worker:
     job, out = os.path.join(tmp, f"job{k}.json"), os.path.join(tmp, f"records{k}.jsonl")
     read, write = os.pipe()
     with open(job, "w") as f:

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 from capture_megatron import __version__
 from capture_megatron.config import Kernels, ModelShape
@@ -28,8 +28,12 @@ from capture_megatron.config.kernels import kernel_set
 from capture_megatron.errors import CaptureError
 from capture_megatron.megatron import quiet
 from capture_megatron.profile.design import model_probes
-from capture_megatron.profile.options import FAKE_DEVICES, ProfileOptions, device_name
+from capture_megatron.profile.options import ProfileOptions, device_name
+from capture_megatron.profile.setup import Setup
 from capture_megatron.records import Probe, ProfileRecord, Variant
+
+if TYPE_CHECKING:
+    from capture_megatron.memory.meter import MemoryMeter
 
 PROBE_IRRELEVANT = (
     r".*recommended to set the environment variable CUDA_DEVICE_MAX_CONNECTIONS",
@@ -43,30 +47,6 @@ Megatron-LM's own selective recompute (whose default module is core_attn); and t
 of the local spec's GroupedMLP, which the GPU kernel set builds only to replace it with
 TEGroupedMLP (capture_megatron.megatron.gpu.spec.moe_spec). They say nothing about the run being
 predicted."""
-
-
-@dataclass(frozen=True)
-class Setup:
-    """What a profiling session measures with."""
-
-    device: str
-    """cpu, fake-cpu, fake-cuda or cuda."""
-    kernels: Kernels | None
-    """The GPU kernels the probes are built with (None: the local spec on CPU kernels)."""
-    kernel_set: str
-    """Its name (capture_megatron.config.kernels.kernel_set), recorded with every probe."""
-    versions: tuple[str, str, str]
-    """(capture-megatron, torch, megatron-core)."""
-
-    @property
-    def fake(self) -> bool:
-        """Whether probes run under FakeTensorMode."""
-        return self.device in FAKE_DEVICES
-
-    @property
-    def tensor_device(self) -> str:
-        """Where the probes' own tensors (batch, received activations) live."""
-        return "cuda" if self.device in ("cuda", "fake-cuda") else "cpu"
 
 
 def versions() -> tuple[str, str, str]:
@@ -105,7 +85,7 @@ def _setup(device: str, kernels: Kernels) -> Setup:
 
 
 @contextlib.contextmanager
-def measuring(device: str, kernels: Kernels = Kernels()):
+def measuring(device: str, kernels: Kernels = Kernels()) -> Iterator[tuple[Setup, MemoryMeter]]:
     """Yield (Setup, meter) with the device's patches, modes and meter active."""
     from capture_megatron.megatron import cpu_compat
     from capture_megatron.memory.meter import make_meter
@@ -171,7 +151,9 @@ def run_probes(
     return records
 
 
-def _run(probes: list[Probe], meter, setup: Setup, progress: bool, timelines: bool):
+def _run(
+    probes: list[Probe], meter: MemoryMeter, setup: Setup, progress: bool, timelines: bool
+) -> Iterator[ProfileRecord]:
     import gc
 
     from tqdm import tqdm
@@ -193,7 +175,7 @@ def _run(probes: list[Probe], meter, setup: Setup, progress: bool, timelines: bo
         yield _measure(probe, meter, setup, timelines)
 
 
-def _measure(probe: Probe, meter, setup: Setup, timelines: bool) -> ProfileRecord:
+def _measure(probe: Probe, meter: MemoryMeter, setup: Setup, timelines: bool) -> ProfileRecord:
     from capture_megatron.profile.experts import probe_world
     from capture_megatron.profile.groups import fake_job
     from capture_megatron.profile.probe import measure

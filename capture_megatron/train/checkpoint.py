@@ -24,6 +24,7 @@ import glob
 import os
 import shutil
 import time
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.distributed.checkpoint.api import CheckpointException
@@ -44,6 +45,12 @@ from capture_megatron.train.ckpt_dir import (
     resume_point,
 )
 from capture_megatron.train.resume import SavedRun, check_resume, loads_optimizer
+
+if TYPE_CHECKING:
+    from megatron.core.dist_checkpointing.mapping import ShardedObject
+    from megatron.core.optimizer import MegatronOptimizer
+
+    from capture_megatron.train.trainer import Trainer
 
 PAUSE_ENV = "CAPTURE_MEGATRON_TEST_SAVE_PAUSE"
 """Test hook: 'SECONDS', 'SECONDS@ITERATION' or 'SECONDS@ITERATION:published' to sleep after the
@@ -72,7 +79,7 @@ def _rng_shards(plan: ParallelPlan) -> tuple[int, ...]:
     return (plan.pp, plan.tp, plan.dp * plan.cp) if plan.ep > 1 else (plan.pp, plan.tp)
 
 
-def _rng_object(plan: ParallelPlan):
+def _rng_object(plan: ParallelPlan) -> ShardedObject:
     """This rank's RNG states as a ShardedObject indexed (pp_rank, tp_rank[, dp_rank]) by
     _rng_shards, replicated over DP x CP when not indexed by it (Megatron-LM's get_rng_state: CP
     ranks of a TP/PP position hold the same states)."""
@@ -102,15 +109,15 @@ def _model_key(i: int, n: int) -> str:
 
 
 def _sharded_state(
-    trainer, plan: ParallelPlan, with_optim: bool, with_rng: bool, loading: bool
-) -> dict:
+    trainer: Trainer, plan: ParallelPlan, with_optim: bool, with_rng: bool, loading: bool
+) -> dict[str, Any]:
     """Megatron-LM's checkpoint structure, built on the unwrapped GPTModels (no DDP/Float16
     prefixes)."""
     from megatron.core.utils import unwrap_model
 
     ckpt_fixes.apply()
     meta = _metadata(plan)
-    state = {}
+    state: dict[str, Any] = {}
     chunks = unwrap_model(trainer.model)
     for i, chunk in enumerate(chunks):
         state[_model_key(i, len(chunks))] = chunk.sharded_state_dict(metadata=meta)
@@ -183,7 +190,12 @@ def _prepare(root: str, partial: str) -> None:
 
 
 def save_checkpoint(
-    root: str, iteration: int, trainer, shape: ModelShape, plan: ParallelPlan, consumed_samples: int
+    root: str,
+    iteration: int,
+    trainer: Trainer,
+    shape: ModelShape,
+    plan: ParallelPlan,
+    consumed_samples: int,
 ) -> str:
     """Save an atomic checkpoint of iteration `iteration` (replacing one of the same iteration
     left by an earlier run); returns its directory. A failed save (a full disk) is one
@@ -221,7 +233,9 @@ def save_checkpoint(
     return final
 
 
-def _save_failed(root: str, iteration: int, partial: str, err: BaseException, rank0: bool):
+def _save_failed(
+    root: str, iteration: int, partial: str, err: BaseException, rank0: bool
+) -> ckpt_verify.SaveError:
     """The CaptureError of a failed save; rank 0 removes the incomplete directory."""
     free = shutil.disk_usage(root).free if os.path.isdir(root) else None
     if rank0:
@@ -239,7 +253,7 @@ def _content_metadata(plan: ParallelPlan) -> dict:
     return meta
 
 
-def load_checkpoint(cfg: TrainConfig, trainer) -> tuple[int, int]:
+def load_checkpoint(cfg: TrainConfig, trainer: Trainer) -> tuple[int, int]:
     """Resume from the newest complete checkpoint in --load; returns (iteration,
     consumed_samples). What the resume may change is checked first (train.resume)."""
     from megatron.core import dist_checkpointing
@@ -274,6 +288,8 @@ def load_checkpoint(cfg: TrainConfig, trainer) -> tuple[int, int]:
         loaded = dist_checkpointing.load(state, path, common_strategy=common_strategy)
     except (Exception, CheckpointException) as err:
         raise ckpt_safe.load_failed(path, err) from None
+    # a tuple only for a strict mode that returns the missing/unexpected keys too (not asked)
+    assert isinstance(loaded, dict)
     chunks = unwrap_model(trainer.model)
     for i, chunk in enumerate(chunks):
         chunk.load_state_dict(loaded[_model_key(i, len(chunks))], strict=True)
@@ -291,13 +307,15 @@ def load_checkpoint(cfg: TrainConfig, trainer) -> tuple[int, int]:
     return int(common["iteration"]), int(common["consumed_samples"])
 
 
-def _group_lrs(optimizer) -> list[tuple]:
+def _group_lrs(optimizer: MegatronOptimizer) -> list[tuple[float | None, float | None]]:
     """Each param group's (max_lr, min_lr): megatron-core 0.16.1's scheduler reads them from
     the groups before its own values."""
     return [(g.get("max_lr"), g.get("min_lr")) for g in optimizer.param_groups]
 
 
-def _set_group_lrs(optimizer, lrs: list[tuple]) -> None:
+def _set_group_lrs(
+    optimizer: MegatronOptimizer, lrs: list[tuple[float | None, float | None]]
+) -> None:
     """Give the loaded param groups this run's learning rates again.
 
     Loading the optimizer restores its param groups as saved, 'max_lr' and 'min_lr' included, and
@@ -325,7 +343,7 @@ def _rank_check(directory: str) -> list[str]:
     return sorted({p for part in gathered for p in part})
 
 
-def _allocate_distributed_optimizer_state(optimizer) -> None:
+def _allocate_distributed_optimizer_state(optimizer: MegatronOptimizer) -> None:
     """Give an untouched DistributedOptimizer its Adam state before loading into it.
 
     Without Apex/Transformer Engine, megatron-core 0.16.1's DistributedOptimizer.state_dict() reads

@@ -8,6 +8,7 @@ from __future__ import annotations
 import glob
 import os
 import shutil
+from collections.abc import Callable
 
 from capture_megatron.errors import CaptureError
 from capture_megatron.megatron import ckpt_safe
@@ -77,7 +78,9 @@ def quick_check(directory: str) -> list[str]:
     return []
 
 
-def resume_point(root: str, check=quick_check) -> tuple[int | None, str]:
+def resume_point(
+    root: str, check: Callable[[str], list[str]] = quick_check
+) -> tuple[int | None, str]:
     """(iteration, note): the newest complete checkpoint under `root` (up to the tracker's) whose
     files pass `check`, and the paragraph saying which damaged ones were skipped ('' when none);
     (None, '') without a tracker; CaptureError when every one is damaged."""

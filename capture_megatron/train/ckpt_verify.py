@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 import re
+from collections.abc import Iterator
 
 from capture_megatron.errors import CaptureError
 
@@ -178,7 +179,7 @@ class SaveError(CaptureError):
     every_rank = True
 
 
-def _causes(err: BaseException):
+def _causes(err: BaseException) -> Iterator[BaseException]:
     """The exception, its causes and contexts, and a CheckpointException's per-rank failures."""
     seen: set[int] = set()
     todo = [err]

@@ -27,11 +27,22 @@ import os
 import struct
 import warnings
 from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from capture_megatron.config.training import DataOptions
 from capture_megatron.errors import CaptureError
+
+if TYPE_CHECKING:
+    from megatron.core.datasets.blended_megatron_dataset_builder import TopLevelDataset
+    from megatron.core.datasets.gpt_dataset import GPTDatasetConfig
+
+    from capture_megatron.data.tokenizer_base import TokenizerBase
+    from capture_megatron.megatron.training import Batch
+
+Blend = tuple[list[str], list[float] | None]
+"""--data-path as megatron-core's GPTDatasetConfig takes it: (prefixes, weights or None)."""
 
 BATCH_KEYS = ("tokens", "labels", "loss_mask", "position_ids")
 """Megatron's GPT batch keys, in the order pretrain_gpt.get_batch lists them (no attention mask)."""
@@ -40,7 +51,7 @@ LOCK_NAME = ".capture-megatron-build.lock"
 """File locked while index caches are built."""
 
 
-def data_tokenizer(opts: DataOptions):
+def data_tokenizer(opts: DataOptions) -> TokenizerBase:
     """The tokenizer of a run: --tokenizer-type's, or for --mock-data with `mock_vocab_size` a
     MockTokenizer whose ids fill exactly that vocabulary."""
     from capture_megatron.data.tokenizers import MockTokenizer, build_tokenizer
@@ -65,7 +76,7 @@ def parse_blend(data_path: tuple[str, ...]) -> tuple[list[str], list[float] | No
         )
     if len(words) % 2 == 1:
         return words, None
-    weights = []
+    weights: list[float | None] = []
     for word in words[0::2]:
         try:
             weights.append(float(word))
@@ -78,10 +89,11 @@ def parse_blend(data_path: tuple[str, ...]) -> tuple[list[str], list[float] | No
             f"--data-path {' '.join(words)}: mixes weights and prefixes; give either "
             "'PREFIX1 PREFIX2 ...' or 'WEIGHT1 PREFIX1 WEIGHT2 PREFIX2 ...'"
         )
-    bad = [w for w in weights if not w > 0]
+    numbers = [w for w in weights if w is not None]  # all of them by now
+    bad = [w for w in numbers if not w > 0]
     if bad:
         raise CaptureError(f"--data-path weights {bad} must be positive numbers")
-    return words[1::2], weights
+    return words[1::2], numbers
 
 
 def check_data_paths(opts: DataOptions) -> None:
@@ -149,7 +161,9 @@ def indexed_problem(prefix: str) -> str:
     return ""
 
 
-def _dataset_config(opts: DataOptions, tokenizer, seq_length: int, seed: int, blend):
+def _dataset_config(
+    opts: DataOptions, tokenizer: TokenizerBase, seq_length: int, seed: int, blend: Blend | None
+) -> GPTDatasetConfig:
     """Megatron-LM pretrain_gpt's GPTDatasetConfig for this run, training split only."""
     from megatron.core.datasets.gpt_dataset import GPTDatasetConfig
 
@@ -160,26 +174,30 @@ def _dataset_config(opts: DataOptions, tokenizer, seq_length: int, seed: int, bl
         split=opts.split,
         path_to_cache=(opts.data_cache_path or None) if not opts.mock_data else None,
         mmap_bin_files=True,
-        tokenizer=tokenizer,
+        # annotated MegatronTokenizerBase; Megatron-LM's pretrain_gpt passes legacy ones too
+        tokenizer=tokenizer,  # type: ignore[arg-type]
         reset_position_ids=False,
         reset_attention_mask=False,
         eod_mask_loss=opts.eod_mask_loss,
         create_attention_mask=False,
     )
-    if config.split_matrix[0] is None:
+    train = config.split_matrix[0] if config.split_matrix else None
+    if train is None:
         raise CaptureError(
             f"--split {opts.split} leaves nothing for training; give the training split a "
             "positive weight, e.g. --split 969,30,1"
         )
-    config.split_matrix = [config.split_matrix[0], None, None]
+    # annotated as ranges, but megatron-core's own holds None for a split of weight 0
+    config.split_matrix = [train, None, None]  # type: ignore[list-item]
     return config
 
 
-def _check_train_tokens(prefixes: list[str], config) -> None:
+def _check_train_tokens(prefixes: list[str], config: GPTDatasetConfig) -> None:
     """CaptureError when a prefix's training range holds no token (GPTDataset would loop
     forever)."""
     from megatron.core.datasets.indexed_dataset import IndexedDataset
 
+    assert config.split_matrix is not None, "_dataset_config sets it"
     beg_f, end_f = config.split_matrix[0]
     for prefix in prefixes:
         indexed = IndexedDataset(
@@ -207,7 +225,7 @@ def _cache_dirs(opts: DataOptions, prefixes: list[str]) -> list[str]:
 
 
 @contextlib.contextmanager
-def _build_lock(dirs: list[str], writer: bool):
+def _build_lock(dirs: list[str], writer: bool) -> Iterator[None]:
     """Check the cache directories are writable (every rank alike, so no rank waits at a barrier for
     one that failed) and, on the process that writes caches, hold an exclusive lock on each."""
     for d in dirs:
@@ -223,7 +241,7 @@ def _build_lock(dirs: list[str], writer: bool):
     try:
         import fcntl
     except ImportError:  # not POSIX: no lock
-        fcntl = None
+        fcntl = None  # type: ignore[assignment]  # a module or None
     with contextlib.ExitStack() as stack:
         if writer and fcntl is not None:
             for d in dirs:
@@ -234,7 +252,7 @@ def _build_lock(dirs: list[str], writer: bool):
 
 
 @contextlib.contextmanager
-def _rank_zero_without_process_group():
+def _rank_zero_without_process_group() -> Iterator[None]:
     """megatron-core 0.16.1's BlendedDataset calls torch.distributed.get_rank() unguarded when it
     misses its cache; without a process group this process is rank 0."""
     if torch.distributed.is_available() and not torch.distributed.is_initialized():
@@ -249,7 +267,7 @@ def _rank_zero_without_process_group():
 
 
 @contextlib.contextmanager
-def _quiet_mock_cache_warning(mock: bool):
+def _quiet_mock_cache_warning(mock: bool) -> Iterator[None]:
     """MockGPTDataset is built in memory on purpose: drop megatron's 'Unable to save' warning."""
     log = logging.getLogger("megatron.core.datasets.gpt_dataset")
     level = log.level
@@ -261,7 +279,9 @@ def _quiet_mock_cache_warning(mock: bool):
         log.setLevel(level)
 
 
-def build_train_dataset(opts: DataOptions, seq_length: int, num_samples: int, seed: int):
+def build_train_dataset(
+    opts: DataOptions, seq_length: int, num_samples: int, seed: int
+) -> TopLevelDataset:
     """The training dataset (GPTDataset, BlendedDataset or MockGPTDataset) with >= num_samples
     samples. Collective when torch.distributed is initialized (see the module docstring)."""
     tokenizer = data_tokenizer(opts)  # imports megatron-core quietly
@@ -270,7 +290,8 @@ def build_train_dataset(opts: DataOptions, seq_length: int, num_samples: int, se
     )
     from megatron.core.datasets.gpt_dataset import GPTDataset, MockGPTDataset
 
-    prefixes, blend = [], None
+    prefixes: list[str] = []
+    blend = None
     if not opts.mock_data:
         check_data_paths(opts)
         prefixes, weights = parse_blend(opts.data_path)
@@ -312,7 +333,7 @@ def sample_ranges(
         start += step
 
 
-def collate(samples: list[dict], vocab_size: int | None = None) -> dict:
+def collate(samples: list[dict[str, Any]], vocab_size: int | None = None) -> Batch:
     """Stack GPTDataset samples into a micro-batch of Megatron's batch keys ([b, s] tensors);
     CaptureError when a token id is outside `vocab_size` (data made with another tokenizer)."""
     batch = {key: torch.stack([s[key] for s in samples]) for key in BATCH_KEYS}
@@ -327,7 +348,9 @@ def collate(samples: list[dict], vocab_size: int | None = None) -> dict:
     return batch
 
 
-def _micro_batches(dataset, ranges: Iterator[range], vocab_size: int) -> Iterator[dict]:
+def _micro_batches(
+    dataset: TopLevelDataset, ranges: Iterator[range], vocab_size: int
+) -> Iterator[Batch]:
     """Micro-batches of `dataset` for the given sample ranges."""
     for indices in ranges:
         yield collate([dataset[i] for i in indices], vocab_size)
@@ -344,7 +367,7 @@ def build_train_iterators(
     seed: int,
     consumed_samples: int,
     num_chunks: int,
-) -> list[Iterator[dict]]:
+) -> list[Iterator[Batch]]:
     """One iterator per model chunk (virtual pipeline stage), each yielding this DP rank's
     micro-batches -- dicts of CPU tensors `tokens`, `labels`, `loss_mask`, `position_ids`, each
     [micro_batch_size, seq_length] -- for iterations after `consumed_samples`, in Megatron's order.

@@ -10,6 +10,7 @@ the job, which resumes from that checkpoint."""
 from __future__ import annotations
 
 import signal
+from types import FrameType
 
 import torch
 
@@ -31,7 +32,7 @@ class ExitSignal:
         filesystem_async._get_write_results_queue()
         signal.signal(self.signal, self._catch)
 
-    def _catch(self, signum, frame) -> None:
+    def _catch(self, signum: int, frame: FrameType | None) -> None:
         self.caught = True
 
     def received(self) -> bool:

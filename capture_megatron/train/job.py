@@ -29,6 +29,7 @@ import subprocess
 import sys
 import threading
 import time
+from types import FrameType
 
 import psutil
 
@@ -76,7 +77,7 @@ class Job:
         except psutil.Error:
             return []
 
-    def _on_signal(self, signum: int, frame) -> None:
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         sig = signal.Signals(signum)
         if sig == self.handled or sig not in STOPPING:
             _send(self._ranks(), sig)

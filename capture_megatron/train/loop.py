@@ -8,13 +8,26 @@ embedding all-reduces), then the LR scheduler."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from capture_megatron.config import ModelShape, ParallelPlan
-from capture_megatron.megatron.training import forward_step
+from capture_megatron.megatron.training import Batch, forward_step
 from capture_megatron.train.report import IterationStats
+
+if TYPE_CHECKING:
+    from capture_megatron.train.trainer import Trainer
+
+
+class OnStep(Protocol):
+    """What run_iterations calls after each iteration `it` (and once with final=True when there
+    is nothing left to train); True: leave the loop."""
+
+    def __call__(self, it: int, final: bool = False) -> bool:
+        """Checkpoint when due; whether to stop."""
 
 
 @dataclass(frozen=True)
@@ -31,7 +44,7 @@ class StepResult:
     """True when the optimizer skipped the update (fp16 overflow)."""
 
 
-def _global_loss(reports: list, device) -> float:
+def _global_loss(reports: list[dict[str, torch.Tensor]], device: str) -> float:
     """Token-mean loss of the whole global batch, known on every rank afterwards (sums and token
     counts all-reduced over DP x CP, as Megatron-LM's train_step reduces 'lm loss', then over
     the pipeline)."""
@@ -47,7 +60,9 @@ def _global_loss(reports: list, device) -> float:
     return float(total[0] / total[1].clamp(min=1))
 
 
-def train_step(trainer, iterators: list, shape: ModelShape, plan: ParallelPlan) -> StepResult:
+def train_step(
+    trainer: Trainer, iterators: list[Iterator[Batch]], shape: ModelShape, plan: ParallelPlan
+) -> StepResult:
     """One optimizer step over the global batch."""
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
@@ -87,16 +102,16 @@ def log_line(it: int, total: int, step: StepResult, seconds: float, tokens: int)
 
 
 def run_iterations(
-    trainer,
-    iterators: list,
+    trainer: Trainer,
+    iterators: list[Iterator[Batch]],
     shape: ModelShape,
     plan: ParallelPlan,
     start: int,
     stop: int,
     log_interval: int,
-    on_step=None,
+    on_step: OnStep | None = None,
     progress: bool = False,
-) -> list:
+) -> list[IterationStats]:
     """Train iterations start+1..stop; `on_step(it)` runs after each (checkpointing) and
     returns True to stop early (--exit-interval). Returns the stats of the iterations run."""
     from tqdm import tqdm
@@ -104,7 +119,7 @@ def run_iterations(
     from capture_megatron.train.dist_env import is_logging_rank
 
     tokens = plan.global_batch_size * shape.seq_length
-    stats = []
+    stats: list[IterationStats] = []
     bar = tqdm(
         total=stop - start,
         desc="training",

@@ -22,16 +22,24 @@ from __future__ import annotations
 
 import gzip
 import json
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
+from torch.utils.hooks import RemovableHandle
+
+Hook = Callable[..., None]
+"""A forward hook or forward pre-hook of torch.nn.Module."""
 
 
-def _moe_layers(chunks: list) -> list:
-    """(layer number, router, experts) of every MoE layer in this rank's chunks."""
+def _moe_layers(chunks: Sequence[torch.nn.Module]) -> list[tuple[int, Any, Any]]:
+    """(layer number, router, experts) of every MoE layer in this rank's chunks (megatron-core
+    declares MoELayer.experts None until its constructor builds it, its routers as a
+    RouterInterface: Any here)."""
     from megatron.core.transformer.moe.moe_layer import MoELayer
     from megatron.core.transformer.transformer_layer import TransformerLayer
 
-    found = []
+    found: list[tuple[int, Any, Any]] = []
     for chunk in chunks:
         for layer in chunk.modules():
             if isinstance(layer, TransformerLayer) and isinstance(layer.mlp, MoELayer):
@@ -42,7 +50,7 @@ def _moe_layers(chunks: list) -> list:
 class RoutingRecorder:
     """Counts what megatron-core's routers decide and what each rank's experts receive."""
 
-    def __init__(self, chunks: list, micro_batch_size: int) -> None:
+    def __init__(self, chunks: Sequence[torch.nn.Module], micro_batch_size: int) -> None:
         self.layers = [n for n, _, _ in _moe_layers(chunks)]
         """Global 1-based numbers of this rank's MoE layers."""
         self.micro_batch_size = micro_batch_size
@@ -50,7 +58,7 @@ class RoutingRecorder:
         self.steps: list[dict] = []
         """Closed steps: {layer: {"sequences": [[count per expert]], "received": [[...]]}}."""
         self._open = self._empty()
-        self._handles = []
+        self._handles: list[RemovableHandle] = []
         for number, router, experts in _moe_layers(chunks):
             self._handles.append(router.register_forward_hook(self._on_route(number)))
             self._handles.append(experts.register_forward_pre_hook(self._on_experts(number)))
@@ -58,8 +66,8 @@ class RoutingRecorder:
     def _empty(self) -> dict:
         return {n: {"sequences": [], "received": []} for n in self.layers}
 
-    def _on_route(self, number: int):
-        def hook(_module, _args, output) -> None:
+    def _on_route(self, number: int) -> Hook:
+        def hook(_module: torch.nn.Module, _args: Any, output: Any) -> None:
             routing_map = output[1]
             experts = routing_map.shape[-1]
             per_seq = routing_map.reshape(-1, self.micro_batch_size, experts).sum(dim=0)
@@ -67,8 +75,8 @@ class RoutingRecorder:
 
         return hook
 
-    def _on_experts(self, number: int):
-        def hook(_module, args) -> None:
+    def _on_experts(self, number: int) -> Hook:
+        def hook(_module: torch.nn.Module, args: Any) -> None:
             received = torch.as_tensor(args[1]).to("cpu", torch.int64).reshape(-1)
             self._open[number]["received"].append(received.tolist())
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
 import torch
 
 from capture_megatron.config import TrainConfig
@@ -10,13 +13,20 @@ from capture_megatron.megatron.quiet import kernels_line
 from capture_megatron.train.dist_env import DistEnv, init_distributed, is_logging_rank
 from capture_megatron.train.exit_signal import ExitSignal
 from capture_megatron.train.refusals import refuse_cpu_state
-from capture_megatron.train.report import MemoryReport, RankMemory
+from capture_megatron.train.report import IterationStats, MemoryReport, RankMemory
+
+if TYPE_CHECKING:
+    from capture_megatron.megatron.training import Batch
+    from capture_megatron.memory.meter import MemoryMeter
+    from capture_megatron.train.loop import OnStep
+    from capture_megatron.train.routing import RoutingRecorder
+    from capture_megatron.train.trainer import Trainer
 
 
 class PeakWindow:
     """The meter's peak over training iterations only: checkpoint saves are excluded."""
 
-    def __init__(self, meter):
+    def __init__(self, meter: MemoryMeter) -> None:
         self.meter = meter
         self.carried = 0
 
@@ -33,7 +43,7 @@ class PeakWindow:
         return max(self.carried, self.meter.peak())
 
 
-def _layers_held(trainer) -> tuple[int, ...]:
+def _layers_held(trainer: Trainer) -> tuple[int, ...]:
     """Global 1-based numbers of the transformer layers in this rank's chunks."""
     from megatron.core.transformer.transformer_layer import TransformerLayer
 
@@ -47,8 +57,10 @@ def _layers_held(trainer) -> tuple[int, ...]:
     )
 
 
-def _gather_report(cfg, device: str, impl: str, mine: RankMemory, stats: list) -> MemoryReport:
-    ranks = [None] * torch.distributed.get_world_size()
+def _gather_report(
+    cfg: TrainConfig, device: str, impl: str, mine: RankMemory, stats: list[IterationStats]
+) -> MemoryReport:
+    ranks: list[Any] = [None] * torch.distributed.get_world_size()  # all_gather_object fills it
     torch.distributed.all_gather_object(ranks, mine)
     return MemoryReport(
         device=device,
@@ -81,13 +93,19 @@ def print_peaks(report: MemoryReport) -> None:
         )
 
 
-def _checkpoint_hook(cfg, trainer, window: PeakWindow, start: tuple[int, int], stop=None):
+def _checkpoint_hook(
+    cfg: TrainConfig,
+    trainer: Trainer,
+    window: PeakWindow,
+    start: tuple[int, int],
+    stop: ExitSignal | None = None,
+) -> OnStep:
     """on_step for run_iterations: save at --save-interval, --exit-interval, the last iteration
     and when `stop` (an ExitSignal) was received; returns True to leave the loop."""
     from capture_megatron.train.checkpoint import save_checkpoint
 
     start_consumed, start_iter = start
-    saved = set()
+    saved: set[int] = set()
 
     def on_step(it: int, final: bool = False) -> bool:
         interval, exit_iv = cfg.checkpoint.save_interval, cfg.run.exit_interval
@@ -106,7 +124,7 @@ def _checkpoint_hook(cfg, trainer, window: PeakWindow, start: tuple[int, int], s
             saved.add(it)
             if is_logging_rank():
                 print(f"saved checkpoint {path}", flush=True)
-        if signalled and is_logging_rank():
+        if signalled and stop is not None and is_logging_rank():
             print(
                 f"{stop.signal.name} received: exiting after iteration {it} of "
                 f"{cfg.run.train_iters}" + (" (checkpoint saved)" if cfg.checkpoint.save else ""),
@@ -130,7 +148,7 @@ def describe(cfg: TrainConfig, env: DistEnv) -> str:
     )
 
 
-def train_iterators(cfg: TrainConfig, consumed: int) -> list:
+def train_iterators(cfg: TrainConfig, consumed: int) -> list[Iterator[Batch]]:
     """This rank's training micro-batch iterators (one per chunk), after `consumed` samples."""
     from megatron.core import parallel_state as ps
 
@@ -151,7 +169,9 @@ def train_iterators(cfg: TrainConfig, consumed: int) -> list:
     )
 
 
-def _rank_memory(env: DistEnv, trainer, window: PeakWindow, meter, setup_bytes: int) -> RankMemory:
+def _rank_memory(
+    env: DistEnv, trainer: Trainer, window: PeakWindow, meter: MemoryMeter, setup_bytes: int
+) -> RankMemory:
     """What this process measured."""
     from megatron.core import parallel_state as ps
 
@@ -174,7 +194,7 @@ def _rank_memory(env: DistEnv, trainer, window: PeakWindow, meter, setup_bytes: 
     )
 
 
-def _routing_recorder(cfg: TrainConfig, trainer):
+def _routing_recorder(cfg: TrainConfig, trainer: Trainer) -> RoutingRecorder | None:
     """A RoutingRecorder on this rank's chunks when --moe-routing-stats is given (else None)."""
     if not cfg.run.moe_routing_stats:
         return None
@@ -183,7 +203,7 @@ def _routing_recorder(cfg: TrainConfig, trainer):
     return RoutingRecorder(trainer.model, cfg.plan.micro_batch_size)
 
 
-def _recording(on_step, recorder):
+def _recording(on_step: OnStep, recorder: RoutingRecorder | None) -> OnStep:
     """on_step that first closes the recorder's step (on_step itself without a recorder)."""
     if recorder is None:
         return on_step
@@ -196,7 +216,9 @@ def _recording(on_step, recorder):
     return hook
 
 
-def _write_routing(cfg: TrainConfig, recorder, stats: list) -> None:
+def _write_routing(
+    cfg: TrainConfig, recorder: RoutingRecorder | None, stats: list[IterationStats]
+) -> None:
     """Gather and write the routing statistics (rank 0 writes; nothing without a recorder)."""
     if recorder is None:
         return

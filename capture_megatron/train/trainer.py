@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -23,18 +24,25 @@ from capture_megatron.megatron import quiet
 from capture_megatron.megatron.builder import build_chunks
 from capture_megatron.megatron.training import make_optimizer, set_schedule_hooks, wrap_model
 
+if TYPE_CHECKING:
+    from megatron.core.distributed import DistributedDataParallel
+    from megatron.core.optimizer import MegatronOptimizer
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
 
 @dataclass
 class Trainer:
     """The live objects of one training process (mutable: they train)."""
 
-    model: list
+    model: list[DistributedDataParallel]
     """DDP-wrapped model chunks of this rank, one per virtual stage."""
-    optimizer: object
-    """Megatron optimizer (possibly distributed)."""
-    scheduler: object
+    optimizer: MegatronOptimizer
+    """Megatron optimizer (possibly distributed: DistributedOptimizer, or a ChainedOptimizer of
+    dense and expert optimizers)."""
+    scheduler: OptimizerParamScheduler
     """OptimizerParamScheduler (sample-based steps, like Megatron-LM)."""
-    config: object
+    config: TransformerConfig
     """The TransformerConfig shared by this rank's chunks (hooks for the schedules are set on
     it)."""
 

@@ -1,5 +1,6 @@
 """Every import statement of the package, read from the source (no module is imported): which
-module imports which, at module level or inside a function. Used by test_layering."""
+module imports which, at module level, inside a function, or only for type checking (under
+`if TYPE_CHECKING:`). Used by test_layering."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ class Edge:
     source: str
     target: str
     line: int
+    type_only: bool = False
+    """Under `if TYPE_CHECKING:`: never runs, but the type checker follows it."""
 
 
 def module_name(path: pathlib.Path) -> str:
@@ -36,7 +39,7 @@ def modules() -> dict[str, pathlib.Path]:
 
 
 def _type_checking_lines(tree: ast.AST) -> set[int]:
-    """Lines inside `if TYPE_CHECKING:` blocks (imports there never run)."""
+    """Lines inside `if TYPE_CHECKING:` blocks (imports there never run, mypy reads them)."""
     lines: set[int] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
@@ -52,18 +55,20 @@ def _resolve(name: str, known: set[str]) -> str:
     return name
 
 
-def edges() -> list[Edge]:
-    """Every import in the package: package modules by their module, others by their top name."""
+def edges(type_only: bool = False) -> list[Edge]:
+    """Every import in the package: package modules by their module, others by their top name.
+    The imports under `if TYPE_CHECKING:` come too when `type_only` (marked `Edge.type_only`)."""
     known = set(modules())
     out = []
     for source, path in modules().items():
         tree = ast.parse(path.read_text())
-        skip = _type_checking_lines(tree)
+        typing_only = _type_checking_lines(tree)
         for node in ast.walk(tree):
-            if getattr(node, "lineno", 0) in skip:
+            only = getattr(node, "lineno", 0) in typing_only
+            if only and not type_only:
                 continue
             for target in _targets(node, source, path, known):
-                out.append(Edge(source, target, node.lineno))
+                out.append(Edge(source, target, node.lineno, only))
     return out
 
 

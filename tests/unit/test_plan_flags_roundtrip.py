@@ -17,8 +17,8 @@ import pytest
 from capture_megatron.cli import predict
 from capture_megatron.cli.inputs import cluster_of, plan_options, resolve_shape
 from capture_megatron.config import DdpOptions, Kernels, ModelShape, ParallelPlan, Recompute
+from capture_megatron.config.fits import check_plan_fits_model
 from capture_megatron.config.moe import Experts
-from capture_megatron.config.parallel import check_plan_fits_model
 from capture_megatron.config.recompute import RECOMPUTE_MODULES
 from capture_megatron.config.runtime import StepSettings
 from capture_megatron.errors import CaptureError

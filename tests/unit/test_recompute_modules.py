@@ -14,9 +14,9 @@ import pytest
 from synthetic_memory import SMALL, synthetic_source
 
 from capture_megatron.config import GIB, Cluster, Kernels, ParallelFlags, Recompute
+from capture_megatron.config.fits import check_plan_fits_model
 from capture_megatron.config.kernels import kernel_set
 from capture_megatron.config.moe import Experts
-from capture_megatron.config.parallel import check_plan_fits_model
 from capture_megatron.config.presets import preset
 from capture_megatron.config.resolve import parallel_plan, recompute
 from capture_megatron.errors import CaptureError

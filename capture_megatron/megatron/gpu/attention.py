@@ -40,7 +40,7 @@ def _math_attention(q, k, v, scale: float, layout: str):
 def _reference_grads(q, k, v, grad, scale: float, layout: str):
     with torch.enable_grad():
         leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-        out, _ = _math_attention(*leaves, scale, layout)
+        out, _ = _math_attention(leaves[0], leaves[1], leaves[2], scale, layout)
         return torch.autograd.grad(out, leaves, grad)
 
 
@@ -55,7 +55,7 @@ class CuDNNAttention(torch.autograd.Function):
     fp32 [b, np, s, 1]. No s x s tensor, no dropout mask (dropout replays the Philox state)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, scale: float, dropout: float):  # type: ignore[override]
+    def forward(ctx, q, k, v, scale: float, dropout: float):
         """O like q with v's head width (MLA: value heads narrower than query/key heads)."""
         s, b, np_, d = q.shape
         out = _empty((s, b, np_, v.shape[-1]), q.dtype, q)
@@ -70,7 +70,7 @@ class CuDNNAttention(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx, grad):  # type: ignore[override]
+    def backward(ctx, grad):
         """dQ, dK, dV."""
         q, k, v, out, stats, rng = ctx.saved_tensors
         dq, dk, dv = (_empty(t.shape, t.dtype, t) for t in (q, k, v))
@@ -90,7 +90,7 @@ class FlashAttention2(torch.autograd.Function):
     with GQA, dk/dv expanded to all heads."""
 
     @staticmethod
-    def forward(ctx, q, k, v, scale: float, deterministic: bool):  # type: ignore[override]
+    def forward(ctx, q, k, v, scale: float, deterministic: bool):
         """The output like q (bshd)."""
         b, s, np_, d = q.shape
         out = _empty(q.shape, q.dtype, q)
@@ -105,7 +105,7 @@ class FlashAttention2(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx, grad):  # type: ignore[override]
+    def backward(ctx, grad):
         """dq, dk, dv."""
         q, k, v, out, lse, rng = ctx.saved_tensors
         dq, dk, dv = (_empty(t.shape, t.dtype, t) for t in (q, k, v))
@@ -123,7 +123,7 @@ def _megatron_module():
     return MegatronModule
 
 
-class _CoreAttention(_megatron_module()):  # type: ignore[misc]
+class _CoreAttention(_megatron_module()):  # type: ignore[misc]  # a base class imported on demand
     """megatron's core_attention interface for causal self-attention."""
 
     def __init__(

@@ -48,4 +48,5 @@ def megatron_lm_forward_step(data_iterator, model):
         batch.get("attention_mask"),
         labels=batch.get("labels"),
     )
-    return output, partial(loss_func, batch.get("loss_mask"))
+    # only the last stage's batch has a loss mask, and only the last stage calls the loss function
+    return output, partial(loss_func, batch.get("loss_mask"))  # type: ignore[arg-type]

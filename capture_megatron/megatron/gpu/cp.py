@@ -78,7 +78,7 @@ class RingAttention(torch.autograd.Function):
     `workspace(q, k)`: the kernel's backward temporaries of one tile."""
 
     @staticmethod
-    def forward(ctx, q, k, v, cp: int, layout: str, workspace):  # type: ignore[override]
+    def forward(ctx, q, k, v, cp: int, layout: str, workspace):
         """The merged output like q."""
         if not is_fake(q, k, v):
             raise CaptureError(
@@ -108,7 +108,7 @@ class RingAttention(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx, grad):  # type: ignore[override]
+    def backward(ctx, grad):
         """dq, and dk / dv as views of the last ring buffer."""
         q, kv = ctx.saved_tensors[:2]
         dq = torch.empty_like(q)

@@ -35,7 +35,7 @@ class TECrossEntropy(torch.autograd.Function):
     """TE's CrossEntropyFunction (label smoothing 0, no loss reduction, ignore index -100)."""
 
     @staticmethod
-    def forward(ctx, logits, target, group):  # type: ignore[override]
+    def forward(ctx, logits, target, group):
         """Per-token fp32 loss; the logits overwritten with their gradient and kept."""
         rows, vocab = logits.numel() // logits.shape[-1], logits.shape[-1]
         rank, world = _world(group)
@@ -53,7 +53,7 @@ class TECrossEntropy(torch.autograd.Function):
         return loss.view(target.shape)
 
     @staticmethod
-    def backward(ctx, grad_output):  # type: ignore[override]
+    def backward(ctx, grad_output):
         """The saved logits (holding the gradient), scaled in place by the incoming gradient."""
         (grad,) = ctx.saved_tensors
         if not is_fake(grad):

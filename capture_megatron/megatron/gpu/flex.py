@@ -240,8 +240,9 @@ def install() -> None:
     fused_a2a.HybridEPBuffer = HybridEPBuffer
     fused_a2a.HAVE_HYBRIDEP = True
     for module in (fused_a2a, token_dispatcher):
-        module.hybrid_ep_dispatch = hybrid_ep_dispatch
-        module.hybrid_ep_combine = hybrid_ep_combine
+        # names megatron-core binds only when DeepEP's hybrid kernels import: supplied here
+        module.hybrid_ep_dispatch = hybrid_ep_dispatch  # type: ignore[attr-defined]
+        module.hybrid_ep_combine = hybrid_ep_combine  # type: ignore[attr-defined]
 
 
 def reset() -> None:

@@ -39,7 +39,7 @@ class GroupedLinearFunction(torch.autograd.Function):
     """TE 2.8's _GroupedLinear without fp8 and biases: per-expert GEMMs over split views."""
 
     @staticmethod
-    def forward(ctx, inp, m_splits, fuse_wgrad, *weights):  # type: ignore[override]
+    def forward(ctx, inp, m_splits, fuse_wgrad, *weights):
         """One [tokens, out] output; the input views and weights kept for backward."""
         view = inp.reshape(-1, weights[0].shape[1])
         mats = torch.split(view, m_splits)
@@ -52,7 +52,7 @@ class GroupedLinearFunction(torch.autograd.Function):
         return out.view(-1, *inp.shape[1:-1], out.shape[-1])
 
     @staticmethod
-    def backward(ctx, grad_output):  # type: ignore[override]
+    def backward(ctx, grad_output):
         """dgrad into one new tensor; wgrads fused into main_grad, or one new tensor each."""
         mats = ctx.saved_tensors
         grads = torch.split(grad_output.contiguous().view(-1, grad_output.shape[-1]), ctx.m_splits)
@@ -122,7 +122,7 @@ class GroupedLinear(torch.nn.Module):
                             device=torch.cuda.current_device())
             )  # fmt: skip
             init_method(weight)
-            weight.allreduce = not (is_expert and expert_parallel)  # type: ignore[attr-defined]
+            weight.allreduce = not (is_expert and expert_parallel)  # type: ignore[attr-defined]  # megatron-core's marker
             self.register_parameter(f"weight{i}", weight)
 
     def forward(self, x, m_splits):

@@ -53,8 +53,8 @@ def _accumulate(total_input: torch.Tensor, grad_output: torch.Tensor, main_grad:
 def wgrad_extension() -> types.ModuleType:
     """apex's fused_weight_gradient_mlp_cuda as megatron calls it."""
     module = types.ModuleType("fused_weight_gradient_mlp_cuda", f"fake-cuda kernels ({__name__})")
-    module.wgrad_gemm_accum_fp32 = _accumulate  # type: ignore[attr-defined]
-    module.wgrad_gemm_accum_fp16 = _accumulate  # type: ignore[attr-defined]
+    module.wgrad_gemm_accum_fp32 = _accumulate  # type: ignore[attr-defined]  # a stand-in module's kernels
+    module.wgrad_gemm_accum_fp16 = _accumulate  # type: ignore[attr-defined]  # as above
     return module
 
 
@@ -70,8 +70,8 @@ class _FreshBuffers:
 USERBUFFERS: dict[tuple[tuple[int, ...], torch.dtype], torch.Tensor] = {}
 """--tp-comm-overlap: TE's userbuffers the gathers fill, one per (shape, dtype), allocated once.
 The real ones come from cuMemCreate / cudaMalloc, outside torch's caching allocator: probes never
-report them (what a run needs for them is a margin: capture_megatron.config.fp8
-.userbuffer_bytes_per_token)."""
+report them (what a run needs for them is a margin: capture_megatron.config
+.userbuffers.userbuffer_bytes_per_token)."""
 
 
 class _UserBuffers:
@@ -110,13 +110,13 @@ def _function(userbuffers: bool = False):
         (or, with userbuffers, gathers into TE's persistent userbuffers)."""
 
         @staticmethod
-        def forward(ctx, *args):  # type: ignore[override]
+        def forward(ctx, *args):
             """megatron's forward, gathering into a fresh tensor (or a userbuffer)."""
             with _gather_buffers(userbuffers):
                 return Megatron.forward(ctx, *args)
 
         @staticmethod
-        def backward(ctx, *grads):  # type: ignore[override]
+        def backward(ctx, *grads):
             """megatron's backward, re-gathering into a fresh tensor (or a userbuffer)."""
             with _gather_buffers(userbuffers):
                 return Megatron.backward(ctx, *grads)
@@ -154,7 +154,8 @@ def te_column_linear(fp8: Fp8Setting | None = None, userbuffers: bool = False):
             gathered = bool(kwargs.get("sequence_parallel"))
             input = input.contiguous()
             with saved_in_fp8([input], fp8, gathered):
-                return te_linear(input, weight, *args, **kwargs, userbuffers=userbuffers)
+                # megatron-core passes fewer positional arguments than reach `userbuffers`
+                return te_linear(input, weight, *args, **kwargs, userbuffers=userbuffers)  # type: ignore[misc]
 
     return TEColumnParallelLinear
 
@@ -199,8 +200,8 @@ class DuplicatedLinear(torch.nn.Module):
         )
         if config.perform_initialization:
             init_method(self.weight)
-        self.weight.allreduce = True  # type: ignore[attr-defined]
-        self.weight.sequence_parallel = config.sequence_parallel  # type: ignore[attr-defined]
+        self.weight.allreduce = True  # type: ignore[attr-defined]  # megatron-core's marker
+        self.weight.sequence_parallel = config.sequence_parallel  # type: ignore[attr-defined]  # megatron-core's marker
 
     fp8: Fp8Setting | None = None
     """The FP8 recipe (duplicated_linear sets it): TE's FP8 input copy and weight state."""
@@ -241,5 +242,6 @@ def install() -> None:
     layers.get_dummy_wgrad = dummy_wgrad
     from megatron.core.transformer import multi_latent_attention
 
-    multi_latent_attention.TELinear = DuplicatedLinear  # its spec check: a duplicated linear
+    # its spec check: a duplicated linear (a patch of megatron-core's module global)
+    multi_latent_attention.TELinear = DuplicatedLinear  # type: ignore[misc,assignment]
     multi_latent_attention.HAVE_TE = False  # TE's fp8 input-saving switch does not apply

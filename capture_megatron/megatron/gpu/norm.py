@@ -32,7 +32,7 @@ class TENormFunction(torch.autograd.Function):
     """y = norm(x) keeping x, the weight (and bias) and fp32 [rows] statistics."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, eps: float, rms: bool):  # type: ignore[override]
+    def forward(ctx, x, weight, bias, eps: float, rms: bool):
         """The normalised x in x's dtype."""
         rows = x.numel() // x.shape[-1]
         y = torch.empty_like(x)
@@ -49,7 +49,7 @@ class TENormFunction(torch.autograd.Function):
         return y
 
     @staticmethod
-    def backward(ctx, grad):  # type: ignore[override]
+    def backward(ctx, grad):
         """dx, dgamma, dbeta."""
         x, weight, bias, mu, rsigma = ctx.saved_tensors
         grad = grad.contiguous()  # TE: dy = grad_output.contiguous()
@@ -62,8 +62,8 @@ class TENormFunction(torch.autograd.Function):
             with torch.enable_grad():
                 leaves = [t.detach().requires_grad_() for t in (x, weight)]
                 leaves += [] if bias is None else [bias.detach().requires_grad_()]
-                out, _, _ = _normalise(*leaves[:2], leaves[2] if bias is not None else None,
-                                       ctx.eps, ctx.rms)  # fmt: skip
+                out, _, _ = _normalise(leaves[0], leaves[1], leaves[2] if bias is not None
+                                       else None, ctx.eps, ctx.rms)  # fmt: skip
                 grads = torch.autograd.grad(out, leaves, grad)
             dx.copy_(grads[0])
             dw.copy_(grads[1])
@@ -83,7 +83,8 @@ class TENorm(torch.nn.Module):
         self.weight = torch.nn.Parameter(torch.ones(hidden_size, dtype=dtype))
         self.bias = None if self.rms else torch.nn.Parameter(torch.zeros(hidden_size, dtype=dtype))
         for param in self.parameters():
-            param.sequence_parallel = config.sequence_parallel
+            # megatron-core's marker attribute on parameters (read by finalize_model_grads)
+            param.sequence_parallel = config.sequence_parallel  # type: ignore[attr-defined]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """The normalised x; TE's norm ops normalise (and keep) a contiguous x

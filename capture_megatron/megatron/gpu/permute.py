@@ -41,7 +41,7 @@ class Permute(torch.autograd.Function):
     """TE's _moe_permute_mask_map."""
 
     @staticmethod
-    def forward(ctx, inp, routing_map, num_out_tokens: int, probs):  # type: ignore[override]
+    def forward(ctx, inp, routing_map, num_out_tokens: int, probs):
         """(permuted tokens, row_id_map, permuted probabilities or None)."""
         tokens, hidden = inp.shape
         experts = routing_map.shape[1]
@@ -58,7 +58,7 @@ class Permute(torch.autograd.Function):
             row_id_map[:, :experts] = dest.to(torch.int32)
             token, expert = (dest >= 0).nonzero(as_tuple=True)
             out[dest[token, expert]] = inp[token]
-            if probs is not None:
+            if permuted_probs is not None:  # given probs
                 permuted_probs[dest[token, expert]] = probs[token, expert]
         ctx.save_for_backward(row_id_map)
         ctx.mark_non_differentiable(row_id_map)
@@ -68,7 +68,7 @@ class Permute(torch.autograd.Function):
         return out, row_id_map, permuted_probs
 
     @staticmethod
-    def backward(ctx, grad, _, grad_probs):  # type: ignore[override]
+    def backward(ctx, grad, _, grad_probs):
         """The tokens' gradient (and the probabilities', [tokens, experts])."""
         (row_id_map,) = ctx.saved_tensors
         act = torch.empty(ctx.shape, dtype=grad.dtype, device=grad.device)
@@ -96,7 +96,7 @@ class Unpermute(torch.autograd.Function):
     """TE's _moe_unpermute_mask_map without merging probabilities (megatron passes none)."""
 
     @staticmethod
-    def forward(ctx, inp, row_id_map, restore_shape):  # type: ignore[override]
+    def forward(ctx, inp, row_id_map, restore_shape):
         """The tokens restored to their order, each the sum of its experts' rows."""
         experts = (row_id_map.shape[1] - 1) // 2
         out = torch.empty(tuple(restore_shape), dtype=inp.dtype, device=inp.device)
@@ -107,7 +107,7 @@ class Unpermute(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx, grad):  # type: ignore[override]
+    def backward(ctx, grad):
         """The permuted rows' gradient (each its token's)."""
         (row_id_map,) = ctx.saved_tensors
         act = torch.empty((ctx.rows, grad.shape[-1]), dtype=grad.dtype, device=grad.device)
@@ -122,7 +122,7 @@ class ChunkSort(torch.autograd.Function):
     """TE's _moe_chunk_sort: the token chunks (split_sizes) reordered by sorted_idxs."""
 
     @staticmethod
-    def forward(ctx, inp, split_sizes, sorted_idxs, probs):  # type: ignore[override]
+    def forward(ctx, inp, split_sizes, sorted_idxs, probs):
         """(sorted tokens, sorted probabilities or None)."""
         tokens = inp.shape[0]
         row_id_map = torch.empty(tokens, dtype=torch.int32, device=inp.device)
@@ -132,14 +132,14 @@ class ChunkSort(torch.autograd.Function):
             order = _chunk_order(split_sizes, sorted_idxs, tokens, inp.device)
             row_id_map.copy_(order.to(torch.int32))
             out.copy_(inp[order])
-            if probs is not None:
+            if sorted_probs is not None:  # given probs
                 sorted_probs.copy_(probs[order])
         ctx.save_for_backward(row_id_map)
         ctx.with_probs = probs is not None
         return out, sorted_probs
 
     @staticmethod
-    def backward(ctx, grad, grad_probs):  # type: ignore[override]
+    def backward(ctx, grad, grad_probs):
         """The gradients back in the input's order."""
         (row_id_map,) = ctx.saved_tensors
         act = torch.empty_like(grad)

@@ -39,7 +39,7 @@ class FusedRoPE(torch.autograd.Function):
     """Rotary embedding of t [s, b, h, d] that keeps only `freqs` for backward."""
 
     @staticmethod
-    def forward(ctx, t: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx, t: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
         """An output like `t` (the rotated input)."""
         out = torch.empty(t.shape, dtype=t.dtype, device=t.device)
         if not is_fake(t):
@@ -48,7 +48,7 @@ class FusedRoPE(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+    def backward(ctx, grad: torch.Tensor):
         """One gradient like the incoming one (the inverse rotation)."""
         (freqs,) = ctx.saved_tensors
         grad_input = torch.empty(grad.shape, dtype=grad.dtype, device=grad.device)

@@ -44,7 +44,7 @@ class TopkScore(torch.autograd.Function):
     """TE's FusedTopkScoreFunction."""
 
     @staticmethod
-    def forward(ctx, logits, kwargs):  # type: ignore[override]
+    def forward(ctx, logits, kwargs):
         """(probs, routing map)."""
         probs, routing_map, scores = _empty(logits), _empty(logits, torch.bool), _empty(logits)
         if not is_fake(logits):
@@ -58,7 +58,7 @@ class TopkScore(torch.autograd.Function):
         return probs, routing_map
 
     @staticmethod
-    def backward(ctx, grad_probs, _):  # type: ignore[override]
+    def backward(ctx, grad_probs, _):
         """The logits' gradient."""
         grad = _empty(grad_probs)
         if not is_fake(grad_probs):
@@ -70,7 +70,7 @@ class AuxLossScores(torch.autograd.Function):
     """TE's FusedComputeScoresForMoEAuxLoss."""
 
     @staticmethod
-    def forward(ctx, logits, topk: int, score_function: str):  # type: ignore[override]
+    def forward(ctx, logits, topk: int, score_function: str):
         """(routing map, scores)."""
         scores, routing_map, kept = _empty(logits), _empty(logits, torch.bool), _empty(logits)
         if not is_fake(logits):
@@ -86,7 +86,7 @@ class AuxLossScores(torch.autograd.Function):
         return routing_map, scores
 
     @staticmethod
-    def backward(ctx, _, grad_scores):  # type: ignore[override]
+    def backward(ctx, _, grad_scores):
         """The logits' gradient."""
         grad = _empty(grad_scores)
         if not is_fake(grad_scores):
@@ -98,7 +98,7 @@ class AuxLoss(torch.autograd.Function):
     """TE's FusedAuxLoss (megatron's switch load-balancing loss)."""
 
     @staticmethod
-    def forward(ctx, probs, tokens_per_expert, total, experts, topk, coeff):  # type: ignore[override]
+    def forward(ctx, probs, tokens_per_expert, total, experts, topk, coeff):
         """The scalar loss."""
         loss = torch.empty((), dtype=probs.dtype, device=probs.device)
         const = torch.empty((), dtype=torch.float32, device=probs.device)
@@ -111,7 +111,7 @@ class AuxLoss(torch.autograd.Function):
         return loss
 
     @staticmethod
-    def backward(ctx, grad_loss):  # type: ignore[override]
+    def backward(ctx, grad_loss):
         """The probabilities' gradient: tokens_per_expert x scale for every row."""
         const, tokens_per_expert = ctx.saved_tensors
         grad = torch.empty(ctx.shape, dtype=grad_loss.dtype, device=grad_loss.device)

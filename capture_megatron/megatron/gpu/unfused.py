@@ -31,7 +31,7 @@ class TEMaskedSoftmax(torch.autograd.Function):
     """TE's ScaledMaskedSoftmax kernel: a 16-bit output, kept; backward in place."""
 
     @staticmethod
-    def forward(ctx, scores, mask):  # type: ignore[override]
+    def forward(ctx, scores, mask):
         """softmax(scores masked) in the scores' dtype."""
         out = torch.empty_like(scores)
         if not is_fake(scores):
@@ -40,7 +40,7 @@ class TEMaskedSoftmax(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx, grad):  # type: ignore[override]
+    def backward(ctx, grad):
         """The input gradient, written into the incoming gradient."""
         (out,) = ctx.saved_tensors
         if not is_fake(grad):
