@@ -11,6 +11,7 @@ import platform
 
 from report_inputs import hf_planned_section, inputs_section
 from report_moe import moe_sections
+from report_offload import offload_sections
 from report_planner import planner_sections
 from report_step_time import step_time_sections
 
@@ -335,6 +336,7 @@ def main() -> None:
     text += "\n## Fewest GPUs of 80 GiB that fit (1, 2, 4, then whole nodes of 8)\n\n" + "\n".join(
         min_gpu_table(part)
     )
+    text += offload_sections(ROOT)
     text += (
         "\n\n## Profiling cost (probes for every TP the search considers; fresh cache)\n\n"
         + "\n".join(profile_cost_table(part))

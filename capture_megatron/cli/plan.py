@@ -170,7 +170,8 @@ def plan_and_report(
     )
     routing = result.routing.notes() if result.routing else ()
     flex = result.margins.hybridep_note(result.shape, result.best.plan)
-    extra = tuple(n for n in (sp_note, flex, _offload_note(result)) if n)
+    offload = _offload_note(result, bool(getattr(ns, "optimizer_cpu_offload", False)))
+    extra = tuple(n for n in (sp_note, flex, offload) if n)
     notes = (*shape_notes, *model_notes(shape), *routing, *extra)
     result = dataclasses.replace(result, ignored_flags=ignored, notes=notes)
     print_plan(result)
@@ -192,9 +193,10 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def _offload_note(result: PlanResult) -> str:
+def _offload_note(result: PlanResult, given: bool = True) -> str:
     """With --optimizer-cpu-offload: what it saves on the device and costs per step, on the rank
-    with the most host bytes ('' without offload)."""
+    with the most host bytes ('' without offload); `given` False: the planner turned it on, and
+    says with which flags."""
     from capture_megatron.plan.costmodel import step_time
     from capture_megatron.plan.offload_cost import offload_note, state_saved, without_offload
 
@@ -207,4 +209,15 @@ def _offload_note(result: PlanResult) -> str:
     if result.on_gpu:
         before = step_time(result.shape, without_offload(plan), result.cost).seconds
         seconds = step_time(result.shape, plan, result.cost).seconds - before
-    return offload_note(plan, stage.host, saved, seconds)
+    chosen = "" if given else f"{CHOSEN_OFFLOAD}; "
+    return chosen + offload_note(plan, stage.host, saved, seconds)
+
+
+CHOSEN_OFFLOAD = (
+    "the planner offloads the optimizer (--optimizer-cpu-offload, searched where it fits the "
+    "model on fewer GPUs or beats recompute and more stages; --optimizer-offload-fraction 0 keeps "
+    "it off): --use-precision-aware-optimizer, which Megatron-LM needs for it, is on at its "
+    "default fp32 dtypes and changes no bytes, as HybridDeviceOptimizer takes none of its dtypes "
+    "(megatron-core 0.16.1 optimizer/__init__.py, param_update_in_fp32=True)"
+)
+"""What plan says when it chose --optimizer-cpu-offload itself."""

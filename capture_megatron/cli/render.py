@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from capture_megatron.config import GIB, Recompute
+from capture_megatron.config import GIB, ParallelPlan, Recompute
 from capture_megatron.config.kernels import VALIDATION
 from capture_megatron.fit import MemoryModel
 from capture_megatron.fit.quality import quality_rows, used_error
@@ -36,9 +36,11 @@ def print_plan(result: PlanResult) -> None:
     )
     print(f"  validated: {VALIDATION.get(result.origin.device, 'not validated')}")
     wide = shape.moe.enabled or any(e.plan.cp > 1 for e in result.ranked)
+    off = any(e.plan.ddp.optimizer_cpu_offload for e in result.ranked)
     print(
         f"  {'TP':>3} {'PP':>3} {'DP':>4}{'  CP  EP' if wide else ''} {'VPP':>3} {'mbs':>3} "
-        f"{'recompute':>9} {'SP':>3} {'DO':>3} {'peak ' + uname:>9} {'need ' + uname:>9} "
+        f"{'recompute':>9} {'SP':>3} {'DO':>3}{'  OFF' if off else ''} {'peak ' + uname:>9} "
+        f"{'need ' + uname:>9} "
         f"{'fits':>4} {'step s':>7}  layout"
     )
     for e in result.ranked:
@@ -47,7 +49,8 @@ def print_plan(result: PlanResult) -> None:
             f"  {p.tp:3d} {p.pp:3d} {p.dp:4d}{f' {p.cp:3d} {p.ep:3d}' if wide else ''} "
             f"{p.vpp:3d} {p.micro_batch_size:3d} "
             f"{p.recompute.granularity:>9} {'y' if p.sequence_parallel else 'n':>3} "
-            f"{'y' if p.distributed_optimizer else 'n':>3} {e.peak / unit:9.2f} "
+            f"{'y' if p.distributed_optimizer else 'n':>3}{_offload(p) if off else ''} "
+            f"{e.peak / unit:9.2f} "
             f"{e.needed / unit:9.2f} {_fits(e.fits, cluster.gpu_memory_bytes):>4} "
             f"{_step(result, e.step_seconds):>7}  {p.layout}"
         )
@@ -64,6 +67,12 @@ def print_plan(result: PlanResult) -> None:
         print(f"note: {note}")
     if result.ignored_flags:
         print("ignored (cannot change memory): " + " ".join(result.ignored_flags))
+
+
+def _offload(plan: ParallelPlan) -> str:
+    """The OFF column: the optimizer's fraction offloaded (--optimizer-cpu-offload; 0 without)."""
+    ddp = plan.ddp
+    return f" {ddp.optimizer_offload_fraction if ddp.optimizer_cpu_offload else 0:4g}"
 
 
 def legend(result: PlanResult) -> list[str]:
@@ -92,7 +101,8 @@ def legend(result: PlanResult) -> list[str]:
     return [
         f"peak: {peak}; {need}; fits: {fits}",
         f"{step}; SP sequence parallel, DO distributed optimizer, CP context-parallel and EP "
-        "expert-parallel sizes (shown for MoE or CP plans), VPP virtual stages per "
+        "expert-parallel sizes (shown for MoE or CP plans), OFF the optimizer's fraction "
+        "offloaded (--optimizer-cpu-offload; shown when a plan offloads), VPP virtual stages per "
         "rank, mbs micro-batch size; layout: --pipeline-model-parallel-layout (E embedding, "
         "t layer, L output layer, | between stages)",
     ]
@@ -129,6 +139,17 @@ def _recompute_words(rc: Recompute) -> str:
     return "no recompute" if rc.granularity == "none" else "selective recompute"
 
 
+def host_node_words(result: PlanResult) -> str:
+    """The host bytes of one node's ranks against the hardware's host memory."""
+    per_node, limit = result.best.host_per_node, result.cost.hardware.host_memory_bytes
+    ranks = min(result.cluster.gpus_per_node, result.cluster.gpus)
+    verdict = "fits" if per_node <= limit else "does NOT fit"
+    return (
+        f"{ranks} ranks per node hold {per_node / GIB:.1f} GiB, which {verdict} the node's "
+        f"{limit / GIB:g} GiB of host memory (--host-memory-gib)"
+    )
+
+
 def _print_stages(result: PlanResult, unit: float, uname: str) -> None:
     best = result.best
     host = any(s.host for s in best.stages)  # --optimizer-cpu-offload: a host column
@@ -148,7 +169,7 @@ def _print_stages(result: PlanResult, unit: float, uname: str) -> None:
     if host:
         print(
             "  host: host memory per rank (--optimizer-cpu-offload: the optimizer's host copies, "
-            "moments and gradients), not in the peak"
+            "moments and gradients), not in the peak; " + host_node_words(result)
         )
     print(
         "  in flight: micro-batches alive per chunk at the peak; activations: what they hold, "

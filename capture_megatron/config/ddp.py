@@ -81,7 +81,8 @@ class DdpOptions(JsonMixin):
     weights, moments and gradients in host memory (needs --use-precision-aware-optimizer)."""
     optimizer_offload_fraction: float = flag("--optimizer-offload-fraction", 1.0, omit_default=True)
     """With --optimizer-cpu-offload: the fraction of the rank's optimizer elements updated on the
-    host (Megatron-LM's default 1.0: all of them)."""
+    host (Megatron-LM's default 1.0: all of them). `plan` searches it unless offload or a fraction
+    other than 1 is given (0: no offload)."""
     overlap_cpu_optimizer_d2h_h2d: bool = flag(
         "--overlap-cpu-optimizer-d2h-h2d", False, omit_default=True
     )

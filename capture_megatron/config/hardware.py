@@ -42,6 +42,9 @@ class Hardware(JsonMixin):
     host_bytes_per_s: float = 64e9
     """Host-device bandwidth of one GPU, per direction (PCIe Gen5 x16, or NVLink-C2C): the
     gradient and parameter copies of --optimizer-cpu-offload (plan/offload_cost.py)."""
+    host_memory_bytes: int = 2 * 1024 * GIB
+    """Host (CPU) memory of one node, which the node's ranks share: --optimizer-cpu-offload's host
+    copies must fit in it (DGX H100 / H200 / B200 datasheets: 2 TB system memory)."""
 
     def __post_init__(self) -> None:
         p = []
@@ -87,6 +90,7 @@ PROFILES: dict[str, Hardware] = {
         gpus_per_node=4,
         nvlink_domain=72,
         host_bytes_per_s=450e9,
+        host_memory_bytes=2 * 480 * GIB,
     ),
     "a100-80gb": _profile(
         "a100-80gb",
@@ -115,6 +119,7 @@ FLAG_OF = {
     "gpus_per_node": "--gpus-per-node",
     "nvlink_domain": "--nvlink-domain",
     "host_bytes_per_s": "--host-gbps",
+    "host_memory_bytes": "--host-memory-gib",
 }
 """The flag that overrides each field (named in errors)."""
 
@@ -151,6 +156,9 @@ class HardwareFlags:
     """Network bandwidth of one GPU per direction in GB/s (default: the profile's)."""
     host_gbps: float | None = flag("--host-gbps", None, note="(capture-megatron)")
     """Host-device bandwidth of one GPU per direction in GB/s (default: the profile's)."""
+    host_memory_gib: float | None = flag("--host-memory-gib", None, note="(capture-megatron)")
+    """Host (CPU) memory of one node in GiB, shared by its ranks' --optimizer-cpu-offload host
+    copies (default: the profile's, 2 TiB as on a DGX H100)."""
     nvlink_domain: int | None = flag("--nvlink-domain", None, note="(capture-megatron)")
     """GPUs that reach each other over NVLink (default: the profile's)."""
     gemm_efficiency: float | None = flag(
@@ -177,6 +185,10 @@ class HardwareFlags:
             if value is not None:
                 changes[key] = value
                 bad += [] if value >= 1 else [f"{FLAG_OF[key]} {value}"]
+        if self.host_memory_gib is not None:
+            host = self.host_memory_gib
+            bad += [] if ok(host) else [f"--host-memory-gib {host:g}"]
+            changes["host_memory_bytes"] = int(host * GIB) if ok(host) else 1
         if memory_gib is not None:
             bad += [] if ok(memory_gib) else [f"--gpu-memory-gib {memory_gib:g}"]
             changes["memory_bytes"] = int(memory_gib * GIB) if ok(memory_gib) else 1

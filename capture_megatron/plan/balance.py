@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from capture_megatron.config import Cluster, ModelShape, ParallelPlan, Recompute
+from capture_megatron.config import GIB, Cluster, ModelShape, ParallelPlan, Recompute
 from capture_megatron.fit import MemoryModel
 from capture_megatron.plan.contiguous import contiguous_partition, descend
 from capture_megatron.plan.costmodel import CostModel, step_seconds
@@ -46,6 +46,9 @@ class Evaluated:
     bound: float = 0.0
     """No layout of the plan's sizes and recompute granularity that fits is estimated faster than
     this (seconds; capture_megatron.plan.timed); 0 when the layout was not chosen for time."""
+    host_per_node: float = 0.0
+    """--optimizer-cpu-offload: host bytes of one node's ranks (its GPUs x the largest rank's host
+    bytes); a plan fits only if they are within the hardware's host memory (--host-memory-gib)."""
 
     @property
     def rank_peaks(self) -> tuple[int, ...]:
@@ -224,14 +227,38 @@ def evaluate_plan(
     stages = tuple(rank_memory(layers, shape, plan, r) for r in range(plan.pp))
     peak = max(s.peak for s in stages)
     needed = margins.plan_needed(peak, shape, plan)
+    host = host_per_node(stages, cluster)
     return Evaluated(
         plan,
         stages,
         peak,
         needed,
-        needed <= cluster.gpu_memory_bytes,
+        needed <= cluster.gpu_memory_bytes and host <= hw.hardware.host_memory_bytes,
         step_seconds(shape, plan, hw),
+        host_per_node=host,
     )
+
+
+def host_overflow(e: Evaluated, cluster: Cluster, host: int) -> str:
+    """What the no-fit error says of a plan whose offloaded optimizer overflows a node's `host`
+    bytes of host memory ('' when it fits there)."""
+    if e.host_per_node <= host:
+        return ""
+    return (
+        f", with --optimizer-cpu-offload of {e.plan.ddp.optimizer_offload_fraction:g} of its "
+        f"optimizer, whose host copies take {e.host_per_node / GIB:.1f} GiB on a node's "
+        f"{min(cluster.gpus_per_node, cluster.gpus)} ranks, above its {host / GIB:g} GiB of host "
+        "memory (--host-memory-gib)"
+    )
+
+
+def host_per_node(stages: tuple[StageMemory, ...], cluster: Cluster) -> float:
+    """Host bytes of one node's ranks: the GPUs of a node (at most the cluster's) times the largest
+    rank's host bytes (--optimizer-cpu-offload; 0 without it, and on CPU processes, whose device
+    memory is the host's)."""
+    if cluster.device == "cpu":
+        return 0.0
+    return min(cluster.gpus_per_node, cluster.gpus) * max((s.host for s in stages), default=0.0)
 
 
 def distinct(ranked: list[Evaluated]) -> tuple[Evaluated, ...]:

@@ -21,7 +21,7 @@ from capture_megatron.plan.costmodel import CostModel
 from capture_megatron.plan.emit import stock_recompute_count
 from capture_megatron.plan.margins import Margins
 from capture_megatron.plan.partition import TIE
-from capture_megatron.plan.space import Space
+from capture_megatron.plan.space import Space, offload_ddp
 
 
 @dataclass(frozen=True)
@@ -73,9 +73,37 @@ def reasoning(ctx: Context, ranked: tuple[Evaluated, ...], considered: int) -> t
     lines = [_why(ctx, ranked, considered)]
     if ctx.objective != "fixed":
         lines += [
-            line for line in (_plain_dp(ctx, ranked[0]), _no_recompute(ctx, ranked[0])) if line
+            line
+            for line in (
+                _plain_dp(ctx, ranked[0]),
+                _no_recompute(ctx, ranked[0]),
+                _offload_reach(ctx, ranked[0]),
+            )
+            if line
         ]
     return tuple(lines)
+
+
+def _offload_reach(ctx: Context, best: Evaluated) -> str:
+    """min-peak on GPUs, a plan without optimizer offload: the worst-rank peak of the same plan
+    with all of its optimizer offloaded (the lowest device peak its sizes reach; min-peak does not
+    offload unless --optimizer-cpu-offload is given) ('' otherwise)."""
+    p = best.plan
+    if ctx.objective != "min-peak" or ctx.cluster.device == "cpu" or p.ddp.optimizer_cpu_offload:
+        return ""
+    try:
+        moved = replace(p, distributed_optimizer=True, ddp=offload_ddp(p.ddp, 1.0))
+    except CaptureError:  # Megatron-LM refuses offload with the settings given
+        return ""
+    e = ctx.evaluate(moved)
+    if e is None or e.peak >= best.peak:
+        return ""
+    return (
+        f"with all of its optimizer offloaded (--optimizer-cpu-offload with the distributed and "
+        f"precision-aware optimizers) the plan's worst-rank peak would be {gib(e.peak)} "
+        f"(-{gib(best.peak - e.peak)}), at an estimated {e.step_seconds - best.step_seconds:+.2f} "
+        f"s per step and {gib(e.host_per_node)} of host memory per node"
+    )
 
 
 def _why(ctx: Context, ranked: tuple[Evaluated, ...], considered: int) -> str:

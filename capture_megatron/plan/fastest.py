@@ -22,7 +22,7 @@ import heapq
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
-from capture_megatron.config import Cluster, ModelShape, ParallelPlan, Recompute
+from capture_megatron.config import Cluster, DdpOptions, ModelShape, ParallelPlan, Recompute
 from capture_megatron.fit import MemoryModel
 from capture_megatron.plan.balance import (
     Evaluated,
@@ -47,11 +47,22 @@ class SearchResult:
     """Fitting plans first, then by the objective."""
     considered: int
     """Candidates evaluated."""
+    unfit: frozenset[ParallelPlan] = frozenset()
+    """The candidates found not to fit (throughput: their memory floor, a lighter twin or their
+    own forecast), for plan.search's optimizer offload."""
 
 
 def _key(p: ParallelPlan) -> tuple:
     return (p.tp, p.pp, p.dp, p.cp, p.ep, p.vpp, p.micro_batch_size, p.recompute.granularity,
-            p.sequence_parallel, p.distributed_optimizer)  # fmt: skip
+            p.sequence_parallel, p.distributed_optimizer, p.ddp)  # fmt: skip
+
+
+def _all_offloaded(p: ParallelPlan) -> DdpOptions | None:
+    """The settings of p's twin with all of its optimizer offloaded (None: p offloads none or all;
+    plan.search puts such twins in one search only where no node's host memory can overflow)."""
+    ddp = p.ddp
+    moved = ddp.optimizer_cpu_offload and ddp.optimizer_offload_fraction < 1.0
+    return replace(ddp, optimizer_offload_fraction=1.0) if moved else None
 
 
 def fit_plan(
@@ -111,13 +122,14 @@ class _Visit:
 
     def twins(self, p: ParallelPlan) -> list[ParallelPlan]:
         """The candidates of the same sizes that need no more memory: without interleaving, with
-        the next smaller micro-batch, with full recompute."""
-        k = _key(p)
+        the next smaller micro-batch, with full recompute, with all of the optimizer offloaded."""
+        k, moved = _key(p), _all_offloaded(p)
         smaller = [b for b in self.sizes if b < p.micro_batch_size]
         found = [
             self.index.get(k[:5] + (1,) + k[6:]) if p.vpp > 1 else None,
             self.index.get(k[:6] + (smaller[-1],) + k[7:]) if smaller else None,
             self.index.get(k[:7] + ("full",) + k[8:]) if k[7] != "full" else None,
+            self.index.get(k[:-1] + (moved,)) if moved else None,
         ]
         return [t for t in found if t is not None]
 
@@ -139,6 +151,10 @@ class _Visit:
             if self.floor_fits(plan) and all(self.viable.get(t, True) for t in twins):
                 yield from (t for t in twins if self.floor_fits(t))
                 yield plan
+
+    def unfit(self) -> frozenset[ParallelPlan]:
+        """The candidates found not to fit."""
+        return frozenset(p for p, ok in self.viable.items() if not ok)
 
     def fastest_known(self, top: int) -> float:
         """The `top`-th fastest step among the fitting plans found (inf while fewer)."""
@@ -214,4 +230,4 @@ def fastest(
         fits(plan, i)
     done = visit.done.values()
     ranked = distinct(sorted(done, key=lambda e: (not e.fits, e.step_seconds, e.peak)))
-    return SearchResult(ranked[:top], len(done))
+    return SearchResult(ranked[:top], len(done), visit.unfit())

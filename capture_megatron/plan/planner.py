@@ -22,6 +22,7 @@ from capture_megatron.config.kernels import kernel_set, tp_overlap_problem
 from capture_megatron.config.model import tp_head_problems
 from capture_megatron.errors import CaptureError
 from capture_megatron.fit import MemoryModel, ModelSource
+from capture_megatron.plan.balance import host_overflow
 from capture_megatron.plan.baselines import baselines_for
 from capture_megatron.plan.costmodel import CostModel
 from capture_megatron.plan.explain import (
@@ -36,7 +37,7 @@ from capture_megatron.plan.margins import CONTEXT_GIB, RESERVE_FRACTION, Margins
 from capture_megatron.plan.result import ModelOrigin, PlanResult
 from capture_megatron.plan.routing import at_forecast, routed, routing_report
 from capture_megatron.plan.search import OBJECTIVES, Evaluated, evaluate_plan, search, undominated
-from capture_megatron.plan.space import Space, candidates
+from capture_megatron.plan.space import Space, candidates, searched_offload
 from capture_megatron.plan.supply import Supply
 from capture_megatron.plan.window import latent_problem, window_problem
 
@@ -137,6 +138,9 @@ def searched_options(options: PlanOptions, cluster: Cluster, shape: ModelShape) 
     )
     if not space.cp and refused:
         space = dataclasses.replace(space, cp=(1,))
+    if not space.optimizer_offload:
+        offload = searched_offload(space.ddp, options.objective, gpu, shape.dtype, options.kernels)
+        space = dataclasses.replace(space, optimizer_offload=offload)
     return dataclasses.replace(options, cost=cost, space=space)
 
 
@@ -350,7 +354,8 @@ class _Search:
             where = f"none fits on up to {limit} GPUs either"
         return CaptureError(
             f"no plan fits {cluster.gpu_memory_bytes / GIB:g} GiB on {cluster.gpus} GPUs (best "
-            f"needs {best.needed / GIB:.1f} GiB per GPU); {where}"
+            f"needs {best.needed / GIB:.1f} GiB per GPU"
+            f"{host_overflow(best, cluster, self.hw.hardware.host_memory_bytes)}); {where}"
         )
 
 

@@ -7,7 +7,13 @@ memory split, trimmed recompute) is capture_megatron.plan.balance. Pure Python.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
+from dataclasses import replace
+
 from capture_megatron.config import Cluster, ModelShape, ParallelPlan
+from capture_megatron.config.hf_count import parameter_count
+from capture_megatron.config.optimizer_offload import HOST_BYTES, HOST_STEP_BYTES
 from capture_megatron.errors import CaptureError
 from capture_megatron.fit import MemoryModel
 from capture_megatron.plan.balance import (
@@ -21,10 +27,10 @@ from capture_megatron.plan.balance import (
     split_score_fn,
     trim_recompute,
 )
-from capture_megatron.plan.costmodel import CostModel
+from capture_megatron.plan.costmodel import CostModel, step_seconds
 from capture_megatron.plan.fastest import SearchResult, fastest
 from capture_megatron.plan.margins import Margins
-from capture_megatron.plan.space import Space, candidates
+from capture_megatron.plan.space import Space, candidates, offload_ddp
 from capture_megatron.plan.supply import Supply
 
 __all__ = [
@@ -74,18 +80,83 @@ def search(
     if objective not in OBJECTIVES:
         raise CaptureError(f"--objective {objective!r} is not one of {', '.join(OBJECTIVES)}")
     supply = model if isinstance(model, Supply) else Supply(shape, model)
-    plans = list(candidates(shape, cluster, gbs, space))
     keep = space.keeps_recompute
     if objective == "throughput":
         floor = 1 if space.recompute == ("full",) else 0
-        return fastest(supply, shape, cluster, plans, margins, hw, top, keep, floor, fp8)
-    plans = undominated(plans)
+
+        def run(some: list[ParallelPlan]) -> SearchResult:
+            return fastest(supply, shape, cluster, some, margins, hw, top, keep, floor, fp8)
+
+        moved = [f for f in space.optimizer_offload if f > 0.0]
+        if len(space.optimizer_offload) < 2 or not moved or True not in space.distributed_optimizer:
+            return run(list(candidates(shape, cluster, gbs, space)))
+        plain = list(candidates(shape, cluster, gbs, replace(space, optimizer_offload=(0.0,))))
+        return _with_offload(run, shape, cluster, plain, moved, hw, top)
+    plans = undominated(list(candidates(shape, cluster, gbs, space)))
     m = supply.complete(plans)
     results = [
         evaluate_plan(m, shape, balanced(m, shape, p, keep), cluster, margins, hw) for p in plans
     ]
     ranked = distinct(sorted(results, key=lambda e: (not e.fits, e.peak, e.step_seconds)))
     return SearchResult(ranked[:top], len(results))
+
+
+def _with_offload(
+    run: Callable[[list[ParallelPlan]], SearchResult],
+    shape: ModelShape,
+    cluster: Cluster,
+    plain: list[ParallelPlan],
+    fractions: list[float],
+    hw: CostModel,
+    top: int,
+) -> SearchResult:
+    """throughput with optimizer offload searched: the fastest plan without offload first, then
+    the offloading twins (each fraction, the distributed optimizer on) of the candidates found not
+    to fit without it whose step bound is below that plan (none when it is at least as fast as
+    every bound: offload only adds step time, so it wins where it saves recompute or stages),
+    the rankings merged."""
+    first = run(plain)
+    best = first.ranked[0].step_seconds if first.ranked and first.ranked[0].fits else math.inf
+    order = {p: i for i, p in enumerate(plain)}  # the candidates' order, not the set's
+    moved = [
+        t
+        for p in sorted(first.unfit, key=order.__getitem__)
+        for t in offloading_twins(p, fractions)
+        if step_seconds(shape, t, hw, bound=True) < best
+    ]
+    if not moved:
+        return first
+    if all(_host_bound(shape, p, cluster) <= hw.hardware.host_memory_bytes for p in moved):
+        found = [run(moved)]  # a fraction's twin with all of it offloaded needs no more memory
+    else:  # the host memory may bind: more offload is then not lighter; each fraction apart
+        found = [run([p for p in moved if offloaded(p) == f]) for f in fractions]
+    both = sorted(
+        [e for r in (first, *found) for e in r.ranked],
+        key=lambda e: (not e.fits, e.step_seconds, e.peak),
+    )
+    return SearchResult(distinct(both)[:top], sum(r.considered for r in (first, *found)))
+
+
+def offloading_twins(plan: ParallelPlan, fractions: list[float]) -> list[ParallelPlan]:
+    """`plan` offloading each fraction of its optimizer, with the distributed optimizer (which
+    the precision-aware optimizer needs), less those Megatron refuses."""
+    out = []
+    for f in fractions:
+        try:
+            ddp = offload_ddp(plan.ddp, f)
+            out.append(replace(plan, distributed_optimizer=True, ddp=ddp))
+        except CaptureError:
+            continue
+    return out
+
+
+def _host_bound(shape: ModelShape, plan: ParallelPlan, cluster: Cluster) -> float:
+    """No fewer host bytes than a node's ranks take with all of their optimizer offloaded: per
+    element of 1 / (TP x DP x CP) of the model's parameters (a rank's owned share at most, 10%
+    over for the norms TP does not split) 16 bytes (HOST_BYTES) and a slice's 4-byte step (at
+    most one slice per element), on each of the node's GPUs."""
+    share = 1.1 * parameter_count(shape) / (plan.tp * plan.dp * plan.cp)
+    return min(cluster.gpus_per_node, cluster.gpus) * (HOST_BYTES + HOST_STEP_BYTES) * share
 
 
 def _sizes(p: ParallelPlan) -> tuple:
@@ -96,21 +167,35 @@ def _sizes(p: ParallelPlan) -> tuple:
 def undominated(plans: list[ParallelPlan]) -> list[ParallelPlan]:
     """The candidates min-peak keeps: those with no twin among `plans` that needs no more memory
     (memory_dominated)."""
-    lightest: dict[tuple, tuple[int, int, bool]] = {}
+    lightest: dict[tuple, tuple[int, int, bool, float]] = {}
     for p in plans:
-        key, light = _sizes(p), (p.micro_batch_size, p.vpp, p.recompute.granularity != "full")
+        full, moved = p.recompute.granularity != "full", offloaded(p)
+        key, light = _sizes(p), (p.micro_batch_size, p.vpp, full, moved)
         have = lightest.get(key, light)
-        lightest[key] = (min(have[0], light[0]), min(have[1], light[1]), have[2] and light[2])
+        lightest[key] = (
+            min(have[0], light[0]),
+            min(have[1], light[1]),
+            have[2] and light[2],
+            max(have[3], light[3]),
+        )
     return [p for p in plans if not memory_dominated(p, lightest[_sizes(p)])]
 
 
-def memory_dominated(plan: ParallelPlan, lightest: tuple[int, int, bool]) -> bool:
-    """Whether min-peak may skip `plan`: its sizes have a twin that needs no more memory (a smaller
-    micro-batch, no interleaving, full recompute); `lightest`: (the smallest micro-batch, the
-    fewest virtual stages, whether no twin recomputes in full) among the twins."""
-    mbs, vpp, no_full = lightest
+def offloaded(plan: ParallelPlan) -> float:
+    """The fraction of the plan's optimizer offloaded to the host (0 without offload)."""
+    ddp = plan.ddp
+    return ddp.optimizer_offload_fraction if ddp.optimizer_cpu_offload else 0.0
+
+
+def memory_dominated(plan: ParallelPlan, lightest: tuple[int, int, bool, float]) -> bool:
+    """Whether min-peak may skip `plan`: its sizes have a twin that needs no more device memory (a
+    smaller micro-batch, no interleaving, full recompute, more of the optimizer offloaded);
+    `lightest`: (the smallest micro-batch, the fewest virtual stages, whether no twin recomputes
+    in full, the largest offload fraction) among the twins."""
+    mbs, vpp, no_full, moved = lightest
     return (
         plan.micro_batch_size > mbs
         or plan.vpp > vpp
         or (plan.recompute.granularity != "full" and not no_full)
+        or offloaded(plan) < moved
     )

@@ -11,6 +11,7 @@ from capture_megatron.config import Cluster, ModelShape, ParallelFlags, Parallel
 from capture_megatron.config.ddp import DEFAULT_DDP, DdpOptions
 from capture_megatron.config.kernels import Kernels, tp_overlap_problem
 from capture_megatron.config.mtp import mtp_problems
+from capture_megatron.config.optimizer_offload import fp8_offload_problem
 from capture_megatron.config.parallel import tp_fits
 from capture_megatron.config.resolve import (
     given_modules,
@@ -60,6 +61,13 @@ class Space:
     ddp: DdpOptions = DdpOptions()
     """Gradient and optimizer-state settings as given, kept in every candidate (those megatron
     refuses with them are skipped)."""
+    optimizer_offload: tuple[float, ...] = ()
+    """Optimizer CPU offload fractions (--optimizer-offload-fraction); 0: no offload. A fraction
+    above 0 turns on --optimizer-cpu-offload with --use-precision-aware-optimizer at its default
+    fp32 dtypes (Megatron-LM's rule; HybridDeviceOptimizer takes none of its dtypes, so no byte
+    changes) and the distributed optimizer. Empty: the planner's choice
+    (plan.planner.searched_options: on GPUs OFFLOAD_FRACTIONS for min-gpus and throughput, none
+    for min-peak), else none."""
 
     @property
     def keeps_recompute(self) -> bool:
@@ -122,7 +130,58 @@ def space_from(
     if flags.use_distributed_optimizer or needs:
         fixed["distributed_optimizer"] = (True,)
     fixed.update(_fixed_sizes(flags))
-    return replace(Space(), cp_comm_type=flags.cp_comm_type or "", ddp=ddp, **fixed)
+    offload = _fixed_offload(ddp)
+    return replace(
+        Space(), cp_comm_type=flags.cp_comm_type or "", ddp=ddp, optimizer_offload=offload, **fixed
+    )
+
+
+OFFLOAD_FRACTIONS = (0.0, 0.25, 0.5, 0.75, 1.0)
+"""The optimizer offload fractions the planner searches (issue 31: 0, 1/4, 1/2, 3/4, 1)."""
+
+
+def _fixed_offload(ddp: DdpOptions) -> tuple[float, ...]:
+    """The offload fractions the command line fixed: --optimizer-cpu-offload's fraction (Megatron's
+    default 1), or --optimizer-offload-fraction alone when not its default 1 (0: no offload; the
+    fraction alone cannot be told from the default 1); empty: searched."""
+    if ddp.optimizer_cpu_offload:
+        return (ddp.optimizer_offload_fraction,)
+    fraction = ddp.optimizer_offload_fraction
+    return (fraction,) if fraction != 1.0 else ()
+
+
+def searched_offload(
+    ddp: DdpOptions, objective: str, gpu: bool, dtype: str, kernels: Kernels
+) -> tuple[float, ...]:
+    """The optimizer offload fractions searched when the command line fixed none: on GPUs
+    OFFLOAD_FRACTIONS for min-gpus and throughput (which takes offload only where it is faster
+    than every plan without it: plan.search), where Megatron-LM runs it with the settings given
+    (the precision-aware optimizer's dtypes fp32, gradients not fp16, --fp8-param-gather only
+    with the delayed recipe); no offload for min-peak and on CPU processes (whose
+    device memory is the host's)."""
+    if not gpu or objective == "min-peak":
+        return (0.0,)
+    try:
+        moved = offload_ddp(ddp, 1.0)
+    except CaptureError:
+        return (0.0,)
+    fp8 = kernels.fp8 and kernels.fp8_param_gather
+    refused = moved.dtype_problems(dtype) or fp8_offload_problem(moved, fp8, kernels.fp8_recipe)
+    return (0.0,) if refused else OFFLOAD_FRACTIONS
+
+
+def offload_ddp(ddp: DdpOptions, fraction: float) -> DdpOptions:
+    """The settings of a candidate offloading `fraction` of its optimizer: as given when the
+    command line turned offload on or the fraction is 0, else --optimizer-cpu-offload with the
+    precision-aware optimizer (CaptureError when Megatron refuses that with the settings given)."""
+    if ddp.optimizer_cpu_offload or fraction <= 0.0:
+        return ddp
+    return replace(
+        ddp,
+        optimizer_cpu_offload=True,
+        optimizer_offload_fraction=fraction,
+        use_precision_aware_optimizer=True,
+    )
 
 
 def _fixed_sizes(flags: ParallelFlags) -> dict[str, tuple[int, ...]]:
@@ -222,15 +281,16 @@ def _dominated(on: bool, size: int, allowed: tuple[bool, ...]) -> bool:
 
 
 def _allowed_ep(
-    shape: ModelShape, sizes: tuple[int, int, int, int], vpp: int, do: bool, space: Space
+    shape: ModelShape, sizes: tuple[int, int, int, int], vpp: int, base: ParallelPlan, space: Space
 ) -> list[int]:
     """The expert-parallel sizes of (TP, CP, PP, DP) `sizes` with which megatron-core takes the
-    space's gradient / optimizer-state settings."""
+    candidate's gradient / optimizer-state settings."""
     tp, cp, pp, dp = sizes
+    do = base.distributed_optimizer
     return [
         ep
         for ep in expert_sizes(shape, tp, dp * cp, space)
-        if not space.ddp.plan_problems(pp, vpp, dp * cp, dp * cp // ep, do)
+        if not base.ddp.plan_problems(pp, vpp, dp * cp, dp * cp // ep, do)
         and not (space.ddp.overlap_moe_expert_parallel_comm and ep == 1)
     ]
 
@@ -266,11 +326,7 @@ def _settings(
             recompute = space.full_recompute(pp) if rc == "full" else Recompute(rc)
             if rc == "selective":
                 recompute = Recompute.selective(space.recompute_modules)
-            for do in space.distributed_optimizer:
-                if (do and dp * cp == 1 and len(space.distributed_optimizer) > 1) or _dominated(
-                    do, dp * cp, space.distributed_optimizer
-                ):
-                    continue
+            for do, ddp in optimizer_settings(dp * cp, space):
                 base = ParallelPlan(
                     tp=tp,
                     pp=pp,
@@ -284,10 +340,26 @@ def _settings(
                     recompute=recompute,
                     sequence_parallel=sp,
                     distributed_optimizer=do,
-                    ddp=space.ddp,
+                    ddp=ddp,
                     mtp_layers=shape.mtp_num_layers,
                 )
                 yield from _expert_plans(shape, base, space)
+
+
+def optimizer_settings(dp_cp: int, space: Space) -> list[tuple[bool, DdpOptions]]:
+    """(distributed optimizer, settings) of a candidate with `dp_cp` data x context-parallel
+    ranks: the distributed optimizer where not dominated (_dominated; at DP 1 only when fixed), and
+    each offload fraction > 0 with the distributed optimizer (which the precision-aware optimizer
+    needs, DP 1 included)."""
+    out = []
+    allowed = space.distributed_optimizer
+    for do in allowed:
+        plain = not ((do and dp_cp == 1 and len(allowed) > 1) or _dominated(do, dp_cp, allowed))
+        for fraction in space.optimizer_offload or (0.0,):
+            ddp = offload_ddp(space.ddp, fraction)
+            if do if ddp.optimizer_cpu_offload else plain:
+                out.append((do, ddp))
+    return out
 
 
 def _even(layers: int, stages: int) -> tuple[int, ...]:
@@ -300,7 +372,7 @@ def _expert_plans(shape: ModelShape, base: ParallelPlan, space: Space) -> Iterat
     optimizer-state settings, less the plans whose multi-token prediction layers are not
     modelled (CP > 1, uniform recompute: config.parallel.mtp_problems)."""
     sizes = (base.tp, base.cp, base.pp, base.dp)
-    for ep in _allowed_ep(shape, sizes, base.vpp, base.distributed_optimizer, space):
+    for ep in _allowed_ep(shape, sizes, base.vpp, base, space):
         plan = replace(base, ep=ep)
         if not mtp_problems(shape, plan):
             yield plan

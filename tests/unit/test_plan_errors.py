@@ -68,8 +68,10 @@ def error_line(done: subprocess.CompletedProcess) -> str:
 
 
 def on_3_gib(gpus: int) -> list[str]:
-    """The small model on `gpus` GPUs of 3 GiB, with a 2 GiB context margin."""
+    """The small model on `gpus` GPUs of 3 GiB, with a 2 GiB context margin, its optimizer kept on
+    the device (--optimizer-offload-fraction 0: with offload searched one GPU holds it)."""
     budget = ["--gpu-memory-gib", "3", "--context-gib", "2", "--global-batch-size", "64"]
+    budget += ["--optimizer-offload-fraction", "0"]
     return [*SMALL, *FIXED, "--gpus", str(gpus), *budget]
 
 

@@ -79,11 +79,15 @@ def _recompute(rng: random.Random, plan: ParallelPlan) -> Recompute:
 def _ddp(rng: random.Random, dtype: str, distributed: bool, gpu: bool, pp: int) -> DdpOptions:
     buckets = rng.choice(({}, {"ddp_bucket_size": 10_000_000}, {"ddp_num_buckets": 4}))
     aware = distributed and dtype == "bf16" and rng.random() < 0.3
+    # issue 31: the optimizer offload the planner chooses (precision-aware at fp32 dtypes)
+    offload = rng.choice((0.0, 0.0, 0.25, 0.5, 1.0)) if aware else 0.0
     return DdpOptions(
         overlap_grad_reduce=gpu and rng.random() < 0.7,
         grad_reduce_in_bf16=dtype == "bf16" and rng.random() < 0.3,
         use_precision_aware_optimizer=aware,
-        exp_avg_dtype="bf16" if aware else "fp32",
+        exp_avg_dtype="bf16" if aware and not offload else "fp32",
+        optimizer_cpu_offload=offload > 0,
+        optimizer_offload_fraction=offload or 1.0,
         num_distributed_optimizer_instances=2 if distributed and rng.random() < 0.2 else 1,
         ddp_pad_buckets_for_high_nccl_busbw=rng.random() < 0.2,
         defer_embedding_wgrad_compute=pp > 1 and rng.random() < 0.2,
@@ -192,6 +196,8 @@ def test_the_generator_covers_every_setting():
     assert any(p.ddp.ddp_num_buckets for p in plans) and any(p.ddp.ddp_bucket_size for p in plans)
     assert any(p.ddp.num_distributed_optimizer_instances > 1 for p in plans)
     assert any(p.ddp.defer_embedding_wgrad_compute for p in plans)
+    fractions = {p.ddp.optimizer_offload_fraction for p in plans if p.ddp.optimizer_cpu_offload}
+    assert fractions == {0.25, 0.5, 1.0}
 
 
 def test_a_block_count_above_a_stage_is_the_layers_it_holds():
