@@ -54,6 +54,9 @@ call sites it serves:
    other tensor is the device's; ``HostStream.record_event`` returns a ``HostEvent`` whose
    ``synchronize`` / ``wait`` do nothing (work is in program order).
 
+Every patch is made through capture_megatron.megatron.patches (the registry): ``patches.revert()``
+puts torch and megatron-core back as they were (docs/ARCHITECTURE.md, "Patch registry").
+
 Settings that are not patches but are required for correct results on gloo (enforced by the model
 builder): ``batch_p2p_comm=False`` (PP+VPP gives wrong gradients otherwise), no CUDA-only fusions
 (gradient_accumulation_fusion, masked_softmax_fusion, apply_rope_fusion, bias fusions).
@@ -279,6 +282,8 @@ def _install_hybrid_optimizer() -> None:
     device tensors (patch 10)."""
     from megatron.core.optimizer.cpu_offloading import hybrid_optimizer as ho
 
+    if not patches.first("hybrid_optimizer"):  # wraps the original once
+        return
     cls = ho.HybridDeviceOptimizer
     init = cls._init_sub_optimizers
 

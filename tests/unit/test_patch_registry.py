@@ -72,20 +72,48 @@ SCRIPT = textwrap.dedent(
                                         "__file__", None)
         assert moded and not torch._C._is_torch_function_mode_enabled(), device
         assert torch.cuda.current_device is before and patches.device() is None, device
-    print("ROWS" + json.dumps(out))
+    # switching devices and back wraps megatron-core's method once; after revert() the next
+    # apply wraps the original again
+    from megatron.core.optimizer.cpu_offloading import hybrid_optimizer as ho
+    cls = ho.HybridDeviceOptimizer
+    unpatched = cls.__dict__["_init_sub_optimizers"]
+    cpu_compat.apply("cpu")
+    wrapped = cls.__dict__["_init_sub_optimizers"]
+    cpu_compat.apply_fake_cuda()
+    cpu_compat.apply("cpu")
+    once = cls.__dict__["_init_sub_optimizers"] is wrapped and wrapped is not unpatched
+    patches.revert()
+    cpu_compat.apply("cpu")
+    again = cls.__dict__["_init_sub_optimizers"].__closure__
+    patches.revert()
+    rewrapped = any(c.cell_contents is unpatched for c in again)
+    print("RESULT ROWS " + json.dumps(out))
+    print("RESULT WRAPS " + json.dumps(dict(once=once, rewrapped=rewrapped)))
     """
 )
 
 
 @pytest.fixture(scope="module")
-def rows() -> list[dict]:
-    """What each device's patches replaced, applied and reverted in a fresh interpreter."""
+def script() -> dict[str, object]:
+    """The script's results, by the tag of each output line ("ROWS", "WRAPS")."""
     done = subprocess.run(
         [sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=600, cwd=ROOT
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    line = next(x for x in done.stdout.splitlines() if x.startswith("ROWS"))
-    return json.loads(line[4:])
+    tagged = [x.split(" ", 2)[1:] for x in done.stdout.splitlines() if x.startswith("RESULT ")]
+    return {tag: json.loads(value) for tag, value in tagged}
+
+
+@pytest.fixture(scope="module")
+def rows(script) -> list[dict]:
+    """What each device's patches replaced, applied and reverted in a fresh interpreter."""
+    return script["ROWS"]
+
+
+def test_switching_devices_wraps_once_and_revert_lets_the_next_apply_wrap_the_original(script):
+    """cpu -> fake-cuda -> cpu keeps one wrapper of HybridDeviceOptimizer._init_sub_optimizers;
+    after revert() a new apply wraps megatron-core's own method."""
+    assert script["WRAPS"] == {"once": True, "rewrapped": True}
 
 
 def test_every_patch_target_exists_in_installed_torch_and_megatron_core(rows):
@@ -139,7 +167,7 @@ def test_torch_unpatched_after_a_cpu_training_test(tmp_path):
     then the check above, in one pytest process: the fixture reverted the first test's patches."""
     log = tmp_path / "patches.log"
     tests = [
-        "tests/unit/test_schedule.py::test_events_equal_megatron",
+        "tests/unit/test_schedule.py::test_events_equal_megatron[2-4-1]",
         "tests/unit/test_patch_registry.py::test_torch_is_unpatched_at_test_start",
     ]
     env = dict(os.environ, CAPTURE_MEGATRON_PATCH_LOG=str(log))
@@ -150,5 +178,5 @@ def test_torch_unpatched_after_a_cpu_training_test(tmp_path):
     assert done.returncode == 0, done.stdout[-3000:]
     entries = [line.split("\t") for line in log.read_text().splitlines()]
     trained = [int(n) for nodeid, n in entries if "test_schedule" in nodeid]
-    assert trained and min(trained) > 0  # each schedule test patched torch / megatron-core
+    assert trained and min(trained) > 0  # the schedule test patched torch / megatron-core
     assert entries[-1][0].endswith("test_torch_is_unpatched_at_test_start")
