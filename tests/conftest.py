@@ -1,5 +1,7 @@
 """Shared pytest set-up: markers by folder (tests/dist -> dist, tests/slurm -> slurm, tests/gpu ->
-gpu) and megatron's import-time warnings kept out of the output.
+gpu), megatron's import-time warnings kept out of the output, and torch / megatron-core unpatched
+again after every test that applied capture-megatron's patches (the patch registry,
+capture_megatron/megatron/patches.py).
 
 Which tests to run when: CONTRIBUTING.md (make test-fast after every change; make test before a
 push, which is what CI runs)."""
@@ -12,6 +14,10 @@ import pytest
 
 warnings.filterwarnings("ignore", message=".*Transformer Engine.*")
 warnings.filterwarnings("ignore", message=".*Apex is not installed.*")
+
+PATCH_LOG = "CAPTURE_MEGATRON_PATCH_LOG"
+"""Environment variable: a file to which `unpatched` appends each test's id and how many patches
+it reverted (tests/unit/test_patch_registry.py reads it)."""
 
 FOLDER_MARKS = {"dist": pytest.mark.dist, "slurm": pytest.mark.slurm, "gpu": pytest.mark.gpu}
 
@@ -37,3 +43,18 @@ def forecast_cache(tmp_path_factory: pytest.TempPathFactory) -> str:
     if os.environ.get("PYTEST_XDIST_WORKER"):  # a worker's base is one folder below the session's
         root = root.parent
     return str(root / "forecast-cache")
+
+
+@pytest.fixture(autouse=True)
+def unpatched(request: pytest.FixtureRequest):
+    """After each test, revert whatever it patched through the registry (torch and megatron-core
+    attributes, the TorchFunctionModes it entered), so that no test sees another's patches."""
+    yield
+    from capture_megatron.megatron import patches
+
+    count = len(patches.applied())
+    if count or patches.device() is not None:
+        patches.revert()
+    if os.environ.get(PATCH_LOG):
+        with open(os.environ[PATCH_LOG], "a") as log:
+            log.write(f"{request.node.nodeid}\t{count}\n")

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from capture_megatron.config import ModelShape
+from capture_megatron.megatron import patches
 
 if TYPE_CHECKING:
     from megatron.core.transformer.spec_utils import ModuleSpec
@@ -189,7 +190,8 @@ def apply_without_te() -> None:
     from megatron.core.transformer import multi_latent_attention
 
     if not isinstance(multi_latent_attention.TELinear, type):
-        multi_latent_attention.HAVE_TE = False
+        why = "MLA without TE: its stand-in classes are mocks; no TE output projection check"
+        patches.patch(multi_latent_attention, "HAVE_TE", False, why)
 
 
 def rotary_tables_built_in_fp32(model: torch.nn.Module) -> None:

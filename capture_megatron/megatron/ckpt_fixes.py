@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-_DONE = {"applied": False}
+from capture_megatron.megatron import patches
 
 
 def _pad_world_tensors(optimizer, state):
@@ -77,7 +77,7 @@ def apply() -> None:
     """Install both fixes (idempotent). Fix 2 only when megatron runs without Apex/TE."""
     from megatron.core.optimizer import distrib_optimizer as dopt
 
-    if _DONE["applied"]:
+    if not patches.first("ckpt_fixes"):
         return
     cls = dopt.DistributedOptimizer
     original_fully = cls.sharded_param_state_fully_reshardable
@@ -92,8 +92,8 @@ def apply() -> None:
         finally:
             del self.get_parameter_state_dp_zero
 
-    # patches of megatron-core's DistributedOptimizer (the point of this module)
-    cls.sharded_param_state_fully_reshardable = fully_reshardable  # type: ignore[method-assign]
+    why = "fix 1: fully-reshardable optimizer state with padded world tensors"
+    patches.patch(cls, "sharded_param_state_fully_reshardable", fully_reshardable, why)
     if not dopt.HAVE_APEX_OR_TE:
         original_set = cls._set_main_param_and_optimizer_states
 
@@ -102,5 +102,5 @@ def apply() -> None:
                 return original_set(self, model_param, tensors)
             return _set_main_param_and_optimizer_states(self, model_param, tensors)
 
-        cls._set_main_param_and_optimizer_states = set_states  # type: ignore[method-assign]
-    _DONE["applied"] = True
+        why = "fix 2: main params and optimizer states set without Apex / TE"
+        patches.patch(cls, "_set_main_param_and_optimizer_states", set_states, why)

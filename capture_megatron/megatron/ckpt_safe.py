@@ -33,6 +33,7 @@ import pickle
 from typing import Any
 
 from capture_megatron.errors import CaptureError
+from capture_megatron.megatron import patches
 
 _CLASS_MODULES = ("torch.distributed.checkpoint.", "megatron.core.dist_checkpointing.")
 _PLAIN = {
@@ -132,7 +133,8 @@ def install() -> None:
     """Make megatron-core's torch_dist load planner read byte items with weights_only=True."""
     from megatron.core.dist_checkpointing.strategies.torch import MCoreLoadPlanner
 
-    MCoreLoadPlanner.load_bytes = _load_bytes  # type: ignore[method-assign]  # the patch itself
+    why = "torch_dist loads byte items with weights_only=True"
+    patches.patch(MCoreLoadPlanner, "load_bytes", _load_bytes, why)
 
 
 def load_failed(path: str, err: BaseException) -> CaptureError:

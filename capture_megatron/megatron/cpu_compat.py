@@ -54,6 +54,9 @@ call sites it serves:
    other tensor is the device's; ``HostStream.record_event`` returns a ``HostEvent`` whose
    ``synchronize`` / ``wait`` do nothing (work is in program order).
 
+Every patch is made through capture_megatron.megatron.patches (the registry): ``patches.revert()``
+puts torch and megatron-core back as they were (docs/ARCHITECTURE.md, "Patch registry").
+
 Settings that are not patches but are required for correct results on gloo (enforced by the model
 builder): ``batch_p2p_comm=False`` (PP+VPP gives wrong gradients otherwise), no CUDA-only fusions
 (gradient_accumulation_fusion, masked_softmax_fusion, apply_rope_fusion, bias fusions).
@@ -62,14 +65,12 @@ builder): ``batch_p2p_comm=False`` (PP+VPP gives wrong gradients otherwise), no 
 from __future__ import annotations
 
 import contextlib
-from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
 
-from capture_megatron.megatron import attention, gloo_settle, moe_cpu, moe_fake
+from capture_megatron.megatron import attention, gloo_settle, moe_cpu, moe_fake, patches
 
-_STATE: dict[str, Any] = {"device": None, "mode": None}
 FAKE_CUDA_CAPABILITY = (9, 0)
 """The compute capability the fake CUDA device reports (Hopper)."""
 _CUDA_TYPES = {
@@ -205,17 +206,20 @@ def _install_rng() -> None:
     from megatron.core.tensor_parallel import random as mrandom
 
     if not mrandom.HAVE_TE:  # patch 9: CheckpointWithoutOutput's TE names, as without FP8
-        mrandom.FP8GlobalStateManager = NoFp8
-        mrandom.activation_recompute_forward = lambda **k: contextlib.nullcontext()
-        mrandom.fp8_autocast = lambda **k: contextlib.nullcontext()
-
-    mrandom._get_cuda_rng_state = lambda *a, **k: torch.get_rng_state()
-    mrandom._set_cuda_rng_state = lambda state, *a, **k: torch.set_rng_state(state)
-    # megatron-core declares the global None until it builds its CUDA tracker
-    mrandom._CUDA_RNG_STATE_TRACKER = CpuRNGStatesTracker()  # type: ignore[assignment]
-    mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
-    torch.cuda.manual_seed = lambda seed: None
-    torch.cuda.manual_seed_all = lambda seed: None
+        why = "patch 9: CheckpointWithoutOutput without TE, as TE answers without FP8"
+        patches.patch(mrandom, "FP8GlobalStateManager", NoFp8, why, adds=True)
+        nullcontext = lambda **k: contextlib.nullcontext()  # noqa: E731
+        patches.patch(mrandom, "activation_recompute_forward", nullcontext, why, adds=True)
+        patches.patch(mrandom, "fp8_autocast", nullcontext, why, adds=True)
+    why = "patch 2: named RNG states (dropout forks, recompute) as CPU generator states"
+    patches.patch(mrandom, "_get_cuda_rng_state", lambda *a, **k: torch.get_rng_state(), why)
+    patches.patch(
+        mrandom, "_set_cuda_rng_state", lambda state, *a, **k: torch.set_rng_state(state), why
+    )
+    patches.patch(mrandom, "_CUDA_RNG_STATE_TRACKER", CpuRNGStatesTracker(), why)
+    patches.patch(mrandom, "_CUDA_RNG_STATE_TRACKER_INITIALIZED", True, why)
+    patches.patch(torch.cuda, "manual_seed", lambda seed: None, why)
+    patches.patch(torch.cuda, "manual_seed_all", lambda seed: None, why)
 
 
 class HostStream:
@@ -278,9 +282,9 @@ def _install_hybrid_optimizer() -> None:
     device tensors (patch 10)."""
     from megatron.core.optimizer.cpu_offloading import hybrid_optimizer as ho
 
-    cls = ho.HybridDeviceOptimizer
-    if getattr(cls._init_sub_optimizers, "_capture_megatron", False):
+    if not patches.first("hybrid_optimizer"):  # wraps the original once
         return
+    cls = ho.HybridDeviceOptimizer
     init = cls._init_sub_optimizers
 
     def init_sub_optimizers(self) -> None:
@@ -291,16 +295,17 @@ def _install_hybrid_optimizer() -> None:
         finally:
             del torch.Tensor.is_cuda
 
-    init_sub_optimizers._capture_megatron = True  # type: ignore[attr-defined]  # our marker
-    cls._init_sub_optimizers = init_sub_optimizers  # type: ignore[method-assign]  # the patch itself
+    why = "patch 10: optimizer CPU offload tells host copies from device tensors"
+    patches.patch(cls, "_init_sub_optimizers", init_sub_optimizers, why)
 
 
 def _install_streams() -> None:
     """torch.cuda's stream API answered on the host (patch 7)."""
-    torch.cuda.Stream = HostStream  # type: ignore[misc, assignment]  # host stand-ins for torch.cuda's streams
-    torch.cuda.default_stream = lambda *a, **k: HostStream()  # type: ignore[assignment]  # as above
-    torch.cuda.current_stream = lambda *a, **k: HostStream()  # type: ignore[assignment]  # as above
-    torch.cuda.stream = lambda *a, **k: contextlib.nullcontext()  # type: ignore[assignment]  # as above
+    why = "patch 7: DDP's gradient-reduction stream; work runs in program order"
+    patches.patch(torch.cuda, "Stream", HostStream, why)
+    patches.patch(torch.cuda, "default_stream", lambda *a, **k: HostStream(), why)
+    patches.patch(torch.cuda, "current_stream", lambda *a, **k: HostStream(), why)
+    patches.patch(torch.cuda, "stream", lambda *a, **k: contextlib.nullcontext(), why)
 
 
 def needed() -> bool:
@@ -310,7 +315,16 @@ def needed() -> bool:
 
 def active_device() -> str | None:
     """The host device the patches redirect to, or None when they are not applied."""
-    return _STATE["device"]
+    return patches.device()
+
+
+def _install_runtime(current_device) -> None:
+    """Patches 1 and 5: the current device, and no-op synchronize / empty_cache."""
+    why = "patch 1: megatron-core allocates on current_device() (grad buffers, scratch, RoPE)"
+    patches.patch(torch.cuda, "current_device", current_device, why)
+    why = "patch 5: p2p, DDP and checkpoint strategies synchronize unconditionally"
+    patches.patch(torch.cuda, "synchronize", lambda *a, **k: None, why)
+    patches.patch(torch.cuda, "empty_cache", lambda: None, why)
 
 
 def apply_fake_cuda() -> None:
@@ -318,39 +332,33 @@ def apply_fake_cuda() -> None:
     tensors stay CUDA tensors; only what needs the CUDA runtime is answered here (the current
     device is 0, synchronize / empty_cache do nothing, RNG states are CPU generator states), and
     the GPU kernel modules are installed (capture_megatron.megatron.gpu). Idempotent."""
-    if _STATE["device"] == "fake-cuda":
+    if patches.device() == "fake-cuda":
         return
     from capture_megatron.megatron.gpu.install import install
 
-    torch.cuda.current_device = lambda: 0
-    torch.cuda.synchronize = lambda *a, **k: None
-    torch.cuda.empty_cache = lambda: None
+    _install_runtime(lambda: 0)
     # torch.distributed asks for sm90+ before a broadcast of a CUDA tensor; the GPU kernel set
     # models Hopper (H100 / H200), as Megatron-LM's measured functional tests do
-    torch.cuda.get_device_capability = lambda *a, **k: FAKE_CUDA_CAPABILITY
+    why = "torch.distributed's sm90 check before broadcasting a CUDA tensor; Hopper modelled"
+    patches.patch(torch.cuda, "get_device_capability", lambda *a, **k: FAKE_CUDA_CAPABILITY, why)
     _install_rng()
     install()
     attention.apply_without_te()
     moe_cpu.apply()  # no TE, no CUDA streams on this machine: the same names and streams
     moe_fake.apply()
-    if _STATE["mode"] is not None:
-        _STATE["mode"].__exit__(None, None, None)
-    mode = CudaTypeMode()
-    mode.__enter__()
-    _STATE.update(device="fake-cuda", mode=mode)
+    patches.exit_modes()
+    patches.enter(CudaTypeMode())
+    patches.set_device("fake-cuda")
 
 
 def apply(device: str = "cpu") -> None:
     """Patch torch/megatron for `device` ("cpu" or "meta"); idempotent; no-op when CUDA is
-    usable."""
-    if _STATE["device"] == device or (device == "cpu" and not needed()):
+    usable. ``patches.revert()`` undoes it."""
+    if patches.device() == device or (device == "cpu" and not needed()):
         return
-    if _STATE["mode"] is not None:
-        _STATE["mode"].__exit__(None, None, None)
+    patches.exit_modes()
     # megatron-core passes current_device() on as a device: the host's name stands in for the index
-    torch.cuda.current_device = lambda: device  # type: ignore[assignment,return-value]
-    torch.cuda.synchronize = lambda *a, **k: None
-    torch.cuda.empty_cache = lambda: None
+    _install_runtime(lambda: device)
     _install_rng()
     attention.apply_without_te()
     moe_cpu.apply()
@@ -359,6 +367,5 @@ def apply(device: str = "cpu") -> None:
         gloo_settle.install()
         _install_streams()
         _install_hybrid_optimizer()
-    mode = CudaDeviceMode(device)
-    mode.__enter__()
-    _STATE.update(device=device, mode=mode)
+    patches.enter(CudaDeviceMode(device))
+    patches.set_device(device)

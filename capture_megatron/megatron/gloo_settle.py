@@ -32,6 +32,8 @@ import time
 import torch
 from torch.utils._pytree import tree_leaves
 
+from capture_megatron.megatron import patches
+
 SETTLE_SECONDS = 2.0
 """The longest a caller waits for gloo's worker to drop a collective's tensors (then it goes on)."""
 
@@ -47,8 +49,6 @@ BLOCKING = (
     "reduce_scatter",
 )
 """torch.distributed's collectives that megatron calls blocking with temporaries."""
-
-_STATE = {"installed": False}
 
 
 def settle(tensors: list, counts: list[int]) -> bool:
@@ -104,16 +104,17 @@ def install() -> None:
 
     import torch.distributed as dist
 
-    if _STATE["installed"]:
+    if not patches.first("gloo_settle"):
         return
     wrapped = {}
     for name in BLOCKING:
         original = getattr(dist, name)
         wrapped[original] = settled(original)
-        setattr(dist, name, wrapped[original])
+        why = "patch 8: blocking collectives return once gloo dropped their tensors"
+        patches.patch(dist, name, wrapped[original], why)
     for module in filter(None, map(sys.modules.get, ALIASES)):  # imported later: bind wrapped
         for attr in ("dist_all_gather_func", "dist_reduce_scatter_func"):
             alias = getattr(module, attr, None)
             if alias in wrapped:
-                setattr(module, attr, wrapped[alias])
-    _STATE["installed"] = True
+                why = "patch 8: megatron-core's alias of torch.distributed's collective"
+                patches.patch(module, attr, wrapped[alias], why)

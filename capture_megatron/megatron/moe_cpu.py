@@ -39,7 +39,7 @@ local spec's experts.
 
 from __future__ import annotations
 
-_STATE = {"applied": False}
+from capture_megatron.megatron import patches
 
 
 class HostStream:
@@ -111,29 +111,31 @@ def _patch_uneven_collectives() -> None:
             return scatter(input_, group, input_split_sizes, use_global_buffer)
         return uneven_reduce_scatter(input_, group, _as_list(input_split_sizes))
 
-    mappings._gather_along_first_dim = gather_along_first_dim
-    mappings._reduce_scatter_along_first_dim = reduce_scatter_along_first_dim
+    why = "patch 6: the alltoall dispatcher's uneven SP gathers / scatters on gloo"
+    patches.patch(mappings, "_gather_along_first_dim", gather_along_first_dim, why)
+    patches.patch(mappings, "_reduce_scatter_along_first_dim", reduce_scatter_along_first_dim, why)
 
 
 def apply() -> None:
     """Install the patches (idempotent)."""
-    if _STATE["applied"]:
+    if not patches.first("moe_cpu"):
         return
     from megatron.core.transformer.moe import moe_utils, token_dispatcher
 
-    if not hasattr(moe_utils, "te_general_gemm"):
-        moe_utils.te_general_gemm = None  # type: ignore[assignment]  # megatron-core: None = no TE
+    if not hasattr(moe_utils, "te_general_gemm"):  # megatron-core: None = no TE
+        why = "patch 6: the router's TE GEMM name, None = no TE"
+        patches.patch(moe_utils, "te_general_gemm", None, why, adds=True)
     dispatcher = token_dispatcher.MoEAlltoAllTokenDispatcher
+    why = "patch 6: the alltoall dispatcher's device-to-host stream, on the host"
     if dispatcher.cuda_dtoh_stream is None:
         # a host stand-in with the two methods the dispatcher calls on its stream
-        dispatcher.cuda_dtoh_stream = HostStream()  # type: ignore[assignment]
-    # a patch of megatron-core's class (the point of this module)
-    dispatcher._maybe_dtoh_and_synchronize = host_dtoh_and_synchronize  # type: ignore[method-assign]
+        patches.patch(dispatcher, "cuda_dtoh_stream", HostStream(), why)
+    patches.patch(dispatcher, "_maybe_dtoh_and_synchronize", host_dtoh_and_synchronize, why)
     original = token_dispatcher.all_to_all
 
     def all_to_all(group, input_, output_split_sizes_=None, input_split_sizes=None):
         return original(group, input_, _as_list(output_split_sizes_), _as_list(input_split_sizes))
 
-    token_dispatcher.all_to_all = all_to_all
+    why = "patch 6: the alltoall dispatcher's split sizes as lists (gloo's all_to_all)"
+    patches.patch(token_dispatcher, "all_to_all", all_to_all, why)
     _patch_uneven_collectives()
-    _STATE["applied"] = True

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
-_STATE = {"applied": False}
+from capture_megatron.megatron import patches
 
 
 class SelectedCount(TorchDispatchMode):
@@ -82,7 +82,8 @@ def _patch_token_counts(cls) -> None:
                 tokens_per_expert = torch.full((n,), rows // n, dtype=torch.long)
         return original(self, hidden, tokens_per_expert, probs)
 
-    cls.forward = forward
+    why = "fake tensors: padded expert inputs (capacity factor) count as on a GPU"
+    patches.patch(cls, "forward", forward, why)
 
 
 def _patch_allgather() -> None:
@@ -101,8 +102,8 @@ def _patch_allgather() -> None:
         with SelectedCount(self.num_local_experts * per_expert):
             return original(self, hidden_states, probs)
 
-    # a patch of megatron-core's class (the point of this module)
-    MoEAllGatherTokenDispatcher.dispatch_postprocess = dispatch_postprocess  # type: ignore[method-assign]
+    why = "fake tensors: the allgather dispatcher's padded selection sized as on a GPU"
+    patches.patch(MoEAllGatherTokenDispatcher, "dispatch_postprocess", dispatch_postprocess, why)
 
 
 def one_sinkhorn_iteration(cost):
@@ -133,12 +134,13 @@ def _patch_sinkhorn() -> None:
             return one_sinkhorn_iteration(cost)
         return original(cost, tol)
 
-    router.sinkhorn = sinkhorn
+    why = "fake tensors: sinkhorn's convergence loop reads a value; one iteration allocates"
+    patches.patch(router, "sinkhorn", sinkhorn, why)
 
 
 def apply() -> None:
     """Install the patches (idempotent)."""
-    if _STATE["applied"]:
+    if not patches.first("moe_fake"):
         return
     from megatron.core.transformer.moe import experts
 
@@ -146,4 +148,3 @@ def apply() -> None:
     _patch_token_counts(experts.TEGroupedMLP)
     _patch_allgather()
     _patch_sinkhorn()
-    _STATE["applied"] = True

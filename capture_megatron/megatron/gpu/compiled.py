@@ -20,6 +20,7 @@ import functools
 
 import torch
 
+from capture_megatron.megatron import patches
 from capture_megatron.megatron.gpu.common import is_fake
 
 
@@ -84,5 +85,7 @@ def install() -> None:
     from megatron.core.fusions import fused_cross_entropy as fce
 
     if not getattr(fce.calculate_gradients, "capture_megatron", False):
-        fce.calculate_gradients = with_inductor_buffer(fce.calculate_gradients)
-        fce.calculate_gradients.capture_megatron = True  # type: ignore[attr-defined]  # our marker
+        wrapped = with_inductor_buffer(fce.calculate_gradients)
+        wrapped.capture_megatron = True  # our marker
+        why = "fake-cuda kernel set: the buffer compiled fused cross entropy allocates"
+        patches.patch(fce, "calculate_gradients", wrapped, why)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import torch
 
+from capture_megatron.megatron import patches
 from capture_megatron.megatron.gpu.common import is_fake
 
 
@@ -92,4 +93,5 @@ def install() -> None:
     """Give megatron's language module TE's cross entropy (idempotent)."""
     from megatron.core.models.common.language_module import language_module
 
-    language_module.te_parallel_cross_entropy = te_parallel_cross_entropy
+    why = "fake-cuda kernel set: TE's fused cross entropy (--cross-entropy-fusion-impl te)"
+    patches.patch(language_module, "te_parallel_cross_entropy", te_parallel_cross_entropy, why)

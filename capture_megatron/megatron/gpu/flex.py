@@ -43,6 +43,7 @@ import logging
 import torch
 
 from capture_megatron.config.flex import MIN_TOKENS
+from capture_megatron.megatron import patches
 
 NVLINK_DOMAIN = 8
 """GPUs per NVLink domain HybridEP detects (allocator.detect_accessible_ranks): an HGX node's 8.
@@ -237,12 +238,13 @@ def install() -> None:
     log = logging.getLogger(token_dispatcher.__name__)
     if not any(isinstance(f, _Float32ProbsNotice) for f in log.filters):
         log.addFilter(_Float32ProbsNotice())
-    fused_a2a.HybridEPBuffer = HybridEPBuffer
-    fused_a2a.HAVE_HYBRIDEP = True
+    why = "fake-cuda kernel set: DeepEP's HybridEP (flex dispatcher)"
+    patches.patch(fused_a2a, "HybridEPBuffer", HybridEPBuffer, why, adds=True)
+    patches.patch(fused_a2a, "HAVE_HYBRIDEP", True, why)
     for module in (fused_a2a, token_dispatcher):
         # names megatron-core binds only when DeepEP's hybrid kernels import: supplied here
-        module.hybrid_ep_dispatch = hybrid_ep_dispatch  # type: ignore[attr-defined]
-        module.hybrid_ep_combine = hybrid_ep_combine  # type: ignore[attr-defined]
+        patches.patch(module, "hybrid_ep_dispatch", hybrid_ep_dispatch, why, adds=True)
+        patches.patch(module, "hybrid_ep_combine", hybrid_ep_combine, why, adds=True)
 
 
 def reset() -> None:

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import sys
 
+from capture_megatron.megatron import patches
+
 
 def install() -> None:
     """Register the fake-cuda kernels (idempotent)."""
@@ -35,8 +37,11 @@ def install() -> None:
     from capture_megatron.megatron.gpu.softmax import extensions
 
     for name, module in extensions().items():
-        sys.modules.setdefault(name, module)
-    rope_utils.fused_apply_rotary_pos_emb = fused_apply_rotary_pos_emb
+        if name not in sys.modules:
+            why = "fake-cuda kernel set: megatron's fused softmax CUDA extension"
+            patches.patch(sys.modules, name, module, why, adds=True)
+    why = "fake-cuda kernel set: TE's fused RoPE (apply_rope_fusion)"
+    patches.patch(rope_utils, "fused_apply_rotary_pos_emb", fused_apply_rotary_pos_emb, why)
     compiled.install()
     cross_entropy.install()
     flex.install()

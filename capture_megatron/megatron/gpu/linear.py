@@ -25,6 +25,7 @@ import types
 
 import torch
 
+from capture_megatron.megatron import patches
 from capture_megatron.megatron.gpu.common import is_fake
 from capture_megatron.megatron.gpu.fp8 import Fp8Setting, keep_weight_state, saved_in_fp8
 
@@ -235,13 +236,16 @@ def install() -> None:
 
     from megatron.core.tensor_parallel import layers
 
-    ext = sys.modules.setdefault("fused_weight_gradient_mlp_cuda", wgrad_extension())
-    layers.fused_weight_gradient_mlp_cuda = ext
-    layers._grad_accum_fusion_available = True
-    layers.HAVE_TE = True
-    layers.get_dummy_wgrad = dummy_wgrad
+    why = "fake-cuda kernel set: apex's fused wgrad (gradient_accumulation_fusion)"
+    ext = sys.modules.get("fused_weight_gradient_mlp_cuda") or wgrad_extension()
+    patches.patch(sys.modules, "fused_weight_gradient_mlp_cuda", ext, why, adds=True)
+    patches.patch(layers, "fused_weight_gradient_mlp_cuda", ext, why, adds=True)
+    patches.patch(layers, "_grad_accum_fusion_available", True, why)
+    patches.patch(layers, "HAVE_TE", True, why)
+    patches.patch(layers, "get_dummy_wgrad", dummy_wgrad, why, adds=True)
     from megatron.core.transformer import multi_latent_attention
 
-    # its spec check: a duplicated linear (a patch of megatron-core's module global)
-    multi_latent_attention.TELinear = DuplicatedLinear  # type: ignore[misc,assignment]
-    multi_latent_attention.HAVE_TE = False  # TE's fp8 input-saving switch does not apply
+    # its spec check: a duplicated linear; TE's fp8 input-saving switch does not apply
+    why = "fake-cuda kernel set: TE's duplicated Linear where MLA looks for TELinear"
+    patches.patch(multi_latent_attention, "TELinear", DuplicatedLinear, why)
+    patches.patch(multi_latent_attention, "HAVE_TE", False, why)

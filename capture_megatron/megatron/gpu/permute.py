@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import torch
 
+from capture_megatron.megatron import patches
 from capture_megatron.megatron.gpu.common import is_fake
 
 
@@ -193,9 +194,13 @@ def install() -> None:
     """Give megatron's moe_utils TE's fused permutation (idempotent)."""
     from megatron.core.transformer.moe import moe_utils
 
-    moe_utils.HAVE_TE = True
-    moe_utils.fused_permute = moe_permute
-    moe_utils.fused_permute_with_probs = moe_permute_with_probs
-    moe_utils.fused_unpermute = moe_unpermute
-    moe_utils.fused_sort_chunks_by_index = moe_sort_chunks_by_index
-    moe_utils.fused_sort_chunks_by_index_with_probs = moe_sort_chunks_by_index_with_probs
+    why = "fake-cuda kernel set: TE's fused MoE permutation"
+    patches.patch(moe_utils, "HAVE_TE", True, why)
+    for name, fn in (
+        ("fused_permute", moe_permute),
+        ("fused_permute_with_probs", moe_permute_with_probs),
+        ("fused_unpermute", moe_unpermute),
+        ("fused_sort_chunks_by_index", moe_sort_chunks_by_index),
+        ("fused_sort_chunks_by_index_with_probs", moe_sort_chunks_by_index_with_probs),
+    ):
+        patches.patch(moe_utils, name, fn, why, adds=True)  # bound only with TE

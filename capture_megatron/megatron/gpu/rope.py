@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from capture_megatron.megatron import patches
 from capture_megatron.megatron.gpu.common import is_fake
 
 
@@ -113,4 +114,5 @@ def install_mla_rope() -> None:
     from megatron.core.fusions import fused_mla_yarn_rope_apply as mla_rope
 
     for name in MLA_ROPE_KERNELS:
-        setattr(mla_rope, name, _TritonLaunch(name))
+        why = "fake-cuda kernel set: fused MLA RoPE's Triton kernel launches"
+        patches.patch(mla_rope, name, _TritonLaunch(name), why)

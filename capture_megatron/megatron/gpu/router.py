@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import torch
 
+from capture_megatron.megatron import patches
 from capture_megatron.megatron.gpu.common import is_fake
 
 
@@ -145,7 +146,11 @@ def install() -> None:
     """Give megatron's moe_utils TE's fused router kernels (idempotent)."""
     from megatron.core.transformer.moe import moe_utils
 
-    moe_utils.HAVE_TE = True
-    moe_utils.fused_topk_with_score_function = fused_topk_with_score_function
-    moe_utils.fused_compute_score_for_moe_aux_loss = fused_compute_score_for_moe_aux_loss
-    moe_utils.fused_moe_aux_loss = fused_moe_aux_loss
+    why = "fake-cuda kernel set: TE's fused router kernels"
+    patches.patch(moe_utils, "HAVE_TE", True, why)
+    for name, fn in (
+        ("fused_topk_with_score_function", fused_topk_with_score_function),
+        ("fused_compute_score_for_moe_aux_loss", fused_compute_score_for_moe_aux_loss),
+        ("fused_moe_aux_loss", fused_moe_aux_loss),
+    ):
+        patches.patch(moe_utils, name, fn, why, adds=True)  # bound only with TE
