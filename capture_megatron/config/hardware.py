@@ -185,13 +185,13 @@ class HardwareFlags:
             if value is not None:
                 changes[key] = value
                 bad += [] if value >= 1 else [f"{FLAG_OF[key]} {value}"]
-        if self.host_memory_gib is not None:
+        if self.host_memory_gib is not None:  # in bytes too: 1e308 GiB is finite, its bytes not
             host = self.host_memory_gib
-            bad += [] if ok(host) else [f"--host-memory-gib {host:g}"]
-            changes["host_memory_bytes"] = int(host * GIB) if ok(host) else 1
+            bad += [] if ok(host * GIB) else [f"--host-memory-gib {host:g}"]
+            changes["host_memory_bytes"] = int(host * GIB) if ok(host * GIB) else 1
         if memory_gib is not None:
-            bad += [] if ok(memory_gib) else [f"--gpu-memory-gib {memory_gib:g}"]
-            changes["memory_bytes"] = int(memory_gib * GIB) if ok(memory_gib) else 1
+            bad += [] if ok(memory_gib * GIB) else [f"--gpu-memory-gib {memory_gib:g}"]
+            changes["memory_bytes"] = int(memory_gib * GIB) if ok(memory_gib * GIB) else 1
         if bad:
             raise CaptureError(
                 f"{', '.join(bad)}: hardware values must be finite and positive (GPU counts at "
