@@ -124,18 +124,6 @@ def _layer_bytes(shape: ModelShape, plan: ParallelPlan, fp8_params: bool) -> tup
     return dense_layer, rest * dense + routed * expert
 
 
-def static_floor(shape: ModelShape, plan: ParallelPlan, fp8_params: bool = False) -> float:
-    """Bytes the most loaded rank of any layout of the plan's sizes holds at least, before any
-    activation: the mean rank's parameters, their gradients and a share of the Adam moments
-    (_per_param, _layer_bytes; `fp8_params`: --fp8-param-gather). Lets the search drop sizes
-    that cannot fit without profiling them."""
-    pattern = shape.moe_layers if shape.moe.enabled else (False,) * shape.num_layers
-    dense, moe = _layer_bytes(shape, plan, fp8_params)
-    ends = cp.end_params(shape, plan.tp, True, True)
-    per_param = _per_param(shape, plan, fp8_params, plan.dp * plan.cp)
-    return (sum(moe if x else dense for x in pattern) + ends * per_param) / plan.pp
-
-
 def _kept(shape: ModelShape, plan: ParallelPlan, fp8: bool) -> tuple[float, float]:
     """(bytes each layer keeps at least for every micro-batch in flight, bytes the rank's running
     MoE layer adds for one micro-batch). Kept: its input (1 / TP of it with sequence
