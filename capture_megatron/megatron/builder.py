@@ -135,32 +135,6 @@ def activation(shape: ModelShape, fused: bool):
     return gelu_tanh if shape.geglu and not fused else F.gelu
 
 
-def gpu_kernels(kernels: Kernels, impl: str) -> Kernels:
-    """The kernels a training run on a real GPU builds with: `impl` (resolve_impl) and the fused
-    kernels asked for; CaptureError naming the flag when a fused kernel's extension is missing."""
-    import importlib.util
-
-    from capture_megatron.errors import CaptureError
-
-    needs = (
-        (kernels.masked_softmax_fusion, "scaled_upper_triang_masked_softmax_cuda",
-         "--no-masked-softmax-fusion"),
-        (kernels.rope_fusion and impl != "transformer_engine", "transformer_engine",
-         "--no-rope-fusion"),
-        (kernels.cross_entropy_loss_fusion and kernels.cross_entropy_fusion_impl == "te",
-         "transformer_engine", "--cross-entropy-fusion-impl native"),
-        (kernels.moe_permute_fusion, "transformer_engine", "no --moe-permute-fusion"),
-        (kernels.moe_router_fusion, "transformer_engine", "no --moe-router-fusion"),
-    )  # fmt: skip
-    for wanted, module, off in needs:
-        if wanted and importlib.util.find_spec(module) is None:
-            raise CaptureError(
-                f"the fused kernel extension {module} is not installed; install it (apex / "
-                f"Transformer Engine) or give {off}"
-            )
-    return dataclasses.replace(kernels, transformer_impl=impl)
-
-
 def _recompute_fields(shape: ModelShape, plan: ParallelPlan, pp_rank: int) -> dict:
     """TransformerConfig's recompute fields for one pipeline rank (its full-recompute layers;
     selective recompute's modules, the deprecated --moe-layer-recompute folded in). A probe

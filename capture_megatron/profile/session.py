@@ -73,14 +73,13 @@ def check_device(device: str) -> str:
 
 def _setup(device: str, kernels: Kernels) -> Setup:
     from capture_megatron.megatron.builder import resolve_impl
+    from capture_megatron.megatron.extensions import gpu_kernels
 
     if device in ("cpu", "fake-cpu"):
         return Setup(device, None, kernel_set(device, kernels), versions())
     gpu = kernels.for_gpu()
     if device == "cuda":
-        import dataclasses
-
-        gpu = dataclasses.replace(gpu, transformer_impl=resolve_impl(kernels.transformer_impl))
+        gpu = gpu_kernels(gpu, resolve_impl(kernels.transformer_impl))
     return Setup(device, gpu, kernel_set(device, gpu), versions())
 
 

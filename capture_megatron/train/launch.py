@@ -42,7 +42,8 @@ def torchrun_command(
 
 def validate(nproc: int, train_args: list[str]) -> TrainConfig:
     """Parse `train_args` as pretrain_gpt would for `nproc` processes, refuse what the CPU kernel
-    set cannot run when this machine has no CUDA, and check a resume against its checkpoint
+    set cannot run when this machine has no CUDA (with CUDA: fused kernels not installed), and
+    check a resume against its checkpoint
     (CaptureError on bad input)."""
     if nproc < 1:
         raise CaptureError(f"--nproc {nproc} must be at least 1")
@@ -51,7 +52,12 @@ def validate(nproc: int, train_args: list[str]) -> TrainConfig:
     cfg = parse_config(train_args, nproc)
     import torch
 
-    if not torch.cuda.is_available():  # the ranks will train on the CPU kernel set
+    if torch.cuda.is_available():  # refused here, not in every rank after torchrun started
+        from capture_megatron.megatron.builder import resolve_impl
+        from capture_megatron.megatron.extensions import gpu_kernels
+
+        gpu_kernels(cfg.kernels, resolve_impl(cfg.kernels.transformer_impl))
+    else:  # the ranks will train on the CPU kernel set
         from capture_megatron.megatron.moe import refuse_on_cpu
         from capture_megatron.train.refusals import refuse_cpu_state
 

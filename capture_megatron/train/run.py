@@ -250,7 +250,8 @@ def run_training(cfg: TrainConfig, env: DistEnv) -> MemoryReport:
     report."""
     from megatron.core import parallel_state as ps
 
-    from capture_megatron.megatron.builder import gpu_kernels, resolve_impl
+    from capture_megatron.megatron.builder import resolve_impl
+    from capture_megatron.megatron.extensions import gpu_kernels
     from capture_megatron.memory.meter import make_meter
     from capture_megatron.train.checkpoint import load_checkpoint
     from capture_megatron.train.loop import run_iterations

@@ -1,0 +1,202 @@
+"""Train single-GPU plans on a real GPU and record what they measured (issues 26, 28, 30, 31).
+
+Runs where a CUDA device is (the lent H100 of this project's device tool); `bench/report_gpu.py`
+then sets the forecasts made without a GPU beside it. Every run is Megatron's local spec
+(`--transformer-impl local`): Transformer Engine is not installed on that machine and could not be
+carried to it (its wheel is 276 MB against the tool's 64 MiB, and its torch extension builds from
+source). Each run is `capture-megatron train --nproc 1` under torchrun with NCCL, its
+--memory-report giving max_memory_allocated over the training iterations and every step's time; then
+`predict --device cuda` (profiled on the same GPU) forecasts the same flags.
+
+    python bench/gpu_h100.py OUT_DIR [--budget-s 420]
+
+Writes OUT_DIR/gpu_h100.json after every run, so a run cut short keeps what it measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+NO_EXTENSIONS = [
+    "--no-gradient-accumulation-fusion",
+    "--no-rope-fusion",
+    "--no-masked-softmax-fusion",
+]
+"""Megatron-LM's defaults need apex's fused wgrad extension, TE's RoPE kernel and Megatron's fused
+softmax extension; none is on the GPU machine, and megatron-core fails without them (as Megatron-LM
+would). The lent H100's two runs of 2026-11-26 found them one by one (bench/results/gpu/)."""
+MODEL = [
+    *("--num-layers", "8", "--hidden-size", "2048", "--ffn-hidden-size", "5632"),
+    *("--num-attention-heads", "16", "--group-query-attention", "--num-query-groups", "4"),
+    *("--seq-length", "2048", "--max-position-embeddings", "2048", "--vocab-size", "32000"),
+    *("--position-embedding-type", "rope", "--normalization", "RMSNorm", "--swiglu"),
+    *("--disable-bias-linear", "--untie-embeddings-and-output-weights", "--bf16"),
+    *("--transformer-impl", "local", "--global-batch-size", "16"),
+    *("--hidden-dropout", "0", "--attention-dropout", "0", "--seed", "7"),
+    *NO_EXTENSIONS,
+]
+"""A Llama-style 0.56B-parameter model, 8 layers: small enough to start fast, large enough that
+activations, not set-up buffers, decide the peak."""
+TINY = [
+    *("--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4"),
+    *("--seq-length", "64", "--max-position-embeddings", "64", "--vocab-size", "512"),
+    *("--bf16", "--transformer-impl", "local", "--global-batch-size", "8", *NO_EXTENSIONS),
+]
+"""The dry run's model (GPU_BENCH_TINY=1, on the CPU): checks this script, measures nothing."""
+FULL = ["--recompute-granularity", "full", "--recompute-method", "uniform"]
+OFFLOAD = [
+    "--use-distributed-optimizer",
+    "--use-precision-aware-optimizer",
+    "--optimizer-cpu-offload",
+]
+CONFIGS: list[tuple[str, str, list[str]]] = [
+    ("mbs1-none", "28", ["--micro-batch-size", "1"]),
+    ("mbs4-none", "28", ["--micro-batch-size", "4"]),
+    ("mbs4-full", "28", ["--micro-batch-size", "4", *FULL, "--recompute-num-layers", "1"]),
+    ("mbs2-qk-layernorm", "26", ["--micro-batch-size", "2", "--qk-layernorm"]),
+    *(
+        (
+            f"mbs2-offload-{f}",
+            "31",
+            ["--micro-batch-size", "2", *OFFLOAD, "--optimizer-offload-fraction", f],
+        )
+        for f in ("0", "0.5", "1")
+    ),
+    ("mbs2-none", "28", ["--micro-batch-size", "2"]),
+    ("mbs1-full", "28", ["--micro-batch-size", "1", *FULL, "--recompute-num-layers", "1"]),
+    ("mbs2-full", "28", ["--micro-batch-size", "2", *FULL, "--recompute-num-layers", "1"]),
+]
+"""(name, issue, flags beyond MODEL): micro-batch 1/2/4 with recompute off and on (issue 28), QK
+layernorm (issue 26), optimizer CPU offload at fractions 0, 1/2 and 1 (issue 31)."""
+ITERS = 6
+"""Training iterations per run; the step time is the median of the last ITERS - 2."""
+
+
+def _cli(args: list[str], timeout: float) -> tuple[int, float, str]:
+    start = time.perf_counter()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "capture_megatron.cli", *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        rc, log = done.returncode, done.stdout + done.stderr
+    except subprocess.TimeoutExpired as e:
+        rc, log = 124, f"timed out after {timeout} s: {e.stdout!r} {e.stderr!r}"
+    return rc, time.perf_counter() - start, log
+
+
+def _train(name: str, flags: list[str], out: str, device: str) -> dict:
+    report = os.path.join(out, f"report-{name}.json")
+    run = ["--mock-data", "--train-iters", str(ITERS), "--no-progress", "--memory-report", report]
+    rc, wall, log = _cli(["train", "--nproc", "1", *flags, *run], timeout=180)
+    row: dict = {"train_rc": rc, "train_wall_s": round(wall, 1), "train_log_tail": log[-1500:]}
+    if rc == 0 and os.path.exists(report):
+        with open(report) as f:
+            rep = json.load(f)
+        os.remove(report)  # folded into the one results file (the tool returns at most 8 files)
+        (rank,) = rep["ranks"]
+        steps = [it["step_seconds"] for it in rep["iterations"]]
+        row.update(
+            device=rep["device"],
+            peak_bytes=rank["peak_bytes"],
+            reserved_bytes=rank.get("reserved_bytes", 0),
+            setup_bytes=rank["setup_bytes"],
+            optimizer_device_bytes=rank.get("optimizer_device_bytes", 0),
+            optimizer_host_bytes=rank.get("optimizer_host_bytes", 0),
+            step_seconds=steps,
+            step_seconds_median=statistics.median(steps[2:] or steps),
+            losses=[it["loss"] for it in rep["iterations"]],
+        )
+    return row
+
+
+def _predict(name: str, flags: list[str], out: str, device: str) -> dict:
+    path = os.path.join(out, f"predict-{name}.json")
+    run = ["--gpus", "1", "--device", device, "--no-progress", "--json", path]
+    rc, wall, log = _cli(["predict", *flags, *run], timeout=240)
+    row: dict = {"predict_rc": rc, "predict_wall_s": round(wall, 1)}
+    if rc != 0:
+        row["predict_log_tail"] = log[-1500:]
+    elif os.path.exists(path):
+        with open(path) as f:
+            got = json.load(f)
+        os.remove(path)
+        row.update(
+            predicted_peak_bytes=got["predicted_peak_bytes"][0],
+            estimated_step_seconds=got.get("estimated_step_seconds"),
+        )
+    return row
+
+
+def _environment() -> dict:
+    import torch
+
+    env = {"python": platform.python_version(), "torch": torch.__version__}
+    if torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(0)
+        env.update(gpu=p.name, gpu_memory_bytes=p.total_memory)
+    try:
+        import megatron.core
+
+        env["megatron_core"] = megatron.core.__version__
+    except ImportError as e:
+        env["megatron_core"] = f"missing: {e}"
+    return env
+
+
+def main() -> None:
+    """Run every configuration in order until the budget is spent; write the results file."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out")
+    ap.add_argument("--budget-s", type=float, default=420.0, help="no new run after this")
+    ap.add_argument(
+        "--train-budget-s", type=float, default=300.0, help="no new training after this"
+    )
+    ns = ap.parse_args()
+    os.makedirs(ns.out, exist_ok=True)
+    tiny = os.environ.get("GPU_BENCH_TINY") == "1"
+    model, device = (TINY, "cpu") if tiny else (MODEL, "cuda")
+    start = time.perf_counter()
+    results = {"environment": _environment(), "model_flags": model, "iterations": ITERS, "runs": []}
+    path = os.path.join(ns.out, "gpu_h100.json")
+    # trains first (what only the GPU can give), then the forecasts profiled on that GPU
+    for phase in ("train", "predict"):
+        for name, issue, extra in CONFIGS:
+            spent = time.perf_counter() - start
+            if spent > (ns.train_budget_s if phase == "train" else ns.budget_s):
+                results[f"stopped_{phase}"] = f"budget spent ({spent:.0f} s) before {phase} {name}"
+                break
+            flags = [*model, *extra]
+            if phase == "train":
+                row = {
+                    "name": name,
+                    "issue": issue,
+                    "flags": extra,
+                    **_train(name, flags, ns.out, device),
+                }
+                results["runs"].append(row)
+            else:
+                row = next(r for r in results["runs"] if r["name"] == name)
+                row.update(_predict(name, flags, ns.out, device))
+            print(
+                f"{phase} {name}: " + json.dumps({k: v for k, v in row.items() if "log" not in k}),
+                flush=True,
+            )
+            with open(path, "w") as f:
+                json.dump(results, f, indent=1)
+    results["wall_s"] = round(time.perf_counter() - start, 1)
+    with open(path, "w") as f:
+        json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
