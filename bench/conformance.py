@@ -35,7 +35,7 @@ from capture_megatron.cli.inputs import cluster_of
 from capture_megatron.cli.plan import plan_and_report
 from capture_megatron.cli.predict import build_parser
 from capture_megatron.errors import CaptureError
-from capture_megatron.megatron import flags
+from capture_megatron.flags import parser as flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CORPUS = os.path.join(ROOT, "tests", "data", "megatron_lm_functional_tests.json")

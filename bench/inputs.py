@@ -174,7 +174,8 @@ def run(item: Item, forecast: bool, device: str = "") -> dict[str, Any]:
     from capture_megatron.cli.plan import plan_and_report
     from capture_megatron.cli.predict import build_parser as predict_parser
     from capture_megatron.errors import CaptureError
-    from capture_megatron.megatron import flags, quiet
+    from capture_megatron.flags import parser as flags
+    from capture_megatron.megatron import quiet
 
     quiet.install()  # as the console script does, before megatron-core is imported
     argv = [*item.argv, *(["--device", device] if device else [])]

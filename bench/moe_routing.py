@@ -78,7 +78,7 @@ def collect(argv: list[str], out: str) -> None:
     from capture_megatron.megatron import quiet
 
     quiet.install()
-    from capture_megatron.megatron import cpu_compat
+    from capture_megatron.emulate import cpu_compat
     from capture_megatron.serial import to_plain
     from capture_megatron.train.dist_env import init_distributed, read_env
     from capture_megatron.train.entry import parse_config

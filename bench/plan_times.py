@@ -28,7 +28,7 @@ import time
 from speed import LLAMA2_70B  # bench/speed.py: the same Llama-2-70B command line
 
 from capture_megatron.cache import cache_dir
-from capture_megatron.profile.fake_cuda import shim_path
+from capture_megatron.emulate.fake_cuda import shim_path
 
 CASES = (
     ("gpt3-1.3b", 8),

@@ -13,7 +13,7 @@ from capture_megatron.cli.predict import build_parser
 from capture_megatron.config import DdpOptions, ModelShape, ParallelFlags, ParallelPlan
 from capture_megatron.config.resolve import parallel_plan
 from capture_megatron.config.runtime import StepSettings
-from capture_megatron.megatron import flags
+from capture_megatron.flags import parser as flags
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEV = os.path.join(HERE, "data", "step_times_h100_dev.json")

@@ -1,7 +1,7 @@
 """Shared pytest set-up: markers by folder (tests/dist -> dist, tests/slurm -> slurm, tests/gpu ->
 gpu), megatron's import-time warnings kept out of the output, and torch / megatron-core unpatched
 again after every test that applied capture-megatron's patches (the patch registry,
-capture_megatron/megatron/patches.py).
+capture_megatron/emulate/patches.py).
 
 Which tests to run when: CONTRIBUTING.md (make test-fast after every change; make test before a
 push, which is what CI runs)."""
@@ -50,7 +50,7 @@ def unpatched(request: pytest.FixtureRequest):
     """After each test, revert whatever it patched through the registry (torch and megatron-core
     attributes, the TorchFunctionModes it entered), so that no test sees another's patches."""
     yield
-    from capture_megatron.megatron import patches
+    from capture_megatron.emulate import patches
 
     count = len(patches.applied())
     if count or patches.device() is not None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from capture_megatron.cli.outputs import prepare_outputs
 from capture_megatron.cli.render import print_quality
 from capture_megatron.fit import fit, write_model
-from capture_megatron.megatron.flags import FlagParser, summary
+from capture_megatron.flags.parser import FlagParser, summary
 from capture_megatron.records import read_records
 
 

@@ -29,8 +29,9 @@ from capture_megatron.config.runtime import StepSettings
 from capture_megatron.errors import CaptureError, require
 from capture_megatron.fit import MemoryModel, ModelSource, read_model
 from capture_megatron.fit.io import check_fitted
-from capture_megatron.megatron import flags, megatron_lm
-from capture_megatron.megatron.args import model_shape, overridden, shape_overrides
+from capture_megatron.flags import megatron_lm
+from capture_megatron.flags import parser as flags
+from capture_megatron.flags.args import model_shape, overridden, shape_overrides
 from capture_megatron.plan import PlanOptions, space_from
 from capture_megatron.plan.calibration import fitted
 from capture_megatron.plan.costmodel import CostModel
@@ -100,7 +101,7 @@ def add_plan_flags(p: argparse.ArgumentParser, training: bool = False) -> None:
 def add_megatron_line(p: argparse.ArgumentParser) -> None:
     """The rest of a Megatron-LM pretrain_gpt.py command line, with Megatron-LM's defaults: the
     training, data and checkpoint flags capture-megatron knows, then every other flag
-    (capture_megatron.megatron.megatron_lm: ignored when it cannot change memory, else refused)."""
+    (capture_megatron.flags.megatron_lm: ignored when it cannot change memory, else refused)."""
     flags.add_training_flags(p)
     flags.add_fields(
         p, DataOptions, "data (Megatron flags)", defaults={"tokenizer_type": "GPT2BPETokenizer"}

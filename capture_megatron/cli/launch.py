@@ -28,8 +28,8 @@ from capture_megatron.config import (
 from capture_megatron.config.fields import flag_of, flagged_fields, to_flags
 from capture_megatron.config.parallel import ParallelFlags
 from capture_megatron.errors import CaptureError, require
-from capture_megatron.megatron import flags
-from capture_megatron.megatron.args import data_options
+from capture_megatron.flags import parser as flags
+from capture_megatron.flags.args import data_options
 from capture_megatron.plan import model_args, plan_args, read_plan
 from capture_megatron.plan.costmodel import step_seconds
 from capture_megatron.plan.result import PlanFile

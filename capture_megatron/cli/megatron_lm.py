@@ -3,7 +3,7 @@ flags>`: plan, then run your Megatron-LM checkout's pretrain_gpt.py with the pla
 
 Plans from the model, batch and parallel flags you already pass to Megatron-LM's pretrain_gpt.py
 (sizes you give stay fixed), prints the plan, and runs your checkout's pretrain_gpt through
-capture_megatron.megatron.lm_pretrain_gpt under torchrun with the balanced
+capture_megatron.megatron_lm.pretrain_gpt under torchrun with the balanced
 --pipeline-model-parallel-layout and per-stage recompute; every other flag is passed through
 unchanged. --dry-run prints the command. Before anything else it checks that the checkout can
 start here (Megatron-LM's scripts import more than megatron-core declares) and names every missing
@@ -20,13 +20,13 @@ import sys
 
 from capture_megatron.config import GIB, Cluster
 from capture_megatron.errors import CaptureError
-from capture_megatron.megatron import lm_deps
-from capture_megatron.megatron.flags import HelpParser, summary
+from capture_megatron.flags.parser import HelpParser, summary
+from capture_megatron.megatron_lm import deps as lm_deps
 from capture_megatron.plan import plan_args
 from capture_megatron.plan.emit import GEGLU_NOTE
 from capture_megatron.train.job import run_job
 
-WRAPPER = "capture_megatron.megatron.lm_pretrain_gpt"
+WRAPPER = "capture_megatron.megatron_lm.pretrain_gpt"
 """The module torchrun runs (-m): Megatron-LM's pretrain_gpt.py with per-stage recompute."""
 PLANNED = {
     "--tensor-model-parallel-size": True,
@@ -56,7 +56,7 @@ def planner_only() -> dict[str, bool]:
     --reserve-fraction, --hf-config, ...): flag -> whether it takes a value. They steer the plan
     and are not passed on (Megatron-LM would refuse them)."""
     from capture_megatron.cli.plan import build_parser as plan_parser
-    from capture_megatron.megatron.megatron_lm import flag_names
+    from capture_megatron.flags.megatron_lm import flag_names
 
     known = flag_names()
     return {

@@ -37,7 +37,8 @@ from capture_megatron.config.training import (
 )
 from capture_megatron.errors import CaptureError
 from capture_megatron.fit import MemoryModel, ModelSource
-from capture_megatron.megatron import flags, megatron_lm
+from capture_megatron.flags import megatron_lm
+from capture_megatron.flags import parser as flags
 from capture_megatron.plan import PlanOptions, PlanResult, model_args, model_notes, plan
 from capture_megatron.plan.limits import too_large
 from capture_megatron.plan.planner import global_batch

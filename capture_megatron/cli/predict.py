@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from capture_megatron.cli.inputs import add_cluster_flags, add_megatron_line, cluster_of
 from capture_megatron.cli.plan import plan_and_report
-from capture_megatron.megatron import flags
-from capture_megatron.megatron.flags import summary
+from capture_megatron.flags import parser as flags
+from capture_megatron.flags.parser import summary
 from capture_megatron.plan import PlanOptions
 
 USAGE = (

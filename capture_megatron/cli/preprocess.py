@@ -8,7 +8,7 @@ import sys
 
 from capture_megatron.data.preprocess import preprocess
 from capture_megatron.data.tokenizers import TOKENIZER_TYPES, TokenizerOptions
-from capture_megatron.megatron.flags import HelpParser, summary
+from capture_megatron.flags.parser import HelpParser, summary
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from capture_megatron.megatron.flags import summary
+from capture_megatron.flags.parser import summary
 from capture_megatron.train.launch import failure_message, run_torchrun
 
 NPROC_HELP = "processes on this node (torchrun) (default: 1)"

@@ -22,8 +22,8 @@ from capture_megatron.cli.render import print_checks, save_checks_png
 from capture_megatron.config import BuildOptions, OptimOptions, RunOptions
 from capture_megatron.config.fields import to_flags
 from capture_megatron.errors import CaptureError
-from capture_megatron.megatron import flags
-from capture_megatron.megatron.args import data_options
+from capture_megatron.flags import parser as flags
+from capture_megatron.flags.args import data_options
 from capture_megatron.plan import PlanResult, model_args, plan_args
 from capture_megatron.train.compare import RankCheck, compare
 from capture_megatron.train.launch import run_torchrun

@@ -2,7 +2,7 @@
 
 With Transformer Engine (a GPU), TEDotProductAttention runs p2p (ring), a2a (all-to-all),
 all_gather or a2a+p2p itself. Without it (the CPU kernel set; the local spec on a GPU) the core
-attention is capture-megatron's all-gather one (capture_megatron.megatron.cp_attention), which runs
+attention is capture-megatron's all-gather one (capture_megatron.emulate.cp_attention), which runs
 only 'allgather' (or the flag left out). The GPU kernel set (the fake-cuda device) emulates TE's
 ring attention (p2p) with its flash or fused backend; a run's other choices are refused by
 context_problem, never forecast as the modelled one.

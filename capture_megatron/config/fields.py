@@ -1,7 +1,7 @@
 """Dataclass fields that carry their Megatron flag: each option is declared once, as a field.
 
 A field made with `flag(...)` names the command-line flag that sets it; its help text is the
-field's docstring (the string literal under it). `capture_megatron.megatron.flags` builds argparse
+field's docstring (the string literal under it). `capture_megatron.flags.parser` builds argparse
 groups from such fields, reads parsed values back into the dataclass, and writes a dataclass back
 out as flags -- in the spirit of Megatron-LM's ArgumentGroupFactory. Pure Python.
 """

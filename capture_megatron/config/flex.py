@@ -6,7 +6,7 @@ sends a flex layer's tokens through DeepEP's `Buffer` (--moe-flex-dispatcher-bac
 default) or NVIDIA's `HybridEPBuffer` (hybridep), both from deepseek-ai/DeepEP's hybrid-ep branch,
 which Megatron-LM core_v0.16.1 pins at eb9cee7de5a24193bf09500668d3a619d3d3f3fb
 (docker/Dockerfile.ci.dev). The GPU kernel set runs HybridEP through an emulation of its Python
-API (capture_megatron.megatron.gpu.flex); DeepEP is refused (DEEPEP_REFUSAL).
+API (capture_megatron.emulate.gpu.flex); DeepEP is refused (DEEPEP_REFUSAL).
 
 HybridEP's own buffers (csrc/hybrid_ep/hybrid_ep.cu allocate_buffer, internode.cu
 allocate_*_rdma_buffers at eb9cee7) come from cudaMalloc / its ExtendedMemoryAllocator, not from

@@ -7,7 +7,7 @@ expert parallelism (EP > 1); the alltoall or flex token dispatcher; no full reco
 recompute method or layer count; bf16 or fp16; no --moe-shared-expert-overlap; at most one MTP
 layer, and MTP only with PP > 1; CUDA graphs not over the MoE / MLP scopes (CUDA graphs are
 refused anyway); --delay-wgrad-compute only with the overlap (refused anyway:
-capture_megatron.megatron.policy).
+capture_megatron.flags.policy).
 """
 
 from __future__ import annotations

@@ -1,6 +1,11 @@
-"""Megatron-Core underneath: run it on CPU and fake tensors (cpu_compat, ckpt_fixes), build a rank's
-GPT chunks (builder, init, norms), Megatron-LM's training set-up (training), Megatron-LM's flags
-(flags: the parser generated from the config fields; args: parsed flags -> typed objects), and the
-wrapper that runs a user's Megatron-LM checkout with per-stage recompute (lm_pretrain_gpt).
+"""The megatron-core adapter: build a rank's GPT chunks on any device (builder, attention, moe, mtp,
+init, norms), Megatron-LM's training set-up around megatron-core (training, schedule), the fused
+kernels a GPU run needs (extensions), what the optimizer placed under CPU offload
+(offload_placed), megatron-core's warnings (quiet), checkpoint fixes (ckpt_fixes, ckpt_rechain,
+ckpt_safe) and child-process lifetimes (lifeline).
 
-Importing this package does not import torch; flags and args never do."""
+Neighbours: capture_megatron.flags (the command line, pure Python), capture_megatron.emulate
+(megatron-core without CUDA: the patch registry, CPU, fake tensors, fake CUDA) and
+capture_megatron.megatron_lm (a Megatron-LM checkout's pretrain_gpt.py).
+
+Importing this package does not import torch."""

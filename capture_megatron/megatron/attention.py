@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from capture_megatron.config import ModelShape
-from capture_megatron.megatron import patches
 
 if TYPE_CHECKING:
     from megatron.core.transformer.spec_utils import ModuleSpec
@@ -181,17 +180,6 @@ def latent_core(layer_spec: ModuleSpec) -> ModuleSpec:
         parts, self_attention=dataclasses.replace(attention, submodules=inner)
     )
     return dataclasses.replace(layer_spec, submodules=layer)
-
-
-def apply_without_te() -> None:
-    """Without Transformer Engine, megatron-core's MLA module still believes it has it (its
-    stand-in classes are mocks) and would test its output projection against one; tell it the
-    truth (cpu and fake devices only)."""
-    from megatron.core.transformer import multi_latent_attention
-
-    if not isinstance(multi_latent_attention.TELinear, type):
-        why = "MLA without TE: its stand-in classes are mocks; no TE output projection check"
-        patches.patch(multi_latent_attention, "HAVE_TE", False, why)
 
 
 def rotary_tables_built_in_fp32(model: torch.nn.Module) -> None:

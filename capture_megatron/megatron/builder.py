@@ -7,7 +7,7 @@ uneven stages and virtual stages.
 Kernels: None means the CPU kernel set (the local spec, no fused kernels: what runs on CPU). Given
 Kernels set the fusions and the attention backend as Megatron-LM's flags do; on a real GPU with
 transformer_engine the TE spec is built, on the fake-cuda device the local spec with the GPU kernel
-modules of capture_megatron.megatron.gpu (what TE's modules keep; see docs/MEMORY_MODEL.md).
+modules of capture_megatron.emulate.gpu (what TE's modules keep; see docs/MEMORY_MODEL.md).
 
 The rest of the architecture goes to megatron-core as Megatron-LM's flags send it: GeGLU
 (--geglu: gated_linear_unit with GELU), QKV biases, the norm epsilon, the RoPE base and Llama 3
@@ -31,8 +31,9 @@ from capture_megatron.config import Kernels, ModelShape, ParallelPlan
 from capture_megatron.config.context import te_comm_type
 from capture_megatron.config.kernels import TE_FUSED_BACKENDS
 from capture_megatron.config.training import BuildOptions
-from capture_megatron.megatron import attention, cpu_compat, moe, mtp
-from capture_megatron.megatron.gpu.spec import keep_fused_norms
+from capture_megatron.emulate import cpu_compat
+from capture_megatron.megatron import attention, moe, mtp
+from capture_megatron.megatron.gpu_spec import keep_fused_norms
 from capture_megatron.megatron.norms import LocalNorm
 
 if TYPE_CHECKING:
@@ -234,7 +235,7 @@ def layer_spec(shape: ModelShape, kernels: Kernels | None):
 
     The local spec's norms are replaced by LocalNorm (same torch modules, but usable with SP); on
     the fake-cuda device the GPU kernel set's modules replace what TE would build
-    (capture_megatron.megatron.gpu.spec).
+    (capture_megatron.megatron.gpu_spec).
     """
     from megatron.core.models.gpt import gpt_layer_specs as specs
 
@@ -243,7 +244,7 @@ def layer_spec(shape: ModelShape, kernels: Kernels | None):
         return specs.get_gpt_layer_with_transformer_engine_spec(**flags)
     spec = specs.get_gpt_layer_local_spec(normalization=shape.normalization, **flags)
     if kernels is not None and cpu_compat.active_device() == "fake-cuda":
-        from capture_megatron.megatron.gpu.spec import gpu_layer_spec
+        from capture_megatron.megatron.gpu_spec import gpu_layer_spec
 
         return gpu_layer_spec(spec, kernels, LocalNorm)
     return local_norms(spec)
@@ -270,7 +271,7 @@ def block_spec(spec, kernels: Kernels | None, num_layers: int):
         return TransformerBlockSubmodules(layer_specs=[spec] * num_layers, layer_norm=TENorm)  # type: ignore[arg-type]  # annotated a spec or an instance: megatron-core passes classes too
     norm = LocalNorm
     if kernels is not None and cpu_compat.active_device() == "fake-cuda":
-        from capture_megatron.megatron.gpu.spec import layer_norm
+        from capture_megatron.megatron.gpu_spec import layer_norm
 
         norm = layer_norm(kernels, LocalNorm)
     return TransformerBlockSubmodules(layer_specs=[spec] * num_layers, layer_norm=norm)  # type: ignore[arg-type]  # a class, as above
@@ -291,13 +292,13 @@ def build_gpt(
     on the GPU as Megatron-LM's get_model moves it (built on fake-cuda: fake parameters stay)."""
     from megatron.core.models.gpt import GPTModel
 
-    from capture_megatron.megatron.cp_attention import with_context_parallel
+    from capture_megatron.emulate.cp_attention import with_context_parallel
 
     fake_cuda = cpu_compat.active_device() == "fake-cuda"
     if shape.moe.enabled:
         spec = moe.block_spec(config, shape, real_te(kernels), vp_stage, num_layers)
         if fake_cuda and kernels is not None:
-            from capture_megatron.megatron.gpu.spec import gpu_block_spec
+            from capture_megatron.megatron.gpu_spec import gpu_block_spec
 
             spec = gpu_block_spec(spec, kernels)
         layers = [with_context_parallel(s, plan, te_attention(kernels)) for s in spec.layer_specs]  # type: ignore[union-attr]  # listed

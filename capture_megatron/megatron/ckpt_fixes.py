@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from capture_megatron.megatron import patches
+from capture_megatron.emulate import patches
 
 
 def _pad_world_tensors(optimizer, state):

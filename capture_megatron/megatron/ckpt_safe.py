@@ -32,8 +32,8 @@ import os
 import pickle
 from typing import Any
 
+from capture_megatron.emulate import patches
 from capture_megatron.errors import CaptureError
-from capture_megatron.megatron import patches
 
 _CLASS_MODULES = ("torch.distributed.checkpoint.", "megatron.core.dist_checkpointing.")
 _PLAIN = {

@@ -13,7 +13,7 @@ dense spec per layer) and keeps the layers of this pipeline rank and virtual sta
 layer ids, or Megatron's offset without a layout). On the CPU kernel set the local spec's norms
 become LocalNorm (as builder.layer_spec does for dense layers); on a GPU with Transformer Engine
 the TE specs are used unchanged. On the fake-cuda device (the GPU kernel set under
-FakeTensorMode) the local specs get the kernel set's modules (capture_megatron.megatron.gpu.spec).
+FakeTensorMode) the local specs get the kernel set's modules (capture_megatron.megatron.gpu_spec).
 
 A probe's routing bound (Experts.routing_bound) pads every expert to a capacity; megatron-core's
 config refuses a capacity factor with sinkhorn routing, although its router applies the capacity

@@ -13,7 +13,7 @@ The norms and eh_proj come from megatron's backend providers: Transformer Engine
 TEColumnParallelLinear on a GPU with TE, the local spec's norm and ColumnParallelLinear otherwise.
 On the CPU kernel set the norm is LocalNorm (the local spec's torch norm, usable with sequence
 parallelism); on the fake-cuda device the GPU kernel set's TENorm and TE-gathering column linear
-(capture_megatron.megatron.gpu) stand in for TE's, as in the decoder layers.
+(capture_megatron.emulate.gpu) stand in for TE's, as in the decoder layers.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def _parts(kernels: Kernels | None, real_te: bool) -> tuple[type, type]:
     """(norm, column-parallel linear) of the MTP layers for the kernels."""
     from megatron.core.tensor_parallel.layers import ColumnParallelLinear
 
-    from capture_megatron.megatron import cpu_compat
+    from capture_megatron.emulate import cpu_compat
     from capture_megatron.megatron.norms import LocalNorm
 
     if real_te:
@@ -52,8 +52,8 @@ def _parts(kernels: Kernels | None, real_te: bool) -> tuple[type, type]:
 
         return TENorm, TEColumnParallelLinear
     if kernels is not None and cpu_compat.active_device() == "fake-cuda":
-        from capture_megatron.megatron.gpu.linear import te_column_linear
-        from capture_megatron.megatron.gpu.spec import layer_norm
+        from capture_megatron.emulate.gpu.linear import te_column_linear
+        from capture_megatron.megatron.gpu_spec import layer_norm
 
         te = kernels.transformer_impl == "transformer_engine"
         return layer_norm(kernels, LocalNorm), te_column_linear() if te else ColumnParallelLinear
@@ -94,7 +94,7 @@ def moe_layer_spec(
 
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_layer_specs
 
-    from capture_megatron.megatron import cpu_compat
+    from capture_megatron.emulate import cpu_compat
     from capture_megatron.megatron.norms import LocalNorm
 
     # megatron-core 0.16.1 annotates TransformerBlockSubmodules but returns the list of layer specs
@@ -104,7 +104,7 @@ def moe_layer_spec(
     if real_te:
         return spec
     if kernels is not None and cpu_compat.active_device() == "fake-cuda":
-        from capture_megatron.megatron.gpu.spec import gpu_layer_spec
+        from capture_megatron.megatron.gpu_spec import gpu_layer_spec
 
         return gpu_layer_spec(spec, kernels, LocalNorm)
     layer = dataclasses.replace(

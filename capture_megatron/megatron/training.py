@@ -17,7 +17,7 @@ import torch
 from capture_megatron.config import ModelShape, ParallelPlan
 from capture_megatron.config.ddp import DdpOptions
 from capture_megatron.config.training import CheckpointOptions, OptimOptions, RunOptions
-from capture_megatron.megatron import host_adam
+from capture_megatron.emulate import host_adam
 from capture_megatron.megatron.builder import TORCH_DTYPES
 from capture_megatron.megatron.schedule import schedule
 
@@ -204,7 +204,7 @@ OFFLOAD_FIELDS = (
 def precision_aware(config: OptimizerConfig, opts: DdpOptions) -> Iterator[None]:
     """Megatron-LM's precision-aware optimizer settings on `config` (an OptimizerConfig), and the
     optimizer megatron-core builds for them: Transformer Engine's FusedAdam where TE imports, else
-    capture_megatron.megatron.host_adam.HostFusedAdam. megatron-core's OptimizerConfig checks TE's
+    capture_megatron.emulate.host_adam.HostFusedAdam. megatron-core's OptimizerConfig checks TE's
     FusedAdam signature at construction (and raises without TE), so on a machine without TE the
     settings are set after it, with the flag that config check derives (no fp8 recipe)."""
     if not opts.use_precision_aware_optimizer:

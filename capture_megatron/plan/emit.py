@@ -1,7 +1,7 @@
 """Emit: a plan as Megatron flags, and a model as Megatron flags (pure Python).
 
 `model_args(shape) + plan_args(plan)` given to `pretrain_gpt` (ours or Megatron-LM's) runs exactly
-the plan that was predicted; parsing them back (capture_megatron.megatron.args) gives the same
+the plan that was predicted; parsing them back (capture_megatron.flags.args) gives the same
 objects."""
 
 from __future__ import annotations

@@ -116,9 +116,9 @@ def _overlap_device_problem(device: str, kernels: Kernels) -> str:
 
 def grouped_workspace(variant: Variant, device: str) -> int:
     """Bytes of TE's multi-stream cuBLAS workspaces that grouped-GEMM experts allocate once per
-    process (capture_megatron.megatron.gpu.grouped), on the fake-cuda device; else 0."""
+    process (capture_megatron.emulate.gpu.grouped), on the fake-cuda device; else 0."""
     if device != "fake-cuda" or variant.moe is None or not variant.moe.experts.moe_grouped_gemm:
         return 0
-    from capture_megatron.megatron.gpu.grouped import workspace_bytes
+    from capture_megatron.emulate.gpu.grouped import workspace_bytes
 
     return workspace_bytes()

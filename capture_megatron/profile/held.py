@@ -88,7 +88,7 @@ def buffers_held(gpu: bool) -> tuple[BufferBytes, ...]:
 
     held = [(name, dtype, t) for (name, dtype), t in ps.get_global_memory_buffer().buffer.items()]
     if gpu:
-        from capture_megatron.megatron.gpu.linear import DUMMY_WGRADS
+        from capture_megatron.emulate.gpu.linear import DUMMY_WGRADS
 
         held += [("te_dummy_wgrad", dtype, t) for (_, dtype), t in DUMMY_WGRADS.items()]
     found = [
@@ -100,9 +100,9 @@ def buffers_held(gpu: bool) -> tuple[BufferBytes, ...]:
 
 def fp8_state_bytes(model: torch.nn.Module) -> int:
     """Bytes the model's Transformer Engine layers keep for good under FP8 (their weights' FP8
-    copies and scaling state: capture_megatron.megatron.gpu.fp8.keep_weight_state), storages
+    copies and scaling state: capture_megatron.emulate.gpu.fp8.keep_weight_state), storages
     counted once; 0 without FP8."""
-    from capture_megatron.megatron.gpu.fp8 import STATE
+    from capture_megatron.emulate.gpu.fp8 import STATE
 
     return _storages_bytes([t for m in model.modules() for t in getattr(m, STATE, ())], set())
 
@@ -111,7 +111,7 @@ def fp8_param_mask(model: torch.nn.Module, kernels: Kernels | None) -> tuple[boo
     """Per parameter (model.parameters() order), whether it is an FP8 parameter: with `kernels`
     (capture_megatron.config.Kernels, None for the CPU set) training in FP8 with
     --fp8-param-gather, the weight of a layer that runs in FP8; empty otherwise."""
-    from capture_megatron.megatron.gpu.fp8 import STATE
+    from capture_megatron.emulate.gpu.fp8 import STATE
 
     if kernels is None or not (kernels.fp8 and kernels.fp8_param_gather):
         return ()
@@ -122,8 +122,8 @@ def fp8_param_mask(model: torch.nn.Module, kernels: Kernels | None) -> tuple[boo
 def clear_process_buffers() -> None:
     """Forget the fake-cuda kernel set's process-wide buffers (TE's dummy wgrads, userbuffers,
     HybridEP's buffer object), so that a probe holds those of its own shapes only."""
-    from capture_megatron.megatron.gpu import flex
-    from capture_megatron.megatron.gpu.linear import DUMMY_WGRADS, USERBUFFERS
+    from capture_megatron.emulate.gpu import flex
+    from capture_megatron.emulate.gpu.linear import DUMMY_WGRADS, USERBUFFERS
 
     DUMMY_WGRADS.clear()
     USERBUFFERS.clear()

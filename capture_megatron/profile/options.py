@@ -10,7 +10,7 @@ from capture_megatron.records import Variant
 
 DEVICES = ("cpu", "fake-cpu", "fake-cuda", "cuda")
 """Where probes run: real CPU tensors; FakeTensorMode with CPU kernels; FakeTensorMode on fake
-CUDA tensors with the GPU kernels (capture_megatron.profile.fake_cuda); a real CUDA GPU."""
+CUDA tensors with the GPU kernels (capture_megatron.emulate.fake_cuda); a real CUDA GPU."""
 ALIASES = {"fake": "fake-cuda"}
 """Other accepted names of devices."""
 FAKE_DEVICES = ("fake-cpu", "fake-cuda")

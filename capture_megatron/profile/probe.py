@@ -155,7 +155,7 @@ def _forward(chunk: _Chunk, input_tensor: torch.Tensor | None) -> torch.Tensor:
     if chunk.kernels is None:
         batch = iter([_batch(chunk.shape, b, chunk.device)])
     else:  # a GPU run: what Megatron-LM's pretrain_gpt hands each stage
-        from capture_megatron.megatron.gpu.batch import megatron_lm_batch, megatron_lm_forward_step
+        from capture_megatron.megatron.gpu_batch import megatron_lm_batch, megatron_lm_forward_step
 
         mask = chunk.kernels.create_attention_mask_in_dataloader
         batch = iter(

@@ -1,6 +1,6 @@
 """Run fake-cuda probes in worker processes (capture_megatron.profile.worker), several at once.
 
-The fake CUDA shim (capture_megatron.profile.fake_cuda) must be loaded before torch is imported, so
+The fake CUDA shim (capture_megatron.emulate.fake_cuda) must be loaded before torch is imported, so
 fake-cuda probes cannot run in a process that imported torch already (the planner's, a test's).
 run_in_worker() deals the probes out to workers -- one per CPU this process may use (at most
 MAX_WORKERS, at least MIN_PROBES probes each; $CAPTURE_MEGATRON_WORKERS overrides) -- each running
@@ -137,7 +137,7 @@ def run_in_worker(
     if not probes:
         return []
     n = worker_count(len(probes))
-    from capture_megatron.profile.fake_cuda import shim_path
+    from capture_megatron.emulate.fake_cuda import shim_path
 
     shim_path()  # compile the shim once, here, not in every worker at once
     with tempfile.TemporaryDirectory(prefix="capture-megatron-") as tmp:

@@ -6,9 +6,9 @@ Devices:
              laptop. Fake tensors follow the kernels of the device they fake — the CPU's (dropout
              keeps a mask in the activation dtype, softmax keeps fp32 copies): its numbers equal
              cpu numbers exactly, not a GPU's.
-- fake-cuda: FakeTensorMode on fake CUDA tensors (capture_megatron.profile.fake_cuda), in a worker
+- fake-cuda: FakeTensorMode on fake CUDA tensors (capture_megatron.emulate.fake_cuda), in a worker
              process: CUDA's dispatch (1-byte dropout masks, fp32 norm statistics) and the GPU
-             kernel set (capture_megatron.megatron.gpu: flash / cuDNN-fused / unfused attention,
+             kernel set (capture_megatron.emulate.gpu: flash / cuDNN-fused / unfused attention,
              the fused softmax, fused RoPE, Megatron's fused bias-activation and bias-dropout).
 - cuda:      the caching allocator's statistics (max_memory_allocated, reset between probes).
 On the fake devices the optimizer step reads gradient norms and cannot run, so its transient is
@@ -45,7 +45,7 @@ PROBE_IRRELEVANT = (
 recomputing core attention with TE's fused attention, given for every probe that models
 Megatron-LM's own selective recompute (whose default module is core_attn); and the deprecation
 of the local spec's GroupedMLP, which the GPU kernel set builds only to replace it with
-TEGroupedMLP (capture_megatron.megatron.gpu.spec.moe_spec). They say nothing about the run being
+TEGroupedMLP (capture_megatron.megatron.gpu_spec.moe_spec). They say nothing about the run being
 predicted."""
 
 
@@ -86,12 +86,12 @@ def _setup(device: str, kernels: Kernels) -> Setup:
 @contextlib.contextmanager
 def measuring(device: str, kernels: Kernels = Kernels()) -> Iterator[tuple[Setup, MemoryMeter]]:
     """Yield (Setup, meter) with the device's patches, modes and meter active."""
-    from capture_megatron.megatron import cpu_compat
+    from capture_megatron.emulate import cpu_compat
     from capture_megatron.memory.meter import make_meter
 
     device = check_device(device)
     if device == "fake-cuda":
-        from capture_megatron.profile import fake_cuda
+        from capture_megatron.emulate import fake_cuda
 
         if not fake_cuda.loaded():
             raise CaptureError("fake-cuda probes run in the worker process (profile.worker)")
@@ -130,7 +130,7 @@ def run_probes(
     for probe in probes:
         refuse_on_fake_device(probe.variant, device, kernels)
     if device == "fake-cuda":
-        from capture_megatron.profile import fake_cuda
+        from capture_megatron.emulate import fake_cuda
 
         if not fake_cuda.loaded():
             from capture_megatron.profile.remote import run_in_worker

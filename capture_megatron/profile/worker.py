@@ -27,7 +27,7 @@ def main(argv: list[str]) -> int:
     lifeline.die_with_parent(PARENT)  # a SIGKILLed planner takes its workers with it
     quiet.install()  # before megatron-core is imported: some of its warnings come at import
     try:
-        from capture_megatron.profile import fake_cuda
+        from capture_megatron.emulate import fake_cuda
 
         fake_cuda.load()
         from capture_megatron.profile.session import run_probes

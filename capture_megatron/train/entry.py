@@ -14,8 +14,9 @@ import sys
 from capture_megatron.config import TrainConfig
 from capture_megatron.config.mtp import checkpoint_problem
 from capture_megatron.errors import CaptureError
-from capture_megatron.megatron import flags, lifeline, quiet
-from capture_megatron.megatron.args import data_options, train_config
+from capture_megatron.flags import parser as flags
+from capture_megatron.flags.args import data_options, train_config
+from capture_megatron.megatron import lifeline, quiet
 from capture_megatron.train.dist_env import read_env
 
 PARENT = os.getppid()

@@ -12,7 +12,7 @@ def refuse_cpu_state(cfg: TrainConfig) -> None:
     a deferred output-layer weight gradient (no gradient-accumulation fusion), and checkpoints of
     the precision-aware optimizer (megatron-core's distributed optimizer saves its state through
     torch's per-parameter Adam step counters without TE, which TE's FusedAdam, and so
-    capture_megatron.megatron.host_adam, does not keep)."""
+    capture_megatron.emulate.host_adam, does not keep)."""
     ddp = cfg.plan.ddp
     problem = ddp.kernel_problem("cpu", False)
     if (

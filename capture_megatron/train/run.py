@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from capture_megatron.config import TrainConfig
-from capture_megatron.megatron import cpu_compat, moe
+from capture_megatron.emulate import cpu_compat
+from capture_megatron.megatron import moe
 from capture_megatron.megatron.quiet import kernels_line
 from capture_megatron.train.dist_env import DistEnv, init_distributed, is_logging_rank
 from capture_megatron.train.exit_signal import ExitSignal

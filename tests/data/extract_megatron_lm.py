@@ -5,7 +5,7 @@
     python tests/data/extract_megatron_lm.py Megatron-LM
 
 Writes
-- capture_megatron/megatron/megatron_args.json: every argument pretrain_gpt.py accepts, read from
+- capture_megatron/flags/megatron_args.json: every argument pretrain_gpt.py accepts, read from
   Megatron-LM's own parser (megatron/training/arguments.py add_megatron_arguments, the flags its
   ArgumentGroupFactory generates from config dataclasses included): spellings, kind, nargs, type,
   default, choices.
@@ -188,7 +188,7 @@ def main() -> None:
     if head != TAG:
         sys.exit(f"{checkout} is at {head!r}; check out {TAG}")
     table = argument_table(megatron_parser(checkout))
-    (ROOT / "capture_megatron/megatron/megatron_args.json").write_text(
+    (ROOT / "capture_megatron/flags/megatron_args.json").write_text(
         json.dumps(
             {
                 "source": f"NVIDIA/Megatron-LM@{TAG}:megatron/training/arguments.py",

@@ -1,7 +1,7 @@
 """`capture-megatron megatron-lm` on a real Megatron-LM checkout: plan, then Megatron-LM's own
 pretrain_gpt.py under torchrun with the balanced --pipeline-model-parallel-layout (interleaved)
 and per-stage recompute. Where there is no GPU, Megatron-LM runs on CPU with the shims of
-capture_megatron.megatron.lm_cpu. Megatron-LM's own output is checked: the layout it parsed, the
+capture_megatron.megatron_lm.cpu. Megatron-LM's own output is checked: the layout it parsed, the
 parameters each pipeline rank built, each rank's recompute and three finite training steps.
 
 Skipped unless $CAPTURE_MEGATRON_TEST_MEGATRON_LM names a core_v0.16.x checkout, e.g.
@@ -18,7 +18,7 @@ import sys
 
 import pytest
 
-from capture_megatron.megatron import lm_deps
+from capture_megatron.megatron_lm import deps as lm_deps
 
 CHECKOUT_ENV = "CAPTURE_MEGATRON_TEST_MEGATRON_LM"
 """Where the checkout is."""

@@ -3,7 +3,7 @@
 Real torchrun + gloo + megatron-core; the same partition-independent initial weights; real data.
 Losses must agree to 1e-4 relative and gradient norms likewise (bf16: both to 2e-3, the bf16
 reduction-order noise measured on this model). Context parallelism (cp*: the all-gather attention of
-capture_megatron.megatron.cp_attention) shares the single-process references: learned absolute
+capture_megatron.emulate.cp_attention) shares the single-process references: learned absolute
 positions (position_ids sliced per CP rank) and RoPE + GQA (the rotary table sliced per CP rank),
 with TP + SP, and with PP + the distributed optimizer (sharded over DP x CP).
 """

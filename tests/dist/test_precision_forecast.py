@@ -2,7 +2,7 @@
 several distributed-optimizer instances, fp32 gradient accumulation in fp16 and gradient buckets
 (issue 26): `capture-megatron verify` plans the flags,
 trains them under real torchrun + gloo with megatron-core's DDP and distributed optimizer (the
-precision-aware one on capture_megatron.megatron.host_adam.HostFusedAdam, TE's FusedAdam on host
+precision-aware one on capture_megatron.emulate.host_adam.HostFusedAdam, TE's FusedAdam on host
 tensors) and every rank's measured peak is within 2% of its forecast. The model is wide and short
 (hidden 256, 16 tokens) so that its static bytes and the optimizer step, what these flags change,
 make the peak: each run peaks in the step."""

@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 assert megatron.core.__file__.startswith(sys.argv[1]), megatron.core.__file__
 
-from capture_megatron.megatron import cpu_compat  # noqa: E402
+from capture_megatron.emulate import cpu_compat  # noqa: E402
 
 cpu_compat.apply("cpu")
 with socket.socket() as s:

@@ -121,7 +121,7 @@ def test_records_without_the_measurement_are_named():
 
 def test_the_plan_emits_the_offloading_flags_megatron_lm_reads_back():
     from capture_megatron.cli.predict import build_parser
-    from capture_megatron.megatron import flags
+    from capture_megatron.flags import parser as flags
     from capture_megatron.plan.emit import plan_args
 
     moved = ActivationOffload(True, ("core_attn", "moe_act"), 4096)

@@ -15,8 +15,8 @@ from capture_megatron.config import ModelShape, ParallelPlan
 from capture_megatron.config.attention import LatentAttention, attention_parameters
 from capture_megatron.config.hf import parameter_count
 from capture_megatron.errors import CaptureError
-from capture_megatron.megatron import flags
-from capture_megatron.megatron.args import model_shape
+from capture_megatron.flags import parser as flags
+from capture_megatron.flags.args import model_shape
 from capture_megatron.plan import model_args
 from capture_megatron.records import Variant
 
@@ -88,7 +88,8 @@ def test_the_variant_is_keyed_by_the_features_and_fitted_at_the_model_shapes():
 
 def _built(shape: ModelShape, tp: int):
     """(per-layer self-attention parameters, all parameters) of the chunk TP rank 0 builds."""
-    from capture_megatron.megatron import builder, cpu_compat
+    from capture_megatron.emulate import cpu_compat
+    from capture_megatron.megatron import builder
     from capture_megatron.profile.groups import fake_job
 
     cpu_compat.apply("cpu")

@@ -19,7 +19,7 @@ SCRIPT = textwrap.dedent(
     import torch.distributed as dist
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.mapping import ShardedObject
-    from capture_megatron.megatron import cpu_compat
+    from capture_megatron.emulate import cpu_compat
 
     cpu_compat.apply("cpu")
 

@@ -13,8 +13,8 @@ import shlex
 import pytest
 
 from capture_megatron import cli
-from capture_megatron.megatron import flags
-from capture_megatron.megatron.flags import summary
+from capture_megatron.flags import parser as flags
+from capture_megatron.flags.parser import summary
 
 
 def _help(name: str, capsys) -> str:

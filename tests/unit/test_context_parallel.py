@@ -1,4 +1,4 @@
-"""Context parallelism without Transformer Engine (capture_megatron.megatron.cp_attention and
+"""Context parallelism without Transformer Engine (capture_megatron.emulate.cp_attention and
 capture_megatron.config.context): which --cp-comm-type a run may give, the load-balanced causal
 mask, the layer spec the builder gets, and the refusals. Training with CP equals one process:
 tests/dist/test_parallel_equivalence.py."""
@@ -66,13 +66,13 @@ def test_te_gets_megatron_lm_default_and_te_names():
 def test_mask_is_the_one_process_mask_of_each_ranks_chunks(cp, window):
     from megatron.core.transformer.utils import get_sliding_window_causal_mask
 
-    from capture_megatron.megatron.cp_attention import cp_mask, rank_positions
+    from capture_megatron.emulate.cp_attention import cp_mask, rank_positions
 
     chunk = 4
     s = 2 * cp * chunk
     full = torch.ones(s, s, dtype=torch.bool).triu(1)
     if window is not None:
-        from capture_megatron.megatron import cpu_compat
+        from capture_megatron.emulate import cpu_compat
 
         cpu_compat.apply("cpu")  # megatron builds the window mask on "cuda"
         full = get_sliding_window_causal_mask(s, s, window)
@@ -88,7 +88,7 @@ def test_spec_gets_the_all_gather_attention_only_when_needed():
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.dot_product_attention import DotProductAttention
 
-    from capture_megatron.megatron.cp_attention import AllGatherCPAttention, with_context_parallel
+    from capture_megatron.emulate.cp_attention import AllGatherCPAttention, with_context_parallel
 
     def core(spec):
         return spec.submodules.self_attention.submodules.core_attention
@@ -107,8 +107,8 @@ FAKE_GPU = """
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from capture_megatron.config import ParallelPlan
 from capture_megatron.errors import CaptureError
-from capture_megatron.megatron import cpu_compat
-from capture_megatron.megatron.cp_attention import with_context_parallel
+from capture_megatron.emulate import cpu_compat
+from capture_megatron.emulate.cp_attention import with_context_parallel
 cpu_compat.apply_fake_cuda()
 plan = ParallelPlan(tp=1, pp=1, dp=1, cp=2, micro_batch_size=1, global_batch_size=1,
                     layers_per_stage=(2,))

@@ -13,13 +13,13 @@ import pytest
 
 ROPE_CP = r"""
 import json
-from capture_megatron.profile import fake_cuda
+from capture_megatron.emulate import fake_cuda
 fake_cuda.load()
 import torch
 import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensorMode
 from megatron.core.models.common.embeddings.rope_utils import get_pos_emb_on_this_cp_rank
-from capture_megatron.megatron import cpu_compat
+from capture_megatron.emulate import cpu_compat
 from capture_megatron.memory.meter import make_meter
 
 cpu_compat.apply_fake_cuda()

@@ -1,5 +1,5 @@
 """Flags are declared once, on the dataclass fields they set: the parser, the reading back into the
-dataclass and the writing out as flags are generated from them (capture_megatron.megatron.flags)."""
+dataclass and the writing out as flags are generated from them (capture_megatron.flags.parser)."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ from capture_megatron.config import (
 )
 from capture_megatron.config.fields import field_docs, flagged_fields, to_flags
 from capture_megatron.errors import CaptureError
-from capture_megatron.megatron import flags
-from capture_megatron.megatron.args import model_shape, shape_overrides
+from capture_megatron.flags import parser as flags
+from capture_megatron.flags.args import model_shape, shape_overrides
 from capture_megatron.train.entry import build_parser
 
 MEGATRON_CLASSES = (

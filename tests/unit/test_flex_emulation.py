@@ -1,4 +1,4 @@
-"""The GPU kernel set's HybridEP (capture_megatron.megatron.gpu.flex) against the library's contract
+"""The GPU kernel set's HybridEP (capture_megatron.emulate.gpu.flex) against the library's contract
 (deepseek-ai/DeepEP hybrid-ep eb9cee7, deep_ep/hybrid_ep_buffer.py and the C++ runtime's torch
 allocations), driven through megatron-core 0.16.1's own HybridEPDispatch / HybridEPCombine; and a
 forecast of the flex dispatcher against the alltoall dispatcher on a tiny MoE."""
@@ -18,8 +18,8 @@ L = E // EP
 def group():
     from megatron.core import parallel_state as ps
 
-    from capture_megatron.megatron import cpu_compat
-    from capture_megatron.megatron.gpu import flex
+    from capture_megatron.emulate import cpu_compat
+    from capture_megatron.emulate.gpu import flex
     from capture_megatron.profile.groups import fake_job
 
     cpu_compat.apply("cpu")
@@ -67,7 +67,7 @@ def test_dispatch_and_combine_return_what_hybridep_returns(group):
 
 
 def test_hybridep_refuses_what_the_library_refuses(group):
-    from capture_megatron.megatron.gpu.flex import HybridEPBuffer
+    from capture_megatron.emulate.gpu.flex import HybridEPBuffer
 
     with pytest.raises(ValueError):
         HybridEPBuffer(group, H, T, L, use_fp8=True)

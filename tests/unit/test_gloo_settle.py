@@ -15,7 +15,7 @@ SCRIPT = textwrap.dedent(
     import os, tempfile
     import torch
     import torch.distributed as dist
-    from capture_megatron.megatron import gloo_settle
+    from capture_megatron.emulate import gloo_settle
 
     store = dist.FileStore(os.path.join(tempfile.mkdtemp(), "store"), 1)
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
@@ -58,7 +58,7 @@ def test_a_collective_whose_tensors_stay_held_is_waited_for_once(monkeypatch):
 
     import torch
 
-    from capture_megatron.megatron import gloo_settle
+    from capture_megatron.emulate import gloo_settle
 
     held = []
 

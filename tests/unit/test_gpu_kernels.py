@@ -1,4 +1,4 @@
-"""The GPU kernel set's modules (capture_megatron.megatron.gpu) on real CPU tensors: each computes
+"""The GPU kernel set's modules (capture_megatron.emulate.gpu) on real CPU tensors: each computes
 what the plain torch / megatron path computes (values and gradients) and keeps, for backward,
 exactly the tensors its source says the real kernel keeps."""
 
@@ -11,9 +11,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from capture_megatron.megatron.gpu import compiled, rope, softmax
-from capture_megatron.megatron.gpu.attention import CuDNNAttention, FlashAttention2
-from capture_megatron.megatron.gpu.layout import te_qkv
+from capture_megatron.emulate.gpu import compiled, rope, softmax
+from capture_megatron.emulate.gpu.attention import CuDNNAttention, FlashAttention2
+from capture_megatron.emulate.gpu.layout import te_qkv
 from capture_megatron.memory.live import LiveTensorTracker
 
 
@@ -167,7 +167,7 @@ class _Config:
 
 @pytest.mark.parametrize("normalization", ["LayerNorm", "RMSNorm"])
 def test_te_norm_matches_torch_and_keeps_x_and_fp32_statistics(normalization):
-    from capture_megatron.megatron.gpu.norm import TENorm
+    from capture_megatron.emulate.gpu.norm import TENorm
 
     h, rows = 16, 12
     norm = TENorm(_Config(normalization), h)
@@ -198,8 +198,8 @@ def test_ring_attention_keeps_what_te_p2p_keeps_and_returns_views_of_its_ring():
     come back as views of one [2, K+V] ring buffer; real tensors are refused."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    from capture_megatron.emulate.gpu.cp import RingAttention, flash_bwd_workspace
     from capture_megatron.errors import CaptureError
-    from capture_megatron.megatron.gpu.cp import RingAttention, flash_bwd_workspace
 
     workspace = partial(flash_bwd_workspace, sm_count=132, det=True)
 
@@ -236,7 +236,7 @@ def test_grouped_linear_matches_per_expert_gemms_and_keeps_input_views(fuse):
     input; backward keeps only views of the input (no copy), returns one dgrad and, with fused
     wgrad accumulation, adds into main_grad and hands autograd a fresh tensor per weight (TE's
     handle_custom_ddp_from_mcore) -- without fusion, the weight gradients themselves."""
-    from capture_megatron.megatron.gpu.grouped import GroupedLinearFunction
+    from capture_megatron.emulate.gpu.grouped import GroupedLinearFunction
 
     torch.manual_seed(0)
     splits = [3, 5, 0, 4]
@@ -265,7 +265,7 @@ def test_te_cross_entropy_matches_torch_and_keeps_only_the_logits():
     """TE's fused cross entropy (--cross-entropy-fusion-impl te): the per-token loss and the
     gradient of torch's cross entropy; it keeps the logits' own storage (overwritten with the
     gradient, 2 bytes per logit in bf16) and returns it as the gradient."""
-    from capture_megatron.megatron.gpu.cross_entropy import TECrossEntropy
+    from capture_megatron.emulate.gpu.cross_entropy import TECrossEntropy
 
     s, b, vocab = 6, 3, 11
     x = torch.randn(s, b, vocab, dtype=torch.float64)

@@ -12,7 +12,7 @@ from synthetic_memory import SMALL, SMALL_ARGS, full_model
 from capture_megatron.cli import plan as plan_cli
 from capture_megatron.config import DdpOptions, ParallelPlan
 from capture_megatron.fit import write_model
-from capture_megatron.megatron.policy import UNMODELLED
+from capture_megatron.flags.policy import UNMODELLED
 from capture_megatron.plan.costmodel import step_time
 from capture_megatron.predict import layers_for, predict
 from capture_megatron.predict.chunks import chunk_cost

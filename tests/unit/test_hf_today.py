@@ -16,8 +16,8 @@ from test_cli_errors import cli
 
 from capture_megatron.config.hf import parameter_count, read_hf_config
 from capture_megatron.errors import CaptureError
-from capture_megatron.megatron import flags
-from capture_megatron.megatron.args import model_shape
+from capture_megatron.flags import parser as flags
+from capture_megatron.flags.args import model_shape
 from capture_megatron.plan import model_args
 
 HF = Path(__file__).parents[1] / "data" / "hf_configs"

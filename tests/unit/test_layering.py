@@ -23,20 +23,34 @@ ALLOWED = {
     "plan": {"__init__", "config", "records", "fit", "predict", "errors", "serial"},
     "memory": set(),
     "data": {"config", "errors"},
-    "megatron": {"config", "errors", "serial"},
+    "flags": {"config", "errors"},
+    "emulate": {"cache", "config", "errors"},
+    "megatron": {"config", "emulate", "errors", "serial"},
+    "megatron_lm": {"emulate", "errors", "megatron"},
     "profile": {
-        *("__init__", "cache", "config", "errors", "fit", "megatron", "memory", "predict"),
-        *("records", "serial"),
+        *("__init__", "cache", "config", "emulate", "errors", "fit", "megatron", "memory"),
+        *("predict", "records", "serial"),
     },
-    "train": {"config", "data", "errors", "megatron", "memory", "serial"},
+    "train": {"config", "data", "emulate", "errors", "flags", "megatron", "memory", "serial"},
     "pretrain_gpt": {"train"},
     "cli": {
-        *("__init__", "cache", "config", "data", "errors", "fit", "megatron", "memory", "plan"),
-        *("predict", "profile", "records", "serial", "train"),
+        *("__init__", "cache", "config", "data", "errors", "fit", "flags", "megatron"),
+        *("megatron_lm", "memory", "plan", "predict", "profile", "records", "serial", "train"),
     },
 }
 """Which top-level units each unit may import (capture_megatron.<unit>)."""
-PURE = ("__init__", "errors", "serial", "config", "records", "cache", "fit", "predict", "plan")
+PURE = (
+    "__init__",
+    "errors",
+    "serial",
+    "config",
+    "records",
+    "cache",
+    "fit",
+    "predict",
+    "plan",
+    "flags",
+)
 """Units that never import torch, Megatron or anything that does: the planner runs without them."""
 HEAVY = ("torch", "megatron", "transformer_engine", "apex")
 """Third-party packages the pure units must not import."""
@@ -138,7 +152,7 @@ def test_planning_imports_no_torch():
     code = (
         "import sys; import capture_megatron.plan, capture_megatron.predict, capture_megatron.fit, "
         "capture_megatron.config, capture_megatron.profile, capture_megatron.train, "
-        "capture_megatron.megatron.flags, capture_megatron.megatron.args; "
+        "capture_megatron.flags.parser, capture_megatron.flags.args; "
         "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'megatron')); "
         "print(heavy); sys.exit(1 if heavy else 0)"
     )

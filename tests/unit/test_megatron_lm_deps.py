@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from capture_megatron.errors import CaptureError
-from capture_megatron.megatron import lm_deps
+from capture_megatron.megatron_lm import deps as lm_deps
 
 CHECKOUT_ENV = "CAPTURE_MEGATRON_TEST_MEGATRON_LM"
 """A Megatron-LM core_v0.16.x checkout to test against (tests skip without one)."""

@@ -48,7 +48,7 @@ def test_recompute_per_stage_patch_applies_and_works(tmp_path):
 def test_wrapper_gives_each_stage_its_recompute_count():
     import argparse
 
-    from capture_megatron.megatron import lm_pretrain_gpt as wrapper
+    from capture_megatron.megatron_lm import pretrain_gpt as wrapper
 
     parser = wrapper.add_capture_args(argparse.ArgumentParser())
     args = parser.parse_args(["--recompute-num-layers-per-stage", "3,0,1"])

@@ -9,7 +9,8 @@ import pytest
 from capture_megatron.cli.plan import build_parser as plan_parser
 from capture_megatron.cli.predict import build_parser as predict_parser
 from capture_megatron.errors import CaptureError
-from capture_megatron.megatron import flags, megatron_lm, policy
+from capture_megatron.flags import megatron_lm, policy
+from capture_megatron.flags import parser as flags
 
 OURS = {name for name in predict_parser()._option_string_actions} - megatron_lm.flag_names()
 
@@ -134,7 +135,7 @@ def test_rope_type_is_read_as_megatron_lm_reads_it():
     """--rope-type is a field of the model's attention (config.attention), not a policy flag:
     rope without MLA is Megatron-LM's default and changes nothing; yarn needs MLA, as Megatron-LM
     asserts."""
-    from capture_megatron.megatron.args import model_shape
+    from capture_megatron.flags.args import model_shape
 
     def shape(argv: list[str]):
         return model_shape(flags.parse_flags(predict_parser(), [*BASE, *argv]), vocab_size=128)
@@ -148,7 +149,7 @@ def test_rope_type_is_read_as_megatron_lm_reads_it():
 
 @pytest.mark.parametrize("kind", ["none", "mrope", "relative"])
 def test_megatron_lms_other_position_embeddings_are_refused_as_not_modelled(kind):
-    from capture_megatron.megatron.args import model_shape
+    from capture_megatron.flags.args import model_shape
 
     ns = flags.parse_flags(predict_parser(), [*BASE, "--position-embedding-type", kind])
     with pytest.raises(CaptureError, match=f"--position-embedding-type {kind} is not modelled"):

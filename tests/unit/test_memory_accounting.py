@@ -41,7 +41,7 @@ def test_backward_is_seen():
 
 
 def test_megatron_layer_forward_equals_saved_tensors_plus_output():
-    from capture_megatron.megatron import cpu_compat
+    from capture_megatron.emulate import cpu_compat
     from capture_megatron.profile.groups import fake_job
     from capture_megatron.profile.probe import _hidden, build
     from capture_megatron.profile.setup import Setup

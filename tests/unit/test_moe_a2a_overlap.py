@@ -16,7 +16,7 @@ from capture_megatron.config import DdpOptions, ParallelPlan, check_plan_fits_mo
 from capture_megatron.config.moe import Experts
 from capture_megatron.config.parallel import Recompute
 from capture_megatron.errors import CaptureError
-from capture_megatron.megatron import policy
+from capture_megatron.flags import policy
 from capture_megatron.predict import Layers, rank_memory, sizes_for, variant_of
 from capture_megatron.predict.overlap import merged
 from capture_megatron.predict.schedule import ScheduleSpec, events, warmup_count

@@ -103,7 +103,7 @@ def _layers_on(rank: int, world: int, shape: ModelShape, plan: ParallelPlan) -> 
     from megatron.core.transformer.moe.moe_layer import MoELayer
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from capture_megatron.megatron import cpu_compat
+    from capture_megatron.emulate import cpu_compat
 
     cpu_compat.apply("cpu")
     torch.distributed.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
@@ -152,9 +152,9 @@ def test_fake_gpu_kernel_set_builds_te_experts(grouped):
     from megatron.core.transformer.moe.experts import SequentialMLP, TEGroupedMLP
 
     from capture_megatron.config import Kernels
-    from capture_megatron.megatron.gpu.grouped import ColumnGroupedLinear, RowGroupedLinear
-    from capture_megatron.megatron.gpu.norm import TENorm
-    from capture_megatron.megatron.gpu.spec import gpu_layer_spec
+    from capture_megatron.emulate.gpu.grouped import ColumnGroupedLinear, RowGroupedLinear
+    from capture_megatron.emulate.gpu.norm import TENorm
+    from capture_megatron.megatron.gpu_spec import gpu_layer_spec
     from capture_megatron.megatron.norms import LocalNorm
 
     with pytest.warns(UserWarning, match="legacy GroupedMLP") if grouped else nullcontext():

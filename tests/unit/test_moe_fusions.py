@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 import torch
 
-from capture_megatron.megatron.gpu import permute, router
+from capture_megatron.emulate.gpu import permute, router
 
 T, E, H, K = 12, 4, 8, 2
 

@@ -16,7 +16,7 @@ from capture_megatron.cli.inputs import resolve_shape
 from capture_megatron.cli.predict import build_parser
 from capture_megatron.config import GIB, Cluster, ModelShape, ParallelPlan
 from capture_megatron.config.moe import Experts
-from capture_megatron.megatron import flags
+from capture_megatron.flags import parser as flags
 from capture_megatron.plan import PlanOptions, Space, plan
 from capture_megatron.plan.routing import routed
 from capture_megatron.predict.routing import STATISTICS, routing_factor, statistics

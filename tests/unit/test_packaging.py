@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow
 ROOT = pathlib.Path(capture_megatron.__file__).parent.parent
 PACKAGE_DATA = (
     "py.typed",
-    "megatron/megatron_args.json",
+    "flags/megatron_args.json",
     "plan/step_time_constants.json",
     "predict/moe_routing.json",
     "train/templates/sbatch_torchrun.sh",
@@ -151,7 +151,7 @@ def test_installed_wheel_runs_help_plan_and_launch(venv, tmp_path):
     )
     assert plan["plan"]["layout"] in job.read_text()
     run(
-        [str(venv / "bin" / "python"), "-c", "import capture_megatron.megatron.lm_pretrain_gpt"],
+        [str(venv / "bin" / "python"), "-c", "import capture_megatron.megatron_lm.pretrain_gpt"],
         cwd=tmp_path,
         env=env,
     )

@@ -1,4 +1,4 @@
-"""The patch registry (capture_megatron/megatron/patches.py): every target of every patch exists in
+"""The patch registry (capture_megatron/emulate/patches.py): every target of every patch exists in
 the installed torch and megatron-core (where a megatron-core upgrade starts), revert() puts every
 original back, docs/ARCHITECTURE.md lists every patch, and tests/conftest.py's `unpatched` fixture
 leaves torch unpatched after a test that trained megatron-core's schedule on CPU."""
@@ -21,7 +21,9 @@ SCRIPT = textwrap.dedent(
     """
     import importlib, json, sys
     import torch
-    from capture_megatron.megatron import ckpt_fixes, ckpt_safe, cpu_compat, patches
+    from capture_megatron.megatron import ckpt_fixes, ckpt_safe
+    from capture_megatron.emulate import cpu_compat
+    from capture_megatron.emulate import patches
 
     def resolve(target):
         if target.startswith("sys.modules["):
@@ -152,7 +154,7 @@ TORCH_SNAPSHOT = {
 def test_torch_is_unpatched_at_test_start():
     """Whatever ran before in this process, torch's CUDA entry points are the ones torch had when
     this module was imported, and no TorchFunctionMode is active."""
-    from capture_megatron.megatron import patches
+    from capture_megatron.emulate import patches
 
     assert patches.applied() == [] and patches.device() is None
     assert not torch._C._is_torch_function_mode_enabled()

@@ -22,7 +22,8 @@ from capture_megatron.config.moe import Experts
 from capture_megatron.config.recompute import RECOMPUTE_MODULES
 from capture_megatron.config.runtime import StepSettings
 from capture_megatron.errors import CaptureError
-from capture_megatron.megatron import flags, megatron_lm
+from capture_megatron.flags import megatron_lm
+from capture_megatron.flags import parser as flags
 from capture_megatron.plan.emit import model_args, run_args
 
 DEVICES = ("cpu", "fake-cuda")

@@ -1,5 +1,5 @@
 """Issue 13, item 3: a plan's megatron_args are stock Megatron-LM flags (core_v0.16.1,
-megatron/megatron_args.json) whenever they can express it. One recompute count for every stage is
+flags/megatron_args.json) whenever they can express it. One recompute count for every stage is
 --recompute-num-layers; per-stage counts that no single count reproduces are written with
 capture-megatron's --recompute-num-layers-per-stage, say so, and come with the best plan stock
 Megatron-LM runs. Synthetic memory model, no profiling."""
@@ -11,7 +11,7 @@ from synthetic_memory import SMALL, synthetic_source
 
 from capture_megatron.cli.render import print_plan
 from capture_megatron.config import GIB, Cluster, Kernels, ParallelFlags, ParallelPlan, Recompute
-from capture_megatron.megatron.megatron_lm import flag_names
+from capture_megatron.flags.megatron_lm import flag_names
 from capture_megatron.plan import PlanOptions, plan, plan_args, space_from
 from capture_megatron.plan.emit import (
     PER_STAGE_NOTE,

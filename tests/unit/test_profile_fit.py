@@ -238,7 +238,7 @@ def test_fake_gpu_kernel_set_runs_grouped_and_sequential_experts():
     experts, adds TE's 4 multi-stream cuBLAS workspaces, and keeps no more activations (its
     input views are the permuted tokens the sequential experts keep as their first linear's
     input)."""
-    from capture_megatron.megatron.gpu.grouped import workspace_bytes
+    from capture_megatron.emulate.gpu.grouped import workspace_bytes
 
     shape = ProbeShape(2, 64, 64, 4, 2, 16, 192, 256, 2)
     sequential, grouped = (

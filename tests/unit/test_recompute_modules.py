@@ -20,8 +20,8 @@ from capture_megatron.config.moe import Experts
 from capture_megatron.config.presets import preset
 from capture_megatron.config.resolve import parallel_plan, recompute
 from capture_megatron.errors import CaptureError
-from capture_megatron.megatron import flags
-from capture_megatron.megatron.policy import UNMODELLED
+from capture_megatron.flags import parser as flags
+from capture_megatron.flags.policy import UNMODELLED
 from capture_megatron.plan import PlanOptions, plan, plan_args, space_from
 from capture_megatron.plan.costmodel import CostModel
 from capture_megatron.plan.costparts import layer_time

@@ -19,7 +19,7 @@ from capture_megatron.config import (
 )
 from capture_megatron.config.training import CheckpointOptions
 from capture_megatron.errors import CaptureError
-from capture_megatron.megatron import flags
+from capture_megatron.flags import parser as flags
 from capture_megatron.megatron.schedule import check_resume, schedule
 from capture_megatron.train import resume
 from capture_megatron.train.entry import build_parser

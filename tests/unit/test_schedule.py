@@ -59,7 +59,7 @@ def _megatron_order(p: int, rank: int, m: int, v: int) -> list[Event]:
     from megatron.core.transformer.transformer_config import TransformerConfig
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from capture_megatron.megatron import cpu_compat
+    from capture_megatron.emulate import cpu_compat
 
     cpu_compat.apply("cpu")
     torch.distributed.init_process_group("fake", store=FakeStore(), rank=rank, world_size=p)

@@ -14,7 +14,7 @@ from capture_megatron.cli.launch import SIGNAL, _requeue_run, _time_note, build_
 from capture_megatron.config import CheckpointOptions, ParallelPlan, RunOptions
 from capture_megatron.config.presets import preset
 from capture_megatron.errors import CaptureError
-from capture_megatron.megatron import flags
+from capture_megatron.flags import parser as flags
 from capture_megatron.train.slurm import SlurmOptions, TrainRun, render
 from capture_megatron.train.slurm_time import duration, run_time_warning, time_limit_seconds
 

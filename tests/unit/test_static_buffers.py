@@ -16,7 +16,7 @@ from capture_megatron.config import (
     ParallelPlan,
     RunOptions,
 )
-from capture_megatron.megatron import cpu_compat
+from capture_megatron.emulate import cpu_compat
 from capture_megatron.megatron.builder import build_gpt, transformer_config
 from capture_megatron.megatron.training import make_optimizer, wrap_model
 from capture_megatron.predict.static import chunk_static

@@ -1,0 +1,163 @@
+"""The one registry of run-time patches to torch and megatron-core, and its one state.
+
+Every attribute capture-megatron replaces in torch or megatron-core (cpu_compat, moe_cpu, moe_fake,
+gloo_settle, megatron.attention, the fake-cuda GPU kernel set in gpu/*, megatron.ckpt_fixes,
+megatron.ckpt_safe) is set through ``patch()``, which records the original; every
+``TorchFunctionMode`` entered for the life of a run is entered through ``enter()``. ``revert()``
+puts every original back in reverse order, exits those modes and forgets which patch groups were
+applied, so that the next ``apply`` starts from unpatched torch and megatron-core. ``applied()``
+lists what is patched now (docs/ARCHITECTURE.md "Patch registry" lists them all;
+tests/unit/test_patch_registry.py checks that every target still exists in the installed torch and
+megatron-core -- where a megatron-core upgrade starts).
+
+Not in the registry: patches scoped to one call that put the original back themselves (cpu_compat's
+``Tensor.is_cuda`` while HybridDeviceOptimizer builds its sub-optimizers, host_adam.installed,
+gpu.linear's global buffer), and megatron_lm.cpu, which patches the separate process that runs
+Megatron-LM's own pretrain_gpt.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import types
+from typing import Any
+
+MEGATRON_CORE_VERSIONS = "0.16.1"
+"""The megatron-core versions whose targets the patches were written against and tested on."""
+
+_MISSING = object()
+
+
+@dataclasses.dataclass(frozen=True)
+class Patch:
+    """One replaced attribute of torch or megatron-core."""
+
+    target: str
+    """The dotted path of the replaced attribute, e.g. 'torch.cuda.current_device'."""
+    why: str
+    """The megatron-core call sites it serves, in a few words."""
+    adds: bool = False
+    """True where megatron-core refers to the name but binds it only when an optional package
+    (Transformer Engine, DeepEP, apex) imports: the patch supplies it."""
+    versions: str = MEGATRON_CORE_VERSIONS
+    """The megatron-core versions the patch was written for."""
+
+    def __post_init__(self) -> None:
+        if "." not in self.target or not self.why:
+            raise ValueError(f"a patch needs a dotted target and a reason: {self!r}")
+
+
+@dataclasses.dataclass
+class _Entry:
+    patch: Patch
+    owner: Any
+    name: str
+    original: Any
+
+
+@dataclasses.dataclass
+class _State:
+    entries: dict[tuple[int, str], _Entry] = dataclasses.field(default_factory=dict)
+    modes: list[Any] = dataclasses.field(default_factory=list)
+    groups: set[str] = dataclasses.field(default_factory=set)
+    device: str | None = None
+
+
+_STATE = _State()
+
+
+def _target(owner: Any, name: str) -> str:
+    if isinstance(owner, types.ModuleType):
+        return f"{owner.__name__}.{name}"
+    if owner is sys.modules:
+        return f"sys.modules[{name!r}]"
+    return f"{owner.__module__}.{owner.__qualname__}.{name}"
+
+
+def _current(owner: Any, name: str) -> Any:
+    if owner is sys.modules:
+        return sys.modules.get(name, _MISSING)
+    if isinstance(owner, type):  # the class's own entry (a staticmethod stays one), not inherited
+        return owner.__dict__.get(name, _MISSING)
+    return getattr(owner, name, _MISSING)
+
+
+def patch(owner: Any, name: str, new: Any, why: str, adds: bool = False) -> None:
+    """Set ``owner.name = new`` (a module, a class, or ``sys.modules``), recording the original the
+    first time; a missing target is an error unless `adds` (the name megatron-core binds only with
+    an optional package)."""
+    key = (id(owner), name)
+    if key not in _STATE.entries:
+        original = _current(owner, name)
+        inherited = isinstance(owner, type) and hasattr(owner, name)
+        if original is _MISSING and not inherited and not adds:
+            raise AttributeError(f"patch target {_target(owner, name)} does not exist")
+        entry = _Entry(Patch(_target(owner, name), why, adds), owner, name, original)
+        _STATE.entries[key] = entry
+    if owner is sys.modules:
+        sys.modules[name] = new
+    else:
+        setattr(owner, name, new)
+
+
+def enter(mode: Any) -> None:
+    """Enter a TorchFunctionMode until ``revert()`` (or ``exit_modes()``)."""
+    mode.__enter__()
+    _STATE.modes.append(mode)
+
+
+def exit_modes() -> None:
+    """Exit the modes entered through ``enter()``, last first."""
+    while _STATE.modes:
+        _STATE.modes.pop().__exit__(None, None, None)
+
+
+def first(group: str) -> bool:
+    """True the first time `group` (a module's set of patches) is asked for since the last
+    ``revert()``; it counts as applied from then on."""
+    if group in _STATE.groups:
+        return False
+    _STATE.groups.add(group)
+    return True
+
+
+def set_device(device: str | None) -> None:
+    """Record the host device the patches redirect CUDA to ("cpu", "meta", "fake-cuda")."""
+    _STATE.device = device
+
+
+def device() -> str | None:
+    """The device the patches were applied for, or None when none are."""
+    return _STATE.device
+
+
+def applied() -> list[Patch]:
+    """The patches in force, in the order they were first made."""
+    return [entry.patch for entry in _STATE.entries.values()]
+
+
+def originals() -> dict[str, Any]:
+    """The original object of each patched target (what ``revert()`` puts back)."""
+    return {entry.patch.target: entry.original for entry in _STATE.entries.values()}
+
+
+def revert() -> None:
+    """Put every patched attribute back, last first, exit the registry's modes and forget the
+    applied groups and device."""
+    exit_modes()
+    for entry in reversed(list(_STATE.entries.values())):
+        owner, name = entry.owner, entry.name
+        if owner is sys.modules:
+            if entry.original is _MISSING:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = entry.original
+        elif entry.original is _MISSING:
+            if name in getattr(owner, "__dict__", {}) or hasattr(owner, name):
+                delattr(owner, name)
+        else:
+            setattr(owner, name, entry.original)
+    _STATE.entries.clear()
+    _STATE.groups.clear()
+    _STATE.device = None
