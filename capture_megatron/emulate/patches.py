@@ -1,14 +1,14 @@
 """The one registry of run-time patches to torch and megatron-core, and its one state.
 
 Every attribute capture-megatron replaces in torch or megatron-core (cpu_compat, moe_cpu, moe_fake,
-gloo_settle, megatron.attention, the fake-cuda GPU kernel set in gpu/*, megatron.ckpt_fixes,
-megatron.ckpt_safe) is set through ``patch()``, which records the original; every
-``TorchFunctionMode`` entered for the life of a run is entered through ``enter()``. ``revert()``
-puts every original back in reverse order, exits those modes and forgets which patch groups were
-applied, so that the next ``apply`` starts from unpatched torch and megatron-core. ``applied()``
-lists what is patched now (docs/ARCHITECTURE.md "Patch registry" lists them all;
-tests/unit/test_patch_registry.py checks that every target still exists in the installed torch and
-megatron-core -- where a megatron-core upgrade starts).
+gloo_settle, megatron.attention, the fake-cuda GPU kernel set in gpu/*,
+train.checkpoint.megatron_fixes, train.checkpoint.trust) is set through ``patch()``, which records
+the original; every ``TorchFunctionMode`` entered for the life of a run is entered through
+``enter()``. ``revert()`` puts every original back in reverse order, exits those modes and forgets
+which patch groups were applied, so that the next ``apply`` starts from unpatched torch and
+megatron-core. ``applied()`` lists what is patched now (docs/ARCHITECTURE.md "Patch registry" lists
+them all; tests/unit/test_patch_registry.py checks that every target still exists in the installed
+torch and megatron-core -- where a megatron-core upgrade starts).
 
 Not in the registry: patches scoped to one call that put the original back themselves (cpu_compat's
 ``Tensor.is_cuda`` while HybridDeviceOptimizer builds its sub-optimizers, host_adam.installed,

@@ -64,7 +64,7 @@ def validate(nproc: int, train_args: list[str]) -> TrainConfig:
         refuse_on_cpu(cfg.shape)
         refuse_cpu_state(cfg)
     if cfg.checkpoint.load:
-        from capture_megatron.train.checkpoint import preflight
+        from capture_megatron.train.checkpoint.save_load import preflight
 
         preflight(cfg)
     return cfg
@@ -96,7 +96,7 @@ def _flag_value(args: list[str], flag: str) -> str | None:
 
 def failure_message(rc: int, train_args: list[str]) -> str:
     """What went wrong and how to resume: the last complete checkpoint under --save, if any."""
-    from capture_megatron.train.ckpt_dir import latest_iteration
+    from capture_megatron.train.checkpoint.directory import latest_iteration
 
     if rc > 128 and rc - 128 in {int(s) for s in signal.Signals}:
         lines = [

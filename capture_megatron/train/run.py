@@ -103,7 +103,7 @@ def _checkpoint_hook(
 ) -> OnStep:
     """on_step for run_iterations: save at --save-interval, --exit-interval, the last iteration
     and when `stop` (an ExitSignal) was received; returns True to leave the loop."""
-    from capture_megatron.train.checkpoint import save_checkpoint
+    from capture_megatron.train.checkpoint.save_load import save_checkpoint
 
     start_consumed, start_iter = start
     saved: set[int] = set()
@@ -254,7 +254,7 @@ def run_training(cfg: TrainConfig, env: DistEnv) -> MemoryReport:
     from capture_megatron.megatron.builder import resolve_impl
     from capture_megatron.megatron.extensions import gpu_kernels
     from capture_megatron.memory.meter import make_meter
-    from capture_megatron.train.checkpoint import load_checkpoint
+    from capture_megatron.train.checkpoint.save_load import load_checkpoint
     from capture_megatron.train.loop import run_iterations
     from capture_megatron.train.trainer import build_trainer, init_parallel_state
 

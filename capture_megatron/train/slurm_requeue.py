@@ -22,7 +22,8 @@ import shlex
 from dataclasses import dataclass
 
 TRACKER = "latest_checkpointed_iteration.txt"
-"""The file in --save naming the newest complete checkpoint (capture_megatron.train.checkpoint)."""
+"""The file in --save naming the newest complete checkpoint
+(capture_megatron.train.checkpoint.save_load)."""
 IGNORE_USR1 = 'bash -c \'trap "" USR1; exec "$0" "$@"\' '
 """Prefix of the srun command: the launched process starts with SIGUSR1 ignored."""
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 from harness import TINY, losses, train
 
-from capture_megatron.train.checkpoint import PAUSE_ENV, TRACKER, iteration_dir
+from capture_megatron.train.checkpoint.save_load import PAUSE_ENV, TRACKER, iteration_dir
 from capture_megatron.train.launch import torchrun_command
 
 SIX = ["--train-iters", "6", "--lr-decay-iters", "6"]

@@ -26,9 +26,9 @@ import pytest
 import torch
 from harness import cli, train_single
 
-from capture_megatron.train import ckpt_verify
-from capture_megatron.train.checkpoint import PAUSE_ENV, TRACKER, iteration_dir
-from capture_megatron.train.ckpt_verify import MANIFEST, quick_problems
+from capture_megatron.train.checkpoint import verify as ckpt_verify
+from capture_megatron.train.checkpoint.save_load import PAUSE_ENV, TRACKER, iteration_dir
+from capture_megatron.train.checkpoint.verify import MANIFEST, quick_problems
 
 TINY = [
     *("--num-layers", "1", "--hidden-size", "16", "--num-attention-heads", "2"),

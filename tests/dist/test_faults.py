@@ -15,7 +15,7 @@ import psutil
 import pytest
 from harness import TINY, losses, train
 
-from capture_megatron.train.checkpoint import TRACKER
+from capture_megatron.train.checkpoint.save_load import TRACKER
 
 # a long schedule (so the kill surely lands mid-run); every run stops at --exit-interval 12 or
 # earlier

@@ -14,7 +14,7 @@ import pytest
 import torch
 from harness import Run, cli, losses, train, train_single
 
-from capture_megatron.train.checkpoint import TRACKER, iteration_dir
+from capture_megatron.train.checkpoint.save_load import TRACKER, iteration_dir
 
 # 257 tokens (ByteTokenizer's vocabulary): --make-vocab-size-divisible-by 128 pads them to 384
 # rows at TP1 and to 512 at TP2

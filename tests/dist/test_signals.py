@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from capture_megatron.train.checkpoint import TRACKER
+from capture_megatron.train.checkpoint.save_load import TRACKER
 
 TINY = [
     *("--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4"),

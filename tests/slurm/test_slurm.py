@@ -10,7 +10,7 @@ import time
 
 from harness import cli
 
-from capture_megatron.train.checkpoint import latest_iteration
+from capture_megatron.train.checkpoint.save_load import latest_iteration
 from capture_megatron.train.report import MemoryReport
 
 TINY = [

@@ -1,6 +1,6 @@
-"""Which checkpoint a resume trusts (train.ckpt_dir, train.ckpt_verify), on directories laid out as
-a save leaves them: checksums, damaged checkpoints skipped, a replacement a kill interrupted, and
-the paragraph a failed save prints. The end-to-end runs are in
+"""Which checkpoint a resume trusts (train.checkpoint.directory, train.checkpoint.verify), on
+directories laid out as a save leaves them: checksums, damaged checkpoints skipped, a replacement a
+kill interrupted, and the paragraph a failed save prints. The end-to-end runs are in
 tests/dist/test_checkpoint_integrity.py."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from capture_megatron.errors import CaptureError
-from capture_megatron.train import ckpt_verify
-from capture_megatron.train.ckpt_dir import REPLACED, TRACKER, recover, resume_point
+from capture_megatron.train.checkpoint import verify as ckpt_verify
+from capture_megatron.train.checkpoint.directory import REPLACED, TRACKER, recover, resume_point
 
 
 def _checkpoint(root: Path, it: int, payload: bytes = b"weights") -> Path:

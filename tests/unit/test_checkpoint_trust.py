@@ -1,8 +1,8 @@
-"""The byte items of a torch_dist checkpoint (this project's RNG states are saved as
-ShardedObjects) are read with torch.load(weights_only=True) once megatron.ckpt_safe is installed:
-torch's DefaultLoadPlanner would unpickle them in full and run what a crafted checkpoint holds. A
-fresh process (it initialises torch.distributed); the end-to-end refusals of a crafted
-``.metadata`` and ``common.pt`` are in tests/dist/test_checkpoint_integrity.py."""
+"""The byte items of a torch_dist checkpoint (this project's RNG states are saved as ShardedObjects)
+are read with torch.load(weights_only=True) once train.checkpoint.trust is installed: torch's
+DefaultLoadPlanner would unpickle them in full and run what a crafted checkpoint holds. A fresh
+process (it initialises torch.distributed); the end-to-end refusals of a crafted ``.metadata`` and
+``common.pt`` are in tests/dist/test_checkpoint_integrity.py."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ SCRIPT = textwrap.dedent(
     os.makedirs(ckpt)
     dist_checkpointing.save({"rng_state": ShardedObject("rng_state", RunsCode(), (1,), (0,))}, ckpt)
     if sys.argv[2] == "safe":
-        from capture_megatron.megatron import ckpt_safe
+        from capture_megatron.train.checkpoint import trust as ckpt_safe
         ckpt_safe.install()
     template = {"rng_state": ShardedObject("rng_state", None, (1,), (0,))}
     try:

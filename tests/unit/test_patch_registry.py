@@ -21,7 +21,8 @@ SCRIPT = textwrap.dedent(
     """
     import importlib, json, sys
     import torch
-    from capture_megatron.megatron import ckpt_fixes, ckpt_safe
+    from capture_megatron.train.checkpoint import megatron_fixes as ckpt_fixes
+    from capture_megatron.train.checkpoint import trust as ckpt_safe
     from capture_megatron.emulate import cpu_compat
     from capture_megatron.emulate import patches
 

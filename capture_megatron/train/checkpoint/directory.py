@@ -1,7 +1,7 @@
 """A --save / --load directory in Megatron-LM's layout: ``iter_NNNNNNN/`` per checkpoint and
 ``latest_checkpointed_iteration.txt`` (the tracker) naming the newest complete one; which
 checkpoint a resume starts from (the tracker's, or the newest undamaged one before it:
-train.ckpt_verify), and finishing a replacement a killed save left half-done."""
+train.checkpoint.verify), and finishing a replacement a killed save left half-done."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import shutil
 from collections.abc import Callable
 
 from capture_megatron.errors import CaptureError
-from capture_megatron.megatron import ckpt_safe
-from capture_megatron.train import ckpt_verify
+from capture_megatron.train.checkpoint import trust as ckpt_safe
+from capture_megatron.train.checkpoint import verify as ckpt_verify
 
 TRACKER = "latest_checkpointed_iteration.txt"
 """The tracker file: the iteration of the newest complete checkpoint."""

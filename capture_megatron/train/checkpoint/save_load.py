@@ -5,17 +5,18 @@ Layout of --save DIR (Megatron-LM's): ``iter_0000003/`` per checkpoint and
 ``iter_0000003.partial/``; only when every rank has finished does rank 0 rename it and then replace
 the tracker file atomically (write + fsync + os.replace). A run killed during a save therefore
 leaves the previous checkpoint as the loadable one (a stale .partial directory is removed by the
-next save). A save never skips: an ``iter_N/`` an earlier run left (a rollback, a run killed
-between the rename and the tracker write) is set aside as ``iter_N.replaced``, the new one renamed
-into place, the tracker pointed at it, and only then the old one removed (train.ckpt_dir finishes a
-replacement a kill interrupted). Before publishing, the ranks hash every file into the checkpoint's
-checksum file; a load verifies them and falls back to the previous sound checkpoint
-(train.ckpt_verify), and reads nothing that could run code (megatron.ckpt_safe). A save that fails
-(a full disk) is one paragraph naming the last complete checkpoint, which stays untouched.
+next save). A save never skips: an ``iter_N/`` an earlier run left (a rollback, a run killed between
+the rename and the tracker write) is set aside as ``iter_N.replaced``, the new one renamed into
+place, the tracker pointed at it, and only then the old one removed (train.checkpoint.directory
+finishes a replacement a kill interrupted). Before publishing, the ranks hash every file into the
+checkpoint's checksum file; a load verifies them and falls back to the previous sound checkpoint
+(train.checkpoint.verify), and reads nothing that could run code (train.checkpoint.trust). A save
+that fails (a full disk) is one paragraph naming the last complete checkpoint, which stays
+untouched.
 
-Model weights and optimizer state are saved fully reshardable (the distributed optimizer
-with 'fully_reshardable'), so a checkpoint loads under another TP / PP / VPP / layout / DP, within
-the rules of train.resume (same padded vocabulary; Megatron-LM's rule for the LR schedule), which
+Model weights and optimizer state are saved fully reshardable (the distributed optimizer with
+'fully_reshardable'), so a checkpoint loads under another TP / PP / VPP / layout / DP, within the
+rules of train.resume (same padded vocabulary; Megatron-LM's rule for the LR schedule), which
 preflight checks before launch and load_checkpoint again on every rank."""
 
 from __future__ import annotations
@@ -31,11 +32,11 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from capture_megatron.config import ModelShape, ParallelPlan, TrainConfig
 from capture_megatron.errors import CaptureError
-from capture_megatron.megatron import ckpt_fixes, ckpt_safe
-from capture_megatron.megatron.ckpt_rechain import plain_values, rechained_common
 from capture_megatron.megatron.schedule import Schedule, schedule
-from capture_megatron.train import ckpt_verify
-from capture_megatron.train.ckpt_dir import (
+from capture_megatron.train.checkpoint import megatron_fixes as ckpt_fixes
+from capture_megatron.train.checkpoint import trust as ckpt_safe
+from capture_megatron.train.checkpoint import verify as ckpt_verify
+from capture_megatron.train.checkpoint.directory import (
     REPLACED,
     TRACKER,
     iteration_dir,
@@ -44,6 +45,7 @@ from capture_megatron.train.ckpt_dir import (
     recover,
     resume_point,
 )
+from capture_megatron.train.checkpoint.rechain import plain_values, rechained_common
 from capture_megatron.train.resume import SavedRun, check_resume, loads_optimizer
 
 if TYPE_CHECKING:
@@ -281,7 +283,7 @@ def load_checkpoint(cfg: TrainConfig, trainer: Trainer) -> tuple[int, int]:
     if with_optim:
         _allocate_distributed_optimizer_state(trainer.optimizer)
     state = _sharded_state(trainer, plan, with_optim=with_optim, with_rng=with_rng, loading=True)
-    # the optimizer's common state in this run's chain (EP 1 <-> EP > 1: ckpt_rechain)
+    # the optimizer's common state in this run's chain (EP 1 <-> EP > 1: rechain)
     common_strategy = rechained_common(plain_values(state["optimizer"])) if with_optim else None
     ckpt_safe.install()
     try:

@@ -89,7 +89,7 @@ def check_metadata(directory: str) -> None:
         raise CaptureError(
             f"{path} references {err}, which a torch_dist checkpoint's index never holds: "
             "unpickling it could run code, so the checkpoint is refused (a crafted or foreign "
-            "file; see capture_megatron/megatron/ckpt_safe.py for what is trusted)"
+            "file; see capture_megatron/train/checkpoint/trust.py for what is trusted)"
         ) from None
     except Exception as err:  # truncated or corrupt pickle
         raise CaptureError(f"{path} is unreadable ({type(err).__name__}: {err})") from None

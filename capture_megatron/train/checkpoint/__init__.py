@@ -1,0 +1,5 @@
+"""Checkpoints of a training run: saving and loading them through megatron-core's distributed
+checkpointing (save_load), which one a resume trusts and where it lives (directory, verify: the
+tracker, replaced saves, the SHA-256 manifest), reading one without running code from it (trust),
+optimizer state across a change of megatron-core's optimizer chain (rechain), and two fixes to
+megatron-core 0.16.1's fully reshardable optimizer checkpoints (megatron_fixes)."""
