@@ -38,14 +38,13 @@ from capture_megatron.config.context import check_comm_type
 from capture_megatron.errors import CaptureError
 
 
-def with_context_parallel(spec, plan: ParallelPlan, uses_te: bool):
+def with_context_parallel(spec, plan: ParallelPlan, uses_te: bool, emulated: bool = False):
     """The transformer layer `spec` with a core attention that supports `plan.cp` (see the
-    module docstring); `uses_te`: the spec is Transformer Engine's (real or the kernel set's)."""
-    from capture_megatron.emulate import cpu_compat
-
+    module docstring); `uses_te`: the spec is Transformer Engine's (real or the kernel set's);
+    `emulated`: the GPU kernel set on fake CUDA (the builder's Backend says)."""
     if plan.cp == 1 or uses_te:
         return spec
-    if cpu_compat.active_device() == "fake-cuda":
+    if emulated:
         raise CaptureError(
             f"--context-parallel-size {plan.cp}: Megatron's local attention and Transformer "
             "Engine's unfused backend do not run context parallelism; use --transformer-impl "

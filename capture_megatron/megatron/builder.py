@@ -4,10 +4,11 @@ Every pipeline rank gets its own TransformerConfig so that each stage can recomp
 number of layers ('block' method); the pipeline layout (``--pipeline-model-parallel-layout``) places
 uneven stages and virtual stages.
 
-Kernels: None means the CPU kernel set (the local spec, no fused kernels: what runs on CPU). Given
-Kernels set the fusions and the attention backend as Megatron-LM's flags do; on a real GPU with
-transformer_engine the TE spec is built, on the fake-cuda device the local spec with the GPU kernel
-modules of capture_megatron.emulate.gpu (what TE's modules keep; see docs/MEMORY_MODEL.md).
+The caller names the Backend (megatron/backend.py): the CPU kernel set (the local spec, no fused
+kernels: what runs on CPU); a real GPU, where the kernels set the fusions and the attention backend
+as Megatron-LM's flags do and transformer_engine builds the TE spec; or the GPU kernel set emulated
+on the fake-cuda device: the local spec with the modules of capture_megatron.emulate.gpu (what
+TE's modules keep; see docs/MEMORY_MODEL.md). Nothing here asks which device is active.
 
 The rest of the architecture goes to megatron-core as Megatron-LM's flags send it: GeGLU
 (--geglu: gated_linear_unit with GELU), QKV biases, the norm epsilon, the RoPE base and Llama 3
@@ -29,10 +30,9 @@ import torch.nn.functional as F
 
 from capture_megatron.config import Kernels, ModelShape, ParallelPlan
 from capture_megatron.config.context import te_comm_type
-from capture_megatron.config.kernels import TE_FUSED_BACKENDS
 from capture_megatron.config.training import BuildOptions
-from capture_megatron.emulate import cpu_compat
 from capture_megatron.megatron import attention, moe, mtp
+from capture_megatron.megatron.backend import Backend
 from capture_megatron.megatron.gpu_spec import keep_fused_norms
 from capture_megatron.megatron.norms import LocalNorm
 
@@ -159,9 +159,11 @@ def transformer_config(
     plan: ParallelPlan,
     pp_rank: int,
     opts: BuildOptions = BuildOptions(),
-    kernels: Kernels | None = None,
+    backend: Backend = Backend(),
 ) -> TransformerConfig:
-    """Megatron TransformerConfig of one pipeline rank (recompute differs per rank)."""
+    """Megatron TransformerConfig of one pipeline rank (recompute differs per rank) for the
+    backend's kernels."""
+    kernels = backend.kernels
     if kernels is None or kernels.transformer_impl == "local":
         attention.check_local_latents(shape, plan.tp)
 
@@ -177,7 +179,7 @@ def transformer_config(
         pipeline_model_parallel_size=plan.pp,
         virtual_pipeline_model_parallel_size=plan.vpp if plan.vpp > 1 else None,
         context_parallel_size=plan.cp,
-        cp_comm_type=te_comm_type(plan, te_attention(kernels)),
+        cp_comm_type=te_comm_type(plan, backend.te_attention),
         sequence_parallel=plan.sequence_parallel,
         pipeline_model_parallel_layout=plan.layout if plan.pp > 1 else None,
         params_dtype=TORCH_DTYPES[shape.dtype],
@@ -215,23 +217,8 @@ def transformer_config(
     return config
 
 
-def real_te(kernels: Kernels | None) -> bool:
-    """Whether the chunk is built from Transformer Engine's own modules (a real GPU with TE)."""
-    fake = cpu_compat.active_device() == "fake-cuda"
-    return kernels is not None and kernels.transformer_impl == "transformer_engine" and not fake
-
-
-def te_attention(kernels: Kernels | None) -> bool:
-    """Whether the core attention is Transformer Engine's flash or fused one, real or the GPU
-    kernel set's on the fake-cuda device (both run context parallelism themselves)."""
-    if kernels is None or cpu_compat.active_device() != "fake-cuda":
-        return real_te(kernels)
-    te = kernels.transformer_impl == "transformer_engine"
-    return te and kernels.attention_backend in TE_FUSED_BACKENDS
-
-
-def layer_spec(shape: ModelShape, kernels: Kernels | None):
-    """The ModuleSpec of one transformer layer for the kernels.
+def layer_spec(shape: ModelShape, backend: Backend):
+    """The ModuleSpec of one transformer layer for the backend.
 
     The local spec's norms are replaced by LocalNorm (same torch modules, but usable with SP); on
     the fake-cuda device the GPU kernel set's modules replace what TE would build
@@ -240,13 +227,14 @@ def layer_spec(shape: ModelShape, kernels: Kernels | None):
     from megatron.core.models.gpt import gpt_layer_specs as specs
 
     flags = attention.spec_flags(shape)
-    if real_te(kernels):  # no `normalization` argument: TE's TENorm reads config.normalization
+    if backend.real_te:  # no `normalization` argument: TE's TENorm reads config.normalization
         return specs.get_gpt_layer_with_transformer_engine_spec(**flags)
     spec = specs.get_gpt_layer_local_spec(normalization=shape.normalization, **flags)
-    if kernels is not None and cpu_compat.active_device() == "fake-cuda":
+    if backend.emulated:
         from capture_megatron.megatron.gpu_spec import gpu_layer_spec
 
-        return gpu_layer_spec(spec, kernels, LocalNorm)
+        assert backend.kernels is not None
+        return gpu_layer_spec(spec, backend.kernels, LocalNorm)
     return local_norms(spec)
 
 
@@ -261,19 +249,20 @@ def local_norms(spec):
     return dataclasses.replace(spec, submodules=layer)
 
 
-def block_spec(spec, kernels: Kernels | None, num_layers: int):
+def block_spec(spec, backend: Backend, num_layers: int):
     """TransformerBlockSubmodules of one model chunk: `num_layers` layers and the final norm."""
     from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 
-    if real_te(kernels):
+    if backend.real_te:
         from megatron.core.extensions.transformer_engine import TENorm
 
         return TransformerBlockSubmodules(layer_specs=[spec] * num_layers, layer_norm=TENorm)  # type: ignore[arg-type]  # annotated a spec or an instance: megatron-core passes classes too
     norm = LocalNorm
-    if kernels is not None and cpu_compat.active_device() == "fake-cuda":
+    if backend.emulated:
         from capture_megatron.megatron.gpu_spec import layer_norm
 
-        norm = layer_norm(kernels, LocalNorm)
+        assert backend.kernels is not None
+        norm = layer_norm(backend.kernels, LocalNorm)
     return TransformerBlockSubmodules(layer_specs=[spec] * num_layers, layer_norm=norm)  # type: ignore[arg-type]  # a class, as above
 
 
@@ -281,7 +270,7 @@ def build_gpt(
     shape: ModelShape,
     plan: ParallelPlan,
     config: TransformerConfig,
-    kernels: Kernels | None,
+    backend: Backend,
     num_layers: int,
     pre_process: bool,
     post_process: bool,
@@ -294,28 +283,27 @@ def build_gpt(
 
     from capture_megatron.emulate.cp_attention import with_context_parallel
 
-    fake_cuda = cpu_compat.active_device() == "fake-cuda"
+    te_attention, emulated = backend.te_attention, backend.emulated
     if shape.moe.enabled:
-        spec = moe.block_spec(config, shape, real_te(kernels), vp_stage, num_layers)
-        if fake_cuda and kernels is not None:
+        spec = moe.block_spec(config, shape, backend.real_te, vp_stage, num_layers)
+        if backend.emulated:
             from capture_megatron.megatron.gpu_spec import gpu_block_spec
 
-            spec = gpu_block_spec(spec, kernels)
-        layers = [with_context_parallel(s, plan, te_attention(kernels)) for s in spec.layer_specs]  # type: ignore[union-attr]  # listed
+            assert backend.kernels is not None
+            spec = gpu_block_spec(spec, backend.kernels)
+        layers = [with_context_parallel(s, plan, te_attention, emulated) for s in spec.layer_specs]  # type: ignore[union-attr]  # listed
         spec = dataclasses.replace(spec, layer_specs=[attention.latent_core(s) for s in layers])
     else:
-        layer = with_context_parallel(layer_spec(shape, kernels), plan, te_attention(kernels))
-        spec = block_spec(attention.latent_core(layer), kernels, num_layers)
+        layer = with_context_parallel(layer_spec(shape, backend), plan, te_attention, emulated)
+        spec = block_spec(attention.latent_core(layer), backend, num_layers)
     mtp_spec = None
     if post_process and shape.mtp_num_layers:  # the last stage (megatron's placement)
         last = spec.layer_specs[-1] if spec.layer_specs else None
         if shape.moe.enabled and last is None:  # no decoder layer here: the model's last one
-            last = mtp.moe_layer_spec(config, shape, real_te(kernels), kernels)
-            last = attention.latent_core(with_context_parallel(last, plan, te_attention(kernels)))
-        mtp_spec = mtp.block_spec(
-            shape, kernels, real_te(kernels), last or attention.latent_core(layer)
-        )
-    with torch.device("cuda") if fake_cuda else contextlib.nullcontext():
+            last = mtp.moe_layer_spec(config, shape, backend)
+            last = attention.latent_core(with_context_parallel(last, plan, te_attention, emulated))
+        mtp_spec = mtp.block_spec(shape, backend, last or attention.latent_core(layer))
+    with torch.device("cuda") if backend.emulated else contextlib.nullcontext():
         model = GPTModel(
             config=config,
             transformer_layer_spec=spec,  # type: ignore[arg-type]  # megatron-core takes block submodules too
@@ -331,10 +319,11 @@ def build_gpt(
             mtp_block_spec=mtp_spec,  # type: ignore[arg-type]  # megatron-core's own get_gpt_mtp_block_spec returns these submodules
             vp_stage=vp_stage,
         )
-    if kernels is not None and not fake_cuda:
+    if backend.kind == "gpu":
         model.cuda(torch.cuda.current_device())
-    elif kernels is not None:  # the GPU kernel set: TE's fused norms are not recomputed
-        keep_fused_norms(model, kernels)
+    elif backend.emulated:  # the GPU kernel set: TE's fused norms are not recomputed
+        assert backend.kernels is not None
+        keep_fused_norms(model, backend.kernels)
     return model
 
 
@@ -342,11 +331,11 @@ def build_chunks(
     shape: ModelShape,
     plan: ParallelPlan,
     opts: BuildOptions = BuildOptions(),
-    kernels: Kernels | None = None,
+    backend: Backend = Backend(),
     seed: int = 1234,
 ) -> list[GPTModel]:
     """This rank's model chunks (one per virtual stage), unwrapped GPTModels with initialised
-    weights, with `kernels` (None: the CPU set; else their transformer_impl resolved).
+    weights, built by `backend` (the CPU kernel set by default).
 
     Needs torch.distributed and megatron's parallel_state initialised for `plan`.
     """
@@ -355,7 +344,7 @@ def build_chunks(
     from capture_megatron.megatron.init import init_weights
 
     pp_rank = ps.get_pipeline_model_parallel_rank()
-    config = transformer_config(shape, plan, pp_rank, opts, kernels)
+    config = transformer_config(shape, plan, pp_rank, opts, backend)
     chunks = []
     for vp in range(plan.vpp):
         vp_stage = vp if plan.vpp > 1 else None
@@ -363,7 +352,7 @@ def build_chunks(
             shape,
             plan,
             config,
-            kernels,
+            backend,
             plan.chunks_of(pp_rank)[vp],
             pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
             post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from capture_megatron.config import Kernels, ModelShape
+from capture_megatron.config import ModelShape
 
 if TYPE_CHECKING:
     from megatron.core.transformer.multi_token_prediction import (
@@ -28,6 +28,8 @@ if TYPE_CHECKING:
     )
     from megatron.core.transformer.spec_utils import ModuleSpec
     from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from capture_megatron.megatron.backend import Backend
 
 
 def config_fields(shape: ModelShape) -> dict:
@@ -37,21 +39,21 @@ def config_fields(shape: ModelShape) -> dict:
     return {"mtp_num_layers": shape.mtp_num_layers or None}
 
 
-def _parts(kernels: Kernels | None, real_te: bool) -> tuple[type, type]:
-    """(norm, column-parallel linear) of the MTP layers for the kernels."""
+def _parts(backend: Backend) -> tuple[type, type]:
+    """(norm, column-parallel linear) of the MTP layers for the backend."""
     from megatron.core.tensor_parallel.layers import ColumnParallelLinear
 
-    from capture_megatron.emulate import cpu_compat
     from capture_megatron.megatron.norms import LocalNorm
 
-    if real_te:
+    kernels = backend.kernels
+    if backend.real_te:
         from megatron.core.extensions.transformer_engine import (
             TEColumnParallelLinear,
             TENorm,
         )
 
         return TENorm, TEColumnParallelLinear
-    if kernels is not None and cpu_compat.active_device() == "fake-cuda":
+    if backend.emulated and kernels is not None:
         from capture_megatron.emulate.gpu.linear import te_column_linear
         from capture_megatron.megatron.gpu_spec import layer_norm
 
@@ -61,7 +63,7 @@ def _parts(kernels: Kernels | None, real_te: bool) -> tuple[type, type]:
 
 
 def block_spec(
-    shape: ModelShape, kernels: Kernels | None, real_te: bool, layer_spec: ModuleSpec
+    shape: ModelShape, backend: Backend, layer_spec: ModuleSpec
 ) -> MultiTokenPredictionBlockSubmodules | None:
     """MultiTokenPredictionBlockSubmodules of the model's MTP layers, each with the transformer
     layer `layer_spec` (the decoder's last layer's, as Megatron-LM takes it); None without MTP."""
@@ -74,7 +76,7 @@ def block_spec(
 
     if not shape.mtp_num_layers:
         return None
-    norm, linear = _parts(kernels, real_te)
+    norm, linear = _parts(backend)
     layer = ModuleSpec(
         module=MultiTokenPredictionLayer,
         submodules=MultiTokenPredictionLayerSubmodules(
@@ -84,9 +86,7 @@ def block_spec(
     return MultiTokenPredictionBlockSubmodules(layer_specs=[layer] * shape.mtp_num_layers)
 
 
-def moe_layer_spec(
-    config: TransformerConfig, shape: ModelShape, real_te: bool, kernels: Kernels | None
-) -> ModuleSpec:
+def moe_layer_spec(config: TransformerConfig, shape: ModelShape, backend: Backend) -> ModuleSpec:
     """The spec of an MoE model's last decoder layer (megatron-core's
     get_gpt_decoder_layer_specs, as Megatron-LM picks the MTP layer's), with the builder's norms
     or the GPU kernel set's modules: for a last chunk that holds no decoder layer."""
@@ -94,19 +94,18 @@ def moe_layer_spec(
 
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_layer_specs
 
-    from capture_megatron.emulate import cpu_compat
     from capture_megatron.megatron.norms import LocalNorm
 
     # megatron-core 0.16.1 annotates TransformerBlockSubmodules but returns the list of layer specs
     spec = get_gpt_decoder_layer_specs(  # type: ignore[index]
-        config, use_transformer_engine=real_te, normalization=shape.normalization
+        config, use_transformer_engine=backend.real_te, normalization=shape.normalization
     )[-1]
-    if real_te:
+    if backend.real_te:
         return spec
-    if kernels is not None and cpu_compat.active_device() == "fake-cuda":
+    if backend.emulated and backend.kernels is not None:
         from capture_megatron.megatron.gpu_spec import gpu_layer_spec
 
-        return gpu_layer_spec(spec, kernels, LocalNorm)
+        return gpu_layer_spec(spec, backend.kernels, LocalNorm)
     layer = dataclasses.replace(
         spec.submodules, input_layernorm=LocalNorm, pre_mlp_layernorm=LocalNorm
     )

@@ -22,6 +22,7 @@ import torch
 from capture_megatron.config import Kernels, ModelShape, ParallelPlan
 from capture_megatron.config.training import BuildOptions, OptimOptions, RunOptions
 from capture_megatron.megatron.attention import rotary_tables_built_in_fp32
+from capture_megatron.megatron.backend import Backend
 from capture_megatron.megatron.builder import TORCH_DTYPES, build_gpt, transformer_config
 from capture_megatron.megatron.training import (
     forward_step,
@@ -128,10 +129,11 @@ def build(probe: Probe, setup: Setup) -> _Chunk:
         shape = shape.replace(mtp_num_layers=0)  # the final norm with a probe's last layer
         plan = plan.replace(mtp_layers=0)
     reset_aux_loss_tracker()
-    config = transformer_config(shape, plan, 0, BuildOptions(), setup.kernels)
+    backend = Backend.of(setup.device, setup.kernels)
+    config = transformer_config(shape, plan, 0, BuildOptions(), backend)
     first, last = probe.kind in ("first", "only"), probe.kind in ("last", "only")
     with _default_dtype(config.params_dtype if fake else None):
-        gpt = build_gpt(shape, plan, config, setup.kernels, probe.layers, first, last, None)
+        gpt = build_gpt(shape, plan, config, backend, probe.layers, first, last, None)
     if fake:  # built in the parameters' dtype here (_default_dtype), in fp32 by a real run
         rotary_tables_built_in_fp32(gpt)
     run = RunOptions(train_iters=2)

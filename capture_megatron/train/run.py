@@ -251,6 +251,7 @@ def run_training(cfg: TrainConfig, env: DistEnv) -> MemoryReport:
     report."""
     from megatron.core import parallel_state as ps
 
+    from capture_megatron.megatron.backend import Backend
     from capture_megatron.megatron.builder import resolve_impl
     from capture_megatron.megatron.extensions import gpu_kernels
     from capture_megatron.memory.meter import make_meter
@@ -270,7 +271,13 @@ def run_training(cfg: TrainConfig, env: DistEnv) -> MemoryReport:
         print(describe(cfg, env) + " | " + kernels_line(impl, device), flush=True)
     init_parallel_state(cfg.plan, cfg.run.seed)
     trainer = build_trainer(
-        cfg.shape, cfg.plan, cfg.optim, cfg.run, cfg.build, kernels, resume=cfg.checkpoint
+        cfg.shape,
+        cfg.plan,
+        cfg.optim,
+        cfg.run,
+        cfg.build,
+        Backend.of(device, kernels),
+        resume=cfg.checkpoint,
     )
     loaded = cfg.checkpoint.load
     start, consumed = load_checkpoint(cfg, trainer) if loaded else (0, 0)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from capture_megatron.config import Kernels, ModelShape, ParallelPlan
+from capture_megatron.config import ModelShape, ParallelPlan
 from capture_megatron.config.training import (
     BuildOptions,
     CheckpointOptions,
@@ -21,6 +21,7 @@ from capture_megatron.config.training import (
     RunOptions,
 )
 from capture_megatron.megatron import quiet
+from capture_megatron.megatron.backend import Backend
 from capture_megatron.megatron.builder import build_chunks
 from capture_megatron.megatron.training import make_optimizer, set_schedule_hooks, wrap_model
 
@@ -75,12 +76,12 @@ def build_trainer(
     optim: OptimOptions,
     run: RunOptions,
     build: BuildOptions,
-    kernels: Kernels | None,
+    backend: Backend,
     resume: CheckpointOptions | None = None,
 ) -> Trainer:
     """Everything a rank needs to run train steps (parallel state must be initialised); `resume`
     tells the scheduler which schedule a resume follows when it differs from the checkpoint's."""
-    chunks = build_chunks(shape, plan, build, kernels=kernels, seed=run.seed)
+    chunks = build_chunks(shape, plan, build, backend=backend, seed=run.seed)
     model = wrap_model(chunks, shape, plan, run)
     optimizer, scheduler = make_optimizer(model, shape, plan, optim, run.train_iters, resume=resume)
     config = set_schedule_hooks(model, optimizer, run)

@@ -17,6 +17,7 @@ from capture_megatron.config import (
     RunOptions,
 )
 from capture_megatron.emulate import cpu_compat
+from capture_megatron.megatron.backend import Backend
 from capture_megatron.megatron.builder import build_gpt, transformer_config
 from capture_megatron.megatron.training import make_optimizer, wrap_model
 from capture_megatron.predict.static import chunk_static
@@ -93,7 +94,7 @@ def test_static_bytes_equal_megatron_cores(dtype, dp, distopt, fields):
     )
     with fake_job(1, dp, instances=ddp.num_distributed_optimizer_instances):
         config = transformer_config(shape, plan, 0, BuildOptions())
-        gpt = build_gpt(shape, plan, config, None, 2, True, True, None)
+        gpt = build_gpt(shape, plan, config, Backend(), 2, True, True, None)
         model = wrap_model([gpt], shape, plan, RunOptions(), check_for_nan_in_grad=False)
         optimizer, _ = make_optimizer(
             model, shape, plan, OptimOptions(), 1, use_gloo_process_groups=False
