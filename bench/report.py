@@ -9,6 +9,7 @@ import json
 import os
 import platform
 
+from report_gpu import gpu_sections
 from report_inputs import hf_planned_section, inputs_section
 from report_moe import moe_sections
 from report_offload import offload_sections
@@ -337,6 +338,7 @@ def main() -> None:
         min_gpu_table(part)
     )
     text += offload_sections(ROOT)
+    text += gpu_sections(ROOT)
     text += (
         "\n\n## Profiling cost (probes for every TP the search considers; fresh cache)\n\n"
         + "\n".join(profile_cost_table(part))

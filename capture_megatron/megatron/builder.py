@@ -161,8 +161,7 @@ def transformer_config(
     opts: BuildOptions = BuildOptions(),
     backend: Backend = Backend(),
 ) -> TransformerConfig:
-    """Megatron TransformerConfig of one pipeline rank (recompute differs per rank) for the
-    backend's kernels."""
+    """Megatron TransformerConfig of one pipeline rank (recompute differs per rank)."""
     kernels = backend.kernels
     if kernels is None or kernels.transformer_impl == "local":
         attention.check_local_latents(shape, plan.tp)

@@ -10,6 +10,7 @@ import torch
 from capture_megatron.config import TrainConfig
 from capture_megatron.emulate import cpu_compat
 from capture_megatron.megatron import moe
+from capture_megatron.megatron.backend import Backend
 from capture_megatron.megatron.quiet import kernels_line
 from capture_megatron.train.dist_env import DistEnv, init_distributed, is_logging_rank
 from capture_megatron.train.exit_signal import ExitSignal
@@ -251,7 +252,6 @@ def run_training(cfg: TrainConfig, env: DistEnv) -> MemoryReport:
     report."""
     from megatron.core import parallel_state as ps
 
-    from capture_megatron.megatron.backend import Backend
     from capture_megatron.megatron.builder import resolve_impl
     from capture_megatron.megatron.extensions import gpu_kernels
     from capture_megatron.memory.meter import make_meter
@@ -266,18 +266,12 @@ def run_training(cfg: TrainConfig, env: DistEnv) -> MemoryReport:
     cpu_compat.apply("cpu")
     meter = make_meter(device)
     impl = resolve_impl(cfg.kernels.transformer_impl)
-    kernels = gpu_kernels(cfg.kernels, impl) if device == "cuda" else None
+    backend = Backend.of(device, gpu_kernels(cfg.kernels, impl) if device == "cuda" else None)
     if is_logging_rank():
         print(describe(cfg, env) + " | " + kernels_line(impl, device), flush=True)
     init_parallel_state(cfg.plan, cfg.run.seed)
     trainer = build_trainer(
-        cfg.shape,
-        cfg.plan,
-        cfg.optim,
-        cfg.run,
-        cfg.build,
-        Backend.of(device, kernels),
-        resume=cfg.checkpoint,
+        cfg.shape, cfg.plan, cfg.optim, cfg.run, cfg.build, backend, cfg.checkpoint
     )
     loaded = cfg.checkpoint.load
     start, consumed = load_checkpoint(cfg, trainer) if loaded else (0, 0)
