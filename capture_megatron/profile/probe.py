@@ -12,20 +12,16 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
-import weakref
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
-from capture_megatron.config import Kernels, ModelShape, ParallelPlan
 from capture_megatron.config.training import BuildOptions, OptimOptions, RunOptions
 from capture_megatron.megatron.attention import rotary_tables_built_in_fp32
 from capture_megatron.megatron.backend import Backend
-from capture_megatron.megatron.builder import TORCH_DTYPES, build_gpt, transformer_config
+from capture_megatron.megatron.builder import build_gpt, transformer_config
 from capture_megatron.megatron.training import (
-    forward_step,
     make_optimizer,
     set_schedule_hooks,
     wrap_model,
@@ -37,51 +33,20 @@ from capture_megatron.profile.experts import (
     grouped_workspace,
     reset_aux_loss_tracker,
 )
+from capture_megatron.profile.iteration import (
+    ProbeChunk,
+    drop_checkpoints,
+    forward,
+    hidden_input,
+    iteration,
+)
 from capture_megatron.profile.offload import offload_tensors
 from capture_megatron.profile.probed import model_shape, parallel_plan
 from capture_megatron.profile.setup import Setup
-from capture_megatron.records import Probe, ProfileRecord, Timeline
+from capture_megatron.records import Probe, ProfileRecord
 
 if TYPE_CHECKING:
-    from megatron.core.distributed import DistributedDataParallel
-    from megatron.core.optimizer import MegatronOptimizer
-    from megatron.core.transformer.transformer_config import TransformerConfig
-
     from capture_megatron.memory.meter import MemoryMeter
-
-
-def _batch(shape: ModelShape, b: int, device: str) -> dict[str, torch.Tensor]:
-    s = shape.seq_length
-    tokens = torch.randint(0, shape.vocab_size, (b, s), device=device)
-    return {
-        "tokens": tokens,
-        "labels": torch.roll(tokens, -1, 1),
-        "loss_mask": torch.ones(b, s, device=device),
-        "position_ids": torch.arange(s, device=device).expand(b, s).contiguous(),
-    }
-
-
-def _hidden(shape: ModelShape, plan: ParallelPlan, device: str) -> torch.Tensor:
-    """An activation tensor as stages exchange it: [s / cp (/ tp under SP), b, h] in the model
-    dtype."""
-    s = shape.seq_length // plan.cp // (plan.tp if plan.sequence_parallel else 1)
-    size = (s, plan.micro_batch_size, shape.hidden_size)
-    return torch.randn(size, dtype=TORCH_DTYPES[shape.dtype], device=device)
-
-
-@dataclass
-class _Chunk:
-    """The live objects of a probe (mutable)."""
-
-    model: DistributedDataParallel
-    optimizer: MegatronOptimizer
-    config: TransformerConfig
-    shape: ModelShape
-    plan: ParallelPlan
-    first: bool
-    last: bool
-    device: str
-    kernels: Kernels | None
 
 
 @contextlib.contextmanager
@@ -122,7 +87,7 @@ PROBE_LOSS_SCALE = 1.0
 step is not skipped)."""
 
 
-def build(probe: Probe, setup: Setup) -> _Chunk:
+def build(probe: Probe, setup: Setup) -> ProbeChunk:
     """Build, wrap (Float16Module, DDP) and give an optimizer to the probe's chunk."""
     shape, plan, fake = model_shape(probe), parallel_plan(probe), setup.fake
     if probe.kind in ("first", "middle"):  # MTP sits on the last stage; megatron-core would put
@@ -147,176 +112,7 @@ def build(probe: Probe, setup: Setup) -> _Chunk:
     )
     config = set_schedule_hooks(model, optimizer, run)
     device = setup.tensor_device
-    return _Chunk(model[0], optimizer, config, shape, plan, first, last, device, setup.kernels)
-
-
-def _forward(chunk: _Chunk, input_tensor: torch.Tensor | None) -> torch.Tensor:
-    from megatron.core.pipeline_parallel import schedules
-
-    b, step = chunk.plan.micro_batch_size, forward_step
-    if chunk.kernels is None:
-        batch = iter([_batch(chunk.shape, b, chunk.device)])
-    else:  # a GPU run: what Megatron-LM's pretrain_gpt hands each stage
-        from capture_megatron.megatron.gpu_batch import megatron_lm_batch, megatron_lm_forward_step
-
-        mask = chunk.kernels.create_attention_mask_in_dataloader
-        batch = iter(
-            [megatron_lm_batch(chunk.shape, b, chunk.first, chunk.last, mask, chunk.device)]
-        )
-        step = megatron_lm_forward_step
-    output, _ = schedules.forward_step(
-        step,
-        batch,
-        chunk.model,
-        1,
-        input_tensor,
-        [],
-        chunk.config,
-        cp_group_size=chunk.plan.cp,
-        is_last_stage=chunk.last,
-    )
-    return output
-
-
-class _Windows:
-    """Measures the windows of one iteration: each one's peak above a base and, when asked, its
-    timeline.
-
-    The garbage collector is off inside a window, so that a collection of reference cycles does not
-    release storages at a moment that depends on unrelated allocations (timelines of different
-    shapes would not align, and the peak would depend on when Python last collected)."""
-
-    def __init__(self, meter: MemoryMeter, timelines: bool) -> None:
-        self.meter, self.timelines = meter, timelines
-        self.lines: list[Timeline] = []
-
-    @contextlib.contextmanager
-    def window(self, name: str, offset: int = 0) -> Iterator[None]:
-        """Measure the body's peak above the bytes live at entry; `offset` bytes before the window
-        count."""
-        collecting = gc.isenabled()
-        gc.disable()
-        self.meter.reset_peak()
-        if self.timelines:
-            self.meter.start_events()
-        try:
-            yield
-        finally:
-            if collecting:
-                gc.enable()
-            events = self.meter.take_events() if self.timelines else None
-        if events is not None:
-            ops, nbytes, origins = zip(*events) if events else ((), (), ())
-            self.lines.append(Timeline(name, tuple(ops), tuple(nbytes), offset, tuple(origins)))
-
-
-def iteration(
-    chunk: _Chunk,
-    meter: MemoryMeter,
-    fake: bool = False,
-    timelines: bool = False,
-    last: bool = False,
-) -> tuple[dict[str, int], tuple[Timeline, ...]]:
-    """One micro-batch forward + backward + finalize + optimizer step; the measured increments and,
-    with `timelines`, the windows' Timelines. The `last` iteration also measures what the chunk
-    retains after it (releasing it; earlier iterations leave it for the next one to start with, as
-    the schedule does)."""
-    from megatron.core.pipeline_parallel import schedules
-    from megatron.core.utils import get_attr_wrapped_model
-
-    chunk.model.zero_grad_buffer()
-    chunk.optimizer.zero_grad()
-    hidden = None if chunk.first else _hidden(chunk.shape, chunk.plan, chunk.device)
-    input_tensor = None if hidden is None else hidden.requires_grad_()
-    out = {"input_bytes": 0 if input_tensor is None else input_tensor.nbytes}
-    windows = _Windows(meter, timelines)
-    start = meter.current()
-    with windows.window("forward"):
-        output = _forward(chunk, input_tensor)
-    out["forward_peak"] = meter.peak() - start
-    grad = None
-    if not chunk.last:
-        out["output_bytes"] = output.nbytes
-        grad = torch.randn_like(output)  # what the next stage will send back
-        schedules.deallocate_output_tensor(output, chunk.config.deallocate_pipeline_outputs)
-    received = grad.nbytes if grad is not None else 0
-    before_backward = meter.current() - received
-    out["saved_bytes"] = before_backward - start
-    with windows.window("backward", received):
-        input_grad = schedules.backward_step(input_tensor, output, grad, None, chunk.config)
-    out["backward_peak"] = meter.peak() - before_backward
-    kept_grad = None if input_grad is None else weakref.ref(input_grad)
-    del output, grad, input_grad, input_tensor, hidden
-    # The model keeps the last received input (set_input_tensor); in the schedule that micro-batch
-    # is still in flight when the next forward replaces it, so drop it here or the next probe
-    # iteration's forward would look cheaper by the input and its gradient.
-    get_attr_wrapped_model(chunk.model, "set_input_tensor")(None)
-    out["residual_bytes"] = meter.current() - start + out["input_bytes"]
-    out["step_peak"] = (
-        0  # fake: the step reads gradient norms (data), which fake tensors lack; optimizer
-    )
-    if (
-        not fake
-    ):  # bytes are computed from the parameters (capture_megatron.predict.static) instead.
-        before_step = meter.current()
-        finalize = chunk.config.finalize_model_grads_func
-        assert finalize is not None, "set_schedule_hooks sets it"
-        with windows.window("step"):
-            finalize([chunk.model])
-            chunk.optimizer.step()
-        out["step_peak"] = meter.peak() - before_step
-    out["retained_bytes"], out["retained_grad_bytes"] = (
-        _retained(chunk, meter, kept_grad) if last else (0, 0)
-    )
-    return out, tuple(windows.lines)
-
-
-def _retained(
-    chunk: _Chunk, meter: MemoryMeter, kept_grad: weakref.ref[torch.Tensor] | None
-) -> tuple[int, int]:
-    """(bytes, of them the input gradient's) the chunk keeps after its backward until its next
-    forward, measured by releasing them with a forward without autograd.
-
-    Megatron's MoE token dispatchers keep the last pass's routing tensors (`probs`,
-    `routing_map`); after a backward those carry the autograd graph of the pass, which reaches the
-    leaves it started from: a recomputed layer's detached input and the chunk's received input,
-    whose storage and `.grad` (the input gradient) stay alive until the layer's next forward
-    replaces them. Dense layers keep no graph between passes (measured 0, tests/unit/
-    test_retained.py), so only chunks with MoE layers are measured."""
-    if not chunk.shape.moe.enabled:
-        return 0, 0
-    grad = kept_grad() if kept_grad is not None else None
-    grad_bytes = 0 if grad is None else grad.nbytes
-    del grad
-    return release(chunk, meter), grad_bytes
-
-
-def release(chunk: _Chunk, meter: MemoryMeter) -> int:
-    """Run a forward without autograd (what the next forward frees, it frees) and return how many
-    bytes fewer are live after it."""
-    from megatron.core.utils import get_attr_wrapped_model
-
-    before = meter.current()
-    with torch.no_grad():
-        hidden = None if chunk.first else _hidden(chunk.shape, chunk.plan, chunk.device)
-        output = _forward(chunk, hidden)
-    del output, hidden
-    get_attr_wrapped_model(chunk.model, "set_input_tensor")(None)
-    drop_checkpoints(chunk.model)
-    return before - meter.current()
-
-
-def drop_checkpoints(model: torch.nn.Module) -> None:
-    """Forget what the forward without autograd left in megatron-core's CheckpointWithoutOutput
-    objects (selective recompute of layernorm, moe_act, mla_up_proj keeps them on the modules):
-    without a backward to recompute them they would keep their saved inputs, which a training
-    step's backward releases (it sets their ctx to None)."""
-    from megatron.core.tensor_parallel.random import CheckpointWithoutOutput
-
-    for module in model.modules():
-        for name, value in list(vars(module).items()):
-            if isinstance(value, CheckpointWithoutOutput):
-                setattr(module, name, None)
+    return ProbeChunk(model[0], optimizer, config, shape, plan, first, last, device, setup.kernels)
 
 
 def measure(
@@ -352,19 +148,19 @@ def measure(
         param_bytes=param_bytes,
         grad_bytes=grad_bytes,
         optimizer_bytes=optimizer_bytes,
-        input_bytes=got["input_bytes"],
-        output_bytes=got.get("output_bytes", 0),
-        saved_bytes=got["saved_bytes"],
-        forward_peak=got["forward_peak"],
-        backward_peak=got["backward_peak"],
-        residual_bytes=got["residual_bytes"],
-        step_peak=got["step_peak"],
+        input_bytes=got.input_bytes,
+        output_bytes=got.output_bytes,
+        saved_bytes=got.saved_bytes,
+        forward_peak=got.forward_peak,
+        backward_peak=got.backward_peak,
+        residual_bytes=got.residual_bytes,
+        step_peak=got.step_peak,
         buffers=held.buffers_held(setup.device == "fake-cuda"),
         workspace_bytes=_workspaces(probe, setup),
         timelines=lines,
         param_expert=expert_mask(chunk.model),
-        retained_bytes=got["retained_bytes"],
-        retained_grad_bytes=got["retained_grad_bytes"],
+        retained_bytes=got.retained_bytes,
+        retained_grad_bytes=got.retained_grad_bytes,
         routing_state_bytes=held.routing_state_bytes(chunk.model, torch.device(chunk.device).type),
         layer_buffer_bytes=held.layer_buffer_bytes(chunk.model, torch.device(chunk.device).type),
         fp8_state_bytes=held.fp8_state_bytes(chunk.model),
@@ -377,13 +173,13 @@ def measure(
     return record
 
 
-def _offloaded(chunk: _Chunk) -> tuple:
+def _offloaded(chunk: ProbeChunk) -> tuple:
     """What fine-grained activation offloading would move off the device from the chunk's layer
     (capture_megatron.profile.offload), by one more forward; what it leaves is dropped."""
     from megatron.core.utils import get_attr_wrapped_model
 
-    hidden = _hidden(chunk.shape, chunk.plan, chunk.device).requires_grad_()
-    rows = offload_tensors(chunk.model, lambda: _forward(chunk, hidden))
+    hidden = hidden_input(chunk.shape, chunk.plan, chunk.device).requires_grad_()
+    rows = offload_tensors(chunk.model, lambda: forward(chunk, hidden))
     get_attr_wrapped_model(chunk.model, "set_input_tensor")(None)
     drop_checkpoints(chunk.model)
     return rows

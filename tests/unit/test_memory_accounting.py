@@ -43,7 +43,8 @@ def test_backward_is_seen():
 def test_megatron_layer_forward_equals_saved_tensors_plus_output():
     from capture_megatron.emulate import cpu_compat
     from capture_megatron.profile.groups import fake_job
-    from capture_megatron.profile.probe import _hidden, build
+    from capture_megatron.profile.iteration import hidden_input as _hidden
+    from capture_megatron.profile.probe import build
     from capture_megatron.profile.setup import Setup
     from capture_megatron.records import Probe, ProbeShape, Variant
 

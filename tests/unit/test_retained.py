@@ -103,7 +103,8 @@ def test_dense_chunks_retain_nothing():
     from capture_megatron.profile.experts import probe_world
     from capture_megatron.profile.groups import fake_job
     from capture_megatron.profile.held import routing_state_bytes
-    from capture_megatron.profile.probe import Probe, build, iteration, release
+    from capture_megatron.profile.iteration import iteration, release
+    from capture_megatron.profile.probe import Probe, build
     from capture_megatron.profile.session import measuring
     from capture_megatron.records import ProbeShape
 
