@@ -95,14 +95,54 @@ class KindConstants(JsonMixin):
     """Per entry of end_numels, whether it is a routed expert's parameter (the MoE experts of
     multi-token prediction layers on a last / only chunk; empty: none is)."""
 
-    def need(self, name: str) -> float:
-        """A constant that only some probes give (saved0, fwdrc, ...); CaptureError when absent."""
+    def _need(self, name: str) -> float:
+        """A constant that only some probes give; CaptureError when absent."""
         value = getattr(self, name)
         if value is None:
             raise CaptureError(
                 f"the memory model has no {name} for {self.kind} chunks; profile that variant"
             )
         return float(value)
+
+    @property
+    def saved_ends(self) -> float:
+        """saved0, required: saved bytes of the chunk's ends alone."""
+        return self._need("saved0")
+
+    @property
+    def forward_ends(self) -> float:
+        """fwd0, required: the forward peak of the ends alone."""
+        return self._need("fwd0")
+
+    @property
+    def backward_ends(self) -> float:
+        """bwd0, required: the backward peak of the ends alone."""
+        return self._need("bwd0")
+
+    @property
+    def step_ends(self) -> float:
+        """step0, required: the optimizer-step peak of the ends alone."""
+        return self._need("step0")
+
+    @property
+    def buffers_ends(self) -> float:
+        """buffers0, required: persistent buffers of the ends alone."""
+        return self._need("buffers0")
+
+    @property
+    def forward_recomputed(self) -> float:
+        """fwdrc, required: the forward peak with one fully recomputed layer."""
+        return self._need("fwdrc")
+
+    @property
+    def backward_recomputed(self) -> float:
+        """bwdrc, required: the backward peak with one fully recomputed layer."""
+        return self._need("bwdrc")
+
+    @property
+    def backward_mixed(self) -> float:
+        """bwdmix, required: the backward peak with two layers, the first recomputed."""
+        return self._need("bwdmix")
 
 
 @dataclass(frozen=True)

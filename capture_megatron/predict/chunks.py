@@ -93,7 +93,7 @@ def _activations(
     if k == 0:
         if kind == "middle":  # an empty stage passes its input on; the schedule keeps the input
             return inp, 0.0, 0.0, inp, 0.0
-        return inp, c.need("saved0"), c.need("fwd0"), c.need("bwd0"), 0.0
+        return inp, c.saved_ends, c.forward_ends, c.backward_ends, 0.0
     s, r = sc.layer_saved, (sc.layer_saved_rc or 0.0)
     r2 = r if sc.layer_saved_rc_next is None else sc.layer_saved_rc_next
     kept = r + (n - 1) * r2 if n else 0.0  # the first recomputed layer, then each further one
@@ -103,17 +103,17 @@ def _activations(
     fwd = (
         c.fwd1 + kept + (k - n - 1) * s + (r2 - r if n else 0.0)
         if n < k
-        else c.need("fwdrc") + (k - 1) * r2
+        else c.forward_recomputed + (k - 1) * r2
     )
     # a recomputed layer's backward re-creates what the layer saves, less its kept input
     again = max(s - r2, 0.0)
     if n == 0:
         bwd, redone = c.bwd1, 0.0
     elif n < k:
-        mixed = c.need("bwdmix") - (k - n - 1) * s
+        mixed = c.backward_mixed - (k - n - 1) * s
         bwd, redone = max(c.bwd1, mixed), (again if mixed >= c.bwd1 else 0.0)
     else:
-        bwd, redone = c.need("bwdrc"), again
+        bwd, redone = c.backward_recomputed, again
     return inp, saved, fwd, bwd, min(redone, max(bwd, 0.0))
 
 
@@ -132,10 +132,10 @@ def _uniform(
     groups = -(-k // n)
     last = k - (groups - 1) * n
     saved = c.saved1 - s + r + (groups - 1) * r2
-    fwd = c.need("fwdrc") + (groups - 1) * r2
-    bwd, group = c.need("bwdrc") + (last - 1) * s, last
-    if groups > 1 and c.need("bwdrc") + (n - 1) * s - r2 > bwd:
-        bwd, group = c.need("bwdrc") + (n - 1) * s - r2, n
+    fwd = c.forward_recomputed + (groups - 1) * r2
+    bwd, group = c.backward_recomputed + (last - 1) * s, last
+    if groups > 1 and c.backward_recomputed + (n - 1) * s - r2 > bwd:
+        bwd, group = c.backward_recomputed + (n - 1) * s - r2, n
     redone = max(group * s - r2, 0.0)
     return c.input_bytes, saved, fwd, bwd, min(redone, max(bwd, 0.0))
 
@@ -272,7 +272,7 @@ def _step_buffers(
         return _net_step(layers, layers.main.constants(z), kind, 1, default), 0.0
     if not moe:
         c = layers.main.constants(z).chunk(kind)
-        return _net_step(layers, layers.main.constants(z), kind, 0, default), c.need("buffers0")
+        return _net_step(layers, layers.main.constants(z), kind, 0, default), c.buffers_ends
     consts = [layers.model(m).constants(z) for m in sorted(set(moe))]
     step = max(_net_step(layers, sc, kind, 1, default) for sc in consts)
     return step, max(sc.chunk(kind).buffers1 for sc in consts)
@@ -295,7 +295,7 @@ def _net_step(layers: Layers, sc: ShapeConstants, kind: str, k: int, per_element
     if not layers.step_measured:
         return 0.0
     c = sc.chunk(kind)
-    measured = c.step1 if k else c.need("step0")
+    measured = c.step1 if k else c.step_ends
     numels = (*c.end_numels, *(sc.layer_numels if k else ()))
     adam = ADAM_TEMP * max(numels, default=0) if layers.torch_adam else 0
     return measured - per_element * sum(numels) - adam

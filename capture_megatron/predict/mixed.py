@@ -58,19 +58,19 @@ def block(
         fwd = max(p.c[i].fwd1 + kept + sum(p.s[n:i]) for i in range(n, k))
         fwd += p.r2[0] - p.r[0] if n else 0.0
     else:
-        fwd = max(p.c[i].need("fwdrc") + sum(p.r2[:i]) for i in range(k))
+        fwd = max(p.c[i].forward_recomputed + sum(p.r2[:i]) for i in range(k))
     normal = max((p.c[i].bwd1 - sum(p.s[i + 1 :]), -1) for i in range(n, k)) if n < k else None
     if n == 0:
         bwd, at = normal if normal is not None else (0.0, -1)
     elif n < k:
         freed = sum(p.s[n:])
         redo = max(
-            (p.c[i].need("bwdmix") + p.s[i] - freed - sum(p.r2[i + 1 : n]), i) for i in range(n)
+            (p.c[i].backward_mixed + p.s[i] - freed - sum(p.r2[i + 1 : n]), i) for i in range(n)
         )
         assert normal is not None
         bwd, at = redo if redo[0] >= normal[0] else normal
     else:
-        bwd, at = max((p.c[i].need("bwdrc") - sum(p.r2[i + 1 :]), i) for i in range(k))
+        bwd, at = max((p.c[i].backward_recomputed - sum(p.r2[i + 1 :]), i) for i in range(k))
     redone = p.again(at) if at >= 0 else 0.0
     return p.c[0].input_bytes, saved, fwd, bwd, min(redone, max(bwd, 0.0))
 
@@ -85,7 +85,7 @@ def uniform(
     firsts = [g[0] for g in groups]
     saved = p.ends + p.r[0] + sum(p.r2[i] for i in firsts[1:])
     fwd = max(
-        p.c[i].need("fwdrc") + sum(p.r2[j] for j in firsts[1 : g + 1])
+        p.c[i].forward_recomputed + sum(p.r2[j] for j in firsts[1 : g + 1])
         for g, group in enumerate(groups)
         for i in group
     )
@@ -93,7 +93,7 @@ def uniform(
     for g, group in reversed(list(enumerate(groups))):  # the last group wins ties
         last, final = group[-1], g == len(groups) - 1
         held = sum(p.s[i] for i in group[:-1])
-        own = p.c[last].need("bwdrc") + held - (0.0 if final else p.r2[group[0]])
+        own = p.c[last].backward_recomputed + held - (0.0 if final else p.r2[group[0]])
         if own > bwd:
             bwd, redone = own, held + p.s[last] - p.r2[group[0]]
     return p.c[0].input_bytes, saved, fwd, bwd, min(max(redone, 0.0), max(bwd, 0.0))

@@ -67,8 +67,8 @@ def merged(layers: Layers, shape: ModelShape, plan: ParallelPlan, kinds: tuple[s
     ends = layers.main.constants(z)
     heads = []
     for kind in sorted(set(kinds) & {"last", "only"}):
-        h = ends.chunk(kind).need("saved0")
-        h -= ends.chunk("first").need("saved0") if kind == "only" else 0.0
+        h = ends.chunk(kind).saved_ends
+        h -= ends.chunk("first").saved_ends if kind == "only" else 0.0
         heads.append((kind, max(h, 0.0)))
     return Merged(hidden=hidden, layer_step=step, heads=tuple(heads))
 

@@ -91,7 +91,7 @@ def peaks(
     if not ret or not n:
         return none, none, 0.0
     first: KindConstants = consts(moe[0]).chunk(kind)
-    floor = first.need("fwdrc") - _v(first.retrc) + ret
+    floor = first.forward_recomputed - _v(first.retrc) + ret
     if n < len(moe) and not uniform:
         return floor, none, 0.0
     own, mid = consts(True).chunk(kind), consts(True).chunk("middle")
