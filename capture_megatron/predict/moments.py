@@ -14,15 +14,37 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
 from capture_megatron.predict.chunks import ChunkCost
 
 
+class Moment(NamedTuple):
+    """One point of a rank's schedule that can be its peak: an event about to run and what the
+    schedule holds then. Kind "D" is the drain of a deferred embedding weight gradient, after the
+    schedule's last backward."""
+
+    kind: str
+    """F (forward), B (backward), M (a merged forward + backward step) or D (the drain)."""
+    chunk: int
+    """The local chunk the event runs on (M: the forward's + vpp x the backward's)."""
+    live: tuple[int, ...]
+    """Micro-batches alive per local chunk before the event."""
+    held: int
+    """The chunk whose input gradient the schedule still holds, or -1."""
+    after: tuple[bool, ...]
+    """Per chunk, whether its last pass was a backward: it retains what that left
+    (capture_megatron.predict.retained); every chunk does at an iteration's start."""
+    done: int
+    """Backward passes the output layer's chunk has completed when the last stage defers its
+    weight gradient, else 0."""
+
+
 @dataclass(frozen=True, eq=False)
 class MomentArrays:
-    """A rank's schedule moments (ranks.Moment) as arrays, one row per moment."""
+    """A rank's schedule moments (Moment) as arrays, one row per moment."""
 
     kind: np.ndarray
     """0: forward, 1: backward, 2: the deferred weight gradients' drain."""
@@ -46,12 +68,12 @@ KINDS = {"F": 0, "B": 1, "D": 2}
 """MomentArrays.kind of each kind of moment."""
 
 
-_BY_IDENTITY: dict[tuple[int, int], tuple[tuple[tuple, ...], MomentArrays]] = {}
+_BY_IDENTITY: dict[tuple[int, int], tuple[tuple[Moment, ...], MomentArrays]] = {}
 """moment_arrays by the moments tuple's identity (hashing a long tuple on every call is what a
 value-keyed cache costs; the entry keeps the tuple alive, so its id is not reused)."""
 
 
-def moment_arrays(moments: tuple[tuple, ...], vpp: int) -> MomentArrays:
+def moment_arrays(moments: tuple[Moment, ...], vpp: int) -> MomentArrays:
     """The arrays of a schedule's moments (ranks.schedule_states' tuple, which is cached too, so
     the same schedule is the same object)."""
     key = (id(moments), vpp)
@@ -66,21 +88,21 @@ def moment_arrays(moments: tuple[tuple, ...], vpp: int) -> MomentArrays:
 
 
 @functools.lru_cache(maxsize=4096)
-def _moment_arrays(moments: tuple[tuple, ...], vpp: int) -> MomentArrays:
+def _moment_arrays(moments: tuple[Moment, ...], vpp: int) -> MomentArrays:
     """moment_arrays by value."""
     n = len(moments)
-    kind = np.array([KINDS[m[0]] for m in moments], dtype=np.int64).reshape(n)
-    chunk = np.array([m[1] for m in moments], dtype=np.int64).reshape(n)
-    live = np.array([m[2] for m in moments], dtype=np.float64).reshape(n, vpp)
-    after = np.array([m[4] for m in moments], dtype=bool).reshape(n, vpp)
-    held = np.array([m[3] for m in moments], dtype=np.int64).reshape(n)
+    kind = np.array([KINDS[m.kind] for m in moments], dtype=np.int64).reshape(n)
+    chunk = np.array([m.chunk for m in moments], dtype=np.int64).reshape(n)
+    live = np.array([m.live for m in moments], dtype=np.float64).reshape(n, vpp)
+    after = np.array([m.after for m in moments], dtype=bool).reshape(n, vpp)
+    held = np.array([m.held for m in moments], dtype=np.int64).reshape(n)
     rows = np.arange(n)
     others = after.copy()
     others[rows, chunk] = False
     holding = (held >= 0) & (kind != KINDS["D"])
     at = np.where(held >= 0, held, 0)
     counted = (after[rows, at] & (at != chunk)) | ((at == chunk) & (kind == KINDS["F"]))
-    done = np.array([m[5] for m in moments], dtype=np.float64).reshape(n)
+    done = np.array([m.done for m in moments], dtype=np.float64).reshape(n)
     return MomentArrays(kind, chunk, live, others.astype(np.float64), at, holding, counted, done)
 
 

@@ -19,7 +19,7 @@ from capture_megatron.fit import MemoryModel
 from capture_megatron.predict import overlap
 from capture_megatron.predict.chunks import ChunkCost, cached_chunk
 from capture_megatron.predict.layers import Layers, layers_for
-from capture_megatron.predict.moments import moment_arrays, moment_totals
+from capture_megatron.predict.moments import Moment, moment_arrays, moment_totals
 from capture_megatron.predict.schedule import ScheduleSpec, events
 from capture_megatron.serial import OMIT_DEFAULT, JsonMixin
 
@@ -63,13 +63,6 @@ class StageMemory(JsonMixin):
 PHASES = {"F": "forward", "B": "backward", "D": "drain", "M": "forward+backward"}
 """StageMemory.phase of each kind of schedule moment."""
 
-Moment = tuple[str, int, tuple[int, ...], int, tuple[bool, ...], int]
-"""(kind, chunk, live micro-batches per chunk before the event, chunk whose input gradient the
-schedule still holds or -1, per chunk whether its last pass was a backward: it retains what that
-left, capture_megatron.predict.retained; every chunk does at an iteration's start; backward passes
-the output layer's chunk has completed, when the last stage defers its weight gradient, else 0).
-Kind "D" is that deferral's drain, after the schedule's last backward."""
-
 
 @functools.lru_cache(maxsize=4096)
 def schedule_states(
@@ -101,22 +94,22 @@ def schedule_states(
             pass
         elif ev.merged:
             pair = ev.chunk + vpp * order[i + 1].chunk
-            seen.setdefault(("M", pair, tuple(live), held, tuple(after), done), None)
+            seen.setdefault(Moment("M", pair, tuple(live), held, tuple(after), done), None)
         else:
-            seen.setdefault((ev.kind, ev.chunk, tuple(live), held, tuple(after), done), None)
+            seen.setdefault(Moment(ev.kind, ev.chunk, tuple(live), held, tuple(after), done), None)
         live[ev.chunk] += 1 if ev.kind == "F" else -1
         after[ev.chunk] = ev.kind == "B"
         if ev.kind == "B":
             held = ev.chunk
             done += int(counting and ev.chunk == vpp - 1)
     if counting:
-        seen.setdefault(("D", vpp - 1, tuple(live), held, tuple(after), done), None)
+        seen.setdefault(Moment("D", vpp - 1, tuple(live), held, tuple(after), done), None)
     # a moment is dropped when the same (kind, chunk, held, retaining) moment has at least as
     # many micro-batches alive in every chunk: its memory is never higher, so it cannot be the
     # rank's peak
     groups: dict[tuple, list[tuple[int, ...]]] = {}
     for state in seen:
-        groups.setdefault(_key(state), []).append(state[2])
+        groups.setdefault(_key(state), []).append(state.live)
     keep: set[tuple[tuple, tuple[int, ...]]] = set()
     for key, lives in groups.items():
         front = [
@@ -125,12 +118,12 @@ def schedule_states(
             if not any(o != alive and all(a >= b for a, b in zip(o, alive)) for o in lives)
         ]
         keep.update((key, alive) for alive in (_upper_hull(front) if vpp == 2 else front))
-    return tuple(s for s in seen if (_key(s), s[2]) in keep)
+    return tuple(s for s in seen if (_key(s), s.live) in keep)
 
 
 def _key(state: Moment) -> tuple:
     """What two moments must share for one to dominate the other by micro-batches alive."""
-    return state[0], state[1], state[3], state[4], state[5]
+    return state.kind, state.chunk, state.held, state.after, state.done
 
 
 def _upper_hull(front: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
