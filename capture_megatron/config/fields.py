@@ -178,6 +178,15 @@ SELF_CHECKED = frozenset({"--gemm-efficiency"})
 """Flags whose range their class checks with its own words (finite-ness is checked here)."""
 
 
+@functools.cache
+def _checked_fields(cls: Any) -> tuple[tuple[dataclasses.Field, Flag | None, Any], ...]:
+    """(field, its flag, its kind) of every field of dataclass `cls` whose kind value_problems
+    checks, read once per class (the search builds and validates many plans)."""
+    hints = type_hints(cls)
+    fields = ((f, flag_of(f), _kind(hints[f.name])) for f in dataclasses.fields(cls))
+    return tuple(row for row in fields if row[2] is not None)
+
+
 def value_problems(
     obj: Any, positive: tuple[str, ...] = (), every_field: bool = False
 ) -> list[str]:
@@ -187,12 +196,11 @@ def value_problems(
     above 0 (floats). Flag fields are named by their flag; `every_field` checks the fields no
     flag sets too (objects read from JSON). None (not given) is accepted; nested dataclasses are
     checked too. Type problems stop the rest of a class's checks (its arithmetic would fail)."""
-    hints = type_hints(type(obj))
     problems = []
-    for field in dataclasses.fields(obj):
-        spec, value = flag_of(field), getattr(obj, field.name)
-        kind = _kind(hints[field.name])
-        if value is None or kind is None:
+    cls: Any = type(obj)
+    for field, spec, kind in _checked_fields(cls):
+        value = getattr(obj, field.name)
+        if value is None:
             continue
         if dataclasses.is_dataclass(kind):
             problems += value_problems(value, every_field=every_field)
