@@ -66,7 +66,7 @@ SILENCED = (
         r"The \.grad attribute of a Tensor that is not a leaf Tensor is being accessed",
         UserWarning,
         # megatron-core's optimizer; on CPU torch attributes it to the function mode in between
-        r"megatron\.core\.optimizer\..*|capture_megatron\.megatron\.cpu_compat",
+        r"megatron\.core\.optimizer\..*|capture_megatron\.emulate\.cpu_compat",
         "megatron-core's distributed optimizer zeroes the .grad of its fp32 shard views (not "
         "leaves; its zero_grad says so: 'throws grad-access warning'); nothing a user can change",
     ),
