@@ -313,11 +313,6 @@ def needed() -> bool:
     return not torch.cuda.is_available()
 
 
-def active_device() -> str | None:
-    """The host device the patches redirect to, or None when they are not applied."""
-    return patches.device()
-
-
 def _install_runtime(current_device) -> None:
     """Patches 1 and 5: the current device, and no-op synchronize / empty_cache."""
     why = "patch 1: megatron-core allocates on current_device() (grad buffers, scratch, RoPE)"
