@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import scipy.linalg
 
 from capture_megatron.fit.terms import TERM_SETS, Sizes
 from capture_megatron.serial import JsonMixin
@@ -52,6 +51,8 @@ def _independent(names: list[str], x: np.ndarray) -> list[int]:
     scale = np.abs(x).max(axis=0)
     scale[scale == 0] = 1.0
     xs = x / scale
+    import scipy.linalg  # 0.2 s of import, needed only to fit (a warm plan reads its fit)
+
     _, r, piv = scipy.linalg.qr(xs, mode="economic", pivoting=True)
     diag = np.abs(np.diag(r))
     if diag.size == 0 or diag[0] == 0:

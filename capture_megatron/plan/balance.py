@@ -223,8 +223,8 @@ def evaluate_plan(
     hw: CostModel,
 ) -> Evaluated:
     """Predict a fixed plan."""
-    layers = layers_for(model, shape, plan)
-    stages = tuple(rank_memory(layers, shape, plan, r) for r in range(plan.pp))
+    layers, cache = layers_for(model, shape, plan), dict[tuple, object]()  # chunk costs, shared
+    stages = tuple(rank_memory(layers, shape, plan, r, cache=cache) for r in range(plan.pp))
     peak = max(s.peak for s in stages)
     needed = margins.plan_needed(peak, shape, plan)
     host = host_per_node(stages, cluster)

@@ -233,31 +233,44 @@ def _p2p(shape: ModelShape, plan: ParallelPlan, model: CostModel) -> float:
     return hops * nbytes / bw
 
 
-def _data_parallel(
-    shape: ModelShape, plan: ParallelPlan, model: CostModel, params: float, fwd: float, bwd: float
-) -> float:
-    """Exposed seconds of a rank's gradient reduce over DP x CP (reduce-scatter with the
-    distributed optimizer, else all-reduce) of its `params` and the distributed optimizer's
-    parameter all-gather; overlapped ones hide behind the last micro-batch's backward `bwd` (the
-    first one's forward `fwd`) except dp_overlap_exposed of them."""
+def _dp_collectives(
+    shape: ModelShape, plan: ParallelPlan, model: CostModel, params: float
+) -> tuple[tuple[float, bool], tuple[float, bool]]:
+    """((seconds, overlapped) of a rank's gradient reduce over DP x CP of its `params`
+    (reduce-scatter with the distributed optimizer, else all-reduce), the same of the distributed
+    optimizer's parameter all-gather (0 without it)); overlapped as --overlap-grad-reduce and
+    --overlap-param-gather say."""
     s, run = model.setting, model.settings
     ranks = plan.dp * plan.cp
     if ranks == 1:
-        return 0.0
+        return (0.0, False), (0.0, False)
     bw = s.hw.link_bytes_per_s(0, ranks, plan.tp)
     passes = 1 if plan.distributed_optimizer else 2
     reduce = cp.ring(s, params * _grad_bytes(shape, plan), ranks, bw, passes)
     gather = 0.0
     if plan.distributed_optimizer:
         gather = cp.ring(s, params * dtype_bytes(shape.dtype), ranks, bw)
-
-    def exposed(seconds: float, overlapped: bool, window: float) -> float:
-        floor = s.k.dp_overlap_exposed * seconds
-        return max(floor, seconds - window) if overlapped else seconds
-
-    return exposed(reduce, run.overlap_grad_reduce, bwd) + exposed(
-        gather, run.overlap_param_gather and plan.distributed_optimizer, fwd
+    return (reduce, run.overlap_grad_reduce), (
+        gather,
+        run.overlap_param_gather and plan.distributed_optimizer,
     )
+
+
+def _exposed(model: CostModel, seconds: float, overlapped: bool, window: float) -> float:
+    """What a collective of `seconds` leaves exposed behind a `window` when overlapped (never
+    less than dp_overlap_exposed of it), all of it otherwise."""
+    floor = model.setting.k.dp_overlap_exposed * seconds
+    return max(floor, seconds - window) if overlapped else seconds
+
+
+def _data_parallel(
+    shape: ModelShape, plan: ParallelPlan, model: CostModel, params: float, fwd: float, bwd: float
+) -> float:
+    """Exposed seconds of a rank's data-parallel collectives (_dp_collectives): the overlapped
+    gradient reduce hides behind the last micro-batch's backward `bwd`, the parameter gather
+    behind the first one's forward `fwd`, except dp_overlap_exposed of them."""
+    (reduce, grads), (gather, params_) = _dp_collectives(shape, plan, model, params)
+    return _exposed(model, reduce, grads, bwd) + _exposed(model, gather, params_, fwd)
 
 
 def _grad_bytes(shape: ModelShape, plan: ParallelPlan) -> int:
@@ -320,56 +333,10 @@ def step_time(shape: ModelShape, plan: ParallelPlan, model: CostModel | None = N
     )
 
 
-@dataclass(frozen=True)
-class BoundParts:
-    """What no layout or recompute setting of a plan's sizes can undercut."""
-
-    work: float
-    """The ranks' least total per-micro-batch time: every layer's forward and backward without
-    recompute, the output layer and loss, every chunk's overhead."""
-    rest: float
-    """The pipeline sends, the data-parallel share no overlap hides and the optimizer step of
-    the mean rank's parameters (the largest rank holds no fewer), the tied embedding's
-    all-reduce."""
-
-
-def bound_parts(shape: ModelShape, plan: ParallelPlan, model: CostModel) -> BoundParts:
-    """The parts of the lower bound of a plan's sizes (BoundParts)."""
-    s = model.setting
-    kinds = [cp.layer_time(s, shape, plan)]
-    if shape.moe.enabled:
-        kinds.append(cp.layer_time(s, shape, plan, moe=True))
-    pattern = shape.moe_layers if shape.moe.enabled else (False,) * shape.num_layers
-    work = sum(kinds[int(x)].forward + kinds[int(x)].backward for x in pattern)
-    work += sum(cp.head_time(s, shape, plan)) + 2 * plan.pp * plan.vpp * s.k.chunk_overhead
-    params = sum(cp.layer_params(shape, plan.tp, x, plan.ep) for x in pattern) + cp.end_params(
-        shape, plan.tp, True, True
-    )
-    params /= plan.pp
-    rest = (
-        _p2p(shape, plan, model)
-        + _data_parallel(shape, plan, model, params, float("inf"), float("inf"))
-        + _optimizer(shape, plan, model, params)
-        + _tied_embedding(shape, plan, model)
-    )
-    return BoundParts(work, rest)
-
-
-def step_seconds(
-    shape: ModelShape, plan: ParallelPlan, model: CostModel | None = None, bound: bool = False
-) -> float:
-    """Estimated seconds per optimizer step. With `bound`, a lower bound over every layout and
-    recompute setting of the plan's sizes (the search uses it to stop once no unexplored plan can
-    be faster): the pipeline of equal stages of the mean rank's micro-batch time plus the parts no
-    layout changes (bound_parts). pipeline_seconds is m t_s + the others' slowest chunks, each at
-    least their time / v, so >= (m - 1/v) t_s + (sum of the ranks' times) / v, and the slowest
-    rank t_s is no faster than the mean: >= (m + (p - 1) / v) x the mean."""
-    model = model or CostModel()
-    if not bound:
-        return step_time(shape, plan, model).seconds
-    parts = bound_parts(shape, plan, model)
-    mean = parts.work / plan.pp
-    return ((plan.num_microbatches + (plan.pp - 1) / plan.vpp) * mean + parts.rest) * ROUNDING
+def step_seconds(shape: ModelShape, plan: ParallelPlan, model: CostModel | None = None) -> float:
+    """Estimated seconds per optimizer step (step_time; its lower bound over every layout and
+    recompute setting of the plan's sizes: capture_megatron.plan.stepbound.step_bound)."""
+    return step_time(shape, plan, model or CostModel()).seconds
 
 
 ROUNDING = 1 - 1e-12

@@ -1,7 +1,7 @@
 """The throughput objective's search: the fastest estimated step among plans that fit, by branch and
 bound over the candidates of the space. Pure Python.
 
-Candidates are visited in order of a lower bound on their step (costmodel.step_seconds(bound=True):
+Candidates are visited in order of a lower bound on their step (stepbound.step_bound:
 no layout or recompute setting of their sizes is faster; refined by ranktimes.least_step -- whole
 layers, the output layer on the last rank -- before a candidate is split), and the search stops once
 a fitting plan is at least as fast as every bound left: the whole space is searched without
@@ -31,9 +31,11 @@ from capture_megatron.plan.balance import (
     evaluate_plan,
     trim_recompute,
 )
-from capture_megatron.plan.costmodel import CostModel, step_seconds
+from capture_megatron.plan.costmodel import CostModel
 from capture_megatron.plan.margins import Margins
-from capture_megatron.plan.ranktimes import least_step, memory_floor
+from capture_megatron.plan.partition import TIE
+from capture_megatron.plan.ranktimes import least_step, lower_bound, memory_floor
+from capture_megatron.plan.stepbound import bound_parts, step_bound
 from capture_megatron.plan.supply import Supply
 from capture_megatron.plan.timed import timed_split
 from capture_megatron.predict import mixed_layers
@@ -65,6 +67,17 @@ def _all_offloaded(p: ParallelPlan) -> DdpOptions | None:
     return replace(ddp, optimizer_offload_fraction=1.0) if moved else None
 
 
+@dataclass(frozen=True)
+class Fitted:
+    """A candidate split and predicted (fit_plan)."""
+
+    evaluated: Evaluated
+    """The plan with its layout and recompute, predicted."""
+    bottleneck: float
+    """The least slowest-rank per-micro-batch time of any split of its sizes that fits
+    (timed.TimedSplit.bottleneck; inf when none fits, 0 when the layout was not chosen for time)."""
+
+
 def fit_plan(
     model_for: Callable[[list[ParallelPlan]], MemoryModel],
     shape: ModelShape,
@@ -74,7 +87,7 @@ def fit_plan(
     hw: CostModel,
     keep_recompute: bool,
     floor: int = 0,
-) -> Evaluated:
+) -> Fitted:
     """A candidate split for time (timed_split; full recompute's counts chosen unless kept), or,
     for dense and MoE layers mixed or uniform recompute given, by the min-max memory partition
     (recompute trimmed to the fewest layers that fit), and predicted; when no split fits, its
@@ -89,18 +102,19 @@ def fit_plan(
         found = timed_split(model, shape, plan, cap, margins, hw, choose, floor)
         if found is None:  # no split fits: the even one with every layer recomputed says so
             every = balanced(model, shape, plan, keep_recompute, even=True)
-            return evaluate_plan(model, shape, every, cluster, margins, hw)
+            return Fitted(evaluate_plan(model, shape, every, cluster, margins, hw), float("inf"))
         e = evaluate_plan(model_for([found.plan]), shape, found.plan, cluster, margins, hw)
         if e.fits or not choose or found.plan.recompute.granularity == "full":
-            return replace(e, bound=found.bound)
+            return Fitted(replace(e, bound=found.bound), found.bottleneck)
         # no recompute fits by the full variant's forecast but not by its own: keep one layer
-        return fit_plan(model_for, shape, plan, cluster, margins, hw, keep_recompute, 1)
+        again = fit_plan(model_for, shape, plan, cluster, margins, hw, keep_recompute, 1)
+        return Fitted(again.evaluated, found.bottleneck)
     if choose and not floor:
         model = model_for([plan, replace(plan, recompute=Recompute())])
     fitted = balanced(model, shape, plan, keep_recompute)
     if not keep_recompute:
         fitted = trim_recompute(model, shape, fitted, cap, margins, floor)
-    return evaluate_plan(model, shape, fitted, cluster, margins, hw)
+    return Fitted(evaluate_plan(model, shape, fitted, cluster, margins, hw), 0.0)
 
 
 class _Visit:
@@ -118,6 +132,8 @@ class _Visit:
         self.bounds = {p: bound(p) for p in plans}
         self.order = sorted(plans, key=self.bounds.__getitem__)
         self.done: dict[ParallelPlan, Evaluated] = {}
+        self.least: dict[ParallelPlan, float] = {}
+        """Fitted.bottleneck of the plans split."""
         self.viable: dict[ParallelPlan, bool] = {}
 
     def twins(self, p: ParallelPlan) -> list[ParallelPlan]:
@@ -171,6 +187,96 @@ def _floor_fits(
     return margins.plan_needed(floor, shape, plan) <= cap
 
 
+@dataclass(frozen=True)
+class _Problem:
+    """What one search splits its candidates for."""
+
+    supply: Supply
+    shape: ModelShape
+    cluster: Cluster
+    margins: Margins
+    hw: CostModel
+    keep_recompute: bool
+    floor: int
+
+
+class _BranchAndBound:
+    """The search's steps over one _Visit (fastest)."""
+
+    def __init__(self, problem: _Problem, visit: _Visit) -> None:
+        self.p, self.visit = problem, visit
+
+    def run(self, plan: ParallelPlan, i: int) -> Evaluated:
+        """The plan split and predicted (fit_plan), once."""
+        p, visit = self.p, self.visit
+        if plan not in visit.done:
+
+            def model_for(plans: list[ParallelPlan]) -> MemoryModel:
+                return p.supply.model_for(plans, visit.upcoming(i))
+
+            fitted = fit_plan(model_for, p.shape, plan, p.cluster, p.margins, p.hw,
+                              p.keep_recompute, p.floor)  # fmt: skip
+            visit.done[plan], visit.least[plan] = fitted.evaluated, fitted.bottleneck
+        return visit.done[plan]
+
+    def fits(self, plan: ParallelPlan, i: int) -> bool:
+        """Whether the plan's floor of bytes can fit, every lighter twin that costs no profiling
+        (recursively) fits, and then the plan itself."""
+        visit = self.visit
+        if plan not in visit.viable:
+            ok = visit.floor_fits(plan) and all(self.fits(t, i) for t in self.twins(plan))
+            visit.viable[plan] = ok and self.run(plan, i).fits
+        return visit.viable[plan]
+
+    def known(self, plan: ParallelPlan) -> bool:
+        """Whether the plan is known or predicted without profiling (worth asking first)."""
+        return plan in self.visit.viable or self.p.supply.holds([plan])
+
+    def twins(self, plan: ParallelPlan) -> list[ParallelPlan]:
+        """The lighter twins known, or predicted without profiling."""
+        return [t for t in self.visit.twins(plan) if self.known(t)]
+
+    def interleaved(self, plan: ParallelPlan, i: int) -> float | None:
+        """A lower bound on an interleaved plan's step from its twin without interleaving, split
+        first: interleaving only adds memory (the twins' rule), so its slowest rank takes at
+        least the twin's least bottleneck plus its extra chunks' overhead (0: no twin split for
+        time without profiling; None: the twin does not fit)."""
+        twin = self.visit.index.get(_key(plan)[:5] + (1,) + _key(plan)[6:])
+        if twin is None or not self.known(twin):
+            return 0.0
+        if not self.fits(twin, i):
+            return None
+        least = self.visit.least.get(twin, 0.0)
+        if not least:
+            return 0.0
+        hw = self.p.hw
+        extra = 2 * (plan.vpp - 1) * hw.setting.k.chunk_overhead
+        parts = bound_parts(self.p.shape, plan, hw)
+        return lower_bound(parts, plan.num_microbatches, plan.vpp, least / (1 + TIE) + extra)
+
+    def search(self) -> None:
+        """Candidates by the cheap bound, refined (stage 1: least_step; 2: the twin without
+        interleaving's least bottleneck) before a split; ends when no bound beats the fastest
+        plan found."""
+        visit, shape = self.visit, self.p.shape
+        first = 0 if not mixed_layers(shape) else 2
+        queue = [(visit.bounds[plan], first, i) for i, plan in enumerate(visit.order)]
+        heapq.heapify(queue)
+        while queue:
+            bound, stage, i = heapq.heappop(queue)
+            if visit.fastest_known(1) <= bound:
+                break
+            plan = visit.order[i]
+            if stage == 0:
+                heapq.heappush(queue, (max(bound, least_step(shape, plan, self.p.hw)), 1, i))
+                continue
+            twin_bound = self.interleaved(plan, i) if stage == 1 and plan.vpp > 1 else 0.0
+            if stage == 1 and plan.vpp > 1 and twin_bound is not None:
+                heapq.heappush(queue, (max(bound, twin_bound), 2, i))
+            else:
+                self.fits(plan, i)  # (twin_bound None: not viable, as its twin does not fit)
+
+
 def fastest(
     supply: Supply,
     shape: ModelShape,
@@ -189,45 +295,10 @@ def fastest(
     if "full" in {p.recompute.granularity for p in plans} and not keep_recompute and not floor:
         plans = [p for p in plans if p.recompute.granularity != "none"]
     cap = cluster.gpu_memory_bytes
-    visit = _Visit(plans, lambda p: step_seconds(shape, p, hw, bound=True),
+    visit = _Visit(plans, lambda p: step_bound(shape, p, hw),
                    lambda p: _floor_fits(shape, p, margins, cap, fp8))  # fmt: skip
-
-    def run(plan: ParallelPlan, i: int) -> Evaluated:
-        if plan not in visit.done:
-
-            def model_for(plans: list[ParallelPlan]) -> MemoryModel:
-                return supply.model_for(plans, visit.upcoming(i))
-
-            visit.done[plan] = fit_plan(
-                model_for, shape, plan, cluster, margins, hw, keep_recompute, floor
-            )
-        return visit.done[plan]
-
-    def fits(plan: ParallelPlan, i: int) -> bool:
-        """Whether the plan's floor of bytes can fit, every lighter twin that costs no profiling
-        (recursively) fits, and then the plan itself."""
-        if plan not in visit.viable:
-            ok = visit.floor_fits(plan) and all(fits(t, i) for t in twins(plan))
-            visit.viable[plan] = ok and run(plan, i).fits
-        return visit.viable[plan]
-
-    def twins(plan: ParallelPlan) -> list[ParallelPlan]:
-        """The lighter twins known, or predicted without profiling (worth asking first)."""
-        return [t for t in visit.twins(plan) if t in visit.viable or supply.holds([t])]
-
-    # by the cheap bound, refined before a split; ends when no bound beats the fastest found
-    refine = not mixed_layers(shape)
-    queue = [(visit.bounds[p], not refine, i) for i, p in enumerate(visit.order)]
-    heapq.heapify(queue)
-    while queue:
-        bound, refined, i = heapq.heappop(queue)
-        if visit.fastest_known(1) <= bound:
-            break
-        plan = visit.order[i]
-        if not refined:
-            heapq.heappush(queue, (max(bound, least_step(shape, plan, hw)), True, i))
-            continue
-        fits(plan, i)
+    problem = _Problem(supply, shape, cluster, margins, hw, keep_recompute, floor)
+    _BranchAndBound(problem, visit).search()
     done = visit.done.values()
     ranked = distinct(sorted(done, key=lambda e: (not e.fits, e.step_seconds, e.peak)))
     return SearchResult(ranked[:top], len(done), visit.unfit())

@@ -9,9 +9,10 @@ from dataclasses import replace
 
 from capture_megatron.config import ModelShape, ParallelPlan, dtype_bytes
 from capture_megatron.plan import costparts as cp
-from capture_megatron.plan.costmodel import ROUNDING, CostModel, bound_parts
+from capture_megatron.plan.costmodel import ROUNDING, CostModel
 from capture_megatron.plan.offload_cost import device_share
 from capture_megatron.plan.partition import TIE
+from capture_megatron.plan.stepbound import BoundParts, bound_parts
 from capture_megatron.predict.static import layout_of
 
 EXACT_CHUNKS = 2
@@ -87,16 +88,15 @@ class RankTimes:
 def least_step(shape: ModelShape, plan: ParallelPlan, hw: CostModel) -> float:
     """A lower bound on the step of any split and recompute of the plan's sizes (layers of one
     kind): the least bottleneck without memory in the module docstring's bound. Tighter than
-    costmodel.step_seconds(bound=True) (whole layers; the output layer on the last rank)."""
-    parts = bound_parts(shape, plan, hw)
+    stepbound.step_bound (whole layers; the output layer on the last rank)."""
     least = RankTimes(shape, plan, hw).least_bottleneck()[0]
-    return lower_bound((parts.work, parts.rest), plan.num_microbatches, plan.vpp, least)
+    return lower_bound(bound_parts(shape, plan, hw), plan.num_microbatches, plan.vpp, least)
 
 
-def lower_bound(parts: tuple[float, float], m: int, vpp: int, bottleneck: float) -> float:
-    """The least step of any split whose slowest rank takes `bottleneck` (module docstring);
-    `parts`: (W, rest)."""
-    return ((m - 1 / vpp) * bottleneck + parts[0] / vpp + parts[1]) * ROUNDING
+def lower_bound(parts: BoundParts, m: int, vpp: int, bottleneck: float) -> float:
+    """The least step of any split whose slowest rank takes `bottleneck` or more (module
+    docstring of capture_megatron.plan.timed; BoundParts.least)."""
+    return parts.least(m, vpp, bottleneck) * ROUNDING
 
 
 def _per_param(shape: ModelShape, plan: ParallelPlan, fp8_params: bool, shards: int) -> float:

@@ -27,10 +27,11 @@ from capture_megatron.plan.balance import (
     split_score_fn,
     trim_recompute,
 )
-from capture_megatron.plan.costmodel import CostModel, step_seconds
+from capture_megatron.plan.costmodel import CostModel
 from capture_megatron.plan.fastest import SearchResult, fastest
 from capture_megatron.plan.margins import Margins
 from capture_megatron.plan.space import Space, candidates, offload_ddp
+from capture_megatron.plan.stepbound import step_bound
 from capture_megatron.plan.supply import Supply
 
 __all__ = [
@@ -122,7 +123,7 @@ def _with_offload(
         t
         for p in sorted(first.unfit, key=order.__getitem__)
         for t in offloading_twins(p, fractions)
-        if step_seconds(shape, t, hw, bound=True) < best
+        if step_bound(shape, t, hw) < best
     ]
     if not moved:
         return first

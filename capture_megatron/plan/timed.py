@@ -15,11 +15,13 @@ B whose capacities hold every layer (a bisection, as the min-max memory partitio
 bottleneck B* any fitting split can have. Splits are then built for B* and the next larger
 bottlenecks (the layers spread to the smallest most-per-rank), each estimated in full, until
 
-    lower bound = (m - 1/v) B + W / v + rest
+    lower bound = (m - 1/v) B + W / v + rest + exposed(B)
 
 for the next B is no better than the best found (W: the ranks' least total time, rest: the sends,
-the DP share no overlap hides, the mean rank's optimizer step; every split of bottleneck >= B
-costs at least that, since the fill and drain wait at least each other rank's time / v). The
+the DP collectives not overlapped, the mean rank's optimizer step; exposed(B): the overlapped DP
+collectives less B, the longest window a rank's micro-batch can give them; every split of
+bottleneck >= B costs at least the least of this over B' >= B, since the fill and drain wait at
+least each other rank's time / v; stepbound.BoundParts). The
 bound is returned with the split: the split is proven within `bound` of the fastest.
 
 Chunk splits searched: every split with one or two chunks per rank; with more, the near-even ones
@@ -35,10 +37,11 @@ from dataclasses import dataclass, replace
 from capture_megatron.config import ModelShape, ParallelPlan, Recompute
 from capture_megatron.fit import MemoryModel
 from capture_megatron.plan import costparts as cp
-from capture_megatron.plan.costmodel import CostModel, bound_parts, chunk_seconds, step_seconds
+from capture_megatron.plan.costmodel import CostModel, chunk_seconds, step_seconds
 from capture_megatron.plan.margins import Margins
 from capture_megatron.plan.partition import TIE
 from capture_megatron.plan.ranktimes import RankTimes, chunk_splits, lower_bound
+from capture_megatron.plan.stepbound import bound_parts
 from capture_megatron.predict import layers_for, rank_memory
 
 MORE_BOTTLENECKS = 12
@@ -72,6 +75,8 @@ class TimedSplit:
     bound: float
     """No split of the searched family with these sizes and recompute granularity that fits is
     estimated faster than this (seconds)."""
+    bottleneck: float
+    """The least slowest-rank per-micro-batch time of a split that fits (B*, within TIE)."""
 
 
 class _Ranks(RankTimes):
@@ -101,6 +106,8 @@ class _Ranks(RankTimes):
         self.chunk_memo: dict[tuple[int, int, bool], tuple[float, float]] = {}
         """(forward, backward) seconds of a chunk by (layers, recomputed layers, holds the head)."""
         self.best_of: dict[tuple[int, int], RankChoice | None] = {}
+        self.fewest_of: dict[int, dict[tuple[int, ...], int | None]] = {}
+        """Per rank, the fewest recomputed layers per chunk of each chunk split (None: none fit)."""
 
     def _with(self, rank: int, n: int) -> ParallelPlan:
         """The plan with rank `rank` recomputing n layers (the count only that rank reads)."""
@@ -149,23 +156,44 @@ class _Ranks(RankTimes):
             n = self.plan.recompute.layers_on(rank)
             peak = self.fits(rank, chunks, n)
             return None if peak is None else (n, peak)
-        top = max(chunks, default=0)
-        lo = min(self.floor, top)
-        least = self.fits(rank, chunks, lo)
-        if least is not None:
-            return lo, least
-        if self.fits(rank, chunks, top) is None:
+        known = self.fewest_of.setdefault(rank, {})
+        if chunks not in known:
+            known[chunks] = self._search_fewest(rank, chunks, known)
+        fewest = known[chunks]
+        if fewest is None:
             return None
-        hi = top  # fits; recomputing more never needs more memory
-        while lo < hi:
+        peak = self.fits(rank, chunks, fewest)
+        assert peak is not None
+        return fewest, peak
+
+    def _search_fewest(
+        self, rank: int, chunks: tuple[int, ...], known: dict[tuple[int, ...], int | None]
+    ) -> int | None:
+        """_fewest's count, searched between the counts of the rank's splits known to hold no
+        more layers in any chunk (a lower bound, or none fits) and no fewer (an upper bound): a
+        layer more, recomputed or not, never needs less memory."""
+        top = max(chunks, default=0)
+        lo, hi, proven = min(self.floor, top), top, False
+        for other, n in known.items():
+            if all(a <= b for a, b in zip(other, chunks)):
+                if n is None:
+                    return None
+                lo = max(lo, n)
+            elif n is not None and n < hi and all(a >= b for a, b in zip(other, chunks)):
+                hi, proven = n, True
+        if lo > hi:  # not monotone after all: search the whole range
+            lo, hi, proven = min(self.floor, top), top, False
+        if self.fits(rank, chunks, lo) is not None:
+            return lo
+        if not proven and self.fits(rank, chunks, hi) is None:
+            return None
+        while lo < hi:  # fits(hi); recomputing more never needs more memory
             mid = (lo + hi) // 2
             if self.fits(rank, chunks, mid) is not None:
                 hi = mid
             else:
                 lo = mid + 1
-        peak = self.fits(rank, chunks, lo)
-        assert peak is not None
-        return lo, peak
+        return lo
 
     def best(self, rank: int, k: int) -> RankChoice | None:
         """The fastest way for `rank` to hold k layers that fits (then the narrowest slowest chunk,
@@ -225,12 +253,19 @@ class _Ranks(RankTimes):
 
     def capacity(self, rank: int, limit: float, start: int = 0) -> int:
         """The most layers the rank holds within the cap at a time <= `limit` (-1: none); at
-        least `start` (a capacity known for a smaller limit)."""
-        hi = max(start, self.held(rank, limit))  # the most without recompute: an upper bound
-        if self.time(rank, hi) <= limit:
-            return hi
-        lo = start if self.time(rank, start) <= limit else -1
-        while lo < hi - 1:  # time(lo) <= limit < time(hi): the time grows with the layers
+        least `start` (a capacity known for a smaller limit: searched upward from it, doubling
+        the step, so a limit raised a little costs a probe or two)."""
+        top = max(start, self.held(rank, limit))  # the most without recompute: an upper bound
+        if not start and self.time(rank, top) <= limit:
+            return top
+        if self.time(rank, start) > limit:  # the time grows with the layers
+            return -1
+        lo, hi, step = start, top, 1
+        while start and lo + step <= top and self.time(rank, lo + step) <= limit:
+            lo, step = lo + step, 2 * step
+        if start:
+            hi = min(lo + step, top + 1)
+        while lo < hi - 1:  # time(lo) <= limit < time(hi) (or hi beyond the bound)
             mid = (lo + hi) // 2
             if self.time(rank, mid) <= limit:
                 lo = mid
@@ -331,9 +366,9 @@ def timed_split(
         if best is None or found[:2] < best[:2]:
             best = found
         more = min(ranks.time(r, caps[r] + 1) for r in range(pp))
-        if more == float("inf") or lower_bound((parts.work, parts.rest), m, vpp, more) >= best[0]:
+        if more == float("inf") or lower_bound(parts, m, vpp, more) >= best[0]:
             break
         caps = [ranks.capacity(r, more * (1 + TIE), c) for r, c in enumerate(caps)]
     assert best is not None
-    lower = min(best[0], lower_bound((parts.work, parts.rest), m, vpp, bottleneck))
-    return TimedSplit(best[2], best[0], lower)
+    lower = min(best[0], lower_bound(parts, m, vpp, bottleneck))
+    return TimedSplit(best[2], best[0], lower, bottleneck)

@@ -8,15 +8,20 @@ profiles and later ones reuse the measurements.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import os
+from dataclasses import dataclass
 
+from capture_megatron import __version__
 from capture_megatron.cache import check_writable, records_path
 from capture_megatron.config import Kernels, ModelShape
 from capture_megatron.config.kernels import kernel_set
 from capture_megatron.errors import CaptureError
 from capture_megatron.fit import MemoryModel, ModelSource, Needs, fit
 from capture_megatron.profile.options import device_name
-from capture_megatron.records import ProfileRecord, read_records, write_records
+from capture_megatron.records import ProbeShape, ProfileRecord, Variant, read_records, write_records
+from capture_megatron.serial import JsonMixin
 
 
 def default_device(requested: str = "") -> str:
@@ -42,7 +47,12 @@ def profiled_model(
     """A memory model of `kernels` on `device` holding anchors for every (variant, probe shape)
     in `needs`."""
     path = records_path(shape, device, kernel_set(device, kernels))
-    records = _cached(path)
+    stat = os.stat(path) if os.path.exists(path) else None
+    if stat is not None:
+        kept = _fitted(path, stat.st_mtime_ns, stat.st_size)
+        if needs <= set(kept.pairs):
+            return kept.model
+    records = list(_read(path, stat.st_mtime_ns, stat.st_size)) if stat else []
     have = {(r.variant, r.shape) for r in records}
     missing = sorted(((v, s) for v, s in needs if (v, s) not in have), key=str)
     if missing:
@@ -65,6 +75,67 @@ def profiled_model(
     if not records:
         raise CaptureError("nothing to profile: no candidate plan fits the model's shape")
     return fit(records)
+
+
+@dataclass(frozen=True)
+class KeptFit(JsonMixin):
+    """A records file's fitted memory model, kept beside it (`<records>.fit.json`) so that a
+    warm `plan` reads the fit instead of reading the records and fitting them again."""
+
+    key: tuple[int, int, str]
+    """(the records file's modification time in ns, its size, _code_fingerprint()) it was
+    fitted from: any other is fitted again."""
+    pairs: tuple[tuple[Variant, ProbeShape], ...]
+    """The (variant, probe shape) pairs the records hold."""
+    model: MemoryModel
+    """The fit."""
+
+
+@functools.lru_cache(maxsize=4)
+def _read(path: str, mtime_ns: int, size: int) -> tuple[ProfileRecord, ...]:
+    """The records of a file as it is (its modification time and size name the version): a
+    search asks for one file's model several times, read once."""
+    del mtime_ns, size  # the cache key only
+    return tuple(_cached(path))
+
+
+@functools.lru_cache(maxsize=4)
+def _fitted(path: str, mtime_ns: int, size: int) -> KeptFit:
+    """The records file's fit as it is (_read): read from `<records>.fit.json` when it was kept
+    for the same records and package code, else fitted and kept (when the cache is writable)."""
+    stored, key = f"{path}.fit.json", (mtime_ns, size, _code_fingerprint())
+    try:
+        with open(stored) as f:
+            kept = KeptFit.from_json(f.read())
+        if kept.key == key:
+            return kept
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # absent, stale or unreadable: fitted again
+    records = _read(path, mtime_ns, size)
+    pairs = tuple(sorted({(r.variant, r.shape) for r in records}, key=str))
+    kept = KeptFit(key, pairs, fit(list(records)))
+    tmp = f"{stored}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "w") as f:
+            f.write(kept.to_json())
+        os.replace(tmp, stored)
+    except OSError:
+        pass  # a read-only cache: fitted in each process
+    return kept
+
+
+@functools.lru_cache(maxsize=1)
+def _code_fingerprint() -> str:
+    """The package's version and its Python files' sizes and modification times, hashed: a
+    fit kept by other code is fitted again."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    digest = hashlib.sha256(__version__.encode())
+    for folder, dirs, files in sorted(os.walk(root)):
+        dirs.sort()
+        for name in sorted(n for n in files if n.endswith(".py")):
+            st = os.stat(os.path.join(folder, name))
+            digest.update(f"{folder}/{name}:{st.st_size}:{st.st_mtime_ns}".encode())
+    return digest.hexdigest()
 
 
 def _cached(path: str) -> list[ProfileRecord]:

@@ -26,6 +26,7 @@ from capture_megatron.plan.costmodel import (
     step_seconds,
     step_time,
 )
+from capture_megatron.plan.stepbound import bound_parts, step_bound
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 L8B, L70B = preset("llama3-8b"), preset("llama3-70b")
@@ -125,11 +126,35 @@ def test_data_parallel_traffic_stays_on_nvlink_inside_a_node():
     ],
 )
 def test_bound_is_a_lower_bound(plan):
-    """The search stops on step_seconds(bound=True): it must never exceed the estimate of any
+    """The search stops on step_bound: it must never exceed the estimate of any
     layout or recompute setting of the same sizes."""
     for settings in (StepSettings(), StepSettings(overlap_grad_reduce=True, tp_comm_overlap=True)):
         model = CostModel(settings=settings)
-        assert step_seconds(L8B, plan, model, bound=True) <= step_seconds(L8B, plan, model)
+        assert step_bound(L8B, plan, model) <= step_seconds(L8B, plan, model)
+
+
+@pytest.mark.parametrize(
+    "plan",
+    [
+        _plan(pp=4, dp=2, gbs=16, distributed_optimizer=True),
+        _plan(tp=2, pp=2, vpp=2, dp=2, gbs=8, distributed_optimizer=True),
+        _plan(pp=4, dp=2, gbs=8, recompute=Recompute("full", "block", (4, 2, 1, 0))),
+        _plan(pp=2, dp=4, gbs=8).replace(layers_per_stage=(6, 26)),
+        _plan(pp=2, dp=4, gbs=64, distributed_optimizer=True).replace(layers_per_stage=(20, 12)),
+    ],
+)
+def test_bound_at_the_slowest_rank_is_below_the_step(plan):
+    """The search's bound for a split whose slowest rank takes B per micro-batch
+    (BoundParts.least: the overlapped DP collectives hidden behind no more than B's backward or
+    forward share) must not exceed that split's estimate. Short sequences make the collectives
+    large against the compute, so the exposure term counts."""
+    shape = dataclasses.replace(L8B, seq_length=256)
+    model = CostModel(settings=StepSettings(overlap_grad_reduce=True, overlap_param_gather=True))
+    st = step_time(shape, plan, model)
+    slowest = (st.pipeline - st.bubble) / plan.num_microbatches
+    parts = bound_parts(shape, plan, model)
+    assert parts.hidden and st.data_parallel > parts.exposed_floor * sum(s for s, _ in parts.hidden)
+    assert parts.least(plan.num_microbatches, plan.vpp, slowest) <= st.seconds * (1 + 1e-12)
 
 
 def test_throughput_and_mfu_follow_from_the_step():
@@ -217,4 +242,4 @@ def test_experts_cost_their_routed_work_and_all_to_alls():
     assert [c.layers for c in chunks] == [4, 4]
     assert step_seconds(moe, one) > step_seconds(dense8, one)
     for plan in (one, ep2):
-        assert step_seconds(moe, plan, bound=True) <= step_seconds(moe, plan)
+        assert step_bound(moe, plan) <= step_seconds(moe, plan)

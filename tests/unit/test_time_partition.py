@@ -14,11 +14,15 @@ import pytest
 from synthetic_memory import SMALL, synthetic_source
 
 from capture_megatron.config import GIB, Cluster, ParallelPlan, Recompute
+from capture_megatron.config.runtime import StepSettings
 from capture_megatron.plan.balance import balanced, evaluate_plan
+from capture_megatron.plan.calibration import fitted
 from capture_megatron.plan.costmodel import CostModel, step_seconds
+from capture_megatron.plan.fastest import fastest, fit_plan
 from capture_megatron.plan.margins import Margins
 from capture_megatron.plan.ranktimes import least_step, memory_floor
-from capture_megatron.plan.supply import needs_of
+from capture_megatron.plan.space import Space, candidates
+from capture_megatron.plan.supply import Supply, needs_of
 from capture_megatron.plan.timed import timed_split
 from capture_megatron.predict import layers_for, rank_memory
 
@@ -136,3 +140,38 @@ def test_memory_floor_is_below_every_split(pp, mbs):
         trial = replace(plan, layers_per_stage=split, recompute=Recompute("full", "block", split))
         least = min(least, max(rank_memory(layers, SMALL, trial, r).peak for r in range(pp)))
     assert 0 < memory_floor(SMALL, plan) <= least
+
+
+OVERLAPPED = CostModel(
+    settings=StepSettings(overlap_grad_reduce=True, overlap_param_gather=True),
+    constants=replace(fitted(), chunk_overhead=1e-9),
+)
+"""Overlapped DP collectives (their exposure bound matters) and next to no cost per chunk (so
+interleaving wins where memory allows it, and the twin bound matters)."""
+
+
+@pytest.mark.parametrize(
+    "tp,pp,gbs,cap_gib",
+    [(2, 4, 8, 2.6), (2, 4, 32, 6.0), (2, 2, 8, 3.5), (2, 2, 32, 6.0), (1, 4, 32, 6.0),
+     (1, 2, 32, 6.0), (2, (1, 2, 4), 16, 3.2)],
+)  # fmt: skip
+def test_branch_and_bound_finds_the_fastest_candidate(tp, pp, gbs, cap_gib):
+    """The throughput search stops on lower bounds (the DP collectives' exposure behind no more
+    than a rank's micro-batch, the twin without interleaving's least bottleneck) and skips
+    candidates whose lighter twins do not fit: its fastest plan must be the fastest of every
+    candidate split on its own (fit_plan), under caps that force recompute or leave room."""
+    pps = pp if isinstance(pp, tuple) else (pp,)
+    space = Space(tp=(tp,), pp=pps, vpp=(1, 2, 4), micro_batch_size=(1, 2),
+                  recompute=("selective", "full"), cp=(1,))  # fmt: skip
+    cluster = Cluster(gpus=8, gpu_memory_bytes=int(cap_gib * GIB))
+    plans = list(candidates(SMALL, cluster, gbs, space))
+    plain = [replace(p, recompute=Recompute()) for p in plans]  # chosen counts all 0
+    model = synthetic_source(needs_of(SMALL, plans + plain))
+    found = fastest(Supply(SMALL, model), SMALL, cluster, plans, MARGINS, OVERLAPPED, 1, False)
+    every = [
+        fit_plan(lambda _: model, SMALL, p, cluster, MARGINS, OVERLAPPED, False).evaluated
+        for p in plans
+    ]
+    fitting = [e.step_seconds for e in every if e.fits]
+    assert fitting and found.considered < len(plans)
+    assert found.ranked[0].fits and found.ranked[0].step_seconds == pytest.approx(min(fitting))
