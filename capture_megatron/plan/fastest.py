@@ -210,6 +210,9 @@ class _BranchAndBound:
         """The plan split and predicted (fit_plan), once."""
         p, visit = self.p, self.visit
         if plan not in visit.done:
+            if plan.recompute.granularity == "full" and not p.keep_recompute:
+                # its counts may all come out 0: that variant's pairs go with the next round
+                p.supply.want([replace(plan, recompute=Recompute())])
 
             def model_for(plans: list[ParallelPlan]) -> MemoryModel:
                 return p.supply.model_for(plans, visit.upcoming(i))

@@ -74,7 +74,10 @@ def profiled_model(
         os.replace(tmp, path)
     if not records:
         raise CaptureError("nothing to profile: no candidate plan fits the model's shape")
-    return fit(records)
+    if not missing:
+        return fit(records)
+    st = os.stat(path)
+    return _keep(path, (st.st_mtime_ns, st.st_size, _code_fingerprint()), records).model
 
 
 @dataclass(frozen=True)
@@ -111,14 +114,18 @@ def _fitted(path: str, mtime_ns: int, size: int) -> KeptFit:
             return kept
     except (OSError, ValueError, KeyError, TypeError):
         pass  # absent, stale or unreadable: fitted again
-    records = _read(path, mtime_ns, size)
+    return _keep(path, key, list(_read(path, mtime_ns, size)))
+
+
+def _keep(path: str, key: tuple[int, int, str], records: list[ProfileRecord]) -> KeptFit:
+    """The fit of a records file's `records`, written beside it (when the cache is writable)."""
     pairs = tuple(sorted({(r.variant, r.shape) for r in records}, key=str))
-    kept = KeptFit(key, pairs, fit(list(records)))
-    tmp = f"{stored}.{os.getpid()}.tmp"
+    kept = KeptFit(key, pairs, fit(records))
+    tmp = f"{path}.fit.json.{os.getpid()}.tmp"
     try:
         with open(tmp, "w") as f:
             f.write(kept.to_json())
-        os.replace(tmp, stored)
+        os.replace(tmp, f"{path}.fit.json")
     except OSError:
         pass  # a read-only cache: fitted in each process
     return kept

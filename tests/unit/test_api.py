@@ -77,3 +77,32 @@ def test_profile_fit_predict_agree_with_plan(source):
 def test_plan_without_a_memory_model_is_an_error():
     with pytest.raises(CaptureError, match="needs a memory model"):
         plan(SHAPE, CLUSTER)
+
+
+def test_a_warm_plan_reads_the_kept_fit(source, monkeypatch):
+    """A records file's fit is kept beside it (<records>.fit.json): a later process (the
+    in-process caches cleared) plans from it without fitting again, while records changed since
+    are fitted again."""
+    import glob
+    import os
+
+    from capture_megatron.profile import source as src
+
+    first = plan(SHAPE, CLUSTER, PlanOptions(space=SPACE, global_batch_size=8), source)
+    cache = os.environ["CAPTURE_MEGATRON_CACHE"]
+    (records,) = glob.glob(os.path.join(cache, "fake-cuda-*.jsonl"))
+    assert os.path.exists(f"{records}.fit.json")
+
+    def refit(_records):
+        raise AssertionError("fitted again")
+
+    monkeypatch.setattr(src, "fit", refit)
+    src._fitted.cache_clear()
+    src._read.cache_clear()
+    again = plan(SHAPE, CLUSTER, PlanOptions(space=SPACE, global_batch_size=8), source)
+    assert again.best == first.best
+    stat = os.stat(records)
+    os.utime(records, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
+    src._fitted.cache_clear()
+    with pytest.raises(AssertionError, match="fitted again"):
+        plan(SHAPE, CLUSTER, PlanOptions(space=SPACE, global_batch_size=8), source)
