@@ -18,6 +18,7 @@ layers mixed keep the min-max memory split with trimmed recompute.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
@@ -134,6 +135,10 @@ class _Visit:
         self.done: dict[ParallelPlan, Evaluated] = {}
         self.least: dict[ParallelPlan, float] = {}
         """Fitted.bottleneck of the plans split."""
+        self.fitting: dict[ParallelPlan, float] = {}
+        """The step of each fitting split found."""
+        self.steps: list[float] = []
+        """Those steps, sorted."""
         self.viable: dict[ParallelPlan, bool] = {}
 
     def twins(self, p: ParallelPlan) -> list[ParallelPlan]:
@@ -172,10 +177,17 @@ class _Visit:
         """The candidates found not to fit."""
         return frozenset(p for p, ok in self.viable.items() if not ok)
 
+    def add(self, plan: ParallelPlan, fitted: Fitted) -> None:
+        """Record a candidate's split (its fastest step among the fitting ones, once per split)."""
+        e = fitted.evaluated
+        self.done[plan], self.least[plan] = e, fitted.bottleneck
+        if e.fits and e.plan not in self.fitting:
+            self.fitting[e.plan] = e.step_seconds
+            bisect.insort(self.steps, e.step_seconds)
+
     def fastest_known(self, top: int) -> float:
         """The `top`-th fastest step among the fitting plans found (inf while fewer)."""
-        fitting = sorted({e.plan: e.step_seconds for e in self.done.values() if e.fits}.values())
-        return fitting[top - 1] if len(fitting) >= top else float("inf")
+        return self.steps[top - 1] if len(self.steps) >= top else float("inf")
 
 
 def _floor_fits(
@@ -219,7 +231,7 @@ class _BranchAndBound:
 
             fitted = fit_plan(model_for, p.shape, plan, p.cluster, p.margins, p.hw,
                               p.keep_recompute, p.floor)  # fmt: skip
-            visit.done[plan], visit.least[plan] = fitted.evaluated, fitted.bottleneck
+            visit.add(plan, fitted)
         return visit.done[plan]
 
     def fits(self, plan: ParallelPlan, i: int) -> bool:

@@ -193,7 +193,7 @@ def memory_floor(
         return min(held) >= 0 and sum(held) >= n
 
     lo, hi = 0.0, max(e + running + n * w for e, w in zip(ends, per_layer))
-    for _ in range(100):
+    while hi - lo > 1e-6 * hi:  # lo never fits: a floor at any precision
         mid = (lo + hi) / 2
         lo, hi = (lo, mid) if fits(mid) else (mid, hi)
     return lo

@@ -169,18 +169,19 @@ class _Ranks(RankTimes):
     def _search_fewest(
         self, rank: int, chunks: tuple[int, ...], known: dict[tuple[int, ...], int | None]
     ) -> int | None:
-        """_fewest's count, searched between the counts of the rank's splits known to hold no
-        more layers in any chunk (a lower bound, or none fits) and no fewer (an upper bound): a
-        layer more, recomputed or not, never needs less memory."""
+        """_fewest's count, searched between the counts of the rank's splits known that hold
+        one layer fewer in one chunk (a lower bound, or none fits) and one more (an upper
+        bound): a layer more, recomputed or not, never needs less memory."""
         top = max(chunks, default=0)
         lo, hi, proven = min(self.floor, top), top, False
-        for other, n in known.items():
-            if all(a <= b for a, b in zip(other, chunks)):
-                if n is None:
-                    return None
-                lo = max(lo, n)
-            elif n is not None and n < hi and all(a >= b for a, b in zip(other, chunks)):
-                hi, proven = n, True
+        for j in range(len(chunks)):
+            less = known.get(chunks[:j] + (chunks[j] - 1,) + chunks[j + 1 :], -1)
+            if less is None:
+                return None
+            lo = max(lo, less)
+            more = known.get(chunks[:j] + (chunks[j] + 1,) + chunks[j + 1 :])
+            if more is not None and more < hi:
+                hi, proven = more, True
         if lo > hi:  # not monotone after all: search the whole range
             lo, hi, proven = min(self.floor, top), top, False
         if self.fits(rank, chunks, lo) is not None:
