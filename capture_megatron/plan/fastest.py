@@ -135,8 +135,8 @@ class _Visit:
         self.done: dict[ParallelPlan, Evaluated] = {}
         self.least: dict[ParallelPlan, float] = {}
         """Fitted.bottleneck of the plans split."""
-        self.fitting: dict[ParallelPlan, float] = {}
-        """The step of each fitting split found."""
+        self.fitting: set[ParallelPlan] = set()
+        """The fitting splits found."""
         self.steps: list[float] = []
         """Those steps, sorted."""
         self.viable: dict[ParallelPlan, bool] = {}
@@ -182,7 +182,7 @@ class _Visit:
         e = fitted.evaluated
         self.done[plan], self.least[plan] = e, fitted.bottleneck
         if e.fits and e.plan not in self.fitting:
-            self.fitting[e.plan] = e.step_seconds
+            self.fitting.add(e.plan)
             bisect.insort(self.steps, e.step_seconds)
 
     def fastest_known(self, top: int) -> float:
