@@ -15,9 +15,15 @@ def mtp_problems(shape: ModelShape, plan: ParallelPlan) -> list[str]:
     """Why `plan` cannot run `shape`'s multi-token prediction layers as modelled (empty: it can):
     the plan must place the model's MTP layers; megatron-core asserts uniform recompute of one
     layer at a time on their stage, and then recomputes them (the probes recompute by the block
-    method, under which megatron-core keeps the MTP layers' activations); a last stage without
-    decoder layers moves the final norm to the stage before, and context parallelism shifts MTP's
-    tokens across CP ranks (neither modelled)."""
+    method, under which megatron-core keeps the MTP layers' activations); context parallelism
+    shifts MTP's tokens across CP ranks (not modelled).
+
+    A last stage without decoder layers is forecast: megatron-core then puts the decoder's final
+    norm on the stage holding the last decoder layer (TransformerBlock.
+    has_final_layernorm_in_this_stage), as the last stage's zero-layer probe has it (no final
+    norm). The stage before holds the norm's weight and what it saves of each micro-batch (its
+    input, one hidden state, and fp32 statistics per token); that stage's forecast leaves them
+    out (docs/MEMORY_MODEL.md, "Multi-token prediction")."""
     mtp = shape.mtp_num_layers
     p = []
     if plan.mtp_layers != mtp:
@@ -29,12 +35,6 @@ def mtp_problems(shape: ModelShape, plan: ParallelPlan) -> list[str]:
             "--recompute-method uniform with --mtp-num-layers: megatron-core then recomputes the "
             "MTP layers too (and asserts --recompute-num-layers 1), which is not modelled; use "
             "--recompute-method block, under which it keeps their activations"
-        )
-    if plan.pp > 1 and plan.layers_per_stage[-1] == 0:
-        p.append(
-            "a last pipeline stage without transformer layers with --mtp-num-layers is not "
-            "modelled (megatron-core then puts the decoder's final norm on the stage before); "
-            "give the last stage at least one transformer layer"
         )
     if plan.cp > 1:
         p.append(

@@ -26,15 +26,7 @@ def moe_overlap_problems(shape: ModelShape, plan: ParallelPlan) -> list[str]:
     why the forecast does not cover it (empty: it runs and is forecast, or the flag is off)."""
     if not plan.ddp.overlap_moe_expert_parallel_comm:
         return []
-    p = _megatron_rules(shape, plan)
-    if not p and shape.mtp_num_layers:
-        p.append(
-            "--overlap-moe-expert-parallel-comm with a multi-token-prediction layer is not "
-            "modelled yet: the combined 1F1B schedule runs the MTP layer as one more layer node "
-            "of the last stage (model_chunk_schedule_plan.py), which the forecast's merged steps "
-            "do not place"
-        )
-    return p
+    return _megatron_rules(shape, plan)
 
 
 def _megatron_rules(shape: ModelShape, plan: ParallelPlan) -> list[str]:

@@ -201,7 +201,8 @@ def chunk_cost(
     n = min(rc.layers_on(pp_rank), k) if rc.granularity == "full" else 0
     costs, (ret, ret_grad) = _costs(layers, z, kind, moe, n, rc.method)
     moved = plan.ddp.activation_offload
-    own = [layers.model(m).constants(z) for m in moe] if moved.groups else []
+    own = [layers.model(m).constants(z) for m in _offloaded(layers, shape, kind, moe)]
+    own = own if moved.groups else []
     per_layer = [offload.layer_bytes(sc, moved) for sc in own]
     inp, saved, fwd, bwd, redone = offload.chunk_adjusted(costs, per_layer)
     ends = layers.main.constants(z)
@@ -230,6 +231,18 @@ def chunk_cost(
         st.optimizer, buffers, redone, ret, ret_grad, state, st.copies, alone, st.host,
         offload.kept_bytes(own, moved),
     )  # fmt: skip
+
+
+def _offloaded(
+    layers: Layers, shape: ModelShape, kind: str, moe: tuple[bool, ...]
+) -> tuple[bool, ...]:
+    """Per transformer layer whose --offload-modules groups a chunk offloads, in forward order,
+    whether it is an MoE layer: its decoder layers (`moe`), then on the last stage its MTP
+    layers, whose inner TransformerLayer (built from the model's last layer's spec) offloads the
+    same groups (megatron-core 0.16.1 transformer_layer.py; multi_token_prediction.py)."""
+    if kind not in ("last", "only") or not shape.mtp_num_layers:
+        return moe
+    return (*moe, *layers.chunk(shape.num_layers - 1, 1) * shape.mtp_num_layers)
 
 
 def _routing_state(

@@ -49,6 +49,13 @@ class Merged:
     """(chunk kind, `H`): what the output layer, final norm and loss save (last and only chunks),
     freed before the layer steps."""
 
+    mtp: int = 0
+    """MTP layers of the last stage (one more layer node each in its merged steps)."""
+
+    def nodes(self, f_kind: str, b_kind: str) -> int:
+        """The MTP layer nodes a merged step of chunks of these kinds runs."""
+        return self.mtp * ((f_kind in ("last", "only")) + (b_kind in ("last", "only")))
+
     def head(self, kind: str) -> float:
         """`H` of a chunk kind (0 without the output layer)."""
         return dict(self.heads).get(kind, 0.0)
@@ -65,12 +72,18 @@ def merged(layers: Layers, shape: ModelShape, plan: ParallelPlan, kinds: tuple[s
         step = max(step, sc.layer_saved + mid.bwd1, mid.fwd1)
         hidden = max(hidden, mid.input_bytes)
     ends = layers.main.constants(z)
+    # an MTP layer is one more layer node of the last stage, run after its decoder layers: the
+    # head its backward frees first holds the output layer and loss, not the MTP layer's saved
+    # bytes (those of one layer of the model's last layer's variant, as the MTP layer's inner
+    # transformer layer is built from its spec)
+    last = layers.chunk(shape.num_layers - 1, 1)[0]
+    mtp = shape.mtp_num_layers * layers.model(last).constants(z).layer_saved
     heads = []
     for kind in sorted(set(kinds) & {"last", "only"}):
-        h = ends.chunk(kind).saved_ends
+        h = ends.chunk(kind).saved_ends - mtp
         h -= ends.chunk("first").saved_ends if kind == "only" else 0.0
         heads.append((kind, max(h, 0.0)))
-    return Merged(hidden=hidden, layer_step=step, heads=tuple(heads))
+    return Merged(hidden=hidden, layer_step=step, heads=tuple(heads), mtp=shape.mtp_num_layers)
 
 
 def merged_peak(m: Merged, f: ChunkCost, b: ChunkCost, f_retained: float) -> float:
@@ -79,6 +92,7 @@ def merged_peak(m: Merged, f: ChunkCost, b: ChunkCost, f_retained: float) -> flo
     2), a layer step (3) and f's head forward (4, b's saved bytes gone; f's forward peak holds
     its chunk's retention itself)."""
     head = b.backward + m.hidden
-    steps = m.hidden - m.head(b.kind) + m.layer_step if f.layers + b.layers > 0 else 0.0
+    nodes = f.layers + b.layers + m.nodes(f.kind, b.kind)
+    steps = m.hidden - m.head(b.kind) + m.layer_step if nodes > 0 else 0.0
     tail = m.hidden + (f.input_bytes + f.forward) - b.inflight - f_retained
     return max(max(head, steps), tail)

@@ -334,7 +334,7 @@ def rank_memory(
     limit = plan.ddp.deferred(plan.num_microbatches)
     moments = plan_states(plan, pp_rank, pair > 0)
     # fine-grained offloading: what the first backward chunk keeps of one micro-batch
-    kept = next((c.offload_kept for c in reversed(chunks) if c.layers), 0.0)
+    kept = next((c.offload_kept for c in reversed(chunks) if c.offload_kept), 0.0)
     if plan.ddp.overlap_moe_expert_parallel_comm:
         terms = overlap.merged(layers, shape, plan, tuple(c.kind for c in chunks))
         best = _one_by_one(chunks, terms, moments, static, pair, limit, best, kept)

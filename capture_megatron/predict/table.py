@@ -88,7 +88,7 @@ def _merged(
     f, b = ch[cf], ch[cb]
     f_kept = f["retained"] if after[cf] and cf != cb else 0.0
     head = b["backward"] + m.hidden
-    some = (f["layers"] + b["layers"]) > 0
+    some = (f["layers"] + b["layers"] + m.nodes(kinds[cf], kinds[cb])) > 0
     steps = np.where(some, m.hidden - m.head(kinds[cb]) + m.layer_step, 0.0)
     tail = m.hidden + f["forward"] - b["inflight"] - f_kept
     return np.maximum(np.maximum(head, steps), tail)
@@ -123,9 +123,9 @@ def peak_table(
     static = params + grads + opt + (other + layers.workspace_bytes + routing + gathers)
     kept = sum((c["retained"] for c in ch), zero)
     best = np.broadcast_to(static + kept + step, (limit + 1,) * vpp).copy()
-    held_back = zero  # offloading: the last chunk with layers keeps groups (rank_memory)
+    held_back = zero  # offloading: the last chunk with groups keeps some (rank_memory)
     for c in ch:
-        held_back = np.where(c["layers"] > 0, c["offload_kept"], held_back)
+        held_back = np.where(c["offload_kept"] > 0, c["offload_kept"], held_back)
     # moments with the same (kind, chunk, held, retaining) add the same transient; rounding is
     # monotone, so the largest of their activations gives the largest total
     groups: dict[tuple, list[tuple[int, ...]]] = {}

@@ -162,12 +162,32 @@ def test_pipeline_parallelism_needs_virtual_stages():
     assert _plan(True, pp=2, dp=2, vpp=2, ep=2).ddp.overlap_moe_expert_parallel_comm
 
 
-def test_mtp_is_not_modelled_yet():
+def test_an_mtp_layer_is_one_more_layer_node_of_the_last_chunk():
+    """With one MTP layer (PP > 1, as megatron requires) the plan is accepted; the last chunk's
+    head freed before the layer steps leaves out the MTP layer's saved bytes (one layer's `S`),
+    and a merged step with the last chunk runs a layer step even without decoder layers."""
+    from capture_megatron.predict.chunks import chunk_cost
+    from capture_megatron.predict.overlap import merged_peak
+
     shape = dataclasses.replace(MOE, mtp_num_layers=1)
     plan = dataclasses.replace(_plan(True, pp=2, dp=2, vpp=2, ep=2), mtp_layers=1)
-    plan = dataclasses.replace(plan, layers_per_stage=(1, 1, 1, 1))
-    with pytest.raises(CaptureError, match="multi-token-prediction layer is not modelled yet"):
-        check_plan_fits_model(shape, plan)
+    plan = dataclasses.replace(plan, layers_per_stage=(1, 1, 2, 0))
+    check_plan_fits_model(shape, plan)
+    probe = ProbeShape.of(shape, plan.tp, plan.micro_batch_size)
+    layers = Layers(synthetic_source(frozenset({(variant_of(shape, plan), probe)})).variants[0])
+    sc = layers.main.constants(sizes_for(shape, plan))
+    m = merged(layers, shape, plan, ("middle", "last"))
+    assert m.head("last") == max(sc.chunk("last").saved_ends - sc.layer_saved, 0.0)
+    assert (m.nodes("last", "middle"), m.nodes("middle", "middle"), m.nodes("last", "last")) == (
+        1,
+        0,
+        2,
+    )
+    last = chunk_cost(layers, shape, plan, 1, 1)  # the MTP-only chunk
+    assert last.layers == 0 and last.kind == "last"
+    step = m.hidden - m.head("last") + m.layer_step
+    assert merged_peak(m, last, last, 0.0) >= step > 0
+    assert all(r.peak > 0 for r in (rank_memory(layers, shape, plan, p) for p in (0, 1)))
 
 
 def test_delay_wgrad_compute_stays_refused():

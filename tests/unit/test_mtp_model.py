@@ -104,13 +104,33 @@ def test_the_emitted_flags_train_the_same_model():
         ({"recompute": Recompute("full", "uniform", (1, 1))}, "--recompute-method uniform"),
         ({"cp": 2}, "--context-parallel-size 2 with --mtp-num-layers"),
         ({"mtp_layers": 1}, "places 1 MTP layers but --mtp-num-layers is 2"),
-        ({"layers_per_stage": (4, 0)}, "a last pipeline stage without transformer layers"),
     ],
 )
 def test_what_is_not_modelled_with_mtp_is_named(change, named):
     plan = ParallelPlan(1, 2, 2, 2, 4, (2, 2), mtp_layers=2).replace(**change)
     assert any(named in p for p in mtp_problems(SHAPE, plan))
     assert not mtp_problems(SHAPE, ParallelPlan(1, 2, 2, 2, 4, (2, 2), mtp_layers=2))
+
+
+def test_an_mtp_only_last_stage_is_forecast():
+    """A last stage of MTP layers alone (`...|mL`, Megatron-LM's MTP offloading case) is
+    accepted: its 0-layer probe has no final norm, as megatron-core builds that stage; with
+    fine-grained offloading its MTP layers offload their groups as the model's last layer's."""
+    from capture_megatron.predict.chunks import _offloaded
+    from capture_megatron.predict.layers import Layers
+
+    assert not mtp_problems(SHAPE, ParallelPlan(1, 2, 2, 2, 4, (4, 0), mtp_layers=2))
+
+    class _Dense(Layers):
+        def __init__(self) -> None:  # only the layer pattern is read
+            pass
+
+        def chunk(self, start, k):
+            return (False,) * k
+
+    assert _offloaded(_Dense(), SHAPE, "last", ()) == (False, False)  # 2 MTP layers
+    assert _offloaded(_Dense(), SHAPE, "middle", (False,)) == (False,)
+    assert _offloaded(_Dense(), SHAPE.replace(mtp_num_layers=0), "last", (False,)) == (False,)
 
 
 def test_the_planner_leaves_the_mtp_stage_a_decoder_layer():
