@@ -309,8 +309,9 @@ def _spread(caps: list[int], n: int, extra: list[float], per_layer: float) -> li
         else:
             lo = mid + 1
     totals = most(values[lo])
-    for _ in range(sum(totals) - n):
-        heaviest = max(range(len(totals)), key=lambda r: (totals[r] * per_layer + extra[r], -r))
+    for _ in range(sum(totals) - n):  # from ranks that hold layers: an end alone may weigh most
+        holding = [r for r in range(len(totals)) if totals[r] > 0]
+        heaviest = max(holding, key=lambda r: (totals[r] * per_layer + extra[r], -r))
         totals[heaviest] -= 1
     return totals
 

@@ -1,8 +1,10 @@
-"""The fake-cuda worker process: `python -m capture_megatron.profile.worker JOB.json OUT.jsonl`
-(started by capture_megatron.profile.remote.run_in_worker).
+"""The fake-cuda worker process: `python -m capture_megatron.profile.worker --serve FD` (started
+and kept by capture_megatron.profile.remote.run_in_worker).
 
-Loads the fake CUDA shim before torch, runs the job's probes on the fake-cuda device and writes
-the records; a CaptureError is written to OUT.jsonl.error for the parent to raise.
+Loads the fake CUDA shim before torch, then runs jobs until its standard input ends: each line
+`JOB.json OUT.jsonl` names a job's probes, which it runs on the fake-cuda device, writing a byte
+to FD per finished probe, the records to OUT.jsonl (a CaptureError to OUT.jsonl.error for the
+parent to raise) and then a newline to FD.
 """
 
 from __future__ import annotations
@@ -21,30 +23,39 @@ PARENT = os.getppid()
 """The planner that started this worker, read at import."""
 
 
-def main(argv: list[str]) -> int:
-    """Worker entry point: JOB.json OUT.jsonl."""
-    job_path, out = argv
-    lifeline.die_with_parent(PARENT)  # a SIGKILLed planner takes its workers with it
-    quiet.install()  # before megatron-core is imported: some of its warnings come at import
+def _job(job_path: str, out: str, fd: int) -> None:
+    """Run one job's probes and write its records (or its CaptureError)."""
+    from capture_megatron.profile.session import run_probes
+
     try:
-        from capture_megatron.emulate import fake_cuda
-
-        fake_cuda.load()
-        from capture_megatron.profile.session import run_probes
-
         with open(job_path) as f:
             job = json.load(f)
         probes = [from_plain(Probe, p) for p in job["probes"]]
         kernels = from_plain(Kernels, job["kernels"])
-        fd = job["progress_fd"]
         records = run_probes(
             probes, "fake-cuda", kernels, False, job["timelines"], lambda: os.write(fd, b".")
         )
     except CaptureError as err:
         with open(out + ".error", "w") as f:
             f.write(str(err))
-        return 2
+        return
     write_records(records, out)
+
+
+def main(argv: list[str]) -> int:
+    """Worker entry point: --serve FD."""
+    _, fd = argv
+    lifeline.die_with_parent(PARENT)  # a SIGKILLed planner takes its workers with it
+    quiet.install()  # before megatron-core is imported: some of its warnings come at import
+    from capture_megatron.emulate import fake_cuda
+
+    fake_cuda.load()
+    for line in sys.stdin:
+        job_path, out = line.split()
+        _job(job_path, out, int(fd))
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.write(int(fd), b"\n")
     return 0
 
 

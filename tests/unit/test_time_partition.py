@@ -111,6 +111,15 @@ def test_no_split_fits_gives_none():
     assert timed_split(_model(plan), SMALL, plan, 0.5 * GIB, MARGINS, HW, True) is None
 
 
+def test_the_excess_is_taken_from_ranks_that_hold_layers():
+    """An end alone (the embedding of a large vocabulary) may weigh more than a rank's layers:
+    the layers above n are still taken from ranks holding some, never below 0 (seen: Qwen3-30B-A3B
+    on 16 GPUs reached a rank of -2 layers)."""
+    from capture_megatron.plan.timed import _spread
+
+    assert _spread([0, 2, 2], 3, [5.0, 0.0, 0.0], 1.0) == [0, 1, 2]
+
+
 def test_time_layout_beats_the_memory_layout_with_memory_to_spare():
     """The min-max memory split piles layers where memory is low (the last rank's fewer
     micro-batches in flight), which a time-aware split need not do when memory is ample; the

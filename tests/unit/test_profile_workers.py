@@ -1,0 +1,42 @@
+"""The fake-cuda profiling workers (capture_megatron.profile.remote) are started once and kept for
+a process's later rounds: a search profiles in rounds, and a worker start (torch and megatron-core
+imports) costs about a dozen probes. What a kept worker measures does not depend on what it ran
+before."""
+
+from __future__ import annotations
+
+import pytest
+
+from capture_megatron.config import ModelShape, ParallelPlan
+
+SHAPE = ModelShape(
+    num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=64, vocab_size=512,
+    add_bias_linear=False,
+)  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_second_round_reuses_the_worker_and_measures_the_same():
+    from capture_megatron.predict import variant_of
+    from capture_megatron.profile import remote
+    from capture_megatron.profile.design import probes_for
+    from capture_megatron.profile.session import run_probes
+    from capture_megatron.records import ProbeShape
+
+    plan = ParallelPlan(
+        tp=1, pp=2, dp=1, micro_batch_size=2, global_batch_size=8, layers_per_stage=(1, 1)
+    )
+    probes = probes_for(variant_of(SHAPE, plan), [ProbeShape.of(SHAPE, 1, 2)])
+    remote._stop(list(remote._KEPT), kill=False)  # noqa: SLF001  (a fresh start)
+    first = run_probes(probes[:3], "fake-cuda", progress=False)
+    (worker,) = remote._KEPT  # noqa: SLF001  (3 probes: one worker)
+    again = run_probes(probes, "fake-cuda", progress=False)
+    assert [worker] == remote._KEPT and worker.process.poll() is None  # noqa: SLF001
+    measured = [
+        (r.kind, r.layers, r.saved_bytes, r.forward_peak, r.backward_peak) for r in again[:3]
+    ]
+    assert measured == [
+        (r.kind, r.layers, r.saved_bytes, r.forward_peak, r.backward_peak) for r in first
+    ]
+    remote._stop(list(remote._KEPT), kill=False)  # noqa: SLF001  (ends at the end of its input)
+    assert worker.process.returncode == 0 and not remote._KEPT  # noqa: SLF001
