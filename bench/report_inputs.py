@@ -104,4 +104,5 @@ def hf_planned_section(root: str) -> str:
         out.append(
             f"{head} {sizes} | {rc} | {r['needed_gib']:.1f} | {r['fits']} | {step} | {wall} |"
         )
-    return "\n".join(out) + "\n"
+    notes = [f"- {r['model']}: {r['note']}" for r in data["rows"] if r.get("note")]
+    return "\n".join(out + ([""] + notes if notes else [])) + "\n"
