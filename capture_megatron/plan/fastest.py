@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
@@ -126,8 +127,12 @@ class _Visit:
         plans: list[ParallelPlan],
         bound: Callable[[ParallelPlan], float],
         floor: Callable[[ParallelPlan], bool],
+        beaten: float = math.inf,
     ) -> None:
         self.floor, self.floors = floor, dict[ParallelPlan, bool]()
+        self.beaten = beaten
+        """A step known from elsewhere (another search's fastest plan): a candidate whose bound
+        is not below it is not split."""
         self.index = {_key(p): p for p in plans}
         self.sizes = sorted({p.micro_batch_size for p in plans})
         self.bounds = {p: bound(p) for p in plans}
@@ -164,7 +169,7 @@ class _Visit:
         """The candidates from the i-th on that may still be split -- their memory floor fits, no
         lighter twin is known not to fit, their bound is below the fastest plan found -- each
         after its twins (what profiling batches)."""
-        known = self.fastest_known(1)
+        known = self.fastest_known()
         for plan in self.order[i:]:
             if self.bounds[plan] >= known:
                 break
@@ -185,9 +190,9 @@ class _Visit:
             self.fitting.add(e.plan)
             bisect.insort(self.steps, e.step_seconds)
 
-    def fastest_known(self, top: int) -> float:
-        """The `top`-th fastest step among the fitting plans found (inf while fewer)."""
-        return self.steps[top - 1] if len(self.steps) >= top else float("inf")
+    def fastest_known(self) -> float:
+        """The fastest step known: of the fitting plans found, or `beaten` (inf: neither)."""
+        return min(self.steps[0], self.beaten) if self.steps else self.beaten
 
 
 def _floor_fits(
@@ -279,7 +284,7 @@ class _BranchAndBound:
         heapq.heapify(queue)
         while queue:
             bound, stage, i = heapq.heappop(queue)
-            if visit.fastest_known(1) <= bound:
+            if visit.fastest_known() <= bound:
                 break
             plan = visit.order[i]
             if stage == 0:
@@ -303,15 +308,17 @@ def fastest(
     keep_recompute: bool,
     floor: int = 0,
     fp8: tuple[bool, bool] = (False, False),
+    beaten: float = math.inf,
 ) -> SearchResult:
     """The branch and bound (module docstring): the fastest fitting plan, proven, then the
     fastest of the others evaluated on the way (up to `top` in all; `fp8`: FP8 compute and
-    --fp8-param-gather, for the memory floor)."""
+    --fp8-param-gather, for the memory floor). With `beaten` (a step known from another
+    search) only candidates that may be faster are split: the fastest of them, if any is."""
     if "full" in {p.recompute.granularity for p in plans} and not keep_recompute and not floor:
         plans = [p for p in plans if p.recompute.granularity != "none"]
     cap = cluster.gpu_memory_bytes
     visit = _Visit(plans, lambda p: step_bound(shape, p, hw),
-                   lambda p: _floor_fits(shape, p, margins, cap, fp8))  # fmt: skip
+                   lambda p: _floor_fits(shape, p, margins, cap, fp8), beaten)  # fmt: skip
     problem = _Problem(supply, shape, cluster, margins, hw, keep_recompute, floor)
     _BranchAndBound(problem, visit).search()
     done = visit.done.values()

@@ -85,8 +85,8 @@ def search(
     if objective == "throughput":
         floor = 1 if space.recompute == ("full",) else 0
 
-        def run(some: list[ParallelPlan]) -> SearchResult:
-            return fastest(supply, shape, cluster, some, margins, hw, top, keep, floor, fp8)
+        def run(some: list[ParallelPlan], beaten: float = math.inf) -> SearchResult:
+            return fastest(supply, shape, cluster, some, margins, hw, top, keep, floor, fp8, beaten)
 
         moved = [f for f in space.optimizer_offload if f > 0.0]
         if len(space.optimizer_offload) < 2 or not moved or True not in space.distributed_optimizer:
@@ -103,7 +103,7 @@ def search(
 
 
 def _with_offload(
-    run: Callable[[list[ParallelPlan]], SearchResult],
+    run: Callable[[list[ParallelPlan], float], SearchResult],
     shape: ModelShape,
     cluster: Cluster,
     plain: list[ParallelPlan],
@@ -115,8 +115,9 @@ def _with_offload(
     the offloading twins (each fraction, the distributed optimizer on) of the candidates found not
     to fit without it whose step bound is below that plan (none when it is at least as fast as
     every bound: offload only adds step time, so it wins where it saves recompute or stages),
-    the rankings merged."""
-    first = run(plain)
+    each of those searches splitting only the twins that may beat that plan; the rankings
+    merged."""
+    first = run(plain, math.inf)
     best = first.ranked[0].step_seconds if first.ranked and first.ranked[0].fits else math.inf
     order = {p: i for i, p in enumerate(plain)}  # the candidates' order, not the set's
     moved = [
@@ -128,9 +129,9 @@ def _with_offload(
     if not moved:
         return first
     if all(_host_bound(shape, p, cluster) <= hw.hardware.host_memory_bytes for p in moved):
-        found = [run(moved)]  # a fraction's twin with all of it offloaded needs no more memory
+        found = [run(moved, best)]  # a fraction's twin all offloaded needs no more memory
     else:  # the host memory may bind: more offload is then not lighter; each fraction apart
-        found = [run([p for p in moved if offloaded(p) == f]) for f in fractions]
+        found = [run([p for p in moved if offloaded(p) == f], best) for f in fractions]
     both = sorted(
         [e for r in (first, *found) for e in r.ranked],
         key=lambda e: (not e.fits, e.step_seconds, e.peak),
