@@ -2,12 +2,13 @@
 which every regression term is identifiable (torch-free).
 
 The number of probes depends on the number of terms (and variants), never on the model's depth: per
-shape, 8 chunk probes (16 with full recompute); DESIGN_SHAPES shapes per variant, chosen
-deterministically so that the activation and parameter design matrices have full column rank
-(checked). mCAP, by contrast, needs about one profiling run per layer of the real model."""
+shape, 8 chunk probes (17 with full recompute, 8 of them the no-recompute variant's chunks:
+built_as); DESIGN_SHAPES shapes per variant, chosen deterministically so that the activation and
+parameter design matrices have full column rank (checked). mCAP, by contrast, needs about one profiling run per layer of the real model."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import numpy as np
@@ -102,6 +103,17 @@ def probes_for(variant: Variant, shapes: list[ProbeShape]) -> list[Probe]:
     return [
         Probe(variant, shape, kind, layers, rc) for shape in shapes for kind, layers, rc in keys
     ]
+
+
+def built_as(probe: Probe) -> Probe:
+    """The probe that builds and runs the same chunk as `probe`: full recompute of none of its
+    layers is megatron-core's model without recompute (the builder sets no recompute
+    granularity), so such a probe is measured once, as the variant without recompute."""
+    if probe.variant.recompute == "full" and probe.recompute_layers == 0:
+        return dataclasses.replace(
+            probe, variant=dataclasses.replace(probe.variant, recompute="none")
+        )
+    return probe
 
 
 def variant_tps(variant: Variant, max_tp: int) -> tuple[int, ...]:

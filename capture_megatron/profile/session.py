@@ -18,6 +18,7 @@ not measured (optimizer state is computed from the parameters instead).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import warnings
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
@@ -27,7 +28,7 @@ from capture_megatron.config import Kernels, ModelShape
 from capture_megatron.config.kernels import kernel_set
 from capture_megatron.errors import CaptureError
 from capture_megatron.megatron import quiet
-from capture_megatron.profile.design import model_probes
+from capture_megatron.profile.design import built_as, model_probes
 from capture_megatron.profile.options import ProfileOptions, device_name
 from capture_megatron.profile.setup import Setup
 from capture_megatron.records import Probe, ProfileRecord, Variant
@@ -129,6 +130,12 @@ def run_probes(
     device = device_name(device)
     for probe in probes:
         refuse_on_fake_device(probe.variant, device, kernels)
+    builds = [built_as(p) for p in probes]
+    unique = list(dict.fromkeys(builds))
+    if len(unique) < len(probes):  # each chunk measured once (built_as), its record shared
+        measured = run_probes(unique, device, kernels, progress, timelines, tick)
+        by_build = dict(zip(unique, measured, strict=True))
+        return [dataclasses.replace(by_build[b], variant=p.variant) for p, b in zip(probes, builds)]
     if device == "fake-cuda":
         from capture_megatron.emulate import fake_cuda
 

@@ -8,6 +8,7 @@ profiles and later ones reuse the measurements.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import os
@@ -57,17 +58,7 @@ def profiled_model(
     missing = sorted(((v, s) for v, s in needs if (v, s) not in have), key=str)
     if missing:
         check_writable(os.path.dirname(path))
-        from capture_megatron.profile.design import probes_for
-        from capture_megatron.profile.session import run_probes
-
-        probes = [p for v, s in missing for p in probes_for(v, [s])]
-        print(
-            f"profiling {len(probes)} probes on {device} ({kernel_set(device, kernels)}) for "
-            f"{len(missing)} new (variant, size) "
-            f"pairs (cached in {path})",
-            flush=True,
-        )
-        records += run_probes(probes, device, kernels, progress=progress)
+        records += _profiled(missing, records, device, kernels, progress, path)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         tmp = f"{path}.{os.getpid()}.tmp"  # concurrent planners of one model never share a tmp
         write_records(records, tmp)
@@ -76,6 +67,33 @@ def profiled_model(
         raise CaptureError("nothing to profile: no candidate plan fits the model's shape")
     st = os.stat(path)  # profiled just now: every pair asked for is in the records kept
     return _keep(path, (st.st_mtime_ns, st.st_size, _code_fingerprint()), records).model
+
+
+def _profiled(
+    missing: list[tuple[Variant, ProbeShape]],
+    records: list[ProfileRecord],
+    device: str,
+    kernels: Kernels,
+    progress: bool,
+    path: str,
+) -> list[ProfileRecord]:
+    """The records of the `missing` pairs: their probes run, except those whose chunk a record
+    kept already measured (profile.design.built_as: a full-recompute pair's probes without
+    recomputed layers are its no-recompute pair's)."""
+    from capture_megatron.profile.design import built_as, probes_for
+    from capture_megatron.profile.session import run_probes
+
+    probes = [p for v, s in missing for p in probes_for(v, [s])]
+    known = {built_as(r.probe): r for r in records}
+    todo = list(dict.fromkeys(built_as(p) for p in probes if built_as(p) not in known))
+    print(
+        f"profiling {len(todo)} probes on {device} ({kernel_set(device, kernels)}) for "
+        f"{len(missing)} new (variant, size) pairs (cached in {path})",
+        flush=True,
+    )
+    for record in run_probes(todo, device, kernels, progress=progress) if todo else []:
+        known.setdefault(built_as(record.probe), record)
+    return [dataclasses.replace(known[built_as(p)], variant=p.variant) for p in probes]
 
 
 @dataclass(frozen=True)
