@@ -321,19 +321,6 @@ class ProfileRecord(JsonMixin):
         """The timeline of one window, if recorded."""
         return next((t for t in self.timelines if t.window == window), None)
 
-    @property
-    def probe(self) -> Probe:
-        """The probe that measured this record."""
-        return Probe(
-            self.variant,
-            self.shape,
-            self.kind,
-            self.layers,
-            self.recompute_layers,
-            self.dp,
-            self.distributed_optimizer,
-        )
-
 
 @dataclass(frozen=True)
 class Probe:

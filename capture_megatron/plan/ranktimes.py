@@ -74,15 +74,13 @@ class RankTimes:
 
     def least_bottleneck(self) -> tuple[float, float]:
         """(below, at): the least slowest-rank time of any split if memory were no bound lies
-        in (below, at], within TIE."""
+        in (below, at], within TIE. It is the least limit within which the ranks hold all n
+        layers (held): the n-th least of the ranks' times for their first, second, ... layer
+        (a rank's k-th layer fits within the limit when its time for k layers does)."""
         pp, n = self.plan.pp, self.shape.num_layers
-        lo, hi = 0.0, max(self.unrecomputed(r, n) for r in range(pp))
-        for _ in range(200):
-            if hi - lo <= TIE * hi:
-                break
-            mid = (lo + hi) / 2
-            lo, hi = (lo, mid) if sum(self.held(r, mid) for r in range(pp)) >= n else (mid, hi)
-        return lo, hi
+        times = sorted(self.unrecomputed(r, k) for r in range(pp) for k in range(1, n + 1))
+        at = times[n - 1]
+        return at * (1 - TIE), at
 
 
 def least_step(shape: ModelShape, plan: ParallelPlan, hw: CostModel) -> float:

@@ -4,7 +4,8 @@ which every regression term is identifiable (torch-free).
 The number of probes depends on the number of terms (and variants), never on the model's depth: per
 shape, 8 chunk probes (17 with full recompute, 8 of them the no-recompute variant's chunks:
 built_as); DESIGN_SHAPES shapes per variant, chosen deterministically so that the activation and
-parameter design matrices have full column rank (checked). mCAP, by contrast, needs about one profiling run per layer of the real model."""
+parameter design matrices have full column rank (checked). mCAP, by contrast, needs about one
+profiling run per layer of the real model."""
 
 from __future__ import annotations
 

@@ -21,7 +21,14 @@ from capture_megatron.config.kernels import kernel_set
 from capture_megatron.errors import CaptureError
 from capture_megatron.fit import MemoryModel, ModelSource, Needs, fit
 from capture_megatron.profile.options import device_name
-from capture_megatron.records import ProbeShape, ProfileRecord, Variant, read_records, write_records
+from capture_megatron.records import (
+    Probe,
+    ProbeShape,
+    ProfileRecord,
+    Variant,
+    read_records,
+    write_records,
+)
 from capture_megatron.serial import JsonMixin
 
 
@@ -84,7 +91,7 @@ def _profiled(
     from capture_megatron.profile.session import run_probes
 
     probes = [p for v, s in missing for p in probes_for(v, [s])]
-    known = {built_as(r.probe): r for r in records}
+    known = {built_as(_probe(r)): r for r in records}
     todo = list(dict.fromkeys(built_as(p) for p in probes if built_as(p) not in known))
     print(
         f"profiling {len(todo)} probes on {device} ({kernel_set(device, kernels)}) for "
@@ -92,8 +99,16 @@ def _profiled(
         flush=True,
     )
     for record in run_probes(todo, device, kernels, progress=progress) if todo else []:
-        known.setdefault(built_as(record.probe), record)
+        known.setdefault(built_as(_probe(record)), record)
     return [dataclasses.replace(known[built_as(p)], variant=p.variant) for p in probes]
+
+
+def _probe(record: ProfileRecord) -> Probe:
+    """The probe that measured a record."""
+    r = record
+    return Probe(
+        r.variant, r.shape, r.kind, r.layers, r.recompute_layers, r.dp, r.distributed_optimizer
+    )
 
 
 @dataclass(frozen=True)

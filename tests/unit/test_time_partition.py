@@ -20,7 +20,7 @@ from capture_megatron.plan.calibration import fitted
 from capture_megatron.plan.costmodel import CostModel, step_seconds
 from capture_megatron.plan.fastest import fastest, fit_plan
 from capture_megatron.plan.margins import Margins
-from capture_megatron.plan.ranktimes import least_step, memory_floor
+from capture_megatron.plan.ranktimes import RankTimes, least_step, memory_floor
 from capture_megatron.plan.space import Space, candidates
 from capture_megatron.plan.supply import Supply, needs_of
 from capture_megatron.plan.timed import timed_split
@@ -149,6 +149,23 @@ def test_memory_floor_is_below_every_split(pp, mbs):
         trial = replace(plan, layers_per_stage=split, recompute=Recompute("full", "block", split))
         least = min(least, max(rank_memory(layers, SMALL, trial, r).peak for r in range(pp)))
     assert 0 < memory_floor(SMALL, plan) <= least
+
+
+@pytest.mark.parametrize("pp,vpp", [(1, 1), (2, 1), (4, 1), (4, 2)])
+def test_least_bottleneck_is_the_least_limit_holding_every_layer(pp, vpp):
+    """The least slowest-rank time of any split when memory is no bound: the ranks hold all
+    layers within it (RankTimes.held), not within any limit below it; and it is some split's
+    slowest rank."""
+    ranks = RankTimes(SMALL, _plan(pp, vpp, "none"), HW)
+    below, at = ranks.least_bottleneck()
+    assert below < at
+    assert sum(ranks.held(r, at) for r in range(pp)) >= SMALL.num_layers
+    assert sum(ranks.held(r, below) for r in range(pp)) < SMALL.num_layers
+    slowest = (
+        max(ranks.unrecomputed(r, k) for r, k in enumerate(s))
+        for s in _splits(SMALL.num_layers, pp)
+    )
+    assert min(slowest) == at
 
 
 OVERLAPPED = CostModel(
