@@ -78,7 +78,8 @@ class RankTimes:
         layers (held): the n-th least of the ranks' times for their first, second, ... layer
         (a rank's k-th layer fits within the limit when its time for k layers does)."""
         pp, n = self.plan.pp, self.shape.num_layers
-        times = sorted(self.unrecomputed(r, k) for r in range(pp) for k in range(1, n + 1))
+        fixed, per = [self.fixed(r) for r in range(pp)], self.per_layer  # as in unrecomputed
+        times = sorted(k * per + f for f in fixed for k in range(1, n + 1))
         at = times[n - 1]
         return at * (1 - TIE), at
 
