@@ -8,6 +8,9 @@ medians of --repeats runs are reported (this machine is shared: medians, one run
     python bench/plan_times.py [--repeats 3] [--out bench/results/plan_times.json]
         [--cases llama2-70b:64,gpt3-175b:1024]
 
+"probes" counts the probes a cold plan ran, "records" the records it kept (a record can serve
+several probes: capture_megatron.profile.design.built_as).
+
 --cases reruns only those presets (no profile times) and replaces their rows in --out, naming
 the commit they were measured at ("rerun"); the other rows stay as they were.
 """
@@ -18,6 +21,7 @@ import argparse
 import glob
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -51,7 +55,8 @@ def _fresh_cache() -> str:
     return tmp
 
 
-def _timed(argv: list[str], cache: str) -> float:
+def _run(argv: list[str], cache: str) -> tuple[float, str]:
+    """(wall seconds, standard output) of one capture-megatron command with its own cache."""
     env = {**os.environ, "CAPTURE_MEGATRON_CACHE": cache}
     t0 = time.perf_counter()
     done = subprocess.run(
@@ -59,7 +64,16 @@ def _timed(argv: list[str], cache: str) -> float:
     )
     if done.returncode:
         raise SystemExit(f"{' '.join(argv)} failed: {done.stderr.decode()[-2000:]}")
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, done.stdout.decode()
+
+
+def _timed(argv: list[str], cache: str) -> float:
+    return _run(argv, cache)[0]
+
+
+def _probes_run(stdout: str) -> int:
+    """The probes a cold plan ran, from its "profiling N probes" lines."""
+    return sum(int(m) for m in re.findall(r"^profiling (\d+) probes", stdout, re.MULTILINE))
 
 
 def _lines(path: str) -> int:
@@ -70,13 +84,17 @@ def _lines(path: str) -> int:
 def plan_times(name: str, gpus: int, repeats: int) -> dict:
     """Median cold and warm wall times of one preset's default plan."""
     argv = ["plan", "--preset", name, "--gpus", str(gpus), "--gpu-memory-gib", "80"]
-    cold, warm, probes = [], [], 0
+    cold, warm, probes, records = [], [], 0, 0
     for _ in range(repeats):
         cache = _fresh_cache()
         try:
-            cold.append(_timed([*argv, "--no-progress"], cache))
+            seconds, stdout = _run([*argv, "--no-progress"], cache)
+            cold.append(seconds)
             warm.append(_timed([*argv, "--no-progress"], cache))
-            probes = sum(_lines(p) - 1 for p in glob.glob(os.path.join(cache, "fake-cuda-*.jsonl")))
+            probes = _probes_run(stdout)
+            records = sum(
+                _lines(p) - 1 for p in glob.glob(os.path.join(cache, "fake-cuda-*.jsonl"))
+            )
         finally:
             shutil.rmtree(cache, ignore_errors=True)
     return {
@@ -85,6 +103,7 @@ def plan_times(name: str, gpus: int, repeats: int) -> dict:
         "cold_s": statistics.median(cold),
         "warm_s": statistics.median(warm),
         "probes": probes,
+        "records": records,
         "cold_runs_s": cold,
     }
 
