@@ -298,7 +298,10 @@ def trade(ctx: Context, best: Evaluated, baselines: tuple[Baseline, ...]) -> tup
             words = ["the same peak"]
         slower = b.step_seconds / best.step_seconds - 1
         if gpu:
-            words.append("as fast" if abs(slower) < TIE else _percent(abs(slower)) + " slower")
+            pace = "as fast" if abs(slower) < TIE else _percent(abs(slower))
+            words.append(
+                pace + (" slower" if slower >= TIE else " faster" if slower <= -TIE else "")
+            )
         tail = ""
         if not b.fits:
             tail = f"; does not fit (needs {gib(b.needed)} > {gib(cap)})"

@@ -23,7 +23,6 @@ from capture_megatron.config.model import tp_head_problems
 from capture_megatron.errors import CaptureError
 from capture_megatron.fit import MemoryModel, ModelSource
 from capture_megatron.plan.balance import host_overflow
-from capture_megatron.plan.baselines import baselines_for
 from capture_megatron.plan.costmodel import CostModel
 from capture_megatron.plan.explain import (
     Context,
@@ -35,7 +34,12 @@ from capture_megatron.plan.explain import (
 )
 from capture_megatron.plan.margins import CONTEXT_GIB, RESERVE_FRACTION, Margins
 from capture_megatron.plan.result import ModelOrigin, PlanResult
-from capture_megatron.plan.routing import at_forecast, routed, routing_report
+from capture_megatron.plan.routing import (
+    at_forecast,
+    baselines_at_forecast,
+    routed,
+    routing_report,
+)
 from capture_megatron.plan.search import OBJECTIVES, Evaluated, evaluate_plan, search, undominated
 from capture_megatron.plan.space import Space, candidates, searched_offload
 from capture_megatron.plan.supply import Supply
@@ -239,12 +243,8 @@ def _result(
     ranked, baselines = not_below_baselines(ctx, ranked, options.fixed is not None)
     shown = at_forecast(memory, shape, ranked, cluster, margins, hw)
     fore = routed(shape, "forecast")
-    if fore != shape:  # dropless MoE: the baselines shown at the forecast, as the plans
-        given = options.fixed is not None or space.keeps_recompute
-        floor = 1 if space.recompute == ("full",) else 0
-        fore_model = Supply(fore, memory).complete([shown[0].plan])
-        plan0 = shown[0].plan
-        baselines = baselines_for(fore_model, fore, plan0, cluster, margins, hw, given, floor)
+    # dropless MoE: the baselines shown at the forecast, judged at the planning factor as the plans
+    baselines = baselines_at_forecast(memory, shape, shown[0].plan, baselines, cluster, margins, hw)
     lines = reasoning(ctx, shown, considered) + trade(ctx, shown[0], baselines)
     if options.fixed is None:
         lines += tuple(x for x in (batch_line(options, ranked[0].plan.global_batch_size),) if x)

@@ -16,8 +16,10 @@ from typing import Any
 
 from capture_megatron.config import GIB, Cluster, ModelShape, ParallelPlan
 from capture_megatron.fit import MemoryModel, ModelSource
+from capture_megatron.plan.baselines import Baseline
 from capture_megatron.plan.costmodel import CostModel
 from capture_megatron.plan.margins import Margins
+from capture_megatron.plan.partition import Partition
 from capture_megatron.plan.search import Evaluated, evaluate_plan
 from capture_megatron.plan.supply import Supply
 from capture_megatron.predict.routing import RoutingFactor, routing_factor
@@ -110,6 +112,41 @@ def at_forecast(
     for e in ranked:
         f = evaluate_plan(model, fore, e.plan, cluster, margins, hw)
         out.append(dataclasses.replace(f, needed=e.needed, fits=e.fits, bound=e.bound))
+    return tuple(out)
+
+
+def baselines_at_forecast(
+    memory: MemoryModel | ModelSource,
+    shape: ModelShape,
+    plan: ParallelPlan,
+    baselines: tuple[Baseline, ...],
+    cluster: Cluster,
+    margins: Margins,
+    hw: CostModel,
+) -> tuple[Baseline, ...]:
+    """The chosen plan's baselines (split and recompute chosen at the planning factor) with their
+    peaks at the forecast; what each needs and whether it fits stay those of the planning factor,
+    as the plans' (at_forecast)."""
+    fore = routed(shape, "forecast")
+    if fore == shape:
+        return baselines
+    splits = {
+        b.name: dataclasses.replace(
+            plan, layers_per_stage=b.partition.layers_per_stage, recompute=b.recompute
+        )
+        for b in baselines
+        if b.partition is not None
+    }
+    model = _model(memory, fore, list(splits.values()))
+    out = []
+    for b in baselines:
+        if b.partition is not None:
+            f = evaluate_plan(model, fore, splits[b.name], cluster, margins, hw)
+            peaks = tuple(s.peak for s in f.stages)
+            b = dataclasses.replace(
+                b, partition=Partition(b.partition.layers_per_stage, f.peak, peaks)
+            )
+        out.append(b)
     return tuple(out)
 
 

@@ -162,3 +162,26 @@ def test_plan_judges_fits_at_the_planning_factor():
         synthetic_source,
     )
     assert searched.routing is not None and searched.best.fits
+
+
+@pytest.mark.parametrize("memory_gib", [12.0, 80.0])
+def test_baselines_are_shown_at_the_forecast_and_judged_at_the_planning_factor(memory_gib):
+    """The chosen plan's baselines, as the plans: peaks at the forecast, what they need and whether
+    they fit at the planning factor (a baseline judged at the forecast alone was shown fitting and
+    faster than a plan that no baseline beat where it was judged: Qwen3-235B-A22B on 256 GPUs);
+    and the trade line says which of the two is faster."""
+    shape, cluster = _shape(), Cluster(gpus=16, gpu_memory_bytes=int(memory_gib * GIB))
+    space = Space(tp=(1,), pp=(2,), ep=(8,), micro_batch_size=(1,), recompute=("none", "full"))
+    options = PlanOptions(space=space, global_batch_size=64, context_gib=0)
+    result = plan(shape, cluster, options, synthetic_source)
+    best, shown = result.best, [b for b in result.baselines if b.partition is not None]
+    assert best.fits and shown
+    for b in shown:
+        assert b.partition is not None
+        assert b.needed > result.margins.needed(b.partition.peak)  # not the forecast's need
+        assert b.fits == (b.needed <= cluster.gpu_memory_bytes)
+        if b.fits:
+            assert best.step_seconds <= b.step_seconds * (1 + 1e-9), b.name
+        line = next((x for x in result.reasoning if x.startswith(f"{b.name} split (")), "")
+        if line and b.step_seconds < best.step_seconds * (1 - 1e-9):
+            assert "faster" in line and "slower" not in line, line
