@@ -70,6 +70,9 @@ def plan(name: str, gpus: int) -> dict[str, Any]:
     p = data["plan"]
     row["plan"] = {k: p.get(k) for k in ("tp", "pp", "dp", "vpp", "cp", "ep", "micro_batch_size")}
     row["recompute"] = p.get("recompute")
+    ddp = p.get("ddp", {})
+    offload = ddp.get("optimizer_offload_fraction", 1.0) if ddp.get("optimizer_cpu_offload") else 0
+    row["optimizer_offload"] = offload
     row["needed_gib"] = round(data["needed_bytes_per_gpu"] / 2**30, 2)
     row["fits"] = data["fits"]
     row["step_s"] = data.get("estimated_step_seconds")

@@ -98,7 +98,12 @@ def hf_planned_section(root: str) -> str:
         p = r["plan"]
         sizes = f"TP{p['tp']} PP{p['pp']} DP{p['dp']} EP{p['ep']} VPP{p['vpp']}"
         sizes += f" mbs{p['micro_batch_size']}"
+        sizes += (
+            f" optimizer offload {r['optimizer_offload']:g}" if r.get("optimizer_offload") else ""
+        )
         rc = r["recompute"]["granularity"] if isinstance(r["recompute"], dict) else r["recompute"]
+        if rc == "full" and isinstance(r["recompute"], dict):
+            rc += f" of {r['recompute']['num_layers']} layers per stage"
         step = f"{r['step_s']:.2f}" if r.get("step_s") else "-"
         wall = f"{r['seconds']:.0f} ({'cold' if r['cold'] else 'warm'})"
         out.append(
