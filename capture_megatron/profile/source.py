@@ -93,9 +93,11 @@ def _profiled(
     probes = [p for v, s in missing for p in probes_for(v, [s])]
     known = {built_as(_probe(r)): r for r in records}
     todo = list(dict.fromkeys(built_as(p) for p in probes if built_as(p) not in known))
+    shared = len(probes) - len(todo)
+    again = f"{shared} of their probes reuse another's measurement; " if shared else ""
     print(
         f"profiling {len(todo)} probes on {device} ({kernel_set(device, kernels)}) for "
-        f"{len(missing)} new (variant, size) pairs (cached in {path})",
+        f"{len(missing)} new (variant, size) pairs ({again}cached in {path})",
         flush=True,
     )
     for record in run_probes(todo, device, kernels, progress=progress) if todo else []:
