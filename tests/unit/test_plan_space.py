@@ -81,6 +81,22 @@ def test_the_trade_line_prices_the_memory_balanced_split():
     assert lower in line and slower in line and headroom in line, line
 
 
+def test_the_trade_line_says_which_split_is_faster():
+    """A baseline faster than the plan (one that does not fit) is said to be faster, not slower."""
+    from capture_megatron.plan.explain import Context, trade
+
+    flags = ParallelFlags(tensor_model_parallel_size=2, pipeline_model_parallel_size=4)
+    options = PlanOptions(space=space_from(flags), global_batch_size=32, context_gib=0)
+    cluster = Cluster(gpus=8, gpu_memory_bytes=20 * GIB)
+    result = plan(SMALL, cluster, options, synthetic_source)
+    best, memory = result.best, result.baseline("memory-balanced")
+    ctx = Context(None, SMALL, cluster, options.space, result.margins, None, "throughput")  # type: ignore[arg-type]
+    for scale, word in ((0.9, "10% faster"), (1.1, "10% slower"), (1.0, "as fast")):
+        quicker = dataclasses.replace(memory, step_seconds=best.step_seconds * scale)
+        (line,) = trade(ctx, best, (quicker,))
+        assert word in line and ("faster" in line) + ("slower" in line) <= 1, line
+
+
 def test_min_gpus_recomputes_only_what_the_fewest_gpus_need():
     """The issue's case: min-gpus recomputed every layer (the min-peak plan that proved the GPU
     count) where the fastest plan on those GPUs needs less."""
