@@ -5,8 +5,10 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.capture-megatron-installed
 PYTEST_ARGS ?=
-# tests outside tests/dist and tests/slurm run on JOBS pytest workers (pytest-xdist): most of them
-# are one Python thread, so 2 workers fill CI's 2 cores; the torchrun and Slurm jobs run one at a time
+# tests run on JOBS pytest workers (pytest-xdist): those outside tests/dist and tests/slurm are mostly
+# one Python thread each, so 2 workers fill CI's 2 cores; the torchrun and Slurm jobs run a file per
+# worker (--dist loadfile: a file's module fixtures are built once; one worker holds the Slurm
+# cluster), two jobs at a time filling the cores that one job's start-up and gloo waits leave idle
 JOBS   ?= 2
 FAST   := not slow and not dist and not slurm and not gpu
 LINTED := capture_megatron tests bench
@@ -31,13 +33,13 @@ demo: setup
 
 test: setup
 	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadgroup -m "not dist and not slurm" tests $(PYTEST_ARGS)
-	$(BIN)/python -m pytest -q -m "dist or slurm" tests $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadfile -m "dist or slurm" tests $(PYTEST_ARGS)
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -n $(JOBS) -m "$(FAST)" tests $(PYTEST_ARGS)
 
 test-dist: setup
-	$(BIN)/python -m pytest -q -m dist tests $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadfile -m dist tests $(PYTEST_ARGS)
 
 lint: setup
 	$(BIN)/ruff check $(LINTED)

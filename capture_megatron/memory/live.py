@@ -21,7 +21,26 @@ from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
+
+
+def tensors_in(tree: object) -> list[torch.Tensor]:
+    """The tensors among an ATen op's arguments or results: nested tuples, lists and dicts of
+    tensors and plain values (the only containers ATen schemas hold), in torch pytree's order.
+    The pytree walk took about a sixth of a small CPU training run's time (cProfile), in this
+    mode's two walks per op."""
+    if isinstance(tree, torch.Tensor):
+        return [tree]
+    found: list[torch.Tensor] = []
+    stack = [tree]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, torch.Tensor):
+            found.append(item)
+        elif isinstance(item, (tuple, list)):
+            stack.extend(reversed(item))
+        elif isinstance(item, dict):
+            stack.extend(reversed(list(item.values())))
+    return found
 
 
 class LiveTensorTracker(TorchDispatchMode):
@@ -113,15 +132,11 @@ class LiveTensorTracker(TorchDispatchMode):
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         kwargs = kwargs or {}
-        inputs = {
-            t.untyped_storage()._cdata
-            for t in tree_leaves((args, kwargs))
-            if isinstance(t, torch.Tensor)
-        }
+        inputs = {t.untyped_storage()._cdata for t in tensors_in((args, kwargs))}
         out = func(*args, **kwargs)
         self._op = func.__name__
-        for t in tree_leaves(out):
-            if not isinstance(t, torch.Tensor) or t.device.type == "meta":
+        for t in tensors_in(out):
+            if t.device.type == "meta":
                 continue
             if self.device is not None and t.device.type != self.device:
                 continue

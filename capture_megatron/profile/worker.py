@@ -47,7 +47,9 @@ def main(argv: list[str]) -> int:
     _, fd = argv
     lifeline.die_with_parent(PARENT)  # a SIGKILLed planner takes its workers with it
     quiet.install()  # before megatron-core is imported: some of its warnings come at import
-    from capture_megatron.emulate import fake_cuda
+    from capture_megatron.emulate import eager_jit, fake_cuda
+
+    eager_jit.install()  # as TORCHDYNAMO_DISABLE, without importing torch.compile's machinery
 
     fake_cuda.load()
     for line in sys.stdin:

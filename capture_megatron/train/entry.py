@@ -74,6 +74,17 @@ def check_context_parallel(cfg: TrainConfig) -> None:
     check_comm_type(cfg.plan, uses_te)
 
 
+def _eager_on_cpu() -> None:
+    """Without CUDA, megatron-core's fused functions run eagerly, as the probes measured them
+    (capture_megatron.emulate.eager_jit); a GPU rank keeps them compiled."""
+    import torch
+
+    if not torch.cuda.is_available():
+        from capture_megatron.emulate import eager_jit
+
+        eager_jit.install()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the process exit code (2 for bad input, printed once)."""
     argv = sys.argv[1:] if argv is None else argv
@@ -83,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     env = read_env()
     try:
         cfg = parse_config(argv, env.world_size)
+        _eager_on_cpu()
         from capture_megatron.train.run import run_training
 
         run_training(cfg, env)
