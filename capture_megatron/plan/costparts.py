@@ -176,7 +176,8 @@ def ep_comm(s: Setting, shape: ModelShape, plan: ParallelPlan) -> float:
 
 
 def layer_time(s: Setting, shape: ModelShape, plan: ParallelPlan, moe: bool = False) -> LayerTime:
-    """One transformer layer's forward and backward on one GPU for one micro-batch."""
+    """One transformer layer's forward and backward on one GPU for one micro-batch, with the
+    fine-grained activation offloading transfers the layer's compute does not hide."""
     gemms, elem = dense_gemms(s, shape, plan, moe), elementwise(s, shape, plan, moe)
     attn = attention(s, shape, plan)
     cp = cp_comm(s, shape, plan, attn)
@@ -184,7 +185,41 @@ def layer_time(s: Setting, shape: ModelShape, plan: ParallelPlan, moe: bool = Fa
     ep = ep_comm(s, shape, plan) if moe else 0.0
     fwd = gemms + attn[0] + elem + tp[0] + ep + cp[0]
     bwd = 2 * gemms + attn[1] + 2 * elem + tp[1] + ep + cp[1] + unfused_wgrad(s, shape, plan, moe)
+    moved = offloaded_bytes(shape, plan, moe) / s.hw.host_bytes_per_s
+    fwd, bwd = fwd + max(moved - fwd, 0.0), bwd + max(moved - bwd, 0.0)
     return LayerTime(fwd, bwd, recomputed(s, shape, plan, moe, attn[0], tp[0] + ep))
+
+
+def offloaded_bytes(shape: ModelShape, plan: ParallelPlan, moe: bool) -> float:
+    """Bytes one layer's --offload-modules groups move to the host per micro-batch on one GPU
+    (fine-grained activation offloading; 0 when off), each group's input as megatron-core 0.16.1
+    saves it: the hidden states for attn_norm, qkv_linear and mlp_norm (1 / TP of the tokens with
+    sequence parallelism); the attention core's query, key, value and output for core_attn (which
+    attn_proj's input, the output, shares); an MoE layer's routed tokens (top-k copies) for
+    expert_fc1 and its first projection's output for moe_act. Copied once each way, D2H in the
+    forward and H2D before the backward, on streams of their own (megatron-core's
+    fine_grained_activation_offload.py), so only what exceeds the layer's compute shows
+    (layer_time). An estimate from the shape: the memory forecast uses the measured tensors
+    (ProfileRecord.offload_tensors)."""
+    groups = set(plan.ddp.activation_offload.groups)
+    if not groups:
+        return 0.0
+    n_tok, t, b = tokens(shape, plan), plan.tp, dtype_bytes(shape.dtype)
+    hidden = n_tok / (t if plan.sequence_parallel else 1) * shape.hidden_size * b
+    total = hidden * len(groups & {"attn_norm", "qkv_linear", "mlp_norm"})
+    if "core_attn" in groups:
+        a, mla = shape.num_attention_heads, shape.mla
+        if mla.enabled:
+            widths = a * (2 * mla.q_head_dim + 2 * mla.v_head_dim)
+        else:
+            widths = (2 * a + 2 * shape.groups) * shape.head_dim
+        total += n_tok * widths / t * b
+    if moe:
+        routed = n_tok / (t if plan.sequence_parallel else 1) * shape.moe.moe_router_topk
+        up = 2 if shape.gated else 1
+        total += routed * shape.hidden_size * b if "expert_fc1" in groups else 0.0
+        total += routed * up * shape.moe_ffn / plan.expert_tp * b if "moe_act" in groups else 0.0
+    return total
 
 
 def recomputed(

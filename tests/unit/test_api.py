@@ -15,7 +15,8 @@ from capture_megatron.plan import PlanOptions, Space, plan, read_plan
 from capture_megatron.predict import predict
 from capture_megatron.profile import ProfileOptions, memory_source, profile
 
-pytestmark = pytest.mark.slow
+# one worker runs the module (make test: --dist loadgroup), so its module fixtures are built once
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("api")]
 
 SHAPE = ModelShape(
     num_layers=6, hidden_size=64, num_attention_heads=4, seq_length=64, vocab_size=300, dtype="bf16"

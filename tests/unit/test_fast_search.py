@@ -23,7 +23,8 @@ from capture_megatron.predict import layers_for, rank_memory
 from capture_megatron.predict.table import peak_table
 from capture_megatron.profile import memory_source
 
-pytestmark = pytest.mark.slow
+# one worker runs the module (make test: --dist loadgroup), so its module fixtures are built once
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("fast_search")]
 
 SHAPE = ModelShape(
     num_layers=12,

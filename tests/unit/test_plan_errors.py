@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.slow
+# one worker runs the module (make test: --dist loadgroup), so its module fixtures are built once
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("plan_errors")]
 
 
 SMALL = [

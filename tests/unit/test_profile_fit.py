@@ -27,7 +27,8 @@ from capture_megatron.records import (
     write_records,
 )
 
-pytestmark = pytest.mark.slow
+# one worker runs the module (make test: --dist loadgroup), so its module fixtures are built once
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("profile_fit")]
 
 GPT = Variant(
     dtype="fp32",

@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from capture_megatron.config import DdpOptions, ParallelPlan, Recompute
+from capture_megatron.config.act_offload import ActivationOffload
 from capture_megatron.config.hardware import PROFILES, Hardware
 from capture_megatron.config.presets import preset
 from capture_megatron.config.runtime import StepSettings
@@ -243,3 +244,28 @@ def test_experts_cost_their_routed_work_and_all_to_alls():
     assert step_seconds(moe, one) > step_seconds(dense8, one)
     for plan in (one, ep2):
         assert step_bound(moe, plan) <= step_seconds(moe, plan)
+
+
+def test_activation_offload_costs_only_the_transfers_compute_does_not_hide():
+    """Fine-grained activation offloading moves each offloaded group's input to the host in the
+    forward and back before the backward, on streams of their own: the bytes are the hidden
+    states per norm / linear group and the attention core's query, key, value and output, and a
+    layer pays only the transfer time beyond its own compute (a slow host link shows it, a
+    fast one hides it)."""
+    attention = ActivationOffload(True, ("core_attn", "attn_proj"), 0)
+    plan = _plan(tp=8, layers=80, gbs=8, sequence_parallel=True)
+    moved = plan.replace(ddp=DdpOptions(activation_offload=attention))
+    n, a, g, d = 8192, L70B.num_attention_heads, L70B.groups, L70B.head_dim
+    assert costparts.offloaded_bytes(L70B, plan, False) == 0.0
+    assert costparts.offloaded_bytes(L70B, moved, False) == n * (2 * a + 2 * g) * d / 8 * 2
+    every = ActivationOffload(True, ("attn_norm", "qkv_linear", "core_attn", "attn_proj"), 0)
+    more = plan.replace(ddp=DdpOptions(activation_offload=every))
+    hidden = n / 8 * L70B.hidden_size * 2  # each norm / linear group: its SP share of the input
+    assert costparts.offloaded_bytes(L70B, more, False) == pytest.approx(
+        costparts.offloaded_bytes(L70B, moved, False) + 2 * hidden
+    )
+    fast = CostModel(hardware=PROFILES["h100-sxm"])
+    slow = CostModel(hardware=dataclasses.replace(PROFILES["h100-sxm"], host_bytes_per_s=1e8))
+    assert step_seconds(L70B, moved, fast) == pytest.approx(step_seconds(L70B, plan, fast))
+    assert step_seconds(L70B, moved, slow) > 1.5 * step_seconds(L70B, plan, slow)
+    assert step_seconds(L70B, plan, slow) == step_seconds(L70B, plan, fast)
