@@ -152,7 +152,7 @@ def host_node_words(result: PlanResult) -> str:
 
 def _print_stages(result: PlanResult, unit: float, uname: str) -> None:
     best = result.best
-    host = any(s.host for s in best.stages)  # --optimizer-cpu-offload: a host column
+    host = any(s.host_total for s in best.stages)  # optimizer / activation offload: a host column
     print(f"chosen plan, per pipeline rank ({uname}; {_recompute_words(best.plan.recompute)}):")
     print(
         f"  {'rank':>4} {'layers':>6} {'in flight':>9} "
@@ -165,11 +165,12 @@ def _print_stages(result: PlanResult, unit: float, uname: str) -> None:
         layers = best.plan.layers_of(s.pp_rank)
         alive = "+".join(str(n) for n in s.inflight)
         row = f"  {s.pp_rank:4d} {layers:6d} {alive:>9} {parts} {peak / unit:9.3f}  {s.phase:8s}"
-        print((row + f" {s.host / unit:9.3f}") if host else row.rstrip())
+        print((row + f" {s.host_total / unit:9.3f}") if host else row.rstrip())
     if host:
         print(
             "  host: host memory per rank (--optimizer-cpu-offload: the optimizer's host copies, "
-            "moments and gradients), not in the peak; " + host_node_words(result)
+            "moments and gradients; fine-grained activation offloading: the offloaded groups of "
+            "the micro-batches in flight), not in the peak; " + host_node_words(result)
         )
     print(
         "  in flight: micro-batches alive per chunk at the peak; activations: what they hold, "

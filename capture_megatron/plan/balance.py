@@ -254,11 +254,12 @@ def host_overflow(e: Evaluated, cluster: Cluster, host: int) -> str:
 
 def host_per_node(stages: tuple[StageMemory, ...], cluster: Cluster) -> float:
     """Host bytes of one node's ranks: the GPUs of a node (at most the cluster's) times the largest
-    rank's host bytes (--optimizer-cpu-offload; 0 without it, and on CPU processes, whose device
-    memory is the host's)."""
+    rank's host bytes (--optimizer-cpu-offload and fine-grained activation offloading; 0 without
+    them, and on CPU processes, whose device memory is the host's)."""
     if cluster.device == "cpu":
         return 0.0
-    return min(cluster.gpus_per_node, cluster.gpus) * max((s.host for s in stages), default=0.0)
+    most = max((s.host_total for s in stages), default=0.0)
+    return min(cluster.gpus_per_node, cluster.gpus) * most
 
 
 def distinct(ranked: list[Evaluated]) -> tuple[Evaluated, ...]:

@@ -260,6 +260,7 @@ def _breakdown(stages: tuple[StageMemory, ...]) -> list[dict[str, Any]]:
             **{k: int(getattr(s, k)) for k in PARTS},
             "phase": s.phase,
             **({"host": int(s.host)} if s.host else {}),  # --optimizer-cpu-offload
+            **({"activation_host": int(s.activation_host)} if s.activation_host else {}),
         }
         for s in stages
     ]

@@ -70,6 +70,9 @@ class ChunkCost:
     """Fine-grained activation offloading: what megatron-core keeps on the device of one
     micro-batch of this chunk if it is its rank's first chunk in backward order with layers
     (capture_megatron.predict.offload.kept_bytes); 0 without offloading."""
+    offloaded: float = 0.0
+    """Fine-grained activation offloading: the bytes one micro-batch of this chunk moves to pinned
+    host memory (its layers' offloaded groups); 0 without offloading."""
 
 
 def chunk_kind(plan: ParallelPlan, pp_rank: int, vp: int) -> str:
@@ -229,7 +232,7 @@ def chunk_cost(
     return ChunkCost(
         kind, k, inp + saved, inp, fwd, bwd, step, st.params + round(fp8_state), st.grads,
         st.optimizer, buffers, redone, ret, ret_grad, state, st.copies, alone, st.host,
-        offload.kept_bytes(own, moved),
+        offload.kept_bytes(own, moved), sum(per_layer),
     )  # fmt: skip
 
 

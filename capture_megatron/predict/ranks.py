@@ -56,8 +56,17 @@ class StageMemory(JsonMixin):
     inflight: tuple[int, ...]
     """Micro-batches alive per local chunk at the peak."""
     host: float = field(default=0.0, metadata={OMIT_DEFAULT: True})
-    """Host bytes the rank keeps besides (--optimizer-cpu-offload: HybridDeviceOptimizer's host
+    """Host bytes the rank keeps besides for --optimizer-cpu-offload (HybridDeviceOptimizer's host
     copies, moments and gradients; 0 without offload)."""
+    activation_host: float = field(default=0.0, metadata={OMIT_DEFAULT: True})
+    """Host bytes fine-grained activation offloading holds for the rank at most: the offloaded
+    groups of the micro-batches in flight at the schedule's fullest moment, in megatron-core's
+    pinned pool (offloaded_host; 0 without it)."""
+
+    @property
+    def host_total(self) -> float:
+        """Every host byte the rank keeps (optimizer and activation offloading)."""
+        return self.host + self.activation_host
 
 
 PHASES = {"F": "forward", "B": "backward", "D": "drain", "M": "forward+backward"}
@@ -353,7 +362,25 @@ def rank_memory(
         phase=phase,
         inflight=inflight,
         host=sum(c.host for c in chunks),
+        activation_host=offloaded_host(chunks, moments),
     )
+
+
+def offloaded_host(chunks: list[ChunkCost], moments: tuple[Moment, ...]) -> float:
+    """Host bytes fine-grained activation offloading holds on a rank at most: over the schedule's
+    moments, each chunk's micro-batches in flight (a forward's own one included) times what one
+    of them offloads (ChunkCost.offloaded). megatron-core's pinned pool keeps its buffers for
+    reuse, so its size is the fullest moment's."""
+    if not any(c.offloaded for c in chunks):
+        return 0.0
+
+    def held(m: Moment) -> float:
+        running = m.chunk % len(chunks) if m.kind in ("F", "M") else -1  # M: its forward's chunk
+        return sum(
+            (n + (v == running)) * c.offloaded for v, (n, c) in enumerate(zip(m.live, chunks))
+        )
+
+    return max(held(m) for m in moments)
 
 
 def predict(model: MemoryModel, shape: ModelShape, plan: ParallelPlan) -> tuple[StageMemory, ...]:

@@ -108,6 +108,30 @@ def test_offloaded_layers_leave_the_device_but_the_kept_groups(fitted):
             assert table[k] == got.peak, (rank, k)
 
 
+@pytest.mark.slow
+def test_host_memory_holds_the_micro_batches_in_flight(fitted):
+    """The rank's host bytes (StageMemory.activation_host, checked against a node's host memory)
+    are its layers' offloaded groups for each micro-batch in flight at the fullest moment: under
+    1F1B at PP 2 with 4 micro-batches, rank 0 holds 2 (one warm-up forward, then the next
+    forward's own), the last rank 1; without offloading none."""
+    from capture_megatron.config import Cluster
+    from capture_megatron.fit import shape_sizes
+    from capture_megatron.plan.balance import host_per_node
+    from capture_megatron.predict import predict
+    from capture_megatron.predict.offload import layer_bytes
+    from capture_megatron.records import ProbeShape
+
+    _, model = fitted
+    sc = model.variants[0].constants(shape_sizes(ProbeShape.of(SHAPE, 1, 2)))
+    chunk = 2 * layer_bytes(sc, ALL)  # two layers per stage
+    moved = predict(model, SHAPE, _plan(ALL))
+    assert [s.activation_host for s in moved] == [2 * chunk, 1 * chunk]
+    assert all(s.host == 0 and s.host_total == s.activation_host for s in moved)
+    assert all(s.activation_host == 0 for s in predict(model, SHAPE, _plan()))
+    node = Cluster(gpus=16, gpu_memory_bytes=1 << 40, gpus_per_node=8)
+    assert host_per_node(moved, node) == 8 * 2 * chunk
+
+
 def test_records_without_the_measurement_are_named():
     from capture_megatron.fit.model import ShapeConstants
     from capture_megatron.fit.terms import Sizes
