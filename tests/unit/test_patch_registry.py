@@ -23,7 +23,6 @@ SCRIPT = textwrap.dedent(
     import torch
     from capture_megatron.train.checkpoint import megatron_fixes as ckpt_fixes
     from capture_megatron.train.checkpoint import trust as ckpt_safe
-    from capture_megatron.train.checkpoint import writer_queue
     from capture_megatron.emulate import cpu_compat
     from capture_megatron.emulate import patches
 
@@ -55,10 +54,9 @@ SCRIPT = textwrap.dedent(
             cpu_compat.apply_fake_cuda()
         else:
             cpu_compat.apply(device)
-        if device == "cpu":  # train/ applies these with the cpu patches
+        if device == "cpu":  # train/ applies these two with the cpu patches
             ckpt_fixes.apply()
             ckpt_safe.install()
-            writer_queue.apply()
         originals = patches.originals()
         moded = torch._C._is_torch_function_mode_enabled()
         for p in patches.applied():

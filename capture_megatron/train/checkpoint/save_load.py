@@ -36,7 +36,6 @@ from capture_megatron.megatron.schedule import Schedule, schedule
 from capture_megatron.train.checkpoint import megatron_fixes as ckpt_fixes
 from capture_megatron.train.checkpoint import trust as ckpt_safe
 from capture_megatron.train.checkpoint import verify as ckpt_verify
-from capture_megatron.train.checkpoint import writer_queue
 from capture_megatron.train.checkpoint.directory import (
     REPLACED,
     TRACKER,
@@ -119,7 +118,6 @@ def _sharded_state(
     from megatron.core.utils import unwrap_model
 
     ckpt_fixes.apply()
-    writer_queue.apply()
     meta = _metadata(plan)
     state: dict[str, Any] = {}
     chunks = unwrap_model(trainer.model)
