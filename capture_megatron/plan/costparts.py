@@ -55,6 +55,12 @@ def tokens(shape: ModelShape, plan: ParallelPlan) -> float:
     return plan.micro_batch_size * shape.seq_length / plan.cp
 
 
+def sequence_tokens(shape: ModelShape, plan: ParallelPlan) -> float:
+    """Tokens of the hidden states one GPU holds per micro-batch: 1 / TP of `tokens` with
+    sequence parallelism."""
+    return tokens(shape, plan) / (plan.tp if plan.sequence_parallel else 1)
+
+
 def ring(s: Setting, nbytes: float, ranks: int, bandwidth: float, passes: float = 1.0) -> float:
     """Seconds of a ring collective moving `nbytes` (the whole tensor) among `ranks`: passes 1 for
     an all-gather or reduce-scatter, 2 for an all-reduce."""
@@ -103,7 +109,7 @@ def elementwise(s: Setting, shape: ModelShape, plan: ParallelPlan, moe: bool) ->
     residual adds (elementwise_passes reads or writes of each hidden-size activation, on 1 / TP of
     the tokens with sequence parallelism; three of each MLP activation; the backward twice)."""
     n_tok, t = tokens(shape, plan), plan.tp
-    hidden = n_tok / (t if plan.sequence_parallel else 1) * shape.hidden_size
+    hidden = sequence_tokens(shape, plan) * shape.hidden_size
     width = shape.moe_ffn * shape.moe.moe_router_topk if moe else shape.ffn
     mlp = n_tok * width / t * (2 if shape.gated else 1)
     passes = s.k.elementwise_passes + (2 if shape.hidden_dropout else 0)  # dropout masks
@@ -205,7 +211,7 @@ def offloaded_bytes(shape: ModelShape, plan: ParallelPlan, moe: bool) -> float:
     if not groups:
         return 0.0
     n_tok, t, b = tokens(shape, plan), plan.tp, dtype_bytes(shape.dtype)
-    hidden = n_tok / (t if plan.sequence_parallel else 1) * shape.hidden_size * b
+    hidden = sequence_tokens(shape, plan) * shape.hidden_size * b
     total = hidden * len(groups & {"attn_norm", "qkv_linear", "mlp_norm"})
     if "core_attn" in groups:
         a, mla = shape.num_attention_heads, shape.mla
@@ -215,7 +221,7 @@ def offloaded_bytes(shape: ModelShape, plan: ParallelPlan, moe: bool) -> float:
             widths = (2 * a + 2 * shape.groups) * shape.head_dim
         total += n_tok * widths / t * b
     if moe:
-        routed = n_tok / (t if plan.sequence_parallel else 1) * shape.moe.moe_router_topk
+        routed = sequence_tokens(shape, plan) * shape.moe.moe_router_topk
         up = 2 if shape.gated else 1
         total += routed * shape.hidden_size * b if "expert_fc1" in groups else 0.0
         total += routed * up * shape.moe_ffn / plan.expert_tp * b if "moe_act" in groups else 0.0
@@ -250,7 +256,7 @@ def recomputed(
     if moe and shared and "shared_experts" in chosen and not mlp_part:
         total += gemm(s, n_tok, up * shared / t, h) + gemm(s, n_tok, h, shared / t)
     if "layernorm" in chosen:
-        hidden = n_tok / (t if plan.sequence_parallel else 1) * h
+        hidden = sequence_tokens(shape, plan) * h
         total += 2 * 2 * dtype_bytes(shape.dtype) * hidden / hbm
     mla = shape.mla
     if "mla_up_proj" in chosen and mla.enabled:
