@@ -28,6 +28,15 @@ OFFLOAD_MODULES = (
 """The module groups megatron-core 0.16.1 can offload (TransformerConfig.__post_init__), in the
 order a transformer layer's forward opens them."""
 
+OFFLOAD_SETS = (
+    ("core_attn", "attn_proj"),
+    ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm"),
+    OFFLOAD_MODULES,
+)
+"""The --offload-modules sets the planner searches, each holding the one before: the attention
+core's inputs and output; every group of a dense layer (its norms' and QKV projection's inputs
+too); and for MoE layers the routed experts' too (expert_fc1, moe_act)."""
+
 
 @dataclass(frozen=True)
 class ActivationOffload(JsonMixin):
@@ -46,6 +55,11 @@ class ActivationOffload(JsonMixin):
 
     def __post_init__(self) -> None:
         require(self.problems(), "fine-grained activation offloading")
+
+    @classmethod
+    def of(cls, modules: tuple[str, ...]) -> ActivationOffload:
+        """Offloading of these module groups at megatron-core's threshold (none when empty)."""
+        return cls(bool(modules), modules)
 
     def problems(self) -> list[str]:
         """What megatron-core's TransformerConfig refuses in these settings (only when on)."""

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from capture_megatron.config import GIB, Cluster, ModelShape, ParallelPlan, Recompute
+from capture_megatron.config.act_offload import ActivationOffload
 from capture_megatron.errors import CaptureError
 from capture_megatron.fit import MemoryModel
 from capture_megatron.plan.balance import Evaluated, balanced, evaluate_plan
@@ -20,8 +21,9 @@ from capture_megatron.plan.baselines import Baseline, baselines_for
 from capture_megatron.plan.costmodel import CostModel
 from capture_megatron.plan.emit import stock_recompute_count
 from capture_megatron.plan.margins import Margins
+from capture_megatron.plan.offload_space import offload_ddp
 from capture_megatron.plan.partition import TIE
-from capture_megatron.plan.space import Space, offload_ddp
+from capture_megatron.plan.space import Space
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,7 @@ def reasoning(ctx: Context, ranked: tuple[Evaluated, ...], considered: int) -> t
                 _plain_dp(ctx, ranked[0]),
                 _no_recompute(ctx, ranked[0]),
                 _offload_reach(ctx, ranked[0]),
+                _activation_trade(ctx, ranked[0]),
             )
             if line
         ]
@@ -103,6 +106,25 @@ def _offload_reach(ctx: Context, best: Evaluated) -> str:
         f"precision-aware optimizers) the plan's worst-rank peak would be {gib(e.peak)} "
         f"(-{gib(best.peak - e.peak)}), at an estimated {e.step_seconds - best.step_seconds:+.2f} "
         f"s per step and {gib(e.host_per_node)} of host memory per node"
+    )
+
+
+def _activation_trade(ctx: Context, best: Evaluated) -> str:
+    """A plan whose fine-grained activation offloading the planner chose: what it saves on the
+    worst rank and costs per step against the same plan without it ('' otherwise)."""
+    p, searched = best.plan, len(ctx.space.activation_offload) > 1
+    groups = p.ddp.activation_offload.groups
+    if not searched or not groups:
+        return ""
+    e = ctx.evaluate(replace(p, ddp=replace(p.ddp, activation_offload=ActivationOffload())))
+    if e is None:
+        return ""
+    return (
+        f"the planner offloads the activations of {', '.join(groups)} "
+        f"(--fine-grained-activation-offloading; --no-activation-offload keeps it off): the "
+        f"worst-rank peak {gib(best.peak)} (-{gib(e.peak - best.peak)}) at an estimated "
+        f"{best.step_seconds - e.step_seconds:+.2f} s per step and {gib(best.host_per_node)} of "
+        f"host memory per node; without it the same plan {_versus(ctx, e)}"
     )
 
 

@@ -22,7 +22,6 @@ from capture_megatron.config.kernels import kernel_set, tp_overlap_problem
 from capture_megatron.config.model import tp_head_problems
 from capture_megatron.errors import CaptureError
 from capture_megatron.fit import MemoryModel, ModelSource
-from capture_megatron.plan.balance import host_overflow
 from capture_megatron.plan.costmodel import CostModel
 from capture_megatron.plan.explain import (
     Context,
@@ -32,7 +31,9 @@ from capture_megatron.plan.explain import (
     stock_alternative,
     trade,
 )
+from capture_megatron.plan.fewest import ClusterSearch
 from capture_megatron.plan.margins import CONTEXT_GIB, RESERVE_FRACTION, Margins
+from capture_megatron.plan.offload_space import activation_sets, searched_offload
 from capture_megatron.plan.result import ModelOrigin, PlanResult
 from capture_megatron.plan.routing import (
     at_forecast,
@@ -40,8 +41,8 @@ from capture_megatron.plan.routing import (
     routed,
     routing_report,
 )
-from capture_megatron.plan.search import OBJECTIVES, Evaluated, evaluate_plan, search, undominated
-from capture_megatron.plan.space import Space, candidates, searched_offload
+from capture_megatron.plan.search import OBJECTIVES, Evaluated, evaluate_plan
+from capture_megatron.plan.space import Space, candidates
 from capture_megatron.plan.supply import Supply
 from capture_megatron.plan.window import latent_problem, window_problem
 
@@ -81,6 +82,8 @@ class PlanOptions:
     """Measured / predicted peak of verified runs on this device (scales the predicted peaks)."""
     kernels: Kernels = Kernels()
     """The layer implementation and fused kernels the run uses (Megatron-LM's defaults)."""
+    no_activation_offload: bool = flag("--no-activation-offload", False)
+    """Do not search fine-grained activation offloading (tried otherwise on TE GPUs)."""
 
     def margins(self, cluster: Cluster, hidden_size: int = 0, hybridep: bool = False) -> Margins:
         """The memory margins these options set for `cluster` (and a model of `hidden_size`:
@@ -120,12 +123,17 @@ def batch_line(options: PlanOptions, gbs: int) -> str:
     )
 
 
-def searched_options(options: PlanOptions, cluster: Cluster, shape: ModelShape) -> PlanOptions:
+def searched_options(
+    options: PlanOptions, cluster: Cluster, shape: ModelShape, model_kernels: str = ""
+) -> PlanOptions:
     """The options a search runs with: on GPUs the free overlap flags on (--overlap-grad-reduce,
     in the plans' DdpOptions so that their gradient buckets are predicted, unless
     --ddp-num-buckets was given; --overlap-param-gather, which applies with the distributed
     optimizer: they hide data-parallel communication behind the backward / forward), and context
-    parallelism searched only where the kernels run it (context_problem, latent_problem)."""
+    parallelism searched only where the kernels run it (context_problem, latent_problem), and
+    the optimizer offload fractions and activation offload sets the command line left open
+    (plan.offload_space; activation offload where the kernel set of the memory model,
+    `model_kernels` when it is given, runs it)."""
     space, cost = options.space, options.cost
     gpu = cluster.device != "cpu"
     if gpu:
@@ -145,6 +153,12 @@ def searched_options(options: PlanOptions, cluster: Cluster, shape: ModelShape) 
     if not space.optimizer_offload:
         offload = searched_offload(space.ddp, options.objective, gpu, shape.dtype, options.kernels)
         space = dataclasses.replace(space, optimizer_offload=offload)
+    if not space.activation_offload:
+        runs = model_kernels or kind
+        sets = activation_sets(shape, space.ddp, options.objective, runs, options.kernels)
+        space = dataclasses.replace(
+            space, activation_offload=((),) if options.no_activation_offload else sets
+        )
     return dataclasses.replace(options, cost=cost, space=space)
 
 
@@ -169,7 +183,8 @@ def plan(
         return _result(model, shape, cluster, options, (fixed,), 1, memory)
     if not cluster.gpu_memory_bytes:
         raise CaptureError("planning needs the usable memory per GPU: give --gpu-memory-gib")
-    options = searched_options(options, cluster, shape)
+    given = memory.kernels if isinstance(memory, MemoryModel) else ""
+    options = searched_options(options, cluster, shape, given)
     hw = options.cost
     gbs = global_batch(options, cluster)
     if not any(candidates(shape, cluster, gbs, options.space)):
@@ -178,7 +193,7 @@ def plan(
     supply.want(plans_explained(shape, options.space, first))  # plain DP, for the reasoning
     k = options.kernels
     fp8 = (k.fp8, k.fp8 and k.fp8_param_gather)
-    search_ = _Search(supply, shape, cluster, gbs, options.space, margins, hw, fp8)
+    search_ = ClusterSearch(supply, shape, cluster, gbs, options.space, margins, hw, fp8)
     ranked, considered = search_.best(options.objective, options.top)
     if not ranked:  # every candidate's static bytes alone exceed the memory
         raise search_.no_fit(search_.run(cluster, "min-peak", 1)[0][0])
@@ -231,7 +246,9 @@ def _result(
         or window_problem(shape, model.kernels, options.kernels)
         or latent_problem(shape, model.kernels, options.kernels, max(cps))
         or context_problem(cps, space.cp_comm_type, model.kernels, options.kernels)
-        or space.ddp.kernel_problem(model.kernels, options.kernels.gradient_accumulation_fusion)
+        or ranked[0].plan.ddp.kernel_problem(
+            model.kernels, options.kernels.gradient_accumulation_fusion
+        )
     )
     if problem:
         raise CaptureError(problem + ".")
@@ -272,97 +289,6 @@ def _shown(
     if e is None:
         return None
     return at_forecast(memory, shape, (e,), ctx.cluster, ctx.margins, ctx.hw)[0]
-
-
-@dataclass(frozen=True)
-class _Search:
-    """One model's search over clusters of different sizes (for min-gpus and no-fit messages)."""
-
-    supply: Supply
-    shape: ModelShape
-    cluster: Cluster
-    gbs: int
-    space: Space
-    margins: Margins
-    hw: CostModel
-    fp8: tuple[bool, bool] = (False, False)
-    """(FP8 compute: activations of 1 byte; --fp8-param-gather: parameters of 1 byte), for the
-    search's memory floor."""
-
-    def run(self, cluster: Cluster, objective: str, top: int) -> tuple[tuple[Evaluated, ...], int]:
-        """(ranked plans, candidates considered) on `cluster`."""
-        found = search(
-            self.supply,
-            self.shape,
-            cluster,
-            self.gbs,
-            self.space,
-            objective,
-            self.margins,
-            self.hw,
-            top=top,
-            fp8=self.fp8,
-        )
-        return found.ranked, found.considered
-
-    def best(self, objective: str, top: int) -> tuple[tuple[Evaluated, ...], int]:
-        """(ranked plans, candidates considered) for the objective on the whole cluster; min-gpus
-        keeps the plan of the fewest GPUs that fit (CaptureError when none does)."""
-        if objective != "min-gpus":
-            return self.run(self.cluster, objective, top)
-        found = self.smallest_fit(self.cluster.gpus)
-        if found is None:
-            raise self.no_fit(self.run(self.cluster, "min-peak", 1)[0][0])
-        # on the fewest GPUs, the fastest plan that fits (not the min-peak one that proved it)
-        fastest = self.run(dataclasses.replace(self.cluster, gpus=found[0]), "throughput", top)
-        return fastest if fastest[0] and fastest[0][0].fits else ((found[1],), 1)
-
-    def smallest_fit(self, limit: int) -> tuple[int, Evaluated] | None:
-        """(gpus, plan) of the fewest GPUs up to `limit` on which some plan fits, else None."""
-        counts = gpu_counts(self.cluster, limit)
-        clusters = [dataclasses.replace(self.cluster, gpus=n) for n in counts]
-        self.supply.complete(  # every pair these min-peak searches need, in one round
-            p
-            for c in clusters
-            for p in undominated(list(candidates(self.shape, c, self.gbs, self.space)))
-        )
-        for n in counts:
-            ranked, _ = self.run(dataclasses.replace(self.cluster, gpus=n), "min-peak", 1)
-            if ranked and ranked[0].fits:
-                return n, ranked[0]
-        return None
-
-    def no_fit(self, best: Evaluated) -> CaptureError:
-        """The error when no plan fits: what the best needs and the smallest setup that fits."""
-        cluster = self.cluster
-        if self.margins.needed(0.0) >= cluster.gpu_memory_bytes:
-            return CaptureError(
-                f"no plan fits {cluster.gpu_memory_bytes / GIB:g} GiB per GPU: the CUDA "
-                f"context and allocator margin alone take {self.margins.needed(0.0) / GIB:.1f} "
-                "GiB (--context-gib)"
-            )
-        limit = max(64 * cluster.gpus, 64)
-        found = self.smallest_fit(limit)
-        if found:
-            p = found[1].plan
-            where = (
-                f"the smallest fitting setup is {found[0]} GPUs at {found[1].needed / GIB:.1f} GiB "
-                f"(TP {p.tp}, PP {p.pp}, DP {p.dp}, VPP {p.vpp}, micro-batch {p.micro_batch_size}, "
-                f"recompute {p.recompute.granularity})"
-            )
-        else:
-            where = f"none fits on up to {limit} GPUs either"
-        return CaptureError(
-            f"no plan fits {cluster.gpu_memory_bytes / GIB:g} GiB on {cluster.gpus} GPUs (best "
-            f"needs {best.needed / GIB:.1f} GiB per GPU"
-            f"{host_overflow(best, cluster, self.hw.hardware.host_memory_bytes)}); {where}"
-        )
-
-
-def gpu_counts(cluster: Cluster, limit: int) -> list[int]:
-    """GPU counts min-gpus tries: 1..gpus_per_node, then whole nodes up to `limit`."""
-    small = list(range(1, min(cluster.gpus_per_node, limit) + 1))
-    return small + list(range(2 * cluster.gpus_per_node, limit + 1, cluster.gpus_per_node))
 
 
 def _why_no_candidate(shape: ModelShape, cluster: Cluster, gbs: int, space: Space) -> str:

@@ -8,7 +8,7 @@ memory split, trimmed recompute) is capture_megatron.plan.balance. Pure Python.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from capture_megatron.config import Cluster, ModelShape, ParallelPlan
@@ -30,9 +30,11 @@ from capture_megatron.plan.balance import (
 from capture_megatron.plan.costmodel import CostModel
 from capture_megatron.plan.fastest import SearchResult, fastest
 from capture_megatron.plan.margins import Margins
-from capture_megatron.plan.space import Space, candidates, offload_ddp
+from capture_megatron.plan.offload_space import activation_ddp, activation_rank, offload_ddp
+from capture_megatron.plan.space import Space, candidates
 from capture_megatron.plan.stepbound import step_bound
 from capture_megatron.plan.supply import Supply
+from capture_megatron.predict.offload import measured
 
 __all__ = [
     "OBJECTIVES",
@@ -89,12 +91,20 @@ def search(
             return fastest(supply, shape, cluster, some, margins, hw, top, keep, floor, fp8, beaten)
 
         moved = [f for f in space.optimizer_offload if f > 0.0]
-        if len(space.optimizer_offload) < 2 or not moved or True not in space.distributed_optimizer:
+        if len(space.optimizer_offload) < 2 or True not in space.distributed_optimizer:
+            moved = []
+        sets = [s for s in space.activation_offload if s]
+        if not moved and not sets:
             return run(list(candidates(shape, cluster, gbs, space)))
-        plain = list(candidates(shape, cluster, gbs, replace(space, optimizer_offload=(0.0,))))
-        return _with_offload(run, shape, cluster, plain, moved, hw, top)
+        bare = replace(space, activation_offload=((),))
+        bare = replace(bare, optimizer_offload=(0.0,)) if moved else bare
+        plain = list(candidates(shape, cluster, gbs, bare))
+        return _with_offload(run, supply, cluster, plain, (moved, sets), hw, top)
     plans = undominated(list(candidates(shape, cluster, gbs, space)))
     m = supply.complete(plans)
+    if len(space.activation_offload) > 1 and not measured(m):  # the same pairs without it
+        space = replace(space, activation_offload=((),))
+        plans = undominated(list(candidates(shape, cluster, gbs, space)))
     results = [
         evaluate_plan(m, shape, balanced(m, shape, p, keep), cluster, margins, hw) for p in plans
     ]
@@ -104,34 +114,42 @@ def search(
 
 def _with_offload(
     run: Callable[[list[ParallelPlan], float], SearchResult],
-    shape: ModelShape,
+    supply: Supply,
     cluster: Cluster,
     plain: list[ParallelPlan],
-    fractions: list[float],
+    offloads: tuple[list[float], list[tuple[str, ...]]],
     hw: CostModel,
     top: int,
 ) -> SearchResult:
-    """throughput with optimizer offload searched: the fastest plan without offload first, then
-    the offloading twins (each fraction, the distributed optimizer on) of the candidates found not
-    to fit without it whose step bound is below that plan (none when it is at least as fast as
-    every bound: offload only adds step time, so it wins where it saves recompute or stages),
-    each of those searches splitting only the twins that may beat that plan; the rankings
-    merged."""
-    first = run(plain, math.inf)
+    """throughput with offload searched (`offloads`: the optimizer fractions above 0 and the
+    activation offload module sets): the fastest plan without offload first, then the offloading
+    twins (offloading_twins) of the candidates found not to fit without it whose step bound is
+    below that plan (none when it is at least as fast as every bound: offload only adds step
+    time, so it wins where it saves recompute or stages), each of those searches splitting only
+    the twins that may beat that plan; the rankings merged. No activation offload where the
+    memory model does not say what it moves (predict.offload.measured)."""
+    first, shape = run(plain, math.inf), supply.shape
     best = first.ranked[0].step_seconds if first.ranked and first.ranked[0].fits else math.inf
     order = {p: i for i, p in enumerate(plain)}  # the candidates' order, not the set's
+    fractions, sets = offloads
+    if sets and first.unfit:  # one pair (profiled already where one is) says whether the
+        # source's records measure what activation offloading moves
+        unfit = sorted(first.unfit, key=lambda p: (not supply.holds([p]), order[p]))
+        sets = sets if measured(supply.complete(unfit[:1])) else []
     moved = [
         t
         for p in sorted(first.unfit, key=order.__getitem__)
-        for t in offloading_twins(p, fractions)
+        for t in offloading_twins(p, fractions, sets)
         if step_bound(shape, t, hw) < best
     ]
     if not moved:
         return first
-    if all(_host_bound(shape, p, cluster) <= hw.hardware.host_memory_bytes for p in moved):
+    bound = all(_host_bound(shape, p, cluster) <= hw.hardware.host_memory_bytes for p in moved)
+    if bound and not sets:
         found = [run(moved, best)]  # a fraction's twin all offloaded needs no more memory
     else:  # the host memory may bind: more offload is then not lighter; each fraction apart
-        found = [run([p for p in moved if offloaded(p) == f], best) for f in fractions]
+        groups = [[p for p in moved if offloaded(p) == f] for f in (0.0, *fractions)]
+        found = [run(group, best) for group in groups if group]
     both = sorted(
         [e for r in (first, *found) for e in r.ranked],
         key=lambda e: (not e.fits, e.step_seconds, e.peak),
@@ -139,9 +157,12 @@ def _with_offload(
     return SearchResult(distinct(both)[:top], sum(r.considered for r in (first, *found)))
 
 
-def offloading_twins(plan: ParallelPlan, fractions: list[float]) -> list[ParallelPlan]:
+def offloading_twins(
+    plan: ParallelPlan, fractions: list[float], sets: Sequence[tuple[str, ...]] = ()
+) -> list[ParallelPlan]:
     """`plan` offloading each fraction of its optimizer, with the distributed optimizer (which
-    the precision-aware optimizer needs), less those Megatron refuses."""
+    the precision-aware optimizer needs), less those Megatron refuses; and, without full
+    recompute, `plan` and each of those offloading the activations of each module set."""
     out = []
     for f in fractions:
         try:
@@ -149,7 +170,10 @@ def offloading_twins(plan: ParallelPlan, fractions: list[float]) -> list[Paralle
             out.append(replace(plan, distributed_optimizer=True, ddp=ddp))
         except CaptureError:
             continue
-    return out
+    if plan.recompute.granularity == "full":
+        return out
+    moved = [replace(p, ddp=activation_ddp(p.ddp, s)) for p in (plan, *out) for s in sets]
+    return out + moved
 
 
 def _host_bound(shape: ModelShape, plan: ParallelPlan, cluster: Cluster) -> float:
@@ -169,18 +193,25 @@ def _sizes(p: ParallelPlan) -> tuple:
 def undominated(plans: list[ParallelPlan]) -> list[ParallelPlan]:
     """The candidates min-peak keeps: those with no twin among `plans` that needs no more memory
     (memory_dominated)."""
-    lightest: dict[tuple, tuple[int, int, bool, float]] = {}
+    lightest: dict[tuple, Lightest] = {}
     for p in plans:
-        full, moved = p.recompute.granularity != "full", offloaded(p)
-        key, light = _sizes(p), (p.micro_batch_size, p.vpp, full, moved)
-        have = lightest.get(key, light)
-        lightest[key] = (
+        full = p.recompute.granularity != "full"
+        light = (p.micro_batch_size, p.vpp, full, offloaded(p), activation_rank(p.ddp))
+        have = lightest.get(_sizes(p), light)
+        lightest[_sizes(p)] = (
             min(have[0], light[0]),
             min(have[1], light[1]),
             have[2] and light[2],
             max(have[3], light[3]),
+            max(have[4], light[4]),
         )
     return [p for p in plans if not memory_dominated(p, lightest[_sizes(p)])]
+
+
+Lightest = tuple[int, int, bool, float, int]
+"""What needs the least memory among the twins of one set of sizes: (the smallest micro-batch,
+the fewest virtual stages, whether no twin recomputes in full, the largest optimizer offload
+fraction, the most activations offloaded: offload_space.activation_rank)."""
 
 
 def offloaded(plan: ParallelPlan) -> float:
@@ -189,15 +220,17 @@ def offloaded(plan: ParallelPlan) -> float:
     return ddp.optimizer_offload_fraction if ddp.optimizer_cpu_offload else 0.0
 
 
-def memory_dominated(plan: ParallelPlan, lightest: tuple[int, int, bool, float]) -> bool:
+def memory_dominated(plan: ParallelPlan, lightest: Lightest) -> bool:
     """Whether min-peak may skip `plan`: its sizes have a twin that needs no more device memory (a
-    smaller micro-batch, no interleaving, full recompute, more of the optimizer offloaded);
-    `lightest`: (the smallest micro-batch, the fewest virtual stages, whether no twin recomputes
-    in full, the largest offload fraction) among the twins."""
-    mbs, vpp, no_full, moved = lightest
+    smaller micro-batch, no interleaving, full recompute where the plan offloads no activations,
+    more of the optimizer offloaded, more activations offloaded; full recompute and activation
+    offload are not compared: a dense layer's MLP keeps its activations under offload)."""
+    mbs, vpp, no_full, moved, acted = lightest
+    rank, full = activation_rank(plan.ddp), plan.recompute.granularity == "full"
     return (
         plan.micro_batch_size > mbs
         or plan.vpp > vpp
-        or (plan.recompute.granularity != "full" and not no_full)
+        or (not full and not no_full and not rank)
         or offloaded(plan) < moved
+        or (not full and rank < acted)
     )

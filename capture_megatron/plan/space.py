@@ -11,7 +11,6 @@ from capture_megatron.config import Cluster, ModelShape, ParallelFlags, Parallel
 from capture_megatron.config.ddp import DEFAULT_DDP, DdpOptions
 from capture_megatron.config.kernels import Kernels, tp_overlap_problem
 from capture_megatron.config.mtp import mtp_problems
-from capture_megatron.config.optimizer_offload import fp8_offload_problem
 from capture_megatron.config.parallel import tp_fits
 from capture_megatron.config.resolve import (
     given_modules,
@@ -19,6 +18,7 @@ from capture_megatron.config.resolve import (
     refuse_dropped_recompute,
 )
 from capture_megatron.errors import CaptureError
+from capture_megatron.plan.offload_space import activation_ddp, fixed_offload, offload_ddp
 
 
 @dataclass(frozen=True)
@@ -68,6 +68,12 @@ class Space:
     changes) and the distributed optimizer. Empty: the planner's choice
     (plan.planner.searched_options: on GPUs OFFLOAD_FRACTIONS for min-gpus and throughput, none
     for min-peak), else none."""
+    activation_offload: tuple[tuple[str, ...], ...] = ()
+    """Fine-grained activation offloading's --offload-modules sets searched (an empty set: the
+    settings of `ddp` as given), each in candidates without full recompute (whose layers save
+    only their inputs). Empty: the planner's choice (plan.offload_space.activation_sets: on the
+    GPU kernel set with Transformer Engine, unless the command line turned it on or
+    --no-activation-offload is given), else as given."""
 
     @property
     def keeps_recompute(self) -> bool:
@@ -130,57 +136,9 @@ def space_from(
     if flags.use_distributed_optimizer or needs:
         fixed["distributed_optimizer"] = (True,)
     fixed.update(_fixed_sizes(flags))
-    offload = _fixed_offload(ddp)
+    offload = fixed_offload(ddp)
     return replace(
         Space(), cp_comm_type=flags.cp_comm_type or "", ddp=ddp, optimizer_offload=offload, **fixed
-    )
-
-
-OFFLOAD_FRACTIONS = (0.0, 0.25, 0.5, 0.75, 1.0)
-"""The optimizer offload fractions the planner searches (issue 31: 0, 1/4, 1/2, 3/4, 1)."""
-
-
-def _fixed_offload(ddp: DdpOptions) -> tuple[float, ...]:
-    """The offload fractions the command line fixed: --optimizer-cpu-offload's fraction (Megatron's
-    default 1), or --optimizer-offload-fraction alone when not its default 1 (0: no offload; the
-    fraction alone cannot be told from the default 1); empty: searched."""
-    if ddp.optimizer_cpu_offload:
-        return (ddp.optimizer_offload_fraction,)
-    fraction = ddp.optimizer_offload_fraction
-    return (fraction,) if fraction != 1.0 else ()
-
-
-def searched_offload(
-    ddp: DdpOptions, objective: str, gpu: bool, dtype: str, kernels: Kernels
-) -> tuple[float, ...]:
-    """The optimizer offload fractions searched when the command line fixed none: on GPUs
-    OFFLOAD_FRACTIONS for min-gpus and throughput (which takes offload only where it is faster
-    than every plan without it: plan.search), where Megatron-LM runs it with the settings given
-    (the precision-aware optimizer's dtypes fp32, gradients not fp16, --fp8-param-gather only
-    with the delayed recipe); no offload for min-peak and on CPU processes (whose
-    device memory is the host's)."""
-    if not gpu or objective == "min-peak":
-        return (0.0,)
-    try:
-        moved = offload_ddp(ddp, 1.0)
-    except CaptureError:
-        return (0.0,)
-    fp8 = kernels.fp8 and kernels.fp8_param_gather
-    refused = moved.dtype_problems(dtype) or fp8_offload_problem(moved, fp8, kernels.fp8_recipe)
-    return (0.0,) if refused else OFFLOAD_FRACTIONS
-
-
-def offload_ddp(ddp: DdpOptions, fraction: float) -> DdpOptions:
-    """The settings of a candidate offloading `fraction` of its optimizer: as given when the
-    command line turned offload on or the fraction is 0, else --optimizer-cpu-offload with the
-    precision-aware optimizer (CaptureError when Megatron refuses that with the settings given)."""
-    if ddp.optimizer_cpu_offload or fraction <= 0.0:
-        return ddp
-    return replace(
-        ddp,
-        optimizer_cpu_offload=True,
-        optimizer_offload_fraction=fraction,
-        use_precision_aware_optimizer=True,
     )
 
 
@@ -326,7 +284,7 @@ def _settings(
             recompute = space.full_recompute(pp) if rc == "full" else Recompute(rc)
             if rc == "selective":
                 recompute = Recompute.selective(space.recompute_modules)
-            for do, ddp in optimizer_settings(dp * cp, space):
+            for do, ddp in _offload_settings(dp * cp, rc, space):
                 base = ParallelPlan(
                     tp=tp,
                     pp=pp,
@@ -360,6 +318,18 @@ def optimizer_settings(dp_cp: int, space: Space) -> list[tuple[bool, DdpOptions]
             if do if ddp.optimizer_cpu_offload else plain:
                 out.append((do, ddp))
     return out
+
+
+def _offload_settings(dp_cp: int, rc: str, space: Space) -> list[tuple[bool, DdpOptions]]:
+    """optimizer_settings, each with every activation offload set of the space (none with full
+    recompute `rc`)."""
+    sets = space.activation_offload or ((),)
+    return [
+        (do, activation_ddp(ddp, modules))
+        for do, ddp in optimizer_settings(dp_cp, space)
+        for modules in sets
+        if not (modules and rc == "full")
+    ]
 
 
 def _even(layers: int, stages: int) -> tuple[int, ...]:

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from capture_megatron.config.act_offload import ActivationOffload
 from capture_megatron.errors import CaptureError
-from capture_megatron.fit import ShapeConstants
+from capture_megatron.fit import MemoryModel, ShapeConstants
 
 
 def group_bytes(sc: ShapeConstants, offload: ActivationOffload) -> dict[str, float]:
@@ -34,6 +34,13 @@ def group_bytes(sc: ShapeConstants, offload: ActivationOffload) -> dict[str, flo
         if row.group in out and row.numel >= offload.min_offloaded_tensor_size:
             out[row.group] += row.nbytes
     return out
+
+
+def measured(model: MemoryModel) -> bool:
+    """Whether the memory model's records say what fine-grained activation offloading moves
+    (every model profiled since capture-megatron measures it; not a --memory-model file written
+    before, nor one without probe records)."""
+    return all(a.layer_offload is not None for v in model.variants for a in v.anchors)
 
 
 def layer_bytes(sc: ShapeConstants, offload: ActivationOffload) -> float:

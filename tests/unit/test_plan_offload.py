@@ -21,7 +21,8 @@ from capture_megatron.fit import write_model
 from capture_megatron.plan import PlanOptions, Space, plan, space_from
 from capture_megatron.plan.costmodel import step_seconds
 from capture_megatron.plan.offload_cost import without_offload
-from capture_megatron.plan.space import OFFLOAD_FRACTIONS, candidates, offload_ddp
+from capture_megatron.plan.offload_space import OFFLOAD_FRACTIONS, offload_ddp
+from capture_megatron.plan.space import candidates
 
 
 def _plan(gpus: int, gib: float, objective: str, offload: tuple[float, ...] = (), **kw):

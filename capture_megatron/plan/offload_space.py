@@ -1,0 +1,97 @@
+"""Offload in the search space (pure Python): the optimizer offload fractions and the
+fine-grained activation offloading module sets the planner tries, and a candidate's settings
+with each (issue 31; the forecast: predict.offload and the optimizer's host bytes; the cost:
+plan.costparts and plan.offload_cost)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from capture_megatron.config import ModelShape
+from capture_megatron.config.act_offload import OFFLOAD_SETS, ActivationOffload
+from capture_megatron.config.ddp import DdpOptions
+from capture_megatron.config.kernels import Kernels
+from capture_megatron.config.optimizer_offload import fp8_offload_problem
+from capture_megatron.errors import CaptureError
+
+OFFLOAD_FRACTIONS = (0.0, 0.25, 0.5, 0.75, 1.0)
+"""The optimizer offload fractions the planner searches (issue 31: 0, 1/4, 1/2, 3/4, 1)."""
+
+
+def fixed_offload(ddp: DdpOptions) -> tuple[float, ...]:
+    """The offload fractions the command line fixed: --optimizer-cpu-offload's fraction (Megatron's
+    default 1), or --optimizer-offload-fraction alone when not its default 1 (0: no offload; the
+    fraction alone cannot be told from the default 1); empty: searched."""
+    if ddp.optimizer_cpu_offload:
+        return (ddp.optimizer_offload_fraction,)
+    fraction = ddp.optimizer_offload_fraction
+    return (fraction,) if fraction != 1.0 else ()
+
+
+def searched_offload(
+    ddp: DdpOptions, objective: str, gpu: bool, dtype: str, kernels: Kernels
+) -> tuple[float, ...]:
+    """The optimizer offload fractions searched when the command line fixed none: on GPUs
+    OFFLOAD_FRACTIONS for min-gpus and throughput (which takes offload only where it is faster
+    than every plan without it: plan.search), where Megatron-LM runs it with the settings given
+    (the precision-aware optimizer's dtypes fp32, gradients not fp16, --fp8-param-gather only
+    with the delayed recipe); no offload for min-peak and on CPU processes (whose
+    device memory is the host's)."""
+    if not gpu or objective == "min-peak":
+        return (0.0,)
+    try:
+        moved = offload_ddp(ddp, 1.0)
+    except CaptureError:
+        return (0.0,)
+    fp8 = kernels.fp8 and kernels.fp8_param_gather
+    refused = moved.dtype_problems(dtype) or fp8_offload_problem(moved, fp8, kernels.fp8_recipe)
+    return (0.0,) if refused else OFFLOAD_FRACTIONS
+
+
+def offload_ddp(ddp: DdpOptions, fraction: float) -> DdpOptions:
+    """The settings of a candidate offloading `fraction` of its optimizer: as given when the
+    command line turned offload on or the fraction is 0, else --optimizer-cpu-offload with the
+    precision-aware optimizer (CaptureError when Megatron refuses that with the settings given)."""
+    if ddp.optimizer_cpu_offload or fraction <= 0.0:
+        return ddp
+    return replace(
+        ddp,
+        optimizer_cpu_offload=True,
+        optimizer_offload_fraction=fraction,
+        use_precision_aware_optimizer=True,
+    )
+
+
+def activation_sets(
+    shape: ModelShape, ddp: DdpOptions, objective: str, kind: str, kernels: Kernels
+) -> tuple[tuple[str, ...], ...]:
+    """The fine-grained activation offloading module sets searched when the command line turned
+    none on: on the GPU kernel set with Transformer Engine (megatron-core hooks TE's cpu_offload)
+    for min-gpus and throughput, no offload and OFFLOAD_SETS (the MoE set only for a model with
+    experts); none for min-peak, on CPU processes and with FP8 compute (whose offloaded tensors
+    the forecast has not been checked against)."""
+    given = ddp.activation_offload.fine_grained_activation_offloading
+    if given or objective == "min-peak" or not kind.startswith("gpu:transformer_engine"):
+        return ((),)
+    if kernels.fp8:
+        return ((),)
+    sets = OFFLOAD_SETS if shape.moe.enabled else OFFLOAD_SETS[:-1]
+    return ((), *sets)
+
+
+def activation_ddp(ddp: DdpOptions, modules: tuple[str, ...]) -> DdpOptions:
+    """The settings of a candidate offloading the activations of `modules` (as given when
+    empty)."""
+    if not modules:
+        return ddp
+    return replace(ddp, activation_offload=ActivationOffload.of(modules))
+
+
+def activation_rank(ddp: DdpOptions) -> int:
+    """How much of a layer's activations the settings offload: 0 without, else the position of
+    their module set in OFFLOAD_SETS plus one (each set holds the one before; a set given on the
+    command line that is none of them counts as the first)."""
+    groups = ddp.activation_offload.groups
+    if not groups:
+        return 0
+    return OFFLOAD_SETS.index(groups) + 1 if groups in OFFLOAD_SETS else 1
