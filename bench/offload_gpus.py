@@ -1,8 +1,10 @@
 """Benchmark (issue 31, must-show 1): the fewest GPUs of 80 GiB each model fits on, without and with
-optimizer CPU offload (--optimizer-cpu-offload, the fraction searched: 0, 1/4, 1/2, 3/4, 1), and the
-estimated slowdown. Each model is planned twice as a user types it, in a fresh process:
-`capture-megatron plan ... --objective min-gpus`, once with `--optimizer-offload-fraction 0`
-(offload kept out) and once with the fraction left to the planner; on the GPU kernel set (fake
+offload, and the estimated slowdown: fine-grained activation offloading (its module sets searched)
+and optimizer CPU offload (--optimizer-cpu-offload, the fraction searched: 0, 1/4, 1/2, 3/4, 1).
+Each model is planned three times as a user types it, in a fresh process:
+`capture-megatron plan ... --objective min-gpus`, with `--optimizer-offload-fraction 0
+--no-activation-offload` (no offload), with `--optimizer-offload-fraction 0` (activations only)
+and with both left to the planner (SETTINGS); on the GPU kernel set (fake
 CUDA: Transformer Engine, cuDNN fused attention), bf16, with the small fixed space of
 bench/partitioners.py (micro-batch 1, selective recompute with sequence parallelism, the
 distributed optimizer, no interleaving, CP 1), global batch 1024, the planner's CUDA margins and
@@ -70,14 +72,22 @@ MODELS: dict[str, tuple[str, list[str]]] = {
 """Name -> (source, the model's flags)."""
 
 
-def plan(flags: list[str], limit: int, offload: bool, cache: str) -> dict[str, Any]:
-    """min-gpus for one model in a fresh process (`offload` False: --optimizer-offload-fraction
-    0); its row."""
+SETTINGS = {
+    "without": ["--optimizer-offload-fraction", "0", "--no-activation-offload"],
+    "activations": ["--optimizer-offload-fraction", "0"],
+    "with": [],
+}
+"""The three runs of a model: no offload; fine-grained activation offloading's module sets
+searched, the optimizer kept on the GPUs; both searched (the planner's default)."""
+
+
+def plan(flags: list[str], limit: int, setting: str, cache: str) -> dict[str, Any]:
+    """min-gpus for one model in a fresh process with one of SETTINGS; its row."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "plan.json")
         argv = [sys.executable, "-m", "capture_megatron.cli", "plan", *flags, *FIXED]
         argv += ["--gpus", str(limit), "--objective", "min-gpus", "--no-progress", "--json", out]
-        argv += [] if offload else ["--optimizer-offload-fraction", "0"]
+        argv += SETTINGS[setting]
         env = {**os.environ, "CAPTURE_MEGATRON_CACHE": cache}
         start = time.perf_counter()
         done = subprocess.run(argv, capture_output=True, text=True, cwd=tmp, env=env)
@@ -96,16 +106,24 @@ def _summary(data: dict[str, Any]) -> dict[str, Any]:
     gpus = p["tp"] * p["pp"] * p["dp"] * p["cp"]
     ddp = p["ddp"]
     fraction = ddp.get("optimizer_offload_fraction", 1.0) if ddp.get("optimizer_cpu_offload") else 0
-    host = max((s.get("host", 0) for s in data["breakdown"]), default=0)
+    host = max(
+        (s.get("host", 0) + s.get("activation_host", 0) for s in data["breakdown"]), default=0
+    )
+    moved = ddp.get("activation_offload", {})
+    groups = (
+        moved.get("offload_modules", []) if moved.get("fine_grained_activation_offloading") else []
+    )
     return {
         "exit": 0,
         "gpus": gpus,
         "plan": {k: p[k] for k in ("tp", "pp", "dp", "ep", "micro_batch_size")},
         "offload_fraction": fraction,
+        "activation_offload": list(groups),
+        "recompute": p["recompute"]["granularity"],
         "needed_gib": round(data["needed_bytes_per_gpu"] / 2**30, 2),
         "step_s": data["estimated_step_seconds"],
         "host_gib_per_node": round(min(8, gpus) * host / 2**30, 1),
-        "notes": [n for n in data["notes"] if "offload" in n],
+        "notes": [n for n in data["notes"] + data["reasoning"] if "offload" in n],
     }
 
 
@@ -124,10 +142,9 @@ def main() -> None:
             old = {r["model"]: r for r in json.load(f)["rows"]}
     for name in ns.models.split(","):
         source, flags = MODELS[name]
-        without = plan(flags, ns.limit, False, cache)  # profiles (cold) on the first run
-        with_ = plan(flags, ns.limit, True, cache)
         old[name] = {"model": name, "source": source, "limit": ns.limit}
-        old[name] |= {"without": without, "with": with_}
+        for setting in SETTINGS:  # the first run profiles (cold)
+            old[name][setting] = plan(flags, ns.limit, setting, cache)
         print(json.dumps(old[name]), flush=True)
         result = {"fixed": " ".join(FIXED), "rows": [old[m] for m in MODELS if m in old]}
         with open(ns.out, "w") as f:

@@ -35,6 +35,7 @@ from capture_megatron.plan.balance import (
 )
 from capture_megatron.plan.costmodel import CostModel
 from capture_megatron.plan.margins import Margins
+from capture_megatron.plan.offload_space import activation_rank
 from capture_megatron.plan.partition import TIE
 from capture_megatron.plan.ranktimes import least_step, lower_bound, memory_floor
 from capture_megatron.plan.stepbound import bound_parts, step_bound
@@ -54,6 +55,12 @@ class SearchResult:
     unfit: frozenset[ParallelPlan] = frozenset()
     """The candidates found not to fit (throughput: their memory floor, a lighter twin or their
     own forecast), for plan.search's optimizer offload."""
+
+
+def throughput_key(e: Evaluated) -> tuple:
+    """The throughput ranking: fitting plans first, then the step; at the same step the plan
+    offloading fewer activations (transfers compute hides cost nothing), then the peak."""
+    return (not e.fits, e.step_seconds, activation_rank(e.plan.ddp), e.peak)
 
 
 def _key(p: ParallelPlan) -> tuple:
@@ -315,12 +322,13 @@ def fastest(
     --fp8-param-gather, for the memory floor). With `beaten` (a step known from another
     search) only candidates that may be faster are split: the fastest of them, if any is."""
     if "full" in {p.recompute.granularity for p in plans} and not keep_recompute and not floor:
-        plans = [p for p in plans if p.recompute.granularity != "none"]
+        # full recompute's counts include 0 (no recompute); not with activation offload
+        plans = [p for p in plans if p.recompute.granularity != "none" or activation_rank(p.ddp)]
     cap = cluster.gpu_memory_bytes
     visit = _Visit(plans, lambda p: step_bound(shape, p, hw),
                    lambda p: _floor_fits(shape, p, margins, cap, fp8), beaten)  # fmt: skip
     problem = _Problem(supply, shape, cluster, margins, hw, keep_recompute, floor)
     _BranchAndBound(problem, visit).search()
     done = visit.done.values()
-    ranked = distinct(sorted(done, key=lambda e: (not e.fits, e.step_seconds, e.peak)))
+    ranked = distinct(sorted(done, key=throughput_key))
     return SearchResult(ranked[:top], len(done), visit.unfit())

@@ -28,7 +28,7 @@ from capture_megatron.plan.balance import (
     trim_recompute,
 )
 from capture_megatron.plan.costmodel import CostModel
-from capture_megatron.plan.fastest import SearchResult, fastest
+from capture_megatron.plan.fastest import SearchResult, fastest, throughput_key
 from capture_megatron.plan.margins import Margins
 from capture_megatron.plan.offload_space import activation_ddp, activation_rank, offload_ddp
 from capture_megatron.plan.space import Space, candidates
@@ -152,7 +152,7 @@ def _with_offload(
         found = [run(group, best) for group in groups if group]
     both = sorted(
         [e for r in (first, *found) for e in r.ranked],
-        key=lambda e: (not e.fits, e.step_seconds, e.peak),
+        key=throughput_key,
     )
     return SearchResult(distinct(both)[:top], sum(r.considered for r in (first, *found)))
 
