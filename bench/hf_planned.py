@@ -73,6 +73,9 @@ def plan(name: str, gpus: int) -> dict[str, Any]:
     ddp = p.get("ddp", {})
     offload = ddp.get("optimizer_offload_fraction", 1.0) if ddp.get("optimizer_cpu_offload") else 0
     row["optimizer_offload"] = offload
+    moved = ddp.get("activation_offload", {})
+    on = moved.get("fine_grained_activation_offloading")
+    row["activation_offload"] = list(moved.get("offload_modules", [])) if on else []
     row["needed_gib"] = round(data["needed_bytes_per_gpu"] / 2**30, 2)
     row["fits"] = data["fits"]
     row["step_s"] = data.get("estimated_step_seconds")

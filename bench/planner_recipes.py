@@ -48,10 +48,14 @@ def config(p: ParallelPlan) -> str:
     recompute = "" if rc.granularity == "none" else f" recompute {rc.granularity}"
     if rc.granularity == "full":
         recompute += f" {list(rc.num_layers)}"
+    ddp = p.ddp
+    offload = f" optimizer offload {ddp.optimizer_offload_fraction:g}" * ddp.optimizer_cpu_offload
+    groups = ddp.activation_offload.groups
+    offload += f" activation offload {','.join(groups)}" if groups else ""
     return (
         f"TP{p.tp} PP{p.pp} VP{p.vpp} CP{p.cp} DP{p.dp} mbs{p.micro_batch_size}"
         f"{' SP' if p.sequence_parallel else ''}{' DO' if p.distributed_optimizer else ''}"
-        f"{recompute}"
+        f"{recompute}{offload}"
     )
 
 

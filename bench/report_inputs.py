@@ -101,6 +101,8 @@ def hf_planned_section(root: str) -> str:
         sizes += (
             f" optimizer offload {r['optimizer_offload']:g}" if r.get("optimizer_offload") else ""
         )
+        act = r.get("activation_offload")
+        sizes += f" activation offload of {', '.join(act)}" if act else ""
         rc = r["recompute"]["granularity"] if isinstance(r["recompute"], dict) else r["recompute"]
         if rc == "full" and isinstance(r["recompute"], dict):
             rc += f" of {r['recompute']['num_layers']} layers per stage"

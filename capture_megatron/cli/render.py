@@ -6,11 +6,13 @@ from __future__ import annotations
 from types import ModuleType
 
 from capture_megatron.config import GIB, ParallelPlan, Recompute
+from capture_megatron.config.act_offload import OFFLOAD_SETS
 from capture_megatron.config.kernels import VALIDATION
 from capture_megatron.fit import MemoryModel
 from capture_megatron.fit.quality import quality_rows, used_error
 from capture_megatron.plan import PlanResult
 from capture_megatron.plan.explain import units
+from capture_megatron.plan.offload_space import activation_rank
 from capture_megatron.plan.result import PARTS
 from capture_megatron.train.compare import RankCheck
 
@@ -37,9 +39,11 @@ def print_plan(result: PlanResult) -> None:
     print(f"  validated: {VALIDATION.get(result.origin.device, 'not validated')}")
     wide = shape.moe.enabled or any(e.plan.cp > 1 for e in result.ranked)
     off = any(e.plan.ddp.optimizer_cpu_offload for e in result.ranked)
+    act = any(e.plan.ddp.activation_offload.groups for e in result.ranked)
     print(
         f"  {'TP':>3} {'PP':>3} {'DP':>4}{'  CP  EP' if wide else ''} {'VPP':>3} {'mbs':>3} "
-        f"{'recompute':>9} {'SP':>3} {'DO':>3}{'  OFF' if off else ''} {'peak ' + uname:>9} "
+        f"{'recompute':>9} {'SP':>3} {'DO':>3}{'  OFF' if off else ''}{'   ACT' if act else ''} "
+        f"{'peak ' + uname:>9} "
         f"{'need ' + uname:>9} "
         f"{'fits':>4} {'step s':>7}  layout"
     )
@@ -49,8 +53,8 @@ def print_plan(result: PlanResult) -> None:
             f"  {p.tp:3d} {p.pp:3d} {p.dp:4d}{f' {p.cp:3d} {p.ep:3d}' if wide else ''} "
             f"{p.vpp:3d} {p.micro_batch_size:3d} "
             f"{p.recompute.granularity:>9} {'y' if p.sequence_parallel else 'n':>3} "
-            f"{'y' if p.distributed_optimizer else 'n':>3}{_offload(p) if off else ''} "
-            f"{e.peak / unit:9.2f} "
+            f"{'y' if p.distributed_optimizer else 'n':>3}{_offload(p) if off else ''}"
+            f"{_activations(p) if act else ''} {e.peak / unit:9.2f} "
             f"{e.needed / unit:9.2f} {_fits(e.fits, cluster.gpu_memory_bytes):>4} "
             f"{_step(result, e.step_seconds):>7}  {p.layout}"
         )
@@ -73,6 +77,18 @@ def _offload(plan: ParallelPlan) -> str:
     """The OFF column: the optimizer's fraction offloaded (--optimizer-cpu-offload; 0 without)."""
     ddp = plan.ddp
     return f" {ddp.optimizer_offload_fraction if ddp.optimizer_cpu_offload else 0:4g}"
+
+
+ACT_SETS = {1: "attn", 2: "layer", 3: "all"}
+"""The ACT column's names of plan.offload_space's module sets (OFFLOAD_SETS), by rank."""
+
+
+def _activations(plan: ParallelPlan) -> str:
+    """The ACT column: the module set fine-grained activation offloading moves ('-' without;
+    'set' for a set the command line gave that is none of the searched ones)."""
+    groups = plan.ddp.activation_offload.groups
+    name = ACT_SETS.get(activation_rank(plan.ddp), "-") if groups in OFFLOAD_SETS else "set"
+    return f" {name if groups else '-':>5}"
 
 
 def legend(result: PlanResult) -> list[str]:
@@ -102,7 +118,10 @@ def legend(result: PlanResult) -> list[str]:
         f"peak: {peak}; {need}; fits: {fits}",
         f"{step}; SP sequence parallel, DO distributed optimizer, CP context-parallel and EP "
         "expert-parallel sizes (shown for MoE or CP plans), OFF the optimizer's fraction "
-        "offloaded (--optimizer-cpu-offload; shown when a plan offloads), VPP virtual stages per "
+        "offloaded (--optimizer-cpu-offload; shown when a plan offloads), ACT the activations "
+        "offloaded (--offload-modules: attn core_attn attn_proj, layer also attn_norm "
+        "qkv_linear mlp_norm, all also expert_fc1 moe_act; shown when a plan offloads), VPP "
+        "virtual stages per "
         "rank, mbs micro-batch size; layout: --pipeline-model-parallel-layout (E embedding, "
         "t layer, L output layer, | between stages)",
     ]

@@ -98,18 +98,27 @@ SMALLEST = re.compile(r"the smallest fitting setup is (\d+) GPUs")
 def test_deepseek_v3_example_line_runs_verbatim(tmp_path, forecast_cache):
     """Megatron-LM's DeepSeek-V3 line (Megatron-FSDP flags aside; TP 1, EP 8, micro-batch 4 and
     selective recompute of mlp moe mla_up_proj layernorm fixed, HybridEP): predicted as written
-    (PP 1), and planned: on 1024 GPUs of 80 GiB no plan of its sizes fits, and plan names the
-    smallest cluster where one does, where it then plans (written for Megatron-FSDP, the line
-    keeps a micro-batch of 4 on one pipeline; the plan pipelines it)."""
+    (PP 1), and planned: on 1024 GPUs of 80 GiB no plan of its sizes fits without offloading
+    activations, and plan names the smallest cluster where one does, where it then plans (written
+    for Megatron-FSDP, the line keeps a micro-batch of 4 on one pipeline; the plan pipelines it);
+    with fine-grained activation offloading searched (the default) a plan fits on the 1024."""
     argv = [*flags_of("sbatch_mfsdp_deepseek_v3_no_fsdp"), "--vocab-size", "129280"]
     done, out = run("predict", argv, 256, tmp_path, forecast_cache)
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(out.read_text())["plan"]["pp"] == 1
-    done, _ = run("plan", argv, 1024, tmp_path, forecast_cache)
+    kept = [*argv, "--no-activation-offload"]
+    done, _ = run("plan", kept, 1024, tmp_path, forecast_cache)
     found = SMALLEST.search(done.stderr)
     assert done.returncode == 2 and found and len(done.stderr.splitlines()) == 1, done.stderr
-    done, out = run("plan", argv, int(found.group(1)), tmp_path, forecast_cache)
+    done, out = run("plan", kept, int(found.group(1)), tmp_path, forecast_cache)
     assert done.returncode == 0, done.stderr[-3000:]
     data = json.loads(out.read_text())
     assert data["fits"] is True and data["plan"]["tp"] == 1 and data["plan"]["ep"] == 8
     assert data["plan"]["micro_batch_size"] == 4
+    assert "--fine-grained-activation-offloading" not in data["megatron_args"]
+    done, out = run("plan", argv, 1024, tmp_path, forecast_cache)
+    assert done.returncode == 0, done.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert data["fits"] is True and data["plan"]["micro_batch_size"] == 4
+    assert "--fine-grained-activation-offloading" in data["megatron_args"]
+    assert any("offloads the activations" in r for r in data["reasoning"])
