@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
 from capture_megatron.config import Cluster, DdpOptions, ModelShape, ParallelPlan, Recompute
+from capture_megatron.config.act_offload import OFFLOAD_SETS, ActivationOffload
 from capture_megatron.fit import MemoryModel
 from capture_megatron.plan.balance import (
     Evaluated,
@@ -166,6 +167,17 @@ class _Visit:
         ]
         return [t for t in found if t is not None]
 
+    def more_offloaded(self, p: ParallelPlan) -> ParallelPlan | None:
+        """p's twin offloading the largest module set of activations above p's, if a candidate
+        (it needs no more device memory, though more host memory)."""
+        k, rank = _key(p), activation_rank(p.ddp)
+        for i in range(len(OFFLOAD_SETS), rank, -1):
+            moved = ActivationOffload.of(OFFLOAD_SETS[i - 1])
+            twin = self.index.get(k[:-1] + (replace(p.ddp, activation_offload=moved),))
+            if twin is not None:
+                return twin
+        return None
+
     def floor_fits(self, p: ParallelPlan) -> bool:
         """Whether the plan's memory floor fits (the `floor` predicate, once per plan)."""
         if p not in self.floors:
@@ -252,8 +264,16 @@ class _BranchAndBound:
         visit = self.visit
         if plan not in visit.viable:
             ok = visit.floor_fits(plan) and all(self.fits(t, i) for t in self.twins(plan))
+            more = visit.more_offloaded(plan)
+            ok = ok and (more is None or self.on_device(more, i))
             visit.viable[plan] = ok and self.run(plan, i).fits
         return visit.viable[plan]
+
+    def on_device(self, plan: ParallelPlan, i: int) -> bool:
+        """Whether the plan's device memory fits (its host memory aside: a twin offloading more
+        activations needs more of it, so its overflow says nothing of the plan's)."""
+        cap = self.p.cluster.gpu_memory_bytes
+        return self.visit.floor_fits(plan) and self.run(plan, i).needed <= cap
 
     def known(self, plan: ParallelPlan) -> bool:
         """Whether the plan is known or predicted without profiling (worth asking first)."""
