@@ -156,3 +156,30 @@ def test_more_offload_is_lighter_but_not_than_full_recompute():
     assert [activation_rank(p.ddp) for p in (base, *moved)] == [0, 1, 2]
     kept = undominated([base, full, *moved])
     assert kept == [full, moved[1]]
+
+
+@pytest.mark.parametrize("gib", [2.5, 3.0, 4.0])
+def test_the_search_finds_the_fastest_of_every_offloading_candidate(gib):
+    """Throughput's bounds and pruning (a plan whose twin offloading more activations does not fit
+    on the device is not split) lose nothing: the plan found is as fast as the fastest of every
+    candidate of the searched space, offloading or not, each split alone."""
+    from capture_megatron.plan.fastest import fastest
+    from capture_megatron.plan.planner import searched_options
+    from capture_megatron.plan.space import candidates
+    from capture_megatron.plan.supply import Supply
+
+    found = _plan(gib, "throughput").best
+    cluster = Cluster(gpus=8, gpu_memory_bytes=int(gib * GIB))
+    given = PlanOptions(
+        context_gib=0.0, global_batch_size=32, space=Space(optimizer_offload=(0.0,))
+    )
+    options = searched_options(given, cluster, SMALL)
+    assert len(options.space.activation_offload) == 3  # none, attention, layer
+    supply, margins = Supply(SMALL, offload_source), options.margins(cluster, SMALL.hidden_size)
+    steps = [
+        e.step_seconds
+        for p in candidates(SMALL, cluster, 32, options.space)
+        for e in fastest(supply, SMALL, cluster, [p], margins, options.cost, 1, False).ranked
+        if e.fits
+    ]
+    assert steps and found.step_seconds <= min(steps) * (1 + 1e-9), (found, min(steps))
