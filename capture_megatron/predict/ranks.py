@@ -19,7 +19,7 @@ from capture_megatron.fit import MemoryModel
 from capture_megatron.predict import overlap
 from capture_megatron.predict.chunks import ChunkCost, cached_chunk
 from capture_megatron.predict.layers import Layers, layers_for
-from capture_megatron.predict.moments import Moment, moment_arrays, moment_totals
+from capture_megatron.predict.moments import KINDS, Moment, moment_arrays, moment_totals
 from capture_megatron.predict.schedule import ScheduleSpec, events
 from capture_megatron.serial import OMIT_DEFAULT, JsonMixin
 
@@ -362,17 +362,24 @@ def rank_memory(
         phase=phase,
         inflight=inflight,
         host=sum(c.host for c in chunks),
-        activation_host=offloaded_host(chunks, moments),
+        activation_host=offloaded_host(chunks, moments, plan.ddp.overlap_moe_expert_parallel_comm),
     )
 
 
-def offloaded_host(chunks: list[ChunkCost], moments: tuple[Moment, ...]) -> float:
+def offloaded_host(
+    chunks: list[ChunkCost], moments: tuple[Moment, ...], merged: bool = False
+) -> float:
     """Host bytes fine-grained activation offloading holds on a rank at most: over the schedule's
     moments, each chunk's micro-batches in flight (a forward's own one included) times what one
     of them offloads (ChunkCost.offloaded). megatron-core's pinned pool keeps its buffers for
     reuse, so its size is the fullest moment's."""
     if not any(c.offloaded for c in chunks):
         return 0.0
+    if not merged:  # the arrays (merged "M" moments: the EP overlap's schedule, one by one)
+        arrays = moment_arrays(moments, len(chunks))
+        off = np.array([c.offloaded for c in chunks])
+        own = np.where(arrays.kind == KINDS["F"], off[arrays.chunk], 0.0)
+        return float(np.max(arrays.live @ off + own))
 
     def held(m: Moment) -> float:
         running = m.chunk % len(chunks) if m.kind in ("F", "M") else -1  # M: its forward's chunk

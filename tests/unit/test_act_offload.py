@@ -204,3 +204,19 @@ def test_the_cpu_kernel_set_refuses_it_before_profiling(tmp_path):
     })  # fmt: skip
     assert "the CPU kernel set cannot run" in one_error(done, "predict")
     assert not any(p.suffix == ".jsonl" for p in cache.rglob("*"))
+
+
+@pytest.mark.parametrize("pp,m,vpp", [(2, 4, 1), (4, 8, 2), (4, 12, 3), (1, 3, 1)])
+def test_host_bytes_by_arrays_equal_the_moment_by_moment_count(pp, m, vpp):
+    """offloaded_host's array form (every schedule without the EP overlap's merged moments)
+    equals its moment-by-moment count, on every rank of 1F1B and interleaved schedules."""
+    from types import SimpleNamespace
+
+    from capture_megatron.predict.ranks import offloaded_host, schedule_states
+
+    chunks = [SimpleNamespace(offloaded=float(3 + 5 * v)) for v in range(vpp)]
+    for rank in range(pp):
+        moments = schedule_states(pp, m, vpp, rank, 0, False, False)
+        fast = offloaded_host(chunks, moments)  # type: ignore[arg-type]
+        slow = offloaded_host(chunks, moments, merged=True)  # type: ignore[arg-type]
+        assert fast == slow and fast > 0, (rank, fast, slow)
