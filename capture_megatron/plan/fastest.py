@@ -58,6 +58,10 @@ class SearchResult:
     own forecast), for plan.search's optimizer offload."""
 
 
+OFFLOADS = tuple(ActivationOffload.of(s) for s in OFFLOAD_SETS)
+"""The activation offload settings of OFFLOAD_SETS."""
+
+
 def throughput_key(e: Evaluated) -> tuple:
     """The throughput ranking: fitting plans first, then the step; at the same step the plan
     offloading fewer activations (transfers compute hides cost nothing), then the peak."""
@@ -153,6 +157,8 @@ class _Visit:
         self.steps: list[float] = []
         """Those steps, sorted."""
         self.viable: dict[ParallelPlan, bool] = {}
+        self.offloading: dict[ParallelPlan, ParallelPlan | None] = {}
+        """more_offloaded's answers."""
 
     def twins(self, p: ParallelPlan) -> list[ParallelPlan]:
         """The candidates of the same sizes that need no more memory: without interleaving, with
@@ -170,13 +176,16 @@ class _Visit:
     def more_offloaded(self, p: ParallelPlan) -> ParallelPlan | None:
         """p's twin offloading the largest module set of activations above p's, if a candidate
         (it needs no more device memory, though more host memory)."""
-        k, rank = _key(p), activation_rank(p.ddp)
-        for i in range(len(OFFLOAD_SETS), rank, -1):
-            moved = ActivationOffload.of(OFFLOAD_SETS[i - 1])
-            twin = self.index.get(k[:-1] + (replace(p.ddp, activation_offload=moved),))
-            if twin is not None:
-                return twin
-        return None
+        if p not in self.offloading:
+            self.offloading[p] = None
+            k, rank = _key(p), activation_rank(p.ddp)
+            for i in range(len(OFFLOAD_SETS), rank, -1):
+                moved = replace(p.ddp, activation_offload=OFFLOADS[i - 1])
+                twin = self.index.get(k[:-1] + (moved,))
+                if twin is not None:
+                    self.offloading[p] = twin
+                    break
+        return self.offloading[p]
 
     def floor_fits(self, p: ParallelPlan) -> bool:
         """Whether the plan's memory floor fits (the `floor` predicate, once per plan)."""

@@ -5,6 +5,7 @@ plan.costparts and plan.offload_cost)."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 
 from capture_megatron.config import ModelShape
@@ -48,6 +49,7 @@ def searched_offload(
     return (0.0,) if refused else OFFLOAD_FRACTIONS
 
 
+@functools.lru_cache(maxsize=1024)
 def offload_ddp(ddp: DdpOptions, fraction: float) -> DdpOptions:
     """The settings of a candidate offloading `fraction` of its optimizer: as given when the
     command line turned offload on or the fraction is 0, else --optimizer-cpu-offload with the
@@ -79,6 +81,7 @@ def activation_sets(
     return ((), *sets)
 
 
+@functools.lru_cache(maxsize=1024)
 def activation_ddp(ddp: DdpOptions, modules: tuple[str, ...]) -> DdpOptions:
     """The settings of a candidate offloading the activations of `modules` (as given when
     empty)."""

@@ -139,8 +139,7 @@ def _with_offload(
     moved = [
         t
         for p in sorted(first.unfit, key=order.__getitem__)
-        for t in offloading_twins(p, fractions, sets)
-        if step_bound(shape, t, hw) < best
+        for t in offloading_twins(p, fractions, sets, lambda t: step_bound(shape, t, hw) < best)
     ]
     if not moved:
         return first
@@ -158,11 +157,16 @@ def _with_offload(
 
 
 def offloading_twins(
-    plan: ParallelPlan, fractions: list[float], sets: Sequence[tuple[str, ...]] = ()
+    plan: ParallelPlan,
+    fractions: list[float],
+    sets: Sequence[tuple[str, ...]] = (),
+    may_win: Callable[[ParallelPlan], bool] = lambda _: True,
 ) -> list[ParallelPlan]:
     """`plan` offloading each fraction of its optimizer, with the distributed optimizer (which
     the precision-aware optimizer needs), less those Megatron refuses; and, without full
-    recompute, `plan` and each of those offloading the activations of each module set."""
+    recompute, `plan` and each of those offloading the activations of each module set; only
+    those of a plan (`plan` or a fraction's twin) that `may_win` (activation offload only adds
+    step time, so its twins may win only where that plan may)."""
     out = []
     for f in fractions:
         try:
@@ -170,10 +174,11 @@ def offloading_twins(
             out.append(replace(plan, distributed_optimizer=True, ddp=ddp))
         except CaptureError:
             continue
-    if plan.recompute.granularity == "full":
-        return out
-    moved = [replace(p, ddp=activation_ddp(p.ddp, s)) for p in (plan, *out) for s in sets]
-    return out + moved
+    bases = [p for p in (plan, *out) if may_win(p)]
+    moved = [] if plan.recompute.granularity == "full" else bases
+    return [p for p in bases if p is not plan] + [
+        replace(p, ddp=activation_ddp(p.ddp, s)) for p in moved for s in sets
+    ]
 
 
 def _host_bound(shape: ModelShape, plan: ParallelPlan, cluster: Cluster) -> float:

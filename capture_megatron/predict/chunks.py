@@ -204,8 +204,9 @@ def chunk_cost(
     n = min(rc.layers_on(pp_rank), k) if rc.granularity == "full" else 0
     costs, (ret, ret_grad) = _costs(layers, z, kind, moe, n, rc.method)
     moved = plan.ddp.activation_offload
-    own = [layers.model(m).constants(z) for m in _offloaded(layers, shape, kind, moe)]
-    own = own if moved.groups else []
+    variants = _offloaded(layers, shape, kind, moe) if moved.groups else ()
+    each = {m: layers.model(m).constants(z) for m in set(variants)}
+    own = [each[m] for m in variants]
     per_layer = [offload.layer_bytes(sc, moved) for sc in own]
     inp, saved, fwd, bwd, redone = offload.chunk_adjusted(costs, per_layer)
     ends = layers.main.constants(z)
