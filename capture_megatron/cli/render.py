@@ -87,8 +87,14 @@ def _activations(plan: ParallelPlan) -> str:
     """The ACT column: the module set fine-grained activation offloading moves ('-' without;
     'set' for a set the command line gave that is none of the searched ones)."""
     groups = plan.ddp.activation_offload.groups
-    name = ACT_SETS.get(activation_rank(plan.ddp), "-") if groups in OFFLOAD_SETS else "set"
-    return f" {name if groups else '-':>5}"
+    name = (
+        "-"
+        if not groups
+        else "set"
+        if groups not in OFFLOAD_SETS
+        else ACT_SETS[activation_rank(plan.ddp)]
+    )
+    return f" {name:>5}"
 
 
 def legend(result: PlanResult) -> list[str]:

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
 from capture_megatron.config import Cluster, DdpOptions, ModelShape, ParallelPlan, Recompute
-from capture_megatron.config.act_offload import OFFLOAD_SETS, ActivationOffload
+from capture_megatron.config.act_offload import OFFLOAD_SETS
 from capture_megatron.fit import MemoryModel
 from capture_megatron.plan.balance import (
     Evaluated,
@@ -36,7 +36,7 @@ from capture_megatron.plan.balance import (
 )
 from capture_megatron.plan.costmodel import CostModel
 from capture_megatron.plan.margins import Margins
-from capture_megatron.plan.offload_space import activation_rank
+from capture_megatron.plan.offload_space import activation_ddp, activation_rank
 from capture_megatron.plan.partition import TIE
 from capture_megatron.plan.ranktimes import least_step, lower_bound, memory_floor
 from capture_megatron.plan.stepbound import bound_parts, step_bound
@@ -56,10 +56,6 @@ class SearchResult:
     unfit: frozenset[ParallelPlan] = frozenset()
     """The candidates found not to fit (throughput: their memory floor, a lighter twin or their
     own forecast), for plan.search's optimizer offload."""
-
-
-OFFLOADS = tuple(ActivationOffload.of(s) for s in OFFLOAD_SETS)
-"""The activation offload settings of OFFLOAD_SETS."""
 
 
 def throughput_key(e: Evaluated) -> tuple:
@@ -180,7 +176,7 @@ class _Visit:
             self.offloading[p] = None
             k, rank = _key(p), activation_rank(p.ddp)
             for i in range(len(OFFLOAD_SETS), rank, -1):
-                moved = replace(p.ddp, activation_offload=OFFLOADS[i - 1])
+                moved = activation_ddp(p.ddp, OFFLOAD_SETS[i - 1])
                 twin = self.index.get(k[:-1] + (moved,))
                 if twin is not None:
                     self.offloading[p] = twin

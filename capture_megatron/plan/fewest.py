@@ -11,7 +11,8 @@ from capture_megatron.errors import CaptureError
 from capture_megatron.plan.balance import host_overflow
 from capture_megatron.plan.costmodel import CostModel
 from capture_megatron.plan.margins import Margins
-from capture_megatron.plan.search import Evaluated, offloaded, search, undominated
+from capture_megatron.plan.offload_space import offloaded
+from capture_megatron.plan.search import Evaluated, search, undominated
 from capture_megatron.plan.space import Space, candidates
 from capture_megatron.plan.supply import Supply
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 from dataclasses import replace
 
-from capture_megatron.config import ModelShape
+from capture_megatron.config import ModelShape, ParallelPlan
 from capture_megatron.config.act_offload import OFFLOAD_SETS, ActivationOffload
 from capture_megatron.config.ddp import DdpOptions
 from capture_megatron.config.kernels import Kernels
@@ -88,6 +88,12 @@ def activation_ddp(ddp: DdpOptions, modules: tuple[str, ...]) -> DdpOptions:
     if not modules:
         return ddp
     return replace(ddp, activation_offload=ActivationOffload.of(modules))
+
+
+def offloaded(plan: ParallelPlan) -> float:
+    """The fraction of the plan's optimizer offloaded to the host (0 without offload)."""
+    ddp = plan.ddp
+    return ddp.optimizer_offload_fraction if ddp.optimizer_cpu_offload else 0.0
 
 
 def activation_rank(ddp: DdpOptions) -> int:

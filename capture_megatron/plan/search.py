@@ -30,7 +30,12 @@ from capture_megatron.plan.balance import (
 from capture_megatron.plan.costmodel import CostModel
 from capture_megatron.plan.fastest import SearchResult, fastest, throughput_key
 from capture_megatron.plan.margins import Margins
-from capture_megatron.plan.offload_space import activation_ddp, activation_rank, offload_ddp
+from capture_megatron.plan.offload_space import (
+    activation_ddp,
+    activation_rank,
+    offload_ddp,
+    offloaded,
+)
 from capture_megatron.plan.space import Space, candidates
 from capture_megatron.plan.stepbound import step_bound
 from capture_megatron.plan.supply import Supply
@@ -217,12 +222,6 @@ Lightest = tuple[int, int, bool, float, int]
 """What needs the least memory among the twins of one set of sizes: (the smallest micro-batch,
 the fewest virtual stages, whether no twin recomputes in full, the largest optimizer offload
 fraction, the most activations offloaded: offload_space.activation_rank)."""
-
-
-def offloaded(plan: ParallelPlan) -> float:
-    """The fraction of the plan's optimizer offloaded to the host (0 without offload)."""
-    ddp = plan.ddp
-    return ddp.optimizer_offload_fraction if ddp.optimizer_cpu_offload else 0.0
 
 
 def memory_dominated(plan: ParallelPlan, lightest: Lightest) -> bool:

@@ -66,8 +66,10 @@ def _plan(gib: float, objective: str, source=offload_source, gpus: int = 8, **kw
     return plan(SMALL, cluster, options, source)
 
 
-def _groups(result) -> tuple[str, ...]:
-    return result.best.plan.ddp.activation_offload.groups
+def _groups(e) -> tuple[str, ...]:
+    """What a plan offloads of its activations (an Evaluated, or a PlanResult's best)."""
+    e = getattr(e, "best", e)
+    return e.plan.ddp.activation_offload.groups
 
 
 @pytest.mark.parametrize("objective", ["throughput", "min-gpus"])
@@ -76,7 +78,7 @@ def test_offload_replaces_full_recompute_where_it_is_faster(objective):
     attention core's activations fits with selective recompute only, and is the faster step."""
     without = _plan(2.5, objective, no_activation_offload=True).best
     best = _plan(2.5, objective)
-    assert without.plan.recompute.granularity == "full" and not _groups_of(without)
+    assert without.plan.recompute.granularity == "full" and not _groups(without)
     assert _groups(best) in OFFLOAD_SETS and best.best.plan.recompute.granularity != "full"
     assert best.best.fits and best.best.step_seconds < without.step_seconds
     # the flags Megatron-LM reads
@@ -88,10 +90,6 @@ def test_offload_replaces_full_recompute_where_it_is_faster(objective):
     line = next(r for r in best.reasoning if "offloads the activations" in r)
     assert "--no-activation-offload" in line and "host memory per node" in line
     assert "without it the same plan needs" in line  # it does not fit without
-
-
-def _groups_of(e) -> tuple[str, ...]:
-    return e.plan.ddp.activation_offload.groups
 
 
 def test_throughput_keeps_a_plan_that_fits_without_it():
