@@ -63,15 +63,24 @@ def batch_on_this_cp_rank(batch: Batch) -> Batch:
 def forward_step(
     data_iterator: Iterator[Batch], model: torch.nn.Module
 ) -> tuple[torch.Tensor, Callable[[torch.Tensor], Any]]:
-    """Megatron's forward_step_func: run a chunk on the next micro-batch (this CP rank's part).
+    """Megatron's forward_step_func: run a chunk on the next micro-batch (this CP rank's part):
+    Megatron-LM's pretrain_gpt forward_step. A CPU micro-batch holds every tensor and no attention
+    mask; a GPU one what get_batch hands the stage (megatron/gpu_batch.py).
 
     With CP each rank's loss is the mean over its own tokens (megatron-core's schedules divide the
     sum by loss_func's token count) and DDP averages gradients over DP x CP, as in Megatron-LM: the
     gradient equals one process's when the CP ranks hold equally many unmasked tokens; the reported
     'lm loss' (sums and counts all-reduced over DP x CP) equals it always."""
     batch = batch_on_this_cp_rank(next(data_iterator))
-    output = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
-    return output, partial(loss_func, batch["loss_mask"])
+    output = model(
+        batch.get("tokens"),
+        batch.get("position_ids"),
+        batch.get("attention_mask"),
+        labels=batch.get("labels"),
+    )
+    # a GPU stage's batch holds only what Megatron-LM's get_batch hands it
+    # (megatron/gpu_batch.py): no loss mask before the last stage, which alone calls loss_func
+    return output, partial(loss_func, batch.get("loss_mask"))  # type: ignore[arg-type]
 
 
 def wrap_model(

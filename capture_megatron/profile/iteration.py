@@ -76,19 +76,18 @@ def forward(chunk: ProbeChunk, input_tensor: torch.Tensor | None) -> torch.Tenso
     forward_step with the batch its stage gets); returns the output (the loss on the last)."""
     from megatron.core.pipeline_parallel import schedules
 
-    b, step = chunk.plan.micro_batch_size, forward_step
+    b = chunk.plan.micro_batch_size
     if chunk.kernels is None:
         batch = iter([_batch(chunk.shape, b, chunk.device)])
     else:  # a GPU run: what Megatron-LM's pretrain_gpt hands each stage
-        from capture_megatron.megatron.gpu_batch import megatron_lm_batch, megatron_lm_forward_step
+        from capture_megatron.megatron.gpu_batch import megatron_lm_batch
 
         mask = chunk.kernels.create_attention_mask_in_dataloader
         batch = iter(
             [megatron_lm_batch(chunk.shape, b, chunk.first, chunk.last, mask, chunk.device)]
         )
-        step = megatron_lm_forward_step
     output, _ = schedules.forward_step(
-        step,
+        forward_step,
         batch,
         chunk.model,
         1,

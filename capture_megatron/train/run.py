@@ -150,14 +150,16 @@ def describe(cfg: TrainConfig, env: DistEnv) -> str:
     )
 
 
-def train_iterators(cfg: TrainConfig, consumed: int) -> list[Iterator[Batch]]:
-    """This rank's training micro-batch iterators (one per chunk), after `consumed` samples."""
+def train_iterators(cfg: TrainConfig, consumed: int, backend: Backend) -> list[Iterator[Batch]]:
+    """This rank's training micro-batch iterators (one per chunk), after `consumed` samples; on a
+    GPU each chunk's as Megatron-LM's get_batch hands them to its stage (megatron/gpu_batch.py)."""
     from megatron.core import parallel_state as ps
 
+    from capture_megatron.megatron.gpu_batch import on_device
     from capture_megatron.train.data import build_train_iterators
 
     p = cfg.plan
-    return build_train_iterators(
+    iterators = build_train_iterators(
         cfg.data,
         cfg.shape.seq_length,
         p.micro_batch_size,
@@ -169,6 +171,22 @@ def train_iterators(cfg: TrainConfig, consumed: int) -> list[Iterator[Batch]]:
         consumed,
         p.vpp,
     )
+    if backend.kind != "gpu":
+        return iterators
+    assert backend.kernels is not None
+    mask = backend.kernels.create_attention_mask_in_dataloader
+    return [
+        on_device(
+            it,
+            cfg.shape,
+            (
+                ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=i),
+                ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=i),
+            ),
+            mask,
+        )
+        for i, it in enumerate(iterators)
+    ]
 
 
 def _rank_memory(
@@ -277,7 +295,7 @@ def run_training(cfg: TrainConfig, env: DistEnv) -> MemoryReport:
     start, consumed = load_checkpoint(cfg, trainer) if loaded else (0, 0)
     if start and is_logging_rank():
         print(f"resumed from checkpoint iteration {start} in {loaded}", flush=True)
-    iterators = train_iterators(cfg, consumed)
+    iterators = train_iterators(cfg, consumed, backend)
     setup_bytes = meter.current()
     meter.reset_peak()
     window = PeakWindow(meter)
