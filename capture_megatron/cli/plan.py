@@ -43,6 +43,7 @@ from capture_megatron.plan import PlanOptions, PlanResult, model_args, model_not
 from capture_megatron.plan.limits import too_large
 from capture_megatron.plan.planner import global_batch
 from capture_megatron.plan.window import latent_problem, window_problem
+from capture_megatron.predict.layers import micro_batch_problem
 
 USAGE = (
     "%(prog)s [--hf-config CONFIG | --preset NAME | <Megatron-LM model flags>] --gpus N "
@@ -163,6 +164,10 @@ def plan_and_report(
     too_large(shape, cluster, gbs, max(options.space.micro_batch_size, default=gbs & -gbs))
     _check_window(ns, shape, device, options)
     memory = memory_of(ns, shape, device, progress) if memory is None else memory
+    if options.fixed and ns.memory_model and isinstance(memory, MemoryModel):  # a given plan
+        problem = micro_batch_problem(memory, shape, options.fixed)
+        if problem:
+            raise CaptureError(f"--memory-model {ns.memory_model}: {problem}.")
     result = plan(shape, cluster, options, memory)
     sp_note = (
         "--sequence-parallel is off at TP 1, as Megatron-LM turns it off"

@@ -58,9 +58,11 @@ def without_offload(plan: ParallelPlan) -> ParallelPlan:
 
 
 def fraction_words(fraction: float) -> str:
-    """1/2, 3/4, all, or the fraction as given."""
+    """none, 1/2, 3/4, all, or the fraction as given."""
     if fraction >= 1.0:
         return "all"
+    if fraction <= 0.0:
+        return "none"
     f = Fraction(fraction).limit_denominator(16)
     return f"{f.numerator}/{f.denominator}" if float(f) == fraction else f"{fraction:g}"
 
@@ -80,8 +82,10 @@ def offload_note(plan: ParallelPlan, host: float, saved: float, seconds: float |
     host bytes, and the step seconds added (None: not estimated, CPU processes)."""
     words = fraction_words(plan.ddp.optimizer_offload_fraction)
     slower = f", {seconds:+.3f} s/step" if seconds is not None else ""
+    # at fraction 0 HybridDeviceOptimizer keeps more on the device than the optimizer without it
+    change = f"-{_size(saved)}" if saved >= 0 else f"+{_size(-saved)}"
     return (
-        f"offloading {words} of the optimizer: -{_size(saved)} of optimizer state on the "
+        f"offloading {words} of the optimizer: {change} of optimizer state on the "
         f"device{slower}, {_size(host)} of host memory per rank ({HOST_BYTES} bytes per "
         "moved element: fp32 copy, moments, gradient; the CPU Adam's speed is an assumption, "
         "capture_megatron.plan.offload_cost)"

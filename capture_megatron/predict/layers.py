@@ -109,6 +109,24 @@ def find_variant(model: MemoryModel, variant: Variant) -> VariantModel:
     )
 
 
+def micro_batch_problem(model: MemoryModel, shape: ModelShape, plan: ParallelPlan) -> str:
+    """Why `model` cannot forecast `plan`'s micro-batch size, or '': a variant probed at a single
+    micro-batch size fits its activations as constants, so another size would be predicted as that
+    one's (a GPU model fitted at micro-batch 4 forecast micro-batch 1 full recompute 10% high)."""
+    b = plan.micro_batch_size
+    for v in variants_of(shape, plan):
+        vm = find_variant(model, v)
+        seen = [(lo, hi) for name, lo, hi in vm.ranges if name == "b"]
+        if seen and seen[0][0] == seen[0][1] != b:
+            return (
+                f"the memory model's recompute-{v.recompute} fit was probed at micro-batch "
+                f"{seen[0][0]} only, so micro-batch {b} would be predicted as if it were "
+                f"{seen[0][0]}: profile this micro-batch size too (or drop --memory-model to "
+                "profile on the spot)"
+            )
+    return ""
+
+
 def layers_for(model: MemoryModel, shape: ModelShape, plan: ParallelPlan) -> Layers:
     """The fitted models a (shape, plan) is predicted from (a CaptureError when one is missing)."""
     found = [find_variant(model, v) for v in variants_of(shape, plan)]
