@@ -10,6 +10,9 @@ source). Each run is `capture-megatron train --nproc 1` under torchrun with NCCL
 
     python bench/gpu_h100.py OUT_DIR [--budget-s 420]
 
+GPU_BENCH_EXTRA="--flag value ..." adds flags to every run (bench/gpu_run.sh: the distributed
+backend its first training found working).
+
 Writes OUT_DIR/gpu_h100.json after every run, so a run cut short keeps what it measured.
 """
 
@@ -28,10 +31,15 @@ NO_EXTENSIONS = [
     "--no-gradient-accumulation-fusion",
     "--no-rope-fusion",
     "--no-masked-softmax-fusion",
+    "--no-bias-swiglu-fusion",
+    "--no-bias-dropout-fusion",
 ]
 """Megatron-LM's defaults need apex's fused wgrad extension, TE's RoPE kernel and Megatron's fused
 softmax extension; none is on the GPU machine, and megatron-core fails without them (as Megatron-LM
-would). The lent H100's two runs of 2026-11-26 found them one by one (bench/results/gpu/)."""
+would). The lent H100's two runs of 2026-11-26 found them one by one (bench/results/gpu/). The
+SwiGLU and bias-dropout fusions are megatron's torch.compile'd functions (megatron/core/jit.py):
+Inductor would compile them in every training process, minutes of a 15-minute lease, while the
+profile's probes run them eagerly (emulate/eager_jit.py); off, both run the same eager code."""
 MODEL = [
     *("--num-layers", "8", "--hidden-size", "2048", "--ffn-hidden-size", "5632"),
     *("--num-attention-heads", "16", "--group-query-attention", "--num-query-groups", "4"),
@@ -57,10 +65,7 @@ OFFLOAD = [
     "--optimizer-cpu-offload",
 ]
 CONFIGS: list[tuple[str, str, list[str]]] = [
-    ("mbs1-none", "28", ["--micro-batch-size", "1"]),
-    ("mbs4-none", "28", ["--micro-batch-size", "4"]),
-    ("mbs4-full", "28", ["--micro-batch-size", "4", *FULL, "--recompute-num-layers", "1"]),
-    ("mbs2-qk-layernorm", "26", ["--micro-batch-size", "2", "--qk-layernorm"]),
+    ("mbs2-none", "28", ["--micro-batch-size", "2"]),
     *(
         (
             f"mbs2-offload-{f}",
@@ -69,14 +74,21 @@ CONFIGS: list[tuple[str, str, list[str]]] = [
         )
         for f in ("0", "0.5", "1")
     ),
-    ("mbs2-none", "28", ["--micro-batch-size", "2"]),
+    ("mbs4-none", "28", ["--micro-batch-size", "4"]),
+    ("mbs4-full", "28", ["--micro-batch-size", "4", *FULL, "--recompute-num-layers", "1"]),
+    ("mbs2-qk-layernorm", "26", ["--micro-batch-size", "2", "--qk-layernorm"]),
+    ("mbs1-none", "28", ["--micro-batch-size", "1"]),
     ("mbs1-full", "28", ["--micro-batch-size", "1", *FULL, "--recompute-num-layers", "1"]),
     ("mbs2-full", "28", ["--micro-batch-size", "2", *FULL, "--recompute-num-layers", "1"]),
 ]
 """(name, issue, flags beyond MODEL): micro-batch 1/2/4 with recompute off and on (issue 28), QK
-layernorm (issue 26), optimizer CPU offload at fractions 0, 1/2 and 1 (issue 31)."""
+layernorm (issue 26), optimizer CPU offload at fractions 0, 1/2 and 1 (issue 31). In the order a
+short lease should spend its minutes: the offload fractions beside the same plan without them
+first."""
 ITERS = 6
 """Training iterations per run; the step time is the median of the last ITERS - 2."""
+GRACE_S = 60.0
+"""How long the last run may outlast --budget-s before it is stopped (the lease is short)."""
 
 
 def _cli(args: list[str], timeout: float) -> tuple[int, float, str]:
@@ -94,11 +106,16 @@ def _cli(args: list[str], timeout: float) -> tuple[int, float, str]:
     return rc, time.perf_counter() - start, log
 
 
-def _train(name: str, flags: list[str], out: str, device: str) -> dict:
+def _train(name: str, flags: list[str], out: str, timeout: float) -> dict:
     report = os.path.join(out, f"report-{name}.json")
     run = ["--mock-data", "--train-iters", str(ITERS), "--no-progress", "--memory-report", report]
-    rc, wall, log = _cli(["train", "--nproc", "1", *flags, *run], timeout=180)
+    rc, wall, log = _cli(["train", "--nproc", "1", *flags, *run], timeout=min(180, timeout))
     row: dict = {"train_rc": rc, "train_wall_s": round(wall, 1), "train_log_tail": log[-1500:]}
+    if rc != 0:  # the rank's own error comes before torchrun's report: keep the whole log
+        with open(os.path.join(out, "train-failed.log"), "w") as f:
+            f.write(log)
+        errors = [ln for ln in log.splitlines() if "Error" in ln or ln.startswith("error")]
+        row["train_error"] = errors[0] if errors else ""
     if rc == 0 and os.path.exists(report):
         with open(report) as f:
             rep = json.load(f)
@@ -119,10 +136,10 @@ def _train(name: str, flags: list[str], out: str, device: str) -> dict:
     return row
 
 
-def _predict(name: str, flags: list[str], out: str, device: str) -> dict:
+def _predict(name: str, flags: list[str], out: str, device: str, timeout: float) -> dict:
     path = os.path.join(out, f"predict-{name}.json")
     run = ["--gpus", "1", "--device", device, "--no-progress", "--json", path]
-    rc, wall, log = _cli(["predict", *flags, *run], timeout=240)
+    rc, wall, log = _cli(["predict", *flags, *run], timeout=min(240, timeout))
     row: dict = {"predict_rc": rc, "predict_wall_s": round(wall, 1)}
     if rc != 0:
         row["predict_log_tail"] = log[-1500:]
@@ -161,38 +178,54 @@ def main() -> None:
     ap.add_argument(
         "--train-budget-s", type=float, default=300.0, help="no new training after this"
     )
+    ap.add_argument("--only", default="", help="comma-separated run names (default: all)")
     ns = ap.parse_args()
+    configs = [c for c in CONFIGS if not ns.only or c[0] in ns.only.split(",")]
     os.makedirs(ns.out, exist_ok=True)
     tiny = os.environ.get("GPU_BENCH_TINY") == "1"
     model, device = (TINY, "cpu") if tiny else (MODEL, "cuda")
+    model = [*model, *os.environ.get("GPU_BENCH_EXTRA", "").split()]
     start = time.perf_counter()
     results = {"environment": _environment(), "model_flags": model, "iterations": ITERS, "runs": []}
     path = os.path.join(ns.out, "gpu_h100.json")
     # trains first (what only the GPU can give), then the forecasts profiled on that GPU
     for phase in ("train", "predict"):
-        for name, issue, extra in CONFIGS:
+        for name, issue, extra in configs:
             spent = time.perf_counter() - start
             if spent > (ns.train_budget_s if phase == "train" else ns.budget_s):
                 results[f"stopped_{phase}"] = f"budget spent ({spent:.0f} s) before {phase} {name}"
                 break
             flags = [*model, *extra]
+            if phase == "predict" and results.get("stopped_train", "").startswith("the first"):
+                results["stopped_predict"] = "after the first: training failed"
+                if name != configs[0][0]:
+                    break
             if phase == "train":
                 row = {
                     "name": name,
                     "issue": issue,
                     "flags": extra,
-                    **_train(name, flags, ns.out, device),
+                    **_train(name, flags, ns.out, ns.budget_s + GRACE_S - spent),
                 }
                 results["runs"].append(row)
+                if row["train_rc"] != 0 and len(results["runs"]) == 1:
+                    # every run shares the model's flags: fail fast and leave the lease for a retry
+                    results["stopped_train"] = f"the first training failed (rc {row['train_rc']})"
             else:
-                row = next(r for r in results["runs"] if r["name"] == name)
-                row.update(_predict(name, flags, ns.out, device))
+                trained = [r for r in results["runs"] if r["name"] == name]
+                if not trained:  # the training phase's budget stopped before this one
+                    break
+                row = trained[0]
+                row.update(_predict(name, flags, ns.out, device, ns.budget_s + GRACE_S - spent))
             print(
                 f"{phase} {name}: " + json.dumps({k: v for k, v in row.items() if "log" not in k}),
                 flush=True,
             )
             with open(path, "w") as f:
                 json.dump(results, f, indent=1)
+            if results.get("stopped_train", "").startswith("the first") and phase == "train":
+                print(row.get("train_error") or row["train_log_tail"], flush=True)
+                break
     results["wall_s"] = round(time.perf_counter() - start, 1)
     with open(path, "w") as f:
         json.dump(results, f, indent=1)

@@ -10,6 +10,7 @@ import glob
 import json
 import os
 import re
+import statistics
 from typing import Any
 
 GIB = 1 << 30
@@ -43,13 +44,47 @@ def _failed(data: dict[str, Any]) -> str:
 
 def _row(r: dict[str, Any]) -> str:
     peak, got = r["peak_bytes"], r.get("predicted_peak_bytes")
-    err = f"{100 * (got - peak) / peak:+.1f}%" if got else "no forecast"
+    err = f"{100 * (got - peak) / peak:+.2f}%" if got else "no forecast"
+    forecast = f"{got / GIB:.2f}" if got else "-"
     step = r.get("estimated_step_seconds")
     est = f"{step:.3f}" if step else "-"
+    device, host = r.get("optimizer_device_bytes", 0), r.get("optimizer_host_bytes", 0)
+    split = f"{device / GIB:.2f} / {host / GIB:.2f}" if device or host else "-"
     return (
-        f"| {r['name']} | `{' '.join(r['flags'])}` | {peak / GIB:.2f} | "
-        f"{got / GIB if got else 0:.2f} | {err} | {r['step_seconds_median']:.3f} / {est} |"
+        f"| {r['name']} | `{' '.join(r['flags'])}` | {peak / GIB:.2f} | {forecast} | {err} | "
+        f"{split} | {r['step_seconds_median']:.3f} / {est} | {r['losses'][-1]:.4f} |"
     )
+
+
+def _note(path: str) -> list[str]:
+    """The run's note.md (what the results file cannot say), if any."""
+    note = os.path.join(os.path.dirname(path), "note.md")
+    if not os.path.exists(note):
+        return []
+    with open(note) as f:
+        return ["", " ".join(f.read().split())]
+
+
+def _summary(paths: list[str]) -> list[str]:
+    """One sentence over every run that trained and was forecast: how many, worst and median
+    error."""
+    errors = []
+    for path in paths:
+        with open(path) as f:
+            runs = json.load(f)["runs"]
+        errors += [
+            100 * (r["predicted_peak_bytes"] - r["peak_bytes"]) / r["peak_bytes"]
+            for r in runs
+            if r.get("train_rc") == 0 and r.get("predicted_peak_bytes")
+        ]
+    if not errors:
+        return []
+    worst = max(errors, key=abs)
+    return [
+        "",
+        f"**In all:** {len(errors)} runs trained and forecast; the forecast's worst error "
+        f"{worst:+.2f}%, median {statistics.median(errors):+.2f}%.",
+    ]
 
 
 def gpu_sections(root: str) -> str:
@@ -62,9 +97,13 @@ def gpu_sections(root: str) -> str:
         "Single-GPU training runs of a Llama-style 8-layer model (the local spec: Transformer "
         "Engine cannot be installed there), each `capture-megatron train --nproc 1` with "
         "`--memory-report`, beside `predict --device cuda` of the same flags. Columns: measured "
-        "peak GiB (max_memory_allocated over the training iterations), forecast GiB, error, and "
-        "the median measured step / the estimate in seconds.",
+        "peak GiB (max_memory_allocated over the training iterations), forecast GiB, error, the "
+        "optimizer state HybridDeviceOptimizer placed on the GPU and in host memory (optimizer "
+        "offload runs), the median measured step / the step-time model's estimate in seconds "
+        "(the model is calibrated on Transformer Engine runs; these run the local spec), and the "
+        "loss at the last iteration.",
     ]
+    out += _summary(paths)
     for path in paths:
         with open(path) as f:
             data = json.load(f)
@@ -77,11 +116,13 @@ def gpu_sections(root: str) -> str:
             f"{env['megatron_core']}, {data.get('wall_s', '?')} s. "
             + (_failed(data) if len(trained) < len(data["runs"]) else ""),
         ]
+        out += _note(path)
         if trained:
             out += [
                 "",
-                "| run | flags | measured GiB | forecast GiB | error | step s measured / est. |",
-                "|---|---|---|---|---|---|",
+                "| run | flags | measured GiB | forecast GiB | error | optimizer GiB GPU / host "
+                "| step s measured / est. | last loss |",
+                "|---|---|---|---|---|---|---|---|",
                 *(_row(r) for r in trained),
             ]
     return "\n".join(out) + "\n"
