@@ -21,7 +21,7 @@ from capture_megatron.plan.baselines import Baseline, baselines_for
 from capture_megatron.plan.costmodel import CostModel
 from capture_megatron.plan.emit import stock_recompute_count
 from capture_megatron.plan.margins import Margins
-from capture_megatron.plan.offload_space import offload_ddp
+from capture_megatron.plan.offload_space import activation_ddp, offload_ddp
 from capture_megatron.plan.partition import TIE
 from capture_megatron.plan.space import Space
 
@@ -44,6 +44,10 @@ class Context:
     """The cost model's hardware."""
     objective: str
     """min-peak, throughput or min-gpus; 'fixed' for a plan given whole (only predicted)."""
+    activation_reach: tuple[str, ...] = ()
+    """min-peak: the largest fine-grained activation offloading module set Megatron-LM could run
+    here (offload_space.activation_sets; empty where it could not, or the records do not say
+    what offloading moves), for the lowest device peak the reasoning reports."""
 
     def evaluate(self, plan: ParallelPlan) -> Evaluated | None:
         """The plan predicted, or None when the memory model lacks its variant."""
@@ -105,7 +109,36 @@ def _offload_reach(ctx: Context, best: Evaluated) -> str:
         f"with all of its optimizer offloaded (--optimizer-cpu-offload with the distributed and "
         f"precision-aware optimizers) the plan's worst-rank peak would be {gib(e.peak)} "
         f"(-{gib(best.peak - e.peak)}), at an estimated {e.step_seconds - best.step_seconds:+.2f} "
-        f"s per step and {gib(e.host_per_node)} of host memory per node"
+        f"s per step and {gib(e.host_per_node)} of host memory per node" + _activation_reach(ctx, e)
+    )
+
+
+def _activation_reach(ctx: Context, moved: Evaluated) -> str:
+    """After _offload_reach: whether offloading the activations of every module group Megatron-LM
+    allows here, instead of recomputing (a layer recomputed in full saves only its input, so
+    offloading gains nothing beside it), reaches a lower peak than `moved` ('' where the kernel
+    set cannot offload activations or the plan does not recompute)."""
+    p, modules = moved.plan, ctx.activation_reach
+    if not modules or p.recompute.granularity == "none":
+        return ""
+    offloaded = replace(p, recompute=Recompute(), ddp=activation_ddp(p.ddp, modules))
+    try:
+        light = ctx.evaluate(balanced(ctx.model, ctx.shape, offloaded))
+    except CaptureError:
+        return ""
+    if light is None:
+        return ""
+    what = f"the activations of {', '.join(modules)} (--fine-grained-activation-offloading)"
+    if light.peak >= moved.peak:
+        return (
+            f"; offloading {what} instead of recomputing would not lower it ({gib(light.peak)}): "
+            "that is the lowest device peak these sizes reach"
+        )
+    return (
+        f"; offloading {what} as well, instead of recomputing, would take it to {gib(light.peak)}"
+        f" at an estimated {light.step_seconds - moved.step_seconds:+.2f} s per step more and "
+        f"{gib(light.host_per_node)} of host memory per node: the lowest device peak these sizes "
+        "reach"
     )
 
 

@@ -45,6 +45,7 @@ from capture_megatron.plan.search import OBJECTIVES, Evaluated, evaluate_plan
 from capture_megatron.plan.space import Space, candidates
 from capture_megatron.plan.supply import Supply
 from capture_megatron.plan.window import latent_problem, window_problem
+from capture_megatron.predict.offload import measured
 
 
 @dataclass(frozen=True)
@@ -224,6 +225,15 @@ def _refuse_flex(shape: ModelShape, options: PlanOptions, cluster: Cluster) -> N
         raise CaptureError("; ".join(problems) + ".")
 
 
+def _reach(shape: ModelShape, options: PlanOptions, model: MemoryModel) -> tuple[str, ...]:
+    """min-peak's largest activation module set, for the reasoning's lowest reachable peak (see
+    explain.Context.activation_reach)."""
+    if options.objective != "min-peak" or options.no_activation_offload or not measured(model):
+        return ()
+    kernels = options.kernels
+    return activation_sets(shape, options.space.ddp, "throughput", model.kernels, kernels)[-1]
+
+
 def _result(
     model: MemoryModel,
     shape: ModelShape,
@@ -256,7 +266,8 @@ def _result(
     hw, margins = options.cost, options.margins(cluster, shape.hidden_size, hybridep(shape))
     space = options.space
     objective = "fixed" if options.fixed is not None else options.objective
-    ctx = Context(model, shape, cluster, space, margins, hw, objective)
+    reach = _reach(shape, options, model)
+    ctx = Context(model, shape, cluster, space, margins, hw, objective, reach)
     ranked, baselines = not_below_baselines(ctx, ranked, options.fixed is not None)
     shown = at_forecast(memory, shape, ranked, cluster, margins, hw)
     fore = routed(shape, "forecast")

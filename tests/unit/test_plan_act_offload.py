@@ -1,10 +1,10 @@
-"""Issue 31, Build 3: fine-grained activation offloading's module sets as a plan dimension.
-min-gpus and throughput try them on the GPU kernel set with Transformer Engine where they beat
-recompute (throughput: only where the plan without them does not fit); min-peak, CPU processes and
---no-activation-offload leave them out; the output names what the chosen offload saves and costs;
-a memory model whose records do not say what offloading moves is planned without it. On the
-synthetic memory model with synthetic offload rows (no profiling): these check the planner's
-logic, not a forecast (tests/unit/test_act_offload.py checks that)."""
+"""Issue 31, Build 3: fine-grained activation offloading's module sets as a plan dimension. min-gpus
+and throughput try them on the GPU kernel set with Transformer Engine where they beat recompute
+(throughput: only where the plan without them does not fit); min-peak (which only reports the peak
+they reach), CPU processes and --no-activation-offload leave them out; the output names what the
+chosen offload saves and costs; a memory model whose records do not say what offloading moves is
+planned without it. On the synthetic memory model with synthetic offload rows (no profiling): these
+check the planner's logic, not a forecast (tests/unit/test_act_offload.py checks that)."""
 
 from __future__ import annotations
 
@@ -115,6 +115,24 @@ def test_min_peak_cpu_and_the_switch_leave_it_out():
     )
     ns = flags.parse_flags(plan_cli.build_parser(), [*SMALL_ARGS, "--no-activation-offload"])
     assert ns.no_activation_offload
+
+
+def test_min_peak_reports_the_lowest_device_peak_offload_reaches():
+    """min-peak does not offload unless asked, but its reasoning names the lowest device peak the
+    chosen sizes reach with offload: the optimizer's, then whether offloading the activations
+    instead of recomputing lowers it further (here it does not: the MLP keeps its own); not
+    where the records do not say what offloading moves, nor with --no-activation-offload."""
+    found = _plan(2.5, "min-peak")
+    line = next(r for r in found.reasoning if "with all of its optimizer offloaded" in r)
+    assert f"offloading the activations of {', '.join(OFFLOAD_SETS[1])}" in line
+    assert "instead of recomputing would not lower it" in line
+    assert "the lowest device peak these sizes reach" in line
+    for other in (
+        _plan(2.5, "min-peak", source=synthetic_source),
+        _plan(2.5, "min-peak", no_activation_offload=True),
+    ):
+        line = next(r for r in other.reasoning if "with all of its optimizer offloaded" in r)
+        assert "activations" not in line
 
 
 def _kernels() -> Kernels:
