@@ -114,7 +114,7 @@ def _train(name: str, flags: list[str], out: str, timeout: float) -> dict:
     if rc != 0:  # the rank's own error comes before torchrun's report: keep the whole log
         with open(os.path.join(out, "train-failed.log"), "w") as f:
             f.write(log)
-        errors = [ln for ln in log.splitlines() if "Error" in ln or ln.startswith("error")]
+        errors = [ln for ln in log.splitlines() if "Error" in ln or "error:" in ln]
         row["train_error"] = errors[0] if errors else ""
     if rc == 0 and os.path.exists(report):
         with open(report) as f:
@@ -170,6 +170,61 @@ def _environment() -> dict:
     return env
 
 
+def _save(results: dict, path: str, phase: str = "", row: dict | None = None) -> None:
+    """Write the results file (after every run, so a run cut short keeps what it measured), and
+    print the run's line."""
+    if row is not None:
+        shown = {k: v for k, v in row.items() if "log" not in k}
+        print(f"{phase} {row['name']}: " + json.dumps(shown), flush=True)
+    with open(path, "w") as f:
+        json.dump(results, f, indent=1)
+
+
+def _train_phase(
+    results: dict, configs: list, ns: argparse.Namespace, start: float, path: str
+) -> bool:
+    """Train each configuration until --train-budget-s is spent; False when the first failed
+    (every run shares the model's flags: the rest are not tried, leaving the lease for a retry)."""
+    model = results["model_flags"]
+    for name, issue, extra in configs:
+        spent = time.perf_counter() - start
+        if spent > ns.train_budget_s:
+            results["stopped_train"] = f"budget spent ({spent:.0f} s) before train {name}"
+            break
+        timeout = ns.budget_s + GRACE_S - spent
+        row = {"name": name, "issue": issue, "flags": extra}
+        row.update(_train(name, [*model, *extra], ns.out, timeout))
+        results["runs"].append(row)
+        first_failed = row["train_rc"] != 0 and len(results["runs"]) == 1
+        if first_failed:
+            results["stopped_train"] = f"the first training failed (rc {row['train_rc']})"
+        _save(results, path, "train", row)
+        if first_failed:
+            print(row.get("train_error") or row["train_log_tail"], flush=True)
+            return False
+    return True
+
+
+def _predict_phase(
+    results: dict, device: str, ns: argparse.Namespace, start: float, path: str, trained: bool
+) -> None:
+    """Forecast the runs trained, in order, until --budget-s is spent (only the first when the
+    first training failed)."""
+    model, runs = results["model_flags"], results["runs"]
+    if not trained:
+        results["stopped_predict"] = "after the first: training failed"
+        runs = runs[:1]
+    for row in runs:
+        spent = time.perf_counter() - start
+        if spent > ns.budget_s:
+            name = row["name"]
+            results["stopped_predict"] = f"budget spent ({spent:.0f} s) before predict {name}"
+            break
+        timeout = ns.budget_s + GRACE_S - spent
+        row.update(_predict(row["name"], [*model, *row["flags"]], ns.out, device, timeout))
+        _save(results, path, "predict", row)
+
+
 def main() -> None:
     """Run every configuration in order until the budget is spent; write the results file."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -189,46 +244,10 @@ def main() -> None:
     results = {"environment": _environment(), "model_flags": model, "iterations": ITERS, "runs": []}
     path = os.path.join(ns.out, "gpu_h100.json")
     # trains first (what only the GPU can give), then the forecasts profiled on that GPU
-    for phase in ("train", "predict"):
-        for name, issue, extra in configs:
-            spent = time.perf_counter() - start
-            if spent > (ns.train_budget_s if phase == "train" else ns.budget_s):
-                results[f"stopped_{phase}"] = f"budget spent ({spent:.0f} s) before {phase} {name}"
-                break
-            flags = [*model, *extra]
-            if phase == "predict" and results.get("stopped_train", "").startswith("the first"):
-                results["stopped_predict"] = "after the first: training failed"
-                if name != configs[0][0]:
-                    break
-            if phase == "train":
-                row = {
-                    "name": name,
-                    "issue": issue,
-                    "flags": extra,
-                    **_train(name, flags, ns.out, ns.budget_s + GRACE_S - spent),
-                }
-                results["runs"].append(row)
-                if row["train_rc"] != 0 and len(results["runs"]) == 1:
-                    # every run shares the model's flags: fail fast and leave the lease for a retry
-                    results["stopped_train"] = f"the first training failed (rc {row['train_rc']})"
-            else:
-                trained = [r for r in results["runs"] if r["name"] == name]
-                if not trained:  # the training phase's budget stopped before this one
-                    break
-                row = trained[0]
-                row.update(_predict(name, flags, ns.out, device, ns.budget_s + GRACE_S - spent))
-            print(
-                f"{phase} {name}: " + json.dumps({k: v for k, v in row.items() if "log" not in k}),
-                flush=True,
-            )
-            with open(path, "w") as f:
-                json.dump(results, f, indent=1)
-            if results.get("stopped_train", "").startswith("the first") and phase == "train":
-                print(row.get("train_error") or row["train_log_tail"], flush=True)
-                break
+    trained = _train_phase(results, configs, ns, start, path)
+    _predict_phase(results, device, ns, start, path, trained)
     results["wall_s"] = round(time.perf_counter() - start, 1)
-    with open(path, "w") as f:
-        json.dump(results, f, indent=1)
+    _save(results, path)
 
 
 if __name__ == "__main__":

@@ -65,18 +65,15 @@ def _note(path: str) -> list[str]:
         return ["", " ".join(f.read().split())]
 
 
-def _summary(paths: list[str]) -> list[str]:
+def _summary(results: list[dict[str, Any]]) -> list[str]:
     """One sentence over every run that trained and was forecast: how many, worst and median
     error."""
-    errors = []
-    for path in paths:
-        with open(path) as f:
-            runs = json.load(f)["runs"]
-        errors += [
-            100 * (r["predicted_peak_bytes"] - r["peak_bytes"]) / r["peak_bytes"]
-            for r in runs
-            if r.get("train_rc") == 0 and r.get("predicted_peak_bytes")
-        ]
+    errors = [
+        100 * (r["predicted_peak_bytes"] - r["peak_bytes"]) / r["peak_bytes"]
+        for data in results
+        for r in data["runs"]
+        if r.get("train_rc") == 0 and r.get("predicted_peak_bytes")
+    ]
     if not errors:
         return []
     worst = max(errors, key=abs)
@@ -103,10 +100,12 @@ def gpu_sections(root: str) -> str:
         "(the model is calibrated on Transformer Engine runs; these run the local spec), and the "
         "loss at the last iteration.",
     ]
-    out += _summary(paths)
+    results = []
     for path in paths:
         with open(path) as f:
-            data = json.load(f)
+            results.append(json.load(f))
+    out += _summary(results)
+    for path, data in zip(paths, results):
         env = data["environment"]
         name = os.path.basename(os.path.dirname(path))
         trained = [r for r in data["runs"] if r.get("train_rc") == 0]
