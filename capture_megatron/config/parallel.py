@@ -267,6 +267,17 @@ class ParallelFlags:
     """Tensor-parallel size."""
     pipeline_model_parallel_size: int | None = flag("--pipeline-model-parallel-size", None)
     """Pipeline-parallel size."""
+    micro_batch_size: int | None = flag("--micro-batch-size", None)
+    """Sequences per micro-batch."""
+    global_batch_size: int | None = flag("--global-batch-size", None)
+    """Sequences per optimizer step."""
+    pipeline_model_parallel_layout: str | None = flag("--pipeline-model-parallel-layout", None)
+    """Megatron's layout string (E, t, m, L; '|' between stages), e.g. from `capture-megatron
+    plan`."""
+    microbatch_group_size_per_vp_stage: int | None = flag(
+        "--microbatch-group-size-per-virtual-pipeline-stage", None
+    )
+    """Interleaved schedule: consecutive micro-batches per virtual stage (default: PP)."""
     context_parallel_size: int | None = flag("--context-parallel-size", None)
     """Context-parallel size."""
     cp_comm_type: str | None = flag("--cp-comm-type", None, choices=CP_COMM_TYPES)
@@ -276,43 +287,10 @@ class ParallelFlags:
     """Expert-parallel size."""
     expert_tensor_parallel_size: int | None = flag("--expert-tensor-parallel-size", None)
     """Expert tensor-parallel size (default: the TP size)."""
-    num_layers_per_virtual_pipeline_stage: int | None = flag(
-        "--num-layers-per-virtual-pipeline-stage", None
-    )
-    """Transformer layers per virtual pipeline stage (interleaved schedule)."""
-    num_virtual_stages_per_pipeline_rank: int | None = flag(
-        "--num-virtual-stages-per-pipeline-rank", None
-    )
-    """Virtual pipeline stages (model chunks) per pipeline rank."""
-    pipeline_model_parallel_layout: str | None = flag("--pipeline-model-parallel-layout", None)
-    """Megatron's layout string (E, t, m, L; '|' between stages), e.g. from `capture-megatron
-    plan`."""
-    decoder_first_pipeline_num_layers: int | None = flag(
-        "--decoder-first-pipeline-num-layers", None
-    )
-    """Transformer layers on the first pipeline stage (the rest split evenly)."""
-    decoder_last_pipeline_num_layers: int | None = flag("--decoder-last-pipeline-num-layers", None)
-    """Transformer layers on the last pipeline stage (the rest split evenly)."""
-    account_for_embedding_in_pipeline_split: bool | None = flag(
-        "--account-for-embedding-in-pipeline-split", None
-    )
-    """Count the embedding as one layer when splitting layers evenly over stages."""
-    account_for_loss_in_pipeline_split: bool | None = flag(
-        "--account-for-loss-in-pipeline-split", None
-    )
-    """Count the output layer and loss as one layer when splitting layers evenly over stages."""
-    microbatch_group_size_per_vp_stage: int | None = flag(
-        "--microbatch-group-size-per-virtual-pipeline-stage", None
-    )
-    """Interleaved schedule: consecutive micro-batches per virtual stage (default: PP)."""
     sequence_parallel: bool | None = flag("--sequence-parallel", None)
     """Megatron sequence parallelism over the TP group."""
     use_distributed_optimizer: bool | None = flag("--use-distributed-optimizer", None)
     """Shard optimizer state over data-parallel ranks."""
-    micro_batch_size: int | None = flag("--micro-batch-size", None)
-    """Sequences per micro-batch."""
-    global_batch_size: int | None = flag("--global-batch-size", None)
-    """Sequences per optimizer step."""
     recompute_activations: bool | None = flag("--recompute-activations", None)
     """Megatron's alias for --recompute-granularity selective."""
     recompute_granularity: str | None = flag(
@@ -340,3 +318,25 @@ class ParallelFlags:
     reads them)."""
     moe_layer_recompute: bool | None = flag("--moe-layer-recompute", None)
     """Deprecated Megatron switch: selective recompute with 'moe' added to the modules."""
+    num_layers_per_virtual_pipeline_stage: int | None = flag(
+        "--num-layers-per-virtual-pipeline-stage", None
+    )
+    """Transformer layers per virtual pipeline stage (interleaved schedule)."""
+    num_virtual_stages_per_pipeline_rank: int | None = flag(
+        "--num-virtual-stages-per-pipeline-rank", None
+    )
+    """Virtual pipeline stages (model chunks) per pipeline rank."""
+    decoder_first_pipeline_num_layers: int | None = flag(
+        "--decoder-first-pipeline-num-layers", None
+    )
+    """Transformer layers on the first pipeline stage (the rest split evenly)."""
+    decoder_last_pipeline_num_layers: int | None = flag("--decoder-last-pipeline-num-layers", None)
+    """Transformer layers on the last pipeline stage (the rest split evenly)."""
+    account_for_embedding_in_pipeline_split: bool | None = flag(
+        "--account-for-embedding-in-pipeline-split", None
+    )
+    """Count the embedding as one layer when splitting layers evenly over stages."""
+    account_for_loss_in_pipeline_split: bool | None = flag(
+        "--account-for-loss-in-pipeline-split", None
+    )
+    """Count the output layer and loss as one layer when splitting layers evenly over stages."""

@@ -6,7 +6,9 @@ objects."""
 
 from __future__ import annotations
 
-from capture_megatron.config import Kernels, ModelShape, ParallelPlan
+from typing import Any
+
+from capture_megatron.config import Kernels, ModelShape, ParallelFlags, ParallelPlan
 from capture_megatron.config.fields import to_flags
 from capture_megatron.config.runtime import StepSettings
 
@@ -42,56 +44,48 @@ def run_args(
 
 
 def plan_args(plan: ParallelPlan) -> list[str]:
-    """Every parallel and batch setting of the plan in Megatron's flag names."""
-    out = [
-        "--tensor-model-parallel-size",
-        str(plan.tp),
-        "--pipeline-model-parallel-size",
-        str(plan.pp),
-        "--micro-batch-size",
-        str(plan.micro_batch_size),
-        "--global-batch-size",
-        str(plan.global_batch_size),
-    ]
-    if plan.pp > 1:
-        out += ["--pipeline-model-parallel-layout", plan.layout]
-    if plan.microbatch_group_size:
-        out += [
-            "--microbatch-group-size-per-virtual-pipeline-stage",
-            str(plan.microbatch_group_size),
-        ]
-    if plan.cp > 1:
-        out += ["--context-parallel-size", str(plan.cp)]
-    if plan.cp_comm_type:
-        out += ["--cp-comm-type", plan.cp_comm_type]
-    if plan.ep > 1:
-        out += ["--expert-model-parallel-size", str(plan.ep)]
-    if plan.etp:
-        out += ["--expert-tensor-parallel-size", str(plan.etp)]
-    if plan.sequence_parallel:
-        out.append("--sequence-parallel")
-    if plan.distributed_optimizer:
-        out.append("--use-distributed-optimizer")
+    """Every parallel, batch and recompute setting of the plan in Megatron's flag names (written
+    from the fields' flags: `parallel_flags`), then its gradient-buffer and offload options."""
     offload = to_flags(plan.ddp.activation_offload)  # fine-grained activation offloading
-    return out + to_flags(plan.ddp) + offload + recompute_args(plan)
+    return to_flags(parallel_flags(plan)) + to_flags(plan.ddp) + offload
 
 
-def recompute_args(plan: ParallelPlan) -> list[str]:
-    """The plan's recompute flags (--recompute-modules as given: megatron-core reads them for
-    selective recompute only)."""
-    out: list[str] = []
+def parallel_flags(plan: ParallelPlan) -> ParallelFlags:
+    """The plan as the command line that runs it gives it (what `capture_megatron.config.resolve`
+    reads back into the same plan): Megatron's defaults left out (PP 1 has no layout, CP and EP 1
+    no size), the partition as --pipeline-model-parallel-layout, recompute as `recompute_flags`."""
+    return ParallelFlags(
+        tensor_model_parallel_size=plan.tp,
+        pipeline_model_parallel_size=plan.pp,
+        micro_batch_size=plan.micro_batch_size,
+        global_batch_size=plan.global_batch_size,
+        pipeline_model_parallel_layout=plan.layout if plan.pp > 1 else None,
+        microbatch_group_size_per_vp_stage=plan.microbatch_group_size or None,
+        context_parallel_size=plan.cp if plan.cp > 1 else None,
+        cp_comm_type=plan.cp_comm_type or None,
+        expert_model_parallel_size=plan.ep if plan.ep > 1 else None,
+        expert_tensor_parallel_size=plan.etp or None,
+        sequence_parallel=plan.sequence_parallel or None,
+        use_distributed_optimizer=plan.distributed_optimizer or None,
+        **recompute_flags(plan),
+    )
+
+
+def recompute_flags(plan: ParallelPlan) -> dict[str, Any]:
+    """The plan's recompute as ParallelFlags fields (--recompute-modules as given: megatron-core
+    reads them for selective recompute only); a single --recompute-num-layers where one count
+    recomputes what the per-stage counts do (`stock_recompute_count`)."""
     rc = plan.recompute
+    out: dict[str, Any] = {"recompute_modules": rc.modules or None}
     if rc.granularity == "selective":
-        out += ["--recompute-granularity", "selective"]
+        out["recompute_granularity"] = "selective"
     elif rc.granularity == "full":
-        out += ["--recompute-granularity", "full", "--recompute-method", rc.method]
+        out.update(recompute_granularity="full", recompute_method=rc.method)
         n = stock_recompute_count(plan)
         if n is not None:
-            out += ["--recompute-num-layers", str(n)]
+            out["recompute_num_layers"] = n
         else:
-            out += ["--recompute-num-layers-per-stage", ",".join(str(n) for n in rc.num_layers)]
-    if rc.modules:
-        out += ["--recompute-modules", *rc.modules]
+            out["recompute_num_layers_per_stage"] = ",".join(str(n) for n in rc.num_layers)
     return out
 
 

@@ -45,6 +45,7 @@ from capture_megatron.plan.search import OBJECTIVES, Evaluated, evaluate_plan
 from capture_megatron.plan.space import Space, candidates
 from capture_megatron.plan.supply import Supply
 from capture_megatron.plan.window import latent_problem, window_problem
+from capture_megatron.predict.layers import single_micro_batches
 from capture_megatron.predict.offload import measured
 
 
@@ -85,6 +86,9 @@ class PlanOptions:
     """The layer implementation and fused kernels the run uses (Megatron-LM's defaults)."""
     no_activation_offload: bool = flag("--no-activation-offload", False)
     """Do not search fine-grained activation offloading (tried otherwise on TE GPUs)."""
+    notes: tuple[str, ...] = ()
+    """What the output adds to a searched plan's reasoning about the search itself (e.g. the
+    micro-batch sizes a given memory model predicts: probed_batches)."""
 
     def margins(self, cluster: Cluster, hidden_size: int = 0, hybridep: bool = False) -> Margins:
         """The memory margins these options set for `cluster` (and a model of `hidden_size`:
@@ -122,6 +126,42 @@ def batch_line(options: PlanOptions, gbs: int) -> str:
         "any number of GPUs), not given with --global-batch-size; the batch decides the plan "
         "(its micro-batches set the pipeline bubble): give yours"
     )
+
+
+def probed_batches(options: PlanOptions, model: MemoryModel) -> PlanOptions:
+    """The options with the micro-batch sizes a given memory model predicts: where some of its
+    variants were probed at one micro-batch size only, which their fits hold as constants, the
+    search keeps to that size (CaptureError when the sizes asked for exclude it, or two variants
+    were probed alone at different sizes)."""
+    single = single_micro_batches(model)
+    if not single:
+        return options
+    space = options.space
+    alone = " and ".join(
+        f"its {' and '.join(names)} fit at micro-batch {m} only" for m, names in single.items()
+    )
+    asked = space.micro_batch_size
+    (b, names), *more = single.items()
+    fits = " and ".join(names)
+    if more or (asked and b not in asked):
+        sizes = ", ".join(map(str, asked))
+        tail = (
+            "so no micro-batch size is predicted for every plan"
+            if more
+            else f"so micro-batch {sizes} would be predicted as if it were {b}"
+        )
+        raise CaptureError(
+            f"--memory-model: the memory model was probed with {alone}, {tail} (a fit probed at "
+            "one size holds its activations as constants): profile the sizes you plan with (or "
+            "drop --memory-model to profile on the spot)"
+        )
+    note = (
+        f"micro-batch {b} only: the memory model's {fits} fit was probed at micro-batch {b} "
+        "alone and predicts no other size (profile others, or drop --memory-model to profile "
+        "on the spot)"
+    )
+    space = dataclasses.replace(space, micro_batch_size=(b,))
+    return dataclasses.replace(options, space=space, notes=(*options.notes, note))
 
 
 def searched_options(
@@ -186,6 +226,8 @@ def plan(
         raise CaptureError("planning needs the usable memory per GPU: give --gpu-memory-gib")
     given = memory.kernels if isinstance(memory, MemoryModel) else ""
     options = searched_options(options, cluster, shape, given)
+    if isinstance(memory, MemoryModel):
+        options = probed_batches(options, memory)
     hw = options.cost
     gbs = global_batch(options, cluster)
     if not any(candidates(shape, cluster, gbs, options.space)):
@@ -276,6 +318,7 @@ def _result(
     lines = reasoning(ctx, shown, considered) + trade(ctx, shown[0], baselines)
     if options.fixed is None:
         lines += tuple(x for x in (batch_line(options, ranked[0].plan.global_batch_size),) if x)
+        lines += options.notes
     return PlanResult(
         fore,
         cluster,

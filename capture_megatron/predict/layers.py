@@ -127,6 +127,18 @@ def micro_batch_problem(model: MemoryModel, shape: ModelShape, plan: ParallelPla
     return ""
 
 
+def single_micro_batches(model: MemoryModel) -> dict[int, tuple[str, ...]]:
+    """The micro-batch sizes at which some of `model`'s variants were probed alone, each with
+    those variants' recompute settings (empty when every variant was probed at several sizes):
+    such a variant predicts no other size (micro_batch_problem)."""
+    out: dict[int, tuple[str, ...]] = {}
+    for vm in model.variants:
+        for name, lo, hi in vm.ranges:
+            if name == "b" and lo == hi:
+                out[lo] = (*out.get(lo, ()), f"recompute-{vm.variant.recompute}")
+    return dict(sorted(out.items()))
+
+
 def layers_for(model: MemoryModel, shape: ModelShape, plan: ParallelPlan) -> Layers:
     """The fitted models a (shape, plan) is predicted from (a CaptureError when one is missing)."""
     found = [find_variant(model, v) for v in variants_of(shape, plan)]

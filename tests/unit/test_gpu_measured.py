@@ -2,8 +2,8 @@
 the probe records the lent H100 profiled, fitted here into a memory model, forecast every run it
 covers within 2% of the peak the same H100 measured training it (max_memory_allocated), optimizer
 CPU offload at fractions 0, 1/2 and 1 included; and a micro-batch size its fit never probed is
-refused rather than forecast as another's (it had been 10% high). No GPU needed: the records and
-the measurements are files."""
+refused rather than forecast as another's (it had been 10% high), and a search keeps to the size
+probed. No GPU needed: the records and the measurements are files."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import os
 
 import pytest
 
+from capture_megatron.cli import plan as plan_cli
 from capture_megatron.cli import predict as predict_cli
 from capture_megatron.errors import CaptureError
 from capture_megatron.fit import fit, write_model
@@ -108,3 +109,21 @@ def test_a_micro_batch_the_fit_never_probed_is_refused(models, tmp_path):
     full = next(r for r in trained if r["name"] == "mbs1-full")  # probed at micro-batch 4 only
     with pytest.raises(CaptureError, match="probed at micro-batch 4 only, so micro-batch 1"):
         _forecast([*model_flags, *full["flags"]], models["h100-run-b"], tmp_path)
+
+
+def test_a_search_keeps_to_the_micro_batch_a_fit_was_probed_at(models, tmp_path, capsys):
+    """`plan` searching with a --memory-model whose full-recompute fit was probed at micro-batch 4
+    alone: the search had predicted micro-batch 1 and 2 as 4 under full recompute (10% high on the
+    H100). It now searches micro-batch 4 only and says why; a micro-batch fixed at another size is
+    refused in one paragraph."""
+    model_flags, _ = _runs("h100-run-b")
+    model = models["h100-run-b"][0]  # recompute none probed at micro-batch 1-4, full at 4 only
+    out = tmp_path / "plan.json"
+    run = [*model_flags, "--gpus", "1", "--gpu-memory-gib", "80", "--no-progress"]
+    run += ["--memory-model", model, "--global-batch-size", "8"]
+    plan_cli.main([*run, "--recompute-granularity", "full", "--json", str(out)])
+    best = json.loads(out.read_text())["plan"]
+    assert best["micro_batch_size"] == 4
+    assert "micro-batch 4 only: the memory model's recompute-full fit" in capsys.readouterr().out
+    with pytest.raises(CaptureError, match="full fit at micro-batch 4 only, so micro-batch 2"):
+        plan_cli.main([*run, "--recompute-granularity", "full", "--micro-batch-size", "2"])

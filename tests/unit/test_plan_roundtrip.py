@@ -14,13 +14,23 @@ import pytest
 from synthetic_memory import synthetic_source
 
 from capture_megatron.config import GIB, Cluster, Kernels, ModelShape, ParallelFlags
+from capture_megatron.config.ddp import ActivationOffload, DdpOptions
+from capture_megatron.config.fields import flagged_fields
+from capture_megatron.config.resolve import parallel_plan
 from capture_megatron.plan import PlanOptions, plan, space_from
-from capture_megatron.plan.emit import model_args
+from capture_megatron.plan.emit import model_args, parallel_flags, plan_args
 from capture_megatron.train.entry import parse_config
 
 DEVICES = ("cpu", "cuda")
 """A CPU plan (the CPU kernel set) and a GPU plan (the GPU kernel set; fake-cuda and cuda plan
 alike)."""
+
+DECLARED = {
+    spec.name
+    for cls in (ParallelFlags, DdpOptions, ActivationOffload)
+    for _, spec in flagged_fields(cls)
+}
+"""Every flag the fields of the plan's types declare (plan_args writes no other)."""
 
 
 def _shape(rng: random.Random) -> ModelShape:
@@ -84,6 +94,12 @@ def test_flags_parse_back_to_the_plan(seed):
         assert type(err).__name__ == "CaptureError", err
         pytest.skip(f"no plan: {err}")
     best = result.best.plan
+    # one type: the plan's flags are ParallelFlags' fields written by their declared flags ...
+    flags = parallel_flags(best)
+    assert parallel_plan(flags, shape, best.world_size, best.ddp) == best
+    written = {a for a in plan_args(best) if a.startswith("--")}
+    assert written <= DECLARED, written - DECLARED
+    # ... and the whole command line, parsed as the trainer parses it, gives the plan back
     argv = [*model_args(shape), *result.megatron_args(), "--mock-data"]
     cfg = parse_config(argv, best.world_size)
     assert cfg.shape == shape
