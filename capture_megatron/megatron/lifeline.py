@@ -5,8 +5,10 @@ workers; when their parent is SIGKILLed nothing tells them, and a rank would tra
 writing checkpoints into the --save directory the failure message names. ``die_with_parent``
 asks the kernel to SIGKILL this process when its parent dies (PR_SET_PDEATHSIG);
 ``adopt_orphans`` makes this process the one that orphaned descendants are re-parented to
-(PR_SET_CHILD_SUBREAPER), so a launcher can find and stop what a killed torchrun left. Imports
-nothing heavy (no torch): the profiling worker calls it before loading the fake CUDA shim.
+(PR_SET_CHILD_SUBREAPER), so a launcher can find and stop what a killed torchrun left.
+``forks_die_with_this`` carries the first over a fork, which does not keep it: a rank's forked
+children (megatron-core's checkpoint writers) die with the rank. Imports nothing heavy (no
+torch): the profiling worker calls it before loading the fake CUDA shim.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import ctypes
 import os
 import signal
 import sys
+import threading
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
@@ -40,3 +43,36 @@ def die_with_parent(parent: int) -> None:
 def adopt_orphans() -> bool:
     """Make this process the subreaper of its descendants; False where unsupported."""
     return _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+
+
+_FORKING: list[int] = []
+"""The pid of a process forking from its main thread, between the fork's two halves (empty:
+none, or a fork from another thread)."""
+
+
+def _before_fork() -> None:
+    _FORKING.clear()
+    if threading.current_thread() is threading.main_thread():
+        _FORKING.append(os.getpid())
+
+
+def _after_fork_in_child() -> None:
+    if _FORKING:
+        die_with_parent(_FORKING.pop())
+
+
+def _after_fork_in_parent() -> None:
+    _FORKING.clear()
+
+
+def forks_die_with_this() -> None:
+    """Make every child this process forks from its main thread SIGKILLed when this process dies
+    (PR_SET_PDEATHSIG is cleared by fork: megatron-core's forked checkpoint writers outlived a
+    SIGKILLed rank). A fork from another thread is left alone: the signal follows the thread that
+    forked, and a child would die with that thread, not with the process. A child that execs
+    (subprocess, multiprocessing's spawn) gets no fork hook: give it its own die_with_parent."""
+    os.register_at_fork(
+        before=_before_fork,
+        after_in_child=_after_fork_in_child,
+        after_in_parent=_after_fork_in_parent,
+    )

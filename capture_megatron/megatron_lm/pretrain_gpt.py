@@ -110,9 +110,10 @@ def _cpu_shims() -> bool:
 def main() -> None:
     """Run $MEGATRON_LM's pretrain_gpt.py with the per-stage recompute builder and flag."""
     if "TORCHELASTIC_RUN_ID" in os.environ:  # a torchrun rank: never outlive torchrun
-        from capture_megatron.megatron.lifeline import die_with_parent
+        from capture_megatron.megatron.lifeline import die_with_parent, forks_die_with_this
 
         die_with_parent(PARENT)
+        forks_die_with_this()  # nor its forked checkpoint writers
     checkout = os.environ.get("MEGATRON_LM")
     if not checkout or not os.path.isfile(os.path.join(checkout, "pretrain_gpt.py")):
         raise SystemExit(

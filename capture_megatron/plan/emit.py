@@ -6,7 +6,7 @@ objects."""
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
 
 from capture_megatron.config import Kernels, ModelShape, ParallelFlags, ParallelPlan
 from capture_megatron.config.fields import to_flags
@@ -54,7 +54,8 @@ def parallel_flags(plan: ParallelPlan) -> ParallelFlags:
     """The plan as the command line that runs it gives it (what `capture_megatron.config.resolve`
     reads back into the same plan): Megatron's defaults left out (PP 1 has no layout, CP and EP 1
     no size), the partition as --pipeline-model-parallel-layout, recompute as `recompute_flags`."""
-    return ParallelFlags(
+    return dataclasses.replace(
+        recompute_flags(plan),
         tensor_model_parallel_size=plan.tp,
         pipeline_model_parallel_size=plan.pp,
         micro_batch_size=plan.micro_batch_size,
@@ -67,26 +68,27 @@ def parallel_flags(plan: ParallelPlan) -> ParallelFlags:
         expert_tensor_parallel_size=plan.etp or None,
         sequence_parallel=plan.sequence_parallel or None,
         use_distributed_optimizer=plan.distributed_optimizer or None,
-        **recompute_flags(plan),
     )
 
 
-def recompute_flags(plan: ParallelPlan) -> dict[str, Any]:
-    """The plan's recompute as ParallelFlags fields (--recompute-modules as given: megatron-core
-    reads them for selective recompute only); a single --recompute-num-layers where one count
+def recompute_flags(plan: ParallelPlan) -> ParallelFlags:
+    """The plan's recompute as ParallelFlags (--recompute-modules as given: megatron-core reads
+    them for selective recompute only); a single --recompute-num-layers where one count
     recomputes what the per-stage counts do (`stock_recompute_count`)."""
     rc = plan.recompute
-    out: dict[str, Any] = {"recompute_modules": rc.modules or None}
-    if rc.granularity == "selective":
-        out["recompute_granularity"] = "selective"
-    elif rc.granularity == "full":
-        out.update(recompute_granularity="full", recompute_method=rc.method)
-        n = stock_recompute_count(plan)
-        if n is not None:
-            out["recompute_num_layers"] = n
-        else:
-            out["recompute_num_layers_per_stage"] = ",".join(str(n) for n in rc.num_layers)
-    return out
+    modules = rc.modules or None
+    if rc.granularity != "full":
+        selective = "selective" if rc.granularity == "selective" else None
+        return ParallelFlags(recompute_granularity=selective, recompute_modules=modules)
+    n = stock_recompute_count(plan)
+    per_stage = None if n is not None else ",".join(str(k) for k in rc.num_layers)
+    return ParallelFlags(
+        recompute_granularity="full",
+        recompute_method=rc.method,
+        recompute_num_layers=n,
+        recompute_num_layers_per_stage=per_stage,
+        recompute_modules=modules,
+    )
 
 
 def stock_recompute_count(plan: ParallelPlan) -> int | None:

@@ -90,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if "TORCHELASTIC_RUN_ID" in os.environ:  # a torchrun rank: never outlive torchrun
         lifeline.die_with_parent(PARENT)
+        lifeline.forks_die_with_this()  # nor its forked checkpoint writers
     quiet.install()  # before megatron-core is imported: some of its warnings come at import
     env = read_env()
     try:

@@ -11,6 +11,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 from harness import TINY, losses, train
@@ -19,6 +20,9 @@ from capture_megatron.train.checkpoint.save_load import PAUSE_ENV, TRACKER, iter
 from capture_megatron.train.launch import torchrun_command
 
 SIX = ["--train-iters", "6", "--lr-decay-iters", "6"]
+JOB_ENV = "CAPTURE_MEGATRON_TEST_JOB"
+"""An environment variable that marks every process of one test's job (inherited by what it
+starts)."""
 
 
 def _flags(data_prefix: str, *extra: str) -> list[str]:
@@ -111,6 +115,24 @@ def test_reshard_pp2_to_pp4_and_tp2(data_prefix, tmp_path):
         assert losses(cont) == pytest.approx(straight[3:], rel=1e-4)
 
 
+def _left_behind(marker: str, wait: float = 15.0) -> list[str]:
+    """The command lines of processes still alive whose environment carries `marker` (a killed
+    job's ranks and what they started: megatron-core's checkpoint writers, forked, and the
+    multiprocessing Manager it spawns for their results), once they had `wait` seconds to go."""
+    deadline = time.time() + wait
+    while True:
+        alive = []
+        for proc in psutil.process_iter(["cmdline"]):
+            try:
+                if proc.environ().get(JOB_ENV) == marker and proc.status() != "zombie":
+                    alive.append(" ".join(proc.info["cmdline"] or [])[:120])
+            except psutil.Error:
+                continue
+        if not alive or time.time() > deadline:
+            return alive
+        time.sleep(0.5)
+
+
 def test_kill_during_save_keeps_last_checkpoint(data_prefix, tmp_path):
     ckpt = str(tmp_path / "ckpt")
     args = _flags(
@@ -123,7 +145,7 @@ def test_kill_during_save_keeps_last_checkpoint(data_prefix, tmp_path):
         "--save-interval",
         "2",
     )
-    env = dict(os.environ, OMP_NUM_THREADS="1", **{PAUSE_ENV: "60@2"})
+    env = dict(os.environ, OMP_NUM_THREADS="1", **{PAUSE_ENV: "60@2", JOB_ENV: str(tmp_path)})
     proc = subprocess.Popen(
         torchrun_command(2, args),
         env=env,
@@ -143,6 +165,8 @@ def test_kill_during_save_keeps_last_checkpoint(data_prefix, tmp_path):
     assert not os.path.exists(os.path.join(ckpt, TRACKER)) and not os.path.isdir(
         iteration_dir(ckpt, 2)
     )
+    # nothing the job started outlives it (torchrun's ranks die with it, what they started too)
+    assert not _left_behind(str(tmp_path))
     # a second run saves iteration 2 completely, then is killed while saving iteration 4
     env[PAUSE_ENV] = "60@4"
     proc = subprocess.Popen(
@@ -158,6 +182,7 @@ def test_kill_during_save_keeps_last_checkpoint(data_prefix, tmp_path):
         time.sleep(0.5)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
+    assert not _left_behind(str(tmp_path))
     assert Path(ckpt, TRACKER).read_text().strip() == "2"
     resumed = train(
         2,

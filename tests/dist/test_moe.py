@@ -15,7 +15,7 @@ allgather dispatcher and the distributed optimizer.
 from __future__ import annotations
 
 import pytest
-from harness import TINY, grad_norms, losses, train
+from harness import TINY, grad_norms, losses, train, train_single
 
 TOL = 1e-4
 MOE = [
@@ -53,10 +53,11 @@ def _check(run, nproc: int, ref_losses: list[float], ref_norms: list[float]) -> 
 
 @pytest.fixture(scope="module")
 def reference(data_prefix, tmp_path_factory):
-    """One process: the all-MoE model for 6 iterations, the mixed model for 3."""
+    """One process (without a launcher): the all-MoE model for 6 iterations, the mixed model
+    for 3."""
     work = str(tmp_path_factory.mktemp("moe-reference"))
-    moe = train(1, _flags(data_prefix, 6), work, "moe")
-    mixed = train(1, _flags(data_prefix, 3, *MIXED), work, "mixed")
+    moe = train_single(_flags(data_prefix, 6), work, "moe")
+    mixed = train_single(_flags(data_prefix, 3, *MIXED), work, "mixed")
     return {
         "moe": (losses(moe), grad_norms(moe)),
         "mixed": (losses(mixed), grad_norms(mixed)),

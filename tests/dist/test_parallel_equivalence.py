@@ -11,7 +11,7 @@ with TP + SP, and with PP + the distributed optimizer (sharded over DP x CP).
 from __future__ import annotations
 
 import pytest
-from harness import TINY, grad_norms, losses, train
+from harness import TINY, grad_norms, losses, train, train_single
 
 ITERS = ["--train-iters", "3"]
 FP32_TOL = 1e-4
@@ -118,11 +118,11 @@ def _flags(ref: str, data_prefix: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def reference(data_prefix, tmp_path_factory):
-    """Single-process runs, one per model variant."""
+    """Single-process runs, one per model variant (without a launcher: a gloo group of one)."""
     out = {}
     work = str(tmp_path_factory.mktemp("reference"))
     for ref in REFERENCES:
-        run = train(1, _flags(ref, data_prefix), work, ref)
+        run = train_single(_flags(ref, data_prefix), work, ref)
         out[ref] = (losses(run), grad_norms(run))
     return out
 

@@ -54,8 +54,9 @@ SCRIPT = textwrap.dedent(
             cpu_compat.apply_fake_cuda()
         else:
             cpu_compat.apply(device)
-        if device == "cpu":  # train/ applies these two with the cpu patches
+        if device == "cpu":  # train/ applies these with the cpu patches
             ckpt_fixes.apply()
+            ckpt_fixes.writers_die_with_rank()
             ckpt_safe.install()
         originals = patches.originals()
         moded = torch._C._is_torch_function_mode_enabled()

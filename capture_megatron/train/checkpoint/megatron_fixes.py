@@ -1,7 +1,9 @@
-"""Two megatron-core 0.16.1 defects in the DistributedOptimizer's 'fully_reshardable' checkpoints.
+"""Three megatron-core 0.16.1 checkpoint defects: two in the DistributedOptimizer's
+'fully_reshardable' checkpoints, one in what a killed save leaves running.
 
-Both are installed by ``apply()`` before a checkpoint is saved or loaded; nothing in site-packages
-is edited, and each replacement is megatron's own logic minus the defect.
+Fixes 1 and 2 are installed by ``apply()`` before a checkpoint is saved or loaded, fix 3 by
+``writers_die_with_rank()`` before one is saved; nothing in site-packages is edited, and each
+replacement is megatron's own logic minus the defect.
 
 1. Bucket padding (any machine). ``get_parameter_state_dp_zero`` concatenates the DP-gathered
    buckets *without* the padding between them ("gets rid of the padding between buckets"), but
@@ -22,13 +24,26 @@ is edited, and each replacement is megatron's own logic minus the defect.
    iteration and Adam's bias correction went wrong (measured: a resumed run's loss drifted from an
    uninterrupted one from the second resumed iteration on). ``untie_adam_steps`` gives each
    parameter its own copy after loading.
+3. A SIGKILLed rank's save helpers live on. ``FileSystemWriterAsync`` collects its forked writers'
+   results through a queue of a multiprocessing Manager that it starts (spawned, once per rank)
+   on the first save and never stops. Killed with its rank (torchrun SIGKILLed mid-save), the
+   Manager was left running for good, and with it multiprocessing's resource tracker, whose pipe
+   it holds (measured: two processes per rank after tests/dist/test_checkpoint.py's kill). The
+   fix starts that Manager itself, with an initializer that makes it die with the rank
+   (capture_megatron.megatron.lifeline.die_with_parent), and gives megatron its queue; the forked
+   writers die with the rank through ``lifeline.forks_die_with_this`` (train/entry.py).
 """
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+from multiprocessing.managers import SyncManager
+
 import torch
 
 from capture_megatron.emulate import patches
+from capture_megatron.megatron import lifeline
 
 
 def _pad_world_tensors(optimizer, state):
@@ -104,3 +119,16 @@ def apply() -> None:
 
         why = "fix 2: main params and optimizer states set without Apex / TE"
         patches.patch(cls, "_set_main_param_and_optimizer_states", set_states, why)
+
+
+def writers_die_with_rank() -> None:
+    """Fix 3: megatron-core's checkpoint-writer results queue, held by a Manager that dies with
+    this rank (idempotent; nothing done once megatron started its own)."""
+    from megatron.core.dist_checkpointing.strategies import filesystem_async as fsa
+
+    if fsa._results_queue is not None:
+        return
+    manager = SyncManager(ctx=multiprocessing.get_context("spawn"))  # as megatron's own
+    manager.start(initializer=lifeline.die_with_parent, initargs=(os.getpid(),))
+    why = "fix 3: the writers' results Manager dies with its rank"
+    patches.patch(fsa, "_results_queue", manager.Queue(), why)  # the queue keeps its manager

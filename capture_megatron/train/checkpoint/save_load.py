@@ -211,6 +211,7 @@ def save_checkpoint(
             _prepare(root, partial)
         torch.distributed.barrier()
         state = _sharded_state(trainer, plan, with_optim=True, with_rng=True, loading=False)
+        ckpt_fixes.writers_die_with_rank()
         state.update(
             iteration=iteration,
             consumed_samples=consumed_samples,
