@@ -86,17 +86,15 @@ def chunk_kind(plan: ParallelPlan, pp_rank: int, vp: int) -> str:
     return "middle"
 
 
-def _activations(
-    sc: ShapeConstants, kind: str, k: int, n: int
-) -> tuple[float, float, float, float, float]:
+def _activations(sc: ShapeConstants, kind: str, k: int, n: int) -> mixed.Costs:
     """(input, saved, forward peak, backward peak, recomputed) of a chunk with k layers, n
     recomputed; `recomputed`: the activations the backward re-creates at its peak."""
     c = sc.chunk(kind)
     inp = c.input_bytes
     if k == 0:
         if kind == "middle":  # an empty stage passes its input on; the schedule keeps the input
-            return inp, 0.0, 0.0, inp, 0.0
-        return inp, c.saved_ends, c.forward_ends, c.backward_ends, 0.0
+            return mixed.Costs(inp, 0.0, 0.0, inp, 0.0)
+        return mixed.Costs(inp, c.saved_ends, c.forward_ends, c.backward_ends, 0.0)
     s, r = sc.layer_saved, (sc.layer_saved_rc or 0.0)
     r2 = r if sc.layer_saved_rc_next is None else sc.layer_saved_rc_next
     kept = r + (n - 1) * r2 if n else 0.0  # the first recomputed layer, then each further one
@@ -113,16 +111,14 @@ def _activations(
     if n == 0:
         bwd, redone = c.bwd1, 0.0
     elif n < k:
-        mixed = c.backward_mixed - (k - n - 1) * s
-        bwd, redone = max(c.bwd1, mixed), (again if mixed >= c.bwd1 else 0.0)
+        first_redone = c.backward_mixed - (k - n - 1) * s
+        bwd, redone = max(c.bwd1, first_redone), (again if first_redone >= c.bwd1 else 0.0)
     else:
         bwd, redone = c.backward_recomputed, again
-    return inp, saved, fwd, bwd, min(redone, max(bwd, 0.0))
+    return mixed.Costs(inp, saved, fwd, bwd, min(redone, max(bwd, 0.0)))
 
 
-def _uniform(
-    sc: ShapeConstants, kind: str, k: int, n: int
-) -> tuple[float, float, float, float, float]:
+def _uniform(sc: ShapeConstants, kind: str, k: int, n: int) -> mixed.Costs:
     """(input, saved, forward peak, backward peak, recomputed) of a chunk with k layers all
     recomputed n at a time (--recompute-method uniform: megatron checkpoints groups of n
     consecutive layers, the last group holding the rest). Each group keeps only its input, as one
@@ -140,7 +136,7 @@ def _uniform(
     if groups > 1 and c.backward_recomputed + (n - 1) * s - r2 > bwd:
         bwd, group = c.backward_recomputed + (n - 1) * s - r2, n
     redone = max(group * s - r2, 0.0)
-    return c.input_bytes, saved, fwd, bwd, min(redone, max(bwd, 0.0))
+    return mixed.Costs(c.input_bytes, saved, fwd, bwd, min(redone, max(bwd, 0.0)))
 
 
 def _costs(
@@ -160,8 +156,10 @@ def _costs(
     get = consts.__getitem__
     ret, grad = retained.retention(get, kind, moe, n, uni)
     fwd_floor, bwd_floor, growth = retained.peaks(get, kind, moe, n, uni, ret)
-    inp, saved, fwd, bwd, redone = costs
-    return (inp, saved, max(fwd, fwd_floor), max(bwd, bwd_floor) + growth, redone), (ret, grad)
+    held = costs._replace(
+        forward=max(costs.forward, fwd_floor), backward=max(costs.backward, bwd_floor) + growth
+    )
+    return held, (ret, grad)
 
 
 def _runs(

@@ -20,11 +20,25 @@ equals them when every layer is of one variant (tests/unit/test_mixed_layers.py)
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 from capture_megatron.fit import ShapeConstants
 
-Costs = tuple[float, float, float, float, float]
-"""(input, saved, forward peak, backward peak, recomputed) of a chunk."""
+
+class Costs(NamedTuple):
+    """A chunk's activation bytes for one micro-batch (what a rank's peak is built from)."""
+
+    input: float
+    """Bytes of the activation the chunk receives per micro-batch (ChunkCost.input_bytes)."""
+    saved: float
+    """Bytes a micro-batch in flight holds beyond its input between its forward and backward."""
+    forward: float
+    """Forward peak above the live bytes before it, input already received (ChunkCost.forward)."""
+    backward: float
+    """Backward peak above the live bytes before it (ChunkCost.backward)."""
+    recomputed: float
+    """Of `backward`: the activations a full-recompute backward re-creates and holds at its
+    peak (ChunkCost.recomputed; 0 without recompute)."""
 
 
 class _Per:
@@ -72,7 +86,7 @@ def block(
     else:
         bwd, at = max((p.c[i].backward_recomputed - sum(p.r2[i + 1 :]), i) for i in range(k))
     redone = p.again(at) if at >= 0 else 0.0
-    return p.c[0].input_bytes, saved, fwd, bwd, min(redone, max(bwd, 0.0))
+    return Costs(p.c[0].input_bytes, saved, fwd, bwd, min(redone, max(bwd, 0.0)))
 
 
 def uniform(
@@ -96,4 +110,4 @@ def uniform(
         own = p.c[last].backward_recomputed + held - (0.0 if final else p.r2[group[0]])
         if own > bwd:
             bwd, redone = own, held + p.s[last] - p.r2[group[0]]
-    return p.c[0].input_bytes, saved, fwd, bwd, min(max(redone, 0.0), max(bwd, 0.0))
+    return Costs(p.c[0].input_bytes, saved, fwd, bwd, min(max(redone, 0.0), max(bwd, 0.0)))

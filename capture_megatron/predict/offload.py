@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from capture_megatron.config.act_offload import ActivationOffload
 from capture_megatron.errors import CaptureError
 from capture_megatron.fit import MemoryModel, ShapeConstants
+from capture_megatron.predict.mixed import Costs
 
 
 def group_bytes(sc: ShapeConstants, offload: ActivationOffload) -> dict[str, float]:
@@ -59,20 +60,18 @@ def kept_bytes(layers: Sequence[ShapeConstants], offload: ActivationOffload) -> 
     return sum(max(g[name] for g in per) for name in offload.groups)
 
 
-def chunk_adjusted(
-    costs: tuple[float, float, float, float, float],
-    per_layer: Sequence[float],
-) -> tuple[float, float, float, float, float]:
+def chunk_adjusted(costs: Costs, per_layer: Sequence[float]) -> Costs:
     """(input, saved, forward peak, backward peak, recomputed) of a chunk under offloading, from
     its costs without it and the bytes each of its layers (in forward order) offloads: a
     micro-batch in flight holds its saved bytes less every layer's offloaded ones (the first
     layer's include the received input, which attn_norm frees by hand); the forward peak, reached
     in the last layer, no longer holds the earlier layers'; the backward peak, reached in the last
     layer, holds its groups again (reloaded one group ahead of their use)."""
-    inp, saved, fwd, bwd, redone = costs
     if not per_layer or not any(per_layer):
         return costs
     total, last = sum(per_layer), per_layer[-1]
-    saved_after = max(inp + saved - total, 0.0) - inp
-    fwd_after = max(fwd - (total - last), 0.0)
-    return inp, saved_after, fwd_after, bwd + last, redone
+    return costs._replace(
+        saved=max(costs.input + costs.saved - total, 0.0) - costs.input,
+        forward=max(costs.forward - (total - last), 0.0),
+        backward=costs.backward + last,
+    )
