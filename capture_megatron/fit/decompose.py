@@ -28,6 +28,7 @@ from capture_megatron.errors import CaptureError
 from capture_megatron.fit.model import (
     END_KINDS,
     KINDS,
+    SCALAR_CONSTANTS,
     ChunkModel,
     KindConstants,
     MemoryModel,
@@ -168,7 +169,7 @@ def _chunk_model(kind: str, anchors: list[ShapeConstants]) -> ChunkModel:
     rows = [a.chunk(kind) for a in anchors]
     fields = []
     for f in dataclasses.fields(KindConstants):
-        if f.name in ("kind", "end_numels", "end_expert") or getattr(rows[0], f.name) is None:
+        if f.name not in SCALAR_CONSTANTS or getattr(rows[0], f.name) is None:
             continue
         term_set = (
             "step"

@@ -177,6 +177,14 @@ class ShapeConstants(JsonMixin):
         return next(c for c in self.chunks if c.kind == kind)
 
 
+SCALAR_CONSTANTS = frozenset(
+    f.name
+    for f in dataclasses.fields(KindConstants)
+    if f.name not in ("kind", "end_numels", "end_expert")
+)
+"""The KindConstants fields a ChunkModel regresses (one number each)."""
+
+
 @dataclass(frozen=True)
 class ChunkModel(JsonMixin):
     """Regressions of one chunk kind's constants (field names as in KindConstants)."""
@@ -189,6 +197,18 @@ class ChunkModel(JsonMixin):
     """Regressions of the end parameters' element counts."""
     end_expert: tuple[bool, ...] = ()
     """Per end parameter, whether it is a routed expert's (KindConstants.end_expert)."""
+
+    def __post_init__(self) -> None:
+        # a sparse record of KindConstants' scalar fields (only the probed ones are fitted): every
+        # name must be one, once, so that a renamed field cannot be fitted and then dropped
+        names = [name for name, _ in self.fields]
+        unknown = sorted(set(names) - SCALAR_CONSTANTS)
+        if unknown or len(set(names)) != len(names):
+            raise CaptureError(
+                f"memory model chunk {self.kind!r}: fitted constants {sorted(names)} are not "
+                f"each one of KindConstants' ({', '.join(sorted(SCALAR_CONSTANTS))}) once; fit "
+                "it again with `capture-megatron fit`"
+            )
 
     def at(self, z: Sizes) -> KindConstants:
         """The constants this model predicts at `z`."""

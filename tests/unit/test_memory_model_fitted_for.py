@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import pathlib
 
 import pytest
 from synthetic_memory import SMALL, SMALL_ARGS, full_model
@@ -77,4 +78,16 @@ def test_another_version_is_refused(model_file, tmp_path):
     path = tmp_path / "old.json"
     write_model(old, str(path))
     with pytest.raises(CaptureError, match="fitted by capture-megatron 0.0.1 .*profile and fit"):
+        plan_cli.main([*SMALL_ARGS, *PLAN, "--memory-model", str(path)])
+
+
+def test_a_constant_the_predictor_does_not_know_is_refused(model_file, tmp_path):
+    """A chunk's fitted constants are a sparse record of KindConstants' fields: a name that is not
+    one (a renamed field, a hand-edited file) is refused when the file is read, not dropped."""
+    data = json.loads(pathlib.Path(model_file).read_text())
+    fields = data["variants"][0]["chunks"][0]["fields"]
+    fields[0][0] = "saved_one"
+    path = tmp_path / "renamed.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(CaptureError, match="fitted constants .*'saved_one'.* are not each one"):
         plan_cli.main([*SMALL_ARGS, *PLAN, "--memory-model", str(path)])
