@@ -130,13 +130,13 @@ def batch_line(options: PlanOptions, gbs: int) -> str:
 
 def probed_batches(options: PlanOptions, model: MemoryModel) -> PlanOptions:
     """The options with the micro-batch sizes a given memory model predicts: where some of its
-    variants were probed at one micro-batch size only, which their fits hold as constants, the
-    search keeps to that size (CaptureError when the sizes asked for exclude it, or two variants
-    were probed alone at different sizes)."""
-    single = single_micro_batches(model)
+    variants of the recompute granularities searched were probed at one micro-batch size only,
+    which their fits hold as constants, the search keeps to that size (CaptureError when the
+    sizes asked for exclude it, or two variants were probed alone at different sizes)."""
+    space = options.space
+    single = single_micro_batches(model, space.recompute)
     if not single:
         return options
-    space = options.space
     alone = " and ".join(
         f"its {' and '.join(names)} fit at micro-batch {m} only" for m, names in single.items()
     )

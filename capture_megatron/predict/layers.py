@@ -127,12 +127,17 @@ def micro_batch_problem(model: MemoryModel, shape: ModelShape, plan: ParallelPla
     return ""
 
 
-def single_micro_batches(model: MemoryModel) -> dict[int, tuple[str, ...]]:
-    """The micro-batch sizes at which some of `model`'s variants were probed alone, each with
-    those variants' recompute settings (empty when every variant was probed at several sizes):
-    such a variant predicts no other size (micro_batch_problem)."""
+def single_micro_batches(
+    model: MemoryModel, granularities: tuple[str, ...] = ("none", "selective", "full")
+) -> dict[int, tuple[str, ...]]:
+    """The micro-batch sizes at which some of `model`'s variants of these recompute
+    `granularities` were probed alone, each with those variants' recompute settings (empty when
+    every such variant was probed at several sizes): such a variant predicts no other size
+    (micro_batch_problem)."""
     out: dict[int, tuple[str, ...]] = {}
     for vm in model.variants:
+        if vm.variant.recompute not in granularities:
+            continue
         for name, lo, hi in vm.ranges:
             if name == "b" and lo == hi:
                 out[lo] = (*out.get(lo, ()), f"recompute-{vm.variant.recompute}")

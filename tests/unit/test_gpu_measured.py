@@ -115,7 +115,7 @@ def test_a_search_keeps_to_the_micro_batch_a_fit_was_probed_at(models, tmp_path,
     """`plan` searching with a --memory-model whose full-recompute fit was probed at micro-batch 4
     alone: the search had predicted micro-batch 1 and 2 as 4 under full recompute (10% high on the
     H100). It now searches micro-batch 4 only and says why; a micro-batch fixed at another size is
-    refused in one paragraph."""
+    refused in one paragraph, unless the search leaves that fit out (no recompute)."""
     model_flags, _ = _runs("h100-run-b")
     model = models["h100-run-b"][0]  # recompute none probed at micro-batch 1-4, full at 4 only
     out = tmp_path / "plan.json"
@@ -127,3 +127,6 @@ def test_a_search_keeps_to_the_micro_batch_a_fit_was_probed_at(models, tmp_path,
     assert "micro-batch 4 only: the memory model's recompute-full fit" in capsys.readouterr().out
     with pytest.raises(CaptureError, match="full fit at micro-batch 4 only, so micro-batch 2"):
         plan_cli.main([*run, "--recompute-granularity", "full", "--micro-batch-size", "2"])
+    # without recompute the fit probed at micro-batch 1-4 is used, and micro-batch 2 planned
+    plan_cli.main([*run, "--recompute-granularity", "none", "--micro-batch-size", "2"])
+    assert "micro-batch 4 only" not in capsys.readouterr().out
