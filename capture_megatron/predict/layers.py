@@ -109,20 +109,25 @@ def find_variant(model: MemoryModel, variant: Variant) -> VariantModel:
     )
 
 
+def probed_alone(vm: VariantModel) -> int | None:
+    """The one micro-batch size a variant was probed at, or None when it was probed at several
+    (a fit of one size holds its activations as constants: it predicts no other size)."""
+    seen = [(lo, hi) for name, lo, hi in vm.ranges if name == "b"]
+    return seen[0][0] if seen and seen[0][0] == seen[0][1] else None
+
+
 def micro_batch_problem(model: MemoryModel, shape: ModelShape, plan: ParallelPlan) -> str:
     """Why `model` cannot forecast `plan`'s micro-batch size, or '': a variant probed at a single
     micro-batch size fits its activations as constants, so another size would be predicted as that
     one's (a GPU model fitted at micro-batch 4 forecast micro-batch 1 full recompute 10% high)."""
     b = plan.micro_batch_size
     for v in variants_of(shape, plan):
-        vm = find_variant(model, v)
-        seen = [(lo, hi) for name, lo, hi in vm.ranges if name == "b"]
-        if seen and seen[0][0] == seen[0][1] != b:
+        alone = probed_alone(find_variant(model, v))
+        if alone is not None and alone != b:
             return (
                 f"the memory model's recompute-{v.recompute} fit was probed at micro-batch "
-                f"{seen[0][0]} only, so micro-batch {b} would be predicted as if it were "
-                f"{seen[0][0]}: profile this micro-batch size too (or drop --memory-model to "
-                "profile on the spot)"
+                f"{alone} only, so micro-batch {b} would be predicted as if it were {alone}: "
+                "profile this micro-batch size too (or drop --memory-model to profile on the spot)"
             )
     return ""
 
@@ -131,16 +136,13 @@ def single_micro_batches(
     model: MemoryModel, granularities: tuple[str, ...] = ("none", "selective", "full")
 ) -> dict[int, tuple[str, ...]]:
     """The micro-batch sizes at which some of `model`'s variants of these recompute
-    `granularities` were probed alone, each with those variants' recompute settings (empty when
-    every such variant was probed at several sizes): such a variant predicts no other size
-    (micro_batch_problem)."""
+    `granularities` were probed alone (probed_alone), each with those variants' recompute
+    settings (empty when every such variant was probed at several sizes)."""
     out: dict[int, tuple[str, ...]] = {}
     for vm in model.variants:
-        if vm.variant.recompute not in granularities:
-            continue
-        for name, lo, hi in vm.ranges:
-            if name == "b" and lo == hi:
-                out[lo] = (*out.get(lo, ()), f"recompute-{vm.variant.recompute}")
+        alone = probed_alone(vm)
+        if alone is not None and vm.variant.recompute in granularities:
+            out[alone] = (*out.get(alone, ()), f"recompute-{vm.variant.recompute}")
     return dict(sorted(out.items()))
 
 
