@@ -81,18 +81,21 @@ def test_kill_between_rename_and_tracker_then_rerun(tmp_path):
     ckpt = tmp_path / "ckpt"
     args = [*FOUR, "--save", str(ckpt)]
     env = dict(os.environ, OMP_NUM_THREADS="1", **{PAUSE_ENV: "120@4:published"})
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "capture_megatron.pretrain_gpt", *args],
-        env=env,
-        cwd=str(tmp_path),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    log = tmp_path / "first.log"  # what the run printed, should it end before it is killed
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "capture_megatron.pretrain_gpt", *args],
+            env=env,
+            cwd=str(tmp_path),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     deadline = time.time() + 240
     published = Path(iteration_dir(str(ckpt), 4))
     while not published.is_dir() and time.time() < deadline and proc.poll() is None:
         time.sleep(0.2)
+    assert proc.poll() is None, f"exit {proc.returncode}: {log.read_text()[-4000:]}"
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
     assert published.is_dir() and (ckpt / TRACKER).read_text().strip() == "2"
