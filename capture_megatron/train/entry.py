@@ -93,9 +93,9 @@ def main(argv: list[str] | None = None) -> int:
         lifeline.forks_die_with_this()  # nor its forked checkpoint writers
     quiet.install()  # before megatron-core is imported: some of its warnings come at import
     env = read_env()
+    _eager_on_cpu()  # before parse_config, whose tokenizer imports megatron-core
     try:
         cfg = parse_config(argv, env.world_size)
-        _eager_on_cpu()
         from capture_megatron.train.run import run_training
 
         run_training(cfg, env)

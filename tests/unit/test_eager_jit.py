@@ -30,3 +30,25 @@ def test_a_cpu_process_runs_megatrons_fused_functions_eagerly():
     assert done.returncode == 0, done.stderr[-3000:]
     # eager; torch.compile's machinery never imported; a second install is too late and says so
     assert done.stdout.split() == ["True", "False", "False"]
+
+
+TRAIN = """
+import sys
+from capture_megatron.emulate import eager_jit
+from capture_megatron.train import entry
+rc = entry.main(["--num-layers", "1", "--hidden-size", "16", "--num-attention-heads", "2",
+                 "--seq-length", "8", "--max-position-embeddings", "8", "--micro-batch-size", "1",
+                 "--global-batch-size", "1", "--train-iters", "1", "--lr", "1e-3", "--mock-data",
+                 "--tokenizer-type", "ByteTokenizer", "--no-progress"])
+print(rc, eager_jit.eager())
+"""
+
+
+@pytest.mark.slow  # one training step in a fresh interpreter: a few seconds
+def test_a_cpu_training_process_is_eager_though_its_tokenizer_imports_megatron_first():
+    # the tokenizer (read while the flags are parsed) imports megatron-core: the switch comes first
+    done = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", TRAIN], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split()[-2:] == ["0", "True"], done.stdout[-3000:]
