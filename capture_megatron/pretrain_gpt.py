@@ -1,9 +1,7 @@
 """`torchrun -m capture_megatron.pretrain_gpt <Megatron flags>`: the training entry point's stable
 module name (docs/ARCHITECTURE.md); the code is capture_megatron.train.entry."""
 
-import sys
-
-from capture_megatron.train.entry import main
+from capture_megatron.train.entry import end_process, main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    end_process(main())

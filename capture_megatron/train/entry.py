@@ -8,8 +8,11 @@ real data (--data-path) or MockGPTDataset (--mock-data), checkpoints atomically,
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
+import threading
+from typing import NoReturn
 
 from capture_megatron.config import TrainConfig
 from capture_megatron.config.mtp import checkpoint_problem
@@ -106,3 +109,18 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error (rank {env.rank}): {err}", file=sys.stderr, flush=True)
         return 2
     return 0
+
+
+def end_process(code: int) -> NoReturn:
+    """Exit with `code` as the interpreter would, without its teardown: the threads it would join
+    are joined, the exit handlers run (multiprocessing's, whose checkpoint-writer Manager shuts
+    down; logging's; temporary files'), stdout and stderr are flushed, and then the process ends
+    without freeing its ~300k objects one by one (about 1.5 s of CPU a rank on this machine, of a
+    5-7 s rank; a killed run never gets here, and a traceback exits the usual way)."""
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
