@@ -170,7 +170,6 @@ def measure(
         record = dataclasses.replace(record, offload_tensors=_offloaded(chunk))
     del chunk
     gc.collect()
-    gc.freeze()  # what outlives a probe (megatron-core's and torch's caches) is not scanned again
     return record
 
 

@@ -167,11 +167,10 @@ def _run(
     import capture_megatron.profile.probe  # noqa: F401  (megatron-core's modules, imported once)
 
     # Each probe ends with a full collection (its chunk's reference cycles): move everything alive
-    # now (the imported modules) out of the collector's sight so that it scans only the probe's
-    # objects (0.2 s -> ~0.01 s a probe); each probe freezes what outlives it likewise (about 500
-    # objects a probe, which a collection would otherwise scan again at every later probe).
+    # before it (the imported modules; what earlier probes left, ~500 objects each: torch's and
+    # megatron-core's caches) out of the collector's sight so that it scans only the probe's
+    # objects (0.2 s -> ~0.01 s a probe).
     gc.collect()
-    gc.freeze()
     for probe in tqdm(
         probes,
         desc=f"profiling ({setup.device})",
@@ -179,6 +178,7 @@ def _run(
         disable=not progress,
         dynamic_ncols=True,
     ):
+        gc.freeze()
         yield _measure(probe, meter, setup, timelines)
 
 
