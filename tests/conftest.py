@@ -1,6 +1,7 @@
 """Shared pytest set-up: markers by folder (tests/dist -> dist, tests/slurm -> slurm, tests/gpu ->
-gpu), megatron's import-time warnings kept out of the output, and torch / megatron-core unpatched
-again after every test that applied capture-megatron's patches (the patch registry,
+gpu), each pytest worker's CPU kernels kept to its share of the cores (threads_per_worker),
+megatron's import-time warnings kept out of the output, and torch / megatron-core unpatched again
+after every test that applied capture-megatron's patches (the patch registry,
 capture_megatron/emulate/patches.py).
 
 Which tests to run when: CONTRIBUTING.md (make test-fast after every change; make test before a
@@ -8,9 +9,24 @@ push, which is what CI runs)."""
 
 import os
 import pathlib
+import sys
 import warnings
 
 import pytest
+from worker_threads import THREADS_GIVEN, threads_per_worker
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Give this test process (a pytest-xdist worker, or pytest without -n) and the processes
+    its tests start their share of the cores, before torch is imported (its thread pool reads
+    OMP_NUM_THREADS). The controller of `-n N` runs no test and leaves it to its workers."""
+    controller = bool(getattr(config.option, "numprocesses", None))
+    if THREADS_GIVEN or (controller and not os.environ.get("PYTEST_XDIST_WORKER")):
+        return
+    os.environ["OMP_NUM_THREADS"] = str(threads_per_worker())
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(threads_per_worker())
+
 
 warnings.filterwarnings("ignore", message=".*Transformer Engine.*")
 warnings.filterwarnings("ignore", message=".*Apex is not installed.*")
