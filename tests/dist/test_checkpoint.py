@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import time
+import warnings
 from pathlib import Path
 
 import psutil
@@ -41,7 +42,9 @@ def _weights(path: str) -> dict[str, torch.Tensor]:
         for k, m in meta.state_dict_metadata.items()
         if not k.startswith(("optimizer", "rng")) and hasattr(m, "size") and "_extra_state" not in k
     }
-    dcp.load(out, storage_reader=reader, no_dist=True)
+    with warnings.catch_warnings():  # no_dist=True still warns that it loads in one process
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(out, storage_reader=reader, no_dist=True)
     return out
 
 
