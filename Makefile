@@ -12,8 +12,8 @@ PYTEST_ARGS ?=
 JOBS   ?= 2
 FAST   := not slow and not dist and not slurm and not gpu
 # the package's bytecode, written before a run: with PYTHONDONTWRITEBYTECODE set (as on this
-# project's machines) every process the tests start (hundreds of torchrun ranks, CLI and profiling workers)
-# would otherwise compile the modules it imports again, about 0.14 s each
+# project's machines) every process the tests start (hundreds of torchrun ranks, CLI and
+# profiling workers) would otherwise compile the modules it imports again, about 0.14 s each
 BYTECODE := $(BIN)/python -m compileall -q capture_megatron
 LINTED := capture_megatron tests bench
 
