@@ -105,16 +105,38 @@ def field_docs(cls: type) -> dict[str, str]:
     for klass in reversed(cls.__mro__):
         if not dataclasses.is_dataclass(klass):
             continue
-        try:
-            tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
-        except (OSError, TypeError):
-            continue
-        body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+        body = _class_body(klass)
         for node, after in zip(body, body[1:]):
             doc = _docstring(after)
             if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and doc:
                 docs[node.target.id] = " ".join(doc.split())
     return docs
+
+
+def _class_body(klass: type) -> list[ast.stmt]:
+    """The statements of a class's definition; empty when its source is not available. A class
+    defined at its module's top level is looked up in the module's parse, made once per module
+    (inspect.getsource tokenizes the module again for every class: a tenth of a second in every
+    process that builds a parser)."""
+    try:
+        path = inspect.getsourcefile(klass)
+        if path and klass.__qualname__ == klass.__name__:
+            node = _top_level_classes(path).get(klass.__name__)
+            if node is not None:
+                return node.body
+        tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+    except (OSError, TypeError, SyntaxError):
+        return []
+    return tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+
+
+@functools.cache
+def _top_level_classes(path: str) -> dict[str, ast.ClassDef]:
+    """The classes a module file defines at its top level, by name (the last definition of a
+    name, the one the module keeps)."""
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    return {node.name: node for node in tree.body if isinstance(node, ast.ClassDef)}
 
 
 def _docstring(node: ast.stmt) -> str | None:

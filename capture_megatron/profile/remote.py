@@ -10,7 +10,9 @@ overrides) -- each started once as
 
 and kept for the rest of this process: a search profiles in rounds, and starting a worker (its
 torch and megatron-core imports) costs about as much as a dozen probes, so every round after the
-first reuses the workers of the rounds before (those of the same kernel set). Each job is a line
+first reuses the workers of the rounds before, whatever kernel set they ran (a job names its
+kernel set; the patches a worker applies are the same for every set, and each probe builds its
+chunk from its job's set). Each job is a line
 `JOB.json OUT.jsonl` on the worker's standard input; the worker writes a byte per finished probe
 to its pipe FD and a newline when the job's records are written, from which this process draws
 one progress bar; their stdout and stderr are this process's. A CaptureError in a worker comes
@@ -68,15 +70,13 @@ class _Worker:
     """The worker process (its standard input takes the jobs)."""
     ticks: int
     """The read end of its progress pipe (a byte per finished probe, a newline per job)."""
-    kernels: Kernels
-    """The kernel set of the jobs it has run (a worker runs one kernel set)."""
 
 
 _KEPT: list[_Worker] = []
 """The workers started by this process and still running."""
 
 
-def _start(kernels: Kernels) -> _Worker:
+def _start() -> _Worker:
     from capture_megatron.emulate.fake_cuda import shim_path
 
     shim_path()  # compile the shim once, here, not in every worker at once
@@ -90,7 +90,7 @@ def _start(kernels: Kernels) -> _Worker:
         )
     finally:
         os.close(write)
-    return _Worker(process, read, kernels)
+    return _Worker(process, read)
 
 
 def _stop(workers: list[_Worker], kill: bool) -> None:
@@ -110,13 +110,13 @@ def _stop(workers: list[_Worker], kill: bool) -> None:
 atexit.register(lambda: _stop(list(_KEPT), kill=False))
 
 
-def _workers(kernels: Kernels, probes: int) -> list[_Worker]:
-    """The workers for a round: those kept for this kernel set, and new ones as worker_count
-    says (kept workers of another kernel set are ended first)."""
-    _stop([w for w in _KEPT if w.kernels != kernels or w.process.poll() is not None], kill=True)
+def _workers(probes: int) -> list[_Worker]:
+    """The workers for a round: those kept from earlier rounds (of any kernel set), and new ones
+    as worker_count says (kept ones that ended are forgotten first)."""
+    _stop([w for w in _KEPT if w.process.poll() is not None], kill=True)
     n = worker_count(probes, len(_KEPT))
     while len(_KEPT) < n:
-        _KEPT.append(_start(kernels))
+        _KEPT.append(_start())
     return _KEPT[:n]
 
 
@@ -169,7 +169,7 @@ def run_in_worker(
     """Run fake-cuda probes in worker processes and return their records in probe order."""
     if not probes:
         return []
-    workers = _workers(kernels, len(probes))
+    workers = _workers(len(probes))
     n = len(workers)
     records: list[ProfileRecord | None] = [None] * len(probes)
     with tempfile.TemporaryDirectory(prefix="capture-megatron-") as tmp:
