@@ -14,9 +14,15 @@ def threads_per_worker() -> int:
     1 thread, and one such pair never finished within 60 s. The unit phase took 596 s this way,
     against 858-905 s before. The torchrun ranks the tests start get OMP_NUM_THREADS=1 already
     (tests/dist/harness.py, as capture_megatron.train.launch gives them)."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
-    return max(1, (cpus or 1) // workers)
+    return max(1, usable_cpus() // workers)
+
+
+def usable_cpus() -> int:
+    """The cores this process may run on (its CPU affinity where the platform has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 THREADS_GIVEN = "OMP_NUM_THREADS" in os.environ

@@ -15,18 +15,24 @@ SHAPE = ModelShape(
 )  # fmt: skip
 
 
-@pytest.mark.slow
-def test_a_second_round_reuses_the_worker_and_measures_the_same():
+def _probes():
+    """The probes of SHAPE's two-stage plan (a dozen or so)."""
     from capture_megatron.predict import variant_of
-    from capture_megatron.profile import remote
     from capture_megatron.profile.design import probes_for
-    from capture_megatron.profile.session import run_probes
     from capture_megatron.records import ProbeShape
 
     plan = ParallelPlan(
         tp=1, pp=2, dp=1, micro_batch_size=2, global_batch_size=8, layers_per_stage=(1, 1)
     )
-    probes = probes_for(variant_of(SHAPE, plan), [ProbeShape.of(SHAPE, 1, 2)])
+    return probes_for(variant_of(SHAPE, plan), [ProbeShape.of(SHAPE, 1, 2)])
+
+
+@pytest.mark.slow
+def test_a_second_round_reuses_the_worker_and_measures_the_same():
+    from capture_megatron.profile import remote
+    from capture_megatron.profile.session import run_probes
+
+    probes = _probes()
     remote._stop(list(remote._KEPT), kill=False)  # noqa: SLF001  (a fresh start)
     first = run_probes(probes[:3], "fake-cuda", progress=False)
     (worker,) = remote._KEPT  # noqa: SLF001  (3 probes: one worker)
@@ -40,17 +46,6 @@ def test_a_second_round_reuses_the_worker_and_measures_the_same():
     ]
     remote._stop(list(remote._KEPT), kill=False)  # noqa: SLF001  (ends at the end of its input)
     assert worker.process.returncode == 0 and not remote._KEPT  # noqa: SLF001
-
-
-def _probes():
-    from capture_megatron.predict import variant_of
-    from capture_megatron.profile.design import probes_for
-    from capture_megatron.records import ProbeShape
-
-    plan = ParallelPlan(
-        tp=1, pp=2, dp=1, micro_batch_size=2, global_batch_size=8, layers_per_stage=(1, 1)
-    )
-    return probes_for(variant_of(SHAPE, plan), [ProbeShape.of(SHAPE, 1, 2)])[:3]
 
 
 # Transformer Engine with flash attention and every fusion, against the local spec's unfused
@@ -67,7 +62,7 @@ def test_a_worker_kept_from_another_kernel_set_measures_what_a_fresh_one_does():
     from capture_megatron.profile import remote
     from capture_megatron.profile.session import run_probes
 
-    probes = _probes()
+    probes = _probes()[:3]
     remote._stop(list(remote._KEPT), kill=False)  # noqa: SLF001  (a fresh start)
     fresh_local = run_probes(probes, "fake-cuda", LOCAL, progress=False)
     remote._stop(list(remote._KEPT), kill=False)  # noqa: SLF001

@@ -1,13 +1,12 @@
 """The test suite's own set-up: each pytest worker's CPU kernels keep to its share of the cores
 (tests/conftest.py, tests/worker_threads.py), and so do the processes a test starts."""
 
-import os
 import subprocess
 import sys
 
 import pytest
 import torch
-from worker_threads import THREADS_GIVEN, threads_per_worker
+from worker_threads import THREADS_GIVEN, threads_per_worker, usable_cpus
 
 
 def test_a_pytest_worker_keeps_to_its_share_of_the_cores():
@@ -20,7 +19,7 @@ def test_a_pytest_worker_keeps_to_its_share_of_the_cores():
 
 
 def test_the_share_divides_the_cores_among_the_workers(monkeypatch):
-    cpus = len(os.sched_getaffinity(0))
+    cpus = usable_cpus()
     monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", str(cpus))
     assert threads_per_worker() == 1
     monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", str(4 * cpus))
