@@ -189,6 +189,7 @@ def _requeue_run(
         ("--finetune", ckpt.finetune),
         ("--no-load-optim", ckpt.no_load_optim),
         ("--no-load-rng", ckpt.no_load_rng),
+        ("--ckpt-step", ckpt.ckpt_step is not None),
     ):
         if value:
             problems.append(

@@ -143,6 +143,10 @@ class CheckpointOptions(JsonMixin):
     """Directory to save checkpoints into."""
     load: str = flag("--load", "")
     """Directory to resume from (--load); the latest complete checkpoint is used."""
+    ckpt_step: int | None = flag("--ckpt-step", None, omit_default=True)
+    """Resume from this iteration's checkpoint in --load instead of the newest (as Megatron-LM,
+    without reading the tracker file); refused when it is missing or damaged, and when --save is
+    the same directory and holds later checkpoints this run would replace."""
     save_interval: int = flag("--save-interval", 0)
     """Save every this many iterations (--save-interval); 0: only at the end when --save is set."""
     no_load_optim: bool = flag("--no-load-optim", False)
@@ -185,7 +189,13 @@ class CheckpointOptions(JsonMixin):
 
     def require_trainable(self) -> None:
         """Refuse, for training, a format capture-megatron cannot save or resume (predict and
-        plan accept every Megatron-LM format: it does not change training memory)."""
+        plan accept every Megatron-LM format: it does not change training memory), and
+        --ckpt-step without --load (Megatron-LM ignores it there; predict and plan list it)."""
+        if self.ckpt_step is not None and not self.load:
+            raise CaptureError(
+                f"--ckpt-step {self.ckpt_step} names a checkpoint to resume from but no --load "
+                "directory was given: add --load DIR, or leave --ckpt-step out"
+            )
         if self.ckpt_format != "torch_dist":
             raise CaptureError(
                 f"--ckpt-format {self.ckpt_format}: capture-megatron saves and resumes "

@@ -51,7 +51,7 @@ IGNORED = frozenset(
     --bert-embedder-type --bert-load --bert-no-binary-head --block-data-path --calc-ft-timeouts
     --calculate-per-token-loss --check-for-large-grads --check-for-spiky-loss
     --check-weight-hash-across-dp-replicas-interval --ckpt-convert-format --ckpt-convert-save
-    --ckpt-convert-update-legacy-dist-opt-format --ckpt-step --classes-fraction
+    --ckpt-convert-update-legacy-dist-opt-format --classes-fraction
     --config-logger-dir --create-all-gather-group --data-parallel-random-init
     --data-per-class-fraction --dataloader-type --ddp-average-in-collective --decoder-seq-length
     --decoupled-lr --decoupled-min-lr --decrease-batch-size-if-needed

@@ -15,6 +15,7 @@ first chunk in backward order that has one, for one micro-batch: the rank's kept
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from capture_megatron.config.act_offload import ActivationOffload
 from capture_megatron.errors import CaptureError
@@ -58,6 +59,35 @@ def kept_bytes(layers: Sequence[ShapeConstants], offload: ActivationOffload) -> 
         return 0.0
     per = [group_bytes(sc, offload) for sc in layers]
     return sum(max(g[name] for g in per) for name in offload.groups)
+
+
+@dataclass(frozen=True)
+class Kept:
+    """What megatron-core keeps on a rank's device of one micro-batch under fine-grained
+    activation offloading (kept_bytes): the last group of each name of its first chunk in
+    backward order that has groups."""
+
+    nbytes: float = 0.0
+    """The kept groups' bytes (0 without offloading)."""
+    chunk: int = 0
+    """The local chunk whose micro-batch keeps them."""
+
+    def at(self, kind: str, live: Sequence[int]) -> float:
+        """The kept bytes on the device at a schedule moment (kind F, B, M or D; micro-batches
+        alive per chunk before it): at a forward while a micro-batch of the keeping chunk is
+        alive. Before that chunk's first forward nothing is kept yet, and while its first
+        micro-batch runs its forward the groups are in that forward's own peak; at a backward
+        the keeping chunk's reload term holds them."""
+        return self.nbytes if kind == "F" and live[self.chunk] > 0 else 0.0
+
+
+def rank_kept(kept: Sequence[float]) -> Kept:
+    """Kept of a rank from its chunks' kept bytes (ChunkCost.offload_kept, in forward order):
+    the last chunk that has groups is the first in backward order."""
+    for chunk in reversed(range(len(kept))):
+        if kept[chunk]:
+            return Kept(kept[chunk], chunk)
+    return Kept()
 
 
 def chunk_adjusted(costs: Costs, per_layer: Sequence[float]) -> Costs:

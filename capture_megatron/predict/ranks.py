@@ -16,7 +16,7 @@ import numpy as np
 
 from capture_megatron.config import ModelShape, ParallelPlan, dtype_bytes
 from capture_megatron.fit import MemoryModel
-from capture_megatron.predict import overlap
+from capture_megatron.predict import offload, overlap
 from capture_megatron.predict.chunks import ChunkCost, cached_chunk
 from capture_megatron.predict.layers import Layers, layers_for
 from capture_megatron.predict.moments import KINDS, Moment, moment_arrays, moment_totals
@@ -225,21 +225,21 @@ def _all_at_once(
     pair: float,
     limit: int,
     best: Peak,
-    kept: float = 0.0,
+    kept: offload.Kept,
 ) -> Peak:
     """The peak over `moments` (of kinds F, B and D) if above `best` (predict.moments' arrays;
-    its breakdown from the peak moment's own sums); `kept`: offloading's kept groups, counted at
-    forward moments (ChunkCost.offload_kept)."""
+    its breakdown from the peak moment's own sums); `kept`: offloading's kept groups."""
     arrays = moment_arrays(moments, len(chunks))
     acts, transient = moment_totals(arrays, chunks, pair, limit)
-    acts = acts + np.where(arrays.kind == 0, kept, 0.0)
+    keeping = (arrays.kind == 0) & (arrays.live[:, kept.chunk] > 0)  # as offload.Kept.at
+    acts = acts + np.where(keeping, kept.nbytes, 0.0)
     totals = static + acts + transient
     top = int(np.argmax(totals))  # the first moment at the highest total, as one moment at a time
     if totals[top] <= best[0]:
         return best
     kind, chunk, live, held, after, done = moments[top]
     acts_at, transient_at = _moment(chunks, kind, chunk, live, held, after)
-    acts_at += min(done, limit) * pair + (kept if kind == "F" else 0.0)
+    acts_at += min(done, limit) * pair + kept.at(kind, live)
     running = _running(chunks[chunk], kind)  # moved from transient to activations
     return float(totals[top]), acts_at + running, transient_at - running, PHASES[kind], live
 
@@ -252,7 +252,7 @@ def _one_by_one(
     pair: float,
     limit: int,
     best: Peak,
-    kept: float = 0.0,
+    kept: offload.Kept,
 ) -> Peak:
     """The peak over `moments` with merged (forward, backward) steps (kind M, under
     --overlap-moe-expert-parallel-comm), one moment at a time, if above `best` (`kept`: as for
@@ -262,7 +262,7 @@ def _one_by_one(
             acts, transient, chunk = _merged_moment(chunks, terms, chunk, live, held, after)
         else:
             acts, transient = _moment(chunks, kind, chunk, live, held, after)
-        acts += min(done, limit) * pair + (kept if kind == "F" else 0.0)
+        acts += min(done, limit) * pair + kept.at(kind, live)
         if static + acts + transient > best[0]:
             running = _running(chunks[chunk], kind)  # moved from transient to activations
             best = (static + acts + transient, acts + running, transient - running,
@@ -342,13 +342,12 @@ def rank_memory(
     best = (static + kept + step, kept, step, "step", (0,) * plan.vpp)
     limit = plan.ddp.deferred(plan.num_microbatches)
     moments = plan_states(plan, pp_rank, pair > 0)
-    # fine-grained offloading: what the first backward chunk keeps of one micro-batch
-    kept = next((c.offload_kept for c in reversed(chunks) if c.offload_kept), 0.0)
+    keep = offload.rank_kept([c.offload_kept for c in chunks])  # fine-grained offloading
     if plan.ddp.overlap_moe_expert_parallel_comm:
         terms = overlap.merged(layers, shape, plan, tuple(c.kind for c in chunks))
-        best = _one_by_one(chunks, terms, moments, static, pair, limit, best, kept)
+        best = _one_by_one(chunks, terms, moments, static, pair, limit, best, keep)
     else:
-        best = _all_at_once(chunks, moments, static, pair, limit, best, kept)
+        best = _all_at_once(chunks, moments, static, pair, limit, best, keep)
     peak, activations, transient, phase, inflight = best
     return StageMemory(
         pp_rank=pp_rank,

@@ -94,6 +94,16 @@ def _merged(
     return np.maximum(np.maximum(head, steps), tail)
 
 
+def _kept(ch: list[dict[str, np.ndarray]], zero: np.ndarray) -> list[np.ndarray]:
+    """Per chunk, what fine-grained offloading keeps of one of its micro-batches where it is the
+    last chunk with groups (offload.Kept; rank_kept), else 0."""
+    out = []
+    for v, c in enumerate(ch):
+        later = sum((w["offload_kept"] > 0 for w in ch[v + 1 :]), zero) > 0
+        out.append(np.where(later, 0.0, c["offload_kept"] + zero))
+    return out
+
+
 def peak_table(
     layers: Layers,
     shape: ModelShape,
@@ -123,9 +133,7 @@ def peak_table(
     static = params + grads + opt + (other + layers.workspace_bytes + routing + gathers)
     kept = sum((c["retained"] for c in ch), zero)
     best = np.broadcast_to(static + kept + step, (limit + 1,) * vpp).copy()
-    held_back = zero  # offloading: the last chunk with groups keeps some (rank_memory)
-    for c in ch:
-        held_back = np.where(c["offload_kept"] > 0, c["offload_kept"], held_back)
+    held_back = _kept(ch, zero)
     # moments with the same (kind, chunk, held, retaining) add the same transient; rounding is
     # monotone, so the largest of their activations gives the largest total
     groups: dict[tuple, list[tuple[int, ...]]] = {}
@@ -136,13 +144,13 @@ def peak_table(
         counts = np.asarray(lives, dtype=np.float64)
         acts = zero
         for v in range(vpp):
-            acts = acts + counts[:, v].reshape((-1,) + (1,) * vpp) * ch[v]["inflight"]
+            alive = counts[:, v].reshape((-1,) + (1,) * vpp)
+            acts = acts + alive * ch[v]["inflight"]
+            acts = acts + (held_back[v] * (alive > 0) if kind == "F" else 0.0)
         pair_of = (chunk % vpp, chunk // vpp) if kind == "M" else None
         chunk = pair_of[1] if pair_of else chunk
         others = sum((ch[v]["retained"] for v in range(vpp) if after[v] and v != chunk), zero)
-        transient = {"F": ch[chunk]["forward"] + held_back, "B": ch[chunk]["backward"]}.get(
-            kind, zero
-        )
+        transient = {"F": ch[chunk]["forward"], "B": ch[chunk]["backward"]}.get(kind, zero)
         if pair_of:
             transient = _merged(layers, shape, plan, pp_rank, ch, pair_of, after)
         if held >= 0 and kind != "D":

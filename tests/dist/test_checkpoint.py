@@ -61,13 +61,16 @@ def test_resume_equals_straight_run(data_prefix, tmp_path, distopt):
     extra += ["--use-distributed-optimizer"] if distopt else []
     work, ckpt = str(tmp_path), str(tmp_path / "ckpt")
     straight = losses(train(2, _flags(data_prefix, *SIX, *extra), work, "straight"))
-    first = train(
-        2, _flags(data_prefix, *SIX, *extra, "--save", ckpt, "--exit-interval", "3"), work, "first"
-    )
-    assert losses(first) == straight[:3]
-    assert Path(ckpt, TRACKER).read_text().strip() == "3"
-    second = train(2, _flags(data_prefix, *SIX, *extra, "--load", ckpt), work, "second")
-    assert losses(second) == pytest.approx(straight[3:], rel=1e-6)
+    saving = ["--save", ckpt, "--save-interval", "2", "--exit-interval", "4"]
+    first = train(2, _flags(data_prefix, *SIX, *extra, *saving), work, "first")
+    assert losses(first) == straight[:4]
+    assert Path(ckpt, TRACKER).read_text().strip() == "4"
+    # --ckpt-step: the older checkpoint, not the tracker's (the newest is what the other resume
+    # tests start from: test_reshard_pp2_to_pp4_and_tp2, test_faults.py)
+    step = ["--load", ckpt, "--ckpt-step", "2"]
+    second = train(2, _flags(data_prefix, *SIX, *extra, *step), work, "second")
+    assert losses(second) == pytest.approx(straight[2:], rel=1e-6)
+    assert Path(ckpt, TRACKER).read_text().strip() == "4"  # iteration 4 is still there
 
 
 def test_reshard_pp2_to_pp4_and_tp2(data_prefix, tmp_path):

@@ -1,11 +1,12 @@
 """Fine-grained activation offloading (--fine-grained-activation-offloading, issue 31): what the
 probe records of each offload group through megatron-core's own call sites, the chunk and rank
-rule (capture_megatron.predict.offload), and Megatron-LM's development functional test with it
-forecast on the GPU kernel set within 10% on the last stage (issue 31, must-show 2)."""
+rule (capture_megatron.predict.offload), and Megatron-LM's functional tests with it forecast on
+the GPU kernel set within 10% on the last stage (issue 31, must-show 2)."""
 
 from __future__ import annotations
 
 import importlib.util
+import itertools
 from pathlib import Path
 
 import pytest
@@ -100,12 +101,32 @@ def test_offloaded_layers_leave_the_device_but_the_kept_groups(fitted):
         assert off.backward == on.backward + per_layer and off.offload_kept == per_layer
     base, moved = predict(model, SHAPE, _plan()), predict(model, SHAPE, _plan(ALL))
     assert all(m.peak < b.peak for m, b in zip(moved, base)), (base, moved)
-    # the bulk tables the planner searches with agree with rank_memory
-    for rank in (0, 1):
-        table = peak_table(layers_for(model, SHAPE, _plan(ALL)), SHAPE, _plan(ALL), rank, 3)
-        for k in range(1, 4):
-            got = rank_memory(layers_for(model, SHAPE, _plan(ALL)), SHAPE, _plan(ALL), rank, (k,))
-            assert table[k] == got.peak, (rank, k)
+    # the bulk tables the planner searches with agree with rank_memory, with one chunk per rank
+    # and with two (the kept groups then belong to the last chunk with layers)
+    interleaved = _plan(ALL).replace(vpp=2, layers_per_stage=(1, 1, 1, 1))
+    for plan in (_plan(ALL), interleaved):
+        layers = layers_for(model, SHAPE, plan)
+        for rank in (0, 1):
+            table = peak_table(layers, SHAPE, plan, rank, 3)
+            for counts in itertools.product(range(4), repeat=plan.vpp):
+                got = rank_memory(layers, SHAPE, plan, rank, counts).peak
+                assert table[counts] == got, (plan.vpp, rank, counts)
+
+
+def test_the_kept_groups_count_once_a_micro_batch_of_their_chunk_is_alive():
+    """megatron-core keeps the last groups of the first chunk in backward order with groups (the
+    last with layers in forward order). At a forward they are on the device beside what runs
+    only once a micro-batch of that chunk has run its forward: before its first forward none is
+    kept, and during that forward its groups are in the forward's own peak (counting them again
+    forecast the MTP functional test's last stage 13% high)."""
+    from capture_megatron.predict.offload import Kept, rank_kept
+
+    keep = rank_kept([5.0, 7.0, 0.0])
+    assert keep == Kept(7.0, 1)
+    assert keep.at("F", (2, 0, 0)) == 0.0
+    assert keep.at("F", (2, 1, 0)) == keep.at("F", (0, 2, 1)) == 7.0
+    assert keep.at("B", (2, 1, 0)) == keep.at("M", (2, 1, 0)) == 0.0
+    assert rank_kept([0.0, 0.0]) == Kept() and Kept().at("F", (1,)) == 0.0
 
 
 @pytest.mark.slow
@@ -169,23 +190,28 @@ def test_megatron_core_rules_are_one_paragraph():
     assert ActivationOffload(False, ("attn_proj",)).groups == ()
 
 
-CASE = "gpt3_moe_mcore_te_tp2_pp2_ep4_etp1_no_mtp_no_a2a_ovlp_fine_grained_offloading"
-"""Megatron-LM core_v0.16.1's development functional test with fine-grained offloading of every
-group (MLA, 32 experts over EP 4, TP 2 + SP, PP 2 x VPP 4, an unfused attention core)."""
+CASES = (
+    "gpt3_moe_mcore_te_tp2_pp2_ep4_etp1_no_mtp_no_a2a_ovlp_fine_grained_offloading",
+    "gpt3_moe_mcore_te_tp2_pp2_ep4_etp1_fine_grained_offloading",
+)
+"""Megatron-LM core_v0.16.1's functional tests with fine-grained offloading of every group (MLA,
+32 experts over EP 4, TP 2 + SP, PP 2 x VPP 4, an unfused attention core); the second with an
+MTP layer alone in the last stage's last chunk and the EP all-to-all overlap's schedule."""
 
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("forecasts")  # with the other forecasts: tests/conftest.py
-def test_megatron_lms_fine_grained_offloading_case_within_10_percent(forecast_cache, monkeypatch):
+def test_megatron_lms_fine_grained_offloading_cases_within_10_percent(forecast_cache, monkeypatch):
     monkeypatch.setenv("CAPTURE_MEGATRON_CACHE", forecast_cache)
     path = Path(__file__).parents[2] / "bench" / "conformance.py"
     spec = importlib.util.spec_from_file_location("conformance", path)
     assert spec and spec.loader
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    (case,) = [c for c in bench.cases(("moe",)) if c["name"] == CASE]
-    row = bench.predict_case(case, "fake-cuda")
-    assert abs(row["error"]) <= 0.10, row
+    by_name = {c["name"]: c for c in bench.cases(("moe",)) if c["name"] in CASES}
+    rows = [bench.predict_case(by_name[name], "fake-cuda") for name in CASES]
+    assert all(abs(r["error"]) <= 0.10 for r in rows), rows
+    case, row = by_name[CASES[0]], rows[0]
     # without the flag the same line forecasts far more: offloading is what brings it down
     argv = [a for a in case["argv"] if a != "--fine-grained-activation-offloading"]
     plain = bench.predict_case({**case, "argv": argv}, "fake-cuda")

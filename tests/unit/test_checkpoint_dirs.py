@@ -11,9 +11,16 @@ from pathlib import Path
 
 import pytest
 
+from capture_megatron.config import CheckpointOptions
 from capture_megatron.errors import CaptureError
 from capture_megatron.train.checkpoint import verify as ckpt_verify
-from capture_megatron.train.checkpoint.directory import REPLACED, TRACKER, recover, resume_point
+from capture_megatron.train.checkpoint.directory import (
+    REPLACED,
+    TRACKER,
+    recover,
+    refuse_replacing_later,
+    resume_point,
+)
 
 
 def _checkpoint(root: Path, it: int, payload: bytes = b"weights") -> Path:
@@ -73,6 +80,40 @@ def test_resume_point_falls_back_past_damage(tmp_path):
     (tmp_path / "iter_0000002" / "__0_0.distcp").write_bytes(b"x")
     with pytest.raises(CaptureError, match="no complete checkpoint there can be trusted"):
         resume_point(str(tmp_path), _by_hash)
+
+
+def test_ckpt_step_resumes_from_the_named_iteration_or_refuses(tmp_path):
+    """--ckpt-step N takes iteration N as Megatron-LM does (the tracker is not read), and never
+    another one in its place: a missing or damaged N is one paragraph naming the complete ones."""
+    for it in (2, 4, 6):
+        _checkpoint(tmp_path, it)
+    (tmp_path / "iter_0000008.partial").mkdir()
+    assert resume_point(str(tmp_path), _by_hash, step=4) == (4, "")  # no tracker needed
+    (tmp_path / TRACKER).write_text("6")
+    assert resume_point(str(tmp_path), _by_hash, step=2) == (2, "")
+    with pytest.raises(CaptureError, match=r"no complete checkpoint of iteration 8 there "
+                       r"\(complete ones: 2, 4, 6\)"):  # fmt: skip
+        resume_point(str(tmp_path), _by_hash, step=8)
+    (tmp_path / "iter_0000004" / "__0_0.distcp").write_bytes(b"x" * 700)
+    with pytest.raises(CaptureError, match="iteration 4: __0_0.distcp does not match") as err:
+        resume_point(str(tmp_path), _by_hash, step=4)
+    assert "not replaced by another iteration" in str(err.value)
+    with pytest.raises(CaptureError, match="complete ones: none"):
+        resume_point(str(tmp_path / "empty"), _by_hash, step=1)
+
+
+def test_a_ckpt_step_resume_never_saves_over_later_checkpoints(tmp_path):
+    for it in (2, 4, 6):
+        _checkpoint(tmp_path, it)
+    root = str(tmp_path)
+    with pytest.raises(CaptureError, match=r"later checkpoints \(iterations 4, 6\)"):
+        refuse_replacing_later(root, root + "/.", 2)
+    refuse_replacing_later(root, root, 6)  # nothing after it
+    refuse_replacing_later(str(tmp_path / "other"), root, 2)  # saved elsewhere
+    refuse_replacing_later(root, root, None)  # the newest is resumed: Megatron-LM's own rule
+    with pytest.raises(CaptureError, match="no --load directory"):
+        CheckpointOptions(ckpt_step=2).require_trainable()
+    CheckpointOptions(load=root, ckpt_step=0).require_trainable()
 
 
 def test_tracker_problems_are_one_paragraph(tmp_path):

@@ -152,6 +152,7 @@ def test_requeue_turns_on_megatrons_exit_signal_handler():
         ({}, [], "--requeue needs --save DIR"),
         ({"save": "/c", "finetune": True}, [], "--finetune would apply to every requeued start"),
         ({"save": "/c", "no_load_optim": True}, [], "--no-load-optim would apply"),
+        ({"save": "/c", "load": "/c", "ckpt_step": 4}, [], "--ckpt-step would apply"),
         ({"save": "/c"}, ["--exit-signal", "SIGTERM"], "--exit-signal SIGTERM: --requeue signals"),
     ],
 )

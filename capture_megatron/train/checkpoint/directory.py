@@ -79,11 +79,15 @@ def quick_check(directory: str) -> list[str]:
 
 
 def resume_point(
-    root: str, check: Callable[[str], list[str]] = quick_check
+    root: str, check: Callable[[str], list[str]] = quick_check, step: int | None = None
 ) -> tuple[int | None, str]:
     """(iteration, note): the newest complete checkpoint under `root` (up to the tracker's) whose
     files pass `check`, and the paragraph saying which damaged ones were skipped ('' when none);
-    (None, '') without a tracker; CaptureError when every one is damaged."""
+    (None, '') without a tracker; CaptureError when every one is damaged. With `step`
+    (--ckpt-step) that iteration's checkpoint, as Megatron-LM loads it without reading the
+    tracker, or CaptureError when it is missing or damaged (no other one is taken instead)."""
+    if step is not None:
+        return _chosen_step(root, step, check), ""
     newest = tracked_iteration(root)
     if newest is None:
         return None, ""
@@ -100,3 +104,50 @@ def latest_iteration(root: str) -> int | None:
     """The newest complete checkpoint whose sizes and small files match their checksums (cheap:
     for messages; a resume checks more, resume_point), or None."""
     return resume_point(root, ckpt_verify.quick_problems)[0]
+
+
+def _complete(root: str) -> list[int]:
+    """Every published checkpoint's iteration under `root`, newest first."""
+    return ckpt_verify.complete_iterations(root, 1 << 62)
+
+
+def _listed(iterations: list[int]) -> str:
+    """Iterations in words, oldest first."""
+    return ", ".join(map(str, sorted(iterations))) if iterations else "none"
+
+
+def _chosen_step(root: str, step: int, check: Callable[[str], list[str]]) -> int:
+    """The --ckpt-step checkpoint `step` under `root`, checked by `check`."""
+    recover(root, step)
+    if step not in _complete(root):
+        raise CaptureError(
+            f"--load {root} --ckpt-step {step}: there is no complete checkpoint of iteration "
+            f"{step} there (complete ones: {_listed(_complete(root))}). Name one of those, or "
+            "leave --ckpt-step out to resume from the newest."
+        )
+    problems = check(iteration_dir(root, step))
+    if problems:
+        raise CaptureError(
+            f"--load {root} --ckpt-step {step}: the checkpoint is damaged "
+            f"({ckpt_verify.damage_text(step, problems)}); it is not replaced by another "
+            "iteration since --ckpt-step names this one. Restore its files from a copy, or name "
+            f"another iteration (complete ones: {_listed(_complete(root))})."
+        )
+    return step
+
+
+def refuse_replacing_later(save: str, load: str, step: int | None) -> None:
+    """CaptureError when a --ckpt-step resume would save over later checkpoints: --save is the
+    --load directory and holds complete checkpoints after `step`, which this run's saves (and the
+    tracker) would replace as it reaches their iterations."""
+    if step is None or not save or not load or os.path.realpath(save) != os.path.realpath(load):
+        return
+    later = [it for it in _complete(load) if it > step]
+    if later:
+        raise CaptureError(
+            f"--ckpt-step {step} resumes from iteration {step} of {load}, which also holds later "
+            f"checkpoints (iterations {_listed(later)}); saving into the same directory (--save "
+            f"{save}) would replace them as this run reaches those iterations, and its tracker "
+            "would name this run's newest. Give --save another directory to keep them, or "
+            "remove them first."
+        )

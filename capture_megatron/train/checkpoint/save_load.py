@@ -43,6 +43,7 @@ from capture_megatron.train.checkpoint.directory import (
     latest_iteration,
     quick_check,
     recover,
+    refuse_replacing_later,
     resume_point,
 )
 from capture_megatron.train.checkpoint.rechain import plain_values, rechained_common
@@ -257,15 +258,17 @@ def _content_metadata(plan: ParallelPlan) -> dict:
 
 
 def load_checkpoint(cfg: TrainConfig, trainer: Trainer) -> tuple[int, int]:
-    """Resume from the newest complete checkpoint in --load; returns (iteration,
-    consumed_samples). What the resume may change is checked first (train.resume)."""
+    """Resume from the newest complete checkpoint in --load (or --ckpt-step's); returns
+    (iteration, consumed_samples). What the resume may change is checked first
+    (train.resume)."""
     from megatron.core import dist_checkpointing
     from megatron.core.utils import unwrap_model
 
     from capture_megatron.train.dist_env import is_logging_rank
 
     opts, plan = cfg.checkpoint, cfg.plan
-    iteration, note = resume_point(opts.load, _rank_check)
+    refuse_replacing_later(opts.save, opts.load, opts.ckpt_step)
+    iteration, note = resume_point(opts.load, _rank_check, opts.ckpt_step)
     if iteration is None:
         if opts.exit_on_missing_checkpoint:
             raise CaptureError(f"--load {opts.load}: no checkpoint found ({TRACKER} missing)")
@@ -371,11 +374,14 @@ def _restore_rng(state: dict) -> None:
 
 
 def preflight(cfg: TrainConfig) -> None:
-    """Before launching: check the newest checkpoint under --load against `cfg` (nothing to
-    check without --load or when it holds no checkpoint yet)."""
+    """Before launching: check the checkpoint a resume starts from (the newest under --load, or
+    --ckpt-step's) against `cfg` (nothing to check without --load or when it holds no checkpoint
+    yet)."""
     if not cfg.checkpoint.load:
         return
-    iteration, _ = resume_point(cfg.checkpoint.load)  # the ranks print any fall-back
+    opts = cfg.checkpoint
+    refuse_replacing_later(opts.save, opts.load, opts.ckpt_step)
+    iteration, _ = resume_point(opts.load, step=opts.ckpt_step)  # the ranks print any fall-back
     if iteration is None:
         return
     path = iteration_dir(cfg.checkpoint.load, iteration)
