@@ -20,10 +20,11 @@ import sys
 import threading
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_NAME = 15
 _PR_SET_CHILD_SUBREAPER = 36
 
 
-def _prctl(option: int, value: int) -> bool:
+def _prctl(option: int, value: int | bytes) -> bool:
     if not sys.platform.startswith("linux"):
         return False
     try:
@@ -38,6 +39,12 @@ def die_with_parent(parent: int) -> None:
     start-up) is gone already."""
     if _prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL)) and os.getppid() != parent:
         os._exit(1)
+
+
+def name_this_process(name: str) -> bool:
+    """Set the name `ps`, `top` and psutil show for this process (at most 15 bytes are kept): a
+    rank forked from its launcher would otherwise show the launcher's; False where unsupported."""
+    return _prctl(_PR_SET_NAME, name.encode()[:15])
 
 
 def adopt_orphans() -> bool:

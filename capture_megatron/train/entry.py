@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import signal
 import sys
 import threading
 from typing import NoReturn
@@ -24,6 +25,9 @@ from capture_megatron.train.dist_env import read_env
 
 PARENT = os.getppid()
 """The process that started this one (torchrun's agent), read at import."""
+_IMPORTED_IN = os.getpid()
+"""The process that imported this module: torchrun's agent when the rank was forked from it
+(train.preloaded), where PARENT is the agent's own parent."""
 
 
 def build_parser(
@@ -91,8 +95,10 @@ def _eager_on_cpu() -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the process exit code (2 for bad input, printed once)."""
     argv = sys.argv[1:] if argv is None else argv
+    if forked_rank():
+        _undo_the_launchers_state()
     if "TORCHELASTIC_RUN_ID" in os.environ:  # a torchrun rank: never outlive torchrun
-        lifeline.die_with_parent(PARENT)
+        lifeline.die_with_parent(_launcher())
         lifeline.forks_die_with_this()  # nor its forked checkpoint writers
     quiet.install()  # before megatron-core is imported: some of its warnings come at import
     env = read_env()
@@ -111,16 +117,48 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def forked_rank() -> bool:
+    """Whether this rank was forked from the torchrun agent that imported this module
+    (train.preloaded) rather than started as a Python of its own."""
+    return os.getpid() != _IMPORTED_IN
+
+
+def _launcher() -> int:
+    """The pid of the torchrun agent that started this rank."""
+    if not forked_rank():
+        return PARENT
+    import multiprocessing
+
+    agent = multiprocessing.parent_process()  # known from the fork, not read after it
+    return agent.pid if agent is not None and agent.pid is not None else os.getppid()
+
+
+def _undo_the_launchers_state() -> None:
+    """What a forked rank inherits from torchrun's agent and a rank of its own would not have:
+    the agent's exit handlers, and its signal handlers (torchrun's, which turn SIGTERM into an
+    exception: a rank stopped by SIGTERM would print a traceback instead of ending), and its name
+    (the rank is named `rank N` instead)."""
+    atexit._clear()
+    lifeline.name_this_process(f"rank {os.environ.get('RANK', '?')}")
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def end_process(code: int) -> NoReturn:
     """Exit with `code` as the interpreter would, without its teardown: the threads it would join
     are joined, the exit handlers run (multiprocessing's, whose checkpoint-writer Manager shuts
     down; logging's; temporary files'), stdout and stderr are flushed, and then the process ends
     without freeing its ~300k objects one by one (about 1.5 s of CPU a rank on this machine, of a
-    5-7 s rank; a killed run never gets here, and a traceback exits the usual way)."""
+    5-7 s rank; a killed run never gets here, and a traceback exits the usual way). A forked rank
+    (train.preloaded) raises SystemExit instead: torchrun's worker function must return its result
+    to the agent, and its process then ends the same way, without teardown."""
     for thread in threading.enumerate():
         if thread is not threading.current_thread() and not thread.daemon:
             thread.join()
     atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()
+    if forked_rank():  # torchrun's worker ends it, without teardown, once it has the result
+        raise SystemExit(code)
     os._exit(code)

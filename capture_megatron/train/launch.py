@@ -20,24 +20,29 @@ from capture_megatron.train.job import run_job
 
 
 def torchrun_command(
-    nproc: int, train_args: list[str], standalone: bool = True, log_dir: str = ""
+    nproc: int,
+    train_args: list[str],
+    standalone: bool = True,
+    log_dir: str = "",
+    fork: bool = False,
 ) -> list[str]:
     """The torchrun command line that runs pretrain_gpt with `train_args` on one node
-    (`log_dir`: torchrun's, instead of a torchelastic_* directory it leaves in the temp dir)."""
-    cmd = [sys.executable, "-m", "torch.distributed.run"]
+    (`log_dir`: torchrun's, instead of a torchelastic_* directory it leaves in the temp dir;
+    `fork`: CPU ranks forked from a torchrun that imported torch and megatron-core once, see
+    train.preloaded, instead of each importing them in a Python of its own)."""
+    if fork:
+        from capture_megatron.train.preloaded import PRETRAIN_SCRIPT
+
+        cmd = [sys.executable, "-m", "capture_megatron.train.preloaded"]
+        entry = ["--start-method", "fork", "--run-path", PRETRAIN_SCRIPT]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run"]
+        entry = ["-m", "capture_megatron.pretrain_gpt"]
     if standalone:
         cmd.append("--standalone")
     if log_dir:
         cmd += ["--log-dir", log_dir]
-    return cmd + [
-        "--nproc-per-node",
-        str(nproc),
-        "--max-restarts",
-        "0",
-        "-m",
-        "capture_megatron.pretrain_gpt",
-        *train_args,
-    ]
+    return cmd + ["--nproc-per-node", str(nproc), "--max-restarts", "0", *entry, *train_args]
 
 
 def validate(nproc: int, train_args: list[str]) -> TrainConfig:
@@ -70,6 +75,12 @@ def validate(nproc: int, train_args: list[str]) -> TrainConfig:
     return cfg
 
 
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def run_torchrun(
     nproc: int, train_args: list[str], timeout: float | None = None, env: dict | None = None
 ) -> int:
@@ -81,7 +92,7 @@ def run_torchrun(
     run = cfg.run
     handled = signal.Signals[run.exit_signal] if run.exit_signal_handler else None
     with tempfile.TemporaryDirectory(prefix="capture-megatron-torchrun-") as logs:
-        cmd = torchrun_command(nproc, train_args, log_dir=logs)
+        cmd = torchrun_command(nproc, train_args, log_dir=logs, fork=not _has_cuda())
         return run_job(cmd, full_env, timeout, handled)
 
 

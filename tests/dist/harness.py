@@ -69,9 +69,12 @@ def train(
     name: str,
     timeout: float = 300,
     env: dict | None = None,
+    fork: bool = True,
 ) -> Run:
-    """Run pretrain_gpt on `nproc` gloo ranks with --memory-report; returns the finished Run."""
-    return _run(lambda a: torchrun_command(nproc, a), args, workdir, name, timeout, env)
+    """Run pretrain_gpt on `nproc` gloo ranks with --memory-report, forked from a preloaded
+    torchrun as `capture-megatron train` starts them on a machine without CUDA (`fork` False:
+    each rank a Python of its own, as on a GPU machine); returns the finished Run."""
+    return _run(lambda a: torchrun_command(nproc, a, fork=fork), args, workdir, name, timeout, env)
 
 
 def train_single(args: list[str], workdir: str, name: str, timeout: float = 300) -> Run:

@@ -23,10 +23,14 @@ LONG = ["--train-iters", "400", "--lr-decay-iters", "400", "--pipeline-model-par
 
 
 def _worker(root: psutil.Process, rank: int) -> psutil.Process:
+    """The rank's process: forked from a preloaded torchrun, it is named for its rank (its
+    environment as psutil reads it is the launcher's); started by torchrun, its environment
+    names it."""
     for child in root.children(recursive=True):
         try:
-            if child.environ().get("RANK") == str(rank) and "pretrain_gpt" in " ".join(
-                child.cmdline()
+            if child.name() == f"rank {rank}" or (
+                child.environ().get("RANK") == str(rank)
+                and "pretrain_gpt" in " ".join(child.cmdline())
             ):
                 return child
         except psutil.Error:

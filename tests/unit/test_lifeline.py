@@ -65,3 +65,14 @@ def _children_after_parent_killed(mode: str, wait: float) -> tuple[bool, bool]:
 def test_children_forked_from_the_main_thread_die_with_their_parent():
     assert _children_after_parent_killed("plain", 1.0) == (True, True)  # fork drops PDEATHSIG
     assert _children_after_parent_killed("hooked", 10.0) == (False, True)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_NAME is Linux's")
+def test_a_named_process_shows_its_name():
+    """A rank forked from its launcher names itself (train.entry): ps and psutil show the name."""
+    code = (
+        "import psutil; from capture_megatron.megatron.lifeline import name_this_process; "
+        "print(name_this_process('rank 12 of a long name'), psutil.Process().name())"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["True", "rank", "12", "of", "a", "lo"]  # the first 15 bytes
