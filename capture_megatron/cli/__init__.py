@@ -12,6 +12,7 @@ import importlib
 import signal
 import sys
 from types import FrameType
+from typing import NoReturn
 
 from capture_megatron.errors import CaptureError, Stopped
 from capture_megatron.megatron import quiet
@@ -99,6 +100,14 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 128 + stop.signum
+
+
+def run() -> NoReturn:
+    """The console script: main(), then exit without the teardown of what the command imported
+    (torch, megatron-core: about 1 s of CPU; capture_megatron.megatron.lifeline.exit_now)."""
+    from capture_megatron.megatron.lifeline import exit_now
+
+    exit_now(main())
 
 
 def _stop(signum: int, frame: FrameType | None) -> None:

@@ -1,7 +1,5 @@
 """`python -m capture_megatron.cli`: the console script."""
 
-import sys
+from capture_megatron.cli import run
 
-from capture_megatron.cli import main
-
-sys.exit(main())
+run()

@@ -21,6 +21,8 @@ import importlib
 import os
 import sys
 
+from capture_megatron.megatron.lifeline import exit_now
+
 PRETRAIN_SCRIPT = os.path.join(os.path.dirname(os.path.dirname(__file__)), "pretrain_gpt.py")
 """The training entry point as a file: what torchrun's --run-path runs in each forked rank."""
 
@@ -54,7 +56,8 @@ def preload() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Preload, then run torchrun's main with `argv` (default: this process's arguments)."""
+    """Preload, then run torchrun's main with `argv` (default: this process's arguments); a
+    failed job exits as torchrun's does (its report, exit code 1)."""
     preload()
     # a forked rank keeps this process's streams: flush each line as `python -u` ranks would
     for stream in (sys.stdout, sys.stderr):
@@ -68,3 +71,4 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+    exit_now(0)  # a finished job: without the teardown of what was preloaded
