@@ -11,6 +11,7 @@ import platform
 
 from report_gpu import gpu_sections
 from report_inputs import hf_planned_section, inputs_section
+from report_launch import rank_start_section
 from report_moe import moe_sections
 from report_offload import offload_sections
 from report_planner import planner_sections
@@ -343,6 +344,7 @@ def main() -> None:
     )
     text += offload_sections(ROOT)
     text += gpu_sections(ROOT)
+    text += rank_start_section(ROOT)
     text += (
         "\n\n## Profiling cost (probes for every TP the search considers; fresh cache)\n\n"
         + "\n".join(profile_cost_table(part))

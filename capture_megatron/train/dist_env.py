@@ -22,7 +22,8 @@ class DistEnv:
     master_addr: str
     """Rendezvous host (MASTER_ADDR, else the first host of SLURM_JOB_NODELIST)."""
     master_port: int
-    """Rendezvous port (MASTER_PORT, else 29500 + SLURM_JOB_ID % 1000)."""
+    """Rendezvous port (MASTER_PORT, else 29500 + SLURM_JOB_ID % 1000; a single process without
+    MASTER_PORT: 0, no port, its store is in memory)."""
     source: str
     """torchrun, slurm or single (no launcher: one process)."""
 
@@ -61,17 +62,8 @@ def read_env(environ: dict | None = None) -> DistEnv:
             int(port),
             "slurm",
         )
-    port = int(env.get("MASTER_PORT", 0)) or free_port()
+    port = int(env.get("MASTER_PORT", 0))
     return DistEnv(0, 1, 0, env.get("MASTER_ADDR", "127.0.0.1"), port, "single")
-
-
-def free_port() -> int:
-    """An unused TCP port on this host (for single-process runs and launchers)."""
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def init_distributed(env: DistEnv, backend: str = "") -> str:
@@ -89,14 +81,22 @@ def init_distributed(env: DistEnv, backend: str = "") -> str:
         )
     if use_cuda:
         torch.cuda.set_device(env.local_rank % torch.cuda.device_count())
-    if not torch.distributed.is_initialized():
-        torch.distributed.init_process_group(
-            backend=backend,
-            init_method=f"tcp://{env.master_addr}:{env.master_port}",
-            rank=env.rank,
-            world_size=env.world_size,
-            timeout=datetime.timedelta(minutes=10),
-        )
+    if torch.distributed.is_initialized():
+        return backend
+    # a group of one without MASTER_PORT keeps its store in memory: a free port looked up first
+    # could be taken by another process before the store listened on it (EADDRINUSE)
+    where: dict = (
+        {"store": torch.distributed.HashStore()}
+        if env.world_size == 1 and env.master_port == 0
+        else {"init_method": f"tcp://{env.master_addr}:{env.master_port}"}
+    )
+    torch.distributed.init_process_group(
+        backend=backend,
+        rank=env.rank,
+        world_size=env.world_size,
+        timeout=datetime.timedelta(minutes=10),
+        **where,
+    )
     return backend
 
 
