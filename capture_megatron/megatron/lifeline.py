@@ -87,12 +87,10 @@ def forks_die_with_this() -> None:
     )
 
 
-def exit_now(code: int) -> NoReturn:
-    """Exit with `code` as the interpreter would, without its teardown: the threads it would join
-    are joined, the exit handlers run (multiprocessing's, whose checkpoint-writer Manager shuts
-    down; logging's; temporary files'; kept profiling workers'), stdout and stderr are flushed,
-    and then the process ends without freeing its objects one by one (a process that imported
-    torch and megatron-core holds ~300k: about 1 s of CPU on a 2-core machine)."""
+def finish() -> None:
+    """What the interpreter does at exit before its teardown: the threads it would join are
+    joined, the exit handlers run (multiprocessing's, whose checkpoint-writer Manager shuts down;
+    logging's; temporary files'; kept profiling workers'), stdout and stderr are flushed."""
     import atexit
 
     for thread in threading.enumerate():
@@ -102,4 +100,11 @@ def exit_now(code: int) -> NoReturn:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # a reader gone (`| head`), a closed stream
             stream.flush()
+
+
+def exit_now(code: int) -> NoReturn:
+    """Exit with `code` as the interpreter would (finish), without its teardown: the process
+    ends without freeing its objects one by one (a process that imported torch and megatron-core
+    holds ~300k: about 1 s of CPU on a 2-core machine)."""
+    finish()
     os._exit(code)

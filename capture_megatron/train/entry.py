@@ -12,7 +12,6 @@ import atexit
 import os
 import signal
 import sys
-import threading
 from typing import NoReturn
 
 from capture_megatron.config import TrainConfig
@@ -153,10 +152,5 @@ def end_process(code: int) -> NoReturn:
     must return its result to the agent, and its process then ends without teardown too."""
     if not forked_rank():
         lifeline.exit_now(code)
-    for thread in threading.enumerate():
-        if thread is not threading.current_thread() and not thread.daemon:
-            thread.join()
-    atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    lifeline.finish()
     raise SystemExit(code)
