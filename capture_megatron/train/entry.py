@@ -12,6 +12,7 @@ import atexit
 import os
 import signal
 import sys
+import time
 from typing import NoReturn
 
 from capture_megatron.config import TrainConfig
@@ -27,6 +28,21 @@ PARENT = os.getppid()
 _IMPORTED_IN = os.getpid()
 """The process that imported this module: torchrun's agent when the rank was forked from it
 (train.preloaded), where PARENT is the agent's own parent."""
+
+
+LOST_PEER_WAIT = 3.0
+"""Seconds a torchrun rank waits before raising when a collective failed because a peer process
+went away (lost_a_peer). torchrun's agent checks its ranks every 0.1 s and stops them all once one
+has ended; it names the first it saw end as the root cause, and with forked ranks (train.preloaded)
+only that one. Without the wait, a rank whose peer was killed could end first and be named."""
+
+_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
+"""What gloo's transport says when the process at the other end of a connection ended."""
+
+
+def lost_a_peer(err: BaseException) -> bool:
+    """Whether `err` is a collective's failure because another rank's process ended."""
+    return any(words in str(err) for words in _PEER_GONE)
 
 
 def build_parser(
@@ -107,6 +123,10 @@ def main(argv: list[str] | None = None) -> int:
         from capture_megatron.train.run import run_training
 
         run_training(cfg, env)
+    except RuntimeError as err:
+        if "TORCHELASTIC_RUN_ID" in os.environ and lost_a_peer(err):
+            time.sleep(LOST_PEER_WAIT)  # torchrun stops this rank meanwhile, naming the peer
+        raise
     except CaptureError as err:
         if env.rank == 0:
             print(f"error: {err}", file=sys.stderr, flush=True)
