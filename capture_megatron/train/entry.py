@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         run_training(cfg, env)
     except RuntimeError as err:
         if "TORCHELASTIC_RUN_ID" in os.environ and lost_a_peer(err):
-            time.sleep(LOST_PEER_WAIT)  # torchrun stops this rank meanwhile, naming the peer
+            time.sleep(LOST_PEER_WAIT)  # torchrun stops it meanwhile, naming the rank that died
         raise
     except CaptureError as err:
         if env.rank == 0:
