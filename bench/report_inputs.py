@@ -3,8 +3,7 @@
 
 from __future__ import annotations
 
-import json
-import os
+from report_results import read_result
 
 TITLES = {
     "megatron_lm_examples": "Megatron-LM's example launch lines (core_v0.16.1)",
@@ -52,18 +51,9 @@ def inputs_tables(data: dict) -> list[str]:
     return out
 
 
-def _results(root: str, name: str) -> dict | None:
-    """bench/results/<name>.json, or None when its bench has not run."""
-    path = os.path.join(root, "bench", "results", f"{name}.json")
-    if not os.path.exists(path):
-        return None
-    with open(path) as f:
-        return json.load(f)
-
-
 def inputs_section(root: str) -> str:
     """The section's markdown ('' when the bench has not run)."""
-    data = _results(root, "inputs")
+    data = read_result(root, "inputs")
     if data is None:
         return ""
     return (
@@ -75,7 +65,7 @@ def inputs_section(root: str) -> str:
 
 def hf_planned_section(root: str) -> str:
     """Today's published models planned (bench/hf_planned.py; '' when it has not run)."""
-    data = _results(root, "hf_planned")
+    data = read_result(root, "hf_planned")
     if data is None:
         return ""
     out = [

@@ -3,17 +3,14 @@ written by bench/rank_start.py; see bench/report.py)."""
 
 from __future__ import annotations
 
-import json
-import os
+from report_results import read_result
 
 
 def rank_start_section(root: str) -> str:
     """The table of exec'd against forked CPU ranks, or nothing before the bench has run."""
-    path = os.path.join(root, "bench/results/rank_start.json")
-    if not os.path.exists(path):
+    data = read_result(root, "rank_start")
+    if data is None:
         return ""
-    with open(path) as f:
-        data = json.load(f)
     out = [
         "\n\n## Starting a CPU training job: ranks as Pythons of their own or forked "
         "(bench/rank_start.py)\n",

@@ -3,8 +3,7 @@ bench/results/moe_cp_cpu.json and moe_plans.json; see bench/report.py)."""
 
 from __future__ import annotations
 
-import json
-import os
+from report_results import read_result
 
 NAMES = ("uniform", "megatron-first-last", "deepspeed-parameters")
 
@@ -169,37 +168,28 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-def _result(root: str, name: str) -> dict | None:
-    """bench/results/`name`, or None when that bench has not been run."""
-    path = os.path.join(root, "bench/results", name)
-    if not os.path.exists(path):
-        return None
-    with open(path) as f:
-        return json.load(f)
-
-
 def moe_sections(root: str) -> str:
     """The sections whose results exist ('' when none)."""
     text = ""
-    data = _result(root, "moe_cp_cpu.json")
+    data = read_result(root, "moe_cp_cpu")
     if data is not None:
         text += (
             "\n\n## Mixture-of-experts and context parallelism on the CPU (bench/moe_cp_cpu.py)"
             "\n\n" + "\n".join(moe_cp_tables(data)) + "\n"
         )
-    data = _result(root, "moe_routing.json")
+    data = read_result(root, "moe_routing")
     if data is not None:
         text += (
             "\n## The default dropless MoE forecast: routing statistics measured on the CPU "
             "(bench/moe_routing.py)\n\n" + "\n".join(routing_tables(data)) + "\n"
         )
-    data = _result(root, "moe_default.json")
+    data = read_result(root, "moe_default")
     if data is not None:
         text += (
             "\n## Published MoE setups at the default forecast (bench/moe_default.py; GPU kernel "
             "set, 80 GiB GPUs)\n\n" + "\n".join(default_table(data)) + "\n"
         )
-    data = _result(root, "moe_plans.json")
+    data = read_result(root, "moe_plans")
     if data is not None:
         text += (
             "\n## Mixture-of-experts plans at scale, balanced vs uniform (bench/moe_plans.py; "

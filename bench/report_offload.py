@@ -3,9 +3,9 @@ bench/results/offload_gpus.json, written by bench/offload_gpus.py; see bench/rep
 
 from __future__ import annotations
 
-import json
-import os
 from typing import Any
+
+from report_results import read_result
 
 DEEPSEEK = (
     "DeepSeek-V3 itself (tests/data/hf_configs/DeepSeek-V3.json: MLA, 256 routed experts, MTP) was "
@@ -101,11 +101,9 @@ def offload_table(data: dict[str, Any]) -> list[str]:
 
 def offload_sections(root: str) -> str:
     """The section, or '' when the bench has not run."""
-    path = os.path.join(root, "bench/results/offload_gpus.json")
-    if not os.path.exists(path):
+    data = read_result(root, "offload_gpus")
+    if data is None:
         return ""
-    with open(path) as f:
-        data = json.load(f)
     return "\n\n## Fewest GPUs of 80 GiB with offload (bench/offload_gpus.py)\n\n" + "\n".join(
         offload_table(data)
     )

@@ -3,8 +3,7 @@ bench/results/planner_recipes.json, written by bench/planner_recipes.py; see ben
 
 from __future__ import annotations
 
-import json
-import os
+from report_results import read_result
 
 GIB = 2**30
 
@@ -91,11 +90,9 @@ def fixed_table(data: dict) -> list[str]:
 
 def planner_sections(root: str) -> str:
     """The section's markdown ('' when the bench has not run)."""
-    path = os.path.join(root, "bench/results/planner_recipes.json")
-    if not os.path.exists(path):
+    data = read_result(root, "planner_recipes")
+    if data is None:
         return ""
-    with open(path) as f:
-        data = json.load(f)
     text = "\n## Planner vs NVIDIA's recipes (bench/planner_recipes.py)\n\n"
     text += "\n".join(recipe_table(data)) + "\n"
     if data.get("complete") is False:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 
+from report_results import read_result
+
 GIB = 2**30
 
 
@@ -81,11 +83,9 @@ def recipe_tables(data: dict) -> list[str]:
 
 def step_time_sections(root: str) -> str:
     """The markdown of the step-time sections ('' when the bench has not run)."""
-    path = os.path.join(root, "bench/results/step_time.json")
-    if not os.path.exists(path):
+    data = read_result(root, "step_time")
+    if data is None:
         return ""
-    with open(path) as f:
-        data = json.load(f)
     text = (
         "\n## Step time: the cost model against NVIDIA's measured H100 runs "
         "(bench/step_time.py)\n\n" + "\n".join(calibration_tables(data)) + "\n"
