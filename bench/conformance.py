@@ -20,8 +20,6 @@ re-run one model family, or the --cases named); the summary is recomputed over a
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import json
 import os
 import re
@@ -31,11 +29,8 @@ from typing import Any
 
 from tqdm import tqdm
 
-from capture_megatron.cli.inputs import cluster_of
-from capture_megatron.cli.plan import plan_and_report
-from capture_megatron.cli.predict import build_parser
+import capture_megatron
 from capture_megatron.errors import CaptureError
-from capture_megatron.flags import parser as flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CORPUS = os.path.join(ROOT, "tests", "data", "megatron_lm_functional_tests.json")
@@ -72,11 +67,7 @@ def _predict(case: dict[str, Any], device: str, extra: list[str]):
     argv += ["--cublas-workspace-config", cublas] if cublas else []
     argv += ["--device", device] if device else []
     try:
-        with contextlib.redirect_stdout(io.StringIO()):
-            ns = flags.parse_flags(build_parser(), argv)
-            result = plan_and_report(
-                ns, cluster_of(ns, need_memory=False), ns.device, False, fixed_plan=True
-            )
+        result = capture_megatron.predict(argv)
     except CaptureError as err:
         return str(err)
     return result
@@ -85,7 +76,7 @@ def _predict(case: dict[str, Any], device: str, extra: list[str]):
 def predict_case(case: dict[str, Any], device: str) -> dict[str, Any]:
     """Predict one case verbatim; its last stage's predicted and measured peak (or why refused).
     Dropless MoE cases are predicted at the default routing forecast (measured routing
-    statistics, capture_megatron.predict.routing), with the worst-case bound (every token of an
+    statistics, capture_megatron.forecast.routing), with the worst-case bound (every token of an
     expert's ranks routed to it) and the factors beside them."""
     row = {
         "name": case["name"],

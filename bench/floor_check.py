@@ -24,15 +24,15 @@ from capture_megatron.config.hf import from_hf_config
 from capture_megatron.config.kernels import kernel_set
 from capture_megatron.config.presets import preset
 from capture_megatron.fit import fit
-from capture_megatron.plan.balance import balanced, evaluate_plan
-from capture_megatron.plan.costmodel import CostModel
-from capture_megatron.plan.margins import Margins
-from capture_megatron.plan.planner import DEFAULT_GLOBAL_BATCH
-from capture_megatron.plan.ranktimes import memory_floor
-from capture_megatron.plan.routing import routed
-from capture_megatron.plan.space import Space, candidates
-from capture_megatron.plan.supply import pairs_of
+from capture_megatron.planner.balance import balanced, evaluate_plan
+from capture_megatron.planner.margins import Margins
+from capture_megatron.planner.ranktimes import memory_floor
+from capture_megatron.planner.routing import routed
+from capture_megatron.planner.run import DEFAULT_GLOBAL_BATCH
+from capture_megatron.planner.space import Space, candidates
+from capture_megatron.planner.supply import pairs_of
 from capture_megatron.records import read_records
+from capture_megatron.steptime.model import CostModel
 
 
 def lightest(plan: ParallelPlan) -> ParallelPlan:

@@ -169,10 +169,9 @@ def _dry_source(needs: Any) -> Any:
 
 def run(item: Item, forecast: bool, device: str = "") -> dict[str, Any]:
     """Run one input in-process: {'outcome': accepted / passed-dry / refused / traceback, ...}."""
-    from capture_megatron.cli.inputs import cluster_of
-    from capture_megatron.cli.plan import build_parser as plan_parser
-    from capture_megatron.cli.plan import plan_and_report
-    from capture_megatron.cli.predict import build_parser as predict_parser
+    from capture_megatron.api import forecast, read_request
+    from capture_megatron.api.args import plan_parser, predict_parser
+    from capture_megatron.api.request import cluster_of
     from capture_megatron.errors import CaptureError
     from capture_megatron.flags import parser as flags
     from capture_megatron.megatron import quiet
@@ -190,7 +189,7 @@ def run(item: Item, forecast: bool, device: str = "") -> dict[str, Any]:
             ns = flags.parse_flags((predict_parser if predict else plan_parser)(), argv)
             cluster = cluster_of(ns, need_memory=not predict)
             memory = None if forecast else _dry_source
-            result = plan_and_report(ns, cluster, ns.device, False, predict, memory)
+            result = forecast(read_request(ns, cluster, predict), memory)
     except Dry:
         return {**row, "outcome": "passed-dry"}
     except CaptureError as err:

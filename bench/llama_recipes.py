@@ -16,9 +16,9 @@ import os
 from step_time_rows import rows
 
 from capture_megatron.config import GIB, Cluster, Kernels
-from capture_megatron.plan import PlanOptions, plan
-from capture_megatron.plan.costmodel import CostModel
+from capture_megatron.planner import PlanOptions, plan
 from capture_megatron.profile import memory_source
+from capture_megatron.steptime.model import CostModel
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAMILIES = ("llama3.1-8b", "llama3.1-70b", "llama3.1-405b")

@@ -18,20 +18,15 @@ modelled yet). Writes bench/results/moe_default.json (rendered by bench/report.p
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import json
 import os
 import re
 import sys
 from typing import Any
 
-from capture_megatron.cli.inputs import cluster_of
-from capture_megatron.cli.plan import plan_and_report
-from capture_megatron.cli.predict import build_parser
+import capture_megatron
 from capture_megatron.config import GIB
 from capture_megatron.errors import CaptureError
-from capture_megatron.flags import parser as flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MIXTRAL = """
@@ -85,9 +80,8 @@ def _run(argv: list[str], gpus: int, device: str, fixed: bool) -> tuple[Any, lis
         args = [*argv, "--gpus", str(gpus), "--gpu-memory-gib", "80", "--no-progress"]
         args += ["--device", device] if device else []
         try:
-            with contextlib.redirect_stdout(io.StringIO()):
-                ns = flags.parse_flags(build_parser(), args)
-                return plan_and_report(ns, cluster_of(ns), ns.device, False, fixed), dropped
+            run = capture_megatron.predict if fixed else capture_megatron.plan
+            return run(args), dropped
         except CaptureError as err:
             text = str(err)
             refused = [

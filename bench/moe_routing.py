@@ -1,5 +1,5 @@
 """Benchmark: routing imbalance of aux-loss-balanced MoE training, measured on the CPU; writes the
-statistics the default MoE forecast uses (capture_megatron/predict/moe_routing.json) and the
+statistics the default MoE forecast uses (capture_megatron/forecast/moe_routing.json) and the
 table of docs/BENCHMARKS.md (bench/results/moe_routing.json).
 
 Each run trains a small GPT with real megatron-core MoE layers under capture-megatron's trainer

@@ -1,4 +1,4 @@
-"""Analysis of bench/moe_routing.py's runs: the statistics of capture_megatron/predict/routing.py
+"""Analysis of bench/moe_routing.py's runs: the statistics of capture_megatron/forecast/routing.py
 from per-sequence routing counts, and the check of its formula against the imbalance measured
 directly.
 
@@ -27,7 +27,7 @@ import os
 
 import numpy as np
 
-from capture_megatron.predict.routing import QUANTILE, RunStatistics, max_deviate, measured_sigma
+from capture_megatron.forecast.routing import QUANTILE, RunStatistics, max_deviate, measured_sigma
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHIPPED = os.path.join(ROOT, "capture_megatron", "predict", "moe_routing.json")

@@ -23,14 +23,14 @@ from capture_megatron.cache import records_path
 from capture_megatron.config import GIB, Cluster, Kernels
 from capture_megatron.config.kernels import kernel_set
 from capture_megatron.config.presets import preset as preset_shape
-from capture_megatron.plan.baselines import baselines_for
-from capture_megatron.plan.costmodel import Hardware
-from capture_megatron.plan.margins import Margins
-from capture_megatron.plan.search import balanced, evaluate_plan
-from capture_megatron.plan.space import Space, candidates
-from capture_megatron.plan.supply import needs_of
+from capture_megatron.planner.baselines import baselines_for
+from capture_megatron.planner.margins import Margins
+from capture_megatron.planner.search import balanced, evaluate_plan
+from capture_megatron.planner.space import Space, candidates
+from capture_megatron.planner.supply import needs_of
 from capture_megatron.profile.source import profiled_model
 from capture_megatron.records import read_records
+from capture_megatron.steptime.model import Hardware
 
 PRESETS = (
     "gpt3-1.3b",

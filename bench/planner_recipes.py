@@ -30,12 +30,12 @@ import time
 from step_time_rows import Row, rows
 
 from capture_megatron.config import GIB, Cluster, Kernels, ParallelPlan
-from capture_megatron.config.hardware import Hardware
-from capture_megatron.plan import PlanOptions, Space, plan
-from capture_megatron.plan.costmodel import CostModel
-from capture_megatron.plan.planner import searched_options
-from capture_megatron.plan.space import candidates
+from capture_megatron.planner import PlanOptions, Space, plan
+from capture_megatron.planner.run import searched_options
+from capture_megatron.planner.space import candidates
 from capture_megatron.profile import memory_source
+from capture_megatron.steptime.hardware import Hardware
+from capture_megatron.steptime.model import CostModel
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPES = ("gpt175-v2502-128", "l8b-v2504-8", "l70b-v2504-64", "l405b-v2504-512")

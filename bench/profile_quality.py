@@ -18,7 +18,7 @@ import time
 
 from capture_megatron.fit import fit
 from capture_megatron.fit.timelines.windows import FIELDS, KEPT
-from capture_megatron.predict.heldout import check_records
+from capture_megatron.forecast.heldout import check_records
 from capture_megatron.profile.design import design_shapes, probes_for, variant_tps
 from capture_megatron.profile.session import run_probes
 from capture_megatron.records import ProbeShape, Variant

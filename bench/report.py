@@ -20,7 +20,7 @@ from report_step_time import step_time_sections
 from capture_megatron.config import Kernels
 from capture_megatron.config.presets import preset
 from capture_megatron.fit import shape_sizes
-from capture_megatron.predict import find_variant
+from capture_megatron.forecast import find_variant
 from capture_megatron.profile.source import profiled_model
 from capture_megatron.records import ProbeShape, Variant
 

@@ -117,7 +117,7 @@ def routing_tables(data: dict) -> list[str]:
         "(longer documents may route more alike); and without load balancing (coefficient 0) "
         "nothing evens the routing out: its s is what that CPU run held, not a bound.",
         "",
-        "The formula (capture_megatron/predict/routing.py) against the imbalance measured "
+        "The formula (capture_megatron/forecast/routing.py) against the imbalance measured "
         "directly: the step's sequences grouped into EP groups of the given tokens, the largest "
         "EP rank's tokens over the group's mean per rank, over every step, layer and group.",
         "",

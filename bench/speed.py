@@ -19,11 +19,11 @@ import time
 
 from capture_megatron.config import GIB, Cluster, Kernels
 from capture_megatron.config.presets import preset
-from capture_megatron.plan.margins import Margins
-from capture_megatron.plan.partition import min_max_partition
-from capture_megatron.plan.search import search
-from capture_megatron.plan.space import Space, candidates
-from capture_megatron.plan.supply import needs_of
+from capture_megatron.planner.margins import Margins
+from capture_megatron.planner.partition import min_max_partition
+from capture_megatron.planner.search import search
+from capture_megatron.planner.space import Space, candidates
+from capture_megatron.planner.supply import needs_of
 from capture_megatron.profile.source import profiled_model
 
 GBS = 1536

@@ -1,6 +1,6 @@
 """Calibrate the step-time model on published H100 step times, and report how well it holds out.
 
-Fits the free constants of capture_megatron.plan.costparts (calibration.FITTED) to the development
+Fits the free constants of capture_megatron.steptime.parts (calibration.FITTED) to the development
 set (bench/data/step_times_h100_dev.json: NVIDIA's DGX Cloud benchmarking recipes for GPT-3 175B and
 Llama 3.1 8B / 70B / 405B, Megatron-LM's 7B *_memory_speed functional tests), each row with the
 settings its own recipe config used (bench/data/step_time_recipes.json). Least squares on the log
@@ -11,7 +11,7 @@ configuration as the measurements do. Held out, never read here: every other mod
 Megatron-LM publish step times for.
 
 Writes bench/results/step_time.json and the constants with their provenance into the package
-(capture_megatron/plan/step_time_constants.json).
+(capture_megatron/steptime/constants.json).
 
     python bench/step_time.py
 """
@@ -31,8 +31,8 @@ import numpy as np
 from scipy.optimize import least_squares
 from step_time_rows import DEV, RECIPES, Row, rows
 
-from capture_megatron.plan.calibration import CONSTANTS_FILE, FITTED, Constants
-from capture_megatron.plan.costmodel import CostModel, step_time
+from capture_megatron.steptime.constants import CONSTANTS_FILE, FITTED, Constants
+from capture_megatron.steptime.model import CostModel, step_time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BOUNDS = {

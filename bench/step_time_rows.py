@@ -8,12 +8,12 @@ import json
 import os
 from dataclasses import dataclass
 
-from capture_megatron.cli.inputs import resolve_shape
-from capture_megatron.cli.predict import build_parser
+from capture_megatron.api.args import predict_parser
+from capture_megatron.api.request import resolve_shape
 from capture_megatron.config import DdpOptions, ModelShape, ParallelFlags, ParallelPlan
 from capture_megatron.config.resolve import parallel_plan
-from capture_megatron.config.runtime import StepSettings
 from capture_megatron.flags import parser as flags
+from capture_megatron.steptime.settings import StepSettings
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEV = os.path.join(HERE, "data", "step_times_h100_dev.json")
@@ -90,7 +90,7 @@ def rows() -> list[Row]:
     for row in dev["rows"]:
         recipe = _recipe(recipes, row["id"])
         argv = _argv(row, recipe, dev["model_flags"][row["model"]])
-        ns = flags.parse_flags(build_parser(), argv)
+        ns = flags.parse_flags(predict_parser(), argv)
         shape, _ = resolve_shape(ns)
         ddp = flags.from_namespace(DdpOptions, ns)
         plan = parallel_plan(flags.from_namespace(ParallelFlags, ns), shape, row["n"], ddp)

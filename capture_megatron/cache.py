@@ -20,9 +20,9 @@ import statistics
 from dataclasses import dataclass
 from importlib.metadata import version
 
-from capture_megatron import __version__
 from capture_megatron.config import ModelShape
 from capture_megatron.errors import CaptureError
+from capture_megatron.version import __version__
 
 
 def cache_dir() -> str:

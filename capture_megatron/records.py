@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from capture_megatron import __version__
 from capture_megatron.config import ModelShape
 from capture_megatron.config.act_offload import OffloadTensor
 from capture_megatron.config.attention import LatentAttention
@@ -26,6 +25,7 @@ from capture_megatron.config.moe import Experts
 from capture_megatron.config.recompute import check_variant_modules, variant_modules
 from capture_megatron.errors import CaptureError, require
 from capture_megatron.serial import JsonMixin, from_plain, to_plain
+from capture_megatron.version import __version__
 
 RECORD_FORMAT = 2
 """Version of the records file layout (the header line says it)."""

@@ -20,7 +20,7 @@ from capture_megatron.cli.render import MIB, save_plan_png
 from capture_megatron.config import GIB, Cluster, ModelShape
 from capture_megatron.errors import CaptureError
 from capture_megatron.flags.parser import HelpParser, summary
-from capture_megatron.plan import PlanOptions, PlanResult, Space, model_args, plan, plan_args
+from capture_megatron.planner import PlanOptions, PlanResult, Space, model_args, plan, plan_args
 from capture_megatron.train.report import MemoryReport
 
 MODEL = ModelShape(

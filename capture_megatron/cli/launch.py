@@ -14,7 +14,8 @@ import argparse
 import dataclasses
 import sys
 
-from capture_megatron.cli.inputs import add_plan_flags, cost_model, gpus_per_node, resolve_shape
+from capture_megatron.api.args import add_plan_flags
+from capture_megatron.api.request import cost_model, gpus_per_node, resolve_shape
 from capture_megatron.cli.plan import run_plan
 from capture_megatron.config import (
     BuildOptions,
@@ -30,9 +31,9 @@ from capture_megatron.config.parallel import ParallelFlags
 from capture_megatron.errors import CaptureError, require
 from capture_megatron.flags import parser as flags
 from capture_megatron.flags.args import data_options
-from capture_megatron.plan import model_args, plan_args, read_plan
-from capture_megatron.plan.costmodel import step_seconds
-from capture_megatron.plan.result import PlanFile
+from capture_megatron.planner import model_args, plan_args, read_plan
+from capture_megatron.planner.result import PlanFile
+from capture_megatron.steptime.model import step_seconds
 from capture_megatron.train.slurm import SlurmOptions, TrainRun, render
 from capture_megatron.train.slurm_time import run_time_warning
 

@@ -22,8 +22,8 @@ from capture_megatron.config import GIB, Cluster
 from capture_megatron.errors import CaptureError
 from capture_megatron.flags.parser import HelpParser, summary
 from capture_megatron.megatron_lm import deps as lm_deps
-from capture_megatron.plan import plan_args
-from capture_megatron.plan.emit import GEGLU_NOTE
+from capture_megatron.planner import plan_args
+from capture_megatron.planner.emit import GEGLU_NOTE
 from capture_megatron.train.job import run_job
 
 WRAPPER = "capture_megatron.megatron_lm.pretrain_gpt"
@@ -86,7 +86,7 @@ def megatron_args_for(
     user_args: list[str], gpus: int, gpu_memory_gib: float, device: str, progress: bool = True
 ) -> list[str]:
     """Plan from the user's flags (printing the table) and return the flags to run."""
-    from capture_megatron.cli.inputs import resolve_shape
+    from capture_megatron.api.request import resolve_shape
     from capture_megatron.cli.plan import build_parser, plan_and_report
 
     ns, _others = build_parser().parse_known_args(user_args)  # the rest passes through unchanged
@@ -101,7 +101,8 @@ def megatron_args_for(
         raise CaptureError(f"{GEGLU_NOTE}; run it with capture-megatron launch or train instead")
     kind = "cpu" if device == "cpu" else "cuda"
     cluster = Cluster(gpus=gpus, gpu_memory_bytes=int(gpu_memory_gib * GIB), device=kind)
-    planned = plan_args(plan_and_report(ns, cluster, device, progress).best.plan)
+    ns.device = device  # the wrapper's --device: the memory model the plan is made with
+    planned = plan_args(plan_and_report(ns, cluster, progress).best.plan)
     if "--recompute-num-layers-per-stage" in planned:  # Megatron-LM's checks want a global count
         counts = planned[planned.index("--recompute-num-layers-per-stage") + 1].split(",")
         planned += ["--recompute-num-layers", str(max(int(c) for c in counts))]

@@ -10,11 +10,11 @@ Writes --json (the plan JSON's fields) and --png.
 
 from __future__ import annotations
 
-from capture_megatron.cli.inputs import add_cluster_flags, add_megatron_line, cluster_of
+from capture_megatron.api.args import predict_parser
+from capture_megatron.api.request import cluster_of
 from capture_megatron.cli.plan import plan_and_report
 from capture_megatron.flags import parser as flags
 from capture_megatron.flags.parser import summary
-from capture_megatron.plan import PlanOptions
 
 USAGE = (
     "%(prog)s [--hf-config CONFIG | --preset NAME] <pretrain_gpt.py flags, verbatim> --gpus N "
@@ -46,25 +46,18 @@ ESSENTIAL = (
 
 def build_parser() -> flags.FlagParser:
     """A whole Megatron-LM command line, the cluster, and the memory margins."""
-    p = flags.FlagParser(
-        prog="capture-megatron predict",
+    return predict_parser(
+        "capture-megatron predict",
         usage=USAGE,
         description=summary(__doc__),
         example=EXAMPLE,
         essential=ESSENTIAL,
     )
-    flags.add_model_flags(p)
-    flags.add_kernel_flags(p)
-    flags.add_parallel_flags(p)
-    flags.add_fields(p, PlanOptions, "memory margins", only=("reserve_fraction", "context_gib"))
-    add_cluster_flags(p)
-    add_megatron_line(p)
-    return p
 
 
 def main(argv: list[str]) -> int:
     """Entry point."""
     ns = flags.parse_flags(build_parser(), argv)
     cluster = cluster_of(ns, need_memory=False)
-    plan_and_report(ns, cluster, ns.device, ns.progress, fixed_plan=True)
+    plan_and_report(ns, cluster, ns.progress, fixed_plan=True)
     return 0

@@ -10,10 +10,10 @@ from capture_megatron.config.act_offload import OFFLOAD_SETS
 from capture_megatron.config.kernels import VALIDATION
 from capture_megatron.fit import MemoryModel
 from capture_megatron.fit.quality import quality_rows, used_error
-from capture_megatron.plan import PlanResult
-from capture_megatron.plan.explain import units
-from capture_megatron.plan.offload_space import activation_rank
-from capture_megatron.plan.result import PARTS
+from capture_megatron.planner import PlanResult
+from capture_megatron.planner.explain import units
+from capture_megatron.planner.offload_space import activation_rank
+from capture_megatron.planner.result import PARTS
 from capture_megatron.train.compare import RankCheck
 
 MIB = 2**20

@@ -15,8 +15,8 @@ import json
 import os
 import tempfile
 
+from capture_megatron.api.args import add_plan_flags
 from capture_megatron.cache import Calibration, cache_dir, check_writable, record_calibration
-from capture_megatron.cli.inputs import add_plan_flags
 from capture_megatron.cli.plan import run_plan
 from capture_megatron.cli.render import print_checks, save_checks_png
 from capture_megatron.config import BuildOptions, OptimOptions, RunOptions
@@ -24,7 +24,7 @@ from capture_megatron.config.fields import to_flags
 from capture_megatron.errors import CaptureError
 from capture_megatron.flags import parser as flags
 from capture_megatron.flags.args import data_options
-from capture_megatron.plan import PlanResult, model_args, plan_args
+from capture_megatron.planner import PlanResult, model_args, plan_args
 from capture_megatron.train.compare import RankCheck, compare
 from capture_megatron.train.launch import run_torchrun
 from capture_megatron.train.report import MemoryReport

@@ -5,7 +5,7 @@ with megatron-core's rules (TransformerConfig.__post_init__). Pure Python: no to
 megatron-core 0.16.1 (pipeline_parallel/fine_grained_activation_offload.py) copies to pinned
 host memory the tensors each named module group saves for the backward, those of at least the
 threshold's elements that are not parameters; the forecast is docs/MEMORY_MODEL.md's
-"Fine-grained activation offloading" (capture_megatron.predict.offload).
+"Fine-grained activation offloading" (capture_megatron.forecast.offload).
 """
 
 from __future__ import annotations

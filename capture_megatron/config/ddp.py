@@ -73,7 +73,7 @@ class DdpOptions(JsonMixin):
     overlap_moe_expert_parallel_comm: bool = flag("--overlap-moe-expert-parallel-comm", False)
     """Hide the MoE token all-to-alls behind the computation of another micro-batch:
     megatron-core's combined 1F1B schedule runs micro-batch i + 1's forward layer by layer with
-    micro-batch i's backward (capture_megatron.predict.overlap); a schedule setting, carried with
+    micro-batch i's backward (capture_megatron.forecast.overlap); a schedule setting, carried with
     the plan's other training settings."""
     optimizer_cpu_offload: bool = flag("--optimizer-cpu-offload", False, omit_default=True)
     """megatron-core's HybridDeviceOptimizer: the Adam update of whole parameter slices, up to

@@ -11,7 +11,7 @@ API (capture_megatron.emulate.gpu.flex); DeepEP is refused (DEEPEP_REFUSAL).
 HybridEP's own buffers (csrc/hybrid_ep/hybrid_ep.cu allocate_buffer, internode.cu
 allocate_*_rdma_buffers at eb9cee7) come from cudaMalloc / its ExtendedMemoryAllocator, not from
 torch: like Transformer Engine's userbuffers they are counted in what a GPU needs
-(capture_megatron.plan.margins), not in the allocator peak. megatron-core sizes them with
+(capture_megatron.planner.margins), not in the allocator peak. megatron-core sizes them with
 init_hybrid_ep_buffer(hidden_dim, seq_len = the tokens of the layer's input on this rank,
 num_local_experts), the first time a flex layer dispatches.
 """

@@ -84,14 +84,14 @@ class Experts(JsonMixin):
     )
     """Dropless routing only: the most tokens any expert receives, as a factor of its balanced
     share, that the forecast assumes. 0 means the default: the imbalance expected of the run, from
-    routing statistics measured in aux-loss-balanced training (capture_megatron.predict.routing);
+    routing statistics measured in aux-loss-balanced training (capture_megatron.forecast.routing);
     experts / top-k is the worst case."""
     routing_case: str = "forecast"
     """Set by predict and plan, never by a flag: which dropless routing factor a prediction
     assumes (forecast, planning: the forecast plus its margin, or bound: the worst case)."""
     routing_bound: bool = False
     """Set by the profiler, never by a flag: the capacity and padding are a forecast's bound on
-    routing (capture_megatron.predict.support.experts_probe), not the user's settings; a probe
+    routing (capture_megatron.forecast.support.experts_probe), not the user's settings; a probe
     pads sinkhorn routing too, which megatron-core's router allows after any load balancing."""
 
     def __post_init__(self) -> None:

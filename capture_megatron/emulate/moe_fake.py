@@ -3,7 +3,7 @@ profiling devices), where routing values decide shapes.
 
 Fake tensors hold no values, so whatever megatron sizes by routing values is sized here by the
 probe's routing bound: probes always pad every expert to a capacity
-(--moe-pad-expert-input-to-capacity, capture_megatron.predict.support.experts_probe), so every
+(--moe-pad-expert-input-to-capacity, capture_megatron.forecast.support.experts_probe), so every
 expert receives exactly min(capacity, local tokens) tokens from every rank that sends to it. Real
 tensors, and runs without padding, keep megatron's own code. Each patch names its call site:
 

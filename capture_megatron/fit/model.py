@@ -247,7 +247,7 @@ def settled(sc: ShapeConstants) -> ShapeConstants:
     (MoE layers: KindConstants.ret1), which its forward releases; so a probe's saved bytes and
     forward peak are net of it. Here they are given back: saved1 / fwd1 / fwdrc gain the one-layer
     probe's retained bytes, S, R and R2 the difference of the retention they measured across. The
-    predictor counts a chunk's retained bytes on its own (capture_megatron.predict.retained)."""
+    predictor counts a chunk's retained bytes on its own (capture_megatron.forecast.retained)."""
     mid = sc.chunk("middle")
     if not (mid.ret1 or mid.retrc):
         return sc

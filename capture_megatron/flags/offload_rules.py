@@ -1,6 +1,6 @@
 """Megatron-LM's fine-grained activation offloading flags (core_v0.16.1): where Megatron-LM and
 megatron-core stop. Pure Python. The settings are config.act_offload.ActivationOffload; the
-forecast capture_megatron.predict.offload.
+forecast capture_megatron.forecast.offload.
 
 `--fine-grained-activation-offloading` turns on megatron-core's
 `pipeline_parallel/fine_grained_activation_offload.py`; `--offload-modules` and

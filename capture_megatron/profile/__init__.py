@@ -4,7 +4,7 @@ backward and optimizer step, and measure -> ProfileRecords (capture_megatron.rec
 
     from capture_megatron.profile import ProfileOptions, profile, memory_source
     records = profile(shape, ProfileOptions(device="fake", tps=(1, 2)))
-    source = memory_source(shape, "fake")       # for capture_megatron.plan.plan: profiles on demand
+    source = memory_source(shape, "fake")       # for planner.plan: profiles on demand
 
 Importing this package does not import torch; profiling does. design chooses the probes, probe
 builds and measures one, session runs many on a device (cpu, fake, cuda), groups fakes the process

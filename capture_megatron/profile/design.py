@@ -49,7 +49,7 @@ MOE_RECOMPUTE_PROBES = (
     ("only", 2, 2),
 )
 """MoE layers under full recompute: the backward of two recomputed layers of every kind (each
-further recomputed layer adds the gradient it retains, capture_megatron.predict.retained)."""
+further recomputed layer adds the gradient it retains, capture_megatron.forecast.retained)."""
 
 
 def _candidate(rng: random.Random, tps: tuple[int, ...]) -> ProbeShape:

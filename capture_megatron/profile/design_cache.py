@@ -20,11 +20,11 @@ import tempfile
 from importlib import resources
 from importlib.metadata import version
 
-from capture_megatron import __version__
 from capture_megatron.cache import cache_dir
 from capture_megatron.errors import CaptureError
 from capture_megatron.records import ProfileRecord, Variant, read_records, write_records
 from capture_megatron.serial import to_plain
+from capture_megatron.version import __version__
 
 SHIPPED = "design"
 """Folder of capture_megatron.profile holding the shipped design records."""

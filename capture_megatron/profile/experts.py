@@ -85,7 +85,7 @@ def _flex_device_problem(variant: Variant, device: str) -> str:
             "implemented yet"
         )
     cpu, group = device != "fake-cuda", moe.ep * moe.etp
-    # NVLink domains are the planner's check (capture_megatron.plan.planner): a probe's group
+    # NVLink domains are the planner's check (capture_megatron.planner.run): a probe's group
     # counts as one domain here
     problems = flex_problems(moe.experts, variant.dtype, group, group, cpu=cpu)
     return "; ".join(problems)

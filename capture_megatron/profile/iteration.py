@@ -216,7 +216,7 @@ def iteration(
 def _step(chunk: ProbeChunk, meter: MemoryMeter, windows: _Windows) -> int:
     """The gradient finalize and optimizer step's peak above their start. Not on fake devices: the
     step reads gradient norms (data), which fake tensors lack; the optimizer's bytes are computed
-    from the parameters instead (capture_megatron.predict.static)."""
+    from the parameters instead (capture_megatron.forecast.static)."""
     before_step = meter.current()
     finalize = chunk.config.finalize_model_grads_func
     assert finalize is not None, "set_schedule_hooks sets it"

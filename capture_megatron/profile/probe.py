@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from capture_megatron.config.training import BuildOptions, OptimOptions, RunOptions
+from capture_megatron.forecast.static import chunk_static
 from capture_megatron.megatron.attention import rotary_tables_built_in_fp32
 from capture_megatron.megatron.backend import Backend
 from capture_megatron.megatron.builder import build_gpt, transformer_config
@@ -26,7 +27,6 @@ from capture_megatron.megatron.training import (
     set_schedule_hooks,
     wrap_model,
 )
-from capture_megatron.predict.static import chunk_static
 from capture_megatron.profile import held
 from capture_megatron.profile.experts import (
     expert_mask,

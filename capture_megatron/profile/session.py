@@ -23,7 +23,6 @@ import warnings
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from capture_megatron import __version__
 from capture_megatron.config import Kernels, ModelShape
 from capture_megatron.config.kernels import kernel_set
 from capture_megatron.errors import CaptureError
@@ -32,6 +31,7 @@ from capture_megatron.profile.design import built_as, model_probes
 from capture_megatron.profile.options import ProfileOptions, device_name
 from capture_megatron.profile.setup import Setup
 from capture_megatron.records import Probe, ProfileRecord, Variant
+from capture_megatron.version import __version__
 
 if TYPE_CHECKING:
     from capture_megatron.memory.meter import MemoryMeter

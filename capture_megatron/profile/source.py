@@ -14,7 +14,6 @@ import hashlib
 import os
 from dataclasses import dataclass
 
-from capture_megatron import __version__
 from capture_megatron.cache import check_writable, records_path
 from capture_megatron.config import Kernels, ModelShape
 from capture_megatron.config.kernels import kernel_set
@@ -30,6 +29,7 @@ from capture_megatron.records import (
     write_records,
 )
 from capture_megatron.serial import JsonMixin
+from capture_megatron.version import __version__
 
 
 def default_device(requested: str = "") -> str:

@@ -45,7 +45,7 @@ def test_dense_mlp_and_norm_recompute_is_forecast_within_2_percent(tmp_path):
 
 def test_moe_layer_recompute_is_forecast_within_2_percent(tmp_path):
     """The MoE layers' checkpoints leave their detached inputs and gradients retained until the
-    next forward (capture_megatron.predict.retained): carried over the PP 2 schedule."""
+    next forward (capture_megatron.forecast.retained): carried over the PP 2 schedule."""
     result = _verify(MOE, tmp_path, nproc=4)
     print(
         f"moe layernorm shared_experts, EP2 x PP2: max error {100 * result['max_abs_error']:.2f}%"

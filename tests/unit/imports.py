@@ -89,6 +89,6 @@ def _targets(node: ast.AST, source: str, path: pathlib.Path, known: set[str]) ->
 
 
 def unit(module: str) -> str:
-    """The top-level unit a module belongs to: capture_megatron.plan.search -> plan."""
+    """The top-level unit a module belongs to: capture_megatron.planner.search -> plan."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else "__init__"

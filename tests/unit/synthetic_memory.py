@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from capture_megatron import __version__
 from capture_megatron.config import ModelShape
 from capture_megatron.fit import MemoryModel, Needs, shape_sizes
 from capture_megatron.fit.model import ChunkModel, VariantModel
 from capture_megatron.fit.regression import Regression
 from capture_megatron.records import ProbeShape, Variant
+from capture_megatron.version import __version__
 
 Terms = dict[str, float]
 

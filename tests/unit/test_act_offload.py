@@ -1,6 +1,6 @@
 """Fine-grained activation offloading (--fine-grained-activation-offloading, issue 31): what the
 probe records of each offload group through megatron-core's own call sites, the chunk and rank
-rule (capture_megatron.predict.offload), and Megatron-LM's functional tests with it forecast on
+rule (capture_megatron.forecast.offload), and Megatron-LM's functional tests with it forecast on
 the GPU kernel set within 10% on the last stage (issue 31, must-show 2)."""
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def _plan(offload: ActivationOffload = OFF, pp: int = 2) -> ParallelPlan:
 def fitted():
     """The tiny dense model's records and fit, from real CPU probes (megatron's local layer)."""
     from capture_megatron.fit import fit
-    from capture_megatron.predict import variant_of
+    from capture_megatron.forecast import variant_of
     from capture_megatron.profile.design import probes_for
     from capture_megatron.profile.session import run_probes
     from capture_megatron.records import ProbeShape
@@ -67,7 +67,7 @@ def test_the_probe_records_what_each_group_saves(fitted):
 
 @pytest.mark.slow
 def test_a_threshold_above_every_tensor_changes_nothing(fitted):
-    from capture_megatron.predict import predict
+    from capture_megatron.forecast import predict
 
     records, model = fitted
     biggest = max(t.numel for r in records for t in r.offload_tensors or ())
@@ -81,11 +81,11 @@ def test_offloaded_layers_leave_the_device_but_the_kept_groups(fitted):
     keeps one micro-batch's last group of each name (here: its chunk's last layer's groups); the
     backward reloads the running layer's."""
     from capture_megatron.fit import shape_sizes
-    from capture_megatron.predict import layers_for, predict
-    from capture_megatron.predict.chunks import chunk_cost
-    from capture_megatron.predict.offload import group_bytes, kept_bytes, layer_bytes
-    from capture_megatron.predict.ranks import rank_memory
-    from capture_megatron.predict.table import peak_table
+    from capture_megatron.forecast import layers_for, predict
+    from capture_megatron.forecast.chunks import chunk_cost
+    from capture_megatron.forecast.offload import group_bytes, kept_bytes, layer_bytes
+    from capture_megatron.forecast.ranks import rank_memory
+    from capture_megatron.forecast.table import peak_table
     from capture_megatron.records import ProbeShape
 
     _, model = fitted
@@ -119,7 +119,7 @@ def test_the_kept_groups_count_once_a_micro_batch_of_their_chunk_is_alive():
     only once a micro-batch of that chunk has run its forward: before its first forward none is
     kept, and during that forward its groups are in the forward's own peak (counting them again
     forecast the MTP functional test's last stage 13% high)."""
-    from capture_megatron.predict.offload import Kept, rank_kept
+    from capture_megatron.forecast.offload import Kept, rank_kept
 
     keep = rank_kept([5.0, 7.0, 0.0])
     assert keep == Kept(7.0, 1)
@@ -137,9 +137,9 @@ def test_host_memory_holds_the_micro_batches_in_flight(fitted):
     forward's own), the last rank 1; without offloading none."""
     from capture_megatron.config import Cluster
     from capture_megatron.fit import shape_sizes
-    from capture_megatron.plan.balance import host_per_node
-    from capture_megatron.predict import predict
-    from capture_megatron.predict.offload import layer_bytes
+    from capture_megatron.forecast import predict
+    from capture_megatron.forecast.offload import layer_bytes
+    from capture_megatron.planner.balance import host_per_node
     from capture_megatron.records import ProbeShape
 
     _, model = fitted
@@ -156,7 +156,7 @@ def test_host_memory_holds_the_micro_batches_in_flight(fitted):
 def test_records_without_the_measurement_are_named():
     from capture_megatron.fit.model import ShapeConstants
     from capture_megatron.fit.terms import Sizes
-    from capture_megatron.predict.offload import layer_bytes
+    from capture_megatron.forecast.offload import layer_bytes
 
     sc = ShapeConstants(Sizes(1, 8, 8, 1, 1, 8, 8, 8, 1), 0.0, None, (), (), 0.0)
     assert layer_bytes(sc, ActivationOffload()) == 0.0
@@ -167,7 +167,7 @@ def test_records_without_the_measurement_are_named():
 def test_the_plan_emits_the_offloading_flags_megatron_lm_reads_back():
     from capture_megatron.cli.predict import build_parser
     from capture_megatron.flags import parser as flags
-    from capture_megatron.plan.emit import plan_args
+    from capture_megatron.planner.emit import plan_args
 
     moved = ActivationOffload(True, ("core_attn", "moe_act"), 4096)
     argv = plan_args(_plan(moved))
@@ -238,7 +238,7 @@ def test_host_bytes_by_arrays_equal_the_moment_by_moment_count(pp, m, vpp):
     equals its moment-by-moment count, on every rank of 1F1B and interleaved schedules."""
     from types import SimpleNamespace
 
-    from capture_megatron.predict.ranks import offloaded_host, schedule_states
+    from capture_megatron.forecast.ranks import offloaded_host, schedule_states
 
     chunks = [SimpleNamespace(offloaded=float(3 + 5 * v)) for v in range(vpp)]
     for rank in range(pp):

@@ -11,8 +11,8 @@ import pytest
 from capture_megatron.config import GIB, Cluster, ModelShape
 from capture_megatron.errors import CaptureError
 from capture_megatron.fit import fit
-from capture_megatron.plan import PlanOptions, Space, plan, read_plan
-from capture_megatron.predict import predict
+from capture_megatron.forecast import predict
+from capture_megatron.planner import PlanOptions, Space, plan, read_plan
 from capture_megatron.profile import ProfileOptions, memory_source, profile
 
 # one worker runs the module (make test: --dist loadgroup), so its module fixtures are built once

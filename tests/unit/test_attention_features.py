@@ -17,7 +17,7 @@ from capture_megatron.config.hf import parameter_count
 from capture_megatron.errors import CaptureError
 from capture_megatron.flags import parser as flags
 from capture_megatron.flags.args import model_shape
-from capture_megatron.plan import model_args
+from capture_megatron.planner import model_args
 from capture_megatron.records import Variant
 
 BASE = (

@@ -13,7 +13,7 @@ import pytest
 from capture_megatron import cache
 from capture_megatron.cache import Calibration, calibration_factor, check_writable
 from capture_megatron.errors import CaptureError
-from capture_megatron.plan import read_plan
+from capture_megatron.planner import read_plan
 from capture_megatron.records import read_records
 
 ROW = {"device": "cuda", "impl": "local", "pp_rank": 0, "predicted": 100, "measured": 110}

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from capture_megatron import __version__
+from capture_megatron.version import __version__
 
 MODEL = "--num-layers 8 --hidden-size 64 --num-attention-heads 4 --seq-length 32 --vocab-size 512"
 TINY = (

@@ -175,9 +175,9 @@ def test_cost_model_splits_work_over_cp_ranks_and_adds_the_ring():
     import dataclasses
 
     from capture_megatron.config import ModelShape
-    from capture_megatron.config.hardware import Hardware
-    from capture_megatron.plan import costparts
-    from capture_megatron.plan.costmodel import CostModel, step_seconds
+    from capture_megatron.steptime import parts as costparts
+    from capture_megatron.steptime.hardware import Hardware
+    from capture_megatron.steptime.model import CostModel, step_seconds
 
     shape = ModelShape(
         num_layers=8, hidden_size=1024, num_attention_heads=16, seq_length=8192,

@@ -14,8 +14,8 @@ from test_cli_errors import TINY, cli, one_error
 
 from capture_megatron.config import DdpOptions, ParallelPlan
 from capture_megatron.errors import CaptureError
-from capture_megatron.predict import Layers, rank_memory, variant_of
-from capture_megatron.predict.ranks import deferral
+from capture_megatron.forecast import Layers, rank_memory, variant_of
+from capture_megatron.forecast.ranks import deferral
 from capture_megatron.records import ProbeShape
 
 

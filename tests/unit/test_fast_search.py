@@ -14,13 +14,13 @@ import itertools
 import pytest
 
 from capture_megatron.config import GIB, Cluster, DdpOptions, ModelShape
-from capture_megatron.plan import PlanOptions, Space, plan
-from capture_megatron.plan.partition import min_max_partition
-from capture_megatron.plan.search import rank_peak_fn, rank_table_fn
-from capture_megatron.plan.space import candidates
-from capture_megatron.plan.supply import needs_of
-from capture_megatron.predict import layers_for, rank_memory
-from capture_megatron.predict.table import peak_table
+from capture_megatron.forecast import layers_for, rank_memory
+from capture_megatron.forecast.table import peak_table
+from capture_megatron.planner import PlanOptions, Space, plan
+from capture_megatron.planner.partition import min_max_partition
+from capture_megatron.planner.search import rank_peak_fn, rank_table_fn
+from capture_megatron.planner.space import candidates
+from capture_megatron.planner.supply import needs_of
 from capture_megatron.profile import memory_source
 
 # one worker runs the module (make test: --dist loadgroup), so its module fixtures are built once

@@ -13,7 +13,7 @@ from test_cli_errors import cli, one_error
 from capture_megatron.config import GIB
 from capture_megatron.config.flex import CPU_REFUSAL, flex_problems, hybridep_buffer_bytes
 from capture_megatron.config.moe import Experts
-from capture_megatron.plan.margins import CONTEXT_GIB, RESERVE_FRACTION
+from capture_megatron.planner.margins import CONTEXT_GIB, RESERVE_FRACTION
 
 CONTEXT = CONTEXT_GIB * GIB
 

@@ -18,7 +18,7 @@ from capture_megatron.config.fp8 import (
     weight_cache_bytes,
 )
 from capture_megatron.errors import CaptureError
-from capture_megatron.predict.static import layer_static, runs_static
+from capture_megatron.forecast.static import layer_static, runs_static
 from capture_megatron.records import Probe, ProbeShape, Variant
 
 ROWS, COLS = 256, 512

@@ -20,7 +20,7 @@ from capture_megatron.emulate.gpu.norm import TENorm
 from capture_megatron.emulate.gpu.rope import _TritonLaunch
 from capture_megatron.errors import CaptureError
 from capture_megatron.megatron.attention import EagerL2Norm
-from capture_megatron.plan.window import latent_problem
+from capture_megatron.rules.modelled import latent_problem
 
 
 def _saved(out: torch.Tensor) -> list[torch.Tensor]:

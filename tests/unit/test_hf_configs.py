@@ -15,16 +15,16 @@ from pathlib import Path
 import pytest
 from test_cli_errors import cli, one_error
 
-from capture_megatron.cli.inputs import resolve_shape
+from capture_megatron.api.request import resolve_shape
 from capture_megatron.cli.plan import build_parser
 from capture_megatron.config import Kernels, ModelShape
 from capture_megatron.config.hf import from_hf_config, parameter_count, read_hf_config
 from capture_megatron.errors import CaptureError
 from capture_megatron.flags import parser as flags
 from capture_megatron.flags.args import model_shape
-from capture_megatron.plan import model_args, model_notes
-from capture_megatron.plan.window import window_problem
+from capture_megatron.planner import model_args, model_notes
 from capture_megatron.records import Variant
+from capture_megatron.rules.modelled import window_problem
 
 HF = Path(__file__).parents[1] / "data" / "hf_configs"
 PUBLISHED = {

@@ -18,7 +18,7 @@ from capture_megatron.config.hf import parameter_count, read_hf_config
 from capture_megatron.errors import CaptureError
 from capture_megatron.flags import parser as flags
 from capture_megatron.flags.args import model_shape
-from capture_megatron.plan import model_args
+from capture_megatron.planner import model_args
 
 HF = Path(__file__).parents[1] / "data" / "hf_configs"
 PUBLISHED = {
@@ -160,7 +160,7 @@ SAME_MODEL = {
 def test_nvidias_launch_lines_and_the_published_configs_count_the_same_parameters(name):
     import shlex
 
-    from capture_megatron.cli.inputs import resolve_shape
+    from capture_megatron.api.request import resolve_shape
     from capture_megatron.cli.predict import build_parser
 
     line, config = SAME_MODEL[name]

@@ -12,15 +12,21 @@ import pytest
 from imports import Edge, edges, modules, unit
 
 ALLOWED = {
-    "__init__": set(),
+    "__init__": {"api", "version"},
+    "version": set(),
     "errors": set(),
     "serial": {"errors"},
     "config": {"errors", "serial"},
-    "records": {"__init__", "config", "errors", "serial"},
-    "cache": {"__init__", "config", "errors"},
+    "records": {"version", "config", "errors", "serial"},
+    "cache": {"version", "config", "errors"},
     "fit": {"config", "records", "errors", "serial"},
-    "predict": {"config", "records", "fit", "errors", "serial"},
-    "plan": {"__init__", "config", "records", "fit", "predict", "errors", "serial"},
+    "rules": {"config", "records", "fit", "errors", "serial"},
+    "forecast": {"config", "records", "fit", "errors", "serial"},
+    "steptime": {"config", "forecast", "errors", "serial"},
+    "planner": {
+        *("version", "config", "records", "fit", "rules", "forecast", "steptime", "errors"),
+        "serial",
+    },
     "memory": set(),
     "data": {"config", "errors"},
     "flags": {"config", "errors"},
@@ -28,27 +34,36 @@ ALLOWED = {
     "megatron": {"config", "emulate", "errors", "serial"},
     "megatron_lm": {"emulate", "errors", "megatron"},
     "profile": {
-        *("__init__", "cache", "config", "emulate", "errors", "fit", "megatron", "memory"),
-        *("predict", "records", "serial"),
+        *("version", "cache", "config", "emulate", "errors", "fit", "megatron", "memory"),
+        *("forecast", "records", "serial"),
     },
     "train": {"config", "data", "emulate", "errors", "flags", "megatron", "memory", "serial"},
     "pretrain_gpt": {"train"},
+    "api": {
+        *("version", "cache", "config", "data", "errors", "fit", "flags", "forecast", "planner"),
+        *("steptime", "profile", "records", "rules", "serial"),
+    },
     "cli": {
-        *("__init__", "cache", "config", "data", "errors", "fit", "flags", "megatron"),
-        *("megatron_lm", "memory", "plan", "predict", "profile", "records", "serial", "train"),
+        *("version", "api", "cache", "config", "data", "errors", "fit", "flags", "megatron"),
+        *("megatron_lm", "memory", "planner", "forecast", "steptime", "profile", "records"),
+        *("rules", "serial", "train"),
     },
 }
 """Which top-level units each unit may import (capture_megatron.<unit>)."""
 PURE = (
     "__init__",
+    "version",
     "errors",
     "serial",
     "config",
     "records",
     "cache",
     "fit",
-    "predict",
-    "plan",
+    "forecast",
+    "steptime",
+    "rules",
+    "planner",
+    "api",
     "flags",
 )
 """Units that never import torch, Megatron or anything that does: the planner runs without them."""
@@ -150,7 +165,8 @@ def test_the_cycle_finder_finds_a_cycle():
 
 def test_planning_imports_no_torch():
     code = (
-        "import sys; import capture_megatron.plan, capture_megatron.predict, capture_megatron.fit, "
+        "import sys; import capture_megatron.planner, capture_megatron.forecast, "
+        "capture_megatron.fit, capture_megatron.steptime, capture_megatron.api, "
         "capture_megatron.config, capture_megatron.profile, capture_megatron.train, "
         "capture_megatron.flags.parser, capture_megatron.flags.args; "
         "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'megatron')); "

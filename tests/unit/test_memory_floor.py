@@ -14,14 +14,14 @@ import pytest
 
 from capture_megatron.config import GIB, Cluster, ModelShape, ParallelPlan, Recompute
 from capture_megatron.config.moe import Experts
-from capture_megatron.plan.balance import balanced, evaluate_plan
-from capture_megatron.plan.costmodel import CostModel
-from capture_megatron.plan.margins import Margins
-from capture_megatron.plan.ranktimes import memory_floor
-from capture_megatron.plan.routing import routed
-from capture_megatron.plan.space import Space, candidates
-from capture_megatron.plan.supply import needs_of
+from capture_megatron.planner.balance import balanced, evaluate_plan
+from capture_megatron.planner.margins import Margins
+from capture_megatron.planner.ranktimes import memory_floor
+from capture_megatron.planner.routing import routed
+from capture_megatron.planner.space import Space, candidates
+from capture_megatron.planner.supply import needs_of
 from capture_megatron.profile import memory_source
+from capture_megatron.steptime.model import CostModel
 
 pytestmark = pytest.mark.slow
 

@@ -14,13 +14,13 @@ from capture_megatron.config import GIB, Cluster
 from capture_megatron.config.moe import Experts
 from capture_megatron.fit import ShapeConstants
 from capture_megatron.fit.model import KindConstants, Sizes
-from capture_megatron.plan import PlanOptions, Space, plan
-from capture_megatron.plan.contiguous import contiguous_partition
-from capture_megatron.plan.search import split_score_fn
-from capture_megatron.plan.supply import needs_of
-from capture_megatron.predict import layers_for, mixed, predict
-from capture_megatron.predict.chunks import _activations, _uniform
-from capture_megatron.predict.static import chunk_static, layer_static
+from capture_megatron.forecast import layers_for, mixed, predict
+from capture_megatron.forecast.chunks import _activations, _uniform
+from capture_megatron.forecast.static import chunk_static, layer_static
+from capture_megatron.planner import PlanOptions, Space, plan
+from capture_megatron.planner.contiguous import contiguous_partition
+from capture_megatron.planner.search import split_score_fn
+from capture_megatron.planner.supply import needs_of
 
 KINDS = ("first", "middle", "last", "only")
 

@@ -1,5 +1,5 @@
 """--overlap-moe-expert-parallel-comm (issue 26): megatron-core 0.16.1's combined 1F1B schedule
-at PP 1 in the forecast (capture_megatron.predict.overlap), Megatron's rules for it as one-paragraph
+at PP 1 in the forecast (forecast.overlap), Megatron's rules for it as one-paragraph
 refusals, and what is still refused (PP > 1, --delay-wgrad-compute, the CPU kernel set). The
 forecast terms are checked against the fitted constants they are derived from (synthetic memory
 model: the constants come from the shape, not from a fit)."""
@@ -17,10 +17,10 @@ from capture_megatron.config.moe import Experts
 from capture_megatron.config.parallel import Recompute
 from capture_megatron.errors import CaptureError
 from capture_megatron.flags import policy
-from capture_megatron.predict import Layers, rank_memory, sizes_for, variant_of
-from capture_megatron.predict.overlap import merged
-from capture_megatron.predict.schedule import ScheduleSpec, events, warmup_count
-from capture_megatron.predict.table import peak_table
+from capture_megatron.forecast import Layers, rank_memory, sizes_for, variant_of
+from capture_megatron.forecast.overlap import merged
+from capture_megatron.forecast.schedule import ScheduleSpec, events, warmup_count
+from capture_megatron.forecast.table import peak_table
 from capture_megatron.records import ProbeShape
 
 FLAG = "--overlap-moe-expert-parallel-comm"
@@ -166,8 +166,8 @@ def test_an_mtp_layer_is_one_more_layer_node_of_the_last_chunk():
     """With one MTP layer (PP > 1, as megatron requires) the plan is accepted; the last chunk's
     head freed before the layer steps leaves out the MTP layer's saved bytes (one layer's `S`),
     and a merged step with the last chunk runs a layer step even without decoder layers."""
-    from capture_megatron.predict.chunks import chunk_cost
-    from capture_megatron.predict.overlap import merged_peak
+    from capture_megatron.forecast.chunks import chunk_cost
+    from capture_megatron.forecast.overlap import merged_peak
 
     shape = dataclasses.replace(MOE, mtp_num_layers=1)
     plan = dataclasses.replace(_plan(True, pp=2, dp=2, vpp=2, ep=2), mtp_layers=1)
@@ -207,8 +207,8 @@ def test_the_planner_searches_only_what_megatron_runs():
     """With the overlap `plan` searches EP > 1, no full recompute and, at PP > 1, virtual
     stages only (megatron-core's rules); without it all of them."""
     from capture_megatron.config import GIB, Cluster
-    from capture_megatron.plan import Space
-    from capture_megatron.plan.space import candidates
+    from capture_megatron.planner import Space
+    from capture_megatron.planner.space import candidates
 
     gpu = Cluster(gpus=8, gpu_memory_bytes=80 * GIB)
     plain = list(candidates(MOE, gpu, 64, Space()))

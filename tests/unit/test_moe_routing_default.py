@@ -1,5 +1,5 @@
 """The default forecast of dropless MoE routing (issue 26, build item 4): the imbalance measured in
-aux-loss-balanced training (capture_megatron/predict/moe_routing.json, from bench/moe_routing.py)
+aux-loss-balanced training (capture_megatron/forecast/moe_routing.json, from bench/moe_routing.py)
 is the default, the worst-case bound stays beside it, --moe-imbalance-factor sets the factor,
 --moe-router-force-load-balancing means balanced routing, and capacity-factor routing is
 unchanged. Planner logic on the synthetic memory model (no profiling)."""
@@ -12,15 +12,15 @@ import json
 import pytest
 from synthetic_memory import synthetic_source
 
-from capture_megatron.cli.inputs import resolve_shape
+from capture_megatron.api.request import resolve_shape
 from capture_megatron.cli.predict import build_parser
 from capture_megatron.config import GIB, Cluster, ModelShape, ParallelPlan
 from capture_megatron.config.moe import Experts
 from capture_megatron.flags import parser as flags
-from capture_megatron.plan import PlanOptions, Space, plan
-from capture_megatron.plan.routing import routed
-from capture_megatron.predict.routing import STATISTICS, routing_factor, statistics
-from capture_megatron.predict.support import experts_probe
+from capture_megatron.forecast.routing import STATISTICS, routing_factor, statistics
+from capture_megatron.forecast.support import experts_probe
+from capture_megatron.planner import PlanOptions, Space, plan
+from capture_megatron.planner.routing import routed
 
 MIXTRAL_MOE = Experts(
     num_experts=8,

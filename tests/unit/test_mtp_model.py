@@ -13,7 +13,7 @@ from capture_megatron.config.mtp import mtp_problems
 from capture_megatron.config.parallel import Recompute
 from capture_megatron.config.resolve import parallel_plan
 from capture_megatron.errors import CaptureError
-from capture_megatron.plan.emit import model_args, plan_args
+from capture_megatron.planner.emit import model_args, plan_args
 
 SHAPE = ModelShape(
     num_layers=4,
@@ -116,8 +116,8 @@ def test_an_mtp_only_last_stage_is_forecast():
     """A last stage of MTP layers alone (`...|mL`, Megatron-LM's MTP offloading case) is
     accepted: its 0-layer probe has no final norm, as megatron-core builds that stage; with
     fine-grained offloading its MTP layers offload their groups as the model's last layer's."""
-    from capture_megatron.predict.chunks import _offloaded
-    from capture_megatron.predict.layers import Layers
+    from capture_megatron.forecast.chunks import _offloaded
+    from capture_megatron.forecast.layers import Layers
 
     assert not mtp_problems(SHAPE, ParallelPlan(1, 2, 2, 2, 4, (4, 0), mtp_layers=2))
 
@@ -134,7 +134,7 @@ def test_an_mtp_only_last_stage_is_forecast():
 
 
 def test_the_planner_leaves_the_mtp_stage_a_decoder_layer():
-    from capture_megatron.plan.balance import mtp_last_layer as _mtp_last_layer
+    from capture_megatron.planner.balance import mtp_last_layer as _mtp_last_layer
 
     assert _mtp_last_layer(SHAPE, (3, 1, 0), 1) == (3, 0, 1)
     assert _mtp_last_layer(SHAPE, (4, 0, 0, 0), 2) == (2, 0, 0, 2)
@@ -206,7 +206,7 @@ def test_built_parameters_equal_the_static_model(tied):
     MTP layers, an embedding copy and the output layer (tied: megatron-core's unused output weight
     too), and the forecast's static bytes of any last stage equal the built one's."""
     from capture_megatron.fit import fit
-    from capture_megatron.predict import predict
+    from capture_megatron.forecast import predict
     from capture_megatron.profile.design import probes_for
     from capture_megatron.profile.session import run_probes
     from capture_megatron.records import Probe, ProbeShape, Variant

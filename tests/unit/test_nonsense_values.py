@@ -15,7 +15,7 @@ from capture_megatron.cli import predict as predict_cli
 from capture_megatron.config import ModelShape, ParallelPlan
 from capture_megatron.errors import CaptureError
 from capture_megatron.fit import write_model
-from capture_megatron.plan import read_plan
+from capture_megatron.planner import read_plan
 
 SHAPE = ModelShape(
     num_layers=4, hidden_size=64, num_attention_heads=8, seq_length=64, vocab_size=512

@@ -12,7 +12,7 @@ import pytest
 from capture_megatron.config import DdpOptions
 from capture_megatron.config.fields import to_flags
 from capture_megatron.errors import CaptureError
-from capture_megatron.predict.static import chunk_static
+from capture_megatron.forecast.static import chunk_static
 
 PA = dict(use_precision_aware_optimizer=True)
 SHAPE = [
@@ -156,8 +156,8 @@ def test_offload_step_cost_matches_the_published_measurement(fraction, overlap, 
     import dataclasses
 
     from capture_megatron.config import ParallelPlan
-    from capture_megatron.plan.costmodel import step_time
-    from capture_megatron.plan.offload_cost import without_offload
+    from capture_megatron.steptime.model import step_time
+    from capture_megatron.steptime.offload import without_offload
 
     ddp = DdpOptions(
         optimizer_cpu_offload=True,

@@ -24,8 +24,8 @@ ROOT = pathlib.Path(capture_megatron.__file__).parent.parent
 PACKAGE_DATA = (
     "py.typed",
     "flags/megatron_args.json",
-    "plan/step_time_constants.json",
-    "predict/moe_routing.json",
+    "steptime/constants.json",
+    "forecast/moe_routing.json",
     "train/templates/sbatch_torchrun.sh",
     "train/templates/sbatch_tasks.sh",
 )

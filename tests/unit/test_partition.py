@@ -8,7 +8,7 @@ import random
 import pytest
 
 from capture_megatron.errors import CaptureError
-from capture_megatron.plan.partition import evaluate, min_max_partition
+from capture_megatron.planner.partition import evaluate, min_max_partition
 
 
 def _random_cost(rng: random.Random, pp: int, vpp: int):

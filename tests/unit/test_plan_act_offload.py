@@ -18,9 +18,9 @@ from capture_megatron.config import GIB, Cluster, DdpOptions, Kernels, ParallelP
 from capture_megatron.config.act_offload import OFFLOAD_SETS, ActivationOffload, OffloadTensor
 from capture_megatron.fit import MemoryModel, Needs
 from capture_megatron.flags import parser as flags
-from capture_megatron.plan import PlanOptions, Space, plan
-from capture_megatron.plan.offload_space import activation_rank, activation_sets
-from capture_megatron.plan.search import undominated
+from capture_megatron.planner import PlanOptions, Space, plan
+from capture_megatron.planner.offload_space import activation_rank, activation_sets
+from capture_megatron.planner.search import undominated
 
 
 def _rows(z) -> tuple[OffloadTensor, ...]:
@@ -179,10 +179,10 @@ def test_the_search_finds_the_fastest_of_every_offloading_candidate(gib):
     """Throughput's bounds and pruning (a plan whose twin offloading more activations does not fit
     on the device is not split) lose nothing: the plan found is as fast as the fastest of every
     candidate of the searched space, offloading or not, each split alone."""
-    from capture_megatron.plan.fastest import fastest
-    from capture_megatron.plan.planner import searched_options
-    from capture_megatron.plan.space import candidates
-    from capture_megatron.plan.supply import Supply
+    from capture_megatron.planner.fastest import fastest
+    from capture_megatron.planner.run import searched_options
+    from capture_megatron.planner.space import candidates
+    from capture_megatron.planner.supply import Supply
 
     found = _plan(gib, "throughput").best
     cluster = Cluster(gpus=8, gpu_memory_bytes=int(gib * GIB))

@@ -14,11 +14,11 @@ from synthetic_memory import SMALL, synthetic_source
 
 from capture_megatron.cli.render import print_plan
 from capture_megatron.config import GIB, Cluster, ParallelFlags, Recompute
-from capture_megatron.plan import PlanOptions, plan, space_from
-from capture_megatron.plan.baselines import BASES
-from capture_megatron.plan.margins import Margins
-from capture_megatron.plan.search import trim_recompute
-from capture_megatron.predict import variant_of
+from capture_megatron.forecast import variant_of
+from capture_megatron.planner import PlanOptions, plan, space_from
+from capture_megatron.planner.baselines import BASES
+from capture_megatron.planner.margins import Margins
+from capture_megatron.planner.search import trim_recompute
 from capture_megatron.records import ProbeShape
 
 NEGATIVE = re.compile(r"-\d[\d.]*% lower")

@@ -14,8 +14,8 @@ from test_cli_errors import cli
 
 from capture_megatron.config import GIB, Cluster, ParallelFlags, Recompute
 from capture_megatron.errors import CaptureError
-from capture_megatron.plan import PlanOptions, plan, plan_args, space_from
-from capture_megatron.plan.space import candidates
+from capture_megatron.planner import PlanOptions, plan, plan_args, space_from
+from capture_megatron.planner.space import candidates
 
 MODEL = (
     "--num-layers 8 --hidden-size 64 --num-attention-heads 4 --seq-length 64 "

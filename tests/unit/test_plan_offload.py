@@ -18,11 +18,11 @@ from capture_megatron.cli import plan as plan_cli
 from capture_megatron.config import GIB, Cluster, DdpOptions, ParallelFlags
 from capture_megatron.errors import CaptureError
 from capture_megatron.fit import write_model
-from capture_megatron.plan import PlanOptions, Space, plan, space_from
-from capture_megatron.plan.costmodel import step_seconds
-from capture_megatron.plan.offload_cost import without_offload
-from capture_megatron.plan.offload_space import OFFLOAD_FRACTIONS, offload_ddp
-from capture_megatron.plan.space import candidates
+from capture_megatron.planner import PlanOptions, Space, plan, space_from
+from capture_megatron.planner.offload_space import OFFLOAD_FRACTIONS, offload_ddp
+from capture_megatron.planner.space import candidates
+from capture_megatron.steptime.model import step_seconds
+from capture_megatron.steptime.offload import without_offload
 
 
 def _plan(gpus: int, gib: float, objective: str, offload: tuple[float, ...] = (), **kw):

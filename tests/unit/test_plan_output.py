@@ -13,7 +13,7 @@ from synthetic_memory import SMALL, SMALL_ARGS, full_model, synthetic_source
 from capture_megatron.cli import plan as plan_cli
 from capture_megatron.config import GIB, Cluster
 from capture_megatron.fit import write_model
-from capture_megatron.plan import PlanOptions, plan
+from capture_megatron.planner import PlanOptions, plan
 
 
 @pytest.fixture(scope="module")

@@ -10,11 +10,11 @@ import pytest
 from synthetic_memory import SMALL, synthetic_source
 
 from capture_megatron.config import GIB, Cluster, ParallelFlags
-from capture_megatron.plan import PlanOptions, Space, plan, space_from
-from capture_megatron.plan.baselines import megatron_first_last
-from capture_megatron.plan.partition import Partition
-from capture_megatron.plan.planner import DEFAULT_GLOBAL_BATCH
-from capture_megatron.plan.space import CP_FROM, candidates
+from capture_megatron.planner import PlanOptions, Space, plan, space_from
+from capture_megatron.planner.baselines import megatron_first_last
+from capture_megatron.planner.partition import Partition
+from capture_megatron.planner.run import DEFAULT_GLOBAL_BATCH
+from capture_megatron.planner.space import CP_FROM, candidates
 
 LONG = dataclasses.replace(SMALL, seq_length=CP_FROM, max_position_embeddings=CP_FROM)
 """SMALL at a sequence long enough for context parallelism to be searched."""
@@ -83,7 +83,7 @@ def test_the_trade_line_prices_the_memory_balanced_split():
 
 def test_the_trade_line_says_which_split_is_faster():
     """A baseline faster than the plan (one that does not fit) is said to be faster, not slower."""
-    from capture_megatron.plan.explain import Context, trade
+    from capture_megatron.planner.explain import Context, trade
 
     flags = ParallelFlags(tensor_model_parallel_size=2, pipeline_model_parallel_size=4)
     options = PlanOptions(space=space_from(flags), global_batch_size=32, context_gib=0)

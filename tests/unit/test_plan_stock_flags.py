@@ -12,8 +12,8 @@ from synthetic_memory import SMALL, synthetic_source
 from capture_megatron.cli.render import print_plan
 from capture_megatron.config import GIB, Cluster, Kernels, ParallelFlags, ParallelPlan, Recompute
 from capture_megatron.flags.megatron_lm import flag_names
-from capture_megatron.plan import PlanOptions, plan, plan_args, space_from
-from capture_megatron.plan.emit import (
+from capture_megatron.planner import PlanOptions, plan, plan_args, space_from
+from capture_megatron.planner.emit import (
     PER_STAGE_NOTE,
     flag_notes,
     kernel_args,

@@ -22,7 +22,7 @@ SIZE = ProbeShape.of(SHAPE, 1, 2)
 
 
 def _variants() -> tuple[Variant, Variant]:
-    from capture_megatron.predict import variant_of
+    from capture_megatron.forecast import variant_of
 
     plan = ParallelPlan(
         tp=1, pp=2, dp=1, micro_batch_size=2, global_batch_size=8, layers_per_stage=(1, 1)

@@ -14,8 +14,8 @@ import pytest
 from capture_megatron.config.moe import Experts
 from capture_megatron.errors import CaptureError
 from capture_megatron.fit import fit, sizes_of
-from capture_megatron.predict.heldout import check_records
-from capture_megatron.predict.static import chunk_static
+from capture_megatron.forecast.heldout import check_records
+from capture_megatron.forecast.static import chunk_static
 from capture_megatron.profile.design import design_shapes, probes_for, variant_tps
 from capture_megatron.profile.session import run_probes
 from capture_megatron.records import (
@@ -328,7 +328,7 @@ def test_full_recompute_chunks_of_any_depth(variant):
     """Block recompute of n of k layers: the decomposition (first recomputed layer R, each further
     R2) predicts saved, forward and backward peaks of unprobed (k, n) exactly."""
     from capture_megatron.fit import shape_sizes
-    from capture_megatron.predict.chunks import _activations
+    from capture_megatron.forecast.chunks import _activations
 
     shape = ProbeShape(2, 64, 64, 4, 4, 16, 256, 256, 2)
     sc = (

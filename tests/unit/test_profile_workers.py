@@ -17,7 +17,7 @@ SHAPE = ModelShape(
 
 def _probes():
     """The probes of SHAPE's two-stage plan (a dozen or so)."""
-    from capture_megatron.predict import variant_of
+    from capture_megatron.forecast import variant_of
     from capture_megatron.profile.design import probes_for
     from capture_megatron.records import ProbeShape
 

@@ -10,7 +10,7 @@ import pytest
 from synthetic_memory import SMALL, synthetic_source
 
 from capture_megatron.config import ParallelPlan, Recompute
-from capture_megatron.predict import Layers, chunk_cost, rank_memory, variant_of
+from capture_megatron.forecast import Layers, chunk_cost, rank_memory, variant_of
 from capture_megatron.records import ProbeShape
 
 PARTS = ("params", "grads", "optimizer", "activations", "transient", "other")
@@ -81,6 +81,6 @@ def test_a_forward_peak_holds_the_running_micro_batch_as_activations():
 
 
 def fits_sizes(plan: ParallelPlan):
-    from capture_megatron.predict import sizes_for
+    from capture_megatron.forecast import sizes_for
 
     return sizes_for(SMALL, plan)

@@ -22,13 +22,13 @@ from capture_megatron.config.resolve import parallel_plan, recompute
 from capture_megatron.errors import CaptureError
 from capture_megatron.flags import parser as flags
 from capture_megatron.flags.policy import UNMODELLED
-from capture_megatron.plan import PlanOptions, plan, plan_args, space_from
-from capture_megatron.plan.costmodel import CostModel
-from capture_megatron.plan.costparts import layer_time
+from capture_megatron.planner import PlanOptions, plan, plan_args, space_from
 from capture_megatron.profile.design import variant_tps
 from capture_megatron.profile.design_cache import design_key
 from capture_megatron.profile.experts import refuse_on_fake_device
 from capture_megatron.records import Variant
+from capture_megatron.steptime.model import CostModel
+from capture_megatron.steptime.parts import layer_time
 
 
 def _flags(argv: list[str]) -> ParallelFlags:

@@ -19,11 +19,11 @@ from synthetic_memory import synthetic_source
 
 from capture_megatron.config import ModelShape, ParallelPlan, Recompute
 from capture_megatron.config.moe import Experts
-from capture_megatron.plan.supply import needs_of
-from capture_megatron.predict import layers_for, rank_memory
-from capture_megatron.predict.chunks import _costs, chunk_cost
-from capture_megatron.predict.layers import sizes_for
-from capture_megatron.predict.table import peak_table
+from capture_megatron.forecast import layers_for, rank_memory
+from capture_megatron.forecast.chunks import _costs, chunk_cost
+from capture_megatron.forecast.layers import sizes_for
+from capture_megatron.forecast.table import peak_table
+from capture_megatron.planner.supply import needs_of
 
 EXPERTS = Experts(
     num_experts=4,
@@ -65,7 +65,7 @@ class _One:
 @pytest.mark.slow
 def test_unfitted_moe_chunks_under_full_recompute_are_exact():
     from capture_megatron.fit import fit, shape_sizes
-    from capture_megatron.predict import variant_of
+    from capture_megatron.forecast import variant_of
     from capture_megatron.profile.design import probes_for
     from capture_megatron.profile.probe import Probe
     from capture_megatron.profile.session import run_probes
@@ -99,7 +99,7 @@ def test_dense_chunks_retain_nothing():
     """The release forward frees nothing after a dense chunk's backward (which is why only MoE
     probes measure it)."""
     from capture_megatron.config import Kernels
-    from capture_megatron.predict import variant_of
+    from capture_megatron.forecast import variant_of
     from capture_megatron.profile.experts import probe_world
     from capture_megatron.profile.groups import fake_job
     from capture_megatron.profile.held import routing_state_bytes
@@ -147,7 +147,7 @@ def test_tables_equal_rank_memory_with_retention(pp, vpp, rc):
 def test_mixed_retention_is_the_one_variant_retention(kind):
     """With every layer an MoE layer the per-layer composition of what a chunk retains is the
     one-variant formula; dense layers add nothing and an all-dense chunk retains nothing."""
-    from capture_megatron.predict.retained import retention
+    from capture_megatron.forecast.retained import retention
 
     plan = _plan(2, 1, Recompute("full", "block", (4, 4)))
     layers = layers_for(synthetic_source(needs_of(SHAPE, [plan])), SHAPE, plan)

@@ -3,7 +3,7 @@
 megatron-core's forward_backward_pipelining_without_interleaving / _with_interleaving run for real
 in this process as pipeline rank r of a fake p-rank process group (collectives complete without
 data), driving tiny real modules that log every forward and backward pass. The logged order must
-equal capture_megatron.predict.schedule.events for many (p, m, v) and every rank."""
+equal capture_megatron.forecast.schedule.events for many (p, m, v) and every rank."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from capture_megatron.errors import CaptureError
-from capture_megatron.predict.schedule import (
+from capture_megatron.forecast.schedule import (
     Event,
     ScheduleSpec,
     events,
@@ -156,7 +156,7 @@ def test_pruned_moments_keep_every_possible_peak():
     output chunk's completed backward passes (and end with the drain)."""
     import random
 
-    from capture_megatron.predict.ranks import schedule_states
+    from capture_megatron.forecast.ranks import schedule_states
 
     rng = random.Random(0)
     for _ in range(200):

@@ -6,7 +6,7 @@ import random
 import pytest
 
 from capture_megatron.config import DdpOptions
-from capture_megatron.predict.static import chunk_static, runs_static
+from capture_megatron.forecast.static import chunk_static, runs_static
 
 BF16_GRADS = DdpOptions(grad_reduce_in_bf16=True)
 

@@ -17,10 +17,10 @@ from capture_megatron.config import (
     RunOptions,
 )
 from capture_megatron.emulate import cpu_compat
+from capture_megatron.forecast.static import chunk_static
 from capture_megatron.megatron.backend import Backend
 from capture_megatron.megatron.builder import build_gpt, transformer_config
 from capture_megatron.megatron.training import make_optimizer, wrap_model
-from capture_megatron.predict.static import chunk_static
 from capture_megatron.profile.groups import fake_job
 from capture_megatron.profile.held import static_bytes
 

@@ -1,4 +1,4 @@
-"""The step-time model (capture_megatron.plan.costmodel / costparts): model FLOPs and parameter
+"""The step-time model (capture_megatron.steptime.model / costparts): model FLOPs and parameter
 counts against published numbers, the structure of a Megatron step (pipeline bubble from the
 stages' real times, recompute, overlap, gradient dtype, rank placement), the search's lower bound,
 and the shipped constants against the development set they were fitted to."""
@@ -14,12 +14,12 @@ import pytest
 
 from capture_megatron.config import DdpOptions, ParallelPlan, Recompute
 from capture_megatron.config.act_offload import ActivationOffload
-from capture_megatron.config.hardware import PROFILES, Hardware
 from capture_megatron.config.presets import preset
-from capture_megatron.config.runtime import StepSettings
-from capture_megatron.plan import costparts
-from capture_megatron.plan.calibration import FITTED, fitted
-from capture_megatron.plan.costmodel import (
+from capture_megatron.planner.stepbound import bound_parts, step_bound
+from capture_megatron.steptime import parts as costparts
+from capture_megatron.steptime.constants import FITTED, fitted
+from capture_megatron.steptime.hardware import PROFILES, Hardware
+from capture_megatron.steptime.model import (
     CostModel,
     chunk_times,
     model_flops,
@@ -27,7 +27,7 @@ from capture_megatron.plan.costmodel import (
     step_seconds,
     step_time,
 )
-from capture_megatron.plan.stepbound import bound_parts, step_bound
+from capture_megatron.steptime.settings import StepSettings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 L8B, L70B = preset("llama3-8b"), preset("llama3-70b")
@@ -193,8 +193,8 @@ def test_shipped_constants_reproduce_the_calibration():
 def test_every_profile_is_valid_and_overrides_are_checked():
     """Every built-in profile has positive finite numbers; a zero, negative, NaN or infinite
     override, or an unknown --gpu-type, is one CaptureError naming it."""
-    from capture_megatron.config.hardware import HardwareFlags
     from capture_megatron.errors import CaptureError
+    from capture_megatron.steptime.hardware import HardwareFlags
 
     assert set(PROFILES) >= {"h100-sxm", "h200", "b200", "a100-80gb", "gb200"}
     assert HardwareFlags(gpu_type="H100").resolve() == PROFILES["h100-sxm"]

@@ -14,17 +14,17 @@ import pytest
 from synthetic_memory import SMALL, synthetic_source
 
 from capture_megatron.config import GIB, Cluster, ParallelPlan, Recompute
-from capture_megatron.config.runtime import StepSettings
-from capture_megatron.plan.balance import balanced, evaluate_plan
-from capture_megatron.plan.calibration import fitted
-from capture_megatron.plan.costmodel import CostModel, step_seconds
-from capture_megatron.plan.fastest import fastest, fit_plan
-from capture_megatron.plan.margins import Margins
-from capture_megatron.plan.ranktimes import RankTimes, least_step, memory_floor
-from capture_megatron.plan.space import Space, candidates
-from capture_megatron.plan.supply import Supply, needs_of
-from capture_megatron.plan.timed import timed_split
-from capture_megatron.predict import layers_for, rank_memory
+from capture_megatron.forecast import layers_for, rank_memory
+from capture_megatron.planner.balance import balanced, evaluate_plan
+from capture_megatron.planner.fastest import fastest, fit_plan
+from capture_megatron.planner.margins import Margins
+from capture_megatron.planner.ranktimes import RankTimes, least_step, memory_floor
+from capture_megatron.planner.space import Space, candidates
+from capture_megatron.planner.supply import Supply, needs_of
+from capture_megatron.planner.timed import timed_split
+from capture_megatron.steptime.constants import fitted
+from capture_megatron.steptime.model import CostModel, step_seconds
+from capture_megatron.steptime.settings import StepSettings
 
 HW = CostModel()
 MARGINS = Margins(context_bytes=0.0)
@@ -115,7 +115,7 @@ def test_the_excess_is_taken_from_ranks_that_hold_layers():
     """An end alone (the embedding of a large vocabulary) may weigh more than a rank's layers:
     the layers above n are still taken from ranks holding some, never below 0 (seen: Qwen3-30B-A3B
     on 16 GPUs reached a rank of -2 layers)."""
-    from capture_megatron.plan.timed import _spread
+    from capture_megatron.planner.timed import _spread
 
     assert _spread([0, 2, 2], 3, [5.0, 0.0, 0.0], 1.0) == [0, 1, 2]
 

@@ -224,7 +224,7 @@ def hybrid_ep_combine(x, handle, num_permuted_tokens, pad_multiple):
 
 class _Float32ProbsNotice(logging.Filter):
     """Drops megatron's per-dispatch 'HybridEP only supports float32 probs' warning in probes
-    (the plan's note says it once: capture_megatron.plan.margins.Margins.hybridep_note)."""
+    (the plan's note says it once: capture_megatron.planner.margins.Margins.hybridep_note)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         """False for that warning."""

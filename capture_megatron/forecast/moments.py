@@ -1,0 +1,127 @@
+"""A rank's schedule moments as arrays, so that its peak over them is a few vector operations.
+
+The planner asks for tens of thousands of rank peaks per search (every layer count, chunk split and
+recompute count of every candidate's ranks), each a maximum over the same schedule's moments
+(capture_megatron.forecast.ranks.schedule_states) with other chunk costs. Per schedule, the moments
+are turned once into a matrix of micro-batches alive per chunk, a mask of the other chunks that
+retain what their last backward left, and the indices of the running and held chunks; the memory
+at every moment is then two matrix-vector products and a few gathers (ranks._moment gives the same
+sums one moment at a time, and the breakdown of the peak moment). Pure Python with numpy.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+from capture_megatron.forecast.chunks import ChunkCost
+
+
+class Moment(NamedTuple):
+    """One point of a rank's schedule that can be its peak: an event about to run and what the
+    schedule holds then. Kind "D" is the drain of a deferred embedding weight gradient, after the
+    schedule's last backward."""
+
+    kind: str
+    """F (forward), B (backward), M (a merged forward + backward step) or D (the drain)."""
+    chunk: int
+    """The local chunk the event runs on (M: the forward's + vpp x the backward's)."""
+    live: tuple[int, ...]
+    """Micro-batches alive per local chunk before the event."""
+    held: int
+    """The chunk whose input gradient the schedule still holds, or -1."""
+    after: tuple[bool, ...]
+    """Per chunk, whether its last pass was a backward: it retains what that left
+    (capture_megatron.forecast.retained); every chunk does at an iteration's start."""
+    done: int
+    """Backward passes the output layer's chunk has completed when the last stage defers its
+    weight gradient, else 0."""
+
+
+@dataclass(frozen=True, eq=False)
+class MomentArrays:
+    """A rank's schedule moments (Moment) as arrays, one row per moment."""
+
+    kind: np.ndarray
+    """0: forward, 1: backward, 2: the deferred weight gradients' drain."""
+    chunk: np.ndarray
+    """The running pass's chunk."""
+    live: np.ndarray
+    """Micro-batches alive per chunk before the event (moments x chunks, float)."""
+    others_retaining: np.ndarray
+    """1 where a chunk other than the running one retains what its last backward left."""
+    held: np.ndarray
+    """The chunk whose input gradient the schedule holds (0 where none: see `holding`)."""
+    holding: np.ndarray
+    """Whether an input gradient is held and counted in the transient (not at a drain)."""
+    counted: np.ndarray
+    """Whether that gradient is already counted as retained (then only the rest is added)."""
+    done: np.ndarray
+    """Backward passes of the output layer's chunk completed (deferred weight gradients)."""
+
+
+KINDS = {"F": 0, "B": 1, "D": 2}
+"""MomentArrays.kind of each kind of moment."""
+
+
+_BY_IDENTITY: dict[tuple[int, int], tuple[tuple[Moment, ...], MomentArrays]] = {}
+"""moment_arrays by the moments tuple's identity (hashing a long tuple on every call is what a
+value-keyed cache costs; the entry keeps the tuple alive, so its id is not reused)."""
+
+
+def moment_arrays(moments: tuple[Moment, ...], vpp: int) -> MomentArrays:
+    """The arrays of a schedule's moments (ranks.schedule_states' tuple, which is cached too, so
+    the same schedule is the same object)."""
+    key = (id(moments), vpp)
+    found = _BY_IDENTITY.get(key)
+    if found is not None and found[0] is moments:
+        return found[1]
+    if len(_BY_IDENTITY) >= 4096:
+        _BY_IDENTITY.clear()
+    arrays = _moment_arrays(moments, vpp)
+    _BY_IDENTITY[key] = (moments, arrays)
+    return arrays
+
+
+@functools.lru_cache(maxsize=4096)
+def _moment_arrays(moments: tuple[Moment, ...], vpp: int) -> MomentArrays:
+    """moment_arrays by value."""
+    n = len(moments)
+    kind = np.array([KINDS[m.kind] for m in moments], dtype=np.int64).reshape(n)
+    chunk = np.array([m.chunk for m in moments], dtype=np.int64).reshape(n)
+    live = np.array([m.live for m in moments], dtype=np.float64).reshape(n, vpp)
+    after = np.array([m.after for m in moments], dtype=bool).reshape(n, vpp)
+    held = np.array([m.held for m in moments], dtype=np.int64).reshape(n)
+    rows = np.arange(n)
+    others = after.copy()
+    others[rows, chunk] = False
+    holding = (held >= 0) & (kind != KINDS["D"])
+    at = np.where(held >= 0, held, 0)
+    counted = (after[rows, at] & (at != chunk)) | ((at == chunk) & (kind == KINDS["F"]))
+    done = np.array([m.done for m in moments], dtype=np.float64).reshape(n)
+    return MomentArrays(kind, chunk, live, others.astype(np.float64), at, holding, counted, done)
+
+
+def moment_totals(
+    arrays: MomentArrays, chunks: Sequence[ChunkCost], pair: float, limit: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """(activations held, transient of the running pass) at every moment, above the static bytes
+    (ranks._moment, and the deferred weight gradients' pairs: `pair` bytes for each of at most
+    `limit` completed backward passes)."""
+    inflight = np.array([c.inflight for c in chunks])
+    retained = np.array([c.retained for c in chunks])
+    inputs = np.array([c.input_bytes for c in chunks])
+    forward = np.array([c.forward for c in chunks])
+    backward = np.array([c.backward for c in chunks])
+    kept = np.minimum(np.array([c.retained_grad for c in chunks]), inputs)
+    acts = arrays.live @ inflight + arrays.others_retaining @ retained
+    if pair:
+        acts = acts + np.minimum(arrays.done, limit) * pair
+    running = np.stack((inputs + forward, backward, np.zeros(len(chunks))))
+    transient = running[arrays.kind, arrays.chunk]
+    held = inputs[arrays.held] - np.where(arrays.counted, kept[arrays.held], 0.0)
+    return acts, transient + np.where(arrays.holding, held, 0.0)
