@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from capture_megatron.api.args import predict_parser
 from capture_megatron.api.request import resolve_shape
 from capture_megatron.config import DdpOptions, ModelShape, ParallelFlags, ParallelPlan
-from capture_megatron.config.resolve import parallel_plan
 from capture_megatron.flags import parser as flags
+from capture_megatron.flags.resolve import parallel_plan
 from capture_megatron.steptime.settings import StepSettings
 
 HERE = os.path.dirname(os.path.abspath(__file__))

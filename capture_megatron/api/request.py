@@ -23,8 +23,7 @@ from capture_megatron.config import (
     presets,
 )
 from capture_megatron.config.kernels import TE_FUSED_BACKENDS, kernel_set
-from capture_megatron.config.recompute import Recompute, module_problems
-from capture_megatron.config.resolve import parallel_plan
+from capture_megatron.config.recompute import Recompute
 from capture_megatron.config.training import (
     NOT_ADAM,
     BuildOptions,
@@ -36,8 +35,11 @@ from capture_megatron.errors import CaptureError, require
 from capture_megatron.flags import megatron_lm
 from capture_megatron.flags import parser as flags
 from capture_megatron.flags.args import model_shape, overridden, shape_overrides
+from capture_megatron.flags.resolve import parallel_plan
 from capture_megatron.planner import PlanOptions, space_from
 from capture_megatron.planner.space import overlap_space
+from capture_megatron.rules.megatron import module_problems
+from capture_megatron.rules.modelled import activation_offload_problem
 from capture_megatron.steptime.constants import fitted
 from capture_megatron.steptime.hardware import Hardware, HardwareFlags, ok
 from capture_megatron.steptime.model import CostModel
@@ -208,7 +210,8 @@ def plan_options(
 
         scale = calibration_factor(default_device(device))
         # before profiling: can the kernel set run fine-grained offloading at all?
-        problem = ddp.activation_offload.kernel_problem(kernel_set(default_device(device), kernels))
+        kind = kernel_set(default_device(device), kernels)
+        problem = activation_offload_problem(ddp.activation_offload, kind)
         if problem:
             raise CaptureError(problem + ".")
     space = space_from(fixed, whole, ddp)

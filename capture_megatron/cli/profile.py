@@ -12,11 +12,11 @@ import time
 
 from capture_megatron.cli.outputs import prepare_outputs
 from capture_megatron.config import Kernels, ModelShape, ParallelFlags
-from capture_megatron.config.resolve import given_modules, granularity_of
 from capture_megatron.errors import CaptureError
 from capture_megatron.flags import parser as flags
 from capture_megatron.flags.args import model_shape
 from capture_megatron.flags.parser import summary
+from capture_megatron.flags.resolve import given_modules, granularity_of
 from capture_megatron.profile import ProfileOptions
 from capture_megatron.records import Variant, write_records
 

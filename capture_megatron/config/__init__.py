@@ -6,7 +6,6 @@ Every field that a Megatron flag sets declares that flag (capture_megatron.confi
 """
 
 from capture_megatron.config.ddp import DdpOptions
-from capture_megatron.config.fits import check_plan_fits_model
 from capture_megatron.config.kernels import Kernels
 from capture_megatron.config.model import GIB, ModelShape, dtype_bytes
 from capture_megatron.config.parallel import Cluster, ParallelFlags, ParallelPlan, Recompute
@@ -34,6 +33,5 @@ __all__ = [
     "Recompute",
     "RunOptions",
     "TrainConfig",
-    "check_plan_fits_model",
     "dtype_bytes",
 ]

@@ -89,26 +89,6 @@ class ActivationOffload(JsonMixin):
         """The module groups offloaded (none when off)."""
         return self.offload_modules if self.fine_grained_activation_offloading else ()
 
-    def kernel_problem(self, kernel_set: str) -> str:
-        """Why the kernel set (config.kernels.kernel_set) cannot run these settings ('' when it
-        can): megatron-core hooks Transformer Engine's cpu_offload and needs CUDA streams."""
-        if not self.fine_grained_activation_offloading or kernel_set.startswith(
-            "gpu:transformer_engine"
-        ):
-            return ""
-        if kernel_set == "cpu":
-            return (
-                "--fine-grained-activation-offloading needs Transformer Engine, CUDA streams and "
-                "pinned host memory (Megatron-LM requires --transformer-impl "
-                "transformer_engine), which the CPU kernel set cannot run: predict it with the "
-                "GPU kernel set (--device fake)"
-            )
-        return (
-            "Megatron-LM stops: 'Fine-grained activation offloading is only supported with "
-            "transformer_engine implementation' (arguments.py; it hooks Transformer Engine's "
-            "cpu_offload): give --transformer-impl transformer_engine"
-        )
-
 
 @dataclass(frozen=True)
 class OffloadTensor(JsonMixin):

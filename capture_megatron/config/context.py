@@ -10,7 +10,6 @@ context_problem, never forecast as the modelled one.
 
 from __future__ import annotations
 
-from capture_megatron.config.kernels import TE_FUSED_BACKENDS, Kernels
 from capture_megatron.config.parallel import ParallelPlan
 from capture_megatron.errors import CaptureError
 
@@ -51,38 +50,3 @@ def te_comm_type(plan: ParallelPlan, uses_te: bool) -> str | None:
         return None
     kind = plan.cp_comm_type or "p2p"
     return "all_gather" if kind == "allgather" else kind
-
-
-RING = ("", "p2p")
-"""--cp-comm-type values the GPU kernel set models ('' when not given: Megatron-LM's p2p)."""
-
-
-def context_problem(cps: tuple[int, ...], comm_type: str, kernel_set: str, kernels: Kernels) -> str:
-    """Why context parallelism at the sizes `cps` with --cp-comm-type `comm_type` is not
-    modelled on `kernel_set` under `kernels`; '' when it is (or no size is above 1)."""
-    if max(cps, default=1) == 1:
-        return ""
-    if not kernel_set.startswith("gpu"):
-        if comm_type in ALL_GATHER:
-            return ""
-        return (
-            f"--cp-comm-type {comm_type} is not modelled: the CPU kernel set's context-parallel "
-            "attention all-gathers K and V; give --cp-comm-type allgather or leave the flag out"
-        )
-    gpu = kernels.for_gpu()
-    te = gpu.transformer_impl == "transformer_engine"
-    if not (te and gpu.attention_backend in TE_FUSED_BACKENDS):
-        return (
-            f"--context-parallel-size {max(cps)} with --transformer-impl {gpu.transformer_impl} "
-            f"--attention-backend {gpu.attention_backend} is not modelled: Megatron's local "
-            "attention and Transformer Engine's unfused backend do not run context parallelism; "
-            "use --transformer-impl transformer_engine with --attention-backend flash, fused or "
-            "auto"
-        )
-    if comm_type in RING:
-        return ""
-    return (
-        f"--cp-comm-type {comm_type} is not modelled: the GPU memory model emulates Transformer "
-        "Engine's ring context-parallel attention (p2p, Megatron-LM's default) only; give "
-        "--cp-comm-type p2p or leave the flag out"
-    )

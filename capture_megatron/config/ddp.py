@@ -212,52 +212,12 @@ class DdpOptions(JsonMixin):
             return self.ddp_bucket_size
         return max(40_000_000, 1_000_000 * dp_cp)
 
-    def kernel_problem(self, kernel_set: str, accumulation_fusion: bool) -> str:
-        """Why the kernel set cannot run these settings ('' when it can): the combined 1F1B
-        schedule of --overlap-moe-expert-parallel-comm needs CUDA streams; deferring the output
-        layer's weight gradient needs gradient-accumulation fusion (megatron-core's
-        ModelParallelConfig), a CUDA extension (apex / TE) the CPU kernel set does not have."""
-        offload = self.activation_offload.kernel_problem(kernel_set)
-        if offload:
-            return offload
-        if self.overlap_moe_expert_parallel_comm and kernel_set == "cpu":
-            return (
-                "--overlap-moe-expert-parallel-comm runs megatron-core's combined 1F1B schedule "
-                "on a CUDA communication stream and events (pipeline_parallel/utils.py "
-                "set_streams) and only in bf16 / fp16, which the CPU kernel set cannot run: "
-                "predict it with the GPU kernel set (--device fake)"
-            )
-        if not self.defer_embedding_wgrad_compute:
-            return ""
-        if kernel_set == "cpu":
-            return (
-                "--defer-embedding-wgrad-compute needs gradient-accumulation fusion, a CUDA "
-                "extension the CPU kernel set does not have (megatron-core refuses the setting "
-                "without it): predict it with the GPU kernel set (--device fake)"
-            )
-        if not accumulation_fusion:
-            return (
-                "--defer-embedding-wgrad-compute needs gradient-accumulation fusion (megatron-core "
-                "refuses it with --no-gradient-accumulation-fusion)"
-            )
-        return ""
-
     def deferred(self, microbatches: int) -> int:
         """Micro-batches whose output-layer weight gradient the last stage defers."""
         if not self.defer_embedding_wgrad_compute:
             return 0
         limit = self.wgrad_deferral_limit
         return microbatches if limit == 0 else min(limit, microbatches)
-
-    def dtype_problems(self, dtype: str) -> list[str]:
-        """What megatron-core refuses in these settings when training in `dtype`."""
-        if self.use_precision_aware_optimizer and self.grad_dtype(dtype) == "fp16":
-            return [
-                "--use-precision-aware-optimizer with fp16 gradient buffers: megatron-core's "
-                "gradient clipping takes only fp32 or bf16 gradients from it (clip_grads.py); "
-                "add --accumulate-allreduce-grads-in-fp32"
-            ]
-        return []
 
     def shard_ranks(self, dp_cp: int) -> int:
         """The ranks one distributed-optimizer instance shards the state over."""

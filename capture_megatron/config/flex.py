@@ -18,67 +18,11 @@ num_local_experts), the first time a flex layer dispatches.
 
 from __future__ import annotations
 
-from capture_megatron.config.moe import Experts
-
-DEEPEP_REFUSAL = (
-    "--moe-token-dispatcher-type flex with --moe-flex-dispatcher-backend deepep (the default "
-    "backend) is not modelled: megatron-core 0.16.1 refuses DeepEP with padded expert inputs "
-    "(TransformerConfig: 'Flex token dispatcher with deepep backend does not support "
-    "moe_pad_expert_input_to_capacity'), and the forecast sizes dropless routing by padding every "
-    "expert to its routing bound; without padding _DeepepManager turns DeepEP's received top-k "
-    "indices into a routing map by boolean indexing and repeat_interleave, whose sizes are the "
-    "received tokens' values, which no forecast tensor holds. Give --moe-flex-dispatcher-backend "
-    "hybridep (forecast on the GPU kernel set, with HybridEP's buffers), or "
-    "--moe-token-dispatcher-type alltoall for DeepEP's experts and routing without its buffers"
-)
-"""Why DeepEP is refused (one paragraph)."""
-
-CPU_REFUSAL = (
-    "--moe-token-dispatcher-type flex runs only on the GPU kernel set: it sends tokens through "
-    "DeepEP or HybridEP, CUDA-only libraries; forecast it with the GPU kernel set (--device "
-    "fake-cuda, the default without a GPU), or run on the CPU with --moe-token-dispatcher-type "
-    "alltoall or allgather"
-)
-"""The CPU kernel set's refusal (one paragraph)."""
-
 MIN_TOKENS = 512
 """HybridEPBuffer's floor on max_num_of_tokens_per_rank (hybrid_ep_buffer.py:
 max(max_num_of_tokens_per_rank, 512))."""
 TOKENS_PER_CHUNK = 128
 """NUM_OF_TOKENS_PER_CHUNK_DISPATCH_API / _COMBINE_API's default (the RDMA flags' chunk)."""
-
-
-def flex_problems(
-    moe: Experts, dtype: str, tp_ep: int, nvlink_domain: int, cpu: bool = False
-) -> list[str]:
-    """What megatron-core 0.16.1 (or HybridEP) refuses of a flex run, one sentence each: `tp_ep`
-    the expert TP x EP group, `nvlink_domain` the GPUs that reach each other over NVLink, `cpu`
-    the CPU kernel set. Empty unless the dispatcher is flex."""
-    if not moe.enabled or moe.moe_token_dispatcher_type != "flex":
-        return []
-    if cpu:
-        return [CPU_REFUSAL]
-    if moe.moe_flex_dispatcher_backend == "deepep":
-        return [DEEPEP_REFUSAL]
-    p = []
-    if tp_ep < 2:
-        p.append(
-            "the flex dispatcher needs expert TP x EP > 1 (MoEFlexTokenDispatcher asserts "
-            "'Flex token dispatcher requires TPxEP > 1'); give --expert-model-parallel-size > 1 "
-            "or use --moe-token-dispatcher-type alltoall"
-        )
-    if dtype == "fp32":
-        p.append(
-            "HybridEP moves 16-bit tokens only (combine_with_unpermute asserts a 2-byte element "
-            "size, hybrid_ep.cu at DeepEP eb9cee7): give --bf16 or --fp16"
-        )
-    domain = min(tp_ep, nvlink_domain)
-    if tp_ep >= 2 and tp_ep % domain:
-        p.append(
-            f"HybridEP needs the expert TP x EP group ({tp_ep} GPUs) to be whole NVLink domains "
-            f"of {nvlink_domain} GPUs (HybridEPBuffer asserts it)"
-        )
-    return p
 
 
 def hybridep_buffer_bytes(

@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from capture_megatron.config.kernels import Kernels
+    pass
 
 MODELLED_RECIPES = ("delayed", "tensorwise", "mxfp8", "blockwise")
 """Recipes whose tensors are modelled (custom takes a user's quantizer factory)."""
@@ -105,50 +105,3 @@ def scaling_state_bytes(recipe: str, gemms: int, amax_history_len: int) -> int:
     if recipe == "tensorwise":
         return 8 * n
     return 0
-
-
-def fp8_problem(kernel_set: str, kernels: Kernels) -> str:
-    """Why FP8 training under `kernels` is not forecast on `kernel_set` ('cpu' or 'gpu:...',
-    capture_megatron.config.kernels.kernel_set); '' when it is (or when the run is not FP8)."""
-    if not kernels.fp8:
-        return ""
-    given = f"--fp8-format {kernels.fp8_format} --fp8-recipe {kernels.fp8_recipe}"
-    if not kernel_set.startswith("gpu"):
-        return (
-            f"{given}: FP8 training runs Transformer Engine's FP8 GEMMs, which only the GPU kernel "
-            "set models (what TE keeps on an H100: FP8 copies of the linear layers' inputs and "
-            "weights, their scales); the CPU kernel set describes CPU runs, which have no FP8 "
-            "kernels. Predict it on the GPU kernel set: --device fake-cuda (TE's kernels emulated "
-            "on fake CUDA tensors, the default without a GPU) or --device cuda"
-        )
-    gpu = kernels.for_gpu()
-    if gpu.transformer_impl != "transformer_engine":
-        return (
-            f"{given} with --transformer-impl {gpu.transformer_impl}: FP8 GEMMs are Transformer "
-            "Engine's; megatron's local layers ignore FP8, which is not modelled: use "
-            "--transformer-impl transformer_engine"
-        )
-    if kernels.fp8_recipe not in MODELLED_RECIPES:
-        return (
-            f"{given}: a custom recipe's quantizers (--fp8-quantizer-factory) keep tensors of "
-            "their own, not modelled; use delayed, tensorwise, mxfp8 or blockwise"
-        )
-    if kernels.fp8_recipe == "mxfp8" and kernels.fp8_param_gather:
-        return (
-            f"{given} --fp8-param-gather: TE cannot move MXFP8 parameters into DDP's buffer "
-            "(replace_raw_data raises for MXFP8Tensor), so Megatron-LM needs "
-            "--reuse-grad-buf-for-mxfp8-param-ag, whose shared parameter / gradient buffer is not "
-            "modelled yet; leave --fp8-param-gather out, or use the delayed, tensorwise or "
-            "blockwise recipe"
-        )
-    if kernels.first_last_layers_bf16:
-        return (
-            f"{given} with --first-last-layers-bf16: layers kept in bf16 among FP8 layers are not "
-            "modelled yet; leave it out to forecast every layer in FP8"
-        )
-    if not kernel_set.split("/").count(f"fp8-{kernels.fp8_recipe}"):
-        return (
-            f"{given}: the memory model ({kernel_set}) describes a run without FP8; profile the "
-            "FP8 kernels (leave out --memory-model)"
-        )
-    return ""

@@ -14,7 +14,7 @@ capture_megatron.config.hf) in Megatron-LM's MoE flags. Pure Python.
   DeepSeek's scoring_func as --moe-router-score-function and its seq_aux as
   --moe-router-load-balancing-type seq_aux_loss (how NVIDIA's DeepSeek-V3 script routes). Its
   group-limited routing and score-correction bias (E floats per layer) only choose which experts
-  get tokens, as the Megatron flags for them do (flags/policy.py).
+  get tokens, as the Megatron flags for them do (rules/flags.py).
   Routing is dropless, as in transformers (no capacity factor).
 """
 

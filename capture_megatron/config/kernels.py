@@ -238,35 +238,3 @@ VALIDATION = {
     "Megatron's local spec (docs/BENCHMARKS.md, On a real GPU: every run within 1.4%)",
 }
 """How a memory model profiled on each device was validated (named in every plan's output)."""
-
-
-def tp_overlap_problem(kernel_set: str, kernels: Kernels, tp: int = 0, sp: bool = True) -> str:
-    """Why --tp-comm-overlap under `kernels` is not forecast on `kernel_set` ('cpu' or
-    'gpu:...') for a plan of TP `tp` with sequence parallelism `sp` (tp 0: not known yet); ''
-    when it is, or without it."""
-    if not kernels.tp_comm_overlap:
-        return ""
-    if not kernel_set.startswith("gpu"):
-        return (
-            "--tp-comm-overlap: TP communication overlap runs through Transformer Engine's "
-            "userbuffers (CUDA memory outside the caching allocator, GEMMs writing into it), "
-            "which only the GPU kernel set models; the CPU kernel set describes CPU runs, which "
-            "have none. Predict it on the GPU kernel set: --device fake-cuda (the default "
-            "without a GPU) or --device cuda"
-        )
-    if kernels.for_gpu().transformer_impl != "transformer_engine":
-        return "--tp-comm-overlap needs --transformer-impl transformer_engine (TE's userbuffers)"
-    if kernels.tp_comm_overlap_cfg:
-        return (
-            f"--tp-comm-overlap-cfg {kernels.tp_comm_overlap_cfg}: a userbuffer configuration "
-            "changes each buffer's method, size and precision, not modelled; leave it out to "
-            "forecast Transformer Engine's defaults"
-        )
-    if tp == 1 or not sp:
-        return (
-            "--tp-comm-overlap needs --sequence-parallel with --tensor-model-parallel-size > 1 "
-            "(Megatron-LM asserts it: 'Tensor parallel communication/GEMM overlap can happen "
-            "only when sequence parallelism is enabled', and turns sequence parallelism off at "
-            "TP 1)"
-        )
-    return ""

@@ -100,17 +100,6 @@ def offload_problems(ddp: OffloadSettings) -> list[str]:
     return p
 
 
-def fp8_offload_problem(ddp: OffloadSettings, fp8_param_gather: bool, fp8_recipe: str) -> str:
-    """Megatron-LM's rule for --optimizer-cpu-offload with FP8 parameters ('' when it runs)."""
-    if not (ddp.optimizer_cpu_offload and fp8_param_gather) or fp8_recipe == "delayed":
-        return ""
-    return (
-        f"--optimizer-cpu-offload with --fp8-param-gather and --fp8-recipe {fp8_recipe}: "
-        f"{_ARGS}:1195-1198 stops ('When `--fp8-param-gather` is enabled, the optimizer cpu "
-        "offload must be used in conjunction with `--fp8-recipe delayed`')"
-    )
-
-
 def offloaded(fraction: float, elements: int) -> int:
     """Elements of a rank's `elements` optimizer elements HybridDeviceOptimizer moves to the host:
     at least ceil(fraction x elements) (the whole slice that crosses the threshold adds up to one

@@ -207,57 +207,6 @@ def tp_fits(shape: ModelShape, tp: int, sequence_parallel: bool) -> bool:
     return ok and (not sequence_parallel or (tp > 1 and shape.seq_length % tp == 0))
 
 
-def expert_problems(shape: ModelShape, plan: ParallelPlan) -> list[str]:
-    """Why Megatron cannot split `shape`'s experts as `plan` says (empty: it can)."""
-    moe = shape.moe
-    if not moe.enabled:
-        return (
-            [f"EP {plan.ep} needs --num-experts (the model has no experts)"] if plan.ep > 1 else []
-        )
-    p = []
-    if moe.num_experts % plan.ep:
-        fits = [e for e in range(1, moe.num_experts + 1) if moe.num_experts % e == 0]
-        p.append(
-            f"experts {moe.num_experts} not divisible by EP {plan.ep} (EP can be one of "
-            f"{', '.join(map(str, fits))})"
-        )
-    if shape.moe_ffn % plan.expert_tp:
-        p.append(f"expert ffn hidden {shape.moe_ffn} not divisible by ETP {plan.expert_tp}")
-    if plan.ep == 1 and plan.expert_tp != plan.tp:
-        p.append(
-            f"ETP {plan.expert_tp} differs from TP {plan.tp} with EP 1: megatron-core 0.16.1 "
-            "treats expert weights as ordinary data-parallel weights unless EP > 1 "
-            "(tensor_parallel/layers.py marks them allreduce=True), so their gradients are "
-            "reduced over the wrong ranks (measured: TP 2 with ETP 1, and ETP 2 with TP 1, "
-            "leave the single process's gradients from the first step); use EP > 1 or leave "
-            "--expert-tensor-parallel-size at the TP size"
-        )
-    if plan.tp > 1 and not plan.sequence_parallel:
-        p.append(
-            f"MoE layers with TP {plan.tp} need --sequence-parallel (megatron-core refuses to "
-            "train MoE with TP > 1 without it)"
-        )
-    return p
-
-
-def context_problems(shape: ModelShape, plan: ParallelPlan) -> list[str]:
-    """Why Megatron cannot split `shape`'s sequences over `plan`'s CP ranks (empty: it can)."""
-    if plan.cp == 1:
-        return []
-    p = []
-    if shape.seq_length % (2 * plan.cp):
-        p.append(
-            f"seq length {shape.seq_length} not divisible by 2 x CP {plan.cp} (causal context "
-            "parallelism gives every CP rank two chunks)"
-        )
-    if plan.sequence_parallel and shape.seq_length % (2 * plan.cp * plan.tp):
-        p.append(
-            f"seq length {shape.seq_length} not divisible by 2 x CP {plan.cp} x TP {plan.tp} "
-            "for sequence parallel"
-        )
-    return p
-
-
 @dataclass(frozen=True)
 class ParallelFlags:
     """Parallel sizes, batch and memory savers as given on a Megatron command line (None: not

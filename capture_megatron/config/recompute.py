@@ -15,7 +15,7 @@ from capture_megatron.errors import CaptureError, require
 from capture_megatron.serial import JsonMixin
 
 if TYPE_CHECKING:
-    from capture_megatron.config.model import ModelShape
+    pass
 
 RECOMPUTE_GRANULARITIES = ("none", "selective", "full")
 """Activation recomputation granularities (none: keep every activation)."""
@@ -119,21 +119,3 @@ def check_variant_modules(granularity: str, modules: tuple[str, ...]) -> None:
             f"variant: recompute modules {list(modules)} are kept only for selective recompute, "
             "sorted, each once, and not the default core_attn alone"
         )
-
-
-def module_problems(shape: ModelShape, chosen: tuple[str, ...]) -> list[str]:
-    """Why megatron-core 0.16.1 refuses selective recompute of the modules `chosen` for `shape`
-    (empty: it takes them)."""
-    p = []
-    if "moe_act" in chosen and not shape.moe.moe_grouped_gemm:
-        p.append(
-            "--recompute-modules moe_act needs --moe-grouped-gemm (megatron-core 0.16.1's "
-            "TransformerConfig refuses it otherwise: only its grouped experts recompute the "
-            "activation)"
-        )
-    if "mla_up_proj" in chosen and not shape.mla.enabled:
-        p.append(
-            "--recompute-modules mla_up_proj needs --multi-latent-attention (megatron-core "
-            "0.16.1's TransformerConfig refuses it otherwise)"
-        )
-    return p

@@ -20,9 +20,9 @@ from capture_megatron.config import (
 )
 from capture_megatron.config.attention import LatentAttention
 from capture_megatron.config.moe import Experts
-from capture_megatron.config.resolve import parallel_plan
 from capture_megatron.errors import CaptureError, require
 from capture_megatron.flags.parser import ddp_options, from_namespace, given
+from capture_megatron.flags.resolve import parallel_plan
 
 REQUIRED = ("num_layers", "hidden_size", "num_attention_heads", "seq_length")
 """ModelShape fields a command line must give (the vocabulary may come from the tokenizer)."""

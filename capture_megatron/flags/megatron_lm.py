@@ -2,7 +2,7 @@
 that take a Megatron-LM command line verbatim (`predict`, `plan`): the arguments capture-megatron's
 own option classes do not declare are added to the parser from the table (hidden from --help) and,
 after parsing, each one given is accepted and ignored, or refused with the reason
-(capture_megatron.flags.policy). Pure Python (no torch).
+(capture_megatron.rules.flags). Pure Python (no torch).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from importlib import resources
 from typing import Any
 
 from capture_megatron.errors import CaptureError
-from capture_megatron.flags import policy
+from capture_megatron.rules import flags as policy
 
 PREFIX = "megatron_lm:"
 """Namespace attributes of the arguments added from the table start with this."""

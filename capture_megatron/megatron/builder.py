@@ -35,6 +35,7 @@ from capture_megatron.megatron import attention, moe, mtp
 from capture_megatron.megatron.backend import Backend
 from capture_megatron.megatron.gpu_spec import keep_fused_norms
 from capture_megatron.megatron.norms import LocalNorm
+from capture_megatron.rules.modelled import ddp_kernel_problem
 
 if TYPE_CHECKING:
     from megatron.core.models.gpt import GPTModel
@@ -70,8 +71,8 @@ def resolve_impl(requested: str) -> str:
 
 def _defer_fields(plan: ParallelPlan, kernels: Kernels | None, fusion: bool) -> dict:
     """TransformerConfig's deferred output-layer weight gradient (refused where the kernels
-    cannot run it: DdpOptions.kernel_problem)."""
-    problem = plan.ddp.kernel_problem("cpu" if kernels is None else "gpu", fusion)
+    cannot run it: rules.modelled.ddp_kernel_problem)."""
+    problem = ddp_kernel_problem(plan.ddp, "cpu" if kernels is None else "gpu", fusion)
     if problem:
         from capture_megatron.errors import CaptureError
 

@@ -27,8 +27,8 @@ import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from capture_megatron.config import ModelShape, ParallelPlan
-from capture_megatron.config.flex import CPU_REFUSAL
 from capture_megatron.errors import CaptureError
+from capture_megatron.rules.megatron import CPU_REFUSAL
 
 if TYPE_CHECKING:
     from megatron.core.transformer.spec_utils import ModuleSpec

@@ -51,7 +51,7 @@ def plan_args(plan: ParallelPlan) -> list[str]:
 
 
 def parallel_flags(plan: ParallelPlan) -> ParallelFlags:
-    """The plan as the command line that runs it gives it (what `capture_megatron.config.resolve`
+    """The plan as the command line that runs it gives it (what `capture_megatron.flags.resolve`
     reads back into the same plan): Megatron's defaults left out (PP 1 has no layout, CP and EP 1
     no size), the partition as --pipeline-model-parallel-layout, recompute as `recompute_flags`."""
     return dataclasses.replace(

@@ -12,8 +12,8 @@ from capture_megatron.config import ModelShape, ParallelPlan
 from capture_megatron.config.act_offload import OFFLOAD_SETS, ActivationOffload
 from capture_megatron.config.ddp import DdpOptions
 from capture_megatron.config.kernels import Kernels
-from capture_megatron.config.optimizer_offload import fp8_offload_problem
 from capture_megatron.errors import CaptureError
+from capture_megatron.rules.megatron import dtype_problems, fp8_offload_problem
 
 OFFLOAD_FRACTIONS = (0.0, 0.25, 0.5, 0.75, 1.0)
 """The optimizer offload fractions the planner searches (issue 31: 0, 1/4, 1/2, 3/4, 1)."""
@@ -45,7 +45,7 @@ def searched_offload(
     except CaptureError:
         return (0.0,)
     fp8 = kernels.fp8 and kernels.fp8_param_gather
-    refused = moved.dtype_problems(dtype) or fp8_offload_problem(moved, fp8, kernels.fp8_recipe)
+    refused = dtype_problems(moved, dtype) or fp8_offload_problem(moved, fp8, kernels.fp8_recipe)
     return (0.0,) if refused else OFFLOAD_FRACTIONS
 
 

@@ -14,11 +14,8 @@ import dataclasses
 from dataclasses import dataclass
 
 from capture_megatron.config import GIB, Cluster, Kernels, ModelShape, ParallelPlan
-from capture_megatron.config.context import context_problem
 from capture_megatron.config.fields import flag
-from capture_megatron.config.flex import flex_problems
-from capture_megatron.config.fp8 import fp8_problem
-from capture_megatron.config.kernels import kernel_set, tp_overlap_problem
+from capture_megatron.config.kernels import kernel_set
 from capture_megatron.config.model import tp_head_problems
 from capture_megatron.errors import CaptureError
 from capture_megatron.fit import MemoryModel, ModelSource
@@ -45,7 +42,11 @@ from capture_megatron.planner.routing import (
 from capture_megatron.planner.search import OBJECTIVES, Evaluated, evaluate_plan
 from capture_megatron.planner.space import Space, candidates
 from capture_megatron.planner.supply import Supply
-from capture_megatron.rules.modelled import latent_problem, window_problem
+from capture_megatron.rules.megatron import flex_problems
+from capture_megatron.rules.modelled import (
+    check_plans,
+    context_problem,
+)
 from capture_megatron.steptime.model import CostModel
 
 
@@ -288,22 +289,10 @@ def _result(
     """The PlanResult of plans evaluated at `shape`'s routing (the planning factor for dropless
     MoE): their peaks shown at the forecast, the chosen plan's routing report, baselines at the
     forecast, the reasoning and stock alternative at the planning factor."""
-    space = options.space
     cps = tuple(e.plan.cp for e in ranked)
-    problem = (
-        fp8_problem(model.kernels, options.kernels)
-        or tp_overlap_problem(
-            model.kernels, options.kernels, ranked[0].plan.tp, ranked[0].plan.sequence_parallel
-        )
-        or window_problem(shape, model.kernels, options.kernels)
-        or latent_problem(shape, model.kernels, options.kernels, max(cps))
-        or context_problem(cps, space.cp_comm_type, model.kernels, options.kernels)
-        or ranked[0].plan.ddp.kernel_problem(
-            model.kernels, options.kernels.gradient_accumulation_fusion
-        )
+    check_plans(
+        shape, options.kernels, model.kernels, ranked[0].plan, cps, options.space.cp_comm_type
     )
-    if problem:
-        raise CaptureError(problem + ".")
     origin = ModelOrigin(model.device, model.kernels, model.versions)
     hw, margins = options.cost, options.margins(cluster, shape.hidden_size, hybridep(shape))
     space = options.space

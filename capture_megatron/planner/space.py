@@ -9,16 +9,17 @@ from typing import Any
 
 from capture_megatron.config import Cluster, ModelShape, ParallelFlags, ParallelPlan, Recompute
 from capture_megatron.config.ddp import DEFAULT_DDP, DdpOptions
-from capture_megatron.config.kernels import Kernels, tp_overlap_problem
-from capture_megatron.config.mtp import mtp_problems
+from capture_megatron.config.kernels import Kernels
 from capture_megatron.config.parallel import tp_fits
-from capture_megatron.config.resolve import (
+from capture_megatron.errors import CaptureError
+from capture_megatron.flags.resolve import (
     given_modules,
     granularity_of,
     refuse_dropped_recompute,
 )
-from capture_megatron.errors import CaptureError
 from capture_megatron.planner.offload_space import activation_ddp, fixed_offload, offload_ddp
+from capture_megatron.rules.megatron import mtp_problems
+from capture_megatron.rules.modelled import tp_overlap_problem
 
 
 @dataclass(frozen=True)

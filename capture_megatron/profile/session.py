@@ -125,7 +125,7 @@ def run_probes(
     with `timelines` (not on cuda) each record carries its windows' allocation timelines, from
     which fit() builds exact transient-peak models. fake-cuda probes run in worker processes
     (profile.remote). CaptureError, before any probe runs, for what the device cannot model."""
-    from capture_megatron.profile.experts import refuse_on_fake_device
+    from capture_megatron.rules.modelled import refuse_on_fake_device
 
     device = device_name(device)
     for probe in probes:

@@ -16,12 +16,37 @@ attention is not modelled.
 from __future__ import annotations
 
 from capture_megatron.config import ModelShape, ParallelPlan
-from capture_megatron.config.context import context_problem
+from capture_megatron.config.act_offload import ActivationOffload
+from capture_megatron.config.context import ALL_GATHER
 from capture_megatron.config.ddp import DdpOptions
-from capture_megatron.config.fp8 import fp8_problem
-from capture_megatron.config.kernels import TE_FUSED_BACKENDS, Kernels, tp_overlap_problem
-from capture_megatron.config.optimizer_offload import fp8_offload_problem
+from capture_megatron.config.fp8 import MODELLED_RECIPES
+from capture_megatron.config.kernels import TE_FUSED_BACKENDS, Kernels, kernel_set
 from capture_megatron.errors import CaptureError
+from capture_megatron.records import Variant
+from capture_megatron.rules.megatron import flex_problems, fp8_offload_problem
+
+
+def check_plans(
+    shape: ModelShape,
+    kernels: Kernels,
+    kernel_set: str,
+    best: ParallelPlan,
+    cps: tuple[int, ...],
+    cp_comm_type: str,
+) -> None:
+    """Refuse what the memory model's `kernel_set` does not describe of the plans a search chose
+    (`best` the first, `cps` their context-parallel sizes, `cp_comm_type` the one searched): the
+    rules of check_request at their sizes, and the gradient settings' kernels."""
+    problem = (
+        fp8_problem(kernel_set, kernels)
+        or tp_overlap_problem(kernel_set, kernels, best.tp, best.sequence_parallel)
+        or window_problem(shape, kernel_set, kernels)
+        or latent_problem(shape, kernel_set, kernels, max(cps))
+        or context_problem(cps, cp_comm_type, kernel_set, kernels)
+        or ddp_kernel_problem(best.ddp, kernel_set, kernels.gradient_accumulation_fusion)
+    )
+    if problem:
+        raise CaptureError(problem + ".")
 
 
 def check_request(
@@ -96,5 +121,243 @@ def latent_problem(shape: ModelShape, kernel_set: str, kernels: Kernels, cp: int
         return (
             f"--multi-latent-attention with --context-parallel-size {cp}: Transformer Engine's "
             "context-parallel attention over MLA's unequal head widths is not modelled yet"
+        )
+    return ""
+
+
+def fp8_problem(kernel_set: str, kernels: Kernels) -> str:
+    """Why FP8 training under `kernels` is not forecast on `kernel_set` ('cpu' or 'gpu:...',
+    capture_megatron.config.kernels.kernel_set); '' when it is (or when the run is not FP8)."""
+    if not kernels.fp8:
+        return ""
+    given = f"--fp8-format {kernels.fp8_format} --fp8-recipe {kernels.fp8_recipe}"
+    if not kernel_set.startswith("gpu"):
+        return (
+            f"{given}: FP8 training runs Transformer Engine's FP8 GEMMs, which only the GPU kernel "
+            "set models (what TE keeps on an H100: FP8 copies of the linear layers' inputs and "
+            "weights, their scales); the CPU kernel set describes CPU runs, which have no FP8 "
+            "kernels. Predict it on the GPU kernel set: --device fake-cuda (TE's kernels emulated "
+            "on fake CUDA tensors, the default without a GPU) or --device cuda"
+        )
+    gpu = kernels.for_gpu()
+    if gpu.transformer_impl != "transformer_engine":
+        return (
+            f"{given} with --transformer-impl {gpu.transformer_impl}: FP8 GEMMs are Transformer "
+            "Engine's; megatron's local layers ignore FP8, which is not modelled: use "
+            "--transformer-impl transformer_engine"
+        )
+    if kernels.fp8_recipe not in MODELLED_RECIPES:
+        return (
+            f"{given}: a custom recipe's quantizers (--fp8-quantizer-factory) keep tensors of "
+            "their own, not modelled; use delayed, tensorwise, mxfp8 or blockwise"
+        )
+    if kernels.fp8_recipe == "mxfp8" and kernels.fp8_param_gather:
+        return (
+            f"{given} --fp8-param-gather: TE cannot move MXFP8 parameters into DDP's buffer "
+            "(replace_raw_data raises for MXFP8Tensor), so Megatron-LM needs "
+            "--reuse-grad-buf-for-mxfp8-param-ag, whose shared parameter / gradient buffer is not "
+            "modelled yet; leave --fp8-param-gather out, or use the delayed, tensorwise or "
+            "blockwise recipe"
+        )
+    if kernels.first_last_layers_bf16:
+        return (
+            f"{given} with --first-last-layers-bf16: layers kept in bf16 among FP8 layers are not "
+            "modelled yet; leave it out to forecast every layer in FP8"
+        )
+    if not kernel_set.split("/").count(f"fp8-{kernels.fp8_recipe}"):
+        return (
+            f"{given}: the memory model ({kernel_set}) describes a run without FP8; profile the "
+            "FP8 kernels (leave out --memory-model)"
+        )
+    return ""
+
+
+def tp_overlap_problem(kernel_set: str, kernels: Kernels, tp: int = 0, sp: bool = True) -> str:
+    """Why --tp-comm-overlap under `kernels` is not forecast on `kernel_set` ('cpu' or
+    'gpu:...') for a plan of TP `tp` with sequence parallelism `sp` (tp 0: not known yet); ''
+    when it is, or without it."""
+    if not kernels.tp_comm_overlap:
+        return ""
+    if not kernel_set.startswith("gpu"):
+        return (
+            "--tp-comm-overlap: TP communication overlap runs through Transformer Engine's "
+            "userbuffers (CUDA memory outside the caching allocator, GEMMs writing into it), "
+            "which only the GPU kernel set models; the CPU kernel set describes CPU runs, which "
+            "have none. Predict it on the GPU kernel set: --device fake-cuda (the default "
+            "without a GPU) or --device cuda"
+        )
+    if kernels.for_gpu().transformer_impl != "transformer_engine":
+        return "--tp-comm-overlap needs --transformer-impl transformer_engine (TE's userbuffers)"
+    if kernels.tp_comm_overlap_cfg:
+        return (
+            f"--tp-comm-overlap-cfg {kernels.tp_comm_overlap_cfg}: a userbuffer configuration "
+            "changes each buffer's method, size and precision, not modelled; leave it out to "
+            "forecast Transformer Engine's defaults"
+        )
+    if tp == 1 or not sp:
+        return (
+            "--tp-comm-overlap needs --sequence-parallel with --tensor-model-parallel-size > 1 "
+            "(Megatron-LM asserts it: 'Tensor parallel communication/GEMM overlap can happen "
+            "only when sequence parallelism is enabled', and turns sequence parallelism off at "
+            "TP 1)"
+        )
+    return ""
+
+
+RING = ("", "p2p")
+"""--cp-comm-type values the GPU kernel set models ('' when not given: Megatron-LM's p2p)."""
+
+
+def context_problem(cps: tuple[int, ...], comm_type: str, kernel_set: str, kernels: Kernels) -> str:
+    """Why context parallelism at the sizes `cps` with --cp-comm-type `comm_type` is not
+    modelled on `kernel_set` under `kernels`; '' when it is (or no size is above 1)."""
+    if max(cps, default=1) == 1:
+        return ""
+    if not kernel_set.startswith("gpu"):
+        if comm_type in ALL_GATHER:
+            return ""
+        return (
+            f"--cp-comm-type {comm_type} is not modelled: the CPU kernel set's context-parallel "
+            "attention all-gathers K and V; give --cp-comm-type allgather or leave the flag out"
+        )
+    gpu = kernels.for_gpu()
+    te = gpu.transformer_impl == "transformer_engine"
+    if not (te and gpu.attention_backend in TE_FUSED_BACKENDS):
+        return (
+            f"--context-parallel-size {max(cps)} with --transformer-impl {gpu.transformer_impl} "
+            f"--attention-backend {gpu.attention_backend} is not modelled: Megatron's local "
+            "attention and Transformer Engine's unfused backend do not run context parallelism; "
+            "use --transformer-impl transformer_engine with --attention-backend flash, fused or "
+            "auto"
+        )
+    if comm_type in RING:
+        return ""
+    return (
+        f"--cp-comm-type {comm_type} is not modelled: the GPU memory model emulates Transformer "
+        "Engine's ring context-parallel attention (p2p, Megatron-LM's default) only; give "
+        "--cp-comm-type p2p or leave the flag out"
+    )
+
+
+def refuse_on_fake_device(variant: Variant, device: str, kernels: Kernels) -> None:
+    """CaptureError for what a fake device cannot model: on fake-cuda context parallelism
+    without TE's flash or fused attention (Megatron's local attention and TE's unfused backend
+    do not run it) and grouped-GEMM experts with linear biases (the kernel set's GroupedLinear
+    has none)."""
+    problem = context_problem((variant.cp,), "", "gpu", kernels) if device == "fake-cuda" else ""
+    problem = problem or _fp8_device_problem(device, kernels)
+    problem = problem or _overlap_device_problem(device, kernels)
+    if not problem and kernels.fp8 and variant.recompute_modules:
+        problem = (
+            f"--recompute-modules {' '.join(variant.recompute_modules)} with --fp8-format: "
+            "selective recompute of modules other than core_attn under FP8 runs Transformer "
+            "Engine's own checkpoint (te_checkpoint, and TE's saved original inputs), which the "
+            "GPU kernel set does not emulate yet; leave out --recompute-modules or FP8"
+        )
+    problem = problem or _flex_device_problem(variant, device)
+    if problem:
+        raise CaptureError(problem)
+    grouped = variant.moe is not None and variant.moe.experts.moe_grouped_gemm
+    if device == "fake-cuda" and grouped and variant.add_bias_linear:
+        raise CaptureError(
+            "--moe-grouped-gemm with linear biases is not modelled on the GPU kernel set (its "
+            "emulation of Transformer Engine's GroupedLinear has no biases); give "
+            "--disable-bias-linear, or leave out --moe-grouped-gemm"
+        )
+
+
+def _flex_device_problem(variant: Variant, device: str) -> str:
+    """Why a flex-dispatcher probe of `variant` cannot run on `device` ('' when it can, or
+    without flex): the CPU kernel set has no DeepEP / HybridEP, a real GPU would need them
+    installed (probing there is not implemented), and the fake-cuda rules of
+    capture_megatron.config.flex."""
+    moe = variant.moe
+    if moe is None or moe.experts.moe_token_dispatcher_type != "flex":
+        return ""
+    if device == "cuda":
+        return (
+            "--moe-token-dispatcher-type flex: flex probes run on the GPU kernel set's emulation "
+            "of HybridEP (--device fake-cuda); probing DeepEP / HybridEP on a real GPU is not "
+            "implemented yet"
+        )
+    cpu, group = device != "fake-cuda", moe.ep * moe.etp
+    # NVLink domains are the planner's check (capture_megatron.planner.run): a probe's group
+    # counts as one domain here
+    problems = flex_problems(moe.experts, variant.dtype, group, group, cpu=cpu)
+    return "; ".join(problems)
+
+
+def _fp8_device_problem(device: str, kernels: Kernels) -> str:
+    """Why FP8 probes of `kernels` cannot run on `device` ('' when they can, or without FP8)."""
+    if not kernels.fp8:
+        return ""
+    if device == "cuda":
+        return (
+            f"--fp8-format {kernels.fp8_format}: FP8 probes run on the GPU kernel set's emulation "
+            "(--device fake-cuda); probing FP8 with Transformer Engine on a real GPU is not "
+            "implemented yet"
+        )
+    return fp8_problem(kernel_set(device, kernels), kernels)
+
+
+def _overlap_device_problem(device: str, kernels: Kernels) -> str:
+    """Why --tp-comm-overlap probes cannot run on `device` ('' when they can, or without it)."""
+    if kernels.tp_comm_overlap and device == "cuda":
+        return (
+            "--tp-comm-overlap: its probes run on the GPU kernel set's emulation (--device "
+            "fake-cuda); probing TE's userbuffers on a real GPU is not implemented yet"
+        )
+    return tp_overlap_problem(kernel_set(device, kernels), kernels)
+
+
+def activation_offload_problem(offload: ActivationOffload, kernel_set: str) -> str:
+    """Why the kernel set (config.kernels.kernel_set) cannot run these fine-grained activation
+    offloading settings ('' when it can): megatron-core hooks Transformer Engine's cpu_offload and
+    needs CUDA streams."""
+    if not offload.fine_grained_activation_offloading or kernel_set.startswith(
+        "gpu:transformer_engine"
+    ):
+        return ""
+    if kernel_set == "cpu":
+        return (
+            "--fine-grained-activation-offloading needs Transformer Engine, CUDA streams and "
+            "pinned host memory (Megatron-LM requires --transformer-impl "
+            "transformer_engine), which the CPU kernel set cannot run: predict it with the "
+            "GPU kernel set (--device fake)"
+        )
+    return (
+        "Megatron-LM stops: 'Fine-grained activation offloading is only supported with "
+        "transformer_engine implementation' (arguments.py; it hooks Transformer Engine's "
+        "cpu_offload): give --transformer-impl transformer_engine"
+    )
+
+
+def ddp_kernel_problem(ddp: DdpOptions, kernel_set: str, accumulation_fusion: bool) -> str:
+    """Why the kernel set cannot run these gradient and optimizer settings ('' when it can): the
+    combined 1F1B schedule of --overlap-moe-expert-parallel-comm needs CUDA streams; deferring
+    the output layer's weight gradient needs gradient-accumulation fusion (megatron-core's
+    ModelParallelConfig), a CUDA extension (apex / TE) the CPU kernel set does not have."""
+    offload = activation_offload_problem(ddp.activation_offload, kernel_set)
+    if offload:
+        return offload
+    if ddp.overlap_moe_expert_parallel_comm and kernel_set == "cpu":
+        return (
+            "--overlap-moe-expert-parallel-comm runs megatron-core's combined 1F1B schedule "
+            "on a CUDA communication stream and events (pipeline_parallel/utils.py "
+            "set_streams) and only in bf16 / fp16, which the CPU kernel set cannot run: "
+            "predict it with the GPU kernel set (--device fake)"
+        )
+    if not ddp.defer_embedding_wgrad_compute:
+        return ""
+    if kernel_set == "cpu":
+        return (
+            "--defer-embedding-wgrad-compute needs gradient-accumulation fusion, a CUDA "
+            "extension the CPU kernel set does not have (megatron-core refuses the setting "
+            "without it): predict it with the GPU kernel set (--device fake)"
+        )
+    if not accumulation_fusion:
+        return (
+            "--defer-embedding-wgrad-compute needs gradient-accumulation fusion (megatron-core "
+            "refuses it with --no-gradient-accumulation-fusion)"
         )
     return ""

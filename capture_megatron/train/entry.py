@@ -16,11 +16,11 @@ import time
 from typing import NoReturn
 
 from capture_megatron.config import TrainConfig
-from capture_megatron.config.mtp import checkpoint_problem
 from capture_megatron.errors import CaptureError
 from capture_megatron.flags import parser as flags
 from capture_megatron.flags.args import data_options, train_config
 from capture_megatron.megatron import lifeline, quiet
+from capture_megatron.rules.megatron import checkpoint_problem
 from capture_megatron.train.dist_env import read_env
 
 PARENT = os.getppid()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from capture_megatron.config import TrainConfig
 from capture_megatron.errors import CaptureError
+from capture_megatron.rules.modelled import ddp_kernel_problem
 
 
 def refuse_cpu_state(cfg: TrainConfig) -> None:
@@ -14,7 +15,7 @@ def refuse_cpu_state(cfg: TrainConfig) -> None:
     torch's per-parameter Adam step counters without TE, which TE's FusedAdam, and so
     capture_megatron.emulate.host_adam, does not keep)."""
     ddp = cfg.plan.ddp
-    problem = ddp.kernel_problem("cpu", False)
+    problem = ddp_kernel_problem(ddp, "cpu", False)
     if (
         not problem
         and ddp.use_precision_aware_optimizer

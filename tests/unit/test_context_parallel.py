@@ -147,7 +147,7 @@ def test_context_problem_names_what_the_kernel_set_does_not_model(
     kernel_set, impl, backend, comm, refused
 ):
     from capture_megatron.config import Kernels
-    from capture_megatron.config.context import context_problem
+    from capture_megatron.rules.modelled import context_problem
 
     kernels = Kernels(transformer_impl=impl, attention_backend=backend)
     problem = context_problem((2,), comm, kernel_set, kernels)

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from capture_megatron.config import DdpOptions, ModelShape, ParallelFlags, ParallelPlan
-from capture_megatron.config.resolve import parallel_plan
 from capture_megatron.errors import CaptureError
 from capture_megatron.flags import parser as flags
+from capture_megatron.flags.resolve import parallel_plan
 from capture_megatron.planner import plan_args
 from capture_megatron.train.entry import build_parser
 

@@ -1,5 +1,5 @@
 """docs/MEGATRON_FLAGS.md is what bench/flags_doc.py renders from the code (megatron_args.json, the
-option classes' flags, capture_megatron.flags.policy): regenerate it with
+option classes' flags, capture_megatron.rules.flags): regenerate it with
 `python bench/flags_doc.py` when a flag's classification changes."""
 
 from __future__ import annotations

@@ -11,9 +11,10 @@ import pytest
 from test_cli_errors import cli, one_error
 
 from capture_megatron.config import GIB
-from capture_megatron.config.flex import CPU_REFUSAL, flex_problems, hybridep_buffer_bytes
+from capture_megatron.config.flex import hybridep_buffer_bytes
 from capture_megatron.config.moe import Experts
 from capture_megatron.planner.margins import CONTEXT_GIB, RESERVE_FRACTION
+from capture_megatron.rules.megatron import CPU_REFUSAL, flex_problems
 
 CONTEXT = CONTEXT_GIB * GIB
 

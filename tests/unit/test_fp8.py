@@ -150,7 +150,7 @@ def test_fp8_on_the_cpu_kernel_set_is_one_paragraph(command, tmp_path):
 
 
 def test_fp8_is_refused_where_it_is_not_modelled():
-    from capture_megatron.config.fp8 import fp8_problem
+    from capture_megatron.rules.modelled import fp8_problem
 
     fp8 = Kernels(fp8_format="e4m3")
     key = "gpu:" + fp8.key()

@@ -12,9 +12,9 @@ from synthetic_memory import SMALL, SMALL_ARGS, full_model
 from capture_megatron.cli import plan as plan_cli
 from capture_megatron.config import DdpOptions, ParallelPlan
 from capture_megatron.fit import write_model
-from capture_megatron.flags.policy import UNMODELLED
 from capture_megatron.forecast import layers_for, predict
 from capture_megatron.forecast.chunks import chunk_cost
+from capture_megatron.rules.flags import UNMODELLED
 from capture_megatron.steptime.model import step_time
 
 

@@ -25,19 +25,22 @@ ALLOWED = {
     "steptime": {"config", "forecast", "errors", "serial"},
     "planner": {
         *("version", "config", "records", "fit", "rules", "forecast", "steptime", "errors"),
-        "serial",
+        *("flags", "serial"),
     },
     "memory": set(),
     "data": {"config", "errors"},
-    "flags": {"config", "errors"},
+    "flags": {"config", "errors", "rules"},
     "emulate": {"cache", "config", "errors"},
-    "megatron": {"config", "emulate", "errors", "serial"},
+    "megatron": {"config", "emulate", "errors", "rules", "serial"},
     "megatron_lm": {"emulate", "errors", "megatron"},
     "profile": {
         *("version", "cache", "config", "emulate", "errors", "fit", "megatron", "memory"),
-        *("forecast", "records", "serial"),
+        *("forecast", "records", "rules", "serial"),
     },
-    "train": {"config", "data", "emulate", "errors", "flags", "megatron", "memory", "serial"},
+    "train": {
+        *("config", "data", "emulate", "errors", "flags", "megatron", "memory", "rules"),
+        "serial",
+    },
     "pretrain_gpt": {"train"},
     "api": {
         *("version", "cache", "config", "data", "errors", "fit", "flags", "forecast", "planner"),

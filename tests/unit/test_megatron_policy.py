@@ -9,8 +9,10 @@ import pytest
 from capture_megatron.cli.plan import build_parser as plan_parser
 from capture_megatron.cli.predict import build_parser as predict_parser
 from capture_megatron.errors import CaptureError
-from capture_megatron.flags import megatron_lm, policy
+from capture_megatron.flags import megatron_lm
 from capture_megatron.flags import parser as flags
+from capture_megatron.rules import flags as policy
+from capture_megatron.rules.modelled import activation_offload_problem
 
 OURS = {name for name in predict_parser()._option_string_actions} - megatron_lm.flag_names()
 
@@ -183,10 +185,10 @@ def test_fine_grained_offloading_is_refused_on_the_cpu_kernel_set():
     from capture_megatron.config.act_offload import ActivationOffload
 
     on = ActivationOffload(True, ("core_attn",))
-    assert "CPU kernel set" in on.kernel_problem("cpu")
-    assert "transformer_engine" in on.kernel_problem("gpu:local/local")
-    assert on.kernel_problem("gpu:transformer_engine/auto") == ""
-    assert ActivationOffload().kernel_problem("cpu") == ""
+    assert "CPU kernel set" in activation_offload_problem(on, "cpu")
+    assert "transformer_engine" in activation_offload_problem(on, "gpu:local/local")
+    assert activation_offload_problem(on, "gpu:transformer_engine/auto") == ""
+    assert activation_offload_problem(ActivationOffload(), "cpu") == ""
 
 
 @pytest.mark.parametrize(

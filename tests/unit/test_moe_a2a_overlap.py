@@ -12,16 +12,18 @@ import pytest
 import torch
 from synthetic_memory import SMALL, synthetic_source
 
-from capture_megatron.config import DdpOptions, ParallelPlan, check_plan_fits_model
+from capture_megatron.config import DdpOptions, ParallelPlan
 from capture_megatron.config.moe import Experts
 from capture_megatron.config.parallel import Recompute
 from capture_megatron.errors import CaptureError
-from capture_megatron.flags import policy
 from capture_megatron.forecast import Layers, rank_memory, sizes_for, variant_of
 from capture_megatron.forecast.overlap import merged
 from capture_megatron.forecast.schedule import ScheduleSpec, events, warmup_count
 from capture_megatron.forecast.table import peak_table
 from capture_megatron.records import ProbeShape
+from capture_megatron.rules import flags as policy
+from capture_megatron.rules.megatron import check_plan_fits_model
+from capture_megatron.rules.modelled import ddp_kernel_problem
 
 FLAG = "--overlap-moe-expert-parallel-comm"
 MOE = dataclasses.replace(
@@ -199,8 +201,8 @@ def test_delay_wgrad_compute_stays_refused():
 def test_cpu_kernel_set_refuses_it():
     """The combined schedule needs a CUDA communication stream and events."""
     ddp = DdpOptions(overlap_moe_expert_parallel_comm=True)
-    assert "--device fake" in ddp.kernel_problem("cpu", False)
-    assert ddp.kernel_problem("gpu", False) == ""
+    assert "--device fake" in ddp_kernel_problem(ddp, "cpu", False)
+    assert ddp_kernel_problem(ddp, "gpu", False) == ""
 
 
 def test_the_planner_searches_only_what_megatron_runs():

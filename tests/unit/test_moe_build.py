@@ -176,7 +176,7 @@ def test_fake_gpu_kernel_set_builds_te_experts(grouped):
 def test_expert_tp_other_than_tp_needs_ep():
     """megatron-core 0.16.1 reduces expert gradients over the dense DP group when EP is 1: an
     expert TP other than TP would train wrong gradients (measured), so it is refused."""
-    from capture_megatron.config.fits import check_plan_fits_model
+    from capture_megatron.rules.megatron import check_plan_fits_model
 
     for plan in (
         _plan(tp=2, dp=1, etp=1, sequence_parallel=True),

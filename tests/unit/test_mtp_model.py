@@ -9,11 +9,11 @@ import pytest
 from capture_megatron.config import ModelShape, ParallelFlags, ParallelPlan
 from capture_megatron.config.hf import parameter_count
 from capture_megatron.config.layout import format_layout, parse_layout
-from capture_megatron.config.mtp import mtp_problems
 from capture_megatron.config.parallel import Recompute
-from capture_megatron.config.resolve import parallel_plan
 from capture_megatron.errors import CaptureError
+from capture_megatron.flags.resolve import parallel_plan
 from capture_megatron.planner.emit import model_args, plan_args
+from capture_megatron.rules.megatron import mtp_problems
 
 SHAPE = ModelShape(
     num_layers=4,

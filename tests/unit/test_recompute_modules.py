@@ -14,19 +14,19 @@ import pytest
 from synthetic_memory import SMALL, synthetic_source
 
 from capture_megatron.config import GIB, Cluster, Kernels, ParallelFlags, Recompute
-from capture_megatron.config.fits import check_plan_fits_model
 from capture_megatron.config.kernels import kernel_set
 from capture_megatron.config.moe import Experts
 from capture_megatron.config.presets import preset
-from capture_megatron.config.resolve import parallel_plan, recompute
 from capture_megatron.errors import CaptureError
 from capture_megatron.flags import parser as flags
-from capture_megatron.flags.policy import UNMODELLED
+from capture_megatron.flags.resolve import parallel_plan, recompute
 from capture_megatron.planner import PlanOptions, plan, plan_args, space_from
 from capture_megatron.profile.design import variant_tps
 from capture_megatron.profile.design_cache import design_key
-from capture_megatron.profile.experts import refuse_on_fake_device
 from capture_megatron.records import Variant
+from capture_megatron.rules.flags import UNMODELLED
+from capture_megatron.rules.megatron import check_plan_fits_model
+from capture_megatron.rules.modelled import refuse_on_fake_device
 from capture_megatron.steptime.model import CostModel
 from capture_megatron.steptime.parts import layer_time
 

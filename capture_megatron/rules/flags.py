@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from capture_megatron.flags import offload_rules
+from capture_megatron.rules import megatron as offload_rules
 
 IGNORED_PREFIXES = tuple(
     """

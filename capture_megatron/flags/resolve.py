@@ -11,11 +11,11 @@ from __future__ import annotations
 import dataclasses
 
 from capture_megatron.config.ddp import DEFAULT_DDP, DdpOptions
-from capture_megatron.config.fits import check_plan_fits_model
 from capture_megatron.config.layout import accounted_split, first_last_split, parse_layout
 from capture_megatron.config.model import ModelShape, tp_head_problems
 from capture_megatron.config.parallel import ParallelFlags, ParallelPlan, Recompute
 from capture_megatron.errors import CaptureError
+from capture_megatron.rules.megatron import check_plan_fits_model
 
 
 def recompute(flags: ParallelFlags, pp: int) -> Recompute:
