@@ -18,12 +18,12 @@ import json
 from dataclasses import dataclass
 
 from capture_megatron.config import ModelShape
-from capture_megatron.config.act_offload import OffloadTensor
-from capture_megatron.config.attention import LatentAttention
 from capture_megatron.config.model import tp_head_problems
-from capture_megatron.config.moe import Experts
-from capture_megatron.config.recompute import check_variant_modules, variant_modules
 from capture_megatron.errors import CaptureError, require
+from capture_megatron.features.activation_offload import OffloadTensor
+from capture_megatron.features.mla import LatentAttention
+from capture_megatron.features.moe import Experts
+from capture_megatron.features.recompute import check_variant_modules, variant_modules
 from capture_megatron.serial import JsonMixin, from_plain, to_plain
 from capture_megatron.version import __version__
 

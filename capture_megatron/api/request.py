@@ -23,7 +23,6 @@ from capture_megatron.config import (
     presets,
 )
 from capture_megatron.config.kernels import TE_FUSED_BACKENDS, kernel_set
-from capture_megatron.config.recompute import Recompute
 from capture_megatron.config.training import (
     NOT_ADAM,
     BuildOptions,
@@ -32,6 +31,7 @@ from capture_megatron.config.training import (
     RunOptions,
 )
 from capture_megatron.errors import CaptureError, require
+from capture_megatron.features.recompute import Recompute
 from capture_megatron.flags import megatron_lm
 from capture_megatron.flags import parser as flags
 from capture_megatron.flags.args import model_shape, overridden, shape_overrides

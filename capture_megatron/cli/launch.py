@@ -26,9 +26,9 @@ from capture_megatron.config import (
     ParallelPlan,
     RunOptions,
 )
-from capture_megatron.config.fields import flag_of, flagged_fields, to_flags
 from capture_megatron.config.parallel import ParallelFlags
 from capture_megatron.errors import CaptureError, require
+from capture_megatron.fields import flag_of, flagged_fields, to_flags
 from capture_megatron.flags import parser as flags
 from capture_megatron.flags.args import data_options
 from capture_megatron.planner import model_args, plan_args, read_plan

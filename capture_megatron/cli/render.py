@@ -6,8 +6,8 @@ from __future__ import annotations
 from types import ModuleType
 
 from capture_megatron.config import GIB, ParallelPlan, Recompute
-from capture_megatron.config.act_offload import OFFLOAD_SETS
 from capture_megatron.config.kernels import VALIDATION
+from capture_megatron.features.activation_offload import OFFLOAD_SETS
 from capture_megatron.fit import MemoryModel
 from capture_megatron.fit.quality import quality_rows, used_error
 from capture_megatron.planner import PlanResult

@@ -20,8 +20,8 @@ from capture_megatron.cache import Calibration, cache_dir, check_writable, recor
 from capture_megatron.cli.plan import run_plan
 from capture_megatron.cli.render import print_checks, save_checks_png
 from capture_megatron.config import BuildOptions, OptimOptions, RunOptions
-from capture_megatron.config.fields import to_flags
 from capture_megatron.errors import CaptureError
+from capture_megatron.fields import to_flags
 from capture_megatron.flags import parser as flags
 from capture_megatron.flags.args import data_options
 from capture_megatron.planner import PlanResult, model_args, plan_args

@@ -2,7 +2,7 @@
 it is split (ParallelPlan, Recompute), where it runs (Cluster), what the user fixed (ParallelFlags),
 how it trains (TrainConfig and its options), and Megatron's pipeline-split rules (layout).
 
-Every field that a Megatron flag sets declares that flag (capture_megatron.config.fields).
+Every field that a Megatron flag sets declares that flag (capture_megatron.fields).
 """
 
 from capture_megatron.config.ddp import DdpOptions

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from capture_megatron.config.act_offload import ActivationOffload
-from capture_megatron.config.fields import flag
-from capture_megatron.config.optimizer_offload import offload_problems
 from capture_megatron.errors import require
+from capture_megatron.features.activation_offload import ActivationOffload
+from capture_megatron.features.optimizer_offload import offload_problems
+from capture_megatron.fields import flag
 from capture_megatron.serial import JsonMixin
 
 MAIN_GRADS_DTYPES = ("fp32", "bf16")

@@ -27,15 +27,15 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from capture_megatron.config.attention import LatentAttention
 from capture_megatron.config.hf_count import parameter_count
 from capture_megatron.config.hf_fields import activation, rope
 from capture_megatron.config.hf_latent import latent_attention, mtp_layers
 from capture_megatron.config.hf_moe import MOE_TYPES, experts_of
 from capture_megatron.config.hf_unmodelled import GEMMA, OLMO2_NOTE, Unmodelled, gemma_unmodelled
 from capture_megatron.config.model import ModelShape
-from capture_megatron.config.moe import Experts
 from capture_megatron.errors import CaptureError
+from capture_megatron.features.mla import LatentAttention
+from capture_megatron.features.moe import Experts
 from capture_megatron.serial import load_json
 
 # Defaults are those of transformers' configuration classes, whose __init__ fills in every field a

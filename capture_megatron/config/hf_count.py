@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from capture_megatron.config.attention import attention_parameters
 from capture_megatron.config.hf_moe import expert_parameters
+from capture_megatron.features.mla import attention_parameters
 
 
 def _norm(shape: Any) -> int:

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from capture_megatron.config.attention import LatentAttention
 from capture_megatron.errors import CaptureError
+from capture_megatron.features.mla import LatentAttention
 
 YARN_FIXED = {"original_max_position_embeddings": 4096, "beta_fast": 32, "beta_slow": 1}
 """YaRN settings megatron-core's MLATransformerConfig fixes (no Megatron-LM flag sets them)."""

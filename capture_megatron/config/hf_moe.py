@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from capture_megatron.config.moe import Experts
+from capture_megatron.features.moe import Experts
 
 MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3")
 """HF model types with experts."""

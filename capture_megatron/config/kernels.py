@@ -10,9 +10,9 @@ import dataclasses
 import re
 from dataclasses import dataclass
 
-from capture_megatron.config.fields import flag
-from capture_megatron.config.userbuffers import userbuffer_bytes_per_token
 from capture_megatron.errors import CaptureError, require
+from capture_megatron.features.tp_overlap import userbuffer_bytes_per_token
+from capture_megatron.fields import flag
 from capture_megatron.serial import JsonMixin
 
 IMPLEMENTATIONS = ("local", "transformer_engine", "auto")
@@ -24,7 +24,7 @@ ATTENTION_BACKENDS = ("flash", "fused", "unfused", "local", "auto")
 FP8_FORMATS = ("", "e4m3", "hybrid")
 """--fp8-format choices ('': no FP8, Megatron-LM's default None)."""
 FP8_RECIPES = ("delayed", "tensorwise", "mxfp8", "blockwise", "custom")
-"""--fp8-recipe choices (Megatron-LM core_v0.16.1; what each keeps: capture_megatron.config.fp8)."""
+"""--fp8-recipe choices (Megatron-LM core_v0.16.1; what each keeps: features.fp8)."""
 
 TE_FUSED_BACKENDS = ("flash", "fused", "auto")
 """Transformer Engine attention backends that keep no s x s tensor (flash-attn or cuDNN): a sliding
@@ -81,7 +81,7 @@ class Kernels(JsonMixin):
     """The training run's CUBLAS_WORKSPACE_CONFIG (sizes torch's cuBLAS workspaces)."""
     fp8_format: str = flag("--fp8-format", "", choices=FP8_FORMATS)
     """FP8 training with Transformer Engine: e4m3 everywhere, or hybrid (e4m3 forward, e5m2
-    gradients); empty: no FP8. The GPU kernel set only (capture_megatron.config.fp8)."""
+    gradients); empty: no FP8. The GPU kernel set only (capture_megatron.features.fp8)."""
     fp8_recipe: str = flag("--fp8-recipe", "delayed", choices=FP8_RECIPES)
     """How FP8 tensors are scaled: per tensor from an amax history (delayed) or the current amax
     (tensorwise), per 32-element block (mxfp8) or per 128-element / 128 x 128 block (blockwise)."""
@@ -181,7 +181,7 @@ class Kernels(JsonMixin):
     def userbuffer_bytes_per_token(self, hidden_size: int) -> int:
         """Bytes per token (row of the [seq x micro-batch / CP, hidden] shape) of the
         userbuffers --tp-comm-overlap allocates on every GPU, outside the caching allocator
-        (capture_megatron.config.userbuffers.userbuffer_bytes_per_token); 0 without it."""
+        (capture_megatron.features.tp_overlap.userbuffer_bytes_per_token); 0 without it."""
         if not self.tp_comm_overlap:
             return 0
         return userbuffer_bytes_per_token(hidden_size, self.fp8)

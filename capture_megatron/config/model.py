@@ -11,10 +11,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from capture_megatron.config.attention import LatentAttention
-from capture_megatron.config.fields import flag, value_problems
-from capture_megatron.config.moe import Experts
 from capture_megatron.errors import CaptureError, require
+from capture_megatron.features.mla import LatentAttention
+from capture_megatron.features.moe import Experts
+from capture_megatron.fields import flag, value_problems
 from capture_megatron.serial import JsonMixin
 
 GIB = 1 << 30

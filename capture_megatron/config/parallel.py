@@ -11,11 +11,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from capture_megatron.config.ddp import DdpOptions
-from capture_megatron.config.fields import flag, value_problems
 from capture_megatron.config.layout import format_layout
 from capture_megatron.config.model import GIB, ModelShape, tp_head_problems
-from capture_megatron.config.recompute import RECOMPUTE_GRANULARITIES, RECOMPUTE_MODULES, Recompute
 from capture_megatron.errors import require
+from capture_megatron.features.recompute import (
+    RECOMPUTE_GRANULARITIES,
+    RECOMPUTE_MODULES,
+    Recompute,
+)
+from capture_megatron.fields import flag, value_problems
 from capture_megatron.serial import JsonMixin
 
 CP_COMM_TYPES = ("p2p", "a2a", "allgather", "a2a+p2p")

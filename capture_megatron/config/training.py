@@ -1,5 +1,5 @@
 """Training-run settings beyond the model shape and the parallel plan, each field with its Megatron
-flag (capture_megatron.config.fields), and TrainConfig: everything one training run needs.
+flag (capture_megatron.fields), and TrainConfig: everything one training run needs.
 
 Pure Python: no torch import here.
 """
@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from capture_megatron.config.fields import flag, value_problems
 from capture_megatron.config.kernels import Kernels
 from capture_megatron.config.model import ModelShape
 from capture_megatron.config.parallel import ParallelPlan
 from capture_megatron.errors import CaptureError, require
+from capture_megatron.fields import flag, value_problems
 from capture_megatron.serial import JsonMixin
 
 LR_DECAY_STYLES = ("constant", "linear", "cosine", "inverse-square-root", "WSD")

@@ -9,8 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from capture_megatron.config.act_offload import OffloadTensor
 from capture_megatron.errors import CaptureError
+from capture_megatron.features.activation_offload import OffloadTensor
 from capture_megatron.fit.regression import Regression
 from capture_megatron.fit.terms import Sizes
 from capture_megatron.fit.timelines.windows import FIELDS, KEPT, LAYER_FIELDS, ProbeWindow, lookup

@@ -18,9 +18,9 @@ from capture_megatron.config import (
     RunOptions,
     TrainConfig,
 )
-from capture_megatron.config.attention import LatentAttention
-from capture_megatron.config.moe import Experts
 from capture_megatron.errors import CaptureError, require
+from capture_megatron.features.mla import LatentAttention
+from capture_megatron.features.moe import Experts
 from capture_megatron.flags.parser import ddp_options, from_namespace, given
 from capture_megatron.flags.resolve import parallel_plan
 

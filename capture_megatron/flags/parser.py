@@ -2,7 +2,7 @@
 torch.
 
 Flag names, meanings and defaults follow megatron/training/arguments.py (core_v0.16.1). Every flag
-is declared once, on the dataclass field it sets (capture_megatron.config.fields): `add_fields`
+is declared once, on the dataclass field it sets (capture_megatron.fields): `add_fields`
 builds an argparse group from a dataclass, `from_namespace` reads the parsed values back into it,
 and config.fields.to_flags writes an object out as flags. On strict parsers (training), a flag that
 Megatron-LM knows but capture-megatron does not implement is an error that names it -- never
@@ -31,11 +31,11 @@ from capture_megatron.config import (
     ParallelFlags,
     RunOptions,
 )
-from capture_megatron.config.act_offload import ActivationOffload
-from capture_megatron.config.attention import LatentAttention
-from capture_megatron.config.fields import Flag, field_docs, flagged_fields, value_problems
-from capture_megatron.config.moe import Experts
 from capture_megatron.errors import CaptureError, require
+from capture_megatron.features.activation_offload import ActivationOffload
+from capture_megatron.features.mla import LatentAttention
+from capture_megatron.features.moe import Experts
+from capture_megatron.fields import Flag, field_docs, flagged_fields, value_problems
 from capture_megatron.flags.megatron_lm import flag_names
 
 T = TypeVar("T")

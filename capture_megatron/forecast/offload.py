@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from capture_megatron.config.act_offload import ActivationOffload
 from capture_megatron.errors import CaptureError
+from capture_megatron.features.activation_offload import ActivationOffload
 from capture_megatron.fit import MemoryModel, ShapeConstants
 from capture_megatron.forecast.mixed import Costs
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from statistics import NormalDist
 
 from capture_megatron.config import ModelShape, ParallelPlan
-from capture_megatron.config.moe import Experts
+from capture_megatron.features.moe import Experts
 
 STATISTICS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "moe_routing.json")
 """The routing statistics shipped with the package (bench/moe_routing.py writes them)."""

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from capture_megatron.config import DdpOptions, dtype_bytes
 from capture_megatron.config.ddp import DEFAULT_DDP, STATE_BYTES
-from capture_megatron.config.optimizer_offload import (
+from capture_megatron.features.optimizer_offload import (
     HOST_BYTES,
     HOST_STEP_BYTES,
     offloaded,
@@ -55,7 +55,7 @@ class StaticBytes:
     """Elements of the largest slice of one parameter this rank's optimizer updates."""
     host: int = 0
     """Host bytes (--optimizer-cpu-offload: what HybridDeviceOptimizer keeps on the host for
-    the slices it moved there; capture_megatron.config.optimizer_offload)."""
+    the slices it moved there; capture_megatron.features.optimizer_offload)."""
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    from capture_megatron.config.moe import Experts
+    from capture_megatron.features.moe import Experts
 
 
 def layer_freq(shape: ModelShape) -> int | list[int]:

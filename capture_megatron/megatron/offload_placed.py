@@ -1,6 +1,6 @@
 """What megatron-core's HybridDeviceOptimizer (--optimizer-cpu-offload) placed on this rank: the
 bytes its device-side and host-side sub-optimizers keep, counted tensor by tensor after a step
-(capture_megatron.config.optimizer_offload says what the forecast expects of them)."""
+(capture_megatron.features.optimizer_offload says what the forecast expects of them)."""
 
 from __future__ import annotations
 

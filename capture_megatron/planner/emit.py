@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 from capture_megatron.config import Kernels, ModelShape, ParallelFlags, ParallelPlan
-from capture_megatron.config.fields import to_flags
+from capture_megatron.fields import to_flags
 from capture_megatron.steptime.settings import StepSettings
 
 

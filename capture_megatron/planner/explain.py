@@ -13,8 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from capture_megatron.config import GIB, Cluster, ModelShape, ParallelPlan, Recompute
-from capture_megatron.config.act_offload import ActivationOffload
 from capture_megatron.errors import CaptureError
+from capture_megatron.features.activation_offload import ActivationOffload
 from capture_megatron.fit import MemoryModel
 from capture_megatron.planner.balance import Evaluated, balanced, evaluate_plan
 from capture_megatron.planner.baselines import Baseline, baselines_for

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
 from capture_megatron.config import Cluster, DdpOptions, ModelShape, ParallelPlan, Recompute
-from capture_megatron.config.act_offload import OFFLOAD_SETS
+from capture_megatron.features.activation_offload import OFFLOAD_SETS
 from capture_megatron.fit import MemoryModel
 from capture_megatron.forecast import mixed_layers
 from capture_megatron.planner.balance import (

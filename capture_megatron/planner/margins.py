@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from capture_megatron.config import GIB, ModelShape, ParallelPlan
-from capture_megatron.config.flex import hybridep_buffer_bytes
+from capture_megatron.features.dispatch import hybridep_buffer_bytes
 
 RESERVE_FRACTION = 0.02
 """Default allocator reserve: reserved was 1.9% above allocated on a dense Megatron-LM run on H100
@@ -36,7 +36,7 @@ class Margins:
 
     hybridep_domain: int = 0
     """CUDA with the flex dispatcher's HybridEP backend: the GPUs per NVLink domain HybridEP's
-    buffers span (capture_megatron.config.flex.hybridep_buffer_bytes), outside the allocator; 0
+    buffers span (features.dispatch.hybridep_buffer_bytes), outside the allocator; 0
     without HybridEP."""
 
     def hybridep_bytes(self, shape: ModelShape, plan: ParallelPlan) -> int:

@@ -9,10 +9,10 @@ import functools
 from dataclasses import replace
 
 from capture_megatron.config import ModelShape, ParallelPlan
-from capture_megatron.config.act_offload import OFFLOAD_SETS, ActivationOffload
 from capture_megatron.config.ddp import DdpOptions
 from capture_megatron.config.kernels import Kernels
 from capture_megatron.errors import CaptureError
+from capture_megatron.features.activation_offload import OFFLOAD_SETS, ActivationOffload
 from capture_megatron.rules.megatron import dtype_problems, fp8_offload_problem
 
 OFFLOAD_FRACTIONS = (0.0, 0.25, 0.5, 0.75, 1.0)

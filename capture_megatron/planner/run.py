@@ -14,10 +14,10 @@ import dataclasses
 from dataclasses import dataclass
 
 from capture_megatron.config import GIB, Cluster, Kernels, ModelShape, ParallelPlan
-from capture_megatron.config.fields import flag
 from capture_megatron.config.kernels import kernel_set
 from capture_megatron.config.model import tp_head_problems
 from capture_megatron.errors import CaptureError
+from capture_megatron.fields import flag
 from capture_megatron.fit import MemoryModel, ModelSource
 from capture_megatron.forecast.layers import single_micro_batches
 from capture_megatron.forecast.offload import measured
@@ -258,7 +258,7 @@ def hybridep(shape: ModelShape) -> bool:
 
 def _refuse_flex(shape: ModelShape, options: PlanOptions, cluster: Cluster) -> None:
     """CaptureError for what megatron-core or HybridEP refuses of a flex run (the rules of
-    capture_megatron.config.flex; for a searched plan those of the plan-independent settings,
+    capture_megatron.features.dispatch; for a searched plan those of the plan-independent settings,
     the search keeps expert TP x EP > 1; on CPU processes the CPU kernel set's refusal)."""
     fixed, domain = options.fixed, options.cost.hardware.nvlink_domain
     group = fixed.ep * fixed.expert_tp if fixed is not None else 2

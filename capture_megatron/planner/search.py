@@ -13,8 +13,8 @@ from dataclasses import replace
 
 from capture_megatron.config import Cluster, ModelShape, ParallelPlan
 from capture_megatron.config.hf_count import parameter_count
-from capture_megatron.config.optimizer_offload import HOST_BYTES, HOST_STEP_BYTES
 from capture_megatron.errors import CaptureError
+from capture_megatron.features.optimizer_offload import HOST_BYTES, HOST_STEP_BYTES
 from capture_megatron.fit import MemoryModel
 from capture_megatron.forecast.offload import measured
 from capture_megatron.planner.balance import (

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from capture_megatron.config.act_offload import OffloadTensor
+from capture_megatron.features.activation_offload import OffloadTensor
 
 FLAGS = {
     "offload_attn_norm": "attn_norm",

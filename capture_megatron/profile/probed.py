@@ -4,8 +4,8 @@ the ModelShape and ParallelPlan the builder takes)."""
 from __future__ import annotations
 
 from capture_megatron.config import ModelShape, ParallelPlan, Recompute
-from capture_megatron.config.attention import LatentAttention
-from capture_megatron.config.moe import Experts
+from capture_megatron.features.mla import LatentAttention
+from capture_megatron.features.moe import Experts
 from capture_megatron.profile.experts import probe_world
 from capture_megatron.records import Probe
 

@@ -15,13 +15,13 @@ optimizer's gradient dtype, and fine-grained and layer-level activation offloadi
 
 from __future__ import annotations
 
-from capture_megatron.config.act_offload import OFFLOAD_MODULES
 from capture_megatron.config.ddp import DdpOptions
 from capture_megatron.config.model import ModelShape, tp_head_problems
-from capture_megatron.config.moe import Experts
-from capture_megatron.config.optimizer_offload import OffloadSettings
 from capture_megatron.config.parallel import ParallelPlan
 from capture_megatron.errors import require
+from capture_megatron.features.activation_offload import OFFLOAD_MODULES
+from capture_megatron.features.moe import Experts
+from capture_megatron.features.optimizer_offload import OffloadSettings
 
 _ARGS = "Megatron-LM core_v0.16.1 megatron/training/arguments.py"
 

@@ -16,12 +16,12 @@ attention is not modelled.
 from __future__ import annotations
 
 from capture_megatron.config import ModelShape, ParallelPlan
-from capture_megatron.config.act_offload import ActivationOffload
 from capture_megatron.config.context import ALL_GATHER
 from capture_megatron.config.ddp import DdpOptions
-from capture_megatron.config.fp8 import MODELLED_RECIPES
 from capture_megatron.config.kernels import TE_FUSED_BACKENDS, Kernels, kernel_set
 from capture_megatron.errors import CaptureError
+from capture_megatron.features.activation_offload import ActivationOffload
+from capture_megatron.features.fp8 import MODELLED_RECIPES
 from capture_megatron.records import Variant
 from capture_megatron.rules.megatron import flex_problems, fp8_offload_problem
 
@@ -270,7 +270,7 @@ def _flex_device_problem(variant: Variant, device: str) -> str:
     """Why a flex-dispatcher probe of `variant` cannot run on `device` ('' when it can, or
     without flex): the CPU kernel set has no DeepEP / HybridEP, a real GPU would need them
     installed (probing there is not implemented), and the fake-cuda rules of
-    capture_megatron.config.flex."""
+    capture_megatron.features.dispatch."""
     moe = variant.moe
     if moe is None or moe.experts.moe_token_dispatcher_type != "flex":
         return ""

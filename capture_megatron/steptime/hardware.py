@@ -11,9 +11,9 @@ import math
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from capture_megatron.config.fields import flag
 from capture_megatron.config.model import GIB
 from capture_megatron.errors import CaptureError, require
+from capture_megatron.fields import flag
 from capture_megatron.serial import JsonMixin
 
 

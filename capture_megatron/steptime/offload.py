@@ -17,7 +17,7 @@ import dataclasses
 from fractions import Fraction
 
 from capture_megatron.config import ModelShape, ParallelPlan, dtype_bytes
-from capture_megatron.config.optimizer_offload import HOST_BYTES
+from capture_megatron.features.optimizer_offload import HOST_BYTES
 from capture_megatron.forecast.static import layout_of
 from capture_megatron.steptime.hardware import Hardware
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from capture_megatron.config import ModelShape, ParallelPlan, dtype_bytes
-from capture_megatron.config.attention import attention_parameters
+from capture_megatron.features.mla import attention_parameters
 from capture_megatron.steptime.constants import Constants
 from capture_megatron.steptime.hardware import Hardware
 from capture_megatron.steptime.settings import StepSettings

@@ -31,9 +31,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from capture_megatron.config import ModelShape, ParallelPlan, TrainConfig
-from capture_megatron.config.fields import flagged_fields
 from capture_megatron.config.training import CheckpointOptions
 from capture_megatron.errors import CaptureError
+from capture_megatron.fields import flagged_fields
 from capture_megatron.megatron import schedule as sched
 
 

@@ -22,8 +22,8 @@ import textwrap
 from dataclasses import dataclass
 from importlib import resources
 
-from capture_megatron.config.fields import flag
 from capture_megatron.errors import CaptureError, require
+from capture_megatron.fields import flag
 from capture_megatron.train import slurm_requeue
 from capture_megatron.train.slurm_time import time_limit_seconds
 

@@ -9,7 +9,7 @@ The forecast knows a rank's optimizer elements E exactly and the bytes per eleme
 (12 on the device for a bf16 slice kept there, 16 on the host for a moved one, plus a 4-byte step
 per moved slice); HybridDeviceOptimizer moves whole slices until fraction x E is reached, the last
 one crossing it, and the forecast does not replay the parameter groups' order
-(capture_megatron.config.optimizer_offload), so it moves exactly fraction x E: the device bytes it
+(capture_megatron.features.optimizer_offload), so it moves exactly fraction x E: the device bytes it
 forecasts are an upper bound, met within one slice, and device + host account for the same E."""
 
 from __future__ import annotations

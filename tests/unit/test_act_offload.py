@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from capture_megatron.config import DdpOptions, ModelShape, ParallelPlan
-from capture_megatron.config.act_offload import OFFLOAD_MODULES, ActivationOffload
 from capture_megatron.errors import CaptureError
+from capture_megatron.features.activation_offload import OFFLOAD_MODULES, ActivationOffload
 
 SHAPE = ModelShape(
     num_layers=4, hidden_size=64, num_attention_heads=4, seq_length=64, vocab_size=512,

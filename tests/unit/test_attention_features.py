@@ -12,9 +12,9 @@ import pytest
 
 from capture_megatron.cli.plan import build_parser
 from capture_megatron.config import ModelShape, ParallelPlan
-from capture_megatron.config.attention import LatentAttention, attention_parameters
 from capture_megatron.config.hf import parameter_count
 from capture_megatron.errors import CaptureError
+from capture_megatron.features.mla import LatentAttention, attention_parameters
 from capture_megatron.flags import parser as flags
 from capture_megatron.flags.args import model_shape
 from capture_megatron.planner import model_args

@@ -10,7 +10,7 @@ import dataclasses
 
 import pytest
 
-from capture_megatron.config.attention import LatentAttention, attention_parameters
+from capture_megatron.features.mla import LatentAttention, attention_parameters
 from capture_megatron.profile.probed import model_shape
 from capture_megatron.profile.session import run_probes
 from capture_megatron.records import Probe, ProbeShape, Variant

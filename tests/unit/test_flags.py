@@ -17,8 +17,8 @@ from capture_megatron.config import (
     ParallelFlags,
     RunOptions,
 )
-from capture_megatron.config.fields import field_docs, flagged_fields, to_flags
 from capture_megatron.errors import CaptureError
+from capture_megatron.fields import field_docs, flagged_fields, to_flags
 from capture_megatron.flags import parser as flags
 from capture_megatron.flags.args import model_shape, shape_overrides
 from capture_megatron.train.entry import build_parser

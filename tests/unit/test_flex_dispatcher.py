@@ -11,8 +11,8 @@ import pytest
 from test_cli_errors import cli, one_error
 
 from capture_megatron.config import GIB
-from capture_megatron.config.flex import hybridep_buffer_bytes
-from capture_megatron.config.moe import Experts
+from capture_megatron.features.dispatch import hybridep_buffer_bytes
+from capture_megatron.features.moe import Experts
 from capture_megatron.planner.margins import CONTEXT_GIB, RESERVE_FRACTION
 from capture_megatron.rules.megatron import CPU_REFUSAL, flex_problems
 

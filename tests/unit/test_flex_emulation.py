@@ -84,7 +84,7 @@ def test_hybridep_refuses_what_the_library_refuses(group):
 
 def _probe(dispatcher: str, backend: str, router_dtype: str):
     from capture_megatron.config import Kernels
-    from capture_megatron.config.moe import Experts
+    from capture_megatron.features.moe import Experts
     from capture_megatron.profile.session import run_probes
     from capture_megatron.records import ExpertsProbe, Probe, ProbeShape, Variant
 

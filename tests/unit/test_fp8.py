@@ -11,13 +11,13 @@ import pytest
 from test_cli_errors import cli, one_error
 
 from capture_megatron.config import Kernels
-from capture_megatron.config.fp8 import (
+from capture_megatron.errors import CaptureError
+from capture_megatron.features.fp8 import (
     quantized_bytes,
     saved_input_bytes,
     scaling_state_bytes,
     weight_cache_bytes,
 )
-from capture_megatron.errors import CaptureError
 from capture_megatron.forecast.static import layer_static, runs_static
 from capture_megatron.records import Probe, ProbeShape, Variant
 
@@ -177,7 +177,7 @@ def test_fake_cuda_experts_keep_what_te_keeps_under_fp8():
     bf16: besides the attention's two layers, each expert GEMM keeps its input split as TE's
     column-wise FP8 copy (the permuted tokens and the SwiGLU output die), grouped or sequential
     experts alike; every expert weight keeps its FP8 workspace and each GEMM its scaling state."""
-    from capture_megatron.config.moe import Experts
+    from capture_megatron.features.moe import Experts
     from capture_megatron.profile.session import run_probes
     from capture_megatron.records import ExpertsProbe
 

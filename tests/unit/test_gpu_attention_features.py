@@ -13,12 +13,12 @@ import torch
 import torch.nn.functional as F
 
 from capture_megatron.config import Kernels, ModelShape
-from capture_megatron.config.attention import LatentAttention
 from capture_megatron.emulate.gpu.attention import CuDNNAttention
 from capture_megatron.emulate.gpu.compiled import CompiledL2Norm
 from capture_megatron.emulate.gpu.norm import TENorm
 from capture_megatron.emulate.gpu.rope import _TritonLaunch
 from capture_megatron.errors import CaptureError
+from capture_megatron.features.mla import LatentAttention
 from capture_megatron.megatron.attention import EagerL2Norm
 from capture_megatron.rules.modelled import latent_problem
 

@@ -16,7 +16,9 @@ ALLOWED = {
     "version": set(),
     "errors": set(),
     "serial": {"errors"},
-    "config": {"errors", "serial"},
+    "fields": {"serial"},
+    "features": {"errors", "fields", "serial"},
+    "config": {"errors", "features", "fields", "serial"},
     "records": {"version", "config", "errors", "serial"},
     "cache": {"version", "config", "errors"},
     "fit": {"config", "records", "errors", "serial"},
@@ -53,9 +55,14 @@ ALLOWED = {
     },
 }
 """Which top-level units each unit may import (capture_megatron.<unit>)."""
+for _allowed in ALLOWED.values():  # features and fields sit below config: whoever may import it
+    if "config" in _allowed:
+        _allowed |= {"features", "fields"}
 PURE = (
     "__init__",
     "version",
+    "fields",
+    "features",
     "errors",
     "serial",
     "config",

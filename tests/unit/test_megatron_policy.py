@@ -182,7 +182,7 @@ def test_fine_grained_offloading_is_accepted_with_its_settings():
 
 
 def test_fine_grained_offloading_is_refused_on_the_cpu_kernel_set():
-    from capture_megatron.config.act_offload import ActivationOffload
+    from capture_megatron.features.activation_offload import ActivationOffload
 
     on = ActivationOffload(True, ("core_attn",))
     assert "CPU kernel set" in activation_offload_problem(on, "cpu")

@@ -13,7 +13,7 @@ import dataclasses
 import pytest
 
 from capture_megatron.config import GIB, Cluster, ModelShape, ParallelPlan, Recompute
-from capture_megatron.config.moe import Experts
+from capture_megatron.features.moe import Experts
 from capture_megatron.planner.balance import balanced, evaluate_plan
 from capture_megatron.planner.margins import Margins
 from capture_megatron.planner.ranktimes import memory_floor

@@ -11,7 +11,7 @@ import pytest
 from synthetic_memory import SMALL, synthetic_source
 
 from capture_megatron.config import GIB, Cluster
-from capture_megatron.config.moe import Experts
+from capture_megatron.features.moe import Experts
 from capture_megatron.fit import ShapeConstants
 from capture_megatron.fit.model import KindConstants, Sizes
 from capture_megatron.forecast import layers_for, mixed, predict

@@ -13,9 +13,9 @@ import torch
 from synthetic_memory import SMALL, synthetic_source
 
 from capture_megatron.config import DdpOptions, ParallelPlan
-from capture_megatron.config.moe import Experts
 from capture_megatron.config.parallel import Recompute
 from capture_megatron.errors import CaptureError
+from capture_megatron.features.moe import Experts
 from capture_megatron.forecast import Layers, rank_memory, sizes_for, variant_of
 from capture_megatron.forecast.overlap import merged
 from capture_megatron.forecast.schedule import ScheduleSpec, events, warmup_count

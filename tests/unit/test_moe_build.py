@@ -15,8 +15,8 @@ import torch
 from test_cli_errors import TINY, cli, one_error
 
 from capture_megatron.config import ModelShape, ParallelPlan
-from capture_megatron.config.moe import Experts
 from capture_megatron.errors import CaptureError
+from capture_megatron.features.moe import Experts
 from capture_megatron.megatron import builder, moe
 
 

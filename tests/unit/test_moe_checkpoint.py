@@ -10,8 +10,8 @@ import dataclasses
 import pytest
 
 from capture_megatron.config import ModelShape, ParallelPlan
-from capture_megatron.config.moe import Experts
 from capture_megatron.errors import CaptureError
+from capture_megatron.features.moe import Experts
 from capture_megatron.train.checkpoint.rechain import chain_length, rechain, saved_step
 from capture_megatron.train.resume import SavedRun, check_experts
 

@@ -115,7 +115,7 @@ def test_fake_cuda_moe_layers_run_with_both_fusions():
     and router (megatron raises without TE); the dispatcher keeps TE's int32 row_id_map
     [tokens, 2 x experts + 1] as its permutation mapping in place of the int64 sorted indices."""
     from capture_megatron.config import Kernels
-    from capture_megatron.config.moe import Experts
+    from capture_megatron.features.moe import Experts
     from capture_megatron.profile.session import run_probes
     from capture_megatron.records import ExpertsProbe, Probe, ProbeShape, Variant
 

@@ -15,7 +15,7 @@ from synthetic_memory import synthetic_source
 from capture_megatron.api.request import resolve_shape
 from capture_megatron.cli.predict import build_parser
 from capture_megatron.config import GIB, Cluster, ModelShape, ParallelPlan
-from capture_megatron.config.moe import Experts
+from capture_megatron.features.moe import Experts
 from capture_megatron.flags import parser as flags
 from capture_megatron.forecast.routing import STATISTICS, routing_factor, statistics
 from capture_megatron.forecast.support import experts_probe

@@ -1,6 +1,6 @@
 """Optimizer CPU offload (issue 31): Megatron-LM's rules refused in one paragraph naming them
 (Must show 4), the flags carried to megatron_args, and HybridDeviceOptimizer's device / host split
-in the static bytes (capture_megatron.config.optimizer_offload)."""
+in the static bytes (capture_megatron.features.optimizer_offload)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import sys
 import pytest
 
 from capture_megatron.config import DdpOptions
-from capture_megatron.config.fields import to_flags
 from capture_megatron.errors import CaptureError
+from capture_megatron.fields import to_flags
 from capture_megatron.forecast.static import chunk_static
 
 PA = dict(use_precision_aware_optimizer=True)

@@ -15,7 +15,11 @@ from synthetic_memory import SMALL, SMALL_ARGS, synthetic_source
 
 from capture_megatron.cli import plan as plan_cli
 from capture_megatron.config import GIB, Cluster, DdpOptions, Kernels, ParallelPlan, Recompute
-from capture_megatron.config.act_offload import OFFLOAD_SETS, ActivationOffload, OffloadTensor
+from capture_megatron.features.activation_offload import (
+    OFFLOAD_SETS,
+    ActivationOffload,
+    OffloadTensor,
+)
 from capture_megatron.fit import MemoryModel, Needs
 from capture_megatron.flags import parser as flags
 from capture_megatron.planner import PlanOptions, Space, plan

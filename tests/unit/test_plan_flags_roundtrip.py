@@ -17,9 +17,9 @@ import pytest
 from capture_megatron.api.request import cluster_of, plan_options, resolve_shape
 from capture_megatron.cli import predict
 from capture_megatron.config import DdpOptions, Kernels, ModelShape, ParallelPlan, Recompute
-from capture_megatron.config.moe import Experts
-from capture_megatron.config.recompute import RECOMPUTE_MODULES
 from capture_megatron.errors import CaptureError
+from capture_megatron.features.moe import Experts
+from capture_megatron.features.recompute import RECOMPUTE_MODULES
 from capture_megatron.flags import megatron_lm
 from capture_megatron.flags import parser as flags
 from capture_megatron.planner.emit import model_args, run_args

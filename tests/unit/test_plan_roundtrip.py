@@ -15,7 +15,7 @@ from synthetic_memory import synthetic_source
 
 from capture_megatron.config import GIB, Cluster, Kernels, ModelShape, ParallelFlags
 from capture_megatron.config.ddp import ActivationOffload, DdpOptions
-from capture_megatron.config.fields import flagged_fields
+from capture_megatron.fields import flagged_fields
 from capture_megatron.flags.resolve import parallel_plan
 from capture_megatron.planner import PlanOptions, plan, space_from
 from capture_megatron.planner.emit import model_args, parallel_flags, plan_args

@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from capture_megatron.config.moe import Experts
 from capture_megatron.errors import CaptureError
+from capture_megatron.features.moe import Experts
 from capture_megatron.fit import fit, sizes_of
 from capture_megatron.forecast.heldout import check_records
 from capture_megatron.forecast.static import chunk_static

@@ -15,9 +15,9 @@ from synthetic_memory import SMALL, synthetic_source
 
 from capture_megatron.config import GIB, Cluster, Kernels, ParallelFlags, Recompute
 from capture_megatron.config.kernels import kernel_set
-from capture_megatron.config.moe import Experts
 from capture_megatron.config.presets import preset
 from capture_megatron.errors import CaptureError
+from capture_megatron.features.moe import Experts
 from capture_megatron.flags import parser as flags
 from capture_megatron.flags.resolve import parallel_plan, recompute
 from capture_megatron.planner import PlanOptions, plan, plan_args, space_from

@@ -18,7 +18,7 @@ import pytest
 from synthetic_memory import synthetic_source
 
 from capture_megatron.config import ModelShape, ParallelPlan, Recompute
-from capture_megatron.config.moe import Experts
+from capture_megatron.features.moe import Experts
 from capture_megatron.forecast import layers_for, rank_memory
 from capture_megatron.forecast.chunks import _costs, chunk_cost
 from capture_megatron.forecast.layers import sizes_for

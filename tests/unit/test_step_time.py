@@ -13,8 +13,8 @@ import sys
 import pytest
 
 from capture_megatron.config import DdpOptions, ParallelPlan, Recompute
-from capture_megatron.config.act_offload import ActivationOffload
 from capture_megatron.config.presets import preset
+from capture_megatron.features.activation_offload import ActivationOffload
 from capture_megatron.planner.stepbound import bound_parts, step_bound
 from capture_megatron.steptime import parts as costparts
 from capture_megatron.steptime.constants import FITTED, fitted
@@ -225,7 +225,7 @@ def test_experts_cost_their_routed_work_and_all_to_alls():
     """An MoE layer computes top-k experts per token (with EP, its 1 / EP share of experts and
     tokens routed to them) and pays the all-to-alls; mixing dense and MoE layers places each
     layer's time in its chunk; the bound stays a lower bound."""
-    from capture_megatron.config.moe import Experts
+    from capture_megatron.features.moe import Experts
 
     moe = dataclasses.replace(
         L8B, num_layers=8, moe=Experts(num_experts=8, moe_router_topk=2, moe_layer_freq="2")

@@ -12,7 +12,7 @@ import pytest
 from test_cli_errors import cli, one_error
 
 from capture_megatron.config import Kernels
-from capture_megatron.config.userbuffers import UB_LAYERS, userbuffer_bytes_per_token
+from capture_megatron.features.tp_overlap import UB_LAYERS, userbuffer_bytes_per_token
 from capture_megatron.records import Probe, ProbeShape, Variant
 
 

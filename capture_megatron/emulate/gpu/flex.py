@@ -27,7 +27,7 @@ and permute_launcher, hybrid_ep.cu combine_with_unpermute):
 - combine_with_unpermute returns the combined tokens [tokens, hidden] in the input's dtype and,
   with probabilities (the backward of dispatch), float32 [tokens, experts].
 HybridEP's communication buffers come from cudaMalloc / its own allocator, not torch's: they are
-counted outside the allocator (capture_megatron.config.flex.hybridep_buffer_bytes), never here.
+counted outside the allocator (features.dispatch.hybridep_buffer_bytes), never here.
 
 The results of a collective depend on the other ranks' tokens, which a one-process fake job does
 not have: the emulation allocates exactly what the library returns and keeps (the handle lives
@@ -42,14 +42,14 @@ import logging
 
 import torch
 
-from capture_megatron.config.flex import MIN_TOKENS
 from capture_megatron.emulate import patches
+from capture_megatron.features.dispatch import MIN_TOKENS
 
 NVLINK_DOMAIN = 8
 """GPUs per NVLink domain HybridEP detects (allocator.detect_accessible_ranks): an HGX node's 8.
 Only the small metadata maps of the handle depend on it (a group that is not whole domains of 8
 counts as one domain here; the planner checks the hardware's domains,
-capture_megatron.config.flex.flex_problems)."""
+capture_megatron.features.dispatch.flex_problems)."""
 
 
 class HybridEPBuffer:

@@ -1,6 +1,6 @@
 """Transformer Engine's FP8 linear layers (--fp8-format) on the fake-cuda device.
 
-What TE 5671fd36 keeps under FP8 beyond what its bf16 path keeps (capture_megatron.config.fp8 has
+What TE 5671fd36 keeps under FP8 beyond what its bf16 path keeps (capture_megatron.features.fp8 has
 the byte counts and their sources; docs/MEMORY_MODEL.md the tables):
 1. Each linear layer keeps its input for the wgrad GEMM quantized instead of in bf16
    (`module/linear.py:411-425`, `layernorm_linear.py:416-427`): the column-wise copy, or the
@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
-from capture_megatron.config.fp8 import saved_input_bytes, scaling_state_bytes, weight_cache_bytes
 from capture_megatron.emulate.gpu.common import is_fake
+from capture_megatron.features.fp8 import saved_input_bytes, scaling_state_bytes, weight_cache_bytes
 
 E4M3_MAX = 448.0
 """The largest finite float8_e4m3fn value."""

@@ -12,8 +12,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from capture_megatron.config.fields import flag
 from capture_megatron.errors import require
+from capture_megatron.fields import flag
 from capture_megatron.serial import JsonMixin
 
 ROPE_TYPES = ("rope", "yarn")

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from capture_megatron.config.fields import flag
 from capture_megatron.errors import require
+from capture_megatron.fields import flag
 from capture_megatron.serial import JsonMixin
 
 OFFLOAD_MODULES = (

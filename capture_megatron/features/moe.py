@@ -12,8 +12,8 @@ import ast
 import re
 from dataclasses import dataclass
 
-from capture_megatron.config.fields import flag
 from capture_megatron.errors import CaptureError
+from capture_megatron.fields import flag
 from capture_megatron.serial import JsonMixin
 
 DISPATCHERS = ("allgather", "alltoall", "flex")
@@ -24,7 +24,7 @@ SCORE_FUNCTIONS = ("softmax", "sigmoid")
 """Megatron's --moe-router-score-function choices."""
 FLEX_BACKENDS = ("deepep", "hybridep")
 """Megatron's --moe-flex-dispatcher-backend choices (deepep is its default); what megatron-core
-0.16.1 and capture-megatron make of them: capture_megatron.config.flex."""
+0.16.1 and capture-megatron make of them: capture_megatron.features.dispatch."""
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,7 @@ class Experts(JsonMixin):
     )
     """The flex dispatcher's communication library: hybridep (forecast on the GPU kernel set,
     HybridEP's buffers counted outside the allocator) or deepep (refused); read only with
-    --moe-token-dispatcher-type flex (capture_megatron.config.flex)."""
+    --moe-token-dispatcher-type flex (capture_megatron.features.dispatch)."""
     moe_expert_capacity_factor: float = flag(
         "--moe-expert-capacity-factor", 0.0, note="(0 or absent: dropless)"
     )
