@@ -115,8 +115,18 @@ def fp8_param_mask(model: torch.nn.Module, kernels: Kernels | None) -> tuple[boo
 
     if kernels is None or not (kernels.fp8 and kernels.fp8_param_gather):
         return ()
-    fp8 = {id(m.weight) for m in model.modules() if hasattr(m, STATE)}
+    fp8 = {id(w) for m in model.modules() if hasattr(m, STATE) for w in _weights(m)}
     return tuple(id(p) in fp8 for p in model.parameters())
+
+
+def _weights(module: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """A TE layer's own weights: `weight`, or a grouped linear's `weight0` ... `weight{n-1}`
+    (one per expert; biases are never FP8)."""
+    return [
+        p
+        for name, p in module.named_parameters(recurse=False)
+        if name == "weight" or (name.startswith("weight") and name[6:].isdigit())
+    ]
 
 
 def clear_process_buffers() -> None:
