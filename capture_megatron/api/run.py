@@ -160,7 +160,7 @@ def memory_of(request: Request, progress: bool) -> Memory:
 def _notes(request: Request, result: PlanResult) -> tuple[str, ...]:
     """What the output says besides the reasoning: how the model was read, what stock
     Megatron-LM cannot build of it, the routing forecast, a sequence parallelism turned off at
-    TP 1, the HybridEP buffers, and what optimizer offloading saves and costs."""
+    TP 1, the flex dispatcher's buffers, and what optimizer offloading saves and costs."""
     space = request.options.space
     sp_given = space.sequence_parallel == (True,)
     sp_note = (
@@ -169,7 +169,7 @@ def _notes(request: Request, result: PlanResult) -> tuple[str, ...]:
         else ""
     )
     routing = result.routing.notes() if result.routing else ()
-    flex = result.margins.hybridep_note(result.shape, result.best.plan)
+    flex = result.margins.flex_note(result.shape, result.best.plan)
     offload = offload_note(result, space.ddp.optimizer_cpu_offload)
     extra = tuple(n for n in (sp_note, flex, offload) if n)
     return (*request.model_notes, *model_notes(request.shape), *routing, *extra)

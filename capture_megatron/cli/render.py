@@ -111,6 +111,8 @@ def legend(result: PlanResult) -> list[str]:
         )
         if m.hybridep_domain:
             need += " + HybridEP's communication buffers (outside the allocator)"
+        if m.deepep_sms:
+            need += " + DeepEP's communication buffers (outside the allocator)"
         step = (
             "step s: the step-time model's estimate per optimizer step on the --gpu-type "
             "(docs/STEP_TIME.md), to rank plans"

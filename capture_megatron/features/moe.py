@@ -50,9 +50,13 @@ class Experts(JsonMixin):
     moe_flex_dispatcher_backend: str = flag(
         "--moe-flex-dispatcher-backend", "deepep", choices=FLEX_BACKENDS, omit_default=True
     )
-    """The flex dispatcher's communication library: hybridep (forecast on the GPU kernel set,
-    HybridEP's buffers counted outside the allocator) or deepep (refused); read only with
+    """The flex dispatcher's communication library: deepep or hybridep (both forecast on the GPU
+    kernel set, their buffers counted outside the allocator); read only with
     --moe-token-dispatcher-type flex (capture_megatron.features.dispatch)."""
+    moe_deepep_num_sms: int = flag("--moe-deepep-num-sms", 20, omit_default=True)
+    """SMs of DeepEP's dispatch and combine kernels: two per channel, and DeepEP's buffers grow
+    with the channels (features.dispatch.deepep_buffer_bytes); read only with the flex
+    dispatcher's deepep backend."""
     moe_expert_capacity_factor: float = flag(
         "--moe-expert-capacity-factor", 0.0, note="(0 or absent: dropless)"
     )

@@ -14,7 +14,10 @@ def experts_probe(shape: ModelShape, plan: ParallelPlan) -> ExpertsProbe | None:
     it is (exact); any other routing padded to the capacity that bounds it -- the capacity
     factor, else the dropless routing factor of the shape's routing case
     (capture_megatron.forecast.routing: the forecast, the planning factor or the worst case,
-    experts / top-k). Every probed layer is an MoE layer."""
+    experts / top-k). DeepEP, which megatron-core runs unpadded only, is probed as it runs:
+    dropless at the factor (its --moe-imbalance-factor), or at the capacity factor without
+    padding; the GPU kernel set's DeepEP receives the tokens of that bound
+    (capture_megatron.megatron.moe.flex_forecast). Every probed layer is an MoE layer."""
     moe = shape.moe
     if not moe.enabled:
         return None
@@ -25,11 +28,13 @@ def experts_probe(shape: ModelShape, plan: ParallelPlan) -> ExpertsProbe | None:
         factors = routing_factor(shape, plan)
         factor = factors.of(moe.routing_case)
         bound = "worst" if factor >= factors.bound else "imbalance"
+    deepep = moe.moe_token_dispatcher_type == "flex" and moe.moe_flex_dispatcher_backend == "deepep"
+    dropless = not moe.moe_expert_capacity_factor
     probed = dataclasses.replace(
         moe,
-        moe_expert_capacity_factor=factor,
-        moe_pad_expert_input_to_capacity=True,
-        moe_imbalance_factor=0.0,
+        moe_expert_capacity_factor=0.0 if deepep and dropless else factor,
+        moe_pad_expert_input_to_capacity=not deepep,
+        moe_imbalance_factor=factor if deepep and dropless else 0.0,
         moe_router_force_load_balancing=False,
         routing_case="forecast",
         moe_layer_freq="1",

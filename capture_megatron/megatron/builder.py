@@ -213,7 +213,7 @@ def transformer_config(
         **fields,
         **_defer_fields(plan, kernels, fields["gradient_accumulation_fusion"]),
     )
-    moe.bound_sinkhorn(config, shape)
+    moe.routing_bound(config, shape)
     return config
 
 

@@ -18,7 +18,8 @@ FakeTensorMode) the local specs get the kernel set's modules (capture_megatron.m
 A probe's routing bound (Experts.routing_bound) pads every expert to a capacity; megatron-core's
 config refuses a capacity factor with sinkhorn routing, although its router applies the capacity
 after any load-balancing type: for sinkhorn the bound is set on the config after its checks
-(bound_sinkhorn).
+(bound_sinkhorn). DeepEP runs unpadded (megatron-core refuses padding with it): its probe's bound
+rides on the config for the GPU kernel set's DeepEP (flex_forecast).
 """
 
 from __future__ import annotations
@@ -84,12 +85,33 @@ def _sinkhorn_bound(moe: Experts) -> bool:
     return moe.routing_bound and moe.moe_router_load_balancing_type == "sinkhorn"
 
 
+def routing_bound(config: TransformerConfig, shape: ModelShape) -> None:
+    """Give a probe's config its routing bound where megatron's config checks refuse it: a
+    sinkhorn router its capacity and padding (bound_sinkhorn), DeepEP its forecast
+    (flex_forecast); see the module docstring."""
+    bound_sinkhorn(config, shape)
+    flex_forecast(config, shape)
+
+
 def bound_sinkhorn(config: TransformerConfig, shape: ModelShape) -> None:
     """Give a probe's sinkhorn router its routing bound (capacity and padding) after megatron's
     config checks, which refuse a capacity with sinkhorn (see the module docstring)."""
     if _sinkhorn_bound(shape.moe):
         config.moe_expert_capacity_factor = shape.moe.moe_expert_capacity_factor
         config.moe_pad_expert_input_to_capacity = shape.moe.moe_pad_expert_input_to_capacity
+
+
+def flex_forecast(config: TransformerConfig, shape: ModelShape) -> None:
+    """Give a DeepEP probe's config its routing forecast: megatron-core refuses DeepEP with padded
+    expert inputs, so a probe runs dropless routing as the run does and the GPU kernel set's
+    DeepEP receives the tokens of the forecast factor (the probe's --moe-imbalance-factor, or
+    its capacity factor) from every rank (capture_megatron.emulate.gpu.deepep.FACTOR; megatron-core
+    never reads the attribute)."""
+    moe = shape.moe
+    deepep = moe.moe_token_dispatcher_type == "flex" and moe.moe_flex_dispatcher_backend == "deepep"
+    if moe.enabled and moe.routing_bound and deepep:
+        factor = moe.moe_expert_capacity_factor or moe.moe_imbalance_factor
+        config.flex_routing_factor = factor  # type: ignore[attr-defined]  # read by the emulation
 
 
 def _local_norms(spec: ModuleSpec, norm: type) -> ModuleSpec:

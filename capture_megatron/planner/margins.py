@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from capture_megatron.config import GIB, ModelShape, ParallelPlan
-from capture_megatron.features.dispatch import hybridep_buffer_bytes
+from capture_megatron.features.dispatch import deepep_buffer_bytes, hybridep_buffer_bytes
 
 RESERVE_FRACTION = 0.02
 """Default allocator reserve: reserved was 1.9% above allocated on a dense Megatron-LM run on H100
@@ -39,6 +39,11 @@ class Margins:
     buffers span (features.dispatch.hybridep_buffer_bytes), outside the allocator; 0
     without HybridEP."""
 
+    deepep_sms: int = 0
+    """CUDA with the flex dispatcher's DeepEP backend: the SMs of its kernels
+    (--moe-deepep-num-sms), which size its buffers (features.dispatch.deepep_buffer_bytes),
+    outside the allocator; 0 without DeepEP."""
+
     def hybridep_bytes(self, shape: ModelShape, plan: ParallelPlan) -> int:
         """HybridEP's buffers on each GPU of `plan`, outside the allocator (0 without HybridEP):
         megatron-core sizes them by the tokens of a layer's input on a rank (sequence x
@@ -53,27 +58,42 @@ class Margins:
             self.hybridep_domain,
         )
 
+    def deepep_bytes(self, shape: ModelShape, plan: ParallelPlan) -> int:
+        """DeepEP's buffers on each GPU of `plan`, outside the allocator (0 without DeepEP):
+        megatron-core sizes them by the expert TP x EP group and the hidden size only."""
+        if not self.deepep_sms or self.on_cpu or not shape.moe.enabled:
+            return 0
+        return deepep_buffer_bytes(shape.hidden_size, plan.ep * plan.expert_tp, self.deepep_sms)
+
     def plan_needed(self, peak: float, shape: ModelShape, plan: ParallelPlan) -> float:
-        """Bytes a GPU must have for a predicted peak of `plan` (userbuffers and HybridEP's
-        buffers sized by the plan)."""
-        outside = self.hybridep_bytes(shape, plan)
+        """Bytes a GPU must have for a predicted peak of `plan` (userbuffers and the flex
+        dispatcher's buffers sized by the plan)."""
+        outside = self.hybridep_bytes(shape, plan) + self.deepep_bytes(shape, plan)
         return self.needed(peak, userbuffer_tokens(shape, plan)) + outside
 
-    def hybridep_note(self, shape: ModelShape, plan: ParallelPlan) -> str:
-        """What `need` counts of HybridEP's buffers for `plan` ('' without them)."""
-        nbytes = self.hybridep_bytes(shape, plan)
+    def flex_note(self, shape: ModelShape, plan: ParallelPlan) -> str:
+        """What `need` counts of HybridEP's or DeepEP's buffers for `plan` ('' without them)."""
+        hybrid = self.hybridep_bytes(shape, plan)
+        nbytes = hybrid or self.deepep_bytes(shape, plan)
         if not nbytes:
             return ""
         size = f"{nbytes / GIB:.2f} GiB" if nbytes >= GIB / 10 else f"{nbytes / 2**20:.1f} MiB"
+        name = "HybridEP" if hybrid else "DeepEP"
+        sized = (
+            "sized as DeepEP's hybrid-ep eb9cee7 allocates them for the expert TP x EP group over "
+            "NVLink domains of the --gpu-type's size"
+            if hybrid
+            else "its NVLink and RDMA buffers and workspace, sized as megatron-core's get_buffer "
+            "asks DeepEP eb9cee7 for the expert TP x EP group"
+        )
         note = (
-            f"need includes HybridEP's communication buffers, {size} per GPU outside the "
-            "allocator (flex dispatcher, --moe-flex-dispatcher-backend hybridep; sized as DeepEP's "
-            "hybrid-ep eb9cee7 allocates them for the expert TP x EP group over NVLink domains of "
-            "the --gpu-type's size, docs/MEMORY_MODEL.md)"
+            f"need includes {name}'s communication buffers, {size} per GPU outside the "
+            f"allocator (flex dispatcher, --moe-flex-dispatcher-backend {name.lower()}; {sized}, "
+            "docs/MEMORY_MODEL.md)"
         )
         if shape.moe.moe_router_dtype != "fp32":
             note += (
-                "; HybridEP takes float32 routing probabilities only: megatron-core converts "
+                f"; {name} takes float32 routing probabilities only: megatron-core converts "
                 "them (warning 'please set --moe-router-dtype=fp32' at every dispatch), and the "
                 "forecast holds the float32 copies"
             )

@@ -91,15 +91,24 @@ class PlanOptions:
     """What the output adds to a searched plan's reasoning about the search itself (e.g. the
     micro-batch sizes a given memory model predicts: probed_batches)."""
 
-    def margins(self, cluster: Cluster, hidden_size: int = 0, hybridep: bool = False) -> Margins:
+    def margins(
+        self, cluster: Cluster, hidden_size: int = 0, flex: str = "", sms: int = 0
+    ) -> Margins:
         """The memory margins these options set for `cluster` (and a model of `hidden_size`:
-        the userbuffers of --tp-comm-overlap; `hybridep`: the flex dispatcher's HybridEP
-        buffers, over the hardware's NVLink domains)."""
+        the userbuffers of --tp-comm-overlap; `flex`: the flex dispatcher's backend, hybridep
+        (its buffers over the hardware's NVLink domains) or deepep (its buffers for `sms` SMs),
+        '' without flex)."""
         ub = self.kernels.userbuffer_bytes_per_token(hidden_size)
         on_cpu = cluster.device == "cpu"
-        domain = self.cost.hardware.nvlink_domain if hybridep else 0
+        domain = self.cost.hardware.nvlink_domain if flex == "hybridep" else 0
         return Margins(
-            self.reserve_fraction, self.context_gib * GIB, self.calibration, on_cpu, ub, domain
+            self.reserve_fraction,
+            self.context_gib * GIB,
+            self.calibration,
+            on_cpu,
+            ub,
+            domain,
+            sms if flex == "deepep" else 0,
         )
 
 
@@ -218,7 +227,7 @@ def plan(
     _refuse_flex(shape, options, cluster)
     shape = routed(shape, "planning")  # dropless MoE: plans fit at the forecast plus its margin
     supply = Supply(shape, memory)
-    hw, margins = options.cost, options.margins(cluster, shape.hidden_size, hybridep(shape))
+    hw, margins = options.cost, options.margins(cluster, shape.hidden_size, *flex_backend(shape))
     if options.fixed is not None:
         model = supply.complete([options.fixed])
         fixed = evaluate_plan(model, shape, options.fixed, cluster, margins, hw)
@@ -248,12 +257,13 @@ def plan(
     return _result(model, shape, cluster, options, ranked, considered, memory)
 
 
-def hybridep(shape: ModelShape) -> bool:
-    """Whether `shape`'s MoE layers dispatch through HybridEP (the flex dispatcher's hybridep
-    backend), whose buffers a GPU holds outside the allocator."""
+def flex_backend(shape: ModelShape) -> tuple[str, int]:
+    """The flex dispatcher's backend of `shape`'s MoE layers (hybridep or deepep, whose buffers
+    a GPU holds outside the allocator; '' without flex) and DeepEP's SMs."""
     moe = shape.moe
-    flex = moe.enabled and moe.moe_token_dispatcher_type == "flex"
-    return flex and moe.moe_flex_dispatcher_backend == "hybridep"
+    if not (moe.enabled and moe.moe_token_dispatcher_type == "flex"):
+        return "", 0
+    return moe.moe_flex_dispatcher_backend, moe.moe_deepep_num_sms
 
 
 def _refuse_flex(shape: ModelShape, options: PlanOptions, cluster: Cluster) -> None:
@@ -294,7 +304,7 @@ def _result(
         shape, options.kernels, model.kernels, ranked[0].plan, cps, options.space.cp_comm_type
     )
     origin = ModelOrigin(model.device, model.kernels, model.versions)
-    hw, margins = options.cost, options.margins(cluster, shape.hidden_size, hybridep(shape))
+    hw, margins = options.cost, options.margins(cluster, shape.hidden_size, *flex_backend(shape))
     space = options.space
     objective = "fixed" if options.fixed is not None else options.objective
     reach = _reach(shape, options, model)

@@ -12,6 +12,7 @@ from capture_megatron.config.ddp import DEFAULT_DDP, DdpOptions
 from capture_megatron.config.kernels import Kernels
 from capture_megatron.config.parallel import tp_fits
 from capture_megatron.errors import CaptureError
+from capture_megatron.features.dispatch import DEEPEP_GROUPS
 from capture_megatron.flags.resolve import (
     given_modules,
     granularity_of,
@@ -212,16 +213,21 @@ def candidates(
 def expert_sizes(shape: ModelShape, tp: int, dp: int, space: Space) -> list[int]:
     """The EP sizes of a (TP, DP) candidate: those of the space that divide the experts and the
     TP x DP ranks of a stage (expert TP = TP; with CP, `dp` counts DP x CP), expert TP x EP > 1
-    for the flex dispatcher (megatron-core asserts it); [1] for a dense model."""
+    for the flex dispatcher (megatron-core asserts it) and one of DeepEP's groups for its deepep
+    backend (features.dispatch.DEEPEP_GROUPS); [1] for a dense model."""
     if not shape.moe.enabled:
         return [1]
     experts = shape.moe.num_experts
     allowed = space.ep or tuple(_divisors(experts))
     flex = shape.moe.moe_token_dispatcher_type == "flex"  # needs expert TP x EP > 1
+    deepep = flex and shape.moe.moe_flex_dispatcher_backend == "deepep"
     return [
         e
         for e in allowed
-        if experts % e == 0 and (tp * dp) % (e * tp) == 0 and not (flex and e * tp == 1)
+        if experts % e == 0
+        and (tp * dp) % (e * tp) == 0
+        and not (flex and e * tp == 1)
+        and not (deepep and e * tp not in DEEPEP_GROUPS)
     ]
 
 

@@ -131,10 +131,11 @@ def _weights(module: torch.nn.Module) -> list[torch.nn.Parameter]:
 
 def clear_process_buffers() -> None:
     """Forget the fake-cuda kernel set's process-wide buffers (TE's dummy wgrads, userbuffers,
-    HybridEP's buffer object), so that a probe holds those of its own shapes only."""
-    from capture_megatron.emulate.gpu import flex
+    HybridEP's and DeepEP's buffer objects), so that a probe holds those of its own shapes only."""
+    from capture_megatron.emulate.gpu import deepep, flex
     from capture_megatron.emulate.gpu.linear import DUMMY_WGRADS, USERBUFFERS
 
     DUMMY_WGRADS.clear()
     USERBUFFERS.clear()
     flex.reset()
+    deepep.reset()

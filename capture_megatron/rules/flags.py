@@ -289,6 +289,12 @@ _REASONS = {
         --ddp-reduce-scatter-with-fp32-accumulation --disable-jit-fuser
         --softmax-type --use-te-activation-func
     """,
+    (
+        "deprecated: give --moe-token-dispatcher-type flex, which it means (DeepEP is the flex "
+        "dispatcher's default backend)"
+    ): """
+        --moe-enable-deepep
+    """,
     "fp32 residual connections are not modelled yet": """
         --fp32-residual-connection
     """,

@@ -20,6 +20,7 @@ from capture_megatron.config.model import ModelShape, tp_head_problems
 from capture_megatron.config.parallel import ParallelPlan
 from capture_megatron.errors import require
 from capture_megatron.features.activation_offload import OFFLOAD_MODULES
+from capture_megatron.features.dispatch import deepep_problems
 from capture_megatron.features.moe import Experts
 from capture_megatron.features.optimizer_offload import OffloadSettings
 
@@ -200,19 +201,6 @@ def module_problems(shape: ModelShape, chosen: tuple[str, ...]) -> list[str]:
     return p
 
 
-DEEPEP_REFUSAL = (
-    "--moe-token-dispatcher-type flex with --moe-flex-dispatcher-backend deepep (the default "
-    "backend) is not modelled: megatron-core 0.16.1 refuses DeepEP with padded expert inputs "
-    "(TransformerConfig: 'Flex token dispatcher with deepep backend does not support "
-    "moe_pad_expert_input_to_capacity'), and the forecast sizes dropless routing by padding every "
-    "expert to its routing bound; without padding _DeepepManager turns DeepEP's received top-k "
-    "indices into a routing map by boolean indexing and repeat_interleave, whose sizes are the "
-    "received tokens' values, which no forecast tensor holds. Give --moe-flex-dispatcher-backend "
-    "hybridep (forecast on the GPU kernel set, with HybridEP's buffers), or "
-    "--moe-token-dispatcher-type alltoall for DeepEP's experts and routing without its buffers"
-)
-"""Why DeepEP is refused (one paragraph)."""
-
 CPU_REFUSAL = (
     "--moe-token-dispatcher-type flex runs only on the GPU kernel set: it sends tokens through "
     "DeepEP or HybridEP, CUDA-only libraries; forecast it with the GPU kernel set (--device "
@@ -232,8 +220,6 @@ def flex_problems(
         return []
     if cpu:
         return [CPU_REFUSAL]
-    if moe.moe_flex_dispatcher_backend == "deepep":
-        return [DEEPEP_REFUSAL]
     p = []
     if tp_ep < 2:
         p.append(
@@ -241,6 +227,8 @@ def flex_problems(
             "'Flex token dispatcher requires TPxEP > 1'); give --expert-model-parallel-size > 1 "
             "or use --moe-token-dispatcher-type alltoall"
         )
+    if moe.moe_flex_dispatcher_backend == "deepep":
+        return p + _deepep_problems(moe, dtype, tp_ep)
     if dtype == "fp32":
         p.append(
             "HybridEP moves 16-bit tokens only (combine_with_unpermute asserts a 2-byte element "
@@ -251,6 +239,19 @@ def flex_problems(
         p.append(
             f"HybridEP needs the expert TP x EP group ({tp_ep} GPUs) to be whole NVLink domains "
             f"of {nvlink_domain} GPUs (HybridEPBuffer asserts it)"
+        )
+    return p
+
+
+def _deepep_problems(moe: Experts, dtype: str, tp_ep: int) -> list[str]:
+    """What megatron-core 0.16.1 and DeepEP eb9cee7 refuse of a flex run on DeepEP."""
+    p = deepep_problems(tp_ep, dtype, moe.moe_deepep_num_sms)
+    if moe.moe_pad_expert_input_to_capacity:
+        p.append(
+            "megatron-core 0.16.1 refuses DeepEP with padded expert inputs (TransformerConfig: "
+            "'Flex token dispatcher with deepep backend does not support "
+            "moe_pad_expert_input_to_capacity'): leave out --moe-pad-expert-input-to-capacity, "
+            "or give --moe-flex-dispatcher-backend hybridep"
         )
     return p
 

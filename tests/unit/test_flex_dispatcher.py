@@ -1,7 +1,7 @@
-"""--moe-token-dispatcher-type flex: HybridEP (--moe-flex-dispatcher-backend hybridep) forecast on
-the GPU kernel set, with its buffers outside the allocator in what a GPU needs; DeepEP,
-megatron-core's flex rules and the CPU kernel set refused with one paragraph each, before any
-probe."""
+"""--moe-token-dispatcher-type flex: HybridEP (--moe-flex-dispatcher-backend hybridep) and DeepEP
+(deepep, megatron-core's default) forecast on the GPU kernel set, with their buffers outside the
+allocator in what a GPU needs; megatron-core's, DeepEP's and HybridEP's flex rules and the CPU
+kernel set refused with one paragraph each, before any probe."""
 
 from __future__ import annotations
 
@@ -11,7 +11,12 @@ import pytest
 from test_cli_errors import cli, one_error
 
 from capture_megatron.config import GIB
-from capture_megatron.features.dispatch import hybridep_buffer_bytes
+from capture_megatron.features.dispatch import (
+    DeepepConfig,
+    deepep_buffer_bytes,
+    deepep_received,
+    hybridep_buffer_bytes,
+)
 from capture_megatron.features.moe import Experts
 from capture_megatron.planner.margins import CONTEXT_GIB, RESERVE_FRACTION
 from capture_megatron.rules.megatron import CPU_REFUSAL, flex_problems
@@ -33,15 +38,68 @@ def _run(command, argv, tmp_path):
     return cli([command, *MOE, *argv, *extra], str(tmp_path))
 
 
-@pytest.mark.parametrize("command", ["predict", "plan"])
-def test_deepep_is_one_paragraph(command, tmp_path):
-    """DeepEP, megatron-core's default backend: refused, naming hybridep and alltoall."""
-    done = _run(command, [*EP2, "--device", "fake-cuda"], tmp_path)
-    line = one_error(done, command)
-    assert "--moe-flex-dispatcher-backend deepep" in line
-    assert "moe_pad_expert_input_to_capacity" in line  # megatron-core's own rule, quoted
-    assert "hybridep" in line and "--moe-token-dispatcher-type alltoall" in line
+@pytest.mark.parametrize(
+    "extra, words",
+    [
+        (
+            ["--expert-model-parallel-size", "24", "--num-experts", "24", "--gpus", "24"]
+            + ["--global-batch-size", "24"],
+            "not 24",
+        ),
+        (["--fp16"], "bfloat16 tokens only"),
+        (["--moe-deepep-num-sms", "21"], "even number"),
+        (
+            ["--moe-expert-capacity-factor", "1", "--moe-pad-expert-input-to-capacity"],
+            "moe_pad_expert_input_to_capacity",
+        ),
+    ],
+)
+def test_deepep_refuses_what_megatron_and_deepep_refuse(extra, words, tmp_path):
+    """DeepEP (megatron-core's default backend) is forecast; what megatron-core or DeepEP
+    eb9cee7 refuses is refused in one paragraph before any probe, naming the change."""
+    argv = [w for w in MOE if w != "--bf16" or "--fp16" not in extra]
+    done = cli(["predict", *argv, *EP2, *extra, "--device", "fake-cuda"], str(tmp_path))
+    line = one_error(done, "predict")
+    assert words in line
     assert "profiling" not in done.stdout + done.stderr
+
+
+def test_deepep_groups_and_buffers_follow_deepep_eb9cee7():
+    """deep_ep/buffer.py's configs and csrc/config.hpp's size hints: within a node (8 ranks,
+    hidden 4096, 20 SMs = 10 channels) NVLink only, 256 receive tokens per channel and rank, each
+    with its hidden bytes, 8 bytes of source metadata, 128 top-k int64 indices and float32
+    weights and 128 float32 scales; across 4 nodes (32 ranks) 288 NVLink and 128 RDMA tokens
+    (aligned up to the 32-token send chunk: 128), twice per RDMA rank; the 32 MiB workspace."""
+    per_token = 8192 + 8 + 128 * 12 + 512
+
+    def aligned(n):
+        return -(-n // 128) * 128
+
+    nvl8 = aligned(10 * 8 * (2 * 1 + 3) * 4 + 10 * 8 * 256 * per_token)
+    assert DeepepConfig.of("dispatch", 8).nvl_bytes(8192, 8) == nvl8
+    assert deepep_buffer_bytes(4096, 8) == nvl8 + 8 * 20 + 32 * 2**20
+    nvl32 = aligned(10 * 8 * (2 * 4 + 3) * 4 + 10 * 8 * 288 * per_token)
+    rdma32 = aligned(10 * 4 * 18 * 2 * 4 + 10 * 4 * 128 * (per_token + 16) * 2)
+    assert deepep_buffer_bytes(4096, 32) == nvl32 + 8 * 20 + rdma32 + 32 * 2**20
+    assert deepep_buffer_bytes(4096, 8, num_sms=40) > deepep_buffer_bytes(4096, 8)
+    moe = Experts(num_experts=48, moe_token_dispatcher_type="flex")
+    assert flex_problems(moe, "bf16", 16, 8) == []
+    assert "not 24" in flex_problems(moe, "bf16", 24, 8)[0]  # a config but no kernel
+
+
+def test_deepep_receives_the_routing_forecast():
+    """Unpadded dropless routing at a factor: from each rank min(tokens, ceil(tokens x top-k x
+    factor / experts)) per local expert; distinct tokens by the share of a token's top-k on the
+    rank's experts (one local expert: every pair a distinct token)."""
+    mixtral = deepep_received(2048, 8, 8, 2, 1, 1.25)
+    assert mixtral.per_expert == (8 * 640,) and mixtral.tokens == 8 * 640
+    assert mixtral.node_tokens == 0
+    qwen = deepep_received(2048, 32, 128, 8, 4, 1.0)
+    assert qwen.routed == 4 * 32 * 128
+    share = (1 - 0.7700) / 0.25  # 1 - C(124, 8) / C(128, 8), over top-k x local / experts
+    assert abs(qwen.tokens / qwen.routed - share) < 0.01
+    assert 0 < qwen.node_tokens <= 4 * 2048
+    assert deepep_received(100, 8, 8, 2, 1, 4.0).per_expert == (800,)  # capped at the tokens
 
 
 @pytest.mark.parametrize("command", ["predict", "plan"])
@@ -106,21 +164,25 @@ def test_hybridep_buffers_follow_deepep_eb9cee7():
 
 
 @pytest.mark.slow
-def test_hybridep_predicts_and_needs_its_buffers(tmp_path):
+def test_flex_predicts_and_needs_its_buffers(tmp_path):
     """predict on the GPU kernel set: exit 0, and `need` is the peak plus the allocator reserve,
-    the CUDA context and HybridEP's buffers (alltoall: without them; the peaks themselves are
-    compared in test_flex_emulation)."""
+    the CUDA context and HybridEP's or DeepEP's buffers (alltoall: without them; the peaks
+    themselves are compared in test_flex_emulation and test_deepep_emulation)."""
     base = [*EP2, "--device", "fake-cuda", "--moe-router-force-load-balancing"]
+    backends = {"hybridep": HYBRID, "deepep": [], "alltoall": []}
     outside, notes = {}, {}
-    for name in ("flex", "alltoall"):
-        line = [w if w != "flex" else name for w in MOE] + base + (HYBRID if name == "flex" else [])
+    for name, extra in backends.items():
+        kind = "alltoall" if name == "alltoall" else "flex"
+        line = [w if w != "flex" else kind for w in MOE] + base + extra
         done = cli(["predict", *line, "--json", str(tmp_path / f"{name}.json")], str(tmp_path))
         assert done.returncode == 0, done.stderr[-2000:]
         data = json.loads((tmp_path / f"{name}.json").read_text())
         peak = max(data["predicted_peak_bytes"])
         outside[name] = data["needed_bytes_per_gpu"] - peak * (1 + RESERVE_FRACTION) - CONTEXT
         notes[name] = " ".join(data["notes"])
-    assert "HybridEP's communication buffers" in notes["flex"]
-    assert "HybridEP" not in notes["alltoall"]
+    assert "HybridEP's communication buffers" in notes["hybridep"]
+    assert "DeepEP's communication buffers" in notes["deepep"]
+    assert "HybridEP" not in notes["alltoall"] and "DeepEP" not in notes["alltoall"]
     assert abs(outside["alltoall"]) <= 2
-    assert abs(outside["flex"] - hybridep_buffer_bytes(64, 64, 2, 2, 8)) <= 2
+    assert abs(outside["hybridep"] - hybridep_buffer_bytes(64, 64, 2, 2, 8)) <= 2
+    assert abs(outside["deepep"] - deepep_buffer_bytes(64, 2)) <= 2

@@ -15,5 +15,7 @@ and only allocates on fake tensors.
 - grouped: TE's GroupedLinear, the experts of --moe-grouped-gemm (megatron's TEGroupedMLP).
 - flex: DeepEP's HybridEP (--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend
   hybridep): what its dispatch and combine return and keep; its own buffers are counted outside.
+- deepep: DeepEP's Buffer (--moe-flex-dispatcher-backend deepep): what its layout, dispatch and
+  combine return and keep, at the routing forecast; its buffers are counted outside.
 - install: puts them where megatron-core looks for the real ones.
 """

@@ -52,6 +52,10 @@ counts as one domain here; the planner checks the hardware's domains,
 capture_megatron.features.dispatch.flex_problems)."""
 
 
+FLOAT32_WARNINGS = ("HybridEP only supports float32 probs", "DeepEP only supports float32 probs")
+"""megatron-core's per-dispatch warnings about bfloat16 routing probabilities."""
+
+
 class HybridEPBuffer:
     """deep_ep.HybridEPBuffer (hybrid_ep_buffer.py at eb9cee7) as megatron-core 0.16.1 calls it."""
 
@@ -223,12 +227,12 @@ def hybrid_ep_combine(x, handle, num_permuted_tokens, pad_multiple):
 
 
 class _Float32ProbsNotice(logging.Filter):
-    """Drops megatron's per-dispatch 'HybridEP only supports float32 probs' warning in probes
-    (the plan's note says it once: capture_megatron.planner.margins.Margins.hybridep_note)."""
+    """Drops megatron's per-dispatch 'HybridEP (or DeepEP) only supports float32 probs' warning
+    in probes (the plan's note says it once: capture_megatron.planner.margins.Margins.flex_note)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         """False for that warning."""
-        return not str(record.msg).startswith("HybridEP only supports float32 probs")
+        return not str(record.msg).startswith(FLOAT32_WARNINGS)
 
 
 def install() -> None:

@@ -17,7 +17,9 @@
 - megatron.core.transformer.moe.moe_utils' fused_permute ... fused_moe_aux_loss: TE's fused MoE
   permutation and router kernels (capture_megatron.emulate.gpu.permute, .router);
 - megatron.core.transformer.moe.fused_a2a.HybridEPBuffer and the token dispatcher's
-  hybrid_ep_dispatch / hybrid_ep_combine: DeepEP's HybridEP (capture_megatron.emulate.gpu.flex).
+  hybrid_ep_dispatch / hybrid_ep_combine: DeepEP's HybridEP (capture_megatron.emulate.gpu.flex);
+- fused_a2a.Buffer, fused_dispatch / fused_combine and _DeepepManager's value-sized steps:
+  DeepEP (capture_megatron.emulate.gpu.deepep).
 Never called on a real GPU or for CPU runs.
 """
 
@@ -32,7 +34,15 @@ def install() -> None:
     """Register the fake-cuda kernels (idempotent)."""
     from megatron.core.models.common.embeddings import rope_utils
 
-    from capture_megatron.emulate.gpu import compiled, cross_entropy, flex, linear, permute, router
+    from capture_megatron.emulate.gpu import (
+        compiled,
+        cross_entropy,
+        deepep,
+        flex,
+        linear,
+        permute,
+        router,
+    )
     from capture_megatron.emulate.gpu.rope import fused_apply_rotary_pos_emb, install_mla_rope
     from capture_megatron.emulate.gpu.softmax import extensions
 
@@ -45,6 +55,7 @@ def install() -> None:
     compiled.install()
     cross_entropy.install()
     flex.install()
+    deepep.install()
     linear.install()
     permute.install()
     router.install()
