@@ -75,6 +75,11 @@ class DdpOptions(JsonMixin):
     megatron-core's combined 1F1B schedule runs micro-batch i + 1's forward layer by layer with
     micro-batch i's backward (capture_megatron.forecast.overlap); a schedule setting, carried with
     the plan's other training settings."""
+    delay_wgrad_compute: bool = flag("--delay-wgrad-compute", False, omit_default=True)
+    """With --overlap-moe-expert-parallel-comm: Transformer Engine's layers compute only input
+    gradients in a layer node's backward and their weight gradients in the node's backward_dw,
+    holding each node's weight-gradient inputs between the two
+    (capture_megatron.features.delay_wgrad)."""
     optimizer_cpu_offload: bool = flag("--optimizer-cpu-offload", False, omit_default=True)
     """megatron-core's HybridDeviceOptimizer: the Adam update of whole parameter slices, up to
     --optimizer-offload-fraction of this rank's elements, runs on the host with their fp32 master

@@ -12,6 +12,7 @@ from capture_megatron.fit import KindConstants, ShapeConstants, Sizes
 from capture_megatron.forecast import mixed, offload, retained
 from capture_megatron.forecast.layers import Layers, sizes_for
 from capture_megatron.forecast.static import LayerRun, layer_static, layout_of
+from capture_megatron.forecast.wgrad import wgrad_hold
 
 
 @dataclass(frozen=True)
@@ -207,6 +208,7 @@ def chunk_cost(
     own = [each[m] for m in variants]
     per_layer = [offload.layer_bytes(sc, moved) for sc in own]
     inp, saved, fwd, bwd, redone = offload.chunk_adjusted(costs, per_layer)
+    bwd += wgrad_hold(shape, plan, moe)  # --delay-wgrad-compute's queued inputs
     ends = layers.main.constants(z)
     kinds = [layers.model(m).constants(z).chunk(kind) for m in sorted(set(moe))]
     step, buffers = _step_buffers(layers, z, shape.dtype, kind, moe)

@@ -23,7 +23,8 @@ Each node detaches its inputs; those that free their input after the forward (Mo
 experts, combine: fine_grained_callables.should_free_input) hold nothing the plain forward would
 not, and the nodes' kept outputs are tensors the next node saves anyway. The schedule's moment
 before a merged step (b's micro-batch alive, f's not yet) plus the worst of these is the step's
-peak (capture_megatron.forecast.ranks).
+peak (capture_megatron.forecast.ranks). With --delay-wgrad-compute a layer's backward also holds
+its nodes' queued weight-gradient inputs until their backward_dw (capture_megatron.forecast.wgrad).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from dataclasses import dataclass
 from capture_megatron.config import ModelShape, ParallelPlan
 from capture_megatron.forecast.chunks import ChunkCost
 from capture_megatron.forecast.layers import Layers, sizes_for
+from capture_megatron.forecast.wgrad import wgrad_hold
 
 
 @dataclass(frozen=True)
@@ -69,7 +71,8 @@ def merged(layers: Layers, shape: ModelShape, plan: ParallelPlan, kinds: tuple[s
     for m in sorted(moe):
         sc = layers.model(m).constants(z)
         mid = sc.chunk("middle")
-        step = max(step, sc.layer_saved + mid.bwd1, mid.fwd1)
+        delayed = wgrad_hold(shape, plan, (m,))  # --delay-wgrad-compute's queued inputs
+        step = max(step, sc.layer_saved + mid.bwd1 + delayed, mid.fwd1)
         hidden = max(hidden, mid.input_bytes)
     ends = layers.main.constants(z)
     # an MTP layer is one more layer node of the last stage, run after its decoder layers: the

@@ -275,13 +275,6 @@ _REASONS = {
     "symmetric-memory all-reduce buffers are not modelled yet": """
         --symmetric-ar-type
     """,
-    (
-        "delayed weight-gradient computation (with --overlap-moe-expert-parallel-comm) keeps "
-        "each layer node's weight-gradient inputs -- Transformer Engine's gathered inputs and "
-        "output gradients -- from its backward until its backward_dw, not modelled yet"
-    ): """
-        --delay-wgrad-compute
-    """,
     "distributed saved activations are not modelled yet": """
         --distribute-saved-activations
     """,

@@ -157,8 +157,15 @@ _MC = "megatron-core's TransformerConfig"
 
 def moe_overlap_problems(shape: ModelShape, plan: ParallelPlan) -> list[str]:
     """Why megatron-core refuses `plan` with --overlap-moe-expert-parallel-comm on `shape`, or
-    why the forecast does not cover it (empty: it runs and is forecast, or the flag is off)."""
+    why the forecast does not cover it (empty: it runs and is forecast, or the flag is off);
+    --delay-wgrad-compute needs the overlap (TransformerConfig asserts it)."""
     if not plan.ddp.overlap_moe_expert_parallel_comm:
+        if plan.ddp.delay_wgrad_compute:
+            return [
+                "--delay-wgrad-compute needs --overlap-moe-expert-parallel-comm (megatron-core's "
+                "TransformerConfig: 'overlap_moe_expert_parallel_comm must be enabled when "
+                "enabling delay_wgrad_compute'): give both, or leave it out"
+            ]
         return []
     return _megatron_rules(shape, plan)
 

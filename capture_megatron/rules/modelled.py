@@ -60,9 +60,16 @@ def check_request(
 ) -> None:
     """Refuse FP8, a sliding window or a context-parallel attention the kernels' memory model
     does not hold before profiling (`kernel_set` '': a memory model is given, whose kernel set
-    the planner checks), and --optimizer-cpu-offload with FP8 parameters as Megatron-LM does.
+    the planner checks), and --optimizer-cpu-offload with FP8 parameters and
+    --delay-wgrad-compute without Transformer Engine as Megatron-LM does.
     `cps`: the context-parallel sizes searched (or given); `fixed`: the plan, when given."""
     offload = fp8_offload_problem(ddp, kernels.fp8_param_gather, kernels.fp8_recipe)
+    if ddp.delay_wgrad_compute and kernels.transformer_impl != "transformer_engine":
+        offload = (
+            "Megatron-LM stops: 'Delaying wgrad compute is only supported with "
+            "transformer_engine implementation' (arguments.py; --delay-wgrad-compute defers "
+            "Transformer Engine's weight gradients): give --transformer-impl transformer_engine"
+        )
     if offload:
         raise CaptureError(offload + ".")
     if not kernel_set:

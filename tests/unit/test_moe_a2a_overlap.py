@@ -1,6 +1,7 @@
 """--overlap-moe-expert-parallel-comm (issue 26): megatron-core 0.16.1's combined 1F1B schedule
 at PP 1 in the forecast (forecast.overlap), Megatron's rules for it as one-paragraph
-refusals, and what is still refused (PP > 1, --delay-wgrad-compute, the CPU kernel set). The
+refusals, --delay-wgrad-compute's queued weight-gradient inputs, and what is still refused (the
+CPU kernel set). The
 forecast terms are checked against the fitted constants they are derived from (synthetic memory
 model: the constants come from the shape, not from a fit)."""
 
@@ -192,10 +193,54 @@ def test_an_mtp_layer_is_one_more_layer_node_of_the_last_chunk():
     assert all(r.peak > 0 for r in (rank_memory(layers, shape, plan, p) for p in (0, 1)))
 
 
-def test_delay_wgrad_compute_stays_refused():
-    reason = policy.unmodelled_reason("--delay-wgrad-compute")
-    assert reason is not None and "backward_dw" in reason
-    assert policy.unmodelled_reason(FLAG) is None and not policy.ignored(FLAG)
+def test_delay_wgrad_compute_holds_each_nodes_queued_inputs():
+    """--delay-wgrad-compute: modelled (a DdpOptions flag); every layer backward, merged or not,
+    holds the larger of its nodes' queued weight-gradient inputs
+    (features.delay_wgrad: at TP 2 with SP the attention's gathered rows s x b; the experts'
+    rows the rank's tokens s x b / TP x expert TP x top-2 at the routing factor)."""
+    from capture_megatron.features.delay_wgrad import hold
+    from capture_megatron.forecast.routing import routing_factor
+    from capture_megatron.forecast.wgrad import wgrad_hold
+
+    assert policy.unmodelled_reason("--delay-wgrad-compute") is None
+    over = _plan(True)
+    delayed = dataclasses.replace(
+        over, ddp=DdpOptions(overlap_moe_expert_parallel_comm=True, delay_wgrad_compute=True)
+    )
+    factor = routing_factor(MOE, over).forecast
+    h, s, d = MOE.hidden_size, MOE.seq_length, MOE.head_dim
+    heads, groups, etp = MOE.num_attention_heads, MOE.groups, over.expert_tp
+    qkv, proj, f = (heads + 2 * groups) * d // 2, heads * d // 2, MOE.moe_ffn // etp
+    rows = round(s // 2 * etp * 2 * factor)
+    up = (2 if MOE.gated else 1) * f
+    want = hold(MOE, delayed, True, factor)
+    assert want.attention == 2 * (s * (h + qkv) + s * (proj + h))
+    assert want.mlp == 2 * (rows * (h + up) + rows * (f + h))
+    assert wgrad_hold(MOE, delayed, (True, True)) == want.peak > 0
+    assert wgrad_hold(MOE, over, (True,)) == 0.0
+    layers = _layers(over)
+    sc = layers.main.constants(sizes_for(MOE, over))
+    mid = sc.chunk("middle")
+    m = merged(layers, MOE, delayed, ("only",))
+    assert m.layer_step == max(sc.layer_saved + mid.bwd1 + want.peak, mid.fwd1)
+    before, after = rank_memory(layers, MOE, over, 0), rank_memory(layers, MOE, delayed, 0)
+    assert before.peak <= after.peak <= before.peak + want.peak
+
+
+def test_delay_wgrad_compute_follows_megatrons_rules():
+    """It needs the overlap (megatron-core's TransformerConfig) and Transformer Engine
+    (Megatron-LM's arguments.py)."""
+    alone = dataclasses.replace(_plan(False), ddp=DdpOptions(delay_wgrad_compute=True))
+    with pytest.raises(CaptureError, match="needs --overlap-moe-expert-parallel-comm"):
+        check_plan_fits_model(MOE, alone)
+    from capture_megatron.config import Kernels
+    from capture_megatron.rules.modelled import check_request
+
+    ddp = DdpOptions(overlap_moe_expert_parallel_comm=True, delay_wgrad_compute=True)
+    local = Kernels(transformer_impl="local")
+    with pytest.raises(CaptureError, match="only supported with transformer_engine"):
+        check_request(MOE, local, ddp, (1,), "", None, "")
+    check_request(MOE, Kernels(), ddp, (1,), "", None, "")
 
 
 def test_cpu_kernel_set_refuses_it():
