@@ -6,13 +6,15 @@ OptimizerConfig). Pure Python: no torch import here.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from capture_megatron.errors import require
 from capture_megatron.features.activation_offload import ActivationOffload
+from capture_megatron.features.cuda_graphs import CudaGraphs
 from capture_megatron.features.optimizer_offload import offload_problems
 from capture_megatron.fields import flag
-from capture_megatron.serial import JsonMixin
+from capture_megatron.serial import OMIT_DEFAULT, JsonMixin
 
 MAIN_GRADS_DTYPES = ("fp32", "bf16")
 """Megatron-LM's --main-grads-dtype choices."""
@@ -70,6 +72,9 @@ class DdpOptions(JsonMixin):
     """Micro-batches whose output-layer weight gradient is deferred (0: all of them)."""
     activation_offload: ActivationOffload = ActivationOffload()
     """Fine-grained activation offloading (its own flags, config.act_offload)."""
+    cuda_graphs: CudaGraphs = dataclasses.field(default=CudaGraphs(), metadata={OMIT_DEFAULT: True})
+    """CUDA graphs (their own flags, capture_megatron.features.cuda_graphs): the static buffers
+    the captured graphs keep, a run setting carried with the plan."""
     overlap_moe_expert_parallel_comm: bool = flag("--overlap-moe-expert-parallel-comm", False)
     """Hide the MoE token all-to-alls behind the computation of another micro-batch:
     megatron-core's combined 1F1B schedule runs micro-batch i + 1's forward layer by layer with

@@ -18,7 +18,7 @@ TransformerLayerSchedulePlan.run) call backward_dw:
   then it holds the attention projections' and the shared experts' inputs and output gradients.
 So a layer's backward holds at its peak, beyond what a standard backward holds, the larger of the
 two nodes' queued tensors. The forecast adds that to every layer backward of a plan with the
-flag (capture_megatron.forecast.overlap.wgrad_hold): an upper bound, as a node's own peak (the
+flag (capture_megatron.forecast.wgrad): an upper bound, as a node's own peak (the
 attention core's backward, the experts' activation backward) does not always fall where all of
 its queued tensors are alive. 16-bit tensors (the overlap needs bf16 or fp16; under FP8 TE queues
 the quantized inputs, which this counts at 2 bytes too).
@@ -27,8 +27,6 @@ the quantized inputs, which this counts at 2 bytes too).
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-from capture_megatron.config import ModelShape, ParallelPlan
 
 ELEMENT = 2
 """Bytes per element of the queued tensors (bf16 / fp16)."""
@@ -53,35 +51,21 @@ class WgradHold:
         return max(self.attention, self.mlp)
 
 
-def hold(shape: ModelShape, plan: ParallelPlan, moe_layer: bool, factor: float) -> WgradHold:
-    """The queued bytes of one layer (an MoE layer when `moe_layer`) under `plan`, its routed
-    experts receiving `factor` x their balanced share (the routing forecast)."""
-    t = plan.tp
-    full = shape.seq_length * plan.micro_batch_size // plan.cp  # gathered rows
-    h = shape.hidden_size
-    heads, groups, d = shape.num_attention_heads, shape.groups, shape.head_dim
-    qkv = (heads + 2 * groups) * d // t
-    proj = heads * d // t
-    attention = full * (h + qkv) + full * (proj + h)
-    if moe_layer and shape.moe.enabled:
-        moe = shape.moe
-        shared = moe.moe_shared_expert_intermediate_size // t
-        if shared:
-            gate = 2 if shape.gated else 1
-            attention += full * (h + gate * shared) + full * (shared + h)
-        rows = _expert_rows(shape, plan, factor)
-        f = shape.moe_ffn // plan.expert_tp
-        up = (2 if shape.gated else 1) * f
-        mlp = rows * (h + up) + rows * (f + h)
-    else:
-        f = shape.ffn // t
-        up = (2 if shape.gated else 1) * f
-        mlp = full * (h + up) + full * (f + h)
-    return WgradHold(ELEMENT * attention, ELEMENT * mlp)
+def gemm_pair(rows: int, hidden: int, width: int, gated: bool) -> int:
+    """Elements two GEMMs h -> width (x 2 gated) -> h queue for `rows` rows: fc1's input and
+    output gradient, fc2's input and output gradient."""
+    up = (2 if gated else 1) * width
+    return rows * (hidden + up) + rows * (width + hidden)
 
 
-def _expert_rows(shape: ModelShape, plan: ParallelPlan, factor: float) -> int:
-    """Rows of a rank's expert GEMMs: its tokens (the layer's input on a rank, sequence-parallel
-    over TP) times top-k, over its expert tensor-parallel copies, at the routing factor."""
-    tokens = shape.seq_length * plan.micro_batch_size // (plan.cp * plan.tp)
-    return round(tokens * plan.expert_tp * shape.moe.moe_router_topk * factor)
+def hold(
+    rows: int, hidden: int, attention: tuple[int, int], mlp: tuple[int, int, bool], shared: int
+) -> WgradHold:
+    """The queued bytes of one layer: `rows` gathered rows (s x b / CP), `attention` (QKV width,
+    output projection's input width, both per TP rank), `mlp` (rows, width per rank, gated) of
+    its dense MLP or routed experts, `shared` the shared experts' width per TP rank (0: none)."""
+    qkv, proj = attention
+    queue = rows * (hidden + qkv) + rows * (proj + hidden)
+    if shared:
+        queue += gemm_pair(rows, hidden, shared, mlp[2])
+    return WgradHold(ELEMENT * queue, ELEMENT * gemm_pair(mlp[0], hidden, mlp[1], mlp[2]))

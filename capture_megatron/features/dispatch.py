@@ -231,10 +231,18 @@ def _distinct_share(experts: int, topk: int, local: int) -> float:
     return min(1.0, (1 - miss) / pairs)
 
 
-def deepep_problems(group: int, dtype: str, num_sms: int) -> list[str]:
-    """What DeepEP eb9cee7 refuses of a flex run (one sentence each, with the change that runs):
-    its group sizes, bfloat16 tokens, an even SM count."""
+def deepep_problems(group: int, dtype: str, num_sms: int, padded: bool = False) -> list[str]:
+    """What DeepEP eb9cee7 and megatron-core 0.16.1 refuse of a flex run on DeepEP (one sentence
+    each, with the change that runs): its group sizes, bfloat16 tokens, an even SM count, padded
+    expert inputs (`padded`)."""
     p = []
+    if padded:
+        p.append(
+            "megatron-core 0.16.1 refuses DeepEP with padded expert inputs (TransformerConfig: "
+            "'Flex token dispatcher with deepep backend does not support "
+            "moe_pad_expert_input_to_capacity'): leave out --moe-pad-expert-input-to-capacity, "
+            "or give --moe-flex-dispatcher-backend hybridep"
+        )
     if group >= 2 and group not in DEEPEP_GROUPS:
         p.append(
             f"DeepEP runs expert TP x EP groups of {', '.join(map(str, DEEPEP_GROUPS))} GPUs "

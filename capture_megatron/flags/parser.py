@@ -33,6 +33,7 @@ from capture_megatron.config import (
 )
 from capture_megatron.errors import CaptureError, require
 from capture_megatron.features.activation_offload import ActivationOffload
+from capture_megatron.features.cuda_graphs import CudaGraphs
 from capture_megatron.features.mla import LatentAttention
 from capture_megatron.features.moe import Experts
 from capture_megatron.fields import Flag, field_docs, flagged_fields, value_problems
@@ -271,11 +272,18 @@ def add_parallel_flags(p: argparse.ArgumentParser) -> None:
     add_fields(p, ParallelFlags, "parallelism and batch (Megatron flags)", unset=True)
     add_fields(p, DdpOptions, "gradient buffers and optimizer state (Megatron flags)")
     add_fields(p, ActivationOffload, "fine-grained activation offloading (Megatron flags)")
+    add_fields(p, CudaGraphs, "CUDA graphs (Megatron flags)")
 
 
 def ddp_options(ns: argparse.Namespace) -> DdpOptions:
-    """DdpOptions from parsed flags, with its fine-grained activation offloading settings."""
-    return from_namespace(DdpOptions, ns, activation_offload=from_namespace(ActivationOffload, ns))
+    """DdpOptions from parsed flags, with its fine-grained activation offloading and CUDA graph
+    settings."""
+    return from_namespace(
+        DdpOptions,
+        ns,
+        activation_offload=from_namespace(ActivationOffload, ns),
+        cuda_graphs=from_namespace(CudaGraphs, ns),
+    )
 
 
 def add_training_flags(p: argparse.ArgumentParser, **defaults: Any) -> None:

@@ -18,6 +18,7 @@ from capture_megatron.config import ModelShape, ParallelPlan, dtype_bytes
 from capture_megatron.fit import MemoryModel
 from capture_megatron.forecast import offload, overlap
 from capture_megatron.forecast.chunks import ChunkCost, cached_chunk
+from capture_megatron.forecast.cuda_graphs import graph_buffers
 from capture_megatron.forecast.layers import Layers, layers_for
 from capture_megatron.forecast.moments import KINDS, Moment, moment_arrays, moment_totals
 from capture_megatron.forecast.schedule import ScheduleSpec, events
@@ -331,11 +332,10 @@ def rank_memory(
     if counts is None:
         counts, starts = plan.chunks_of(pp_rank), plan.chunk_starts(pp_rank)
     at = starts or (None,) * plan.vpp
-    chunks = [
-        cached_chunk(layers, shape, plan, pp_rank, v, layers.chunk(at[v], counts[v]), cache)
-        for v in range(plan.vpp)
-    ]
+    moe = [layers.chunk(at[v], counts[v]) for v in range(plan.vpp)]
+    chunks = [cached_chunk(layers, shape, plan, pp_rank, v, moe[v], cache) for v in range(plan.vpp)]
     params, grads, opt, other, step = _static(layers, chunks, shape, plan, pp_rank)
+    other += graph_buffers(shape, plan, pp_rank, moe)  # CUDA graphs' static inputs
     static = params + grads + opt + other
     pair = deferral(shape, plan, pp_rank)[0]
     kept = sum(c.retained for c in chunks)  # every chunk's last pass before the step: a backward

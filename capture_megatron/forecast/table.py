@@ -13,6 +13,7 @@ import numpy as np
 from capture_megatron.config import ModelShape, ParallelPlan
 from capture_megatron.forecast import overlap
 from capture_megatron.forecast.chunks import cached_chunk, chunk_kind
+from capture_megatron.forecast.cuda_graphs import graph_buffer_table
 from capture_megatron.forecast.layers import Layers
 from capture_megatron.forecast.ranks import deferral, plan_states
 
@@ -130,7 +131,8 @@ def peak_table(
     for c in ch[1:]:
         alone = np.maximum(alone, c["step_alone"])
     step = np.maximum(step, alone)
-    static = params + grads + opt + (other + layers.workspace_bytes + routing + gathers)
+    graphs = graph_buffer_table(shape, plan, pp_rank, limit)  # CUDA graphs' static inputs
+    static = params + grads + opt + (other + layers.workspace_bytes + routing + gathers + graphs)
     kept = sum((c["retained"] for c in ch), zero)
     best = np.broadcast_to(static + kept + step, (limit + 1,) * vpp).copy()
     held_back = _kept(ch, zero)

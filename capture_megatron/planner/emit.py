@@ -47,7 +47,8 @@ def plan_args(plan: ParallelPlan) -> list[str]:
     """Every parallel, batch and recompute setting of the plan in Megatron's flag names (written
     from the fields' flags: `parallel_flags`), then its gradient-buffer and offload options."""
     offload = to_flags(plan.ddp.activation_offload)  # fine-grained activation offloading
-    return to_flags(parallel_flags(plan)) + to_flags(plan.ddp) + offload
+    graphs = to_flags(plan.ddp.cuda_graphs)
+    return to_flags(parallel_flags(plan)) + to_flags(plan.ddp) + offload + graphs
 
 
 def parallel_flags(plan: ParallelPlan) -> ParallelFlags:

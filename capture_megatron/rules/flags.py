@@ -36,7 +36,7 @@ IGNORED_PREFIXES = tuple(
     --swin- --img- --muon- --replication --async- --exit- --manual-gc
     --tp-comm-overlap-rs --no-tp-comm --disable-straggler --no-manual-gc --no-ckpt- --no-log-
     --distributed-timeout --train- --valid- --test- --per-split --per-dataset --mid-level
-    --object-storage --sft- --cuda-graph-warmup --decode- --weight-decay-incr --start-weight
+    --object-storage --sft- --decode- --weight-decay-incr --start-weight
     --end-weight --min-loss --loss-scale --hysteresis
 """.split()
 )
@@ -117,8 +117,9 @@ _IGNORED_BECAUSE = {
         "when --moe-permute-fusion is given, which is ruled on by its own entry"
     ): "--enable-experimental",
     (
-        "inference only: read by megatron-core's text-generation controller, never in training"
-    ): "--moe-pad-experts-for-cuda-graph-inference",
+        "inference only: megatron-core's CUDA graphs of decode-only steps (inference engines), "
+        "never in training"
+    ): "--decode-only-cuda-graphs",
     (
         "nothing in megatron-core 0.16.1 reads it (a field left in ModelParallelConfig)"
     ): "--moe-extended-tp",
@@ -218,7 +219,6 @@ _OFFLOAD = (
     "layer-level CPU offloading (megatron-core's cpu_offload context over the first "
     "--cpu-offloading-num-layers layers' activations and weights) is not modelled yet"
 )
-_GRAPH = "CUDA graphs keep their own static buffers, not modelled yet"
 _ARCH = "this architecture change is not modelled yet"
 _KERNEL = "this kernel choice keeps different tensors, not modelled yet"
 
@@ -245,10 +245,6 @@ _REASONS = {
     """,
     _OFFLOAD: """
         --cpu-offloading-num-layers
-    """,
-    _GRAPH: """
-        --cuda-graph-impl --cuda-graph-scope --decode-only-cuda-graphs --enable-cuda-graph
-        --external-cuda-graph
     """,
     "a standalone multi-token-prediction stage is not modelled yet": """
         --mtp-standalone

@@ -50,6 +50,7 @@ def check_plan_fits_model(shape: ModelShape, plan: ParallelPlan) -> None:
     p += expert_problems(shape, plan) + context_problems(shape, plan) + mtp_problems(shape, plan)
     p += module_problems(shape, plan.recompute.selected)
     p += dtype_problems(plan.ddp, shape.dtype) + moe_overlap_problems(shape, plan)
+    p += cuda_graph_problems(shape, plan)
     require(p, "plan for this model")
 
 
@@ -190,6 +191,24 @@ def _megatron_rules(shape: ModelShape, plan: ParallelPlan) -> list[str]:
     return p
 
 
+def cuda_graph_problems(shape: ModelShape, plan: ParallelPlan) -> list[str]:
+    """What Megatron-LM and megatron-core 0.16.1 refuse of `plan`'s CUDA graphs on `shape`
+    (arguments.py; TransformerConfig.__post_init__), one sentence each with the change: the
+    rules of features.cuda_graphs.CudaGraphs.model_problems."""
+    g, moe, rc = plan.ddp.cuda_graphs, shape.moe, plan.recompute
+    if not g.enabled:
+        return []
+    layers = moe.pattern(shape.num_layers)
+    return g.model_problems(
+        moe=(moe.enabled, bool(layers) and all(layers), plan.ep),
+        routing=(moe.moe_expert_capacity_factor, moe.moe_pad_expert_input_to_capacity),
+        alltoall=moe.moe_token_dispatcher_type == "alltoall",
+        recompute=(rc.granularity, rc.selected),
+        dropout=(shape.attention_dropout, shape.hidden_dropout),
+        overlap=plan.ddp.overlap_moe_expert_parallel_comm,
+    )
+
+
 def module_problems(shape: ModelShape, chosen: tuple[str, ...]) -> list[str]:
     """Why megatron-core 0.16.1 refuses selective recompute of the modules `chosen` for `shape`
     (empty: it takes them)."""
@@ -235,7 +254,8 @@ def flex_problems(
             "or use --moe-token-dispatcher-type alltoall"
         )
     if moe.moe_flex_dispatcher_backend == "deepep":
-        return p + _deepep_problems(moe, dtype, tp_ep)
+        padded = moe.moe_pad_expert_input_to_capacity
+        return p + deepep_problems(tp_ep, dtype, moe.moe_deepep_num_sms, padded)
     if dtype == "fp32":
         p.append(
             "HybridEP moves 16-bit tokens only (combine_with_unpermute asserts a 2-byte element "
@@ -246,19 +266,6 @@ def flex_problems(
         p.append(
             f"HybridEP needs the expert TP x EP group ({tp_ep} GPUs) to be whole NVLink domains "
             f"of {nvlink_domain} GPUs (HybridEPBuffer asserts it)"
-        )
-    return p
-
-
-def _deepep_problems(moe: Experts, dtype: str, tp_ep: int) -> list[str]:
-    """What megatron-core 0.16.1 and DeepEP eb9cee7 refuse of a flex run on DeepEP."""
-    p = deepep_problems(tp_ep, dtype, moe.moe_deepep_num_sms)
-    if moe.moe_pad_expert_input_to_capacity:
-        p.append(
-            "megatron-core 0.16.1 refuses DeepEP with padded expert inputs (TransformerConfig: "
-            "'Flex token dispatcher with deepep backend does not support "
-            "moe_pad_expert_input_to_capacity'): leave out --moe-pad-expert-input-to-capacity, "
-            "or give --moe-flex-dispatcher-backend hybridep"
         )
     return p
 

@@ -347,6 +347,11 @@ def ddp_kernel_problem(ddp: DdpOptions, kernel_set: str, accumulation_fusion: bo
     offload = activation_offload_problem(ddp.activation_offload, kernel_set)
     if offload:
         return offload
+    if ddp.cuda_graphs.enabled and kernel_set == "cpu":
+        return (
+            f"--cuda-graph-impl {ddp.cuda_graphs.impl}: CUDA graphs need CUDA, which the CPU "
+            "kernel set does not run: predict them with the GPU kernel set (--device fake)"
+        )
     if ddp.overlap_moe_expert_parallel_comm and kernel_set == "cpu":
         return (
             "--overlap-moe-expert-parallel-comm runs megatron-core's combined 1F1B schedule "

@@ -29,3 +29,14 @@ def refuse_cpu_state(cfg: TrainConfig) -> None:
         )
     if problem:
         raise CaptureError(problem + ".")
+
+
+def refuse_untrained(cfg: TrainConfig) -> None:
+    """CaptureError for what capture-megatron's trainer does not run on any device: CUDA graphs
+    (predict and plan model them; the trainer builds no CudaGraphManager or TE graph helper)."""
+    graphs = cfg.plan.ddp.cuda_graphs
+    if graphs.enabled:
+        raise CaptureError(
+            f"--cuda-graph-impl {graphs.impl}: capture-megatron's trainer does not capture CUDA "
+            "graphs (predict and plan forecast them); train without the CUDA graph flags."
+        )

@@ -14,7 +14,7 @@ from capture_megatron.megatron.backend import Backend
 from capture_megatron.megatron.quiet import kernels_line
 from capture_megatron.train.dist_env import DistEnv, init_distributed, is_logging_rank
 from capture_megatron.train.exit_signal import ExitSignal
-from capture_megatron.train.refusals import refuse_cpu_state
+from capture_megatron.train.refusals import refuse_cpu_state, refuse_untrained
 from capture_megatron.train.report import IterationStats, MemoryReport, RankMemory
 
 if TYPE_CHECKING:
@@ -259,7 +259,9 @@ def _write_routing(
 
 
 def _refuse_on_cpu(cfg: TrainConfig, device: str) -> None:
-    """CaptureError for what the CPU kernel set cannot train (MoE kernels, optimizer state)."""
+    """CaptureError for what the CPU kernel set cannot train (MoE kernels, optimizer state), and
+    what the trainer runs on no device (CUDA graphs)."""
+    refuse_untrained(cfg)
     if device == "cpu":
         moe.refuse_on_cpu(cfg.shape)
         refuse_cpu_state(cfg)

@@ -98,10 +98,10 @@ def test_a_typo_gets_the_closest_megatron_flag():
 def test_flags_that_change_nothing_in_megatron_core_are_ignored():
     # megatron-core 0.16.1: --use-flash-attn is read by the legacy models only,
     # --enable-experimental swaps kernels only with --moe-permute-fusion (ruled on by its own
-    # entry), the CUDA-graph expert padding is inference only, nothing reads moe_extended_tp,
+    # entry), decode-only CUDA graphs are inference only, nothing reads moe_extended_tp,
     # symmetric registration needs --use-nccl-ub, the FSDP knobs need Megatron-FSDP
     given = ["--use-flash-attn", "--enable-experimental", "--moe-extended-tp"]
-    given += ["--moe-pad-experts-for-cuda-graph-inference", "--disable-symmetric-registration"]
+    given += ["--decode-only-cuda-graphs", "--disable-symmetric-registration"]
     given += ["--data-parallel-sharding-strategy", "optim_grads", "--fsdp-double-buffer"]
     names = [g for g in given if g.startswith("--")]
     assert _check(given) == tuple(sorted(names))

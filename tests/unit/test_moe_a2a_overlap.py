@@ -198,9 +198,8 @@ def test_delay_wgrad_compute_holds_each_nodes_queued_inputs():
     holds the larger of its nodes' queued weight-gradient inputs
     (features.delay_wgrad: at TP 2 with SP the attention's gathered rows s x b; the experts'
     rows the rank's tokens s x b / TP x expert TP x top-2 at the routing factor)."""
-    from capture_megatron.features.delay_wgrad import hold
     from capture_megatron.forecast.routing import routing_factor
-    from capture_megatron.forecast.wgrad import wgrad_hold
+    from capture_megatron.forecast.wgrad import layer_hold, wgrad_hold
 
     assert policy.unmodelled_reason("--delay-wgrad-compute") is None
     over = _plan(True)
@@ -213,7 +212,7 @@ def test_delay_wgrad_compute_holds_each_nodes_queued_inputs():
     qkv, proj, f = (heads + 2 * groups) * d // 2, heads * d // 2, MOE.moe_ffn // etp
     rows = round(s // 2 * etp * 2 * factor)
     up = (2 if MOE.gated else 1) * f
-    want = hold(MOE, delayed, True, factor)
+    want = layer_hold(MOE, delayed, True, factor)
     assert want.attention == 2 * (s * (h + qkv) + s * (proj + h))
     assert want.mlp == 2 * (rows * (h + up) + rows * (f + h))
     assert wgrad_hold(MOE, delayed, (True, True)) == want.peak > 0

@@ -303,19 +303,21 @@ def install() -> None:
     from megatron.core.transformer.moe import fused_a2a, token_dispatcher
 
     why = "fake-cuda kernel set: DeepEP's Buffer (flex dispatcher)"
-    for name, value in (
-        ("Buffer", Buffer),
-        ("EventHandle", EventHandle),
-        ("EventOverlap", EventOverlap),
-    ):
+    classes: dict[str, object] = {
+        "Buffer": Buffer,
+        "EventHandle": EventHandle,
+        "EventOverlap": EventOverlap,
+    }
+    for name, value in classes.items():
         patches.patch(fused_a2a, name, value, why, adds=True)
     patches.patch(fused_a2a, "HAVE_DEEP_EP", True, why)
+    functions: dict[str, object] = {
+        "fused_dispatch": fused_dispatch,
+        "fused_combine": fused_combine,
+        "set_deepep_num_sms": set_deepep_num_sms,
+    }
     for module in (fused_a2a, token_dispatcher):
-        for name, value in (
-            ("fused_dispatch", fused_dispatch),
-            ("fused_combine", fused_combine),
-            ("set_deepep_num_sms", set_deepep_num_sms),
-        ):
+        for name, value in functions.items():
             patches.patch(module, name, value, why, adds=True)
     _patch_manager()
 
