@@ -254,13 +254,6 @@ def refuse_on_fake_device(variant: Variant, device: str, kernels: Kernels) -> No
     problem = context_problem((variant.cp,), "", "gpu", kernels) if device == "fake-cuda" else ""
     problem = problem or _fp8_device_problem(device, kernels)
     problem = problem or _overlap_device_problem(device, kernels)
-    if not problem and kernels.fp8 and variant.recompute_modules:
-        problem = (
-            f"--recompute-modules {' '.join(variant.recompute_modules)} with --fp8-format: "
-            "selective recompute of modules other than core_attn under FP8 runs Transformer "
-            "Engine's own checkpoint (te_checkpoint, and TE's saved original inputs), which the "
-            "GPU kernel set does not emulate yet; leave out --recompute-modules or FP8"
-        )
     problem = problem or _flex_device_problem(variant, device)
     if problem:
         raise CaptureError(problem)
