@@ -205,3 +205,21 @@ def test_fake_cuda_experts_keep_what_te_keeps_under_fp8():
         layer = lambda r: r[1].saved_bytes - r[0].saved_bytes  # noqa: E731
         assert layer(fp8) - layer(bf16) == want, grouped
         assert fp8[0].fp8_state_bytes == state, grouped
+
+
+def test_mla_takes_the_fp8_duplicated_down_projections():
+    """megatron-core's MLA accepts its down projections by `linear_q_down_proj in [TELinear]`;
+    on the GPU kernel set TELinear is DuplicatedLinear, and under FP8 the spec hands it a
+    subclass (duplicated_linear(fp8)), which must pass that check (an MLA model with FP8 failed
+    to build: 'Unsupported linear_q_down_proj')."""
+    from capture_megatron.emulate.gpu.fp8 import Fp8Setting
+    from capture_megatron.emulate.gpu.linear import (
+        AnyDuplicatedLinear,
+        DuplicatedLinear,
+        duplicated_linear,
+    )
+
+    fp8 = duplicated_linear(Fp8Setting("tensorwise", False, 1))
+    assert fp8 is not DuplicatedLinear and fp8 in [AnyDuplicatedLinear()]
+    assert DuplicatedLinear in [AnyDuplicatedLinear()]
+    assert object not in [AnyDuplicatedLinear()]

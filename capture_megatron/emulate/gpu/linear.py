@@ -223,6 +223,16 @@ class DuplicatedLinear(torch.nn.Module):
         return out, None
 
 
+class AnyDuplicatedLinear:
+    """Equal to DuplicatedLinear and its FP8 classes (duplicated_linear): what MLA's spec check
+    (`linear_q_down_proj in [TELinear]`) compares the down projections with."""
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, type) and issubclass(other, DuplicatedLinear)
+
+    __hash__ = object.__hash__
+
+
 def duplicated_linear(fp8: Fp8Setting | None = None) -> type:
     """DuplicatedLinear running the FP8 recipe `fp8` (None: bf16)."""
     if fp8 is None:
@@ -247,5 +257,5 @@ def install() -> None:
 
     # its spec check: a duplicated linear; TE's fp8 input-saving switch does not apply
     why = "fake-cuda kernel set: TE's duplicated Linear where MLA looks for TELinear"
-    patches.patch(multi_latent_attention, "TELinear", DuplicatedLinear, why)
+    patches.patch(multi_latent_attention, "TELinear", AnyDuplicatedLinear(), why)
     patches.patch(multi_latent_attention, "HAVE_TE", False, why)
