@@ -214,7 +214,7 @@ def plan_options(
         problem = activation_offload_problem(ddp.activation_offload, kind)
         if problem:
             raise CaptureError(problem + ".")
-    space = space_from(fixed, whole, ddp)
+    space = space_from(fixed, ddp)
     if "selective" in space.recompute:  # what megatron-core refuses is refused, not skipped
         chosen = Recompute.selective(space.recompute_modules).selected
         require(module_problems(shape, chosen), "selective recompute for this model")

@@ -59,7 +59,10 @@ class Space:
     """--cp-comm-type as given ('' when not), kept in every candidate with CP > 1."""
     ep: tuple[int, ...] = ()
     """Expert-parallel sizes; empty: for a model with experts every size Megatron allows (it
-    divides the experts and the TP x DP ranks of a stage; the expert TP is the TP), else 1."""
+    divides the experts and the TP x DP ranks of a stage over the expert TP), else 1."""
+    etp: int = 0
+    """The expert tensor-parallel size as given (--expert-tensor-parallel-size), kept in every
+    candidate; 0: the candidate's TP (Megatron's default)."""
     ddp: DdpOptions = DdpOptions()
     """Gradient and optimizer-state settings as given, kept in every candidate (those megatron
     refuses with them are skipped)."""
@@ -92,28 +95,14 @@ class Space:
         )
 
 
-def refuse_experts_sizes(flags: ParallelFlags) -> None:
-    """CaptureError for an expert tensor-parallel size other than the TP given to the planner (it
-    keeps ETP = TP, Megatron's default)."""
-    etp = flags.expert_tensor_parallel_size
-    if etp is not None and etp != flags.tensor_model_parallel_size:
-        raise CaptureError(
-            f"--expert-tensor-parallel-size {etp}: the planner keeps the expert TP equal to the "
-            "TP (Megatron's default); give the same --tensor-model-parallel-size, or leave it out"
-        )
-
-
-def space_from(
-    flags: ParallelFlags, whole_plan: bool = False, ddp: DdpOptions = DEFAULT_DDP
-) -> Space:
-    """The search space with the values the command line fixed (`whole_plan`: the flags give the
-    whole plan, whose expert TP is kept as given) and the gradient / optimizer-state settings
-    (the precision-aware optimizer and several optimizer instances fix the distributed
-    optimizer, which megatron-core needs for them)."""
-    if not whole_plan:
-        refuse_experts_sizes(flags)
+def space_from(flags: ParallelFlags, ddp: DdpOptions = DEFAULT_DDP) -> Space:
+    """The search space with the values the command line fixed (the expert TP kept as given)
+    and the gradient / optimizer-state settings (the precision-aware optimizer and several
+    optimizer instances fix the distributed optimizer, which megatron-core needs for them)."""
     refuse_dropped_recompute(flags)
     fixed: dict[str, Any] = {}
+    if flags.expert_tensor_parallel_size:
+        fixed["etp"] = flags.expert_tensor_parallel_size
     if flags.tensor_model_parallel_size:
         fixed["tp"] = (flags.tensor_model_parallel_size,)
     if flags.pipeline_model_parallel_size:
@@ -212,12 +201,13 @@ def candidates(
 
 def expert_sizes(shape: ModelShape, tp: int, dp: int, space: Space) -> list[int]:
     """The EP sizes of a (TP, DP) candidate: those of the space that divide the experts and the
-    TP x DP ranks of a stage (expert TP = TP; with CP, `dp` counts DP x CP), expert TP x EP > 1
+    TP x DP ranks of a stage over the expert TP (the space's, else the TP; with CP, `dp` counts
+    DP x CP), expert TP x EP > 1
     for the flex dispatcher (megatron-core asserts it) and one of DeepEP's groups for its deepep
     backend (features.dispatch.DEEPEP_GROUPS); [1] for a dense model."""
     if not shape.moe.enabled:
         return [1]
-    experts = shape.moe.num_experts
+    experts, etp = shape.moe.num_experts, space.etp or tp
     allowed = space.ep or tuple(_divisors(experts))
     flex = shape.moe.moe_token_dispatcher_type == "flex"  # needs expert TP x EP > 1
     deepep = flex and shape.moe.moe_flex_dispatcher_backend == "deepep"
@@ -225,9 +215,9 @@ def expert_sizes(shape: ModelShape, tp: int, dp: int, space: Space) -> list[int]
         e
         for e in allowed
         if experts % e == 0
-        and (tp * dp) % (e * tp) == 0
-        and not (flex and e * tp == 1)
-        and not (deepep and e * tp not in DEEPEP_GROUPS)
+        and (tp * dp) % (e * etp) == 0
+        and not (flex and e * etp == 1)
+        and not (deepep and e * etp not in DEEPEP_GROUPS)
     ]
 
 
@@ -350,7 +340,8 @@ def _expert_plans(shape: ModelShape, base: ParallelPlan, space: Space) -> Iterat
     modelled (CP > 1, uniform recompute: config.parallel.mtp_problems)."""
     sizes = (base.tp, base.cp, base.pp, base.dp)
     for ep in _allowed_ep(shape, sizes, base.vpp, base, space):
-        plan = replace(base, ep=ep)
+        etp = space.etp if space.etp not in (0, base.tp) and shape.moe.enabled else 0
+        plan = replace(base, ep=ep, etp=etp)
         if not mtp_problems(shape, plan):
             yield plan
 

@@ -128,3 +128,28 @@ def test_first_last_baseline_never_has_an_empty_end_stage():
     assert min(found.partition.layers_per_stage[0], found.partition.layers_per_stage[-1]) > 0
     values = found.flags[1::2]
     assert all(int(v) > 0 for v in values)
+
+
+def test_a_given_expert_tp_is_kept_in_every_candidate():
+    """--expert-tensor-parallel-size as given (Megatron-Bridge's and the Model Zoo's ETP 1 at TP
+    2): every candidate keeps it, and EP sizes divide a stage's ranks over it."""
+    from capture_megatron.features.moe import Experts
+
+    moe = dataclasses.replace(
+        SMALL, moe=Experts(num_experts=8, moe_token_dispatcher_type="alltoall"), num_layers=4
+    )
+    flags = ParallelFlags(tensor_model_parallel_size=2, expert_tensor_parallel_size=1)
+    space = space_from(flags)
+    assert space.etp == 1
+    plans = list(candidates(moe, Cluster(gpus=8, gpu_memory_bytes=80 * GIB), 64, space))
+    assert plans and all(p.tp == 2 and p.expert_tp == 1 for p in plans)
+    assert max(p.ep for p in plans) == 8  # 8 ranks of a stage over expert TP 1
+    same = list(
+        candidates(
+            moe,
+            Cluster(gpus=8, gpu_memory_bytes=80 * GIB),
+            64,
+            space_from(ParallelFlags(tensor_model_parallel_size=2)),
+        )
+    )
+    assert all(p.etp == 0 and p.expert_tp == 2 for p in same) and max(p.ep for p in same) == 4

@@ -70,11 +70,6 @@ MISFITS = {
         "--context-parallel-size 4 --seq-length 36 --max-position-embeddings 36",
         "seq length 36 not divisible by 2 x CP 4",
     ),
-    "etp_planned": (
-        "plan",
-        "--num-experts 4 --expert-tensor-parallel-size 2",
-        "--expert-tensor-parallel-size 2: the planner keeps the expert TP equal to the TP",
-    ),
 }
 
 
