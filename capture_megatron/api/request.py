@@ -185,6 +185,12 @@ def cost_model(ns: argparse.Namespace, kernels: Kernels) -> CostModel:
         fused_attention=fused,
         deterministic=kernels.deterministic_mode,
         gradient_accumulation_fusion=kernels.gradient_accumulation_fusion,
+        moe_permute_fusion=kernels.moe_permute_fusion,
+        # read where the command line carries them (the MoE knobs of issue 51)
+        moe_shared_expert_overlap=bool(getattr(ns, "moe_shared_expert_overlap", False)),
+        delay_wgrad_compute=bool(getattr(ns, "delay_wgrad_compute", False)),
+        cuda_graph_impl=str(getattr(ns, "cuda_graph_impl", None) or "none"),
+        cuda_graph_scope=tuple(str(x) for x in getattr(ns, "cuda_graph_scope", None) or ()),
     )
     return CostModel(hardware_of(ns), settings, constants)
 
