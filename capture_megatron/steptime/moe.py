@@ -20,7 +20,8 @@ and what overlaps what. Pure Python.
   over NVLink, at all_to_all_efficiency; allgather gathers every rank's tokens over the TP x EP
   group (a ring) and reduce-scatters them back; flex (DeepEP, HybridEP) sends each token once
   per remote NVLink domain its experts sit in and forwards it inside the domain over NVLink, at
-  flex_efficiency (DeepEP's published bandwidths). Each call adds dispatch_latency.
+  flex_efficiency (DeepEP's published bandwidths); DeepEP's domain is at most 8 GPUs, HybridEP's
+  the whole NVLink domain. Each call adds dispatch_latency.
 - Experts: a grouped GEMM per projection over the rank's local experts, each expert's rows
   rounded up to the grouped GEMM's tile (grouped_gemm_tile), so efficiency falls at few tokens
   per expert (its weights read from HBM for few rows count too, capture_megatron.steptime.kernels
@@ -56,6 +57,9 @@ from capture_megatron.steptime.kernels import (
     tokens,
 )
 
+DEEPEP_NVL_PEERS = 8
+"""GPUs DeepEP's normal kernels reach over NVLink (deep_ep's NUM_MAX_NVL_PEERS); beyond them it
+goes over RDMA, where HybridEP uses the whole NVLink domain (e.g. 72 GPUs of a GB200 NVL72)."""
 ROUTER_PASSES = 12
 """Reads and writes of the router's fp32 scores per forward (scores, top-k and its group limit,
 the expert bias, normalisation, the load-balancing loss's statistics)."""
@@ -110,17 +114,18 @@ def imbalance(shape: ModelShape, plan: ParallelPlan) -> float:
     cf = moe.moe_expert_capacity_factor
     if cf and moe.moe_pad_expert_input_to_capacity:
         return cf
-    f = routing_factor(shape, plan).forecast if moe.dropless or cf else 1.0
+    f = routing_factor(shape, plan).forecast
     return min(f, cf) if cf else f
 
 
-def ep_local(s: Setting, plan: ParallelPlan) -> int:
-    """EP-group members sharing a GPU's NVLink domain (EP ranks sit expert-TP apart, Megatron's
-    expert rank order tp-ep-dp-pp)."""
+def ep_local(s: Setting, plan: ParallelPlan, domain: int = 0) -> int:
+    """EP-group members sharing a GPU's NVLink domain (or the `domain` GPUs a dispatcher treats as
+    one; EP ranks sit expert-TP apart, Megatron's expert rank order tp-ep-dp-pp)."""
+    domain = domain or s.hw.nvlink_domain
     span = plan.ep * plan.expert_tp
-    if span <= s.hw.nvlink_domain:
+    if span <= domain:
         return plan.ep
-    return max(1, min(plan.ep, s.hw.nvlink_domain // plan.expert_tp))
+    return max(1, min(plan.ep, domain // plan.expert_tp))
 
 
 def _remote_domains(shape: ModelShape, domains: int) -> float:
@@ -158,14 +163,17 @@ def communication(
     if plan.ep == 1:
         return 0.0, 0.0
     routed = local_tokens * moe.moe_router_topk * h * b * factor
-    local = ep_local(s, plan)
     nvlink, network = s.hw.nvlink_bytes_per_s, s.hw.network_bytes_per_s
     if kind == "flex":
+        # DeepEP's NVLink kernels reach at most 8 peers (NUM_MAX_NVL_PEERS); HybridEP the domain
+        deepep = moe.moe_flex_dispatcher_backend == "deepep"
+        local = ep_local(s, plan, min(s.hw.nvlink_domain, DEEPEP_NVL_PEERS) if deepep else 0)
         domains = -(-plan.ep // local)
         remote = local_tokens * h * b * _remote_domains(shape, domains)
         eff = s.k.flex_efficiency
         one = max(routed * (local - 1) / local / (nvlink * eff), remote / (network * eff))
         return one + latency, one + latency
+    local = ep_local(s, plan)
     eff = s.k.all_to_all_efficiency
     inside = routed * (local - 1) / plan.ep / (nvlink * eff)
     outside = routed * (plan.ep - local) / plan.ep / (network * eff)

@@ -51,13 +51,20 @@ def test_more_expert_parallelism_sends_more_across_nodes():
     """Inside one NVLink domain the all-to-all runs over NVLink; as EP spans more nodes a larger
     share of each rank's tokens leaves over its own NIC: the dispatch takes longer. DeepEP sends a
     token once per remote node its experts sit in, so it beats the all-to-all across nodes; on a
-    GB200 NVL72 rack EP 64 stays on NVLink."""
+    GB200 NVL72 rack HybridEP keeps EP 64 on NVLink, DeepEP (8 NVLink peers) does not."""
     times = [mo.block(S, ALLTOALL, _plan(ep=ep)).dispatch for ep in (8, 16, 32, 64)]
     assert times == sorted(times) and times[0] * 5 < times[1]
-    flex = _moe(moe_token_dispatcher_type="flex", moe_grouped_gemm=True)
-    assert mo.block(S, flex, _plan()).dispatch < 0.7 * times[-1]
+    deepep = _moe(moe_token_dispatcher_type="flex", moe_grouped_gemm=True)
+    hybridep = _moe(
+        moe_token_dispatcher_type="flex",
+        moe_grouped_gemm=True,
+        moe_flex_dispatcher_backend="hybridep",
+    )
+    h100 = mo.block(S, deepep, _plan()).dispatch
+    assert h100 < 0.7 * times[-1] and mo.block(S, hybridep, _plan()).dispatch == h100
     rack = CostModel(hardware=PROFILES["gb200"]).setting
-    assert mo.block(rack, flex, _plan()).dispatch < mo.block(S, flex, _plan()).dispatch / 3
+    assert mo.block(rack, hybridep, _plan()).dispatch < h100 / 3
+    assert mo.block(rack, deepep, _plan()).dispatch > h100 / 2
 
 
 def test_few_tokens_per_expert_lower_the_grouped_gemms_efficiency():
