@@ -122,9 +122,9 @@ def apply() -> None:
         return
     from megatron.core.transformer.moe import moe_utils, token_dispatcher
 
-    if not hasattr(moe_utils, "te_general_gemm"):  # megatron-core: None = no TE
+    if not hasattr(moe_utils, "te_general_gemm"):  # 0.19 binds it to None itself without TE
         why = "patch 6: the router's TE GEMM name, None = no TE"
-        patches.patch(moe_utils, "te_general_gemm", None, why, adds=True)
+        patches.patch(moe_utils, "te_general_gemm", None, why, adds=True, versions="0.16")
     dispatcher = token_dispatcher.MoEAlltoAllTokenDispatcher
     why = "patch 6: the alltoall dispatcher's device-to-host stream, on the host"
     if dispatcher.cuda_dtoh_stream is None:

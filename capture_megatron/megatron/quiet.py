@@ -98,10 +98,24 @@ SILENCED = (
 """Warnings silenced in every capture-megatron process that imports megatron-core."""
 
 
+QUIET_LOGGERS = {
+    "torch.utils.cpp_extension": (
+        "torch's CUDA build on a machine without the CUDA toolkit (the second CI leg, any CPU "
+        "host with torch from the package registry) logs 'No CUDA runtime is found' when "
+        "megatron-core imports torch.utils.cpp_extension; nothing is compiled with it"
+    ),
+}
+"""Loggers of torch that warn at import about nothing a user can act on: logger -> why (their
+errors still show)."""
+
+
 def install() -> None:
-    """Add the filters of SILENCED to this process's warning filters (idempotent)."""
+    """Add the filters of SILENCED to this process's warning filters and quiet QUIET_LOGGERS'
+    warnings (idempotent)."""
     for item in SILENCED:
         warnings.filterwarnings("ignore", item.message, item.category, item.module)
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
 
 
 def initialize_rerun_state_machine() -> None:
