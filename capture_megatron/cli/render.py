@@ -34,7 +34,7 @@ def print_plan(result: PlanResult) -> None:
         f"{result.considered} plans considered for {shape.num_layers} layers x h "
         f"{shape.hidden_size} on {cluster.gpus} {units(cluster)} of "
         f"{_memory(cluster.gpu_memory_bytes)} (memory model: {result.origin.device}, kernels "
-        f"{result.origin.kernels})"
+        f"{result.origin.kernels}, megatron-core {result.megatron_core})"
     )
     print(f"  validated: {VALIDATION.get(result.origin.device, 'not validated')}")
     wide = shape.moe.enabled or any(e.plan.cp > 1 for e in result.ranked)

@@ -107,7 +107,7 @@ def _report(
     """Print, write --json / --png, and (--refit) store calibration; returns the largest |error|."""
     print(
         f"verify: predicted vs measured peak per pipeline rank ({report.device}, "
-        f"{report.transformer_impl} spec)"
+        f"{report.transformer_impl} spec, megatron-core {result.megatron_core})"
     )
     print_checks(rows, ns.tolerance)
     worst = max(abs(c.error) for c in rows)
@@ -116,6 +116,7 @@ def _report(
             json.dump(
                 {
                     "plan": result.to_plain()["plan"],
+                    "megatron_core": result.megatron_core,
                     "ranks": [dict(c.__dict__, error=c.error) for c in rows],
                     "max_abs_error": worst,
                     "tolerance": ns.tolerance,

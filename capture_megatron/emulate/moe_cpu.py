@@ -133,8 +133,10 @@ def apply() -> None:
     patches.patch(dispatcher, "_maybe_dtoh_and_synchronize", host_dtoh_and_synchronize, why)
     original = token_dispatcher.all_to_all
 
-    def all_to_all(group, input_, output_split_sizes_=None, input_split_sizes=None):
-        return original(group, input_, _as_list(output_split_sizes_), _as_list(input_split_sizes))
+    def all_to_all(group, input_, output_split_sizes_=None, input_split_sizes=None, **more):
+        # more: 0.19's use_nccl_stream (async all_to_all_single waited at once: the same on gloo)
+        sizes = _as_list(output_split_sizes_), _as_list(input_split_sizes)
+        return original(group, input_, *sizes, **more)
 
     why = "patch 6: the alltoall dispatcher's split sizes as lists (gloo's all_to_all)"
     patches.patch(token_dispatcher, "all_to_all", all_to_all, why)

@@ -1,8 +1,14 @@
-"""Every argument of Megatron-LM's pretrain_gpt.py (core_v0.16.1, megatron_args.json), for commands
-that take a Megatron-LM command line verbatim (`predict`, `plan`): the arguments capture-megatron's
-own option classes do not declare are added to the parser from the table (hidden from --help) and,
-after parsing, each one given is accepted and ignored, or refused with the reason
-(capture_megatron.rules.flags). Pure Python (no torch).
+"""Every argument of Megatron-LM's pretrain_gpt.py, for commands that take a Megatron-LM command
+line verbatim (`predict`, `plan`): the arguments capture-megatron's own option classes do not
+declare are added to the parser from the table (hidden from --help) and, after parsing, each one
+given is accepted and ignored, or refused with the reason (capture_megatron.rules.flags). Pure
+Python (no torch).
+
+One table per megatron-core series (TABLES): Megatron-LM core_v0.16.1's arguments
+(megatron_args.json) and core_v0.19.0's (megatron_args-0.19.json), both extracted by
+tests/data/extract_megatron_lm.py. A command line is read with the table of the installed
+megatron-core (0.17 and 0.18, whose Megatron-LM no table was extracted for, with 0.19's: the
+flags they added are in it).
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
+from capture_megatron.config import versions
 from capture_megatron.errors import CaptureError
 from capture_megatron.rules import flags as policy
 
@@ -21,6 +28,8 @@ PREFIX = "megatron_lm:"
 """Namespace attributes of the arguments added from the table start with this."""
 TYPES = {"int": int, "float": float, "str": str}
 """Types the table names that values are parsed to (other types: kept as text)."""
+TABLES = {versions.V0_16: "megatron_args.json", versions.V0_19: "megatron_args-0.19.json"}
+"""Megatron-LM's arguments per megatron-core series (package data of capture_megatron.flags)."""
 
 
 @dataclass(frozen=True)
@@ -47,10 +56,26 @@ class Argument:
         return value == self.default or str(value) == str(self.default)
 
 
+def table_series(series: versions.Series | None = None) -> versions.Series:
+    """The series whose table reads a command line for megatron-core `series` (default: the
+    installed one): the newest table at or below it, 0.17 and 0.18 reading 0.19's."""
+    series = series or versions.current()
+    return versions.V0_16 if series == versions.V0_16 else versions.V0_19
+
+
+def arguments(series: versions.Series | None = None) -> tuple[Argument, ...]:
+    """Every argument of pretrain_gpt.py for megatron-core `series` (default: the installed)."""
+    return _arguments(table_series(series))
+
+
+def all_flag_names() -> frozenset[str]:
+    """Every spelling of every argument of any series' table."""
+    return frozenset(f for s in TABLES for a in _arguments(s) for f in a.flags)
+
+
 @functools.cache
-def arguments() -> tuple[Argument, ...]:
-    """Every argument of pretrain_gpt.py (core_v0.16.1)."""
-    text = resources.files("capture_megatron.flags").joinpath("megatron_args.json").read_text()
+def _arguments(series: versions.Series) -> tuple[Argument, ...]:
+    text = resources.files("capture_megatron.flags").joinpath(TABLES[series]).read_text()
     rows = json.loads(text)["arguments"]
     return tuple(
         Argument(

@@ -44,6 +44,9 @@ def config_fields(shape: ModelShape) -> dict:
     mla = shape.mla
     if not mla.enabled:
         return fields
+    from capture_megatron.megatron import versioned
+
+    versioned.check_mla_query_norm(shape.qk_layernorm, mla.q_lora)
     return {
         **fields,
         "multi_latent_attention": True,
@@ -167,23 +170,15 @@ def with_head_widths(core_attention: type) -> type:
     return LatentCore
 
 
-def latent_core(layer_spec: ModuleSpec, q_lora: bool = True) -> ModuleSpec:
+def latent_core(layer_spec: ModuleSpec) -> ModuleSpec:
     """A transformer-layer ModuleSpec whose MLA core attention takes MLA's head widths (other
-    layers unchanged). Without a query LoRA rank (`q_lora` False) the query norm, which
-    megatron-core never builds then, is IdentityOp where megatron-core refuses it in the spec
-    (0.19, capture_megatron.megatron.versioned)."""
-    from megatron.core.transformer.identity_op import IdentityOp
-
-    from capture_megatron.megatron import versioned
-
+    layers unchanged)."""
     parts: Any = layer_spec.submodules  # typed `object` by megatron-core
     attention = parts.self_attention
     if not is_latent(attention):
         return layer_spec
     core = with_head_widths(attention.submodules.core_attention)
     inner = dataclasses.replace(attention.submodules, core_attention=core)
-    if not q_lora and versioned.mla_q_norm_needs_lora():
-        inner = dataclasses.replace(inner, q_layernorm=IdentityOp)
     layer = dataclasses.replace(
         parts, self_attention=dataclasses.replace(attention, submodules=inner)
     )

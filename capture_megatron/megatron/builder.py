@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 from typing import TYPE_CHECKING
 
 import torch
@@ -235,7 +234,7 @@ def layer_spec(shape: ModelShape, backend: Backend):
         from capture_megatron.megatron.gpu_spec import gpu_layer_spec
 
         assert backend.kernels is not None
-        return gpu_layer_spec(spec, backend.kernels, LocalNorm)
+        return gpu_layer_spec(spec, backend.kernels, LocalNorm, shape.moe.moe_grouped_gemm)
     return local_norms(spec)
 
 
@@ -285,26 +284,25 @@ def build_gpt(
     from capture_megatron.emulate.cp_attention import with_context_parallel
 
     te_attention, emulated = backend.te_attention, backend.emulated
-    latent = functools.partial(attention.latent_core, q_lora=bool(shape.mla.q_lora))
     if shape.moe.enabled:
         spec = moe.block_spec(config, shape, backend.real_te, vp_stage, num_layers)
         if backend.emulated:
             from capture_megatron.megatron.gpu_spec import gpu_block_spec
 
             assert backend.kernels is not None
-            spec = gpu_block_spec(spec, backend.kernels)
+            spec = gpu_block_spec(spec, backend.kernels, shape.moe.moe_grouped_gemm)
         layers = [with_context_parallel(s, plan, te_attention, emulated) for s in spec.layer_specs]  # type: ignore[union-attr]  # listed
-        spec = dataclasses.replace(spec, layer_specs=[latent(s) for s in layers])
+        spec = dataclasses.replace(spec, layer_specs=[attention.latent_core(s) for s in layers])
     else:
         layer = with_context_parallel(layer_spec(shape, backend), plan, te_attention, emulated)
-        spec = block_spec(latent(layer), backend, num_layers)
+        spec = block_spec(attention.latent_core(layer), backend, num_layers)
     mtp_spec = None
     if post_process and shape.mtp_num_layers:  # the last stage (megatron's placement)
         last = spec.layer_specs[-1] if spec.layer_specs else None
         if shape.moe.enabled and last is None:  # no decoder layer here: the model's last one
             last = mtp.moe_layer_spec(config, shape, backend)
-            last = latent(with_context_parallel(last, plan, te_attention, emulated))
-        mtp_spec = mtp.block_spec(shape, backend, last or latent(layer))
+            last = attention.latent_core(with_context_parallel(last, plan, te_attention, emulated))
+        mtp_spec = mtp.block_spec(shape, backend, last or attention.latent_core(layer))
     with torch.device("cuda") if backend.emulated else contextlib.nullcontext():
         model = GPTModel(
             config=config,

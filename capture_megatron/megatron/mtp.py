@@ -105,7 +105,7 @@ def moe_layer_spec(config: TransformerConfig, shape: ModelShape, backend: Backen
     if backend.emulated and backend.kernels is not None:
         from capture_megatron.megatron.gpu_spec import gpu_layer_spec
 
-        return gpu_layer_spec(spec, backend.kernels, LocalNorm)
+        return gpu_layer_spec(spec, backend.kernels, LocalNorm, shape.moe.moe_grouped_gemm)
     layer = dataclasses.replace(
         spec.submodules, input_layernorm=LocalNorm, pre_mlp_layernorm=LocalNorm
     )

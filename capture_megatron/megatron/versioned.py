@@ -7,6 +7,8 @@ train/ call these instead of megatron-core directly where it differs.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from typing import Any
 
 from capture_megatron.config import versions
@@ -22,16 +24,86 @@ def backward_step(input_tensor: Any, output: Any, output_grad: Any, config: Any)
     return schedules.backward_step(input_tensor, output, output_grad, config)
 
 
-def mla_q_norm_needs_lora() -> bool:
-    """Whether megatron-core refuses a query layernorm in MLA's spec without a query LoRA rank
-    (0.19's MLASelfAttention: "`q_layernorm` is non-trivial, but `q_lora_rank is None`"); 0.16
-    builds it and never calls it."""
-    return versions.current() >= versions.V0_19
-
-
 def offload_group_end() -> str:
     """The name of the fine-grained activation-offloading interface's call that ends a group:
     0.16's static ``group_commit(tensor, name, forced_released_tensors)``, 0.17's method
     ``group_offload(tensor, forced_released_tensors, delay_offload)`` (the group's name is the
     interface's)."""
     return "group_commit" if versions.current() == versions.V0_16 else "group_offload"
+
+
+def reset_moe_trackers() -> None:
+    """Empty megatron-core's global MoE loss trackers, which size their per-layer tensors by the
+    first model that logs into them (a later probe with more layers would index past them):
+    0.16's layer-wise logging dict; 0.19 records the routers' losses in a MoEMetricsTracker
+    (moe_logging), dropped here and created anew on the next record."""
+    from megatron.core.transformer.moe.moe_utils import get_moe_layer_wise_logging_tracker
+
+    get_moe_layer_wise_logging_tracker().clear()
+    if versions.current() >= versions.V0_19:
+        from megatron.core.transformer.moe import moe_logging
+
+        moe_logging.destroy_moe_metrics_tracker()
+
+
+def check_mla_query_norm(qk_layernorm: bool, q_lora: int | None) -> None:
+    """CaptureError for multi-latent attention with --qk-layernorm and no --q-lora-rank on
+    megatron-core 0.19: there the query norm is fused into linear_q_proj (a LayerNorm-linear on
+    the layer's input: one more norm and its normalised input kept, Transformer Engine's on the
+    GPU, none in the local spec); 0.16 builds no query norm without the LoRA rank. Not modelled
+    yet, so refused rather than forecast as 0.16 builds it."""
+    from capture_megatron.errors import CaptureError
+
+    if qk_layernorm and q_lora is None and versions.current() >= versions.V0_19:
+        raise CaptureError(
+            "multi-latent attention with --qk-layernorm and no --q-lora-rank: megatron-core "
+            f"{versions.megatron_core()} fuses a query norm into linear_q_proj (Transformer "
+            "Engine's LayerNormColumnParallelLinear; the local spec has none), which is not "
+            "modelled yet; give --q-lora-rank, or leave out --qk-layernorm"
+        )
+
+
+def submodules_of(spec: Any) -> Any:
+    """The submodules of a layer-spec entry: a ModuleSpec's (0.16), or the `submodules` keyword
+    of the functools.partial builder 0.19's specs use for MLPs, MoE layers and experts."""
+    if isinstance(spec, functools.partial):
+        return spec.keywords.get("submodules")
+    return getattr(spec, "submodules", None)
+
+
+def with_submodules(spec: Any, submodules: Any) -> Any:
+    """`spec` (a ModuleSpec or a 0.19 partial builder) with other submodules."""
+    if isinstance(spec, functools.partial):
+        return functools.partial(spec.func, *spec.args, **{**spec.keywords, "submodules": submodules})
+    return dataclasses.replace(spec, submodules=submodules)
+
+
+def module_of(spec: Any) -> Any:
+    """The class a layer-spec entry builds (a ModuleSpec's module, a partial builder's func)."""
+    return spec.func if isinstance(spec, functools.partial) else getattr(spec, "module", spec)
+
+
+def grouped_experts_spec(column: type, row: type) -> Any:
+    """megatron-core's TEGroupedMLP over the GroupedLinear classes (column, row): 0.16 takes
+    MLPSubmodules in a ModuleSpec, 0.19 GroupedMLPSubmodules in a partial builder."""
+    from megatron.core.transformer.moe.experts import TEGroupedMLP
+
+    if versions.current() == versions.V0_16:
+        from megatron.core.transformer.mlp import MLPSubmodules
+        from megatron.core.transformer.spec_utils import ModuleSpec
+
+        return ModuleSpec(module=TEGroupedMLP, submodules=MLPSubmodules(column, row))
+    from megatron.core.transformer.moe.experts import GroupedMLPSubmodules
+
+    return functools.partial(
+        TEGroupedMLP, submodules=GroupedMLPSubmodules(linear_fc1=column, linear_fc2=row)
+    )
+
+
+def grouped_experts(experts: Any, grouped: bool | None) -> bool:
+    """Whether the GPU kernel set builds an MoE layer's experts as TEGroupedMLP: on 0.16 where
+    the local spec built its legacy GroupedMLP (what --moe-grouped-gemm gives there); 0.19's
+    local spec always builds SequentialMLP, so there `grouped` (--moe-grouped-gemm) decides."""
+    if versions.current() == versions.V0_16 or grouped is None:
+        return module_of(experts).__name__ == "GroupedMLP"
+    return grouped

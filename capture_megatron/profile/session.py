@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from capture_megatron.config import Kernels, ModelShape
 from capture_megatron.config.kernels import kernel_set
+from capture_megatron.config import versions as mcore_versions
 from capture_megatron.errors import CaptureError
 from capture_megatron.megatron import quiet
 from capture_megatron.profile.design import built_as, model_probes
@@ -52,10 +53,11 @@ predicted."""
 
 def versions() -> tuple[str, str, str]:
     """Versions that go into every record."""
-    import megatron.core
     import torch
 
-    return (__version__, torch.__version__, megatron.core.__version__)
+    # package metadata: megatron-core 0.17+'s __version__ appends the commit of whatever git
+    # checkout its files lie in (a virtual environment inside a clone: that clone's HEAD)
+    return (__version__, torch.__version__, mcore_versions.megatron_core())
 
 
 def check_device(device: str) -> str:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from capture_megatron.rules import megatron as offload_rules
+from capture_megatron.rules.flags_0_19 import FSDP_ONLY_0_19, IGNORED_0_19, UNMODELLED_0_19
 
 IGNORED_PREFIXES = tuple(
     """
@@ -98,7 +99,7 @@ IGNORED = frozenset(
     --cache-mla-latents --mtp-loss-scaling-factor
     --fp8-amax-compute-algo --fp8-margin --fp8-interval --no-fp8-wgrad --keep-fp8-transpose-cache
 """.split()
-)
+) | IGNORED_0_19
 """Flags that cannot change the peak of allocated bytes in training iterations. The FP8 ones:
 --fp8-amax-compute-algo (max or most recent over the same amax history), --fp8-margin and
 --fp8-interval (values of the scale, not tensors), --no-fp8-wgrad (Megatron passes it as the
@@ -143,7 +144,7 @@ _FSDP_ONLY = """
 IGNORED_REASONS: dict[str, str] = {flag: why for why, flag in _IGNORED_BECAUSE.items()}
 IGNORED_REASONS.update(
     dict.fromkeys(
-        _FSDP_ONLY.split(),
+        _FSDP_ONLY.split() + FSDP_ONLY_0_19.split(),
         "read only by Megatron-FSDP / torch FSDP2 (--use-megatron-fsdp / --use-torch-fsdp2, "
         "refused); Megatron-LM's DDP never reads it",
     )
@@ -323,7 +324,7 @@ _REASONS = {
 
 UNMODELLED: dict[str, str] = {
     flag: reason for reason, flags in _REASONS.items() for flag in flags.split()
-}
+} | UNMODELLED_0_19
 """Flags that change memory in ways not modelled: refused when not at Megatron-LM's default."""
 UNMODELLED_PREFIXES = ("--moe-",)
 """Flags with these prefixes are UNMODELLED (mixture-of-experts options beyond those the Experts
