@@ -122,8 +122,9 @@ SILENCED = (
 QUIET_LOG_LINES = {
     "megatron.core.models.gpt.gpt_model": (
         r"GPTModel IS DEPRECATED",
-        "megatron-core 0.19 logs it for every GPTModel built (each probe, each rank): Megatron-LM's "
-        "pretrain_gpt.py, whose runs capture-megatron forecasts and trains, builds GPTModel",
+        "megatron-core 0.19 logs it for every GPTModel built (each probe, each rank): "
+        "Megatron-LM's pretrain_gpt.py, whose runs capture-megatron forecasts and trains, builds "
+        "GPTModel",
     ),
 }
 """Log lines of megatron-core that do not concern the user: logger -> (regular expression

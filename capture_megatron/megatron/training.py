@@ -53,11 +53,12 @@ def batch_on_this_cp_rank(batch: Batch) -> Batch:
     (megatron.core.utils.get_batch_on_this_cp_rank: the sequence in 2 x cp chunks, rank r keeps
     chunks r and 2cp-1-r of tokens, labels, loss_mask, position_ids); the batch itself with CP 1."""
     from megatron.core import parallel_state as ps
-    from megatron.core.utils import get_batch_on_this_cp_rank
+
+    from capture_megatron.megatron import versioned
 
     if not ps.model_parallel_is_initialized() or ps.get_context_parallel_world_size() == 1:
         return batch
-    return get_batch_on_this_cp_rank(dict(batch))
+    return versioned.batch_on_this_cp_rank(dict(batch))
 
 
 def forward_step(

@@ -9,9 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 from typing import Any
 
 from capture_megatron.config import versions
+
+MOE = "megatron.core.transformer.moe"
+"""megatron-core's MoE package: modules of one series only are imported by name (mypy checks
+this package against 0.16.1, the default leg's)."""
 
 
 def backward_step(input_tensor: Any, output: Any, output_grad: Any, config: Any) -> Any:
@@ -19,9 +24,10 @@ def backward_step(input_tensor: Any, output: Any, output_grad: Any, config: Any)
     here) before the config; 0.17 dropped it."""
     from megatron.core.pipeline_parallel import schedules
 
+    step: Any = schedules.backward_step  # the installed version's signature, not mypy's
     if versions.current() == versions.V0_16:
-        return schedules.backward_step(input_tensor, output, output_grad, None, config)
-    return schedules.backward_step(input_tensor, output, output_grad, config)
+        return step(input_tensor, output, output_grad, None, config)
+    return step(input_tensor, output, output_grad, config)
 
 
 def offload_group_end() -> str:
@@ -41,9 +47,7 @@ def reset_moe_trackers() -> None:
 
     get_moe_layer_wise_logging_tracker().clear()
     if versions.current() >= versions.V0_19:
-        from megatron.core.transformer.moe import moe_logging
-
-        moe_logging.destroy_moe_metrics_tracker()
+        importlib.import_module(f"{MOE}.moe_logging").destroy_moe_metrics_tracker()
 
 
 def check_mla_query_norm(qk_layernorm: bool, q_lora: int | None) -> None:
@@ -74,7 +78,9 @@ def submodules_of(spec: Any) -> Any:
 def with_submodules(spec: Any, submodules: Any) -> Any:
     """`spec` (a ModuleSpec or a 0.19 partial builder) with other submodules."""
     if isinstance(spec, functools.partial):
-        return functools.partial(spec.func, *spec.args, **{**spec.keywords, "submodules": submodules})
+        return functools.partial(
+            spec.func, *spec.args, **{**spec.keywords, "submodules": submodules}
+        )
     return dataclasses.replace(spec, submodules=submodules)
 
 
@@ -93,11 +99,8 @@ def grouped_experts_spec(column: type, row: type) -> Any:
         from megatron.core.transformer.spec_utils import ModuleSpec
 
         return ModuleSpec(module=TEGroupedMLP, submodules=MLPSubmodules(column, row))
-    from megatron.core.transformer.moe.experts import GroupedMLPSubmodules
-
-    return functools.partial(
-        TEGroupedMLP, submodules=GroupedMLPSubmodules(linear_fc1=column, linear_fc2=row)
-    )
+    submodules = importlib.import_module(f"{MOE}.experts").GroupedMLPSubmodules
+    return functools.partial(TEGroupedMLP, submodules=submodules(linear_fc1=column, linear_fc2=row))
 
 
 def grouped_experts(experts: Any, grouped: bool | None) -> bool:
@@ -107,3 +110,14 @@ def grouped_experts(experts: Any, grouped: bool | None) -> bool:
     if versions.current() == versions.V0_16 or grouped is None:
         return module_of(experts).__name__ == "GroupedMLP"
     return grouped
+
+
+def batch_on_this_cp_rank(batch: dict) -> dict:
+    """megatron-core's get_batch_on_this_cp_rank: 0.19 asks whether context parallelism is
+    hybrid (--hybrid-context-parallel, refused by flags.policy: False here)."""
+    from megatron.core import utils
+
+    slice_batch: Any = utils.get_batch_on_this_cp_rank  # the installed version's signature
+    if versions.current() == versions.V0_16:
+        return slice_batch(batch)
+    return slice_batch(batch, is_hybrid_cp=False)

@@ -24,8 +24,8 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from capture_megatron.config import Kernels, ModelShape
-from capture_megatron.config.kernels import kernel_set
 from capture_megatron.config import versions as mcore_versions
+from capture_megatron.config.kernels import kernel_set
 from capture_megatron.errors import CaptureError
 from capture_megatron.megatron import quiet
 from capture_megatron.profile.design import built_as, model_probes

@@ -43,8 +43,9 @@ IGNORED_PREFIXES = tuple(
 )
 """Flags with these prefixes are IGNORED (unless UNMODELLED)."""
 
-IGNORED = frozenset(
-    """
+IGNORED = (
+    frozenset(
+        """
     --rampup-batch-size
     --adlr-autoresume --adlr-autoresume-interval
     --allow-ambiguous-pad-tokens --apply-layernorm-1p --apply-residual-connection-post-layernorm
@@ -99,7 +100,9 @@ IGNORED = frozenset(
     --cache-mla-latents --mtp-loss-scaling-factor
     --fp8-amax-compute-algo --fp8-margin --fp8-interval --no-fp8-wgrad --keep-fp8-transpose-cache
 """.split()
-) | IGNORED_0_19
+    )
+    | IGNORED_0_19
+)
 """Flags that cannot change the peak of allocated bytes in training iterations. The FP8 ones:
 --fp8-amax-compute-algo (max or most recent over the same amax history), --fp8-margin and
 --fp8-interval (values of the scale, not tensors), --no-fp8-wgrad (Megatron passes it as the

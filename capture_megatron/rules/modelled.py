@@ -16,6 +16,7 @@ attention is not modelled.
 from __future__ import annotations
 
 from capture_megatron.config import ModelShape, ParallelPlan
+from capture_megatron.config import versions as mcore_versions
 from capture_megatron.config.context import ALL_GATHER
 from capture_megatron.config.ddp import DdpOptions
 from capture_megatron.config.kernels import TE_FUSED_BACKENDS, Kernels, kernel_set
@@ -279,6 +280,12 @@ def _flex_device_problem(variant: Variant, device: str) -> str:
             "--moe-token-dispatcher-type flex: flex probes run on the GPU kernel set's emulation "
             "of HybridEP (--device fake-cuda); probing DeepEP / HybridEP on a real GPU is not "
             "implemented yet"
+        )
+    if mcore_versions.current() >= mcore_versions.V0_19:
+        return (
+            f"--moe-token-dispatcher-type flex on megatron-core {mcore_versions.megatron_core()}: "
+            "the GPU kernel set emulates HybridEP as megatron-core 0.16 calls it; 0.19's "
+            "dispatch (its permute blocks, padding and pre-processing) is not emulated yet"
         )
     cpu, group = device != "fake-cuda", moe.ep * moe.etp
     # NVLink domains are the planner's check (capture_megatron.planner.run): a probe's group

@@ -10,10 +10,9 @@ import dataclasses
 
 import pytest
 
-from capture_megatron.config import versions as mcore
-
 from capture_megatron.cli.plan import build_parser
 from capture_megatron.config import ModelShape, ParallelPlan
+from capture_megatron.config import versions as mcore
 from capture_megatron.config.hf import parameter_count
 from capture_megatron.errors import CaptureError
 from capture_megatron.features.mla import LatentAttention, attention_parameters

@@ -101,7 +101,9 @@ def test_units_import_only_what_the_layering_allows():
 
 def test_nothing_outside_cli_imports_cli():
     bad = [
-        e for e in _internal() if unit(e.target) == "cli" and unit(e.source) not in ("cli", "__main__")
+        e
+        for e in _internal()
+        if unit(e.target) == "cli" and unit(e.source) not in ("cli", "__main__")
     ]
     assert not bad, bad
 
