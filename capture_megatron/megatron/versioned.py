@@ -114,10 +114,13 @@ def grouped_experts(experts: Any, grouped: bool | None) -> bool:
 
 def batch_on_this_cp_rank(batch: dict) -> dict:
     """megatron-core's get_batch_on_this_cp_rank: 0.19 asks whether context parallelism is
-    hybrid (--hybrid-context-parallel, refused by flags.policy: False here)."""
-    from megatron.core import utils
+    hybrid (--hybrid-context-parallel, refused by flags.policy: False here) and takes the
+    context-parallel group as given (None: the default group, where 0.16 looked up the CP
+    group), so it is passed."""
+    from megatron.core import parallel_state, utils
 
     slice_batch: Any = utils.get_batch_on_this_cp_rank  # the installed version's signature
     if versions.current() == versions.V0_16:
         return slice_batch(batch)
-    return slice_batch(batch, is_hybrid_cp=False)
+    group = parallel_state.get_context_parallel_group()
+    return slice_batch(batch, is_hybrid_cp=False, cp_group=group)
