@@ -98,7 +98,9 @@ def grouped_experts_spec(column: type, row: type) -> Any:
         from megatron.core.transformer.mlp import MLPSubmodules
         from megatron.core.transformer.spec_utils import ModuleSpec
 
-        return ModuleSpec(module=TEGroupedMLP, submodules=MLPSubmodules(column, row))
+        return ModuleSpec(
+            module=TEGroupedMLP, submodules=MLPSubmodules(linear_fc1=column, linear_fc2=row)
+        )
     submodules = importlib.import_module(f"{MOE}.experts").GroupedMLPSubmodules
     return functools.partial(TEGroupedMLP, submodules=submodules(linear_fc1=column, linear_fc2=row))
 
