@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 
-from capture_megatron import __version__
 from capture_megatron.config.versions import SUPPORTED, installed
+from capture_megatron.version import __version__
 
 
 def _first(*distributions: str) -> str | None:
