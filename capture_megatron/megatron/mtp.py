@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from capture_megatron.config import ModelShape
+from capture_megatron.megatron import versioned
 
 if TYPE_CHECKING:
     from megatron.core.transformer.multi_token_prediction import (
@@ -80,7 +81,11 @@ def block_spec(
     layer = ModuleSpec(
         module=MultiTokenPredictionLayer,
         submodules=MultiTokenPredictionLayerSubmodules(
-            enorm=norm, hnorm=norm, eh_proj=linear, transformer_layer=layer_spec, layer_norm=norm
+            enorm=norm,
+            hnorm=norm,
+            eh_proj=linear,
+            layer_norm=norm,
+            **{versioned.mtp_layer_field(): layer_spec},
         ),
     )
     return MultiTokenPredictionBlockSubmodules(layer_specs=[layer] * shape.mtp_num_layers)

@@ -126,3 +126,9 @@ def batch_on_this_cp_rank(batch: dict) -> dict:
         return slice_batch(batch)
     group = parallel_state.get_context_parallel_group()
     return slice_batch(batch, is_hybrid_cp=False, cp_group=group)
+
+
+def mtp_layer_field() -> str:
+    """MultiTokenPredictionLayerSubmodules' field for the layer an MTP module runs: 0.16's
+    transformer_layer, 0.17's mtp_model_layer."""
+    return "transformer_layer" if versions.current() == versions.V0_16 else "mtp_model_layer"
