@@ -46,7 +46,7 @@ def drift(new: dict, old: dict) -> dict:
     """Over the cases both versions forecast: how often and how much the golden values and the
     forecasts moved between core_v0.16.1 and core_v0.19.0 / megatron-core 0.19.2."""
     before = {r["name"]: r for r in old["cases"]}
-    both = [(r, before[r["name"]]) for r in new["cases"] if "error" in r]
+    both = [(r, before.get(r["name"], {})) for r in new["cases"] if "error" in r]
     both = [(r, o) for r, o in both if "error" in o]
     moved = [(r, o) for r, o in both if r["measured"] != o["measured"]]
     return {
