@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
+import importlib.util
 from typing import Any
 
 from capture_megatron.config import versions
@@ -39,14 +40,15 @@ def offload_group_end() -> str:
 
 
 def reset_moe_trackers() -> None:
-    """Empty megatron-core's global MoE loss trackers, which size their per-layer tensors by the
-    first model that logs into them (a later probe with more layers would index past them):
-    0.16's layer-wise logging dict; 0.19 records the routers' losses in a MoEMetricsTracker
-    (moe_logging), dropped here and created anew on the next record."""
-    from megatron.core.transformer.moe.moe_utils import get_moe_layer_wise_logging_tracker
+    """Empty megatron-core's global MoE loss tracker, which sizes its per-layer tensors by the
+    first model that logs into it (a later probe with more layers would index past them): up to
+    0.17 the layer-wise logging dict; from 0.18 the routers record into a MoEMetricsTracker
+    (moe_logging, the dict deprecated), dropped here and created anew on the next record."""
+    from megatron.core.transformer.moe import moe_utils
 
-    get_moe_layer_wise_logging_tracker().clear()
-    if versions.current() >= versions.V0_19:
+    if importlib.util.find_spec(f"{MOE}.moe_logging") is None:
+        moe_utils.get_moe_layer_wise_logging_tracker().clear()
+    else:
         importlib.import_module(f"{MOE}.moe_logging").destroy_moe_metrics_tracker()
 
 
