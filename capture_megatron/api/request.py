@@ -37,7 +37,7 @@ from capture_megatron.flags import parser as flags
 from capture_megatron.flags.args import model_shape, overridden, shape_overrides
 from capture_megatron.flags.resolve import parallel_plan
 from capture_megatron.planner import PlanOptions, space_from
-from capture_megatron.planner.space import overlap_space
+from capture_megatron.planner.space import overlap_space, virtual_stage_problem
 from capture_megatron.rules.megatron import module_problems
 from capture_megatron.rules.modelled import activation_offload_problem
 from capture_megatron.steptime.constants import fitted
@@ -195,6 +195,17 @@ def cost_model(ns: argparse.Namespace, kernels: Kernels) -> CostModel:
     return CostModel(hardware_of(ns), settings, constants)
 
 
+SPLIT_FLAGS = (
+    "pipeline_model_parallel_layout",
+    "decoder_first_pipeline_num_layers",
+    "decoder_last_pipeline_num_layers",
+    "account_for_embedding_in_pipeline_split",
+    "account_for_loss_in_pipeline_split",
+)
+"""ParallelFlags that give the pipeline split itself: with any of them `plan` predicts the run
+the flags describe (sizes not given are 1, as in Megatron-LM) instead of searching a split."""
+
+
 def plan_options(
     ns: argparse.Namespace,
     shape: ModelShape,
@@ -207,7 +218,7 @@ def plan_options(
     device (none with --memory-model)."""
     fixed = flags.from_namespace(ParallelFlags, ns)
     ddp = flags.ddp_options(ns)
-    whole = fixed_plan or bool(fixed.pipeline_model_parallel_layout)
+    whole = fixed_plan or any(getattr(fixed, f) for f in SPLIT_FLAGS)
     given_plan = parallel_plan(fixed, shape, cluster.gpus, ddp) if whole else None
     scale = 1.0
     kernels = flags.from_namespace(Kernels, ns)
@@ -221,6 +232,9 @@ def plan_options(
         if problem:
             raise CaptureError(problem + ".")
     space = space_from(fixed, whole, ddp)
+    problem = virtual_stage_problem(shape, cluster.gpus, space)
+    if problem:
+        raise CaptureError(problem)
     if "selective" in space.recompute:  # what megatron-core refuses is refused, not skipped
         chosen = Recompute.selective(space.recompute_modules).selected
         require(module_problems(shape, chosen), "selective recompute for this model")

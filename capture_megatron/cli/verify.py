@@ -17,6 +17,7 @@ import tempfile
 
 from capture_megatron.api.args import add_plan_flags
 from capture_megatron.cache import Calibration, cache_dir, check_writable, record_calibration
+from capture_megatron.cli.outputs import prepare_outputs, writable_dir
 from capture_megatron.cli.plan import run_plan
 from capture_megatron.cli.render import print_checks, save_checks_png
 from capture_megatron.config import BuildOptions, OptimOptions, RunOptions
@@ -151,6 +152,9 @@ def _report(
 def main(argv: list[str]) -> int:
     """Entry point: 0 when every rank is within tolerance, 1 otherwise."""
     ns = flags.parse_flags(build_parser(), argv)
+    prepare_outputs(ns)  # --json, --png (and --keep) before planning and training
+    if ns.keep:
+        writable_dir("--keep", ns.keep)
     if ns.gpus is not None and ns.nproc != ns.gpus:
         raise CaptureError(
             f"--nproc {ns.nproc} must equal --gpus {ns.gpus} (verify trains the plan it makes)"

@@ -130,7 +130,22 @@ def _split(
     return first_last_split(num_layers, pp, vpp, first, last), vpp
 
 
+def refuse_both_vpp(flags: ParallelFlags) -> None:
+    """CaptureError when both spellings of VPP are given (Megatron-LM asserts the same)."""
+    per, count = (
+        flags.num_layers_per_virtual_pipeline_stage,
+        flags.num_virtual_stages_per_pipeline_rank,
+    )
+    if per is not None and count is not None:
+        raise CaptureError(
+            f"--num-layers-per-virtual-pipeline-stage {per} and "
+            f"--num-virtual-stages-per-pipeline-rank {count} cannot be set at the same time "
+            "(Megatron-LM refuses it too): give one of them"
+        )
+
+
 def _vpp(flags: ParallelFlags, num_layers: int, pp: int) -> int:
+    refuse_both_vpp(flags)
     if flags.num_virtual_stages_per_pipeline_rank is not None:
         return flags.num_virtual_stages_per_pipeline_rank
     per = flags.num_layers_per_virtual_pipeline_stage

@@ -1,8 +1,8 @@
 """Nothing saved is lost or trusted blindly (issue 29, items 1, 4, 9, 10).
 
-- A save never skips an ``iter_N/`` an earlier run left: after a rollback with a new learning rate
-  and after a kill between the rename and the tracker write, the new checkpoint replaces the old
-  one and the tracker names it.
+- A save never replaces an ``iter_N/`` it did not write (issue 56): a rollback into the directory
+  that holds later checkpoints is refused (saved elsewhere, it keeps its new learning rate), and
+  after a kill between the rename and the tracker write the rerun takes that complete checkpoint.
 - Every file is checksummed; flipped bytes or a truncated shard, ``.metadata`` or ``common.pt`` in
   the newest checkpoint make the resume fall back to the previous complete one, in one paragraph.
 - A full disk during a save is "no space left on the device", and names the checkpoint that
@@ -55,26 +55,31 @@ def saved(tmp_path_factory) -> Path:
     return ckpt
 
 
-def test_rollback_with_a_new_lr_replaces_the_old_checkpoint(saved, tmp_path):
+def test_a_rollback_never_replaces_later_checkpoints(saved, tmp_path):
     ckpt = tmp_path / "ckpt"
     shutil.copytree(saved, ckpt)
     old = _manifest(ckpt, 4)
     (ckpt / TRACKER).write_text("2")  # roll back to iteration 2
-    args = [*FOUR, "--lr", "1e-2", "--override-opt_param-scheduler"]
-    run = train_single([*args, "--load", str(ckpt), "--save", str(ckpt)], str(tmp_path), "b")
+    args = [*FOUR, "--lr", "1e-2", "--override-opt_param-scheduler", "--load", str(ckpt)]
+    refused = cli(["train", "--nproc", "1", *args, "--save", str(ckpt)])
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
+    assert "already holds complete checkpoints after it (iterations 4)" in refused.stderr
+    assert _manifest(ckpt, 4) == old and (ckpt / TRACKER).read_text() == "2"
+    # the rollback saved elsewhere: its checkpoints are its own
+    other = tmp_path / "rolled-back"
+    run = train_single([*args, "--save", str(other)], str(tmp_path), "b")
     assert run.returncode == 0, run.output[-3000:]
     assert [it.iteration for it in run.report.iterations] == [3, 4]
     # the new peak on the old schedule's shape (linear decay over 4 iterations, 2 done); loading
     # the optimizer's param groups used to bring the checkpoint's 1e-3 back without a word
     assert [it.lr for it in run.report.iterations] == pytest.approx([5e-3, 2.5e-3])
-    assert (ckpt / TRACKER).read_text().strip() == "4"
-    assert not list(ckpt.glob("*.replaced")) and not list(ckpt.glob("*.partial"))
-    new = _manifest(ckpt, 4)
+    assert (other / TRACKER).read_text().strip() == "4"
+    new = _manifest(other, 4)
     shards = [n for n in old if n.endswith(".distcp")]
     assert shards and any(new[n]["sha256"] != old[n]["sha256"] for n in shards)
-    common = torch.load(Path(iteration_dir(str(ckpt), 4), "common.pt"), weights_only=True)
+    common = torch.load(Path(iteration_dir(str(other), 4), "common.pt"), weights_only=True)
     assert common["opt_param_scheduler"]["max_lr"] == pytest.approx(1e-2)
-    assert quick_problems(iteration_dir(str(ckpt), 4)) == []
+    assert quick_problems(iteration_dir(str(other), 4)) == [] and _manifest(ckpt, 4) == old
 
 
 def test_kill_between_rename_and_tracker_then_rerun(tmp_path):
@@ -99,11 +104,15 @@ def test_kill_between_rename_and_tracker_then_rerun(tmp_path):
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
     assert published.is_dir() and (ckpt / TRACKER).read_text().strip() == "2"
-    # the rerun resumes from the tracker's iteration 2 and must publish its iteration 4
+    written = _manifest(ckpt, 4)
+    # the rerun takes the complete iteration 4 (the publish is finished), never saves over it
     run = train_single([*args, "--load", str(ckpt)], str(tmp_path), "rerun")
-    assert [it.iteration for it in run.report.iterations] == [3, 4], run.output[-3000:]
-    assert (ckpt / TRACKER).read_text().strip() == "4"
-    assert not list(ckpt.glob("*.replaced"))
+    assert run.returncode == 0 and run.report is not None, run.output[-3000:]
+    assert run.report.iterations == () and "finished publishing iteration 4" in run.output
+    assert "resumed from checkpoint iteration 4" in run.output
+    assert "nothing to train: iteration 4 is already saved" in run.output
+    assert (ckpt / TRACKER).read_text().strip() == "4" and _manifest(ckpt, 4) == written
+    assert not list(ckpt.glob("*.replaced")) and not list(ckpt.glob("*.partial"))
 
 
 def _flip(path: Path) -> None:

@@ -103,6 +103,48 @@ def test_sigkill_to_torchrun_leaves_no_rank(tmp_path):
     assert "torchrun was killed by SIGKILL; every rank was stopped with it" in output
 
 
+def test_sigkill_to_the_launcher_ends_the_job_and_the_next_run_resumes(tmp_path):
+    """Issue 56, problem 4: SIGKILL of `capture-megatron train` (kill -9, a scheduler's hard
+    kill) left torchrun and every rank training into --save."""
+    proc, ckpt = _start(tmp_path)
+    job = psutil.Process(proc.pid).children(recursive=True)  # torchrun, its ranks, their helpers
+    proc.kill()
+    try:
+        output, _ = proc.communicate(timeout=STOPPED_WITHIN)
+        deadline = time.time() + STOPPED_WITHIN
+        while time.time() < deadline and [p for p in job if _alive(p)]:
+            time.sleep(0.2)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # torchrun's session is the launcher's
+    assert not [p.pid for p in job if _alive(p)], "the job outlived its launcher"
+    last = int((ckpt / TRACKER).read_text())
+    assert f"capture-megatron train (pid {proc.pid}), which started this job, ended" in output
+    assert f"The last complete checkpoint is iteration {last} in {ckpt}" in output
+    assert "Traceback" not in output, output[-3000:]
+    before = sorted(os.listdir(ckpt)), (ckpt / TRACKER).read_text()
+    time.sleep(2)
+    assert (sorted(os.listdir(ckpt)), (ckpt / TRACKER).read_text()) == before
+    resumed = subprocess.run(
+        [sys.executable, "-m", "capture_megatron.pretrain_gpt", *TINY[:-4], "--lr-decay-iters"]
+        + ["400", "--train-iters", str(last + 1), "--load", str(ckpt), "--save", str(ckpt)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
+    assert f"resumed from checkpoint iteration {last}" in resumed.stdout
+    assert "took over the lock of a run that is gone" in resumed.stdout
+    assert (ckpt / TRACKER).read_text().strip() == str(last + 1)
+
+
+def _alive(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 def _cmdline(process: psutil.Process) -> str:
     """A child's command line; '' for one that has just exited (a zombie not yet reaped, such as
     a short-lived compiler run) or gone."""

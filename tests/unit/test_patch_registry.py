@@ -28,6 +28,7 @@ SCRIPT = textwrap.dedent(
     import torch
     from capture_megatron.train.checkpoint import megatron_fixes as ckpt_fixes
     from capture_megatron.train.checkpoint import trust as ckpt_safe
+    from capture_megatron.train import data_cache
     from capture_megatron.emulate import cpu_compat
     from capture_megatron.emulate import patches
 
@@ -63,6 +64,7 @@ SCRIPT = textwrap.dedent(
             ckpt_fixes.apply()
             ckpt_fixes.writers_die_with_rank()
             ckpt_safe.install()
+            data_cache.install()
         originals = patches.originals()
         moded = torch._C._is_torch_function_mode_enabled()
         for p in patches.applied():
