@@ -41,21 +41,25 @@ def _manifests(root: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def saved(tmp_path_factory) -> Path:
+def first(tmp_path_factory) -> tuple[Path, str]:
     """Four iterations, checkpoints at 2 and 4, saved by the first run of a requeued job:
-    --load D --save D with D not there yet."""
+    --load D --save D with D not there yet; (D, what the run printed)."""
     work = tmp_path_factory.mktemp("save-dir")
     ckpt = work / "ckpt"
     run = train_single([*FOUR, "--load", str(ckpt), "--save", str(ckpt)], str(work), "first")
     assert run.returncode == 0, run.output[-3000:]
-    assert f"--load {ckpt}: no checkpoint there: starting from iteration 0" in run.output
     assert (ckpt / TRACKER).read_text().strip() == "4"
-    return ckpt
+    return ckpt, run.output
 
 
-def test_a_load_without_its_tracker_resumes_from_the_newest_checkpoint(saved, tmp_path):
+def test_a_load_that_finds_nothing_says_so(first):
+    ckpt, output = first
+    assert f"--load {ckpt}: no checkpoint there: starting from iteration 0" in output
+
+
+def test_a_load_without_its_tracker_resumes_from_the_newest_checkpoint(first, tmp_path):
     ckpt = tmp_path / "ckpt"
-    shutil.copytree(saved, ckpt)
+    shutil.copytree(first[0], ckpt)
     (ckpt / TRACKER).unlink()
     before = _manifests(ckpt)
     args = [*TINY, "--train-iters", "4", "--load", str(ckpt), "--save", str(ckpt)]

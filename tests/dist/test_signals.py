@@ -109,14 +109,15 @@ def test_sigkill_to_the_launcher_ends_the_job_and_the_next_run_resumes(tmp_path)
     proc, ckpt = _start(tmp_path)
     job = psutil.Process(proc.pid).children(recursive=True)  # torchrun, its ranks, their helpers
     proc.kill()
+    proc.wait()
     try:
-        output, _ = proc.communicate(timeout=STOPPED_WITHIN)
         deadline = time.time() + STOPPED_WITHIN
         while time.time() < deadline and [p for p in job if _alive(p)]:
             time.sleep(0.2)
+        assert not [p.pid for p in job if _alive(p)], "the job outlived its launcher"
+        output, _ = proc.communicate(timeout=STOPPED_WITHIN)  # the job held its stdout
     finally:
         os.killpg(proc.pid, signal.SIGKILL)  # torchrun's session is the launcher's
-    assert not [p.pid for p in job if _alive(p)], "the job outlived its launcher"
     last = int((ckpt / TRACKER).read_text())
     assert f"capture-megatron train (pid {proc.pid}), which started this job, ended" in output
     assert f"The last complete checkpoint is iteration {last} in {ckpt}" in output

@@ -141,3 +141,18 @@ def test_a_save_directory_that_cannot_hold_a_lock_is_one_paragraph(tmp_path):
     with pytest.raises(CaptureError, match="cannot create its lock file") as err:
         SaveLock(str(tmp_path / "a-file" / "ckpt")).acquire()
     assert "give a --save directory this user can write" in str(err.value)
+
+
+def test_a_requeued_slurm_job_takes_its_earlier_starts_lock_on_any_node(tmp_path, monkeypatch):
+    """A requeued job keeps its SLURM_JOB_ID (SLURM_RESTART_COUNT grows) and may start on another
+    node at once: its earlier start, which Slurm ended before requeueing, holds nothing."""
+    _record(tmp_path, host="node-that-is-elsewhere", pid=1234, job="4242.0")
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    lock = SaveLock(str(tmp_path))
+    assert "it was Slurm job 4242's start before it was requeued" in lock.acquire()
+    assert read_owner(str(tmp_path)).job == "4242.1"
+    lock.release()
+    _record(tmp_path, host="node-that-is-elsewhere", pid=1234, job="977.0")  # another job
+    with pytest.raises(CaptureError, match="PID 1234 on node-that-is-elsewhere"):
+        SaveLock(str(tmp_path)).acquire()

@@ -13,7 +13,10 @@ with a note naming it:
   another process is told apart by its start time);
 - on another host (a shared filesystem, a requeued job on another node), the heartbeat tells: a
   record whose file was not touched for STALE_AFTER seconds is stale. A filesystem whose flock
-  spans hosts (NFSv4, Lustre with -o flock) refuses a live owner elsewhere by flock too.
+  spans hosts (NFSv4, Lustre with -o flock) refuses a live owner elsewhere by flock too;
+- a Slurm job's earlier start (the record names the same SLURM_JOB_ID with another
+  SLURM_RESTART_COUNT): Slurm ended it before it requeued the job, so the requeued start takes the
+  directory at once, on whichever node.
 
 The file is never deleted (a process that opened it before a delete would hold a lock on a file
 no longer in the directory); an empty file is a free directory. Pure Python (psutil).
@@ -59,6 +62,9 @@ class Owner:
     has another."""
     since: str
     """When it took the directory (local time, for messages)."""
+    job: str = ""
+    """The Slurm job and its start ('JOBID.RESTARTS'; '' outside Slurm): a requeued job keeps
+    its id, and its earlier start, which Slurm ended before requeueing it, is gone."""
 
     @classmethod
     def me(cls) -> Owner:
@@ -68,11 +74,19 @@ class Owner:
             pid=os.getpid(),
             started=_started(os.getpid()) or 0.0,
             since=time.strftime("%Y-%m-%d %H:%M:%S"),
+            job=slurm_job(),
         )
 
     def words(self) -> str:
         """The owner in a message."""
         return f"PID {self.pid} on {self.host} (since {self.since})"
+
+
+def slurm_job(environ: dict | None = None) -> str:
+    """'JOBID.RESTARTS' of the Slurm job this process runs in ('' outside Slurm)."""
+    env = os.environ if environ is None else environ
+    job = env.get("SLURM_JOB_ID", "")
+    return f"{job}.{env.get('SLURM_RESTART_COUNT', '0')}" if job else ""
 
 
 def _started(pid: int) -> float | None:
@@ -89,7 +103,11 @@ def read_owner(root: str) -> Owner | None:
         with open(os.path.join(root, LOCK), encoding="utf-8") as f:
             data = json.loads(f.read() or "null")
         return Owner(
-            str(data["host"]), int(data["pid"]), float(data["started"]), str(data["since"])
+            str(data["host"]),
+            int(data["pid"]),
+            float(data["started"]),
+            str(data["since"]),
+            str(data.get("job", "")),
         )
     except (OSError, ValueError, TypeError, KeyError):
         return None
@@ -101,6 +119,9 @@ def stale_reason(owner: Owner, age: float, flock_free: bool) -> str:
     the file's flock (no live process of this host holds it)."""
     if not flock_free:
         return ""
+    mine = slurm_job()
+    if owner.job and mine and owner.job != mine and owner.job.split(".")[0] == mine.split(".")[0]:
+        return f"it was Slurm job {mine.split('.')[0]}'s start before it was requeued"
     if owner.host == socket.gethostname():
         if owner.pid == os.getpid():
             return "it is this process"
