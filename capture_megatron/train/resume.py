@@ -1,8 +1,9 @@
 """What a resume may change, checked against the checkpoint before any state is loaded.
 
-Run twice: by `capture-megatron train` before torchrun starts (checkpoint.preflight, so a refused
-resume is one paragraph and exit code 2), and by every rank in checkpoint.load_checkpoint (for runs
-started with torchrun directly). Pure Python: the callers read the checkpoint.
+Run twice: by `capture-megatron train` before torchrun starts (checkpoint.claim.preflight, so a
+refused resume is one paragraph and exit code 2), and by every rank in checkpoint.load_checkpoint
+(for runs started with torchrun directly). Everything else a resume changes is refused or named by
+train.resume_settings. Pure Python: the callers read the checkpoint.
 
 - The vocabulary. Megatron pads it to a multiple of --make-vocab-size-divisible-by x TP, and the
   padding rows of the output layer take part in the softmax like any other (megatron-core neither

@@ -2,7 +2,7 @@
 laid out as saves leave them (train.checkpoint.directory, claim, verify): nothing the run did not
 write is replaced or deleted, a --load that finds nothing or finds no tracker says so, a save
 stopped mid-publish is finished rather than repeated over, and a failed save names its cause as it
-is. The end-to-end runs are in tests/dist/test_save_dir.py."""
+is. The end-to-end runs are in tests/dist/test_checkpoint_integrity.py."""
 
 from __future__ import annotations
 

@@ -156,3 +156,14 @@ def test_a_requeued_slurm_job_takes_its_earlier_starts_lock_on_any_node(tmp_path
     _record(tmp_path, host="node-that-is-elsewhere", pid=1234, job="977.0")  # another job
     with pytest.raises(CaptureError, match="PID 1234 on node-that-is-elsewhere"):
         SaveLock(str(tmp_path)).acquire()
+
+
+def test_capture_megatron_train_refuses_a_directory_in_use_before_torchrun(tmp_path, holder):
+    from capture_megatron.cli.train import main
+
+    tiny = "--num-layers 1 --hidden-size 16 --num-attention-heads 2 --seq-length 8 --vocab-size 257"
+    args = [*tiny.split(), "--micro-batch-size", "1", "--mock-data", "--train-iters", "2"]
+    before = (tmp_path / "ckpt" / LOCK).read_text()
+    with pytest.raises(CaptureError, match=f"PID {holder.pid} on "):
+        main(["--nproc", "1", *args, "--save", str(tmp_path / "ckpt")])
+    assert (tmp_path / "ckpt" / LOCK).read_text() == before
