@@ -20,7 +20,6 @@ from pathlib import Path
 import psutil
 import pytest
 
-from capture_megatron.train.checkpoint.lock import check_free
 from capture_megatron.train.checkpoint.save_load import TRACKER, latest_iteration
 
 TINY = [
@@ -128,6 +127,8 @@ def test_sigkill_to_the_launcher_ends_the_job_and_frees_save(tmp_path):
     before = sorted(os.listdir(ckpt)), (ckpt / TRACKER).read_text()
     time.sleep(2)
     assert (sorted(os.listdir(ckpt)), (ckpt / TRACKER).read_text()) == before
+    from capture_megatron.train.checkpoint.lock import check_free
+
     check_free(str(ckpt))  # the next run may take --save
     assert latest_iteration(str(ckpt)) == last
 
