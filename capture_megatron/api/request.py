@@ -232,8 +232,8 @@ def plan_options(
         if problem:
             raise CaptureError(problem + ".")
     space = space_from(fixed, whole, ddp)
-    problem = virtual_stage_problem(shape, cluster.gpus, space)
-    if problem:
+    problem = "" if whole else virtual_stage_problem(shape, cluster.gpus, space)
+    if problem:  # (a whole plan's split is resolved, and refused, as train resolves it)
         raise CaptureError(problem)
     if "selective" in space.recompute:  # what megatron-core refuses is refused, not skipped
         chosen = Recompute.selective(space.recompute_modules).selected
