@@ -34,7 +34,6 @@ from harness import cli, train_single
 from capture_megatron.cli.train import main as train_cli
 from capture_megatron.errors import CaptureError
 from capture_megatron.train.checkpoint import verify as ckpt_verify
-from capture_megatron.train.checkpoint.lock import check_free
 from capture_megatron.train.checkpoint.save_load import PAUSE_ENV, TRACKER, iteration_dir
 from capture_megatron.train.checkpoint.verify import MANIFEST, quick_problems
 
@@ -300,5 +299,7 @@ def test_a_second_run_into_a_directory_in_use_is_refused(tmp_path):
         first.wait()
     # the first run is gone: its lock is stale (the next run takes it over, removes the
     # incomplete save and resumes: tests/dist/test_checkpoint.py's kill during a save)
+    from capture_megatron.train.checkpoint.lock import check_free
+
     check_free(str(ckpt))
     assert (ckpt / TRACKER).read_text().strip() == "2" and _manifests(ckpt) == state[0]
