@@ -4,11 +4,13 @@ Every attribute capture-megatron replaces in torch or megatron-core (cpu_compat,
 gloo_settle, megatron.attention, the fake-cuda GPU kernel set in gpu/*,
 train.checkpoint.megatron_fixes, train.checkpoint.trust) is set through ``patch()``, which records
 the original; every ``TorchFunctionMode`` entered for the life of a run is entered through
-``enter()``. ``revert()`` puts every original back in reverse order, exits those modes and forgets
-which patch groups were applied, so that the next ``apply`` starts from unpatched torch and
-megatron-core. ``applied()`` lists what is patched now (docs/ARCHITECTURE.md "Patch registry" lists
-them all; tests/unit/test_patch_registry.py checks that every target still exists in the installed
-torch and megatron-core -- where a megatron-core upgrade starts).
+``enter()``; every torch kernel registered for the life of a run (``kernel()``: a dispatch key
+torch's CPU build lacks) through the same state. ``revert()`` puts every original back in reverse
+order, removes those kernels, exits those modes and forgets which patch groups were applied, so that
+the next ``apply`` starts from unpatched torch and megatron-core. ``applied()`` lists what is
+patched now (docs/ARCHITECTURE.md "Patch registry" lists them all;
+tests/unit/test_patch_registry.py checks that every target still exists in the installed torch and
+megatron-core -- where a megatron-core upgrade starts).
 
 Not in the registry: patches scoped to one call that put the original back themselves (cpu_compat's
 ``Tensor.is_cuda`` while HybridDeviceOptimizer builds its sub-optimizers, host_adam.installed,
@@ -88,6 +90,7 @@ class _State:
     groups: set[str] = dataclasses.field(default_factory=set)
     device: str | None = None
     series: mcore.Series | None = None
+    libraries: list[Any] = dataclasses.field(default_factory=list)
 
 
 _STATE = _State()
@@ -148,6 +151,21 @@ def _installed() -> mcore.Series:
     return _STATE.series
 
 
+def kernel(op: str, key: str, fn: Any, why: str) -> None:
+    """Register `fn` as the kernel of torch's aten operator `op` for dispatch key `key`
+    (torch.library) until ``revert()``; listed as the patch of ``torch.ops.aten.<op>``."""
+    import torch
+
+    owner = torch.ops.aten
+    if (id(owner), op) in _STATE.entries:
+        return
+    library = torch.library.Library("aten", "IMPL")
+    library.impl(op, fn, key)
+    _STATE.libraries.append(library)
+    target = Patch(f"torch.ops.aten.{op}", why)
+    _STATE.entries[(id(owner), op)] = _Entry(target, owner, op, getattr(owner, op))
+
+
 def enter(mode: Any) -> None:
     """Enter a TorchFunctionMode until ``revert()`` (or ``exit_modes()``)."""
     mode.__enter__()
@@ -193,6 +211,8 @@ def revert() -> None:
     """Put every patched attribute back, last first, exit the registry's modes and forget the
     applied groups and device."""
     exit_modes()
+    while _STATE.libraries:  # kernels registered through kernel()
+        _STATE.libraries.pop()._destroy()
     for entry in reversed(list(_STATE.entries.values())):
         owner, name = entry.owner, entry.name
         if owner is sys.modules:
