@@ -99,7 +99,7 @@ def measuring(device: str, kernels: Kernels = Kernels()) -> Iterator[tuple[Setup
         if not fake_cuda.loaded():
             raise CaptureError("fake-cuda probes run in the worker process (profile.worker)")
         cpu_compat.apply_fake_cuda()
-    elif device != "cuda":
+    else:  # on cuda only what megatron-core needs without Transformer Engine
         cpu_compat.apply("cpu")
     setup = _setup(device, kernels)
     if not setup.fake:
