@@ -19,6 +19,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -88,14 +89,26 @@ def shim_path() -> str:
     return path
 
 
+def cuda_build() -> bool:
+    """Whether the installed torch is a CUDA build (read from torch/version.py: the shim is loaded,
+    or not, before torch is imported). A CUDA build registers CUDA's device guard and hooks
+    itself, and a second registration of the hooks would end the process."""
+    with open(os.path.join(_torch_dir(), "version.py")) as f:
+        found = re.search(r"^cuda\b[^=]*=\s*(.+?)\s*$", f.read(), re.M)
+    return found is not None and found.group(1) != "None"
+
+
 def load() -> None:
-    """Load the shim into this process; CaptureError when torch is imported already (the shim
-    must register before torch's first CUDA lookup)."""
+    """Load the shim into this process (nothing to load into a CUDA build of torch); CaptureError
+    when torch is imported already (the shim must register before torch's first CUDA lookup)."""
     if "torch" in sys.modules:
         raise CaptureError(
             "the fake CUDA shim must be loaded before torch is imported; fake-cuda probes run in "
             "their own process (python -m capture_megatron.profile.worker)"
         )
+    if cuda_build():
+        _LOADED.append("torch's own CUDA device guard")
+        return
     path = shim_path()
     ctypes.CDLL(path, mode=os.RTLD_GLOBAL)
     _LOADED.append(path)

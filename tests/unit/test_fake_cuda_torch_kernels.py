@@ -117,3 +117,17 @@ def test_embedding_backward_allocates_the_cuda_kernels_work_tensors(measured):
 @pytest.mark.slow
 def test_fake_cuda_tensors_count_the_allocators_512_byte_blocks(measured):
     assert measured["tiny"] == 512 + 1024 + 0
+
+
+@pytest.mark.parametrize(
+    "line, built",
+    [("cuda: Optional[str] = None", False), ("cuda: Optional[str] = '13.0'", True)],
+)
+def test_a_cuda_build_of_torch_gets_no_shim(tmp_path, monkeypatch, line, built):
+    """torch/version.py decides, read before torch is imported: a CUDA build has CUDA's device
+    guard and hooks already (registering the hooks twice would end the process)."""
+    from capture_megatron.emulate import fake_cuda
+
+    (tmp_path / "version.py").write_text(f"__version__ = '2.11.0'\n{line}\n")
+    monkeypatch.setattr(fake_cuda, "_torch_dir", lambda: str(tmp_path))
+    assert fake_cuda.cuda_build() is built

@@ -41,6 +41,12 @@ def _unreachable(*args, **kwargs):
 
 def install() -> None:
     """Give `aten::_fused_rms_norm` a CUDA kernel, so that CUDA tensors take its autograd
-    formula (what the GPU keeps) instead of the CPU decomposition."""
+    formula (what the GPU keeps) instead of the CPU decomposition; a CUDA build of torch has its
+    own."""
+    import torch
+
+    ours = f"torch.ops.aten.{OPERATOR}" in {p.target for p in patches.applied()}
+    if not ours and torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{OPERATOR}", "CUDA"):
+        return
     why = "fake-cuda kernel set: torch's fused RMSNorm CUDA kernel (keeps the input and fp32 rstd)"
     patches.kernel(OPERATOR, "CUDA", _unreachable, why)
