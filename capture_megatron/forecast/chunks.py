@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from capture_megatron.config import DdpOptions, ModelShape, ParallelPlan
+from capture_megatron.config.kernels import FOREACH_ADAM_BYTES
 from capture_megatron.fit import KindConstants, ShapeConstants, Sizes
 from capture_megatron.forecast import mixed, offload, retained
 from capture_megatron.forecast.layers import Layers, sizes_for
@@ -221,16 +222,19 @@ def chunk_cost(
         pre, runs, post, shape.dtype, dp, plan.distributed_optimizer, shared, expert, plan.ddp,
         bucket, fp8,
     )  # fmt: skip
-    alone = 0.0
+    alone, copies = 0.0, st.copies
     if plan.ddp.use_precision_aware_optimizer:
         step, alone = _fused_adam_step(plan.ddp, st.largest, layers.torch_adam)
     elif layers.torch_adam:
         step = max(step + ADAM_TEMP * st.largest, 0.0)
+    elif layers.foreach_adam and not plan.ddp.optimizer_cpu_offload:
+        # one optimizer steps every chunk of the rank together: a temporary per updated element
+        copies += FOREACH_ADAM_BYTES * st.owned
     state = _routing_state(layers, z, kinds[-1], moe, shape.mtp_num_layers) if kinds else 0.0
     state += sum(moe.count(m) * float(c.lbuf1 or 0.0) for m, c in zip(sorted(set(moe)), kinds))
     return ChunkCost(
         kind, k, inp + saved, inp, fwd, bwd, step, st.params + round(fp8_state), st.grads,
-        st.optimizer, buffers, redone, ret, ret_grad, state, st.copies, alone, st.host,
+        st.optimizer, buffers, redone, ret, ret_grad, state, copies, alone, st.host,
         offload.kept_bytes(own, moved), sum(per_layer),
     )  # fmt: skip
 
@@ -313,6 +317,8 @@ def _net_step(layers: Layers, sc: ShapeConstants, kind: str, k: int, per_element
     measured = c.step1 if k else c.step_ends
     numels = (*c.end_numels, *(sc.layer_numels if k else ()))
     adam = ADAM_TEMP * max(numels, default=0) if layers.torch_adam else 0
+    if layers.foreach_adam:  # the probe's own foreach temporaries (chunk_cost adds the rank's)
+        adam = FOREACH_ADAM_BYTES * sum(numels)
     return measured - per_element * sum(numels) - adam
 
 

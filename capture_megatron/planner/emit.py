@@ -264,6 +264,13 @@ PER_STAGE_NOTE = (
 """What a plan whose flags hold --recompute-num-layers-per-stage says next to them."""
 
 
+ADAM_ASSUMED = {
+    "fused": "Transformer Engine's or apex's FusedAdam",
+    "torch": "torch.optim.AdamW: neither Transformer Engine nor apex installed",
+}
+"""What a GPU forecast assumes for each --adam-impl given."""
+
+
 def flag_notes(plan: ParallelPlan, kernels: Kernels, gpu: bool = True) -> tuple[str, ...]:
     """What running the plan's megatron_args needs beyond stock Megatron-LM (empty: nothing;
     `gpu`: a GPU kernel set)."""
@@ -274,6 +281,13 @@ def flag_notes(plan: ParallelPlan, kernels: Kernels, gpu: bool = True) -> tuple[
         notes.append(
             f"--transformer-impl auto is written as {resolved_impl(kernels, gpu)}, what auto "
             f"picks {'on a GPU' if gpu else 'on CPU'} (Megatron-LM has no auto)"
+        )
+    if kernels.adam_impl != "auto" and gpu:
+        assumed = ADAM_ASSUMED[kernels.adam_impl]
+        notes.append(
+            f"--adam-impl {kernels.adam_impl} is capture-megatron's (the forecast assumes "
+            f"{assumed}); stock Megatron-LM has no such flag and trains with whichever Adam is "
+            "installed: leave it out there"
         )
     if kernels.cublas_workspace_config and gpu:
         notes.append(
