@@ -22,11 +22,6 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-CUDA_BLOCK = 512
-"""The CUDA caching allocator's smallest block: it rounds every allocation up to a multiple of it
-(c10/cuda/CUDACachingAllocator.cpp, kMinBlockSize and round_size), and memory_allocated counts
-the rounded blocks; the tracker of fake CUDA tensors counts them so."""
-
 
 def tensors_in(tree: object) -> list[torch.Tensor]:
     """The tensors among an ATen op's arguments or results: nested tuples, lists and dicts of
@@ -71,8 +66,6 @@ class LiveTensorTracker(TorchDispatchMode):
     def _register(self, storage: torch.UntypedStorage) -> None:
         key = storage._cdata
         size = storage.nbytes()
-        if self.device == "cuda":
-            size = -(-size // CUDA_BLOCK) * CUDA_BLOCK
         old = self._sizes.get(key)
         if old is None:
             self._sizes[key] = size

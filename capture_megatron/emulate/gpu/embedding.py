@@ -18,7 +18,8 @@ EmbeddingBackwardKernel.cu embedding_backward_cuda_kernel) allocates more:
 All of them but the weight gradient are freed when the kernel returns. Measured on the H100
 (bench/results/gpu/h100-run-b, the embedding-only probe at micro-batch 4, 8192 tokens of a
 32000 x 2048 vocabulary): 107,773,440 bytes above the meta kernel's, which is this list to the
-byte with the allocator's 512-byte blocks (cub's sort scratch is freed before the peak).
+byte once each tensor is rounded up to the caching allocator's 512-byte blocks (the fake device
+counts tensor bytes: 1,112 fewer; cub's sort scratch is freed before the peak).
 
 Registered on the CUDA autograd key (above the fake tensor mode and the memory meter, so that the
 meter sees each allocation); only fake CUDA tensors reach it.
