@@ -196,15 +196,14 @@ def _without_gpu(ns: argparse.Namespace, result: PlanResult) -> tuple[int, ...] 
     elsewhere, and None with a note when that forecast fails (the GPU check stands alone)."""
     if result.origin.device != "cuda":
         return None
-    from capture_megatron.cli.inputs import plan_options
-    from capture_megatron.plan import plan
-    from capture_megatron.profile import memory_source
+    from capture_megatron.api import Request, forecast
+    from capture_megatron.api.request import plan_options
 
     options = plan_options(ns, result.shape, result.cluster, "fake-cuda")
     options = dataclasses.replace(options, fixed=result.best.plan)
+    request = Request(result.shape, result.cluster, options, "fake-cuda")
     try:
-        source = memory_source(result.shape, "fake-cuda", ns.progress, result.kernels)
-        return plan(result.shape, result.cluster, options, source).best.rank_peaks
+        return forecast(request, None, ns.progress).best.rank_peaks
     except CaptureError as err:
         print(f"note: no forecast without the GPU (fake CUDA) beside it: {err}")
         return None

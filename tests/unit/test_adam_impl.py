@@ -12,7 +12,7 @@ from capture_megatron.config import Kernels
 from capture_megatron.config.kernels import kernel_set
 from capture_megatron.errors import CaptureError
 from capture_megatron.megatron.extensions import adam_impl, gpu_kernels
-from capture_megatron.plan.emit import flag_notes
+from capture_megatron.planner.emit import flag_notes
 
 
 def _find(*installed: str):
