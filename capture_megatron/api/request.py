@@ -35,7 +35,7 @@ from capture_megatron.features.recompute import Recompute
 from capture_megatron.flags import megatron_lm
 from capture_megatron.flags import parser as flags
 from capture_megatron.flags.args import model_shape, overridden, shape_overrides
-from capture_megatron.flags.resolve import parallel_plan
+from capture_megatron.flags.resolve import parallel_plan, split_notes
 from capture_megatron.planner import PlanOptions, space_from
 from capture_megatron.planner.space import overlap_space, virtual_stage_problem
 from capture_megatron.rules.megatron import module_problems
@@ -275,6 +275,7 @@ def read_request(
     if on_model is not None:
         on_model(shape)
     options = plan_options(ns, shape, cluster, ns.device, fixed_plan)
+    notes += split_notes(flags.from_namespace(ParallelFlags, ns))
     return Request(
         shape,
         cluster,

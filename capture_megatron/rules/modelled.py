@@ -200,9 +200,15 @@ def tp_overlap_problem(kernel_set: str, kernels: Kernels, tp: int = 0, sp: bool 
             "--tp-comm-overlap needs --sequence-parallel with --tensor-model-parallel-size > 1 "
             "(Megatron-LM asserts it: 'Tensor parallel communication/GEMM overlap can happen "
             "only when sequence parallelism is enabled', and turns sequence parallelism off at "
-            "TP 1)"
+            f"TP 1), so Megatron-LM would not run this line either: {TP_OVERLAP_FIX}, or give "
+            "--tensor-model-parallel-size > 1 with --sequence-parallel"
         )
     return ""
+
+
+TP_OVERLAP_FIX = "leave out --tp-comm-overlap"
+"""The change tp_overlap_problem names first for a line Megatron-LM itself stops at (TP 1 or no
+sequence parallelism): without the flag the line runs (bench/inputs.py applies it)."""
 
 
 RING = ("", "p2p")
