@@ -24,13 +24,13 @@ from capture_megatron.config import (
 )
 from capture_megatron.config.kernels import TE_FUSED_BACKENDS, kernel_set
 from capture_megatron.config.training import (
-    NOT_ADAM,
     BuildOptions,
     CheckpointOptions,
     OptimOptions,
     RunOptions,
 )
 from capture_megatron.errors import CaptureError, require
+from capture_megatron.features.optimizers import Optimizer, muon_run_problems
 from capture_megatron.features.recompute import Recompute
 from capture_megatron.flags import megatron_lm
 from capture_megatron.flags import parser as flags
@@ -263,13 +263,17 @@ def read_request(
     """The Request a parsed command line describes (`fixed_plan`: predict the run it describes;
     `on_model`: called with the model as soon as it is read, before the planning options are:
     the command line prints what an HF config was read as). Refuses, with one paragraph, what
-    cannot be read or is not modelled: another optimizer than Adam, a flag that changes memory
-    in a way not modelled, invalid training settings."""
-    if getattr(ns, "optimizer", "adam") != "adam":
-        raise CaptureError(f"--optimizer {ns.optimizer}: {NOT_ADAM}.")
+    cannot be read or is not modelled: a flag that changes memory in a way not modelled, invalid
+    training settings, what Megatron-LM asserts of Muon among the run's settings."""
     for cls in TRAINING_OPTIONS:  # read but not planned with: validated all the same
         if all(hasattr(ns, f.name) for f in dataclasses.fields(cls)):
             flags.from_namespace(cls, ns)
+    muon = muon_run_problems(
+        flags.from_namespace(Optimizer, ns),
+        bool(getattr(ns, "overlap_param_gather", False)),
+        getattr(ns, "ckpt_format", "torch_dist"),
+    )
+    require(muon, "optimizer settings")
     ignored = megatron_lm.check(ns) if any(megatron_lm.given(ns)) else ()
     shape, notes = resolve_shape(ns)
     if on_model is not None:

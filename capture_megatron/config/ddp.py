@@ -6,13 +6,14 @@ OptimizerConfig). Pure Python: no torch import here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from capture_megatron.errors import require
 from capture_megatron.features.activation_offload import ActivationOffload
 from capture_megatron.features.optimizer_offload import offload_problems
+from capture_megatron.features.optimizers import DEFAULT_OPTIMIZER, Optimizer
 from capture_megatron.fields import flag
-from capture_megatron.serial import JsonMixin
+from capture_megatron.serial import OMIT_DEFAULT, JsonMixin
 
 MAIN_GRADS_DTYPES = ("fp32", "bf16")
 """Megatron-LM's --main-grads-dtype choices."""
@@ -99,6 +100,9 @@ class DdpOptions(JsonMixin):
     pin_cpu_params: bool = flag("--no-pin-cpu-params", True, negate=True, omit_default=True)
     """With --optimizer-cpu-offload: stored by HybridDeviceOptimizer and never read in 0.16.1
     (its host parameter copies are pinned either way)."""
+    optimizer: Optimizer = field(default=DEFAULT_OPTIMIZER, metadata={OMIT_DEFAULT: True})
+    """The optimizer (its own flags: --optimizer, --sgd-momentum, --muon-*;
+    capture_megatron.features.optimizers): Adam unless given."""
 
     def __post_init__(self) -> None:
         require(self._problems(), "gradient and optimizer-state settings")

@@ -35,6 +35,7 @@ from capture_megatron.errors import CaptureError, require
 from capture_megatron.features.activation_offload import ActivationOffload
 from capture_megatron.features.mla import LatentAttention
 from capture_megatron.features.moe import Experts
+from capture_megatron.features.optimizers import Optimizer
 from capture_megatron.fields import Flag, field_docs, flagged_fields, value_problems
 from capture_megatron.flags.megatron_lm import flag_names
 
@@ -271,11 +272,18 @@ def add_parallel_flags(p: argparse.ArgumentParser) -> None:
     add_fields(p, ParallelFlags, "parallelism and batch (Megatron flags)", unset=True)
     add_fields(p, DdpOptions, "gradient buffers and optimizer state (Megatron flags)")
     add_fields(p, ActivationOffload, "fine-grained activation offloading (Megatron flags)")
+    add_fields(p, Optimizer, "optimizer kind (Megatron flags)")
 
 
 def ddp_options(ns: argparse.Namespace) -> DdpOptions:
-    """DdpOptions from parsed flags, with its fine-grained activation offloading settings."""
-    return from_namespace(DdpOptions, ns, activation_offload=from_namespace(ActivationOffload, ns))
+    """DdpOptions from parsed flags, with its fine-grained activation offloading settings and its
+    optimizer."""
+    return from_namespace(
+        DdpOptions,
+        ns,
+        activation_offload=from_namespace(ActivationOffload, ns),
+        optimizer=from_namespace(Optimizer, ns),
+    )
 
 
 def add_training_flags(p: argparse.ArgumentParser, **defaults: Any) -> None:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from capture_megatron.config import DdpOptions, ModelShape, ParallelPlan
 from capture_megatron.config.kernels import FOREACH_ADAM_BYTES
 from capture_megatron.fit import KindConstants, ShapeConstants, Sizes
-from capture_megatron.forecast import mixed, offload, retained
+from capture_megatron.forecast import mixed, offload, optimizers, retained
 from capture_megatron.forecast.layers import Layers, sizes_for
 from capture_megatron.forecast.static import LayerRun, layer_static, layout_of
 
@@ -74,6 +74,9 @@ class ChunkCost:
     offloaded: float = 0.0
     """Fine-grained activation offloading: the bytes one micro-batch of this chunk moves to pinned
     host memory (its layers' offloaded groups); 0 without offloading."""
+    gathered: tuple[float, float] = (0.0, 0.0)
+    """--optimizer dist_muon: what its all-gather after the step allocates for this chunk's
+    (dense, expert) parameters; a rank's gathers add up (forecast.optimizers)."""
 
 
 def chunk_kind(plan: ParallelPlan, pp_rank: int, vp: int) -> str:
@@ -222,20 +225,28 @@ def chunk_cost(
         pre, runs, post, shape.dtype, dp, plan.distributed_optimizer, shared, expert, plan.ddp,
         bucket, fp8,
     )  # fmt: skip
-    alone, copies = 0.0, st.copies
-    if plan.ddp.use_precision_aware_optimizer:
+    alone, gathered, opt = 0.0, (0.0, 0.0), plan.ddp.optimizer
+    foreach = 0.0
+    if opt.optimizer != "adam":  # SGD, Muon: capture_megatron.forecast.optimizers
+        rows = shape.padded_vocab(plan.tp) // plan.tp * shape.hidden_size
+        params = optimizers.chunk_params(pre, runs, post, expert, rows)
+        temp = ADAM_TEMP if layers.torch_adam else 0
+        st, step, gathered = optimizers.chunk_optimizer(
+            opt, st, step, params, shape.dtype, dp, plan.tp, temp
+        )
+    elif plan.ddp.use_precision_aware_optimizer:
         step, alone = _fused_adam_step(plan.ddp, st.largest, layers.torch_adam)
     elif layers.torch_adam:
         step = max(step + ADAM_TEMP * st.largest, 0.0)
     elif layers.foreach_adam and not plan.ddp.optimizer_cpu_offload:
         # one optimizer steps every chunk of the rank together: a temporary per updated element
-        copies += FOREACH_ADAM_BYTES * st.owned
+        foreach = FOREACH_ADAM_BYTES * st.owned
     state = _routing_state(layers, z, kinds[-1], moe, shape.mtp_num_layers) if kinds else 0.0
     state += sum(moe.count(m) * float(c.lbuf1 or 0.0) for m, c in zip(sorted(set(moe)), kinds))
     return ChunkCost(
         kind, k, inp + saved, inp, fwd, bwd, step, st.params + round(fp8_state), st.grads,
-        st.optimizer, buffers, redone, ret, ret_grad, state, copies, alone, st.host,
-        offload.kept_bytes(own, moved), sum(per_layer),
+        st.optimizer, buffers, redone, ret, ret_grad, state, st.copies + foreach, alone, st.host,
+        offload.kept_bytes(own, moved), sum(per_layer), gathered,
     )  # fmt: skip
 
 

@@ -1,6 +1,6 @@
 """Megatron-LM's training set-up around megatron-core, shared by training and the profiler's probes:
 DDP wrapping (Float16Module for bf16/fp16, megatron-core's DistributedDataParallel), the optimizer
-(get_megatron_optimizer: Adam; --use-distributed-optimizer shards it over DP) with
+(get_megatron_optimizer: Adam or SGD; --use-distributed-optimizer shards Adam over DP) with
 OptimizerParamScheduler, the schedule hooks train() sets, and forward_step / loss_func as in
 Megatron-LM's pretrain_gpt.py (per-token loss summed with the loss mask, reported as (sum, tokens)).
 """
@@ -142,17 +142,17 @@ def make_optimizer(
     use_gloo_process_groups: bool = True,
     resume: CheckpointOptions | None = None,
 ) -> tuple[MegatronOptimizer, OptimizerParamScheduler]:
-    """get_megatron_optimizer + OptimizerParamScheduler as Megatron-LM configures them (`resume`:
-    its --override-opt_param-scheduler / --use-checkpoint-opt_param-scheduler, both off by
-    default as in Megatron-LM).
-
-    Profiling probes run on torch's fake backend, which has no gloo groups: they pass False.
-    """
+    """get_megatron_optimizer (the plan's Adam or SGD) + OptimizerParamScheduler as Megatron-LM
+    configures them (`resume`: its --override-opt_param-scheduler /
+    --use-checkpoint-opt_param-scheduler, both off by default as in Megatron-LM). Profiling probes
+    run on torch's fake backend, which has no gloo groups: they pass False."""
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
     from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
+    kind = plan.ddp.optimizer  # flags.args refuses Muon in training
     config = OptimizerConfig(
-        optimizer="adam",
+        optimizer=kind.optimizer,
+        sgd_momentum=kind.sgd_momentum,
         lr=optim.lr,
         min_lr=optim.min_lr,
         weight_decay=optim.weight_decay,

@@ -17,7 +17,7 @@ def overlap_args(plan: ParallelPlan, settings: StepSettings) -> list[str]:
     """The data-parallel overlap flags of a run (`settings`) that apply to the plan: gradient
     reduce with DP x CP > 1, parameter gather also with the distributed optimizer (Megatron-LM
     runs it only there); --overlap-grad-reduce not twice when the plan's DdpOptions has it."""
-    if plan.dp * plan.cp == 1:
+    if plan.dp * plan.cp == 1 or plan.ddp.optimizer.muon:  # Megatron-LM asserts Muon without
         return []
     grad = settings.overlap_grad_reduce and not plan.ddp.overlap_grad_reduce
     out = ["--overlap-grad-reduce"] if grad else []
@@ -45,9 +45,11 @@ def run_args(
 
 def plan_args(plan: ParallelPlan) -> list[str]:
     """Every parallel, batch and recompute setting of the plan in Megatron's flag names (written
-    from the fields' flags: `parallel_flags`), then its gradient-buffer and offload options."""
+    from the fields' flags: `parallel_flags`), then its gradient-buffer, offload and optimizer
+    options."""
     offload = to_flags(plan.ddp.activation_offload)  # fine-grained activation offloading
-    return to_flags(parallel_flags(plan)) + to_flags(plan.ddp) + offload
+    ddp = to_flags(plan.ddp) + offload + to_flags(plan.ddp.optimizer)
+    return to_flags(parallel_flags(plan)) + ddp
 
 
 def parallel_flags(plan: ParallelPlan) -> ParallelFlags:

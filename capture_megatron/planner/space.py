@@ -136,14 +136,24 @@ def space_from(
         fixed["recompute_method"] = flags.recompute_method or ""
     if flags.sequence_parallel:
         fixed["sequence_parallel"] = (True,)
-    needs = ddp.use_precision_aware_optimizer or ddp.num_distributed_optimizer_instances > 1
-    if flags.use_distributed_optimizer or needs:
-        fixed["distributed_optimizer"] = (True,)
     fixed.update(_fixed_sizes(flags))
+    fixed.update(_fixed_optimizer(flags, ddp))
     offload = fixed_offload(ddp)
     return replace(
         Space(), cp_comm_type=flags.cp_comm_type or "", ddp=ddp, optimizer_offload=offload, **fixed
     )
+
+
+def _fixed_optimizer(flags: ParallelFlags, ddp: DdpOptions) -> dict[str, tuple[bool, ...]]:
+    """The distributed optimizer when the command line fixes it: given, or needed by the
+    precision-aware optimizer and several optimizer instances (megatron-core's rule), or left out
+    by an optimizer other than Adam (megatron-core's distributed optimizer is Adam's)."""
+    needs = ddp.use_precision_aware_optimizer or ddp.num_distributed_optimizer_instances > 1
+    if flags.use_distributed_optimizer or needs:
+        return {"distributed_optimizer": (True,)}
+    if ddp.optimizer.optimizer != "adam":
+        return {"distributed_optimizer": (False,)}
+    return {}
 
 
 def _fixed_sizes(flags: ParallelFlags) -> dict[str, Any]:

@@ -85,7 +85,7 @@ IGNORED = (
     --query-in-block-prob --record-memory-history --refit-method --reset-attention-mask
     --reset-position-ids --result-rejected-tracker-filename
     --rotary-interleaved --rotary-seq-len-interpolation-factor --run-workload-inspector-server
-    --sample-rate --sft --sgd-momentum --sharp-enabled-group --short-seq-prob --skip-train
+    --sample-rate --sft --sharp-enabled-group --short-seq-prob --skip-train
     --split --te-rng-tracker --test-mode --titles-data-path
     --torch-fsdp2-no-reshard-after-forward --tp-comm-bootstrap-backend
     --train-samples --train-sync-interval --trust-remote-code --use-checkpoint-args

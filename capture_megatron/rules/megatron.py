@@ -49,6 +49,13 @@ def check_plan_fits_model(shape: ModelShape, plan: ParallelPlan) -> None:
     p += expert_problems(shape, plan) + context_problems(shape, plan) + mtp_problems(shape, plan)
     p += module_problems(shape, plan.recompute.selected)
     p += dtype_problems(plan.ddp, shape.dtype) + moe_overlap_problems(shape, plan)
+    p += plan.ddp.optimizer.megatron_problems(
+        shape.dtype,
+        plan.distributed_optimizer,
+        plan.ddp.overlap_grad_reduce,
+        False,
+        plan.ddp.use_precision_aware_optimizer,
+    )
     require(p, "plan for this model")
 
 
@@ -326,10 +333,11 @@ def layer_offload_stops(layers: int, num_layers: int, pp: int, recompute: str | 
 def dtype_problems(ddp: DdpOptions, dtype: str) -> list[str]:
     """What megatron-core refuses in these gradient and optimizer settings when training in
     `dtype`."""
+    p = []
     if ddp.use_precision_aware_optimizer and ddp.grad_dtype(dtype) == "fp16":
-        return [
+        p.append(
             "--use-precision-aware-optimizer with fp16 gradient buffers: megatron-core's "
             "gradient clipping takes only fp32 or bf16 gradients from it (clip_grads.py); "
             "add --accumulate-allreduce-grads-in-fp32"
-        ]
-    return []
+        )
+    return p
