@@ -30,6 +30,8 @@ from capture_megatron.config.training import (
     RunOptions,
 )
 from capture_megatron.errors import CaptureError, require
+from capture_megatron.features.fsdp import Fsdp
+from capture_megatron.features.fsdp import run_problems as fsdp_run_problems
 from capture_megatron.features.optimizers import Optimizer, muon_run_problems
 from capture_megatron.features.recompute import Recompute
 from capture_megatron.flags import megatron_lm
@@ -264,16 +266,20 @@ def read_request(
     `on_model`: called with the model as soon as it is read, before the planning options are:
     the command line prints what an HF config was read as). Refuses, with one paragraph, what
     cannot be read or is not modelled: a flag that changes memory in a way not modelled, invalid
-    training settings, what Megatron-LM asserts of Muon among the run's settings."""
+    training settings, what Megatron-LM asserts of Muon and Megatron-FSDP among the run's
+    settings."""
     for cls in TRAINING_OPTIONS:  # read but not planned with: validated all the same
         if all(hasattr(ns, f.name) for f in dataclasses.fields(cls)):
             flags.from_namespace(cls, ns)
+    ckpt_format = getattr(ns, "ckpt_format", "torch_dist")
     muon = muon_run_problems(
         flags.from_namespace(Optimizer, ns),
         bool(getattr(ns, "overlap_param_gather", False)),
-        getattr(ns, "ckpt_format", "torch_dist"),
+        ckpt_format,
     )
-    require(muon, "optimizer settings")
+    hashes = megatron_lm.given(ns).get("--check-weight-hash-across-dp-replicas-interval")
+    fsdp = fsdp_run_problems(flags.from_namespace(Fsdp, ns), ckpt_format, hashes is not None)
+    require(muon + fsdp, "optimizer settings")
     ignored = megatron_lm.check(ns) if any(megatron_lm.given(ns)) else ()
     shape, notes = resolve_shape(ns)
     if on_model is not None:

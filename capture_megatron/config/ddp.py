@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from capture_megatron.errors import require
 from capture_megatron.features.activation_offload import ActivationOffload
+from capture_megatron.features.fsdp import DEFAULT_FSDP, Fsdp
 from capture_megatron.features.optimizer_offload import offload_problems
 from capture_megatron.features.optimizers import DEFAULT_OPTIMIZER, Optimizer
 from capture_megatron.fields import flag
@@ -103,6 +104,9 @@ class DdpOptions(JsonMixin):
     optimizer: Optimizer = field(default=DEFAULT_OPTIMIZER, metadata={OMIT_DEFAULT: True})
     """The optimizer (its own flags: --optimizer, --sgd-momentum, --muon-*;
     capture_megatron.features.optimizers): Adam unless given."""
+    fsdp: Fsdp = field(default=DEFAULT_FSDP, metadata={OMIT_DEFAULT: True})
+    """Megatron-FSDP (its own flags: --use-megatron-fsdp, --data-parallel-sharding-strategy, ...;
+    capture_megatron.features.fsdp): off unless given."""
 
     def __post_init__(self) -> None:
         require(self._problems(), "gradient and optimizer-state settings")

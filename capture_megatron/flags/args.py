@@ -92,6 +92,14 @@ def train_config(ns: argparse.Namespace, world_size: int, vocab_size: int | None
             "Megatron-LM runs it with the plan's flags"
         )
     ddp = ddp_options(ns)
+    if ddp.fsdp.enabled:
+        raise CaptureError(
+            "--use-megatron-fsdp: capture-megatron's trainer wraps the model in megatron-core's "
+            "DDP only (Megatron-FSDP needs CUDA streams, NCCL and DTensor device meshes on CUDA, "
+            "which its CPU ranks cannot give); `plan` and `predict` forecast it with the GPU "
+            "kernel set (capture_megatron.features.fsdp), and Megatron-LM runs it with the "
+            "plan's flags"
+        )
     checkpoints = bool(getattr(ns, "save", "") or getattr(ns, "load", ""))
     if ddp.optimizer.muon or (ddp.optimizer.optimizer == "sgd" and checkpoints):
         what = "SGD with --save / --load" if checkpoints else "Muon"

@@ -153,6 +153,7 @@ def check(ns: argparse.Namespace) -> tuple[str, ...]:
         invalid += [f"--fine-grained-activation-offloading ({stop[1]})"] if stop else []
     else:  # read only with it (every megatron-core call site tests it first)
         ignored += _read_only_with_offloading(ns)
+    ignored += _read_only_with_fsdp(ns)
     for name, value in given(ns).items():
         arg = table[name]
         if arg.kind == "storefalse":  # given means set to False, i.e. off the default
@@ -185,6 +186,28 @@ def _read_only_with_offloading(ns: argparse.Namespace) -> list[str]:
     out = ["--offload-modules"] if getattr(ns, "offload_modules", None) else []
     size = getattr(ns, "min_offloaded_tensor_size", 1024 * 1024)
     return out + (["--min-offloaded-tensor-size"] if size != 1024 * 1024 else [])
+
+
+FSDP_KNOBS = {
+    "data_parallel_sharding_strategy": "no_shard",
+    "outer_dp_sharding_strategy": "no_shard",
+    "fsdp_double_buffer": False,
+    "suggested_communication_unit_size": None,
+    "nccl_ub": False,
+}
+"""Megatron-FSDP's settings (capture_megatron.features.fsdp.Fsdp) and their defaults: without
+--use-megatron-fsdp megatron-core's DDP reads none of them but --use-nccl-ub, which gives its
+buffers the same bytes from an NCCL-registered pool."""
+
+
+def _read_only_with_fsdp(ns: argparse.Namespace) -> list[str]:
+    """Megatron-FSDP's settings given without --use-megatron-fsdp: they change nothing, so they
+    are listed as ignored."""
+    if getattr(ns, "use_megatron_fsdp", False):
+        return []
+    given = [k for k, v in FSDP_KNOBS.items() if getattr(ns, k, v) != v]
+    names = {"nccl_ub": "use_nccl_ub"}
+    return ["--" + names.get(k, k).replace("_", "-") for k in given]
 
 
 def _refusal(refused: list[str], invalid: list[str]) -> str:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from capture_megatron.config import DdpOptions, ModelShape, ParallelPlan
 from capture_megatron.config.kernels import FOREACH_ADAM_BYTES
 from capture_megatron.fit import KindConstants, ShapeConstants, Sizes
-from capture_megatron.forecast import mixed, offload, optimizers, retained
+from capture_megatron.forecast import fsdp, mixed, offload, optimizers, retained
 from capture_megatron.forecast.layers import Layers, sizes_for
 from capture_megatron.forecast.static import LayerRun, layer_static, layout_of
 
@@ -225,14 +225,18 @@ def chunk_cost(
         pre, runs, post, shape.dtype, dp, plan.distributed_optimizer, shared, expert, plan.ddp,
         bucket, fp8,
     )  # fmt: skip
-    alone, gathered, opt = 0.0, (0.0, 0.0), plan.ddp.optimizer
+    alone, gathered, parts = 0.0, (0.0, 0.0), (pre, runs, post, expert)
     foreach = 0.0
-    if opt.optimizer != "adam":  # SGD, Muon: capture_megatron.forecast.optimizers
-        rows = shape.padded_vocab(plan.tp) // plan.tp * shape.hidden_size
-        params = optimizers.chunk_params(pre, runs, post, expert, rows)
+    state = _routing_state(layers, z, kinds[-1], moe, shape.mtp_num_layers) if kinds else 0.0
+    if plan.ddp.fsdp.enabled:  # Megatron-FSDP (Adam): capture_megatron.forecast.fsdp
+        passes = fsdp.Passes(fwd, bwd, saved)
+        f = fsdp.chunk_state(plan.ddp, shape.dtype, parts, dp, kind, bucket, passes)
+        st, fwd, bwd, state = f.static, f.forward, f.backward, state + f.buffers
+    elif plan.ddp.optimizer.optimizer != "adam":  # SGD, Muon: capture_megatron.forecast.optimizers
+        rows = (shape.dtype, plan.tp, shape.padded_vocab(plan.tp) // plan.tp * shape.hidden_size)
         temp = ADAM_TEMP if layers.torch_adam else 0
-        st, step, gathered = optimizers.chunk_optimizer(
-            opt, st, step, params, shape.dtype, dp, plan.tp, temp
+        st, step, gathered = optimizers.chunk_state(
+            plan.ddp.optimizer, st, step, parts, rows, dp, temp
         )
     elif plan.ddp.use_precision_aware_optimizer:
         step, alone = _fused_adam_step(plan.ddp, st.largest, layers.torch_adam)
@@ -241,7 +245,6 @@ def chunk_cost(
     elif layers.foreach_adam and not plan.ddp.optimizer_cpu_offload:
         # one optimizer steps every chunk of the rank together: a temporary per updated element
         foreach = FOREACH_ADAM_BYTES * st.owned
-    state = _routing_state(layers, z, kinds[-1], moe, shape.mtp_num_layers) if kinds else 0.0
     state += sum(moe.count(m) * float(c.lbuf1 or 0.0) for m, c in zip(sorted(set(moe)), kinds))
     return ChunkCost(
         kind, k, inp + saved, inp, fwd, bwd, step, st.params + round(fp8_state), st.grads,

@@ -148,3 +148,19 @@ def chunk_optimizer(
     ob = non_adam_bytes(opt, st, params, dtype, dp, tp, torch_kernels=adam_temp > 0)
     temp = max(ob.step, adam_temp * ob.adam_largest)  # one optimizer of the chain at a time
     return ob.static, max(step + temp, 0.0), ob.gathered
+
+
+def chunk_state(
+    opt: Optimizer,
+    st: StaticBytes,
+    step: float,
+    parts: tuple[tuple[int, ...], tuple[LayerRun, ...], tuple[int, ...], tuple[bool, ...]],
+    shape: tuple[str, int, int],
+    dp: tuple[int, int],
+    adam_temp: int,
+) -> tuple[StaticBytes, float, tuple[float, float]]:
+    """chunk_optimizer of a chunk given as (pre, runs, post, which of post are routed experts')
+    for a model `shape` = (dtype, TP size, elements of the word embedding on a TP rank)."""
+    dtype, tp, embedding = shape
+    params = chunk_params(*parts, embedding)
+    return chunk_optimizer(opt, st, step, params, dtype, dp, tp, adam_temp)

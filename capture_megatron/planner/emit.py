@@ -48,7 +48,7 @@ def plan_args(plan: ParallelPlan) -> list[str]:
     from the fields' flags: `parallel_flags`), then its gradient-buffer, offload and optimizer
     options."""
     offload = to_flags(plan.ddp.activation_offload)  # fine-grained activation offloading
-    ddp = to_flags(plan.ddp) + offload + to_flags(plan.ddp.optimizer)
+    ddp = to_flags(plan.ddp) + offload + to_flags(plan.ddp.optimizer) + to_flags(plan.ddp.fsdp)
     return to_flags(parallel_flags(plan)) + ddp
 
 

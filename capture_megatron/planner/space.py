@@ -147,11 +147,12 @@ def space_from(
 def _fixed_optimizer(flags: ParallelFlags, ddp: DdpOptions) -> dict[str, tuple[bool, ...]]:
     """The distributed optimizer when the command line fixes it: given, or needed by the
     precision-aware optimizer and several optimizer instances (megatron-core's rule), or left out
-    by an optimizer other than Adam (megatron-core's distributed optimizer is Adam's)."""
+    by an optimizer other than Adam (megatron-core's distributed optimizer is Adam's) and under
+    Megatron-FSDP (which shards as its strategy says, whichever optimizer wraps it)."""
     needs = ddp.use_precision_aware_optimizer or ddp.num_distributed_optimizer_instances > 1
     if flags.use_distributed_optimizer or needs:
         return {"distributed_optimizer": (True,)}
-    if ddp.optimizer.optimizer != "adam":
+    if ddp.optimizer.optimizer != "adam" or ddp.fsdp.enabled:  # Megatron-FSDP shards by itself
         return {"distributed_optimizer": (False,)}
     return {}
 

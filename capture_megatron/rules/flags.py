@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from capture_megatron.rules import megatron as offload_rules
-from capture_megatron.rules.flags_0_19 import FSDP_ONLY_0_19, IGNORED_0_19, UNMODELLED_0_19
+from capture_megatron.rules.flags_0_19 import IGNORED_0_19, UNMODELLED_0_19
 
 IGNORED_PREFIXES = tuple(
     """
@@ -107,7 +107,8 @@ IGNORED = (
 --fp8-amax-compute-algo (max or most recent over the same amax history), --fp8-margin and
 --fp8-interval (values of the scale, not tensors), --no-fp8-wgrad (Megatron passes it as the
 recipe's override_linear_precision, which Transformer Engine 5671fd36's modules never read),
---keep-fp8-transpose-cache (Megatron FSDP only, which is refused)."""
+--keep-fp8-transpose-cache (only FP8 parameters under Megatron-FSDP have a transpose cache to
+keep, and --fp8-param-gather with --use-megatron-fsdp is refused)."""
 
 _IGNORED_BECAUSE = {
     (
@@ -133,25 +134,23 @@ _IGNORED_BECAUSE = {
         "(hybrid_ep.cu allocate_buffer, executor.cu)"
     ): "--moe-hybridep-num-sms",
     (
-        "only registers the gradient buffers of --use-nccl-ub (refused) with NCCL "
-        "(param_and_grad_buffer.py); on its own it changes nothing"
+        "only chooses how --use-nccl-ub registers its buffers with NCCL (symmetric windows or "
+        "not; param_and_grad_buffer.py): the same buffers, the same bytes"
     ): "--disable-symmetric-registration",
+    (
+        "Megatron-FSDP's gradient scaling fused into the reduce as a ReduceOp, or done in "
+        "place (`mul_`) without it: no tensor either way (gradient_reduce_preprocessing)"
+    ): "--no-gradient-reduce-div-fusion",
+    (
+        "nothing in Megatron-LM core_v0.16.1 or megatron-core 0.16.1 reads it (hybrid sharding "
+        "across optimizer instances is --outer-dp-sharding-strategy)"
+    ): "--enable-full-sharding-in-hsdp",
+    (
+        "read only by torch FSDP2 (--use-torch-fsdp2, refused); Megatron-LM's DDP and "
+        "Megatron-FSDP never read it"
+    ): "--torch-fsdp2-no-reshard-after-forward",
 }
-_FSDP_ONLY = """
-    --data-parallel-sharding-strategy --enable-full-sharding-in-hsdp --fsdp-double-buffer
-    --no-gradient-reduce-div-fusion --outer-dp-sharding-strategy
-    --suggested-communication-unit-size --torch-fsdp2-no-reshard-after-forward
-"""
-"""Read only by Megatron-FSDP / torch FSDP2 (megatron/core/distributed/fsdp, --use-megatron-fsdp /
---use-torch-fsdp2, refused); without them Megatron-LM's DDP never reads them."""
 IGNORED_REASONS: dict[str, str] = {flag: why for why, flag in _IGNORED_BECAUSE.items()}
-IGNORED_REASONS.update(
-    dict.fromkeys(
-        _FSDP_ONLY.split() + FSDP_ONLY_0_19.split(),
-        "read only by Megatron-FSDP / torch FSDP2 (--use-megatron-fsdp / --use-torch-fsdp2, "
-        "refused); Megatron-LM's DDP never reads it",
-    )
-)
 """Ignored flags whose reason is more than their kind (docs/MEGATRON_FLAGS.md lists it)."""
 
 RULES = {
@@ -217,7 +216,11 @@ def conditional_verdict(flag: str, value: Any, line: LineContext) -> tuple[str, 
 
 _MOE = "this mixture-of-experts option is not modelled yet"
 _FP8 = "this low-precision (fp8 / fp4) option is not modelled yet"
-_FSDP = "fully sharded data parallelism is not modelled yet"
+_FSDP2 = (
+    "PyTorch's FSDP2 (fully_shard per transformer layer, with megatron-core's non-distributed "
+    "mixed-precision optimizer over its DTensor shards) is not modelled; Megatron-FSDP "
+    "(--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params) is"
+)
 _OFFLOAD = (
     "layer-level CPU offloading (megatron-core's cpu_offload context over the first "
     "--cpu-offloading-num-layers layers' activations and weights) is not modelled yet"
@@ -244,8 +247,8 @@ _REASONS = {
         --fp8-quantizer-factory --kitchen-attention-backend --reuse-grad-buf-for-mxfp8-param-ag
         --te-precision-config-file --use-kitchen-attention
     """,
-    _FSDP: """
-        --fsdp-manual-registration --use-megatron-fsdp --use-torch-fsdp2
+    _FSDP2: """
+        --use-torch-fsdp2
     """,
     _OFFLOAD: """
         --cpu-offloading-num-layers
@@ -256,9 +259,6 @@ _REASONS = {
     """,
     "a standalone multi-token-prediction stage is not modelled yet": """
         --mtp-standalone
-    """,
-    "NCCL user buffers are not modelled yet": """
-        --use-nccl-ub
     """,
     _ARCH: """
         --activation-func-clamp-value --attention-output-gate --decoder-num-layers

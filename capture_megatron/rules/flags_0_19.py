@@ -38,13 +38,6 @@ profiling, flight recorder and fault injection, checkpoint checks, evaluation, t
 inference settings, YaRN's frequency constants (scalars of the rotary table), and the host
 buffers of layer-level CPU offloading (refused itself)."""
 
-FSDP_ONLY_0_19 = """
-    --megatron-fsdp-main-params-dtype --megatron-fsdp-main-grads-dtype
-    --megatron-fsdp-grad-comm-dtype --megatron-fsdp-enable-fine-grained-param-gather
-    --megatron-fsdp-max-pool-double-buffer --fsdp-db-use-persist-buf-on-alloc-fail
-"""
-"""New flags read only by Megatron-FSDP (--use-megatron-fsdp, refused)."""
-
 _ARCH = "this architecture change is not modelled yet"
 _KERNEL = "this kernel choice keeps different tensors, not modelled yet"
 _OFFLOAD = "this activation-offloading setting (megatron-core 0.19) is not modelled yet"
@@ -81,6 +74,11 @@ _REASONS_0_19 = {
     _OFFLOAD: """
         --delay-offload-until-cuda-graph --delta-offload-bytes-across-pp-ranks
         --activation-offload-fraction --fine-grained-offloading-max-inflight-offloads
+    """,
+    "Megatron-FSDP's main-parameter, gradient and buffer options (0.19) are not modelled yet": """
+        --megatron-fsdp-main-params-dtype --megatron-fsdp-main-grads-dtype
+        --megatron-fsdp-grad-comm-dtype --megatron-fsdp-enable-fine-grained-param-gather
+        --megatron-fsdp-max-pool-double-buffer --fsdp-db-use-persist-buf-on-alloc-fail
     """,
     "CUDA graphs keep their own static buffers, not modelled yet": """
         --optimizer-cuda-graph --cuda-graph-modules

@@ -49,14 +49,26 @@ def check_plan_fits_model(shape: ModelShape, plan: ParallelPlan) -> None:
     p += expert_problems(shape, plan) + context_problems(shape, plan) + mtp_problems(shape, plan)
     p += module_problems(shape, plan.recompute.selected)
     p += dtype_problems(plan.ddp, shape.dtype) + moe_overlap_problems(shape, plan)
-    p += plan.ddp.optimizer.megatron_problems(
+    p += optimizer_problems(shape, plan)
+    require(p, "plan for this model")
+
+
+def optimizer_problems(shape: ModelShape, plan: ParallelPlan) -> list[str]:
+    """What megatron-core and Megatron-LM refuse of the plan's optimizer and Megatron-FSDP
+    (features.optimizers, features.fsdp) with its other settings."""
+    ddp = plan.ddp
+    p = ddp.optimizer.megatron_problems(
         shape.dtype,
         plan.distributed_optimizer,
-        plan.ddp.overlap_grad_reduce,
-        False,
-        plan.ddp.use_precision_aware_optimizer,
+        ddp.overlap_grad_reduce,
+        ddp.fsdp.enabled,
+        ddp.use_precision_aware_optimizer,
     )
-    require(p, "plan for this model")
+    instances = ddp.num_distributed_optimizer_instances
+    fsdp = ddp.fsdp.megatron_problems(
+        False, ddp.use_precision_aware_optimizer, ddp.optimizer_cpu_offload, instances, plan.ep > 1
+    )
+    return p + fsdp
 
 
 def expert_problems(shape: ModelShape, plan: ParallelPlan) -> list[str]:

@@ -64,6 +64,7 @@ def check_request(
     the planner checks), and --optimizer-cpu-offload with FP8 parameters as Megatron-LM does.
     `cps`: the context-parallel sizes searched (or given); `fixed`: the plan, when given."""
     offload = fp8_offload_problem(ddp, kernels.fp8_param_gather, kernels.fp8_recipe)
+    offload = offload or fsdp_problem(ddp, kernel_set, kernels.fp8_param_gather)
     if offload:
         raise CaptureError(offload + ".")
     if not kernel_set:
@@ -351,6 +352,7 @@ def ddp_kernel_problem(ddp: DdpOptions, kernel_set: str, accumulation_fusion: bo
     the output layer's weight gradient needs gradient-accumulation fusion (megatron-core's
     ModelParallelConfig), a CUDA extension (apex / TE) the CPU kernel set does not have."""
     offload = activation_offload_problem(ddp.activation_offload, kernel_set)
+    offload = offload or fsdp_problem(ddp, kernel_set, False)
     if offload:
         return offload
     if ddp.overlap_moe_expert_parallel_comm and kernel_set == "cpu":
@@ -374,3 +376,19 @@ def ddp_kernel_problem(ddp: DdpOptions, kernel_set: str, accumulation_fusion: bo
             "refuses it with --no-gradient-accumulation-fusion)"
         )
     return ""
+
+
+def fsdp_problem(ddp: DdpOptions, kernel_set: str, fp8_param_gather: bool) -> str:
+    """Why Megatron-FSDP is not modelled with these settings on `kernel_set` ('' when it is, or
+    when it is off): it runs on CUDA only (its buffers, streams and NCCL device meshes), so the
+    CPU kernel set does not describe it; FP8 parameters under it are not modelled."""
+    if not ddp.fsdp.enabled:
+        return ""
+    if kernel_set == "cpu":
+        return (
+            "--use-megatron-fsdp: Megatron-FSDP runs on CUDA only (its buffers, CUDA streams and "
+            "NCCL device meshes), which the CPU kernel set does not describe; predict it with the "
+            "GPU kernel set (--device fake-cuda, the default without a GPU, or --device cuda)"
+        )
+    problems = ddp.fsdp.megatron_problems(fp8_param_gather, False, False, 1, False)
+    return "; ".join(problems)
