@@ -55,8 +55,9 @@ class ChunkCost:
     routing_state: float = 0.0
     """Bytes the chunk's layers keep for good beyond parameters: the MoE token dispatchers' last
     routing (probabilities and map, permutation indices; alive from the first forward on) and
-    the layers' registered module buffers (MLA's YaRN cos/sin tables); counted with the rank's
-    other static bytes (0 for standard dense layers)."""
+    the layers' registered module buffers (MLA's YaRN cos/sin tables), Megatron-FSDP's double
+    buffers and gathered non-layer weights (FsdpChunk.buffers); counted with the rank's other
+    static bytes (0 for standard dense layers)."""
     step_copies: float = 0.0
     """Of the optimizer step, what it allocates for this chunk's parameters that every chunk's
     adds to (StaticBytes.copies: fp32 copies of 16-bit gradients or of low-precision optimizer

@@ -78,11 +78,14 @@ class FsdpChunk:
     static: StaticBytes
     """Model weights, gradients, main weights and optimizer state, gradient copies at the step."""
     buffers: float
-    """The double buffers (two layers' weights and gradients; 0 without --fsdp-double-buffer)."""
+    """What the rank keeps through every forward and backward: the double buffers (two layers'
+    weights and gradients, for good) and the non-unit weights gathered whole (from their first
+    forward to the step; counted with the static bytes, so also at the step, which they leave
+    just before it)."""
     forward: float
-    """The forward's peak above the live bytes before it, gathered weights included."""
+    """The forward's peak above the live bytes before it, the layers gathered included."""
     backward: float
-    """The backward's peak above the live bytes before it, gathered weights and the gradient
+    """The backward's peak above the live bytes before it, the layers gathered and the gradient
     buckets not yet freed included."""
 
 
@@ -119,14 +122,13 @@ def fsdp_chunk(
     units = [d + e for d, e in layout.units]
     double = _double_buffered(layout) if fsdp.double_buffer else None
     buffers = 2.0 * (pbytes + gbytes) * units[double] if double is not None else 0.0
-    ends = sum(layout.ends)
-    gathered = float(ends * pbytes) if fsdp.units else 0.0
+    gathered = float(sum(layout.ends) * pbytes) if fsdp.units else 0.0  # kept until the step
     average = sum(units) // max(len(units), 1)
     unit = fsdp.communication_unit(average, bucket_size)
     windows = _windows(fsdp, layout, double, unit // 2)
     held = _gradients(fsdp, layout, double, kind, unit)
-    forward, backward = _walk(passes, windows, held, pbytes, gbytes, gathered)
-    return FsdpChunk(static, buffers, forward, backward)
+    forward, backward = _walk(passes, windows, held, pbytes, gbytes)
+    return FsdpChunk(static, buffers + gathered, forward, backward)
 
 
 def _double_buffered(layout: Layout) -> int | None:
@@ -195,19 +197,18 @@ def _walk(
     held: list[int],
     pbytes: int,
     gbytes: int,
-    gathered: float,
 ) -> tuple[float, float]:
     """(forward, backward) peaks: at each layer j of k, the pass's profiled peak less the saved
-    activations of the k - 1 - j layers after it, plus the layers gathered, the non-unit
-    weights (`gathered` bytes) and, in the backward, the gradient buckets alive."""
-    forward, backward = passes.forward + gathered, passes.backward + gathered
+    activations of the k - 1 - j layers after j (not yet run in the forward, already done and
+    freed in the backward), plus the layers gathered and, in the backward, the gradient buckets
+    alive."""
     k = len(held)
     if not k:
-        return forward, backward
+        return passes.forward, passes.backward
     per = passes.saved / k
-    fwd = [passes.forward - per * (k - 1 - j) + gathered + pbytes * windows[0][j] for j in range(k)]
+    fwd = [passes.forward - per * (k - 1 - j) + pbytes * windows[0][j] for j in range(k)]
     bwd = [
-        passes.backward - per * (k - 1 - j) + gathered + pbytes * windows[1][j] + gbytes * held[j]
+        passes.backward - per * (k - 1 - j) + pbytes * windows[1][j] + gbytes * held[j]
         for j in range(k)
     ]
     return max(fwd), max(bwd)

@@ -71,12 +71,12 @@ def test_the_layers_gathered_follow_the_prefetch_window():
     one; with double buffers the layers sit in two persistent buffers instead."""
     wide = _walk("optim_grads_params")
     narrow = _walk("optim_grads_params", suggested_communication_unit_size=2 * LAYER)
-    ends = 2 * 1_000_000  # the embedding and output layer, gathered through both passes
-    assert wide.forward == ends + 2 * 16 * LAYER
-    assert narrow.forward == ends + 2 * 2 * LAYER
+    ends = 2 * 1_000_000  # the embedding and output layer, gathered from the first forward on
+    assert wide.forward == 2 * 16 * LAYER and wide.buffers == ends
+    assert narrow.forward == 2 * 2 * LAYER
     double = _walk("optim_grads_params", fsdp_double_buffer=True)
-    assert double.buffers == 2 * (2 + 4) * LAYER and double.forward == ends
-    assert _walk("optim_grads").forward == 0  # no units: the weights stay whole
+    assert double.buffers == 2 * (2 + 4) * LAYER + ends and double.forward == 0
+    assert _walk("optim_grads").forward == _walk("optim_grads").buffers == 0  # weights whole
 
 
 def test_gradient_buckets_wait_for_the_reduce_scatter_queue():
@@ -85,11 +85,11 @@ def test_gradient_buckets_wait_for_the_reduce_scatter_queue():
     the last stage's output layer first in the queue."""
     ends, grads = 1_000_000, 4 * 16 * LAYER
     wide = _walk("optim_grads_params", "first", suggested_communication_unit_size=10**12)
-    assert wide.backward == 2 * ends + 4 * ends + grads + 2 * LAYER  # + the first layer gathered
+    assert wide.backward == 4 * ends + grads + 2 * LAYER  # + the first layer gathered
     # a queue of 3 layers: 4 finished layers at most (it is emptied down to 3 before the next
     # one joins) and the one running; 1.5 layers prefetched: the running one and two more
     tight = _walk("optim_grads_params", "first", suggested_communication_unit_size=3 * LAYER)
-    assert tight.backward == 4 * (ends + 5 * LAYER) + 2 * ends + 2 * 3 * LAYER
+    assert tight.backward == 4 * (ends + 5 * LAYER) + 2 * 3 * LAYER
 
 
 def test_sharded_gradients_are_held_whole_until_the_backward_ends():
