@@ -196,7 +196,8 @@ def run(item: Item, forecast: bool, device: str = "") -> dict[str, Any]:
 def run_once(item: Item, forecast: bool, device: str = "") -> dict[str, Any]:
     """Run one input in-process, as written: {'outcome': accepted / passed-dry / refused /
     traceback, ...}."""
-    from capture_megatron.api import forecast, read_request
+    from capture_megatron.api import forecast as run_forecast  # not `forecast`, the parameter
+    from capture_megatron.api import read_request
     from capture_megatron.api.args import plan_parser, predict_parser
     from capture_megatron.api.request import cluster_of
     from capture_megatron.errors import CaptureError
@@ -216,7 +217,7 @@ def run_once(item: Item, forecast: bool, device: str = "") -> dict[str, Any]:
             ns = flags.parse_flags((predict_parser if predict else plan_parser)(), argv)
             cluster = cluster_of(ns, need_memory=not predict)
             memory = None if forecast else _dry_source
-            result = forecast(read_request(ns, cluster, predict), memory)
+            result = run_forecast(read_request(ns, cluster, predict), memory)
     except Dry:
         return {**row, "outcome": "passed-dry"}
     except CaptureError as err:

@@ -10,7 +10,7 @@ import os
 import platform
 
 from report_gpu import gpu_sections
-from report_inputs import hf_planned_section, inputs_section
+from report_inputs import hf_planned_section, inputs_section, published_fit_section
 from report_launch import rank_start_section
 from report_moe import moe_sections
 from report_offload import offload_sections
@@ -331,6 +331,7 @@ def main() -> None:
         )
     text += versions_section(ROOT)
     text += inputs_section(ROOT)
+    text += published_fit_section(ROOT)
     text += hf_planned_section(ROOT)
     text += moe_sections(ROOT)
     text += step_time_sections(ROOT)
