@@ -25,6 +25,7 @@ import os
 import re
 import statistics
 import sys
+from importlib.metadata import version
 from typing import Any
 
 from tqdm import tqdm
@@ -36,9 +37,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CORPUS = os.path.join(ROOT, "tests", "data", "megatron_lm_functional_tests.json")
 
 
-def cases(models: tuple[str, ...]) -> list[dict[str, Any]]:
+def cases(models: tuple[str, ...], corpus: str = CORPUS) -> list[dict[str, Any]]:
     """The corpus's cases of these model families."""
-    with open(CORPUS) as f:
+    with open(corpus) as f:
         return [c for c in json.load(f)["cases"] if c["model"] in models]
 
 
@@ -145,6 +146,12 @@ def main() -> None:
     ap.add_argument("--merge", action="store_true", help="keep --out's other cases")
     ap.add_argument("--cases", default="", help="comma-separated case names: only these")
     ap.add_argument(
+        "--corpus",
+        default=CORPUS,
+        help="the cases (default core_v0.16.1's; megatron_lm_functional_tests-0.19.json: "
+        "core_v0.19.0's, forecast on megatron-core 0.19.x)",
+    )
+    ap.add_argument(
         "--sets",
         default="development,held_out",
         help="comma-separated: development, held_out (the 'resume' cases: run once, at the end)",
@@ -153,7 +160,7 @@ def main() -> None:
     sets = set(ns.sets.split(","))
     chosen = [
         c
-        for c in cases(tuple(ns.models.split(",")))
+        for c in cases(tuple(ns.models.split(",")), ns.corpus)
         if ("held_out" if "resume" in c["name"] else "development") in sets
     ]
     if ns.cases:
@@ -161,7 +168,15 @@ def main() -> None:
     rows = [predict_case(c, ns.device) for c in tqdm(chosen)]
     if ns.merge:
         rows = merged(ns.out, ns.device or "default", rows)
-    result = {"device": ns.device or "default", "summary": summary(rows), "cases": rows}
+    with open(ns.corpus) as f:
+        source = json.load(f)["source"]
+    result = {
+        "device": ns.device or "default",
+        "source": source,
+        "megatron_core": version("megatron-core"),
+        "summary": summary(rows),
+        "cases": rows,
+    }
     with open(ns.out, "w") as f:
         json.dump(result, f, indent=1)
     for r in rows:

@@ -1,10 +1,12 @@
 """Train single-GPU plans on a real GPU and record what they measured (issues 26, 28, 30, 31).
 
-Runs where a CUDA device is (the lent H100 of this project's device tool); `bench/report_gpu.py`
-then sets the forecasts made without a GPU beside it. Every run is Megatron's local spec
-(`--transformer-impl local`): Transformer Engine is not installed on that machine and could not be
-carried to it (its wheel is 276 MB against the tool's 64 MiB, and its torch extension builds from
-source). Each run is `capture-megatron train --nproc 1` under torchrun with NCCL, its
+Runs where a CUDA device is (the lent H100 of this project's device tool). Back on a machine without
+a GPU, `bench/gpu_forecast.py` forecasts the same runs there (the GPU kernel set on fake CUDA
+tensors: what a user without the GPU gets) and `bench/report_gpu.py` sets the measured peak, the
+forecast profiled on the GPU and the forecast made without it side by side. Every run is Megatron's
+local spec (`--transformer-impl local`): Transformer Engine is not installed on that machine and
+could not be carried to it (its wheel is 276 MB against the tool's 64 MiB, and its torch extension
+builds from source). Each run is `capture-megatron train --nproc 1` under torchrun with NCCL, its
 --memory-report giving max_memory_allocated over the training iterations and every step's time; then
 `predict --device cuda` (profiled on the same GPU) forecasts the same flags.
 
@@ -158,6 +160,11 @@ def _environment() -> dict:
     import torch
 
     env = {"python": platform.python_version(), "torch": torch.__version__}
+    # megatron-core's optimizer is TE's or apex's FusedAdam when either imports, else torch's
+    # AdamW (bench/gpu_forecast.py forecasts with --adam-impl torch then)
+    from capture_megatron.megatron.extensions import FUSED_ADAM, found_module
+
+    env["fused_adam"] = any(found_module(m) for m in FUSED_ADAM)
     if torch.cuda.is_available():
         p = torch.cuda.get_device_properties(0)
         env.update(gpu=p.name, gpu_memory_bytes=p.total_memory)

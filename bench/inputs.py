@@ -7,7 +7,9 @@ The input sets (tests/data, sources in each folder's README):
 - `megatron_bridge`: Megatron-Bridge v0.3.1's H100 pretraining performance recipes;
 - `hf_configs`: published Hugging Face config.json files (`plan --hf-config`);
 - `functional_tests`: Megatron-LM's functional tests (tests/data/megatron_lm_functional_tests.json;
-  those with a world size; `predict` only: bench/conformance.py forecasts them).
+  those with a world size; `predict` only: bench/conformance.py forecasts them), each value as
+  Megatron-LM's launcher hands it to the training script (conformance.launched: its YAML's shell
+  escapes removed, as xargs and eval remove them).
 Every launch line runs through `predict` and through `plan` (GPUs of 80 GiB; the sizes it gives
 are fixed, the rest searched).
 Each command line runs in-process exactly as the console script runs it, in two stages:
@@ -17,8 +19,11 @@ Each command line runs in-process exactly as the console script runs it, in two 
 2. `forecast` (--forecast): the whole forecast, profiling on the spot (cached) for --device.
 An input is accepted when it passes (a forecast, or with --forecast off, the dry stage); refused
 when a CaptureError stops it (its first sentence is the reason); a traceback is any other
-exception. A line whose tokenizer cannot be read here gets its model's --vocab-size (the only
-flag ever added; `vocab_added` says where), as a user without the tokenizer file would.
+exception. A line refused because Megatron-LM itself would stop at it, with the change the refusal
+names first (FIXES: --tp-comm-overlap at TP 1), runs again with that change: `fixed_outcome` is
+the outcome then, and the summary counts both (`accepted_with_fix`). A line whose tokenizer cannot
+be read here gets its model's --vocab-size (the only flag ever added; `vocab_added` says where), as
+a user without the tokenizer file would.
 
     python bench/inputs.py [--forecast] [--sets megatron_lm_examples,...] [--device fake]
                            [--merge] [--out bench/results/inputs.json]
@@ -28,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import io
 import json
 import os
@@ -37,6 +43,8 @@ import traceback
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
+
+from capture_megatron.rules.modelled import TP_OVERLAP_FIX
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(ROOT, "tests", "data")
@@ -75,6 +83,9 @@ UNREADABLE = (
 have."""
 HF_GPUS = 64
 """GPUs `plan --hf-config` plans each published config for (80 GiB each)."""
+FIXES = {TP_OVERLAP_FIX: "--tp-comm-overlap"}
+"""Changes a refusal names for a line Megatron-LM itself would stop at -> the flag (a switch) that
+change leaves out."""
 
 
 @dataclass(frozen=True)
@@ -135,6 +146,9 @@ def _line(set_: str, name: str, argv: list[str], gpus: int, plan: bool = True) -
 
 def corpus(sets: tuple[str, ...] = SETS) -> list[Item]:
     """Every input of these sets."""
+    sys.path.insert(0, os.path.join(ROOT, "bench"))  # this file may be loaded by its path
+    from conformance import launched
+
     items: list[Item] = []
     for set_ in sets:
         if set_ == "functional_tests":
@@ -144,7 +158,7 @@ def corpus(sets: tuple[str, ...] = SETS) -> list[Item]:
                 if c["world_size"]:
                     cublas = c["env_vars"].get("CUBLAS_WORKSPACE_CONFIG")
                     extra = ["--cublas-workspace-config", cublas] if cublas else []
-                    argv = [*c["argv"], *extra]
+                    argv = [*map(launched, c["argv"]), *extra]
                     items += _line(set_, c["name"], argv, c["world_size"], plan=False)
             continue
         folder = os.path.join(DATA, set_)
@@ -168,8 +182,21 @@ def _dry_source(needs: Any) -> Any:
 
 
 def run(item: Item, forecast: bool, device: str = "") -> dict[str, Any]:
-    """Run one input in-process: {'outcome': accepted / passed-dry / refused / traceback, ...}."""
-    from capture_megatron.api import forecast as forecast_request
+    """Run one input in-process: {'outcome': accepted / passed-dry / refused / traceback, ...};
+    a refusal naming one of FIXES also runs the line with that change (`fixed_outcome`)."""
+    row = run_once(item, forecast, device)
+    fix = next((f for f in FIXES if f in row.get("reason", "")), None)
+    if row["outcome"] != "refused" or fix is None:
+        return row
+    argv = tuple(a for a in item.argv if a != FIXES[fix])
+    again = run_once(dataclasses.replace(item, argv=argv), forecast, device)
+    return {**row, "fix": fix, "fixed_outcome": again["outcome"], "fixed": again}
+
+
+def run_once(item: Item, forecast: bool, device: str = "") -> dict[str, Any]:
+    """Run one input in-process, as written: {'outcome': accepted / passed-dry / refused /
+    traceback, ...}."""
+    from capture_megatron.api import forecast as run_forecast  # not `forecast`, the parameter
     from capture_megatron.api import read_request
     from capture_megatron.api.args import plan_parser, predict_parser
     from capture_megatron.api.request import cluster_of
@@ -190,7 +217,7 @@ def run(item: Item, forecast: bool, device: str = "") -> dict[str, Any]:
             ns = flags.parse_flags((predict_parser if predict else plan_parser)(), argv)
             cluster = cluster_of(ns, need_memory=not predict)
             memory = None if forecast else _dry_source
-            result = forecast_request(read_request(ns, cluster, predict), memory)
+            result = run_forecast(read_request(ns, cluster, predict), memory)
     except Dry:
         return {**row, "outcome": "passed-dry"}
     except CaptureError as err:
@@ -231,9 +258,12 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     reasons = Counter(
         key for r in rows if r["outcome"] == "refused" for key in reason_keys(r["reason"])
     )
+    passing = ("accepted", "passed-dry")
+    fixed = sum(1 for r in rows if r["outcome"] in passing or r.get("fixed_outcome") in passing)
     return {
         "inputs": len(rows),
         "outcomes": dict(outcomes),
+        "accepted_with_fix": fixed,
         "vocab_added": sum(r["vocab_added"] for r in rows),
         "refusal_causes": dict(reasons.most_common()),
     }

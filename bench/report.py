@@ -10,12 +10,13 @@ import os
 import platform
 
 from report_gpu import gpu_sections
-from report_inputs import hf_planned_section, inputs_section
+from report_inputs import hf_planned_section, inputs_section, published_fit_section
 from report_launch import rank_start_section
 from report_moe import moe_sections
 from report_offload import offload_sections
 from report_planner import planner_sections
 from report_step_time import step_time_sections
+from report_versions import versions_section
 
 from capture_megatron.config import Kernels
 from capture_megatron.config.presets import preset
@@ -328,7 +329,9 @@ def main() -> None:
             + "\n"
             + "\n".join(conformance_tables(json.loads(_read(conformance))))
         )
+    text += versions_section(ROOT)
     text += inputs_section(ROOT)
+    text += published_fit_section(ROOT)
     text += hf_planned_section(ROOT)
     text += moe_sections(ROOT)
     text += step_time_sections(ROOT)

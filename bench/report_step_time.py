@@ -16,33 +16,94 @@ def _pct(x: float) -> str:
     return f"{100 * x:+.1f}%"
 
 
+def _constant_rows(data: dict) -> list[str]:
+    """The constants: value, fitted or set, what each is (Constants' field docstrings)."""
+    from capture_megatron.fields import field_docs
+    from capture_megatron.steptime.constants import Constants
+
+    notes = field_docs(Constants)
+    out = ["| constant | value | | what it is |", "|---|---|---|---|"]
+    for n, v in data["constants"].items():
+        if n == "provenance":
+            continue
+        kind = "fitted" if n in data["fitted"] else "set"
+        out.append(f"| {n} | {v:.4g} | {kind} | {notes.get(n, '')} |")
+    return out
+
+
+def _breakdown_table(data: dict) -> list[str]:
+    """The MoE rows' estimated steps part by part (bench/step_time.py's breakdowns)."""
+    from capture_megatron.steptime.breakdown import LABELS
+
+    rows = [r for r in data["rows"] if r.get("moe")]
+    if not rows:
+        return []
+    out = [
+        "Where the estimated MoE steps go (capture_megatron.steptime.breakdown; the slowest "
+        "pipeline rank's micro-batches, then the step's own parts):",
+        "",
+        "| part | " + " | ".join(r["id"] for r in rows) + " |",
+        "|---|" + "---|" * len(rows),
+    ]
+    for key, label in LABELS.items():
+        values = [r["breakdown"][key] for r in rows]
+        if any(values):
+            out.append(
+                f"| {label} | "
+                + " | ".join(
+                    f"{v:.2f} s ({v / r['breakdown']['seconds']:.0%})" for v, r in zip(values, rows)
+                )
+                + " |"
+            )
+    out.append("| step | " + " | ".join(f"{r['estimated_s']:.2f} s" for r in rows) + " |")
+    return out
+
+
 def calibration_tables(data: dict) -> list[str]:
     """Every development row measured vs estimated, the summary, the pairs, the constants."""
     s = data["summary"]
     out = [
-        f"{s['rows']} published H100 BF16 step times (`bench/data/step_times_h100_dev.json`), each "
-        "estimated with the settings its own recipe config used (`bench/data/step_time_recipes."
-        "json`). Error: (estimated - measured) / measured with the shipped constants (fitted to "
-        "all rows); held out: the same row when the constants are fitted without its model family "
-        "(leave-one-model-out).",
+        f"{s['rows']} published H100 BF16 step times (`bench/data/step_times_h100_dev.json`: "
+        f"dense; `bench/data/step_times_h100_moe_dev.json`: {s['moe_rows']} DeepSeek-V3 rows), "
+        "each estimated with the settings its own recipe config used (`bench/data/"
+        "step_time_recipes.json`). Error: (estimated - measured) / measured with the shipped "
+        "constants (fitted to all rows); held out: the same row when the constants are fitted "
+        "without its model (leave-one-model-out) or its family (leave-one-family-out: the Llama "
+        "3.1 sizes together; holding out DeepSeek-V3 leaves all_to_all_efficiency at its prior).",
         "",
-        "| row | model | GPUs | configuration | measured s | estimated s | error | held out | "
-        "est. MFU |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| row | family | GPUs | configuration | measured s | estimated s | error | held out "
+        "(model) | held out (family) | est. MFU |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in data["rows"]:
         out.append(
-            f"| {r['id']} | {r['model']} | {r['gpus']} | {r['config']} | {r['measured_s']:.3f} | "
-            f"{r['estimated_s']:.3f} | {_pct(r['error'])} | {_pct(r['lomo_error'])} | "
-            f"{100 * r['mfu']:.1f}% |"
+            f"| {r['id']} | {r['family']} | {r['gpus']} | {r['config']} | {r['measured_s']:.3f} "
+            f"| {r['estimated_s']:.3f} | {_pct(r['error'])} | {_pct(r['lomo_error'])} | "
+            f"{_pct(r['lofo_error'])} | {100 * r['mfu']:.1f}% |"
         )
-    by_model = ", ".join(f"{m} {100 * v:.1f}%" for m, v in s["lomo_median_by_model"].items())
+    moe_models = {r["model"] for r in data["rows"] if r.get("moe")}
+    moe_families = {r["family"] for r in data["rows"] if r.get("moe")}
+    by_model = ", ".join(
+        f"{m} {100 * v:.1f}%" for m, v in s["lomo_median_by_model"].items() if m not in moe_models
+    )
+    by_family = ", ".join(
+        f"{m} {100 * v:.1f}%"
+        for m, v in s["lofo_median_by_family"].items()
+        if m not in moe_families
+    )
+    moe_in = ", ".join(_pct(e) for e in s["moe_in_sample_errors"])
+    moe_out = ", ".join(_pct(e) for e in s["moe_lofo_errors"])
     out += [
         "",
-        f"In sample: median |error| **{100 * s['in_sample_median_abs_error']:.1f}%**, worst "
-        f"**{100 * s['in_sample_max_abs_error']:.1f}%**. Leave-one-model-out: median "
-        f"**{100 * s['lomo_median_abs_error']:.1f}%**, worst {100 * s['lomo_max_abs_error']:.1f}% "
-        f"(median per held-out family: {by_model}).",
+        f"Dense, in sample: median |error| **{100 * s['in_sample_median_abs_error']:.1f}%**, "
+        f"worst **{100 * s['in_sample_max_abs_error']:.1f}%**. Leave-one-model-out: median "
+        f"**{100 * s['lomo_median_abs_error']:.1f}%**, worst {100 * s['lomo_max_abs_error']:.1f}%"
+        f" (median per held-out model: {by_model}). Leave-one-family-out: median "
+        f"**{100 * s['lofo_median_abs_error']:.1f}%**, worst {100 * s['lofo_max_abs_error']:.1f}%"
+        f" (median per held-out family: {by_family}).",
+        "",
+        f"MoE (DeepSeek-V3 on 512 and 1024 GPUs): in sample **{moe_in}**; its family held out "
+        f"(the MoE constant at its prior): {moe_out}.",
         "",
         f"Ordering: **{s['pairs_agreeing']} of {s['pairs']}** pairs of rows with the same model "
         "and GPU count but a different configuration are ordered as measured:",
@@ -56,11 +117,10 @@ def calibration_tables(data: dict) -> list[str]:
             f"{p['measured'][1]:.3f} | {p['estimated'][0]:.3f} vs {p['estimated'][1]:.3f} | "
             f"{'yes' if p['agrees'] else 'no'} |"
         )
-    k = data["constants"]
-    out += ["", "Constants (fitted: " + ", ".join(data["fitted"]) + "):", ""]
-    out += ["| constant | value |", "|---|---|"]
-    out += [f"| {n} | {v:.4g} |" for n, v in k.items() if n != "provenance"]
-    out += ["", f"Provenance: {k['provenance']}."]
+    out += ["", *_breakdown_table(data)]
+    out += ["", "Constants (fitted: " + ", ".join(data["fitted"]) + "; the others set):", ""]
+    out += _constant_rows(data)
+    out += ["", f"Provenance: {data['constants']['provenance']}."]
     return out
 
 

@@ -1,14 +1,16 @@
 """Calibrate the step-time model on published H100 step times, and report how well it holds out.
 
-Fits the free constants of capture_megatron.steptime.parts (calibration.FITTED) to the development
-set (bench/data/step_times_h100_dev.json: NVIDIA's DGX Cloud benchmarking recipes for GPT-3 175B and
-Llama 3.1 8B / 70B / 405B, Megatron-LM's 7B *_memory_speed functional tests), each row with the
+Fits the free constants of capture_megatron.steptime (constants.FITTED) to the development set
+(bench/data/step_times_h100_dev.json: NVIDIA's DGX Cloud benchmarking recipes for GPT-3 175B and
+Llama 3.1 8B / 70B / 405B, Megatron-LM's 7B *_memory_speed functional tests;
+bench/data/step_times_h100_moe_dev.json: DeepSeek-V3 on 512 and 1024 GPUs), each row with the
 settings its own recipe config used (bench/data/step_time_recipes.json). Least squares on the log
-of estimated / measured, every model family weighing the same. Reports each row in sample, the
-leave-one-model-out error (the constants fitted without the family, then that family estimated),
+of estimated / measured, every model weighing the same. Reports each row in sample, the
+leave-one-model-out and leave-one-family-out errors (the constants fitted without the model or
+family, then its rows estimated; holding out DeepSeek-V3 leaves the MoE constant at its prior),
 and whether the model orders every pair of rows with the same model and GPU count but a different
-configuration as the measurements do. Held out, never read here: every other model family NVIDIA or
-Megatron-LM publish step times for.
+configuration as the measurements do. Held out, never read here: every other model NVIDIA or
+Megatron-LM publish step times for (the held-out MoE measurements included).
 
 Writes bench/results/step_time.json and the constants with their provenance into the package
 (capture_megatron/steptime/constants.json).
@@ -29,8 +31,9 @@ import statistics
 
 import numpy as np
 from scipy.optimize import least_squares
-from step_time_rows import DEV, RECIPES, Row, rows
+from step_time_rows import DEV, MOE_DEV, RECIPES, Row, rows
 
+from capture_megatron.steptime.breakdown import breakdown
 from capture_megatron.steptime.constants import CONSTANTS_FILE, FITTED, Constants
 from capture_megatron.steptime.model import CostModel, step_time
 
@@ -42,6 +45,7 @@ BOUNDS = {
     "tp_overlap_exposed": (0.01, 1.0),
     "dp_overlap_exposed": (0.01, 1.0),
     "chunk_overhead": (1e-5, 0.02),
+    "all_to_all_efficiency": (0.1, 1.0),
 }
 """Physically meaningful ranges of the fitted constants."""
 PRIOR_WEIGHT = 0.05
@@ -54,6 +58,7 @@ PRIOR_WIDTH = {
     "tp_overlap_exposed": 1.0,
     "dp_overlap_exposed": 1.0,
     "chunk_overhead": 1.0,
+    "all_to_all_efficiency": 0.5,
 }
 """Width (in log units) of each constant's prior around its default in Constants (the value from
 first principles, docs/STEP_TIME.md): the fit is a maximum a posteriori estimate, so that a few
@@ -93,13 +98,14 @@ def errors(data: list[Row], k: Constants) -> list[float]:
     return [estimate(r, k) / r.measured - 1 for r in data]
 
 
-def leave_one_model_out(data: list[Row]) -> dict[str, list[float]]:
-    """Per model family: the errors of its rows under constants fitted without it."""
+def leave_one_out(data: list[Row], key: str) -> dict[str, list[float]]:
+    """Per model (`key` "model") or family ("family"): the errors of its rows under constants
+    fitted without it."""
     out = {}
-    for model in sorted({r.model for r in data}):
-        rest = [r for r in data if r.model != model]
-        held = [r for r in data if r.model == model]
-        out[model] = errors(held, fit(rest))
+    for name in sorted({getattr(r, key) for r in data}):
+        rest = [r for r in data if getattr(r, key) != name]
+        held = [r for r in data if getattr(r, key) == name]
+        out[name] = errors(held, fit(rest))
     return out
 
 
@@ -129,28 +135,84 @@ def _sha(path: str) -> str:
         return hashlib.sha256(f.read()).hexdigest()[:16]
 
 
-def row_table(data: list[Row], k: Constants, held: dict[str, list[float]]) -> list[dict]:
-    """Each row: measured, estimated, in-sample and held-out error, its breakdown."""
-    lomo = {
-        r.id: e for m, errs in held.items() for r, e in zip([x for x in data if x.model == m], errs)
+def _by_row(data: list[Row], held: dict[str, list[float]], key: str) -> dict[str, float]:
+    """The held-out error of each row id."""
+    return {
+        r.id: e
+        for name, errs in held.items()
+        for r, e in zip([x for x in data if getattr(x, key) == name], errs)
     }
+
+
+def row_table(
+    data: list[Row], k: Constants, held: dict[str, list[float]], family: dict[str, list[float]]
+) -> list[dict]:
+    """Each row: measured, estimated, in-sample and held-out errors, its breakdown."""
+    lomo, lofo = _by_row(data, held, "model"), _by_row(data, family, "family")
     out = []
     for r in data:
         st = step_time(r.shape, r.plan, CostModel(settings=r.settings, constants=k))
         p = r.plan
         out.append(
             {
-                "id": r.id, "model": r.model, "gpus": p.world_size,
-                "config": f"TP{p.tp} PP{p.pp} VP{p.vpp} CP{p.cp} DP{p.dp} mbs{p.micro_batch_size} "
-                f"gbs{p.global_batch_size}",
+                "id": r.id, "model": r.model, "family": r.family, "moe": r.moe,
+                "gpus": p.world_size,
+                "config": f"TP{p.tp} PP{p.pp} VP{p.vpp} CP{p.cp} "
+                + (f"EP{p.ep} " if p.ep > 1 else "")
+                + f"DP{p.dp} mbs{p.micro_batch_size} gbs{p.global_batch_size}",
                 "measured_s": r.measured, "estimated_s": st.seconds,
                 "error": st.seconds / r.measured - 1, "lomo_error": lomo[r.id],
+                "lofo_error": lofo[r.id], "breakdown": breakdown(st).as_dict(),
                 "bubble_s": st.bubble, "data_parallel_s": st.data_parallel,
                 "mfu": st.mfu, "tokens_per_s_per_gpu": st.tokens_per_s_per_gpu,
                 "src": r.src, "recipe": r.recipe,
             }
         )  # fmt: skip
     return out
+
+
+def _median(values: list[float]) -> float:
+    """The median |error| (0 for none)."""
+    return statistics.median(abs(e) for e in values) if values else 0.0
+
+
+def summarize(
+    data: list[Row],
+    k: Constants,
+    held: dict[str, list[float]],
+    family: dict[str, list[float]],
+    ordered: list[dict],
+) -> dict:
+    """In-sample and held-out errors, dense and MoE apart, and the pairs ordered as measured."""
+    inside = errors(data, k)
+    moe = {r.id for r in data if r.moe}
+    lomo, lofo = _by_row(data, held, "model"), _by_row(data, family, "family")
+
+    def part(values: dict[str, float] | list[float], is_moe: bool) -> list[float]:
+        ids = [r.id for r in data if (r.id in moe) == is_moe]
+        return (
+            [values[i] for i in ids]
+            if isinstance(values, dict)
+            else [e for r, e in zip(data, values) if (r.id in moe) == is_moe]
+        )
+
+    dense_in, moe_in = part(inside, False), part(inside, True)
+    return {
+        "rows": len(data),
+        "moe_rows": len(moe),
+        "in_sample_median_abs_error": _median(dense_in),
+        "in_sample_max_abs_error": max(abs(e) for e in dense_in),
+        "moe_in_sample_errors": moe_in,
+        "lomo_median_abs_error": _median(part(lomo, False)),
+        "lomo_max_abs_error": max(abs(e) for e in part(lomo, False)),
+        "lomo_median_by_model": {m: _median(v) for m, v in held.items()},
+        "lofo_median_abs_error": _median(part(lofo, False)),
+        "lofo_max_abs_error": max(abs(e) for e in part(lofo, False)),
+        "moe_lofo_errors": part(lofo, True),
+        "lofo_median_by_family": {f: _median(v) for f, v in family.items()},
+        "pairs": len(ordered),
+        "pairs_agreeing": sum(p["agrees"] for p in ordered),
+    }
 
 
 def main() -> None:
@@ -160,28 +222,21 @@ def main() -> None:
     args = ap.parse_args()
     data = rows()
     k = fit(data)
-    inside = [abs(e) for e in errors(data, k)]
-    held = leave_one_model_out(data)
-    lomo = [abs(e) for errs in held.values() for e in errs]
+    held = leave_one_out(data, "model")
+    family = leave_one_out(data, "family")
     ordered = pairs(data, k)
-    summary = {
-        "rows": len(data),
-        "in_sample_median_abs_error": statistics.median(inside),
-        "in_sample_max_abs_error": max(inside),
-        "lomo_median_abs_error": statistics.median(lomo),
-        "lomo_max_abs_error": max(lomo),
-        "lomo_median_by_model": {m: statistics.median(abs(e) for e in v) for m, v in held.items()},
-        "pairs": len(ordered),
-        "pairs_agreeing": sum(p["agrees"] for p in ordered),
-    }
+    summary = summarize(data, k, held, family, ordered)
     when = datetime.date.today().isoformat()
+    moe_errors = ", ".join(f"{e:+.1%}" for e in summary["moe_in_sample_errors"])
     provenance = (
         f"bench/step_time.py on {when}: {len(data)} H100 BF16 rows of "
-        f"bench/data/step_times_h100_dev.json (sha256 {_sha(DEV)}), settings from "
-        f"bench/data/step_time_recipes.json (sha256 {_sha(RECIPES)}); in-sample median |error| "
-        f"{summary['in_sample_median_abs_error']:.1%}, "
+        f"bench/data/step_times_h100_dev.json (sha256 {_sha(DEV)}) and "
+        f"bench/data/step_times_h100_moe_dev.json (sha256 {_sha(MOE_DEV)}), settings from "
+        f"bench/data/step_time_recipes.json (sha256 {_sha(RECIPES)}); dense in-sample median "
+        f"|error| {summary['in_sample_median_abs_error']:.1%}, "
         f"worst {summary['in_sample_max_abs_error']:.1%}; "
-        f"leave-one-model-out median {summary['lomo_median_abs_error']:.1%}"
+        f"leave-one-model-out median {summary['lomo_median_abs_error']:.1%}; "
+        f"DeepSeek-V3 {moe_errors}"
     )
     k = dataclasses.replace(k, provenance=provenance)
     result = {
@@ -189,12 +244,12 @@ def main() -> None:
         "constants": dataclasses.asdict(k),
         "fitted": list(FITTED),
         "summary": summary,
-        "rows": row_table(data, k, held),
+        "rows": row_table(data, k, held, family),
         "pairs": ordered,
     }
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
-    package = os.path.join(ROOT, "capture_megatron/plan", CONSTANTS_FILE)
+    package = os.path.join(ROOT, "capture_megatron/steptime", CONSTANTS_FILE)
     with open(package, "w") as f:
         json.dump({"constants": dataclasses.asdict(k), "fitted": list(FITTED)}, f, indent=1)
         f.write("\n")

@@ -3,6 +3,8 @@
 
 - profiled records, one file per (device, model shape, software versions), so that a model's first
   `plan` profiles and later ones reuse the measurements (capture_megatron.profile.source);
+- a damaged file among them is set aside (``<file>.damaged``, named in a note) and measured again
+  (``set_aside``);
 - calibration.jsonl: measured / predicted peaks of verified runs (`verify --refit`), one line per
   pipeline rank. The planner multiplies its predicted peaks by the median ratio of the device
   before checking them against the GPU's memory (on CPU the model is exact and the factor stays
@@ -45,6 +47,26 @@ def check_writable(directory: str) -> None:
             f"the cache directory {directory} is not writable ({err.strerror}): profiling "
             "results could not be kept. Set CAPTURE_MEGATRON_CACHE to a writable directory"
         ) from None
+
+
+DAMAGED = ".damaged"
+"""Suffix under which a damaged cache file is set aside."""
+
+
+def set_aside(path: str, err: Exception) -> str:
+    """Move a damaged cache file out of the way (``<file>.damaged``, never over another) so that
+    it is measured again, and say so: the note naming the file, where it went and why. The
+    damaged copy stays for inspection; a file that cannot be moved is left (and named)."""
+    target, n = path + DAMAGED, 1
+    while os.path.exists(target):
+        n += 1
+        target = f"{path}{DAMAGED}.{n}"
+    try:
+        os.replace(path, target)
+        kept = f"set aside as {os.path.basename(target)}"
+    except OSError as move:
+        kept = f"left in place ({move.strerror}): it is replaced when the new one is written"
+    return f"the cache file {path} is unusable ({err}): {kept}; profiling again"
 
 
 def records_path(shape: ModelShape, device: str, kernels: str = "cpu") -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import types
 import typing
 from typing import Any, TypeVar
@@ -108,3 +109,32 @@ def load_json(path: str, what: str) -> Any:
         raise CaptureError(
             f"{what} is not UTF-8 text (byte {err.start}): not a JSON file"
         ) from None
+
+
+def writable(flag: str, path: str) -> None:
+    """Create output file `path`'s directory if it is missing (as Megatron-LM creates --save);
+    CaptureError naming `flag` when the file cannot be written there: a directory in its place,
+    a parent that is a file or cannot be created, a directory without write permission."""
+    if os.path.isdir(path):
+        raise CaptureError(f"{flag} {path} is a directory: give the file to write")
+    parent = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(parent, exist_ok=True)
+    except OSError as err:
+        raise CaptureError(
+            f"{flag} {path}: its directory {parent} cannot be created ({err.strerror})"
+        ) from None
+    if not os.access(parent, os.W_OK):
+        raise CaptureError(f"{flag} {path}: the directory {parent} is not writable")
+
+
+def writable_dir(flag: str, path: str) -> None:
+    """CaptureError unless directory `path` exists or can be created, and can be written."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise CaptureError(f"{flag} {path} is a file, not a directory")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as err:
+        raise CaptureError(f"{flag} {path} cannot be created ({err.strerror})") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise CaptureError(f"{flag} {path} is not writable by this user")

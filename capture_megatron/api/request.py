@@ -24,20 +24,22 @@ from capture_megatron.config import (
 )
 from capture_megatron.config.kernels import TE_FUSED_BACKENDS, kernel_set
 from capture_megatron.config.training import (
-    NOT_ADAM,
     BuildOptions,
     CheckpointOptions,
     OptimOptions,
     RunOptions,
 )
 from capture_megatron.errors import CaptureError, require
+from capture_megatron.features.fsdp import Fsdp
+from capture_megatron.features.fsdp import run_problems as fsdp_run_problems
+from capture_megatron.features.optimizers import Optimizer, muon_run_problems
 from capture_megatron.features.recompute import Recompute
 from capture_megatron.flags import megatron_lm
 from capture_megatron.flags import parser as flags
 from capture_megatron.flags.args import model_shape, overridden, shape_overrides
-from capture_megatron.flags.resolve import parallel_plan
+from capture_megatron.flags.resolve import parallel_plan, split_notes
 from capture_megatron.planner import PlanOptions, space_from
-from capture_megatron.planner.space import overlap_space
+from capture_megatron.planner.space import overlap_space, virtual_stage_problem
 from capture_megatron.rules.megatron import module_problems
 from capture_megatron.rules.modelled import activation_offload_problem
 from capture_megatron.steptime.constants import fitted
@@ -185,8 +187,25 @@ def cost_model(ns: argparse.Namespace, kernels: Kernels) -> CostModel:
         fused_attention=fused,
         deterministic=kernels.deterministic_mode,
         gradient_accumulation_fusion=kernels.gradient_accumulation_fusion,
+        moe_permute_fusion=kernels.moe_permute_fusion,
+        # read where the command line carries them (the MoE knobs of issue 51)
+        moe_shared_expert_overlap=bool(getattr(ns, "moe_shared_expert_overlap", False)),
+        delay_wgrad_compute=bool(getattr(ns, "delay_wgrad_compute", False)),
+        cuda_graph_impl=str(getattr(ns, "cuda_graph_impl", None) or "none"),
+        cuda_graph_scope=tuple(str(x) for x in getattr(ns, "cuda_graph_scope", None) or ()),
     )
     return CostModel(hardware_of(ns), settings, constants)
+
+
+SPLIT_FLAGS = (
+    "pipeline_model_parallel_layout",
+    "decoder_first_pipeline_num_layers",
+    "decoder_last_pipeline_num_layers",
+    "account_for_embedding_in_pipeline_split",
+    "account_for_loss_in_pipeline_split",
+)
+"""ParallelFlags that give the pipeline split itself: with any of them `plan` predicts the run
+the flags describe (sizes not given are 1, as in Megatron-LM) instead of searching a split."""
 
 
 def plan_options(
@@ -201,7 +220,7 @@ def plan_options(
     device (none with --memory-model)."""
     fixed = flags.from_namespace(ParallelFlags, ns)
     ddp = flags.ddp_options(ns)
-    whole = fixed_plan or bool(fixed.pipeline_model_parallel_layout)
+    whole = fixed_plan or any(getattr(fixed, f) for f in SPLIT_FLAGS)
     given_plan = parallel_plan(fixed, shape, cluster.gpus, ddp) if whole else None
     scale = 1.0
     kernels = flags.from_namespace(Kernels, ns)
@@ -215,6 +234,9 @@ def plan_options(
         if problem:
             raise CaptureError(problem + ".")
     space = space_from(fixed, ddp)
+    problem = "" if whole else virtual_stage_problem(shape, cluster.gpus, space)
+    if problem:  # (a whole plan's split is resolved, and refused, as train resolves it)
+        raise CaptureError(problem)
     if "selective" in space.recompute:  # what megatron-core refuses is refused, not skipped
         chosen = Recompute.selective(space.recompute_modules).selected
         require(module_problems(shape, chosen), "selective recompute for this model")
@@ -243,18 +265,27 @@ def read_request(
     """The Request a parsed command line describes (`fixed_plan`: predict the run it describes;
     `on_model`: called with the model as soon as it is read, before the planning options are:
     the command line prints what an HF config was read as). Refuses, with one paragraph, what
-    cannot be read or is not modelled: another optimizer than Adam, a flag that changes memory
-    in a way not modelled, invalid training settings."""
-    if getattr(ns, "optimizer", "adam") != "adam":
-        raise CaptureError(f"--optimizer {ns.optimizer}: {NOT_ADAM}.")
+    cannot be read or is not modelled: a flag that changes memory in a way not modelled, invalid
+    training settings, what Megatron-LM asserts of Muon and Megatron-FSDP among the run's
+    settings."""
     for cls in TRAINING_OPTIONS:  # read but not planned with: validated all the same
         if all(hasattr(ns, f.name) for f in dataclasses.fields(cls)):
             flags.from_namespace(cls, ns)
+    ckpt_format = getattr(ns, "ckpt_format", "torch_dist")
+    muon = muon_run_problems(
+        flags.from_namespace(Optimizer, ns),
+        bool(getattr(ns, "overlap_param_gather", False)),
+        ckpt_format,
+    )
+    hashes = megatron_lm.given(ns).get("--check-weight-hash-across-dp-replicas-interval")
+    fsdp = fsdp_run_problems(flags.from_namespace(Fsdp, ns), ckpt_format, hashes is not None)
+    require(muon + fsdp, "optimizer settings")
     ignored = megatron_lm.check(ns) if any(megatron_lm.given(ns)) else ()
     shape, notes = resolve_shape(ns)
     if on_model is not None:
         on_model(shape)
     options = plan_options(ns, shape, cluster, ns.device, fixed_plan)
+    notes += split_notes(flags.from_namespace(ParallelFlags, ns))
     return Request(
         shape,
         cluster,

@@ -174,5 +174,13 @@ def _notes(request: Request, result: PlanResult) -> tuple[str, ...]:
     flex = result.margins.flex_note(result.shape, result.best.plan)
     graphs = graphs_note(result.shape, result.best.plan)
     offload = offload_note(result, space.ddp.optimizer_cpu_offload)
-    extra = tuple(n for n in (sp_note, flex, graphs, offload) if n)
+    per, best = space.layers_per_virtual_stage, result.best.plan
+    vpp_note = (
+        f"--num-layers-per-virtual-pipeline-stage {per}: VPP {best.vpp} ({request.shape.num_layers}"
+        f" layers over PP {best.pp}, {per} per virtual stage), the layers placed by the planner "
+        "(megatron_args give them as the layout)"
+        if per and request.options.fixed is None
+        else ""
+    )
+    extra = tuple(n for n in (sp_note, vpp_note, flex, graphs, offload) if n)
     return (*request.model_notes, *model_notes(request.shape), *routing, *extra)

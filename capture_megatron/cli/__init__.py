@@ -58,7 +58,7 @@ COMMANDS = {
 
 def usage() -> str:
     """The top-level help text."""
-    lines = ["usage: capture-megatron <command> [Megatron flags ...]", "", "commands:"]
+    lines = ["usage: capture-megatron [--version] <command> [Megatron flags ...]", "", "commands:"]
     lines += [f"  {name:11s} {text}" for name, (_, text) in COMMANDS.items()]
     lines += [
         "",
@@ -73,6 +73,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):
         print(usage())
+        return 0
+    if argv[0] in ("-V", "--version"):
+        from capture_megatron.cli.version import text
+
+        print(text())
         return 0
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:

@@ -21,6 +21,7 @@ from capture_megatron.config import GIB, Cluster, ModelShape
 from capture_megatron.errors import CaptureError
 from capture_megatron.flags.parser import HelpParser, summary
 from capture_megatron.planner import PlanOptions, PlanResult, Space, model_args, plan, plan_args
+from capture_megatron.serial import writable_dir
 from capture_megatron.train.report import MemoryReport
 
 MODEL = ModelShape(
@@ -117,7 +118,7 @@ def main(argv: list[str]) -> int:
     )
     p.add_argument("--iters", type=int, default=24, help="iterations of the balanced run")
     ns = p.parse_args(argv)
-    os.makedirs(ns.workdir, exist_ok=True)
+    writable_dir("--workdir", ns.workdir)  # before the dataset is built
     start = time.perf_counter()
     data = ["--data-path", _dataset(ns.workdir)]
     cluster = Cluster(

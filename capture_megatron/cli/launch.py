@@ -16,6 +16,7 @@ import sys
 
 from capture_megatron.api.args import add_plan_flags
 from capture_megatron.api.request import cost_model, gpus_per_node, resolve_shape
+from capture_megatron.cli.outputs import prepare_outputs
 from capture_megatron.cli.plan import run_plan
 from capture_megatron.config import (
     BuildOptions,
@@ -223,6 +224,7 @@ def _time_note(
 def main(argv: list[str]) -> int:
     """Entry point."""
     ns = flags.parse_flags(build_parser(), argv)
+    prepare_outputs(ns)  # --sbatch, before planning
     opts = flags.from_namespace(SlurmOptions, ns)
     gpus = _job_gpus(ns, opts)
     ckpt = flags.from_namespace(CheckpointOptions, ns)

@@ -2,10 +2,11 @@
 TP/PP/DP/VPP/EP/CP sizes, micro-batch, recompute and pipeline layout for a cluster -- the fastest
 plan that fits (default), the lowest peak (--objective min-peak) or the fewest GPUs (min-gpus).
 
-Parallel sizes given on the command line are fixed, the rest searched; with
---pipeline-model-parallel-layout nothing is searched and the plan is only predicted. Every
-pretrain_gpt.py flag is accepted: those that cannot change memory are ignored (and listed), those
-that change it in a way not modelled are refused by name.
+Parallel sizes given on the command line are fixed (VPP in either of Megatron-LM's spellings), the
+rest searched; with a split given (--pipeline-model-parallel-layout, the first/last stage layers,
+--account-for-embedding/loss-in-pipeline-split) nothing is searched and the run is only
+predicted. Every pretrain_gpt.py flag is accepted: those that cannot change memory are ignored (and
+listed), those that change it in a way not modelled are refused by name.
 """
 
 from __future__ import annotations

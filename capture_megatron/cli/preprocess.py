@@ -9,6 +9,7 @@ import sys
 from capture_megatron.data.preprocess import preprocess
 from capture_megatron.data.tokenizers import TOKENIZER_TYPES, TokenizerOptions
 from capture_megatron.flags.parser import HelpParser, summary
+from capture_megatron.serial import writable
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -62,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     add_arguments(parser)
     ns = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    for key in ns.json_keys:  # every file it writes, before the corpus is read
+        writable("--output-prefix", f"{ns.output_prefix}_{key}_document.bin")
     tok = TokenizerOptions(
         tokenizer_type=ns.tokenizer_type,
         tokenizer_model=ns.tokenizer_model,

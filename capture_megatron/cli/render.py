@@ -34,7 +34,7 @@ def print_plan(result: PlanResult) -> None:
         f"{result.considered} plans considered for {shape.num_layers} layers x h "
         f"{shape.hidden_size} on {cluster.gpus} {units(cluster)} of "
         f"{_memory(cluster.gpu_memory_bytes)} (memory model: {result.origin.device}, kernels "
-        f"{result.origin.kernels})"
+        f"{result.origin.kernels}, megatron-core {result.megatron_core})"
     )
     print(f"  validated: {VALIDATION.get(result.origin.device, 'not validated')}")
     wide = shape.moe.enabled or any(e.plan.cp > 1 for e in result.ranked)
@@ -265,16 +265,26 @@ def save_plan_png(result: PlanResult, path: str) -> None:
 
 
 def print_checks(rows: list[RankCheck], tolerance: float) -> None:
-    """The verification table."""
+    """The verification table; on a GPU also the forecast made without it (fake CUDA)."""
+    fake = any(c.without_gpu_bytes is not None for c in rows)
+    extra = f" {'without GPU MiB':>16} {'error':>8}" if fake else ""
     print(
         f"  {'rank':>4} {'predicted MiB':>14} {'measured MiB':>13} {'error':>8} "
-        f"{'reserved MiB':>13}"
+        f"{'reserved MiB':>13}{extra}"
     )
     for c in rows:
         flag = "" if abs(c.error) <= tolerance else "  <-- off"
+        other = ""
+        if c.without_gpu_bytes is not None:
+            other = f" {c.without_gpu_bytes / MIB:16.3f} {100 * (c.without_gpu_error or 0):+7.2f}%"
         print(
             f"  {c.pp_rank:4d} {c.predicted_bytes / MIB:14.3f} {c.measured_bytes / MIB:13.3f} "
-            f"{100 * c.error:+7.2f}% {c.reserved_bytes / MIB:13.3f}{flag}"
+            f"{100 * c.error:+7.2f}% {c.reserved_bytes / MIB:13.3f}{other}{flag}"
+        )
+    if fake:
+        print(
+            "  (without GPU: the same plan forecast from the GPU kernel set on fake CUDA tensors, "
+            "as `predict` forecasts it on a machine without the GPU)"
         )
 
 

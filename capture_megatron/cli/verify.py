@@ -3,8 +3,9 @@
 The training run gets exactly the model flags and the plan's Megatron flags (so what ran is what
 was predicted), plus the data and training flags given, on `--nproc` processes under torchrun; its
 --memory-report gives each rank's measured peak. Prints predicted vs measured per pipeline rank with
-the relative error (and the allocator's reserve on CUDA), writes --json / --png, and exits 1 when
-any rank is off by more than --tolerance.
+the relative error (on CUDA also the allocator's reserve and the forecast of the same plan made
+without the GPU: the GPU kernel set on fake CUDA tensors, what `predict` gives on a machine without
+it), writes --json / --png, and exits 1 when any rank's forecast is off by more than --tolerance.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import tempfile
 
 from capture_megatron.api.args import add_plan_flags
 from capture_megatron.cache import Calibration, cache_dir, check_writable, record_calibration
+from capture_megatron.cli.outputs import prepare_outputs, writable_dir
 from capture_megatron.cli.plan import run_plan
 from capture_megatron.cli.render import print_checks, save_checks_png
 from capture_megatron.config import BuildOptions, OptimOptions, RunOptions
@@ -107,7 +109,7 @@ def _report(
     """Print, write --json / --png, and (--refit) store calibration; returns the largest |error|."""
     print(
         f"verify: predicted vs measured peak per pipeline rank ({report.device}, "
-        f"{report.transformer_impl} spec)"
+        f"{report.transformer_impl} spec, megatron-core {result.megatron_core})"
     )
     print_checks(rows, ns.tolerance)
     worst = max(abs(c.error) for c in rows)
@@ -116,7 +118,11 @@ def _report(
             json.dump(
                 {
                     "plan": result.to_plain()["plan"],
-                    "ranks": [dict(c.__dict__, error=c.error) for c in rows],
+                    "megatron_core": result.megatron_core,
+                    "ranks": [
+                        dict(c.__dict__, error=c.error, without_gpu_error=c.without_gpu_error)
+                        for c in rows
+                    ],
                     "max_abs_error": worst,
                     "tolerance": ns.tolerance,
                     "device": report.device,
@@ -150,6 +156,9 @@ def _report(
 def main(argv: list[str]) -> int:
     """Entry point: 0 when every rank is within tolerance, 1 otherwise."""
     ns = flags.parse_flags(build_parser(), argv)
+    prepare_outputs(ns)  # --json, --png (and --keep) before planning and training
+    if ns.keep:
+        writable_dir("--keep", ns.keep)
     if ns.gpus is not None and ns.nproc != ns.gpus:
         raise CaptureError(
             f"--nproc {ns.nproc} must equal --gpus {ns.gpus} (verify trains the plan it makes)"
@@ -166,7 +175,8 @@ def main(argv: list[str]) -> int:
                 f"the training run failed (torchrun exit code {rc}); its output is above"
             )
         report = MemoryReport.read(report_path)
-    worst = _report(ns, result, compare(_forecast_peaks(result, report), report), report)
+    checks = compare(_forecast_peaks(result, report), report, _without_gpu(ns, result))
+    worst = _report(ns, result, checks, report)
     print(f"max |error| {100 * worst:.2f}% (tolerance {100 * ns.tolerance:.1f}%)")
     return 0 if worst <= ns.tolerance else 1
 
@@ -178,3 +188,22 @@ def _forecast_peaks(result: PlanResult, report: MemoryReport) -> tuple[int, ...]
     if report.device != "cpu":
         return peaks
     return tuple(p + round(s.host) for p, s in zip(peaks, result.best.stages))
+
+
+def _without_gpu(ns: argparse.Namespace, result: PlanResult) -> tuple[int, ...] | None:
+    """On a GPU (a memory model profiled there): the same plan forecast from the GPU kernel set on
+    fake CUDA tensors, what `predict` forecasts for it on a machine without the GPU; None
+    elsewhere, and None with a note when that forecast fails (the GPU check stands alone)."""
+    if result.origin.device != "cuda":
+        return None
+    from capture_megatron.api import Request, forecast
+    from capture_megatron.api.request import plan_options
+
+    options = plan_options(ns, result.shape, result.cluster, "fake-cuda")
+    options = dataclasses.replace(options, fixed=result.best.plan)
+    request = Request(result.shape, result.cluster, options, "fake-cuda")
+    try:
+        return forecast(request, None, ns.progress).best.rank_peaks
+    except CaptureError as err:
+        print(f"note: no forecast without the GPU (fake CUDA) beside it: {err}")
+        return None

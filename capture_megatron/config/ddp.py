@@ -7,12 +7,14 @@ OptimizerConfig). Pure Python: no torch import here.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from capture_megatron.errors import require
 from capture_megatron.features.activation_offload import ActivationOffload
 from capture_megatron.features.cuda_graphs import CudaGraphs
+from capture_megatron.features.fsdp import DEFAULT_FSDP, Fsdp
 from capture_megatron.features.optimizer_offload import offload_problems
+from capture_megatron.features.optimizers import DEFAULT_OPTIMIZER, Optimizer
 from capture_megatron.fields import flag
 from capture_megatron.serial import OMIT_DEFAULT, JsonMixin
 
@@ -109,6 +111,12 @@ class DdpOptions(JsonMixin):
     pin_cpu_params: bool = flag("--no-pin-cpu-params", True, negate=True, omit_default=True)
     """With --optimizer-cpu-offload: stored by HybridDeviceOptimizer and never read in 0.16.1
     (its host parameter copies are pinned either way)."""
+    optimizer: Optimizer = field(default=DEFAULT_OPTIMIZER, metadata={OMIT_DEFAULT: True})
+    """The optimizer (its own flags: --optimizer, --sgd-momentum, --muon-*;
+    capture_megatron.features.optimizers): Adam unless given."""
+    fsdp: Fsdp = field(default=DEFAULT_FSDP, metadata={OMIT_DEFAULT: True})
+    """Megatron-FSDP (its own flags: --use-megatron-fsdp, --data-parallel-sharding-strategy, ...;
+    capture_megatron.features.fsdp): off unless given."""
 
     def __post_init__(self) -> None:
         require(self._problems(), "gradient and optimizer-state settings")

@@ -26,6 +26,15 @@ FP8_FORMATS = ("", "e4m3", "hybrid")
 FP8_RECIPES = ("delayed", "tensorwise", "mxfp8", "blockwise", "custom")
 """--fp8-recipe choices (Megatron-LM core_v0.16.1; what each keeps: features.fp8)."""
 
+ADAM_IMPLS = ("auto", "fused", "torch")
+"""--adam-impl choices (capture-megatron): which Adam megatron-core trains with on a GPU."""
+FOREACH_ADAM_BYTES = 4
+"""Bytes per updated element that torch's AdamW holds at its step's peak on a GPU (its foreach
+implementation, torch's default for CUDA parameters: `exp_avg_sq_sqrt =
+torch._foreach_sqrt(exp_avg_sqs)`, one fp32 temporary for every parameter of the group it steps,
+torch/optim/adam.py _multi_tensor_adam). Measured on the H100: a one-layer probe's step peak is
+4 bytes x its weight-decay group's elements (bench/results/gpu/h100-run-b)."""
+
 TE_FUSED_BACKENDS = ("flash", "fused", "auto")
 """Transformer Engine attention backends that keep no s x s tensor (flash-attn or cuDNN): a sliding
 window changes no memory under them, and they run context parallelism (TE's ring attention)."""
@@ -101,11 +110,18 @@ class Kernels(JsonMixin):
     Transformer Engine's userbuffers (needs sequence parallelism, hence TP > 1)."""
     tp_comm_overlap_cfg: str = flag("--tp-comm-overlap-cfg", "")
     """A YAML file of userbuffer settings per layer (refused: only TE's defaults are modelled)."""
+    adam_impl: str = flag("--adam-impl", "auto", choices=ADAM_IMPLS, note="(capture-megatron)")
+    """Which Adam megatron-core trains with on the GPU: fused (Transformer Engine's or apex's
+    FusedAdam, which it imports when either is installed: Megatron-LM's runs), torch
+    (torch.optim.AdamW, its fallback without both, whose step holds an fp32 temporary per updated
+    element) or auto (fused for a forecast; on a GPU, whichever is installed)."""
 
     def __post_init__(self) -> None:
         p = self._fp8_problems()
         if self.transformer_impl not in IMPLEMENTATIONS:
             p.append(f"--transformer-impl {self.transformer_impl!r} not one of {IMPLEMENTATIONS}")
+        if self.adam_impl not in ADAM_IMPLS:
+            p.append(f"--adam-impl {self.adam_impl!r} not one of {ADAM_IMPLS}")
         if self.attention_backend not in ATTENTION_BACKENDS:
             p.append(
                 f"--attention-backend {self.attention_backend!r} not one of {ATTENTION_BACKENDS}"
@@ -174,6 +190,8 @@ class Kernels(JsonMixin):
                 parts.append(f"amax{self.fp8_amax_history_len}")
         if self.tp_comm_overlap:
             parts.append("tp-comm-overlap")
+        if self.adam_impl == "torch":
+            parts.append("torch-adam")
         parts += [n for n, on in (("moe-permute", self.moe_permute_fusion),
                                   ("moe-router", self.moe_router_fusion)) if on]  # fmt: skip
         return "/".join(parts)

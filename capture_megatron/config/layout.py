@@ -3,7 +3,8 @@ layers per virtual stage, and the split --decoder-first/last-pipeline-num-layers
 
 Grammar (megatron/core/transformer/pipeline_parallel_layer_layout.py): ``E`` embedding, ``t``
 transformer (decoder) layer, ``m`` multi-token prediction layer, ``L`` loss (final norm + output
-layer), ``|`` between virtual stages, ``(...)*n`` and ``x*n`` repeat, ``,`` is cosmetic. A layout
+layer), ``|`` between virtual stages, ``(...)*n`` and ``x*n`` repeat (unrolled as megatron-core
+unrolls them: one pass of each pattern, so no nesting), ``,`` is cosmetic. A layout
 with k * pp stages means VPP k; virtual stage i sits on pipeline rank i % pp. E must open the first
 stage and L close the last; the MTP layers (all of them) sit in the last stage, after its decoder
 layers and before L (Megatron's standard placement; elsewhere is --mtp-standalone, not modelled).
@@ -16,17 +17,26 @@ import re
 
 from capture_megatron.errors import CaptureError, require
 
-_REPEATS = (re.compile(r"\(([^()]+)\)\*(\d+)"), re.compile(r"(.)\*(\d+)"))
+_REPEATS = (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)")
+"""megatron-core 0.16.1's two unrolling patterns (PipelineParallelLayerLayout.parse_str_to_list),
+each applied once, in this order: a parenthesised group times n, then one character times n."""
 
 
 def expand(layout: str) -> str:
-    """The layout with repeats unrolled and commas dropped ('(tt|)*2L' -> 'tt|tt|L')."""
-    text = layout.replace(",", "").replace(" ", "")
+    """The layout with repeats unrolled and commas dropped, exactly as megatron-core 0.16.1 unrolls
+    it ('(tt|)*2L' -> 'tt|tt|L'; a space stays, and is then an invalid character, as there)."""
+    text = layout.replace(",", "")
     for pattern in _REPEATS:
-        previous = None
-        while previous != text:
-            previous, text = text, pattern.sub(lambda m: m.group(1) * int(m.group(2)), text)
+        text = re.sub(pattern, lambda m: m.group(1) * int(m.group(2)), text)
     return text
+
+
+def _unescaped(layout: str) -> str:
+    """The layout with shell backslash escapes removed (as a shell, xargs or eval removes them)."""
+    previous = None
+    while previous != layout:
+        previous, layout = layout, re.sub(r"\\(.)", r"\1", layout)
+    return layout
 
 
 def parse_layout(
@@ -38,6 +48,13 @@ def parse_layout(
     multiple of pp, E not first or L not last (or repeated), a layer count != num_layers, or (with
     `mtp_layers` given) MTP layers other than `mtp_layers` of them at the end of the last stage.
     """
+    if "\\" in layout:  # megatron-core would stop at the backslash: say what it should read
+        raise CaptureError(
+            f"--pipeline-model-parallel-layout {layout!r}: backslashes are not E, t, m, L or | "
+            "(megatron-core stops at them too); the value still carries shell escapes, which a "
+            "shell (or Megatron-LM's functional-test launcher, by xargs and eval) removes before "
+            f"Megatron reads it: give it unescaped, {_unescaped(layout)!r}."
+        )
     text = expand(layout)
     stages = text.split("|")
     problems = []

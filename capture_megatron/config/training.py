@@ -17,13 +17,6 @@ from capture_megatron.serial import JsonMixin
 
 LR_DECAY_STYLES = ("constant", "linear", "cosine", "inverse-square-root", "WSD")
 """Megatron's --lr-decay-style choices."""
-OPTIMIZERS = ("adam", "sgd", "muon", "dist_muon")
-"""Megatron-LM's --optimizer choices."""
-NOT_ADAM = (
-    "only Adam (Megatron-LM's default) is modelled and trained; other optimizers keep other "
-    "state (SGD one momentum buffer, Muon its own), not modelled yet"
-)
-"""Why a non-Adam optimizer is refused."""
 CKPT_FORMATS = ("torch", "torch_dist", "torch_dcp", "fsdp_dtensor")
 """Megatron-LM's --ckpt-format choices (the format does not change training memory)."""
 EXIT_SIGNALS = (
@@ -42,7 +35,8 @@ EXIT_SIGNALS = (
 
 @dataclass(frozen=True)
 class OptimOptions(JsonMixin):
-    """Adam, learning-rate schedule and gradient clipping."""
+    """Adam, learning-rate schedule and gradient clipping (the optimizer's kind is the plan's:
+    capture_megatron.features.optimizers)."""
 
     lr: float = flag("--lr", 1e-4)
     """Peak learning rate."""
@@ -66,9 +60,6 @@ class OptimOptions(JsonMixin):
     """Adam epsilon."""
     initial_loss_scale: float = flag("--initial-loss-scale", 4294967296.0)
     """fp16 only: starting dynamic loss scale."""
-    optimizer: str = flag("--optimizer", "adam", choices=OPTIMIZERS)
-    """The optimizer: Megatron-LM's choices are accepted, Adam (its default) is the one
-    capture-megatron models and trains."""
 
     def __post_init__(self) -> None:
         require(value_problems(self), "flags")  # types, finite, not negative, >= 1
@@ -86,8 +77,6 @@ class OptimOptions(JsonMixin):
         for name in ("adam_beta1", "adam_beta2"):
             if not 0 <= getattr(self, name) < 1:
                 p.append(f"--{name.replace('_', '-')} {getattr(self, name)} not in [0, 1)")
-        if self.optimizer != "adam":
-            p.append(f"--optimizer {self.optimizer}: {NOT_ADAM}")
         require(p, "optimizer settings")
 
 

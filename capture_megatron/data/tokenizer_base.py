@@ -9,11 +9,17 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from capture_megatron.config import versions
 from capture_megatron.errors import CaptureError
 
-with warnings.catch_warnings():  # megatron-core warns at import that TE / Apex are absent
-    warnings.simplefilter("ignore")
-    from megatron.core.datasets.megatron_tokenizer import MegatronLegacyTokenizer
+if versions.current() == versions.V0_16:
+    with warnings.catch_warnings():  # megatron-core warns at import that TE / Apex are absent
+        warnings.simplefilter("ignore")
+        from megatron.core.datasets.megatron_tokenizer import MegatronLegacyTokenizer
+else:  # megatron-core 0.17 removed it; its datasets read only what the tokenizers here define
+    from capture_megatron.data.identified import (  # type: ignore[assignment]  # same contract
+        IdentifiedTokenizer as MegatronLegacyTokenizer,
+    )
 
 
 @contextmanager

@@ -1,8 +1,9 @@
 """Run megatron-core 0.16.1 on a machine without CUDA (CPU, or the meta/fake device for profiling).
 
-Applied only when CUDA is absent (``apply()`` is a no-op on a GPU machine unless forced to a
-device). Nothing in site-packages is edited; every patch is made at run time and names the Megatron
-call sites it serves:
+Applied only when CUDA is absent: on a GPU machine ``apply()`` makes only the patches megatron-core
+needs there too without Transformer Engine (emulate/te_absent.py), unless forced to a device.
+Nothing in site-packages is edited; every patch is made at run time and names the Megatron call
+sites it serves:
 
 1. ``torch.cuda.current_device`` returns the host device ("cpu" or "meta"). Served call sites:
    ``distributed/param_and_grad_buffer.py`` (grad buffers), ``utils.GlobalMemoryBuffer`` (attention
@@ -25,7 +26,8 @@ call sites it serves:
    ``Tensor.cuda()`` an identity (``language_module.py`` moves tied embeddings before all-reduce).
 5. ``torch.cuda.synchronize`` / ``empty_cache`` become no-ops (p2p_communication, DDP, checkpoint
    strategies call them unconditionally).
-6. Mixture-of-experts layers: the router's TE GEMM name, the alltoall dispatcher's CUDA stream and
+6. Mixture-of-experts layers: the router's TE GEMM name (on every device without TE), the
+   alltoall dispatcher's CUDA stream and
    its split sizes (capture_megatron.emulate.moe_cpu, which lists the call sites); on fake
    tensors, what routing values size (capture_megatron.emulate.moe_fake).
 7. CUDA streams: ``distributed/distributed_data_parallel.py`` creates a
@@ -69,7 +71,7 @@ import contextlib
 import torch
 from torch.overrides import TorchFunctionMode
 
-from capture_megatron.emulate import gloo_settle, moe_cpu, moe_fake, patches
+from capture_megatron.emulate import gloo_settle, moe_cpu, moe_fake, patches, te_absent
 
 FAKE_CUDA_CAPABILITY = (9, 0)
 """The compute capability the fake CUDA device reports (Hopper)."""
@@ -347,8 +349,10 @@ def apply_fake_cuda() -> None:
 
 
 def apply(device: str = "cpu") -> None:
-    """Patch torch/megatron for `device` ("cpu" or "meta"); idempotent; no-op when CUDA is
-    usable. ``patches.revert()`` undoes it."""
+    """Patch torch/megatron for `device` ("cpu" or "meta"); idempotent; where CUDA is usable only
+    what megatron-core needs without Transformer Engine (te_absent). ``patches.revert()`` undoes
+    it."""
+    te_absent.apply()
     if patches.device() == device or (device == "cpu" and not needed()):
         return
     patches.exit_modes()

@@ -1,4 +1,4 @@
-"""The fake CUDA device: FakeTensorMode with autograd on `cuda:0` tensors in a CPU-only torch build.
+"""The fake CUDA device: FakeTensorMode with autograd on `cuda:0` tensors in a torch without a GPU.
 
 A CPU-only torch can create fake CUDA tensors, but the first autograd node on one aborts the
 process (autograd asks for CUDA's device guard, which a CPU build lacks). fake_cuda.cpp registers
@@ -9,6 +9,8 @@ a whole megatron-core model run forward and backward on fake CUDA tensors, so th
 CUDA's dispatch (native_dropout keeps a bool mask, native_layer_norm fp32 statistics, the flash
 attention op its log-sum-exp). torch.cuda.is_available() stays False; real CPU tensors are
 unaffected. Probes on this device run in their own process (capture_megatron.profile.worker).
+With torch's CUDA build on a machine without a GPU (Python 3.12's torch from the package registry)
+the shim first loads torch's CUDA library, then replaces its CUDA guard and hooks the same way.
 See docs/MEMORY_MODEL.md.
 """
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -70,11 +73,12 @@ def shim_path() -> str:
     with open(src, "wb") as f:
         f.write(source)
     lib = os.path.join(torch_dir, "lib")
+    cuda = os.path.join(lib, "libtorch_cuda.so")  # torch's CUDA build: replace its guard, hooks
     cmd = [
         _compiler(), "-O1", "-shared", "-fPIC", "-std=c++17",
         "-I", os.path.join(torch_dir, "include"), src, "-o", tmp,
-        "-L", lib, "-Wl,--no-as-needed", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{lib}",
-    ]  # fmt: skip
+        "-L", lib, "-Wl,--no-as-needed", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{lib}", "-ldl",
+    ] + ([f'-DCAPTURE_MEGATRON_TORCH_CUDA="{cuda}"'] if os.path.exists(cuda) else [])  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode:
         raise CaptureError(
@@ -85,14 +89,26 @@ def shim_path() -> str:
     return path
 
 
+def cuda_build() -> bool:
+    """Whether the installed torch is a CUDA build (read from torch/version.py: the shim is loaded,
+    or not, before torch is imported). A CUDA build registers CUDA's device guard and hooks
+    itself, and a second registration of the hooks would end the process."""
+    with open(os.path.join(_torch_dir(), "version.py")) as f:
+        found = re.search(r"^cuda\b[^=]*=\s*(.+?)\s*$", f.read(), re.M)
+    return found is not None and found.group(1) != "None"
+
+
 def load() -> None:
-    """Load the shim into this process; CaptureError when torch is imported already (the shim
-    must register before torch's first CUDA lookup)."""
+    """Load the shim into this process (nothing to load into a CUDA build of torch); CaptureError
+    when torch is imported already (the shim must register before torch's first CUDA lookup)."""
     if "torch" in sys.modules:
         raise CaptureError(
             "the fake CUDA shim must be loaded before torch is imported; fake-cuda probes run in "
             "their own process (python -m capture_megatron.profile.worker)"
         )
+    if cuda_build():
+        _LOADED.append("torch's own CUDA device guard")
+        return
     path = shim_path()
     ctypes.CDLL(path, mode=os.RTLD_GLOBAL)
     _LOADED.append(path)

@@ -5,9 +5,8 @@ when CUDA is absent); nothing in site-packages is edited. Each names the megatro
 serves:
 
 1. ``transformer/moe/moe_utils.py`` defines ``te_general_gemm`` only when Transformer Engine
-   imports, but ``RouterGatingLinearFunction.forward`` / ``backward`` (the router's gating GEMM)
-   read it unconditionally and fall back to ``torch.mm`` when it is None: without TE the name is
-   missing (NameError), so it is set to None.
+   imports, but the router's gating GEMM reads it unconditionally: without TE it is set to None
+   (capture_megatron.emulate.te_absent, which every device applies, a GPU included).
 2. ``transformer/moe/token_dispatcher.py``, ``MoEAlltoAllTokenDispatcher``: the constructor creates
    a class-wide ``torch.cuda.Stream()`` (a CPU build of torch refuses to instantiate it), and
    ``_maybe_dtoh_and_synchronize`` copies the routing counts to the host on that side stream, with
@@ -39,7 +38,7 @@ local spec's experts.
 
 from __future__ import annotations
 
-from capture_megatron.emulate import patches
+from capture_megatron.emulate import patches, te_absent
 
 
 class HostStream:
@@ -120,11 +119,9 @@ def apply() -> None:
     """Install the patches (idempotent)."""
     if not patches.first("moe_cpu"):
         return
-    from megatron.core.transformer.moe import moe_utils, token_dispatcher
+    from megatron.core.transformer.moe import token_dispatcher
 
-    if not hasattr(moe_utils, "te_general_gemm"):  # megatron-core: None = no TE
-        why = "patch 6: the router's TE GEMM name, None = no TE"
-        patches.patch(moe_utils, "te_general_gemm", None, why, adds=True)
+    te_absent.apply()
     dispatcher = token_dispatcher.MoEAlltoAllTokenDispatcher
     why = "patch 6: the alltoall dispatcher's device-to-host stream, on the host"
     if dispatcher.cuda_dtoh_stream is None:
@@ -133,8 +130,10 @@ def apply() -> None:
     patches.patch(dispatcher, "_maybe_dtoh_and_synchronize", host_dtoh_and_synchronize, why)
     original = token_dispatcher.all_to_all
 
-    def all_to_all(group, input_, output_split_sizes_=None, input_split_sizes=None):
-        return original(group, input_, _as_list(output_split_sizes_), _as_list(input_split_sizes))
+    def all_to_all(group, input_, output_split_sizes_=None, input_split_sizes=None, **more):
+        # more: 0.19's use_nccl_stream (async all_to_all_single waited at once: the same on gloo)
+        sizes = _as_list(output_split_sizes_), _as_list(input_split_sizes)
+        return original(group, input_, *sizes, **more)
 
     why = "patch 6: the alltoall dispatcher's split sizes as lists (gloo's all_to_all)"
     patches.patch(token_dispatcher, "all_to_all", all_to_all, why)

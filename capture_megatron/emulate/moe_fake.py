@@ -31,7 +31,9 @@ from capture_megatron.emulate import patches
 
 class SelectedCount(TorchDispatchMode):
     """Answers aten.masked_select with `count` elements (the mask's known number of true
-    entries); every other op passes through."""
+    entries), and the one scalar read (megatron-core 0.19's dispatch_postprocess sizes its
+    permutation by tokens_per_expert.sum().item(): the same count); every other op passes
+    through."""
 
     def __init__(self, count: int):
         super().__init__()
@@ -44,6 +46,8 @@ class SelectedCount(TorchDispatchMode):
         if func is torch.ops.aten.masked_select.default:
             src = args[0]
             return torch.empty(self.count, dtype=src.dtype, device=src.device)
+        if func is torch.ops.aten._local_scalar_dense.default:
+            return self.count
         return func(*args, **(kwargs or {}))
 
 

@@ -12,6 +12,8 @@ capture_megatron.emulate.gpu.
 - recompute: activation recomputation (granularity, method, --recompute-modules);
 - activation_offload: fine-grained activation offloading (--offload-modules);
 - optimizer_offload: optimizer CPU offloading (HybridDeviceOptimizer);
+- optimizers: the optimizers besides Adam (--optimizer sgd / muon / dist_muon);
+- fsdp: Megatron-FSDP (--use-megatron-fsdp, --data-parallel-sharding-strategy);
 - tp_overlap: TP communication overlap's userbuffers (--tp-comm-overlap);
 - delay_wgrad: --delay-wgrad-compute's queued weight-gradient inputs (with the EP overlap);
 - cuda_graphs: CUDA graphs (--cuda-graph-impl, --cuda-graph-scope): rules and static buffers.

@@ -91,9 +91,27 @@ def train_config(ns: argparse.Namespace, world_size: int, vocab_size: int | None
             "it); its memory is forecast by `plan` / `predict` with the GPU kernel set, and "
             "Megatron-LM runs it with the plan's flags"
         )
+    ddp = ddp_options(ns)
+    if ddp.fsdp.enabled:
+        raise CaptureError(
+            "--use-megatron-fsdp: capture-megatron's trainer wraps the model in megatron-core's "
+            "DDP only (Megatron-FSDP needs CUDA streams, NCCL and DTensor device meshes on CUDA, "
+            "which its CPU ranks cannot give); `plan` and `predict` forecast it with the GPU "
+            "kernel set (capture_megatron.features.fsdp), and Megatron-LM runs it with the "
+            "plan's flags"
+        )
+    checkpoints = bool(getattr(ns, "save", "") or getattr(ns, "load", ""))
+    if ddp.optimizer.muon or (ddp.optimizer.optimizer == "sgd" and checkpoints):
+        what = "SGD with --save / --load" if checkpoints else "Muon"
+        raise CaptureError(
+            f"--optimizer {ddp.optimizer.optimizer}: capture-megatron's trainer does not train "
+            f"{what} (Muon needs NVIDIA's Emerging-Optimizers, which is not installed here; "
+            "checkpoints are Adam's); `plan` and `predict` forecast its state and step "
+            "(capture_megatron.features.optimizers), and Megatron-LM runs it with the plan's flags"
+        )
     return TrainConfig(
         shape=shape,
-        plan=parallel_plan(from_namespace(ParallelFlags, ns), shape, world_size, ddp_options(ns)),
+        plan=parallel_plan(from_namespace(ParallelFlags, ns), shape, world_size, ddp),
         optim=from_namespace(OptimOptions, ns),
         data=data_options(ns),
         checkpoint=from_namespace(CheckpointOptions, ns),

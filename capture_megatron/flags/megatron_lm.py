@@ -1,8 +1,14 @@
-"""Every argument of Megatron-LM's pretrain_gpt.py (core_v0.16.1, megatron_args.json), for commands
-that take a Megatron-LM command line verbatim (`predict`, `plan`): the arguments capture-megatron's
-own option classes do not declare are added to the parser from the table (hidden from --help) and,
-after parsing, each one given is accepted and ignored, or refused with the reason
-(capture_megatron.rules.flags). Pure Python (no torch).
+"""Every argument of Megatron-LM's pretrain_gpt.py, for commands that take a Megatron-LM command
+line verbatim (`predict`, `plan`): the arguments capture-megatron's own option classes do not
+declare are added to the parser from the table (hidden from --help) and, after parsing, each one
+given is accepted and ignored, or refused with the reason (capture_megatron.rules.flags). Pure
+Python (no torch).
+
+One table per megatron-core series (TABLES): Megatron-LM core_v0.16.1's arguments
+(megatron_args.json) and core_v0.19.0's (megatron_args-0.19.json), both extracted by
+tests/data/extract_megatron_lm.py. A command line is read with the table of the installed
+megatron-core (0.17 and 0.18, whose Megatron-LM no table was extracted for, with 0.19's: the
+flags they added are in it).
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
+from capture_megatron.config import versions
 from capture_megatron.errors import CaptureError
 from capture_megatron.rules import flags as policy
 
@@ -21,6 +28,8 @@ PREFIX = "megatron_lm:"
 """Namespace attributes of the arguments added from the table start with this."""
 TYPES = {"int": int, "float": float, "str": str}
 """Types the table names that values are parsed to (other types: kept as text)."""
+TABLES = {versions.V0_16: "megatron_args.json", versions.V0_19: "megatron_args-0.19.json"}
+"""Megatron-LM's arguments per megatron-core series (package data of capture_megatron.flags)."""
 
 
 @dataclass(frozen=True)
@@ -47,10 +56,26 @@ class Argument:
         return value == self.default or str(value) == str(self.default)
 
 
+def table_series(series: versions.Series | None = None) -> versions.Series:
+    """The series whose table reads a command line for megatron-core `series` (default: the
+    installed one): the newest table at or below it, 0.17 and 0.18 reading 0.19's."""
+    series = series or versions.current()
+    return versions.V0_16 if series == versions.V0_16 else versions.V0_19
+
+
+def arguments(series: versions.Series | None = None) -> tuple[Argument, ...]:
+    """Every argument of pretrain_gpt.py for megatron-core `series` (default: the installed)."""
+    return _arguments(table_series(series))
+
+
+def all_flag_names() -> frozenset[str]:
+    """Every spelling of every argument of any series' table."""
+    return frozenset(f for s in TABLES for a in _arguments(s) for f in a.flags)
+
+
 @functools.cache
-def arguments() -> tuple[Argument, ...]:
-    """Every argument of pretrain_gpt.py (core_v0.16.1)."""
-    text = resources.files("capture_megatron.flags").joinpath("megatron_args.json").read_text()
+def _arguments(series: versions.Series) -> tuple[Argument, ...]:
+    text = resources.files("capture_megatron.flags").joinpath(TABLES[series]).read_text()
     rows = json.loads(text)["arguments"]
     return tuple(
         Argument(
@@ -128,6 +153,7 @@ def check(ns: argparse.Namespace) -> tuple[str, ...]:
         invalid += [f"--fine-grained-activation-offloading ({stop[1]})"] if stop else []
     else:  # read only with it (every megatron-core call site tests it first)
         ignored += _read_only_with_offloading(ns)
+    ignored += _read_only_with_fsdp(ns)
     for name, value in given(ns).items():
         arg = table[name]
         if arg.kind == "storefalse":  # given means set to False, i.e. off the default
@@ -160,6 +186,28 @@ def _read_only_with_offloading(ns: argparse.Namespace) -> list[str]:
     out = ["--offload-modules"] if getattr(ns, "offload_modules", None) else []
     size = getattr(ns, "min_offloaded_tensor_size", 1024 * 1024)
     return out + (["--min-offloaded-tensor-size"] if size != 1024 * 1024 else [])
+
+
+FSDP_KNOBS = {
+    "data_parallel_sharding_strategy": "no_shard",
+    "outer_dp_sharding_strategy": "no_shard",
+    "fsdp_double_buffer": False,
+    "suggested_communication_unit_size": None,
+    "nccl_ub": False,
+}
+"""Megatron-FSDP's settings (capture_megatron.features.fsdp.Fsdp) and their defaults: without
+--use-megatron-fsdp megatron-core's DDP reads none of them but --use-nccl-ub, which gives its
+buffers the same bytes from an NCCL-registered pool."""
+
+
+def _read_only_with_fsdp(ns: argparse.Namespace) -> list[str]:
+    """Megatron-FSDP's settings given without --use-megatron-fsdp: they change nothing, so they
+    are listed as ignored."""
+    if getattr(ns, "use_megatron_fsdp", False):
+        return []
+    given = [k for k, v in FSDP_KNOBS.items() if getattr(ns, k, v) != v]
+    names = {"nccl_ub": "use_nccl_ub"}
+    return ["--" + names.get(k, k).replace("_", "-") for k in given]
 
 
 def _refusal(refused: list[str], invalid: list[str]) -> str:

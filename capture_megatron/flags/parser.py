@@ -34,8 +34,10 @@ from capture_megatron.config import (
 from capture_megatron.errors import CaptureError, require
 from capture_megatron.features.activation_offload import ActivationOffload
 from capture_megatron.features.cuda_graphs import CudaGraphs
+from capture_megatron.features.fsdp import Fsdp
 from capture_megatron.features.mla import LatentAttention
 from capture_megatron.features.moe import Experts
+from capture_megatron.features.optimizers import Optimizer
 from capture_megatron.fields import Flag, field_docs, flagged_fields, value_problems
 from capture_megatron.flags.megatron_lm import flag_names
 
@@ -273,16 +275,20 @@ def add_parallel_flags(p: argparse.ArgumentParser) -> None:
     add_fields(p, DdpOptions, "gradient buffers and optimizer state (Megatron flags)")
     add_fields(p, ActivationOffload, "fine-grained activation offloading (Megatron flags)")
     add_fields(p, CudaGraphs, "CUDA graphs (Megatron flags)")
+    add_fields(p, Optimizer, "optimizer kind (Megatron flags)")
+    add_fields(p, Fsdp, "Megatron-FSDP (Megatron flags)")
 
 
 def ddp_options(ns: argparse.Namespace) -> DdpOptions:
     """DdpOptions from parsed flags, with its fine-grained activation offloading and CUDA graph
-    settings."""
+    settings, its optimizer and Megatron-FSDP."""
     return from_namespace(
         DdpOptions,
         ns,
         activation_offload=from_namespace(ActivationOffload, ns),
         cuda_graphs=from_namespace(CudaGraphs, ns),
+        optimizer=from_namespace(Optimizer, ns),
+        fsdp=from_namespace(Fsdp, ns),
     )
 
 

@@ -95,7 +95,6 @@ def _split(
                 "decoder_first_pipeline_num_layers",
                 "decoder_last_pipeline_num_layers",
                 "num_layers_per_virtual_pipeline_stage",
-                "num_virtual_stages_per_pipeline_rank",
                 "account_for_embedding_in_pipeline_split",
                 "account_for_loss_in_pipeline_split",
             )
@@ -107,7 +106,17 @@ def _split(
                 + ", ".join("--" + f.replace("_", "-") for f in clash)
             )
         counts = parse_layout(flags.pipeline_model_parallel_layout, pp, num_layers, mtp_layers)
-        return counts, len(counts) // pp
+        vpp = len(counts) // pp
+        given = flags.num_virtual_stages_per_pipeline_rank
+        if given is not None and given != vpp:
+            raise CaptureError(
+                f"--num-virtual-stages-per-pipeline-rank {given} conflicts with "
+                f"--pipeline-model-parallel-layout, which has {len(counts)} stages, {vpp} per "
+                f"pipeline rank (megatron-core's TransformerConfig: "
+                "'virtual_pipeline_model_parallel_size conflicts with "
+                "pipeline_model_parallel_layout'); give one of them, or the layout's count"
+            )
+        return counts, vpp
     embedding = bool(flags.account_for_embedding_in_pipeline_split)
     loss = bool(flags.account_for_loss_in_pipeline_split)
     vpp = _vpp(flags, num_layers + int(embedding) + int(loss), pp)
@@ -130,7 +139,38 @@ def _split(
     return first_last_split(num_layers, pp, vpp, first, last), vpp
 
 
+def refuse_both_vpp(flags: ParallelFlags) -> None:
+    """CaptureError when both spellings of VPP are given (Megatron-LM asserts the same)."""
+    per, count = (
+        flags.num_layers_per_virtual_pipeline_stage,
+        flags.num_virtual_stages_per_pipeline_rank,
+    )
+    if per is not None and count is not None:
+        raise CaptureError(
+            f"--num-layers-per-virtual-pipeline-stage {per} and "
+            f"--num-virtual-stages-per-pipeline-rank {count} cannot be set at the same time "
+            "(Megatron-LM refuses it too): give one of them"
+        )
+
+
+def split_notes(flags: ParallelFlags) -> tuple[str, ...]:
+    """What the output says of the pipeline split flags: a layout given with an agreeing
+    --num-virtual-stages-per-pipeline-rank (as Megatron-Bridge passes them) runs in megatron-core,
+    whose TransformerConfig only checks they agree, but Megatron-LM's pretrain_gpt.py takes one of
+    them (arguments.py asserts it)."""
+    if not (flags.pipeline_model_parallel_layout and flags.num_virtual_stages_per_pipeline_rank):
+        return ()
+    return (
+        "--pipeline-model-parallel-layout with --num-virtual-stages-per-pipeline-rank "
+        f"{flags.num_virtual_stages_per_pipeline_rank}: megatron-core (and Megatron-Bridge, which "
+        "sets both) runs them when they agree, as here; Megatron-LM's pretrain_gpt.py takes only "
+        "one of them ('No more than one of the following arguments can be set at the same time'): "
+        "give it the layout alone",
+    )
+
+
 def _vpp(flags: ParallelFlags, num_layers: int, pp: int) -> int:
+    refuse_both_vpp(flags)
     if flags.num_virtual_stages_per_pipeline_rank is not None:
         return flags.num_virtual_stages_per_pipeline_rank
     per = flags.num_layers_per_virtual_pipeline_stage

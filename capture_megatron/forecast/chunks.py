@@ -8,8 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from capture_megatron.config import DdpOptions, ModelShape, ParallelPlan
+from capture_megatron.config.kernels import FOREACH_ADAM_BYTES
 from capture_megatron.fit import KindConstants, ShapeConstants, Sizes
-from capture_megatron.forecast import mixed, offload, retained
+from capture_megatron.forecast import fsdp, mixed, offload, optimizers, retained
 from capture_megatron.forecast.layers import Layers, sizes_for
 from capture_megatron.forecast.static import LayerRun, layer_static, layout_of
 from capture_megatron.forecast.wgrad import wgrad_hold
@@ -55,8 +56,9 @@ class ChunkCost:
     routing_state: float = 0.0
     """Bytes the chunk's layers keep for good beyond parameters: the MoE token dispatchers' last
     routing (probabilities and map, permutation indices; alive from the first forward on) and
-    the layers' registered module buffers (MLA's YaRN cos/sin tables); counted with the rank's
-    other static bytes (0 for standard dense layers)."""
+    the layers' registered module buffers (MLA's YaRN cos/sin tables), Megatron-FSDP's double
+    buffers and gathered non-layer weights (FsdpChunk.buffers); counted with the rank's other
+    static bytes (0 for standard dense layers)."""
     step_copies: float = 0.0
     """Of the optimizer step, what it allocates for this chunk's parameters that every chunk's
     adds to (StaticBytes.copies: fp32 copies of 16-bit gradients or of low-precision optimizer
@@ -74,6 +76,9 @@ class ChunkCost:
     offloaded: float = 0.0
     """Fine-grained activation offloading: the bytes one micro-batch of this chunk moves to pinned
     host memory (its layers' offloaded groups); 0 without offloading."""
+    gathered: tuple[float, float] = (0.0, 0.0)
+    """--optimizer dist_muon: what its all-gather after the step allocates for this chunk's
+    (dense, expert) parameters; a rank's gathers add up (forecast.optimizers)."""
 
 
 def chunk_kind(plan: ParallelPlan, pp_rank: int, vp: int) -> str:
@@ -223,17 +228,31 @@ def chunk_cost(
         pre, runs, post, shape.dtype, dp, plan.distributed_optimizer, shared, expert, plan.ddp,
         bucket, fp8,
     )  # fmt: skip
-    alone = 0.0
-    if plan.ddp.use_precision_aware_optimizer:
+    alone, gathered, parts = 0.0, (0.0, 0.0), (pre, runs, post, expert)
+    foreach = 0.0
+    state = _routing_state(layers, z, kinds[-1], moe, shape.mtp_num_layers) if kinds else 0.0
+    if plan.ddp.fsdp.enabled:  # Megatron-FSDP (Adam): capture_megatron.forecast.fsdp
+        passes = fsdp.Passes(fwd, bwd, saved)
+        f = fsdp.chunk_state(plan.ddp, shape.dtype, parts, dp, kind, bucket, passes)
+        st, fwd, bwd, state = f.static, f.forward, f.backward, state + f.buffers
+    elif plan.ddp.optimizer.optimizer != "adam":  # SGD, Muon: capture_megatron.forecast.optimizers
+        rows = (shape.dtype, plan.tp, shape.padded_vocab(plan.tp) // plan.tp * shape.hidden_size)
+        temp = ADAM_TEMP if layers.torch_adam else 0
+        st, step, gathered = optimizers.chunk_state(
+            plan.ddp.optimizer, st, step, parts, rows, dp, temp
+        )
+    elif plan.ddp.use_precision_aware_optimizer:
         step, alone = _fused_adam_step(plan.ddp, st.largest, layers.torch_adam)
     elif layers.torch_adam:
         step = max(step + ADAM_TEMP * st.largest, 0.0)
-    state = _routing_state(layers, z, kinds[-1], moe, shape.mtp_num_layers) if kinds else 0.0
+    elif layers.foreach_adam and not plan.ddp.optimizer_cpu_offload:
+        # one optimizer steps every chunk of the rank together: a temporary per updated element
+        foreach = FOREACH_ADAM_BYTES * st.owned
     state += sum(moe.count(m) * float(c.lbuf1 or 0.0) for m, c in zip(sorted(set(moe)), kinds))
     return ChunkCost(
         kind, k, inp + saved, inp, fwd, bwd, step, st.params + round(fp8_state), st.grads,
-        st.optimizer, buffers, redone, ret, ret_grad, state, st.copies, alone, st.host,
-        offload.kept_bytes(own, moved), sum(per_layer),
+        st.optimizer, buffers, redone, ret, ret_grad, state, st.copies + foreach, alone, st.host,
+        offload.kept_bytes(own, moved), sum(per_layer), gathered,
     )  # fmt: skip
 
 
@@ -315,6 +334,8 @@ def _net_step(layers: Layers, sc: ShapeConstants, kind: str, k: int, per_element
     measured = c.step1 if k else c.step_ends
     numels = (*c.end_numels, *(sc.layer_numels if k else ()))
     adam = ADAM_TEMP * max(numels, default=0) if layers.torch_adam else 0
+    if layers.foreach_adam:  # the probe's own foreach temporaries (chunk_cost adds the rank's)
+        adam = FOREACH_ADAM_BYTES * sum(numels)
     return measured - per_element * sum(numels) - adam
 
 

@@ -33,6 +33,10 @@ class Layers:
     """Whether the probes' optimizer is torch's Adam with megatron's local multi-tensor fallbacks
     (the CPU device: no TE or apex), whose step temporaries depend on the largest parameter slice
     (predict.chunks.ADAM_TEMP)."""
+    foreach_adam: bool = False
+    """Whether the GPU run trains with torch's AdamW (the kernel set's --adam-impl torch: no TE
+    or apex), whose foreach step holds an fp32 temporary per updated element
+    (config.kernels.FOREACH_ADAM_BYTES)."""
 
     @property
     def mixed(self) -> bool:
@@ -150,6 +154,14 @@ def layers_for(model: MemoryModel, shape: ModelShape, plan: ParallelPlan) -> Lay
     """The fitted models a (shape, plan) is predicted from (a CaptureError when one is missing)."""
     found = [find_variant(model, v) for v in variants_of(shape, plan)]
     measured, cpu = not model.device.startswith("fake"), model.device == "cpu"
+    foreach = not cpu and "/torch-adam" in model.kernels
     if len(found) == 1:
-        return Layers(found[0], step_measured=measured, torch_adam=cpu)
-    return Layers(found[0], found[1], shape.moe_layers, step_measured=measured, torch_adam=cpu)
+        return Layers(found[0], step_measured=measured, torch_adam=cpu, foreach_adam=foreach)
+    return Layers(
+        found[0],
+        found[1],
+        shape.moe_layers,
+        step_measured=measured,
+        torch_adam=cpu,
+        foreach_adam=foreach,
+    )

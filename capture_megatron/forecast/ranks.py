@@ -304,14 +304,16 @@ def deferral(shape: ModelShape, plan: ParallelPlan, pp_rank: int) -> tuple[float
 def _static(
     layers: Layers, chunks: list[ChunkCost], shape: ModelShape, plan: ParallelPlan, pp_rank: int
 ) -> tuple[float, float, float, float, float]:
-    """(params, grads, optimizer, other, the optimizer step's peak) of a rank's chunks."""
+    """(params, grads, optimizer, other, the optimizer step's peak) of a rank's chunks (dist_muon's
+    all-gathers follow every chunk's step)."""
     params = sum(c.params for c in chunks)
     grads = sum(c.grads for c in chunks)
     opt = sum(c.optimizer for c in chunks)
     routing = sum(c.routing_state for c in chunks)
     gathers = deferral(shape, plan, pp_rank)[1]
     other = max(c.buffers for c in chunks) + layers.workspace_bytes + routing + gathers
-    step = max(c.step for c in chunks) + sum(c.step_copies for c in chunks)
+    layer_wise = max(sum(c.gathered[0] for c in chunks), sum(c.gathered[1] for c in chunks))
+    step = max(max(c.step for c in chunks), layer_wise) + sum(c.step_copies for c in chunks)
     return params, grads, opt, other, max(step, max(c.step_alone for c in chunks))
 
 

@@ -56,6 +56,9 @@ class StaticBytes:
     host: int = 0
     """Host bytes (--optimizer-cpu-offload: what HybridDeviceOptimizer keeps on the host for
     the slices it moved there; capture_megatron.features.optimizer_offload)."""
+    owned: int = 0
+    """Elements this rank's optimizer updates on the device (its shard with the distributed
+    optimizer, less what --optimizer-cpu-offload moves to the host)."""
 
 
 @dataclass(frozen=True)
@@ -182,6 +185,7 @@ def _bytes(layout: Layout, total: int, elements: int, tensors: int, largest: int
         kept * layout.copies,
         largest,
         moved * HOST_BYTES + moved_slices * HOST_STEP_BYTES,
+        kept,
     )
 
 
@@ -383,4 +387,5 @@ def layer_static(
         copies=sum(p.copies for p in parts),
         largest=max(p.largest for p in parts),
         host=sum(p.host for p in parts),
+        owned=sum(p.owned for p in parts),
     )

@@ -44,6 +44,9 @@ def config_fields(shape: ModelShape) -> dict:
     mla = shape.mla
     if not mla.enabled:
         return fields
+    from capture_megatron.megatron import versioned
+
+    versioned.check_mla_query_norm(shape.qk_layernorm, mla.q_lora)
     return {
         **fields,
         "multi_latent_attention": True,

@@ -234,7 +234,7 @@ def layer_spec(shape: ModelShape, backend: Backend):
         from capture_megatron.megatron.gpu_spec import gpu_layer_spec
 
         assert backend.kernels is not None
-        return gpu_layer_spec(spec, backend.kernels, LocalNorm)
+        return gpu_layer_spec(spec, backend.kernels, LocalNorm, shape.moe.moe_grouped_gemm)
     return local_norms(spec)
 
 
@@ -290,7 +290,7 @@ def build_gpt(
             from capture_megatron.megatron.gpu_spec import gpu_block_spec
 
             assert backend.kernels is not None
-            spec = gpu_block_spec(spec, backend.kernels)
+            spec = gpu_block_spec(spec, backend.kernels, shape.moe.moe_grouped_gemm)
         layers = [with_context_parallel(s, plan, te_attention, emulated) for s in spec.layer_specs]  # type: ignore[union-attr]  # listed
         spec = dataclasses.replace(spec, layer_specs=[attention.latent_core(s) for s in layers])
     else:

@@ -51,12 +51,51 @@ def missing_extensions(
     return [f"{' and '.join(mods)} not installed (give {fix})" for fix, mods in by_fix.items()]
 
 
-def gpu_kernels(kernels: Kernels, impl: str, find: Callable[[str], bool] | None = None) -> Kernels:
-    """The kernels a training run or a probe on a real GPU builds with: `impl` (resolve_impl) and
-    the fused kernels asked for; one CaptureError naming every fused kernel whose extension is
-    missing (megatron-core would raise inside the model build, or at the first forward)."""
+FUSED_ADAM = ("transformer_engine", "apex.optimizers")
+"""The modules whose FusedAdam megatron-core's optimizer imports, in its order (megatron-core
+0.16.1 optimizer/__init__.py: TE's, else apex's, else torch.optim.AdamW); apex by its optimizers
+package (PyPI's `apex` is another project)."""
+
+
+def found_module(module: str) -> bool:
+    """Whether `module` can be imported here (False when a parent package is missing)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ImportError:  # a parent package missing
+        return False
+
+
+def adam_impl(kernels: Kernels, find: Callable[[str], bool] | None = None) -> str:
+    """The Adam a run on this GPU machine trains with (Kernels.adam_impl resolved: fused when TE
+    or apex is installed, else torch); CaptureError when --adam-impl asks for the other one,
+    which megatron-core's import order would not give."""
     from capture_megatron.errors import CaptureError
 
+    installed = [m for m in FUSED_ADAM if (find or found_module)(m)]
+    have = "fused" if installed else "torch"
+    if kernels.adam_impl not in ("auto", have):
+        why = (
+            f"{installed[0].split('.')[0]} is installed, so megatron-core trains with its FusedAdam"
+            if installed
+            else "neither Transformer Engine nor apex is installed, so megatron-core trains with "
+            "torch.optim.AdamW"
+        )
+        raise CaptureError(
+            f"--adam-impl {kernels.adam_impl}: {why}; give --adam-impl {have} (or leave it out)."
+        )
+    return have
+
+
+def gpu_kernels(kernels: Kernels, impl: str, find: Callable[[str], bool] | None = None) -> Kernels:
+    """The kernels a training run or a probe on a real GPU builds with: `impl` (resolve_impl),
+    the Adam installed (adam_impl) and the fused kernels asked for; one CaptureError naming every
+    fused kernel whose extension is missing (megatron-core would raise inside the model build, or
+    at the first forward)."""
+    from capture_megatron.errors import CaptureError
+
+    kernels = dataclasses.replace(kernels, adam_impl=adam_impl(kernels, find))
     missing = missing_extensions(kernels, impl, find)
     if missing:
         raise CaptureError(

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 
 from capture_megatron.config import Kernels
+from capture_megatron.megatron import versioned
 
 
 def fp8_setting(kernels: Kernels):
@@ -25,8 +26,9 @@ def fp8_setting(kernels: Kernels):
     return Fp8Setting(kernels.fp8_recipe, kernels.fp8_param_gather, kernels.fp8_amax_history_len)
 
 
-def gpu_layer_spec(spec, kernels: Kernels, local_norm):
-    """megatron's local ModuleSpec `spec` with the kernel set's modules."""
+def gpu_layer_spec(spec, kernels: Kernels, local_norm, grouped: bool | None = None):
+    """megatron's local ModuleSpec `spec` with the kernel set's modules (`grouped`: the MoE
+    experts are one grouped GEMM, --moe-grouped-gemm; None: as the local spec builds them)."""
     from capture_megatron.emulate.gpu.compiled import CompiledL2Norm
     from capture_megatron.emulate.gpu.select import core_attention
     from capture_megatron.megatron.attention import attention_norms
@@ -39,7 +41,8 @@ def gpu_layer_spec(spec, kernels: Kernels, local_norm):
     if te:
         fp8, ub = fp8_setting(kernels), kernels.tp_comm_overlap
         attn_parts = _te_projections(attn_parts, fp8, ub)
-        mlp = moe_spec(mlp, fp8) if hasattr(mlp.submodules, "experts") else _te_mlp(mlp, fp8, ub)
+        moe = hasattr(versioned.submodules_of(mlp), "experts")
+        mlp = moe_spec(mlp, fp8, grouped) if moe else _te_mlp(mlp, fp8, ub)
     attn = dataclasses.replace(attn, submodules=attn_parts)
     layer = dataclasses.replace(
         layer,
@@ -88,35 +91,31 @@ def _te_mlp(mlp, fp8=None, userbuffers: bool = False):
     from capture_megatron.emulate.gpu.linear import te_column_linear, te_row_linear
 
     fc1 = te_column_linear(fp8, userbuffers)
-    parts = dataclasses.replace(mlp.submodules, linear_fc1=fc1, linear_fc2=te_row_linear(fp8))
-    return dataclasses.replace(mlp, submodules=parts)
+    parts = versioned.submodules_of(mlp)
+    parts = dataclasses.replace(parts, linear_fc1=fc1, linear_fc2=te_row_linear(fp8))
+    return versioned.with_submodules(mlp, parts)
 
 
-def moe_spec(mlp, fp8=None):
+def moe_spec(mlp, fp8=None, grouped: bool | None = None):
     """megatron's local MoE spec as TE's: the shared experts' linear_fc1 gathers as TE's does;
-    grouped experts (the local spec's legacy GroupedMLP) become megatron's TEGroupedMLP on the
+    grouped experts (versioned.grouped_experts: 0.16's local GroupedMLP, 0.19's `grouped`)
+    become megatron's TEGroupedMLP on the
     kernel set's GroupedLinear (capture_megatron.emulate.gpu.grouped). Sequential experts keep
     megatron's linear layers in bf16 (the dispatcher does their communication, so TE's Linear
     keeps the same) and TE's FP8 layers' under `fp8`; so do the grouped and shared experts."""
-    from megatron.core.transformer.mlp import MLPSubmodules
-    from megatron.core.transformer.moe.experts import GroupedMLP, TEGroupedMLP
-    from megatron.core.transformer.spec_utils import ModuleSpec
-
     from capture_megatron.emulate.gpu.grouped import grouped_classes
 
-    parts = mlp.submodules
+    parts = versioned.submodules_of(mlp)
     experts = parts.experts
-    if experts.module is GroupedMLP:
-        column, row = grouped_classes(fp8)
-        grouped = MLPSubmodules(linear_fc1=column, linear_fc2=row)
-        experts = ModuleSpec(module=TEGroupedMLP, submodules=grouped)
+    if versioned.grouped_experts(experts, grouped):
+        experts = versioned.grouped_experts_spec(*grouped_classes(fp8))
     elif fp8 is not None:
         experts = _te_mlp(experts, fp8)
     shared = parts.shared_experts
     if shared is not None:
         shared = _te_mlp(shared, fp8)
-    return dataclasses.replace(
-        mlp, submodules=dataclasses.replace(parts, experts=experts, shared_experts=shared)
+    return versioned.with_submodules(
+        mlp, dataclasses.replace(parts, experts=experts, shared_experts=shared)
     )
 
 
@@ -129,12 +128,12 @@ def layer_norm(kernels: Kernels, local_norm):
     return local_norm
 
 
-def gpu_block_spec(block, kernels: Kernels):
+def gpu_block_spec(block, kernels: Kernels, grouped: bool | None = None):
     """A decoder block spec of megatron's local layers (MoE and dense, LocalNorm) with the kernel
-    set's modules in every layer and as the final norm."""
+    set's modules in every layer and as the final norm (`grouped`: as gpu_layer_spec's)."""
     from capture_megatron.megatron.norms import LocalNorm
 
-    layers = [gpu_layer_spec(s, kernels, LocalNorm) for s in block.layer_specs]
+    layers = [gpu_layer_spec(s, kernels, LocalNorm, grouped) for s in block.layer_specs]
     return dataclasses.replace(block, layer_specs=layers, layer_norm=layer_norm(kernels, LocalNorm))
 
 

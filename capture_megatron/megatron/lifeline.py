@@ -36,10 +36,11 @@ def _prctl(option: int, value: int | bytes) -> bool:
         return False
 
 
-def die_with_parent(parent: int) -> None:
-    """SIGKILL this process when its parent dies; exit now when `parent` (the parent pid read at
-    start-up) is gone already."""
-    if _prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL)) and os.getppid() != parent:
+def die_with_parent(parent: int, sig: signal.Signals = signal.SIGKILL) -> None:
+    """Send this process `sig` (default SIGKILL) when its parent dies; exit now when `parent`
+    (the parent pid read at start-up) is gone already. Kept across exec: a launcher sets it for
+    a child between fork and exec (Popen's preexec_fn)."""
+    if _prctl(_PR_SET_PDEATHSIG, int(sig)) and os.getppid() != parent:
         os._exit(1)
 
 

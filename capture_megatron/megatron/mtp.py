@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from capture_megatron.config import ModelShape
+from capture_megatron.megatron import versioned
 
 if TYPE_CHECKING:
     from megatron.core.transformer.multi_token_prediction import (
@@ -80,7 +81,11 @@ def block_spec(
     layer = ModuleSpec(
         module=MultiTokenPredictionLayer,
         submodules=MultiTokenPredictionLayerSubmodules(
-            enorm=norm, hnorm=norm, eh_proj=linear, transformer_layer=layer_spec, layer_norm=norm
+            enorm=norm,
+            hnorm=norm,
+            eh_proj=linear,
+            layer_norm=norm,
+            **{versioned.mtp_layer_field(): layer_spec},
         ),
     )
     return MultiTokenPredictionBlockSubmodules(layer_specs=[layer] * shape.mtp_num_layers)
@@ -105,7 +110,7 @@ def moe_layer_spec(config: TransformerConfig, shape: ModelShape, backend: Backen
     if backend.emulated and backend.kernels is not None:
         from capture_megatron.megatron.gpu_spec import gpu_layer_spec
 
-        return gpu_layer_spec(spec, backend.kernels, LocalNorm)
+        return gpu_layer_spec(spec, backend.kernels, LocalNorm, shape.moe.moe_grouped_gemm)
     layer = dataclasses.replace(
         spec.submodules, input_layernorm=LocalNorm, pre_mlp_layernorm=LocalNorm
     )

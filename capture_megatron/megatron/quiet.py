@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import re
 import warnings
 from dataclasses import dataclass
 
@@ -94,14 +95,75 @@ SILENCED = (
         "(each profiling probe); it changes no memory a plan is about, and Megatron-LM prints it "
         "again when the run itself starts (--moe-router-dtype fp32 is counted where given)",
     ),
+    Silenced(
+        r"absl\.logging is not installed",
+        UserWarning,
+        r"megatron\.core\.hyper_comm_grid",
+        "megatron-core 0.19 asks at import for an optional logging package it falls back from; "
+        "nothing capture-megatron logs goes through it",
+    ),
+    Silenced(
+        r"Could not determine rank from torch\.distributed, RANK, or SLURM_PROCID",
+        UserWarning,
+        r"megatron\.core\._rank_utils",
+        "megatron-core 0.19 asks for a rank when a profiling process (one process, no "
+        "torch.distributed) logs; rank 0 is what that process is",
+    ),
+    Silenced(
+        r"MimoModelConfig is experimental",
+        UserWarning,
+        r"megatron\.core\.models\.mimo\..*",
+        "megatron-core 0.19 warns when its multimodal package is imported (megatron-core's own "
+        "imports load it); capture-megatron builds no multimodal model",
+    ),
 )
 """Warnings silenced in every capture-megatron process that imports megatron-core."""
 
+QUIET_LOG_LINES = {
+    "megatron.core.models.gpt.gpt_model": (
+        r"GPTModel IS DEPRECATED",
+        "megatron-core 0.19 logs it for every GPTModel built (each probe, each rank): "
+        "Megatron-LM's pretrain_gpt.py, whose runs capture-megatron forecasts and trains, builds "
+        "GPTModel",
+    ),
+}
+"""Log lines of megatron-core that do not concern the user: logger -> (regular expression
+matching the start of the line, why); the logger's other lines still show."""
+
+
+QUIET_LOGGERS = {
+    "torch.utils.cpp_extension": (
+        "torch's CUDA build on a machine without the CUDA toolkit (the second CI leg, any CPU "
+        "host with torch from the package registry) logs 'No CUDA runtime is found' when "
+        "megatron-core imports torch.utils.cpp_extension; nothing is compiled with it"
+    ),
+}
+"""Loggers of torch that warn at import about nothing a user can act on: logger -> why (their
+errors still show)."""
+
 
 def install() -> None:
-    """Add the filters of SILENCED to this process's warning filters (idempotent)."""
+    """Add the filters of SILENCED to this process's warning filters and quiet QUIET_LOGGERS'
+    warnings (idempotent)."""
     for item in SILENCED:
         warnings.filterwarnings("ignore", item.message, item.category, item.module)
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
+    for name, (pattern, _) in QUIET_LOG_LINES.items():
+        log = logging.getLogger(name)
+        if not any(isinstance(f, _Drop) for f in log.filters):
+            log.addFilter(_Drop(pattern))
+
+
+class _Drop(logging.Filter):
+    """Drops the log records whose message matches a pattern at its start."""
+
+    def __init__(self, pattern: str) -> None:
+        super().__init__()
+        self.pattern = re.compile(pattern)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not self.pattern.match(record.getMessage())
 
 
 def initialize_rerun_state_machine() -> None:

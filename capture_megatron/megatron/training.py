@@ -1,6 +1,6 @@
 """Megatron-LM's training set-up around megatron-core, shared by training and the profiler's probes:
 DDP wrapping (Float16Module for bf16/fp16, megatron-core's DistributedDataParallel), the optimizer
-(get_megatron_optimizer: Adam; --use-distributed-optimizer shards it over DP) with
+(get_megatron_optimizer: Adam or SGD; --use-distributed-optimizer shards Adam over DP) with
 OptimizerParamScheduler, the schedule hooks train() sets, and forward_step / loss_func as in
 Megatron-LM's pretrain_gpt.py (per-token loss summed with the loss mask, reported as (sum, tokens)).
 """
@@ -53,11 +53,12 @@ def batch_on_this_cp_rank(batch: Batch) -> Batch:
     (megatron.core.utils.get_batch_on_this_cp_rank: the sequence in 2 x cp chunks, rank r keeps
     chunks r and 2cp-1-r of tokens, labels, loss_mask, position_ids); the batch itself with CP 1."""
     from megatron.core import parallel_state as ps
-    from megatron.core.utils import get_batch_on_this_cp_rank
+
+    from capture_megatron.megatron import versioned
 
     if not ps.model_parallel_is_initialized() or ps.get_context_parallel_world_size() == 1:
         return batch
-    return get_batch_on_this_cp_rank(dict(batch))
+    return versioned.batch_on_this_cp_rank(dict(batch))
 
 
 def forward_step(
@@ -141,17 +142,17 @@ def make_optimizer(
     use_gloo_process_groups: bool = True,
     resume: CheckpointOptions | None = None,
 ) -> tuple[MegatronOptimizer, OptimizerParamScheduler]:
-    """get_megatron_optimizer + OptimizerParamScheduler as Megatron-LM configures them (`resume`:
-    its --override-opt_param-scheduler / --use-checkpoint-opt_param-scheduler, both off by
-    default as in Megatron-LM).
-
-    Profiling probes run on torch's fake backend, which has no gloo groups: they pass False.
-    """
+    """get_megatron_optimizer (the plan's Adam or SGD) + OptimizerParamScheduler as Megatron-LM
+    configures them (`resume`: its --override-opt_param-scheduler /
+    --use-checkpoint-opt_param-scheduler, both off by default as in Megatron-LM). Profiling probes
+    run on torch's fake backend, which has no gloo groups: they pass False."""
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
     from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
+    kind = plan.ddp.optimizer  # flags.args refuses Muon in training
     config = OptimizerConfig(
-        optimizer="adam",
+        optimizer=kind.optimizer,
+        sgd_momentum=kind.sgd_momentum,
         lr=optim.lr,
         min_lr=optim.min_lr,
         weight_decay=optim.weight_decay,

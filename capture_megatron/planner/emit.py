@@ -17,7 +17,7 @@ def overlap_args(plan: ParallelPlan, settings: StepSettings) -> list[str]:
     """The data-parallel overlap flags of a run (`settings`) that apply to the plan: gradient
     reduce with DP x CP > 1, parameter gather also with the distributed optimizer (Megatron-LM
     runs it only there); --overlap-grad-reduce not twice when the plan's DdpOptions has it."""
-    if plan.dp * plan.cp == 1:
+    if plan.dp * plan.cp == 1 or plan.ddp.optimizer.muon:  # Megatron-LM asserts Muon without
         return []
     grad = settings.overlap_grad_reduce and not plan.ddp.overlap_grad_reduce
     out = ["--overlap-grad-reduce"] if grad else []
@@ -45,10 +45,11 @@ def run_args(
 
 def plan_args(plan: ParallelPlan) -> list[str]:
     """Every parallel, batch and recompute setting of the plan in Megatron's flag names (written
-    from the fields' flags: `parallel_flags`), then its gradient-buffer and offload options."""
+    from the fields' flags: `parallel_flags`), then its gradient-buffer, offload and optimizer
+    options."""
     offload = to_flags(plan.ddp.activation_offload)  # fine-grained activation offloading
-    graphs = to_flags(plan.ddp.cuda_graphs)
-    return to_flags(parallel_flags(plan)) + to_flags(plan.ddp) + offload + graphs
+    ddp = to_flags(plan.ddp) + offload + to_flags(plan.ddp.optimizer) + to_flags(plan.ddp.fsdp)
+    return to_flags(parallel_flags(plan)) + ddp + to_flags(plan.ddp.cuda_graphs)
 
 
 def parallel_flags(plan: ParallelPlan) -> ParallelFlags:
@@ -265,6 +266,13 @@ PER_STAGE_NOTE = (
 """What a plan whose flags hold --recompute-num-layers-per-stage says next to them."""
 
 
+ADAM_ASSUMED = {
+    "fused": "Transformer Engine's or apex's FusedAdam",
+    "torch": "torch.optim.AdamW: neither Transformer Engine nor apex installed",
+}
+"""What a GPU forecast assumes for each --adam-impl given."""
+
+
 def flag_notes(plan: ParallelPlan, kernels: Kernels, gpu: bool = True) -> tuple[str, ...]:
     """What running the plan's megatron_args needs beyond stock Megatron-LM (empty: nothing;
     `gpu`: a GPU kernel set)."""
@@ -275,6 +283,13 @@ def flag_notes(plan: ParallelPlan, kernels: Kernels, gpu: bool = True) -> tuple[
         notes.append(
             f"--transformer-impl auto is written as {resolved_impl(kernels, gpu)}, what auto "
             f"picks {'on a GPU' if gpu else 'on CPU'} (Megatron-LM has no auto)"
+        )
+    if kernels.adam_impl != "auto" and gpu:
+        assumed = ADAM_ASSUMED[kernels.adam_impl]
+        notes.append(
+            f"--adam-impl {kernels.adam_impl} is capture-megatron's (the forecast assumes "
+            f"{assumed}); stock Megatron-LM has no such flag and trains with whichever Adam is "
+            "installed: leave it out there"
         )
     if kernels.cublas_workspace_config and gpu:
         notes.append(

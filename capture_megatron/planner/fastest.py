@@ -42,7 +42,7 @@ from capture_megatron.planner.ranktimes import least_step, lower_bound, memory_f
 from capture_megatron.planner.stepbound import bound_parts, step_bound
 from capture_megatron.planner.supply import Supply
 from capture_megatron.planner.timed import timed_split
-from capture_megatron.steptime.model import CostModel
+from capture_megatron.steptime.model import CostModel, overhead_per_pass
 
 
 @dataclass(frozen=True)
@@ -302,7 +302,7 @@ class _BranchAndBound:
         if not least:
             return 0.0
         hw = self.p.hw
-        extra = 2 * (plan.vpp - 1) * hw.setting.k.chunk_overhead
+        extra = 2 * (plan.vpp - 1) * overhead_per_pass(hw)
         parts = bound_parts(self.p.shape, plan, hw)
         return lower_bound(parts, plan.num_microbatches, plan.vpp, least / (1 + TIE) + extra)
 

@@ -12,7 +12,7 @@ from capture_megatron.forecast.static import layout_of
 from capture_megatron.planner.partition import TIE
 from capture_megatron.planner.stepbound import BoundParts, bound_parts
 from capture_megatron.steptime import parts as cp
-from capture_megatron.steptime.model import ROUNDING, CostModel
+from capture_megatron.steptime.model import ROUNDING, CostModel, overhead_per_pass
 from capture_megatron.steptime.offload import device_share
 
 EXACT_CHUNKS = 2
@@ -45,7 +45,7 @@ class RankTimes:
         s = hw.setting
         self.layer = cp.layer_time(s, shape, plan)
         self.head = cp.head_time(s, shape, plan)
-        self.overhead = s.k.chunk_overhead
+        self.overhead = overhead_per_pass(hw)
         selective = plan.recompute.granularity == "selective"
         self.per_layer = (
             self.layer.forward

@@ -139,6 +139,12 @@ class PlanResult:
         }
 
     @property
+    def megatron_core(self) -> str:
+        """The megatron-core version the forecast was made for: the memory model's (the
+        version its probes ran on; the version-dependent rules follow it too)."""
+        return self.origin.versions[2]
+
+    @property
     def _gpu_kernels(self) -> bool:
         return self.origin.kernels != "cpu"
 
@@ -148,6 +154,7 @@ class PlanResult:
         return {
             "capture_megatron_plan": PLAN_FORMAT,
             "version": __version__,
+            "megatron_core": self.megatron_core,
             "plan": _plan_section(best.plan),
             "predicted_peak_bytes": list(best.rank_peaks),
             "breakdown": _breakdown(best.stages),

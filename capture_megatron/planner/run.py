@@ -187,7 +187,7 @@ def searched_options(
     `model_kernels` when it is given, runs it)."""
     space, cost = options.space, options.cost
     gpu = cluster.device != "cpu"
-    if gpu:
+    if gpu and not space.ddp.optimizer.muon:  # Megatron-LM asserts Muon without them
         grad = space.ddp.ddp_num_buckets is None or space.ddp.overlap_grad_reduce
         run = dataclasses.replace(
             cost.settings, overlap_grad_reduce=grad, overlap_param_gather=True

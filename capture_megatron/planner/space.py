@@ -16,6 +16,7 @@ from capture_megatron.features.dispatch import DEEPEP_GROUPS
 from capture_megatron.flags.resolve import (
     given_modules,
     granularity_of,
+    refuse_both_vpp,
     refuse_dropped_recompute,
 )
 from capture_megatron.planner.offload_space import activation_ddp, fixed_offload, offload_ddp
@@ -34,6 +35,10 @@ class Space:
     vpp: tuple[int, ...] = ()
     """Virtual stages per pipeline rank; empty: every count the layers allow (PP x VPP virtual
     stages of at least one layer each on average, the interleaved schedule's micro-batch rule)."""
+    layers_per_virtual_stage: int = 0
+    """--num-layers-per-virtual-pipeline-stage as given (0: not given): each PP candidate's VPP
+    is then the layers per pipeline stage over it (Megatron-LM's rule), PP candidates whose
+    stages it does not divide are skipped."""
     micro_batch_size: tuple[int, ...] = ()
     """Micro-batch sizes; empty: every power of two that divides the global batch over DP (memory
     stops the search: a size whose next smaller twin does not fit is not tried)."""
@@ -107,8 +112,6 @@ def space_from(flags: ParallelFlags, ddp: DdpOptions = DEFAULT_DDP) -> Space:
         fixed["tp"] = (flags.tensor_model_parallel_size,)
     if flags.pipeline_model_parallel_size:
         fixed["pp"] = (flags.pipeline_model_parallel_size,)
-    if flags.num_virtual_stages_per_pipeline_rank:
-        fixed["vpp"] = (flags.num_virtual_stages_per_pipeline_rank,)
     if flags.micro_batch_size:
         fixed["micro_batch_size"] = (flags.micro_batch_size,)
     if flags.recompute_granularity or flags.recompute_activations or flags.moe_layer_recompute:
@@ -123,19 +126,36 @@ def space_from(flags: ParallelFlags, ddp: DdpOptions = DEFAULT_DDP) -> Space:
         fixed["recompute_method"] = flags.recompute_method or ""
     if flags.sequence_parallel:
         fixed["sequence_parallel"] = (True,)
-    needs = ddp.use_precision_aware_optimizer or ddp.num_distributed_optimizer_instances > 1
-    if flags.use_distributed_optimizer or needs:
-        fixed["distributed_optimizer"] = (True,)
     fixed.update(_fixed_sizes(flags))
+    fixed.update(_fixed_optimizer(flags, ddp))
     offload = fixed_offload(ddp)
     return replace(
         Space(), cp_comm_type=flags.cp_comm_type or "", ddp=ddp, optimizer_offload=offload, **fixed
     )
 
 
-def _fixed_sizes(flags: ParallelFlags) -> dict[str, tuple[int, ...]]:
-    """The CP and EP sizes the command line fixed."""
-    fixed: dict[str, tuple[int, ...]] = {}
+def _fixed_optimizer(flags: ParallelFlags, ddp: DdpOptions) -> dict[str, tuple[bool, ...]]:
+    """The distributed optimizer when the command line fixes it: given, or needed by the
+    precision-aware optimizer and several optimizer instances (megatron-core's rule), or left out
+    by an optimizer other than Adam (megatron-core's distributed optimizer is Adam's) and under
+    Megatron-FSDP (which shards as its strategy says, whichever optimizer wraps it)."""
+    needs = ddp.use_precision_aware_optimizer or ddp.num_distributed_optimizer_instances > 1
+    if flags.use_distributed_optimizer or needs:
+        return {"distributed_optimizer": (True,)}
+    if ddp.optimizer.optimizer != "adam" or ddp.fsdp.enabled:  # Megatron-FSDP shards by itself
+        return {"distributed_optimizer": (False,)}
+    return {}
+
+
+def _fixed_sizes(flags: ParallelFlags) -> dict[str, Any]:
+    """The CP, EP and VPP sizes the command line fixed (VPP in either of Megatron-LM's
+    spellings)."""
+    fixed: dict[str, Any] = {}
+    refuse_both_vpp(flags)
+    if flags.num_virtual_stages_per_pipeline_rank:
+        fixed["vpp"] = (flags.num_virtual_stages_per_pipeline_rank,)
+    if flags.num_layers_per_virtual_pipeline_stage:
+        fixed["layers_per_virtual_stage"] = flags.num_layers_per_virtual_pipeline_stage
     if flags.context_parallel_size:
         fixed["cp"] = (flags.context_parallel_size,)
     if flags.expert_model_parallel_size:
@@ -167,9 +187,35 @@ def vpp_sizes(shape: ModelShape, pp: int, m: int, space: Space) -> tuple[int, ..
     """The virtual-stage counts of PP `pp` with m micro-batches: those given, else every count
     with at least one layer per virtual stage on average; interleaving (VPP > 1) needs PP > 1 and
     a multiple of PP micro-batches (Megatron's interleaved schedule)."""
+    per = space.layers_per_virtual_stage
+    if per:  # Megatron-LM: VPP = layers per pipeline stage / layers per virtual stage
+        v = shape.num_layers // pp // per
+        divides = shape.num_layers % pp == 0 and (shape.num_layers // pp) % per == 0
+        return (v,) if divides and (v == 1 or (pp > 1 and m % pp == 0)) else ()
     allowed = space.vpp or tuple(range(1, shape.num_layers // pp + 1))
     return tuple(
         v for v in allowed if v == 1 or (pp > 1 and pp * v <= shape.num_layers and m % pp == 0)
+    )
+
+
+def virtual_stage_problem(shape: ModelShape, gpus: int, space: Space) -> str:
+    """Why no pipeline size of the space splits the layers into virtual stages of
+    --num-layers-per-virtual-pipeline-stage layers ('' when one does), in train's words."""
+    per = space.layers_per_virtual_stage
+    if not per:
+        return ""
+    sizes = space.pp or tuple(_divisors(gpus))
+    n = shape.num_layers
+    if any(n % (pp * per) == 0 for pp in sizes):
+        return ""
+    which = (
+        f"pipeline size {sizes[0]}"
+        if len(sizes) == 1
+        else f"any pipeline size of {gpus} GPUs ({', '.join(map(str, sizes))})"
+    )
+    return (
+        f"--num-layers {n} is not a multiple of {which} x "
+        f"--num-layers-per-virtual-pipeline-stage {per}"
     )
 
 

@@ -16,6 +16,7 @@ from capture_megatron.steptime.model import (
     _optimizer,
     _p2p,
     _tied_embedding,
+    overhead_per_pass,
 )
 
 
@@ -77,16 +78,16 @@ def bound_parts(shape: ModelShape, plan: ParallelPlan, model: CostModel) -> Boun
     moe = sum(shape.moe_layers) if shape.moe.enabled else 0
     counts = (shape.num_layers - moe, moe)  # dense, MoE layers
     work = sum(c * (k.forward + k.backward) for c, k in zip(counts, kinds))
-    work += sum(cp.head_time(s, shape, plan)) + 2 * plan.pp * plan.vpp * s.k.chunk_overhead
-    params = sum(
-        c * cp.layer_params(shape, plan.tp, bool(x), plan.ep) for x, c in enumerate(counts) if c
-    )
+    work += sum(cp.head_time(s, shape, plan)) + 2 * plan.pp * plan.vpp * overhead_per_pass(model)
+    split = [cp.layer_param_split(shape, plan, bool(x)) for x in range(2)]
+    params = sum(c * split[x][0] for x, c in enumerate(counts) if c)
     params = (params + cp.end_params(shape, plan.tp, True, True)) / plan.pp
-    collectives = _dp_collectives(shape, plan, model, params)
+    expert = sum(c * split[x][1] for x, c in enumerate(counts) if c) / plan.pp
+    collectives = _dp_collectives(shape, plan, model, params, expert)
     rest = (
         _p2p(shape, plan, model)
         + sum(t for t, overlapped in collectives if not overlapped)
-        + _optimizer(shape, plan, model, params)
+        + _optimizer(shape, plan, model, params, expert)
         + _tied_embedding(shape, plan, model)
     )
     windows = _shares(s, shape, plan)  # the reduce behind a backward, the gather a forward

@@ -20,7 +20,7 @@ import tempfile
 from importlib import resources
 from importlib.metadata import version
 
-from capture_megatron.cache import cache_dir
+from capture_megatron.cache import cache_dir, set_aside
 from capture_megatron.errors import CaptureError
 from capture_megatron.records import ProfileRecord, Variant, read_records, write_records
 from capture_megatron.serial import to_plain
@@ -52,8 +52,8 @@ def load_design(name: str) -> list[ProfileRecord] | None:
     if os.path.exists(path):
         try:
             return read_records(path)
-        except CaptureError as err:  # a damaged cache entry: measured again and replaced
-            print(f"note: cached design records unusable ({err}); profiling them again")
+        except CaptureError as err:  # a damaged cache entry: set aside and measured again
+            print(f"note: {set_aside(path, err)}")
     shipped = resources.files("capture_megatron.profile").joinpath(SHIPPED, name + ".jsonl.gz")
     if not shipped.is_file():
         return None

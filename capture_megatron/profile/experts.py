@@ -32,9 +32,9 @@ def expert_mask(model: torch.nn.Module) -> tuple[bool, ...]:
 def reset_aux_loss_tracker() -> None:
     """Empty megatron's global MoE aux-loss tracker: it sizes its per-layer tensors by the first
     model that logs into it, and a later probe with more layers would index past them."""
-    from megatron.core.transformer.moe.moe_utils import get_moe_layer_wise_logging_tracker
+    from capture_megatron.megatron import versioned
 
-    get_moe_layer_wise_logging_tracker().clear()
+    versioned.reset_moe_trackers()
 
 
 def grouped_workspace(variant: Variant, device: str) -> int:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from capture_megatron.config import Kernels, ModelShape, ParallelPlan
+from capture_megatron.megatron import versioned
 from capture_megatron.megatron.builder import TORCH_DTYPES
 from capture_megatron.megatron.training import forward_step
 from capture_megatron.records import Timeline
@@ -188,7 +189,7 @@ def iteration(
     received = grad.nbytes if grad is not None else 0
     before_backward = meter.current() - received
     with windows.window("backward", received):
-        input_grad = schedules.backward_step(input_tensor, output, grad, None, chunk.config)
+        input_grad = versioned.backward_step(input_tensor, output, grad, chunk.config)
     backward_peak = meter.peak() - before_backward
     kept_grad = None if input_grad is None else weakref.ref(input_grad)
     del output, grad, input_grad, input_tensor, hidden

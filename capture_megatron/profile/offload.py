@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from capture_megatron.features.activation_offload import OffloadTensor
+from capture_megatron.megatron import versioned
 
 FLAGS = {
     "offload_attn_norm": "attn_norm",
@@ -99,9 +100,14 @@ def _recording(recorder: _Recorder) -> Iterator[None]:
                 recorder.forced.add(recorder.note(t, name))
         return tensor
 
-    saved = {k: Interface.__dict__[k] for k in ("__enter__", "__exit__", "group_commit")}
+    def offload(self: Any, tensor: Any, forced_released_tensors: Any = None, **_: Any) -> Any:
+        return commit(tensor, self.name, forced_released_tensors) if self.offload else tensor
+
+    # the group's end: 0.16's static group_commit(tensor, name, ...), 0.17's method group_offload
+    name = versioned.offload_group_end()
+    saved = {k: Interface.__dict__[k] for k in ("__enter__", "__exit__", name)}
     Interface.__enter__, Interface.__exit__ = enter, leave  # type: ignore[method-assign]  # patched, restored after
-    Interface.group_commit = staticmethod(commit)  # type: ignore[method-assign,assignment]  # as above
+    setattr(Interface, name, staticmethod(commit) if name == "group_commit" else offload)
     try:
         with torch.autograd.graph.saved_tensors_hooks(recorder.pack, lambda t: t):
             yield

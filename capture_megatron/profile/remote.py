@@ -77,9 +77,10 @@ _KEPT: list[_Worker] = []
 
 
 def _start() -> _Worker:
-    from capture_megatron.emulate.fake_cuda import shim_path
+    from capture_megatron.emulate.fake_cuda import cuda_build, shim_path
 
-    shim_path()  # compile the shim once, here, not in every worker at once
+    if not cuda_build():
+        shim_path()  # compile the shim once, here, not in every worker at once
     read, write = os.pipe()
     try:
         process = subprocess.Popen(

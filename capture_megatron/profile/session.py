@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from capture_megatron.config import Kernels, ModelShape
+from capture_megatron.config import versions as mcore_versions
 from capture_megatron.config.kernels import kernel_set
 from capture_megatron.errors import CaptureError
 from capture_megatron.megatron import quiet
@@ -52,10 +53,11 @@ predicted."""
 
 def versions() -> tuple[str, str, str]:
     """Versions that go into every record."""
-    import megatron.core
     import torch
 
-    return (__version__, torch.__version__, megatron.core.__version__)
+    # package metadata: megatron-core 0.17+'s __version__ appends the commit of whatever git
+    # checkout its files lie in (a virtual environment inside a clone: that clone's HEAD)
+    return (__version__, torch.__version__, mcore_versions.megatron_core())
 
 
 def check_device(device: str) -> str:
@@ -97,7 +99,7 @@ def measuring(device: str, kernels: Kernels = Kernels()) -> Iterator[tuple[Setup
         if not fake_cuda.loaded():
             raise CaptureError("fake-cuda probes run in the worker process (profile.worker)")
         cpu_compat.apply_fake_cuda()
-    elif device != "cuda":
+    else:  # on cuda only what megatron-core needs without Transformer Engine
         cpu_compat.apply("cpu")
     setup = _setup(device, kernels)
     if not setup.fake:

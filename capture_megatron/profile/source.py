@@ -14,7 +14,7 @@ import hashlib
 import os
 from dataclasses import dataclass
 
-from capture_megatron.cache import check_writable, records_path
+from capture_megatron.cache import check_writable, records_path, set_aside
 from capture_megatron.config import Kernels, ModelShape
 from capture_megatron.config.kernels import kernel_set
 from capture_megatron.errors import CaptureError
@@ -180,13 +180,13 @@ def _code_fingerprint() -> str:
 
 def _cached(path: str) -> list[ProfileRecord]:
     """The cached records of a model; none when the file is absent or unreadable (a damaged
-    cache entry is profiled again and replaced, with a note)."""
+    cache entry is set aside, named in a note, and profiled again: cache.set_aside)."""
     if not os.path.exists(path):
         return []
     try:
         return read_records(path)
     except CaptureError as err:
-        print(f"note: the cached records are unusable ({err}); profiling again", flush=True)
+        print(f"note: {set_aside(path, err)}", flush=True)
         return []
 
 

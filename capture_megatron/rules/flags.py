@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from capture_megatron.rules import megatron as offload_rules
+from capture_megatron.rules.flags_0_19 import IGNORED_0_19, UNMODELLED_0_19
 
 IGNORED_PREFIXES = tuple(
     """
@@ -42,8 +43,9 @@ IGNORED_PREFIXES = tuple(
 )
 """Flags with these prefixes are IGNORED (unless UNMODELLED)."""
 
-IGNORED = frozenset(
-    """
+IGNORED = (
+    frozenset(
+        """
     --rampup-batch-size
     --adlr-autoresume --adlr-autoresume-interval
     --allow-ambiguous-pad-tokens --apply-layernorm-1p --apply-residual-connection-post-layernorm
@@ -83,7 +85,7 @@ IGNORED = frozenset(
     --query-in-block-prob --record-memory-history --refit-method --reset-attention-mask
     --reset-position-ids --result-rejected-tracker-filename
     --rotary-interleaved --rotary-seq-len-interpolation-factor --run-workload-inspector-server
-    --sample-rate --sft --sgd-momentum --sharp-enabled-group --short-seq-prob --skip-train
+    --sample-rate --sft --sharp-enabled-group --short-seq-prob --skip-train
     --split --te-rng-tracker --test-mode --titles-data-path
     --torch-fsdp2-no-reshard-after-forward --tp-comm-bootstrap-backend
     --train-samples --train-sync-interval --trust-remote-code --use-checkpoint-args
@@ -98,12 +100,15 @@ IGNORED = frozenset(
     --cache-mla-latents --mtp-loss-scaling-factor
     --fp8-amax-compute-algo --fp8-margin --fp8-interval --no-fp8-wgrad --keep-fp8-transpose-cache
 """.split()
+    )
+    | IGNORED_0_19
 )
 """Flags that cannot change the peak of allocated bytes in training iterations. The FP8 ones:
 --fp8-amax-compute-algo (max or most recent over the same amax history), --fp8-margin and
 --fp8-interval (values of the scale, not tensors), --no-fp8-wgrad (Megatron passes it as the
 recipe's override_linear_precision, which Transformer Engine 5671fd36's modules never read),
---keep-fp8-transpose-cache (Megatron FSDP only, which is refused)."""
+--keep-fp8-transpose-cache (only FP8 parameters under Megatron-FSDP have a transpose cache to
+keep, and --fp8-param-gather with --use-megatron-fsdp is refused)."""
 
 _IGNORED_BECAUSE = {
     (
@@ -130,25 +135,23 @@ _IGNORED_BECAUSE = {
         "(hybrid_ep.cu allocate_buffer, executor.cu)"
     ): "--moe-hybridep-num-sms",
     (
-        "only registers the gradient buffers of --use-nccl-ub (refused) with NCCL "
-        "(param_and_grad_buffer.py); on its own it changes nothing"
+        "only chooses how --use-nccl-ub registers its buffers with NCCL (symmetric windows or "
+        "not; param_and_grad_buffer.py): the same buffers, the same bytes"
     ): "--disable-symmetric-registration",
+    (
+        "Megatron-FSDP's gradient scaling fused into the reduce as a ReduceOp, or done in "
+        "place (`mul_`) without it: no tensor either way (gradient_reduce_preprocessing)"
+    ): "--no-gradient-reduce-div-fusion",
+    (
+        "nothing in Megatron-LM core_v0.16.1 or megatron-core 0.16.1 reads it (hybrid sharding "
+        "across optimizer instances is --outer-dp-sharding-strategy)"
+    ): "--enable-full-sharding-in-hsdp",
+    (
+        "read only by torch FSDP2 (--use-torch-fsdp2, refused); Megatron-LM's DDP and "
+        "Megatron-FSDP never read it"
+    ): "--torch-fsdp2-no-reshard-after-forward",
 }
-_FSDP_ONLY = """
-    --data-parallel-sharding-strategy --enable-full-sharding-in-hsdp --fsdp-double-buffer
-    --no-gradient-reduce-div-fusion --outer-dp-sharding-strategy
-    --suggested-communication-unit-size --torch-fsdp2-no-reshard-after-forward
-"""
-"""Read only by Megatron-FSDP / torch FSDP2 (megatron/core/distributed/fsdp, --use-megatron-fsdp /
---use-torch-fsdp2, refused); without them Megatron-LM's DDP never reads them."""
 IGNORED_REASONS: dict[str, str] = {flag: why for why, flag in _IGNORED_BECAUSE.items()}
-IGNORED_REASONS.update(
-    dict.fromkeys(
-        _FSDP_ONLY.split(),
-        "read only by Megatron-FSDP / torch FSDP2 (--use-megatron-fsdp / --use-torch-fsdp2, "
-        "refused); Megatron-LM's DDP never reads it",
-    )
-)
 """Ignored flags whose reason is more than their kind (docs/MEGATRON_FLAGS.md lists it)."""
 
 RULES = {
@@ -214,7 +217,11 @@ def conditional_verdict(flag: str, value: Any, line: LineContext) -> tuple[str, 
 
 _MOE = "this mixture-of-experts option is not modelled yet"
 _FP8 = "this low-precision (fp8 / fp4) option is not modelled yet"
-_FSDP = "fully sharded data parallelism is not modelled yet"
+_FSDP2 = (
+    "PyTorch's FSDP2 (fully_shard per transformer layer, with megatron-core's non-distributed "
+    "mixed-precision optimizer over its DTensor shards) is not modelled; Megatron-FSDP "
+    "(--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params) is"
+)
 _OFFLOAD = (
     "layer-level CPU offloading (megatron-core's cpu_offload context over the first "
     "--cpu-offloading-num-layers layers' activations and weights) is not modelled yet"
@@ -240,17 +247,14 @@ _REASONS = {
         --fp8-quantizer-factory --kitchen-attention-backend --reuse-grad-buf-for-mxfp8-param-ag
         --te-precision-config-file --use-kitchen-attention
     """,
-    _FSDP: """
-        --fsdp-manual-registration --use-megatron-fsdp --use-torch-fsdp2
+    _FSDP2: """
+        --use-torch-fsdp2
     """,
     _OFFLOAD: """
         --cpu-offloading-num-layers
     """,
     "a standalone multi-token-prediction stage is not modelled yet": """
         --mtp-standalone
-    """,
-    "NCCL user buffers are not modelled yet": """
-        --use-nccl-ub
     """,
     _ARCH: """
         --activation-func-clamp-value --attention-output-gate --decoder-num-layers
@@ -318,7 +322,7 @@ _REASONS = {
 
 UNMODELLED: dict[str, str] = {
     flag: reason for reason, flags in _REASONS.items() for flag in flags.split()
-}
+} | UNMODELLED_0_19
 """Flags that change memory in ways not modelled: refused when not at Megatron-LM's default."""
 UNMODELLED_PREFIXES = ("--moe-",)
 """Flags with these prefixes are UNMODELLED (mixture-of-experts options beyond those the Experts

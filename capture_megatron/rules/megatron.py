@@ -51,7 +51,26 @@ def check_plan_fits_model(shape: ModelShape, plan: ParallelPlan) -> None:
     p += module_problems(shape, plan.recompute.selected)
     p += dtype_problems(plan.ddp, shape.dtype) + moe_overlap_problems(shape, plan)
     p += cuda_graph_problems(shape, plan)
+    p += optimizer_problems(shape, plan)
     require(p, "plan for this model")
+
+
+def optimizer_problems(shape: ModelShape, plan: ParallelPlan) -> list[str]:
+    """What megatron-core and Megatron-LM refuse of the plan's optimizer and Megatron-FSDP
+    (features.optimizers, features.fsdp) with its other settings."""
+    ddp = plan.ddp
+    p = ddp.optimizer.megatron_problems(
+        shape.dtype,
+        plan.distributed_optimizer,
+        ddp.overlap_grad_reduce,
+        ddp.fsdp.enabled,
+        ddp.use_precision_aware_optimizer,
+    )
+    instances = ddp.num_distributed_optimizer_instances
+    fsdp = ddp.fsdp.megatron_problems(
+        False, ddp.use_precision_aware_optimizer, ddp.optimizer_cpu_offload, instances, plan.ep > 1
+    )
+    return p + fsdp
 
 
 def expert_problems(shape: ModelShape, plan: ParallelPlan) -> list[str]:
@@ -341,10 +360,11 @@ def layer_offload_stops(layers: int, num_layers: int, pp: int, recompute: str | 
 def dtype_problems(ddp: DdpOptions, dtype: str) -> list[str]:
     """What megatron-core refuses in these gradient and optimizer settings when training in
     `dtype`."""
+    p = []
     if ddp.use_precision_aware_optimizer and ddp.grad_dtype(dtype) == "fp16":
-        return [
+        p.append(
             "--use-precision-aware-optimizer with fp16 gradient buffers: megatron-core's "
             "gradient clipping takes only fp32 or bf16 gradients from it (clip_grads.py); "
             "add --accumulate-allreduce-grads-in-fp32"
-        ]
-    return []
+        )
+    return p

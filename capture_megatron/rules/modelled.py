@@ -16,6 +16,7 @@ attention is not modelled.
 from __future__ import annotations
 
 from capture_megatron.config import ModelShape, ParallelPlan
+from capture_megatron.config import versions as mcore_versions
 from capture_megatron.config.context import ALL_GATHER
 from capture_megatron.config.ddp import DdpOptions
 from capture_megatron.config.kernels import TE_FUSED_BACKENDS, Kernels, kernel_set
@@ -65,11 +66,12 @@ def check_request(
     `cps`: the context-parallel sizes searched (or given); `fixed`: the plan, when given."""
     offload = fp8_offload_problem(ddp, kernels.fp8_param_gather, kernels.fp8_recipe)
     if ddp.delay_wgrad_compute and kernels.transformer_impl != "transformer_engine":
-        offload = (
+        offload = offload or (
             "Megatron-LM stops: 'Delaying wgrad compute is only supported with "
             "transformer_engine implementation' (arguments.py; --delay-wgrad-compute defers "
             "Transformer Engine's weight gradients): give --transformer-impl transformer_engine"
         )
+    offload = offload or fsdp_problem(ddp, kernel_set, kernels.fp8_param_gather)
     if offload:
         raise CaptureError(offload + ".")
     if not kernel_set:
@@ -206,9 +208,15 @@ def tp_overlap_problem(kernel_set: str, kernels: Kernels, tp: int = 0, sp: bool 
             "--tp-comm-overlap needs --sequence-parallel with --tensor-model-parallel-size > 1 "
             "(Megatron-LM asserts it: 'Tensor parallel communication/GEMM overlap can happen "
             "only when sequence parallelism is enabled', and turns sequence parallelism off at "
-            "TP 1)"
+            f"TP 1), so Megatron-LM would not run this line either: {TP_OVERLAP_FIX}, or give "
+            "--tensor-model-parallel-size > 1 with --sequence-parallel"
         )
     return ""
+
+
+TP_OVERLAP_FIX = "leave out --tp-comm-overlap"
+"""The change tp_overlap_problem names first for a line Megatron-LM itself stops at (TP 1 or no
+sequence parallelism): without the flag the line runs (bench/inputs.py applies it)."""
 
 
 RING = ("", "p2p")
@@ -280,6 +288,12 @@ def _flex_device_problem(variant: Variant, device: str) -> str:
             "of HybridEP (--device fake-cuda); probing DeepEP / HybridEP on a real GPU is not "
             "implemented yet"
         )
+    if mcore_versions.current() >= mcore_versions.V0_19:
+        return (
+            f"--moe-token-dispatcher-type flex on megatron-core {mcore_versions.megatron_core()}: "
+            "the GPU kernel set emulates HybridEP as megatron-core 0.16 calls it; 0.19's "
+            "dispatch (its permute blocks, padding and pre-processing) is not emulated yet"
+        )
     cpu, group = device != "fake-cuda", moe.ep * moe.etp
     # NVLink domains are the planner's check (capture_megatron.planner.run): a probe's group
     # counts as one domain here
@@ -338,6 +352,7 @@ def ddp_kernel_problem(ddp: DdpOptions, kernel_set: str, accumulation_fusion: bo
     the output layer's weight gradient needs gradient-accumulation fusion (megatron-core's
     ModelParallelConfig), a CUDA extension (apex / TE) the CPU kernel set does not have."""
     offload = activation_offload_problem(ddp.activation_offload, kernel_set)
+    offload = offload or fsdp_problem(ddp, kernel_set, False)
     if offload:
         return offload
     if ddp.cuda_graphs.enabled and kernel_set == "cpu":
@@ -366,3 +381,19 @@ def ddp_kernel_problem(ddp: DdpOptions, kernel_set: str, accumulation_fusion: bo
             "refuses it with --no-gradient-accumulation-fusion)"
         )
     return ""
+
+
+def fsdp_problem(ddp: DdpOptions, kernel_set: str, fp8_param_gather: bool) -> str:
+    """Why Megatron-FSDP is not modelled with these settings on `kernel_set` ('' when it is, or
+    when it is off): it runs on CUDA only (its buffers, streams and NCCL device meshes), so the
+    CPU kernel set does not describe it; FP8 parameters under it are not modelled."""
+    if not ddp.fsdp.enabled:
+        return ""
+    if kernel_set == "cpu":
+        return (
+            "--use-megatron-fsdp: Megatron-FSDP runs on CUDA only (its buffers, CUDA streams and "
+            "NCCL device meshes), which the CPU kernel set does not describe; predict it with the "
+            "GPU kernel set (--device fake-cuda, the default without a GPU, or --device cuda)"
+        )
+    problems = ddp.fsdp.megatron_problems(fp8_param_gather, False, False, 1, False)
+    return "; ".join(problems)

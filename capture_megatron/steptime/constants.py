@@ -22,6 +22,7 @@ FITTED = (
     "tp_overlap_exposed",
     "dp_overlap_exposed",
     "chunk_overhead",
+    "all_to_all_efficiency",
 )
 """The constants bench/step_time.py fits; the others are set from first principles."""
 
@@ -46,6 +47,10 @@ class Constants(JsonMixin):
     chunk_overhead: float = 1e-3
     """Seconds each forward or backward of one micro-batch through one model chunk costs beyond
     its kernels (the schedule's host work, launches, pipeline bookkeeping)."""
+    all_to_all_efficiency: float = 0.8
+    """Fraction of a GPU's link bandwidth (its NIC across NVLink domains, NVLink inside one) the
+    MoE all-to-all dispatch and combine reach (NCCL's all-to-all of the alltoall dispatcher;
+    its prior: the ring collectives' link_efficiency)."""
     link_efficiency: float = 0.8
     """Fraction of link bandwidth NCCL's ring collectives reach (nccl-tests bus bandwidth on
     NVLink and InfiniBand; not fitted)."""
@@ -53,6 +58,21 @@ class Constants(JsonMixin):
     """Fraction of HBM bandwidth streaming kernels reach (not fitted)."""
     deterministic_backward: float = 1.25
     """Slow-down of the attention backward under --deterministic-mode (not fitted)."""
+    flex_efficiency: float = 0.9
+    """Fraction of the link bandwidth DeepEP / HybridEP's dispatch and combine reach (not fitted:
+    DeepEP's published normal-kernel bandwidths, 153-158 GB/s of H800's ~160 GB/s NVLink and
+    43-58 GB/s of a 50 GB/s CX7 NIC, docs/legacy.md of deepseek-ai/DeepEP)."""
+    dispatch_latency: float = 50e-6
+    """Seconds each MoE dispatch or combine costs beyond its bytes (the collective's latency over
+    the EP group, the dispatcher's host work; not fitted: no development row resolves it)."""
+    grouped_gemm_tile: float = 128.0
+    """Rows of the grouped GEMM's tile: each expert's tokens are computed in whole tiles, so few
+    tokens per expert waste the rest (not fitted: the M tile of the Hopper grouped GEMM
+    kernels)."""
+    launch_seconds: float = 8e-6
+    """Host seconds to launch one kernel in eager mode (PyTorch's dispatcher and the CUDA launch);
+    a layer whose kernels take less than their launches waits on the host, which CUDA graphs
+    remove (capture_megatron.steptime.launch; not fitted: no development row is host-bound)."""
     provenance: str = "defaults (not fitted)"
     """Where the values come from: the fit's data set, its rows and errors, the date."""
 

@@ -26,6 +26,9 @@ class Hardware(JsonMixin):
     """The profile's name (--gpu-type)."""
     peak_flops: float = 989.4e12
     """Dense BF16 tensor-core FLOP/s of one GPU (no sparsity)."""
+    fp32_flops: float = 67e12
+    """FP32 FLOP/s of one GPU without tensor cores (what an fp32 GEMM such as an fp32 MoE router
+    runs at: PyTorch leaves TF32 off for matmuls)."""
     memory_bytes: int = int(79.65 * GIB)
     """Device memory one process can use, as the driver reports it (the default of
     --gpu-memory-gib)."""
@@ -77,6 +80,7 @@ PROFILES: dict[str, Hardware] = {
     "b200": _profile(
         "b200",
         peak_flops=2.25e15,
+        fp32_flops=75e12,
         memory_bytes=int(179 * GIB),
         hbm_bytes_per_s=8e12,
         nvlink_bytes_per_s=900e9,
@@ -84,6 +88,7 @@ PROFILES: dict[str, Hardware] = {
     "gb200": _profile(
         "gb200",
         peak_flops=2.5e15,
+        fp32_flops=80e12,
         memory_bytes=int(186e9),
         hbm_bytes_per_s=8e12,
         nvlink_bytes_per_s=900e9,
@@ -95,6 +100,7 @@ PROFILES: dict[str, Hardware] = {
     "a100-80gb": _profile(
         "a100-80gb",
         peak_flops=312e12,
+        fp32_flops=19.5e12,
         memory_bytes=80 * GIB,
         hbm_bytes_per_s=2.039e12,
         nvlink_bytes_per_s=300e9,

@@ -21,9 +21,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from capture_megatron.config import ModelShape, ParallelPlan, dtype_bytes
+from capture_megatron.steptime import fsdp, launch
 from capture_megatron.steptime import parts as cp
 from capture_megatron.steptime.constants import Constants, fitted
+from capture_megatron.steptime.flops import model_flops
 from capture_megatron.steptime.hardware import Hardware
+from capture_megatron.steptime.kernels import Parts
 from capture_megatron.steptime.offload import device_share, host_step_seconds
 from capture_megatron.steptime.settings import StepSettings
 
@@ -60,6 +63,8 @@ class ChunkTime:
     """Forward seconds (embedding / head included where the chunk holds them)."""
     backward: float
     """Backward seconds, recompute included."""
+    parts: Parts = Parts()
+    """forward + backward by where the seconds go (capture_megatron.steptime.breakdown)."""
 
 
 @dataclass(frozen=True)
@@ -103,35 +108,6 @@ class StepTime:
     def mfu(self) -> float:
         """Model FLOPs utilisation: model FLOP/s per GPU over its peak."""
         return self.model_flops / self.seconds / self.gpus / self.peak_flops
-
-
-def layer_forward_flops(shape: ModelShape, b: int) -> float:
-    """Model forward FLOPs of one transformer layer for one micro-batch (whole layer, before TP
-    split; the attention core's full s x s, as NVIDIA counts model FLOPs)."""
-    s, h, a, g, d, f = (
-        shape.seq_length,
-        shape.hidden_size,
-        shape.num_attention_heads,
-        shape.groups,
-        shape.head_dim,
-        shape.ffn,
-    )
-    qkv = 2 * b * s * h * (a + 2 * g) * d
-    proj = 2 * b * s * a * d * h
-    if shape.moe.enabled:  # top-k routed experts and the shared experts per token, the router
-        moe = shape.moe
-        f = moe.moe_router_topk * shape.moe_ffn + moe.moe_shared_expert_intermediate_size
-        proj += 2 * b * s * h * moe.num_experts
-    mlp = 2 * b * s * h * f * (3 if shape.gated else 2)
-    core = 4 * b * a * s * s * d
-    return qkv + proj + mlp + core
-
-
-def model_flops(shape: ModelShape, sequences: int) -> float:
-    """Model FLOPs of forward + backward over `sequences` (3 x the forward; output layer
-    included)."""
-    head = 2 * shape.seq_length * shape.hidden_size * shape.padded_vocab(1)
-    return 3 * sequences * (shape.num_layers * layer_forward_flops(shape, 1) + head)
 
 
 def pipeline_seconds(
@@ -178,6 +154,31 @@ def chunk_seconds(
     return fwd + overhead, bwd + overhead
 
 
+def chunk_parts(
+    kinds: Sequence[cp.LayerTime],
+    redo: int,
+    selective: bool,
+    head: cp.LayerTime | None,
+    overhead: float,
+) -> Parts:
+    """chunk_seconds' forward + backward by where the seconds go (the same arguments, the head
+    with its parts)."""
+    total = Parts(overhead=2 * overhead)
+    for x in kinds:
+        total = total + x.parts
+    again = sum(x.forward for x in kinds[:redo])
+    again += sum(x.recomputed_forward for x in kinds) if selective else 0.0
+    total = total + Parts(recompute=again)
+    return total + head.parts if head is not None else total
+
+
+def overhead_per_pass(model: CostModel) -> float:
+    """The schedule's host seconds per chunk pass (none when one CUDA graph replays the whole
+    step)."""
+    s = model.setting
+    return 0.0 if launch.full_iteration(s) else s.k.chunk_overhead
+
+
 def chunk_times(shape: ModelShape, plan: ParallelPlan, model: CostModel) -> tuple[ChunkTime, ...]:
     """Per-micro-batch forward / backward seconds of every (pipeline rank, chunk) of the plan
     (layer by layer: dense and MoE layers as the model places them)."""
@@ -186,9 +187,10 @@ def chunk_times(shape: ModelShape, plan: ParallelPlan, model: CostModel) -> tupl
     if shape.moe.enabled:
         moe = cp.layer_time(s, shape, plan, moe=True)
     pattern = shape.moe_layers if moe is not None else ()
-    head = cp.head_time(s, shape, plan)
+    head = cp.head(s, shape, plan)
     last_stage = plan.pp * plan.vpp - 1
     selective = plan.recompute.granularity == "selective"
+    overhead = overhead_per_pass(model)
     out = []
     for r in range(plan.pp):
         for v, (start, k) in enumerate(zip(plan.chunk_starts(r), plan.chunks_of(r))):
@@ -198,22 +200,32 @@ def chunk_times(shape: ModelShape, plan: ParallelPlan, model: CostModel) -> tupl
             ]
             at_end = head if v * plan.pp + r == last_stage else None
             redo = _recomputed(plan, r, k)
-            fwd, bwd = chunk_seconds(kinds, redo, selective, at_end, s.k.chunk_overhead)
-            out.append(ChunkTime(r, v, k, fwd, bwd))
+            ends = (head.forward, head.backward) if at_end else None
+            fwd, bwd = chunk_seconds(kinds, redo, selective, ends, overhead)
+            parts = chunk_parts(kinds, redo, selective, at_end, overhead)
+            out.append(ChunkTime(r, v, k, fwd, bwd, parts))
     return tuple(out)
 
 
-def _rank_params(shape: ModelShape, plan: ParallelPlan, rank: int) -> float:
-    """Parameters one GPU of pipeline rank `rank` holds (its layers, and the embedding / output
-    layer where its chunks hold them)."""
+def _rank_params(shape: ModelShape, plan: ParallelPlan, rank: int) -> tuple[float, float]:
+    """(parameters reduced over DP x CP, routed-expert parameters reduced over the expert-data-
+    parallel group) one GPU of pipeline rank `rank` holds: its layers, the embedding / output
+    layer where its chunks hold them, the MTP layers on the last."""
     pattern = shape.moe_layers if shape.moe.enabled else ()
-    dense = cp.layer_params(shape, plan.tp)
-    moe = cp.layer_params(shape, plan.tp, True, plan.ep) if pattern else dense
-    total = 0.0
+    dense = cp.layer_param_split(shape, plan, False)
+    moe = cp.layer_param_split(shape, plan, True) if pattern else dense
+    shared = routed = 0.0
     for start, k in zip(plan.chunk_starts(rank), plan.chunks_of(rank)):
-        total += sum(moe if pattern and pattern[i] else dense for i in range(start, start + k))
+        for i in range(start, start + k):
+            kind = moe if pattern and pattern[i] else dense
+            shared, routed = shared + kind[0], routed + kind[1]
     first, last = rank == 0, rank == plan.pp - 1
-    return total + cp.end_params(shape, plan.tp, first, last)
+    if last and plan.mtp_layers:
+        kind = moe if pattern and pattern[-1] else dense
+        h = shape.hidden_size
+        shared += plan.mtp_layers * (kind[0] + 2 * h * h / plan.tp + 2 * h)
+        routed += plan.mtp_layers * kind[1]
+    return shared + cp.end_params(shape, plan.tp, first, last), routed
 
 
 def _p2p(shape: ModelShape, plan: ParallelPlan, model: CostModel) -> float:
@@ -234,26 +246,31 @@ def _p2p(shape: ModelShape, plan: ParallelPlan, model: CostModel) -> float:
 
 
 def _dp_collectives(
-    shape: ModelShape, plan: ParallelPlan, model: CostModel, params: float
+    shape: ModelShape, plan: ParallelPlan, model: CostModel, params: float, expert: float = 0.0
 ) -> tuple[tuple[float, bool], tuple[float, bool]]:
-    """((seconds, overlapped) of a rank's gradient reduce over DP x CP of its `params`
-    (reduce-scatter with the distributed optimizer, else all-reduce), the same of the distributed
-    optimizer's parameter all-gather (0 without it)); overlapped as --overlap-grad-reduce and
-    --overlap-param-gather say."""
+    """((seconds, overlapped) of a rank's gradient reduce (reduce-scatter with the distributed
+    optimizer, else all-reduce), the same of the distributed optimizer's parameter all-gather (0
+    without it)) of its `params` over DP x CP and its routed-expert `expert` parameters over the
+    expert-data-parallel group; overlapped as --overlap-grad-reduce and --overlap-param-gather
+    say. Megatron-FSDP: what its strategy leaves to the step (capture_megatron.steptime.fsdp)."""
     s, run = model.setting, model.settings
-    ranks = plan.dp * plan.cp
-    if ranks == 1:
-        return (0.0, False), (0.0, False)
-    bw = s.hw.link_bytes_per_s(0, ranks, plan.tp)
-    passes = 1 if plan.distributed_optimizer else 2
-    reduce = cp.ring(s, params * _grad_bytes(shape, plan), ranks, bw, passes)
-    gather = 0.0
-    if plan.distributed_optimizer:
-        gather = cp.ring(s, params * dtype_bytes(shape.dtype), ranks, bw)
-    return (reduce, run.overlap_grad_reduce), (
-        gather,
-        run.overlap_param_gather and plan.distributed_optimizer,
+    given = fsdp.step_collectives(plan)
+    sharded = plan.distributed_optimizer if given is None else given[1]
+    passes = (1 if plan.distributed_optimizer else 2) if given is None else given[0]
+    reduce = gather = 0.0
+    groups = (
+        (params, plan.dp * plan.cp, plan.tp),
+        (expert, plan.expert_dp, plan.ep * plan.expert_tp),
     )
+    for n, ranks, stride in groups:
+        if ranks == 1 or n <= 0:
+            continue
+        bw = s.hw.link_bytes_per_s(0, ranks, stride)
+        if passes:
+            reduce += cp.ring(s, n * _grad_bytes(shape, plan), ranks, bw, passes)
+        if sharded:
+            gather += cp.ring(s, n * dtype_bytes(shape.dtype), ranks, bw)
+    return (reduce, run.overlap_grad_reduce), (gather, run.overlap_param_gather and sharded)
 
 
 def _exposed(model: CostModel, seconds: float, overlapped: bool, window: float) -> float:
@@ -264,12 +281,18 @@ def _exposed(model: CostModel, seconds: float, overlapped: bool, window: float) 
 
 
 def _data_parallel(
-    shape: ModelShape, plan: ParallelPlan, model: CostModel, params: float, fwd: float, bwd: float
+    shape: ModelShape,
+    plan: ParallelPlan,
+    model: CostModel,
+    params: tuple[float, float],
+    fwd: float,
+    bwd: float,
 ) -> float:
-    """Exposed seconds of a rank's data-parallel collectives (_dp_collectives): the overlapped
-    gradient reduce hides behind the last micro-batch's backward `bwd`, the parameter gather
-    behind the first one's forward `fwd`, except dp_overlap_exposed of them."""
-    (reduce, grads), (gather, params_) = _dp_collectives(shape, plan, model, params)
+    """Exposed seconds of a rank's data-parallel collectives (_dp_collectives) of its (DP x CP,
+    expert) `params`: the overlapped gradient reduce hides behind the last micro-batch's backward
+    `bwd`, the parameter gather behind the first one's forward `fwd`, except dp_overlap_exposed
+    of them."""
+    (reduce, grads), (gather, params_) = _dp_collectives(shape, plan, model, *params)
     return _exposed(model, reduce, grads, bwd) + _exposed(model, gather, params_, fwd)
 
 
@@ -279,14 +302,20 @@ def _grad_bytes(shape: ModelShape, plan: ParallelPlan) -> int:
     return dtype_bytes(plan.ddp.grad_dtype(shape.dtype))
 
 
-def _optimizer(shape: ModelShape, plan: ParallelPlan, model: CostModel, params: float) -> float:
-    """Seconds of a rank's Adam step over its `params`: fp32 master weights and moments read and
-    written, gradients read (twice, with the norm for clipping), 16-bit weights written, the
-    gradient buffer zeroed; over its 1 / (DP x CP) share with the distributed optimizer; with
-    --optimizer-cpu-offload the moved share's transfers and host Adam instead
+def _optimizer(
+    shape: ModelShape, plan: ParallelPlan, model: CostModel, params: float, expert: float = 0.0
+) -> float:
+    """Seconds of a rank's Adam step over its `params` and routed-expert `expert` parameters:
+    fp32 master weights and moments read and written, gradients read (twice, with the norm for
+    clipping), 16-bit weights written, the gradient buffer zeroed; over its 1 / (DP x CP) share
+    (the experts' 1 / expert-DP share) with the distributed optimizer or a sharding Megatron-FSDP;
+    with --optimizer-cpu-offload the moved share's transfers and host Adam instead
     (capture_megatron.steptime.offload)."""
     s, grad = model.setting, _grad_bytes(shape, plan)
-    owned = params / (plan.dp * plan.cp) if plan.distributed_optimizer else params
+    owned = params + expert
+    if fsdp.shards_optimizer(plan):
+        owned = params / (plan.dp * plan.cp) + expert / plan.expert_dp
+    params += expert
     kept = owned * device_share(plan)  # --optimizer-cpu-offload: the rest on the host
     nbytes = kept * (24 + 2 * grad + dtype_bytes(shape.dtype)) + params * grad
     device = nbytes / (s.hw.hbm_bytes_per_s * s.k.memory_efficiency)
@@ -316,7 +345,7 @@ def step_time(shape: ModelShape, plan: ParallelPlan, model: CostModel | None = N
     pipeline = pipeline_seconds(per_rank, m, plan.vpp, widest)
     dp = max(_data_parallel(shape, plan, model, n, f, b) for n, f, b in zip(params, fwd, bwd))
     dp += _tied_embedding(shape, plan, model)
-    optimizer = max(_optimizer(shape, plan, model, n) for n in params)
+    optimizer = max(_optimizer(shape, plan, model, *n) for n in params)
     p2p = _p2p(shape, plan, model)
     return StepTime(
         seconds=pipeline + p2p + dp + optimizer,

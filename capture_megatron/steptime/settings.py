@@ -33,3 +33,17 @@ class StepSettings(JsonMixin):
     gradient_accumulation_fusion: bool = True
     """Weight gradients accumulated straight into the main gradients (off with
     --no-gradient-accumulation-fusion: each micro-batch writes them and adds them in)."""
+    moe_permute_fusion: bool = False
+    """--moe-permute-fusion: Transformer Engine's fused permute / unpermute (one pass over the
+    routed tokens each; twice the traffic without)."""
+    moe_shared_expert_overlap: bool = False
+    """--moe-shared-expert-overlap: the shared experts' projections run beside the dispatch and
+    the combine (capture_megatron.steptime.moe)."""
+    delay_wgrad_compute: bool = False
+    """--delay-wgrad-compute: with --overlap-moe-expert-parallel-comm the MLP's weight gradients
+    run beside the dispatch's backward (capture_megatron.steptime.moe.exposed)."""
+    cuda_graph_impl: str = "none"
+    """--cuda-graph-impl: none, local or transformer_engine (capture_megatron.steptime.launch)."""
+    cuda_graph_scope: tuple[str, ...] = ()
+    """--cuda-graph-scope: attn, mlp, moe, moe_router, moe_preprocess, mamba or full_iteration;
+    empty: the whole transformer layer (megatron-core 0.16.1's default)."""

@@ -16,7 +16,9 @@ Index caches: GPTDataset writes its document/sample/shuffle indices to --data-ca
 global rank 0 first and the other ranks read after a barrier -- so `build_train_iterators` is
 then collective: call it on every rank. On top of that rank 0 (or every process, without
 torch.distributed) holds an exclusive file lock on the cache while building, so jobs started at
-the same time over the same data never read half-written caches.
+the same time over the same data never read half-written caches. The caches are read without
+pickle and checked against their checksums first (train.data_cache): a damaged or crafted one is
+set aside and built again.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import torch
 
 from capture_megatron.config.training import DataOptions
 from capture_megatron.errors import CaptureError
+from capture_megatron.train import data_cache
 
 if TYPE_CHECKING:
     from megatron.core.datasets.blended_megatron_dataset_builder import TopLevelDataset
@@ -46,9 +49,6 @@ Blend = tuple[list[str], list[float] | None]
 
 BATCH_KEYS = ("tokens", "labels", "loss_mask", "position_ids")
 """Megatron's GPT batch keys, in the order pretrain_gpt.get_batch lists them (no attention mask)."""
-
-LOCK_NAME = ".capture-megatron-build.lock"
-"""File locked while index caches are built."""
 
 
 def data_tokenizer(opts: DataOptions) -> TokenizerBase:
@@ -215,42 +215,6 @@ def _check_train_tokens(prefixes: list[str], config: GPTDatasetConfig) -> None:
             )
 
 
-def _cache_dirs(opts: DataOptions, prefixes: list[str]) -> list[str]:
-    """Directories GPTDataset writes index caches into."""
-    if opts.mock_data:
-        return []
-    if opts.data_cache_path:
-        return [opts.data_cache_path]
-    return sorted({os.path.join(p, "cache") for p in prefixes})
-
-
-@contextlib.contextmanager
-def _build_lock(dirs: list[str], writer: bool) -> Iterator[None]:
-    """Check the cache directories are writable (every rank alike, so no rank waits at a barrier for
-    one that failed) and, on the process that writes caches, hold an exclusive lock on each."""
-    for d in dirs:
-        try:
-            os.makedirs(d, exist_ok=True)
-            ok = os.access(d, os.W_OK)
-        except OSError:
-            ok = False
-        if not ok:
-            raise CaptureError(
-                f"cannot write dataset index caches into {d!r}; give a writable --data-cache-path"
-            )
-    try:
-        import fcntl
-    except ImportError:  # not POSIX: no lock
-        fcntl = None  # type: ignore[assignment]  # a module or None
-    with contextlib.ExitStack() as stack:
-        if writer and fcntl is not None:
-            for d in dirs:
-                f = stack.enter_context(open(os.path.join(d, LOCK_NAME), "a"))
-                fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-                stack.callback(fcntl.flock, f.fileno(), fcntl.LOCK_UN)
-        yield
-
-
 @contextlib.contextmanager
 def _rank_zero_without_process_group() -> Iterator[None]:
     """megatron-core 0.16.1's BlendedDataset calls torch.distributed.get_rank() unguarded when it
@@ -302,12 +266,16 @@ def build_train_dataset(
     dist = torch.distributed.is_available() and torch.distributed.is_initialized()
     writer = not dist or torch.distributed.get_rank() == 0
     cls = MockGPTDataset if opts.mock_data else GPTDataset
+    data_cache.install()  # index caches: never unpickled, checksummed when written
+    dirs = data_cache.cache_dirs(opts, prefixes)
     with (
-        _build_lock(_cache_dirs(opts, prefixes), writer),
+        data_cache.build_lock(dirs, writer),
         _rank_zero_without_process_group(),
         _quiet_mock_cache_warning(opts.mock_data),
         warnings.catch_warnings(),
     ):
+        for note in data_cache.heal(dirs) if writer else []:
+            print(f"note: {note}", flush=True)
         warnings.filterwarnings("ignore", message=".*pad token id.*collides.*")
         builder = BlendedMegatronDatasetBuilder(cls, [num_samples, 0, 0], lambda: True, config)
         dataset = builder.build()[0]

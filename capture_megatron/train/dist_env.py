@@ -8,6 +8,28 @@ from dataclasses import dataclass
 
 from capture_megatron.errors import CaptureError
 
+_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
+"""What gloo's transport says when the process at the other end of a connection ended."""
+
+
+def lost_a_peer(err: BaseException) -> bool:
+    """Whether `err` (or what it wraps) is a collective's failure because another rank's process
+    ended."""
+    seen: set[int] = set()
+    todo: list[BaseException] = [err]
+    while todo:
+        e = todo.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        if any(words in str(e) for words in _PEER_GONE):
+            return True
+        todo += [c for c in (e.__cause__, e.__context__) if c is not None]
+        failures = getattr(e, "failures", None)
+        if isinstance(failures, dict):
+            todo += [f for f in failures.values() if isinstance(f, BaseException)]
+    return False
+
 
 @dataclass(frozen=True)
 class DistEnv:

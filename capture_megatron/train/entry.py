@@ -21,7 +21,9 @@ from capture_megatron.flags import parser as flags
 from capture_megatron.flags.args import data_options, train_config
 from capture_megatron.megatron import lifeline, quiet
 from capture_megatron.rules.megatron import checkpoint_problem
-from capture_megatron.train.dist_env import read_env
+from capture_megatron.train.dist_env import lost_a_peer, read_env
+
+__all__ = ["LOST_PEER_WAIT", "lost_a_peer", "main", "parse_config", "build_parser"]
 
 PARENT = os.getppid()
 """The process that started this one (torchrun's agent), read at import."""
@@ -35,14 +37,6 @@ LOST_PEER_WAIT = 3.0
 went away (lost_a_peer). torchrun's agent checks its ranks every 0.1 s and stops them all once one
 has ended; it names the first it saw end as the root cause, and with forked ranks (train.preloaded)
 only that one. Without the wait, a rank whose peer was killed could end first and be named."""
-
-_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
-"""What gloo's transport says when the process at the other end of a connection ended."""
-
-
-def lost_a_peer(err: BaseException) -> bool:
-    """Whether `err` is a collective's failure because another rank's process ended."""
-    return any(words in str(err) for words in _PEER_GONE)
 
 
 def build_parser(
@@ -128,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(LOST_PEER_WAIT)  # torchrun stops it meanwhile, naming the rank that died
         raise
     except CaptureError as err:
+        if "TORCHELASTIC_RUN_ID" in os.environ and getattr(err, "lost_peer", False):
+            time.sleep(LOST_PEER_WAIT)  # as above: torchrun names the rank that died
         if env.rank == 0:
             print(f"error: {err}", file=sys.stderr, flush=True)
         elif getattr(err, "every_rank", False):  # this rank's own failure (a save)

@@ -18,6 +18,10 @@ The launcher is the subreaper of the job (megatron.lifeline): ranks orphaned by 
 torchrun -- which die with it anyway (each rank asks for SIGKILL on its parent's death) -- and the
 processes ranks start (megatron-core's checkpoint writer Manager) are re-parented to it, and
 whatever of the job is left when torchrun ends is killed and reaped.
+
+The launcher's own death ends the job too: torchrun is started with PR_SET_PDEATHSIG = SIGTERM
+(set between fork and exec, so no window), stops every rank on it and says what was saved
+(train.agent); a watchdog there SIGKILLs it if it has not ended STOP_GRACE seconds later.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ import psutil
 
 from capture_megatron.errors import CaptureError
 from capture_megatron.megatron import lifeline
+from capture_megatron.train.agent import LAUNCHER_ENV
 
 STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 """Signals that stop the job."""
@@ -65,7 +70,12 @@ class Job:
         self.handled = handled
         self.stopped_by: signal.Signals | None = None
         self.kill_at: float | None = None
-        self.proc = subprocess.Popen(cmd, env=env)
+        launcher = os.getpid()
+        self.proc = subprocess.Popen(
+            cmd,
+            env=dict(env, **{LAUNCHER_ENV: str(launcher)}),
+            preexec_fn=lambda: lifeline.die_with_parent(launcher, signal.SIGTERM),
+        )
         self.previous: dict = {}
         if threading.current_thread() is threading.main_thread():  # only it may set handlers
             self.previous = {s: signal.signal(s, self._on_signal) for s in FORWARDED}

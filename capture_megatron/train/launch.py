@@ -36,7 +36,7 @@ def torchrun_command(
         cmd = [sys.executable, "-m", "capture_megatron.train.preloaded"]
         entry = ["--start-method", "fork", "--run-path", PRETRAIN_SCRIPT]
     else:
-        cmd = [sys.executable, "-m", "torch.distributed.run"]
+        cmd = [sys.executable, "-m", "capture_megatron.train.agent"]
         entry = ["-m", "capture_megatron.pretrain_gpt"]
     if standalone:
         cmd.append("--standalone")
@@ -68,11 +68,26 @@ def validate(nproc: int, train_args: list[str]) -> TrainConfig:
 
         refuse_on_cpu(cfg.shape)
         refuse_cpu_state(cfg)
-    if cfg.checkpoint.load:
-        from capture_megatron.train.checkpoint.save_load import preflight
+    check_outputs(cfg)
+    from capture_megatron.train.checkpoint.claim import preflight
 
-        preflight(cfg)
+    preflight(cfg)
     return cfg
+
+
+def check_outputs(cfg: TrainConfig) -> None:
+    """What the run writes can be written, checked before any process starts: --save (created
+    as Megatron-LM creates it), --memory-report and --moe-routing-stats (CaptureError)."""
+    from capture_megatron.serial import writable, writable_dir
+
+    if cfg.checkpoint.save:
+        writable_dir("--save", cfg.checkpoint.save)
+    for flag, path in (
+        ("--memory-report", cfg.run.memory_report),
+        ("--moe-routing-stats", cfg.run.moe_routing_stats),
+    ):
+        if path:
+            writable(flag, path)
 
 
 def _has_cuda() -> bool:
@@ -96,55 +111,25 @@ def run_torchrun(
         return run_job(cmd, full_env, timeout, handled)
 
 
-def _flag_value(args: list[str], flag: str) -> str | None:
-    for i, arg in enumerate(args):
-        if arg == flag and i + 1 < len(args):
-            return args[i + 1]
-        if arg.startswith(flag + "="):
-            return arg.split("=", 1)[1]
-    return None
-
-
 def failure_message(rc: int, train_args: list[str]) -> str:
     """What went wrong and how to resume: the last complete checkpoint under --save, if any."""
-    from capture_megatron.train.checkpoint.directory import latest_iteration
-
     if rc > 128 and rc - 128 in {int(s) for s in signal.Signals}:
-        lines = [
-            f"capture-megatron train: stopped by {signal.Signals(rc - 128).name}; every rank "
-            "was stopped with it."
-        ]
+        first = (
+            f"capture-megatron train: the job was stopped by {signal.Signals(rc - 128).name}; "
+            "every rank was stopped with it."
+        )
     elif rc < 0 and -rc in {int(s) for s in signal.Signals}:
-        lines = [
+        first = (
             f"capture-megatron train: torchrun was killed by {signal.Signals(-rc).name}; every "
             "rank was stopped with it (no rank outlives torchrun)."
-        ]
-    else:
-        lines = [
-            f"capture-megatron train: training failed (torchrun exit code {rc}). A rank died or "
-            "raised and torchrun stopped the others; its root-cause report (rank, exit code or "
-            "signal) is above."
-        ]
-    save, load = _flag_value(train_args, "--save"), _flag_value(train_args, "--load")
-    if load and load != save:
-        lines.append(
-            f"The run started from --load {load}: an error above about a checkpoint there is "
-            f"about {load}, not --save."
         )
-    if save:
-        try:
-            last = latest_iteration(save)
-        except CaptureError as err:
-            last, lines = None, lines + [str(err)]
-        if last is None:
-            lines.append(f"No complete checkpoint under {save}: a rerun starts from scratch.")
-        else:
-            lines.append(
-                f"The last complete checkpoint is iteration {last} in {save}: rerun the same "
-                f"command with --load {save} to resume from it."
-            )
     else:
-        lines.append(
-            "No --save was given, so nothing can be resumed; add --save DIR --save-interval N."
+        first = (
+            f"capture-megatron train: training failed (torchrun exit code {rc}): a rank died or "
+            "raised and torchrun stopped the others (which rank and how: above)."
         )
-    return "\n".join(lines)
+    from capture_megatron.train.agent import flag_value
+    from capture_megatron.train.checkpoint.directory import saved_lines
+
+    save, load = flag_value(train_args, "--save"), flag_value(train_args, "--load")
+    return "\n".join([first, *saved_lines(save, load)])

@@ -7,7 +7,8 @@ torchrun's own `main` with the flags as given. torchrun runs a `--run-path` scri
 so its `--start-method fork` applies: each rank is forked from this process, with those modules in
 memory, instead of starting a Python that imports them again (about 4 s of CPU a rank on a 2-core
 machine, most of a short CPU job's time). Everything else is torchrun's: the c10d rendezvous, the
-environment each rank reads, the monitoring that stops every rank when one fails, the exit code.
+environment each rank reads, the monitoring that stops every rank when one fails, the exit code
+(run as train.agent runs it: one paragraph instead of its tracebacks).
 
 Only for ranks without CUDA (a forked process must not inherit an initialised CUDA context, and a
 GPU rank compiles megatron-core's fused functions, which a CPU rank does not): `train.launch` uses
@@ -55,20 +56,19 @@ def preload() -> None:
         importlib.import_module(name)
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Preload, then run torchrun's main with `argv` (default: this process's arguments); a
-    failed job exits as torchrun's does (its report, exit code 1)."""
+def main(argv: list[str] | None = None) -> int:
+    """Preload, then run torchrun's main with `argv` (default: this process's arguments) as
+    train.agent runs it; returns its exit status (a failed job: one paragraph, 1)."""
     preload()
     # a forked rank keeps this process's streams: flush each line as `python -u` ranks would
     for stream in (sys.stdout, sys.stderr):
         reconfigure = getattr(stream, "reconfigure", None)
         if reconfigure is not None:
             reconfigure(line_buffering=True)
-    from torch.distributed.run import main as torchrun_main
+    from capture_megatron.train.agent import run
 
-    torchrun_main(sys.argv[1:] if argv is None else argv)
+    return run(sys.argv[1:] if argv is None else argv)
 
 
 if __name__ == "__main__":
-    main()
-    exit_now(0)  # a finished job: without the teardown of what was preloaded
+    exit_now(main())  # without the teardown of what was preloaded

@@ -13,9 +13,15 @@ def refuse_cpu_state(cfg: TrainConfig) -> None:
     a deferred output-layer weight gradient (no gradient-accumulation fusion), and checkpoints of
     the precision-aware optimizer (megatron-core's distributed optimizer saves its state through
     torch's per-parameter Adam step counters without TE, which TE's FusedAdam, and so
-    capture_megatron.emulate.host_adam, does not keep)."""
+    capture_megatron.emulate.host_adam, does not keep); and --adam-impl fused (a CPU run trains
+    with torch.optim.AdamW)."""
     ddp = cfg.plan.ddp
     problem = ddp_kernel_problem(ddp, "cpu", False)
+    if not problem and cfg.kernels.adam_impl == "fused":
+        problem = (
+            "--adam-impl fused: a CPU run trains with torch.optim.AdamW (Transformer Engine's and "
+            "apex's FusedAdam need CUDA); leave --adam-impl out"
+        )
     if (
         not problem
         and ddp.use_precision_aware_optimizer

@@ -1,8 +1,9 @@
 """What a resume may change, checked against the checkpoint before any state is loaded.
 
-Run twice: by `capture-megatron train` before torchrun starts (checkpoint.preflight, so a refused
-resume is one paragraph and exit code 2), and by every rank in checkpoint.load_checkpoint (for runs
-started with torchrun directly). Pure Python: the callers read the checkpoint.
+Run twice: by `capture-megatron train` before torchrun starts (checkpoint.claim.preflight, so a
+refused resume is one paragraph and exit code 2), and by every rank in checkpoint.load_checkpoint
+(for runs started with torchrun directly). Everything else a resume changes is refused or named by
+train.resume_settings. Pure Python: the callers read the checkpoint.
 
 - The vocabulary. Megatron pads it to a multiple of --make-vocab-size-divisible-by x TP, and the
   padding rows of the output layer take part in the softmax like any other (megatron-core neither
@@ -242,20 +243,39 @@ def _check_optimizer_layout(saved: SavedRun, plan: ParallelPlan) -> None:
 
 def check_resume(
     saved: SavedRun, common: dict[str, Any], cfg: TrainConfig, current: sched.Schedule
-) -> None:
-    """Every rule above; `current` is this run's schedule (the live scheduler's on a rank)."""
+) -> list[str]:
+    """Every rule above and train.resume_settings'; `current` is this run's schedule (the live
+    scheduler's on a rank). Returns the notes naming what the resume changes (CaptureError for
+    what it refuses)."""
+    from capture_megatron.train import resume_settings as settings
+
     check_architecture(saved, cfg.shape)
     check_vocab(saved, cfg.shape, cfg.plan.tp)
     check_experts(saved, cfg.shape)
-    if not loads_optimizer(cfg.checkpoint):
-        return
-    _check_optimizer_layout(saved, cfg.plan)
-    sched.check_resume(
-        common["opt_param_scheduler"],
-        saved.plan.global_batch_size,
-        current,
-        cfg.plan.global_batch_size,
-        cfg.checkpoint,
-        saved.path,
-        int(common["iteration"]),
+    loads = loads_optimizer(cfg.checkpoint)
+    changes = [settings.check_precision(saved.path, saved.shape, cfg, loads)]
+    changes += settings.setting_changes(
+        common, (saved.shape, saved.plan.ddp), cfg, set(ARCHITECTURE)
     )
+    if loads:
+        _check_optimizer_layout(saved, cfg.plan)
+        sched.check_resume(
+            common["opt_param_scheduler"],
+            saved.plan.global_batch_size,
+            current,
+            cfg.plan.global_batch_size,
+            cfg.checkpoint,
+            saved.path,
+            int(common["iteration"]),
+        )
+        changes += [
+            f"{c} (this run's, set again after the optimizer state is loaded)"
+            for c in settings.adam_changes(common, cfg.optim)
+        ]
+    changes = [c for c in changes if c]
+    if not changes:
+        return []
+    return [
+        f"--load {saved.path}: this run changes what the checkpoint was trained with, from "
+        f"iteration {int(common['iteration']) + 1} on: " + "; ".join(changes) + "."
+    ]

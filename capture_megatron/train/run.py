@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -12,6 +13,8 @@ from capture_megatron.emulate import cpu_compat
 from capture_megatron.megatron import moe
 from capture_megatron.megatron.backend import Backend
 from capture_megatron.megatron.quiet import kernels_line
+from capture_megatron.serial import writable
+from capture_megatron.train.checkpoint.directory import iteration_dir
 from capture_megatron.train.dist_env import DistEnv, init_distributed, is_logging_rank
 from capture_megatron.train.exit_signal import ExitSignal
 from capture_megatron.train.refusals import refuse_cpu_state, refuse_untrained
@@ -121,7 +124,7 @@ def _checkpoint_hook(
         ):
             window.pause()
             consumed = start_consumed + (it - start_iter) * cfg.plan.global_batch_size
-            path = save_checkpoint(cfg.checkpoint.save, it, trainer, cfg.shape, cfg.plan, consumed)
+            path = save_checkpoint(cfg.checkpoint.save, it, trainer, cfg, consumed)
             window.resume()
             saved.add(it)
             if is_logging_rank():
@@ -275,9 +278,7 @@ def run_training(cfg: TrainConfig, env: DistEnv) -> MemoryReport:
     from capture_megatron.megatron.builder import resolve_impl
     from capture_megatron.megatron.extensions import gpu_kernels
     from capture_megatron.memory.meter import make_meter
-    from capture_megatron.train.checkpoint.save_load import load_checkpoint
-    from capture_megatron.train.loop import run_iterations
-    from capture_megatron.train.trainer import build_trainer, init_parallel_state
+    from capture_megatron.train.checkpoint.claim import claim
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     _refuse_on_cpu(cfg, device)
@@ -289,12 +290,41 @@ def run_training(cfg: TrainConfig, env: DistEnv) -> MemoryReport:
     backend = Backend.of(device, gpu_kernels(cfg.kernels, impl) if device == "cuda" else None)
     if is_logging_rank():
         print(describe(cfg, env) + " | " + kernels_line(impl, device), flush=True)
+    lock = claim(cfg)
+    try:
+        report = _train(cfg, env, device, impl, backend, meter, stop)
+    finally:
+        if lock is not None:
+            lock.release()
+    ps.destroy_model_parallel()
+    torch.distributed.destroy_process_group()
+    return report
+
+
+def _train(
+    cfg: TrainConfig,
+    env: DistEnv,
+    device: str,
+    impl: str,
+    backend: Backend,
+    meter: MemoryMeter,
+    stop: ExitSignal | None,
+) -> MemoryReport:
+    """Resume, iterate, checkpoint and gather the memory report, holding --save's lock."""
+    from capture_megatron.train.checkpoint.claim import start_point
+    from capture_megatron.train.checkpoint.save_load import load_checkpoint
+    from capture_megatron.train.loop import run_iterations
+    from capture_megatron.train.trainer import build_trainer, init_parallel_state
+
+    check_outputs(cfg)
+    resume = start_point(cfg)
     init_parallel_state(cfg.plan, cfg.run.seed)
     trainer = build_trainer(
         cfg.shape, cfg.plan, cfg.optim, cfg.run, cfg.build, backend, cfg.checkpoint
     )
-    loaded = cfg.checkpoint.load
-    start, consumed = load_checkpoint(cfg, trainer) if loaded else (0, 0)
+    loaded, start, consumed = cfg.checkpoint.load, 0, 0
+    if resume.iteration is not None:
+        start, consumed = load_checkpoint(cfg, trainer, resume.iteration)
     if start and is_logging_rank():
         print(f"resumed from checkpoint iteration {start} in {loaded}", flush=True)
     iterators = train_iterators(cfg, consumed, backend)
@@ -315,7 +345,7 @@ def run_training(cfg: TrainConfig, env: DistEnv) -> MemoryReport:
         progress=cfg.run.progress,
     )
     if start > 0 and not stats:
-        hook(start, final=True)  # nothing left to train: re-save the loaded state under this plan
+        _resave(cfg, hook, start)
     _write_routing(cfg, recorder, stats)
     mine = _rank_memory(env, trainer, window, meter, setup_bytes)
     report = _gather_report(cfg, device, impl, mine, stats)
@@ -324,6 +354,26 @@ def run_training(cfg: TrainConfig, env: DistEnv) -> MemoryReport:
         if cfg.run.memory_report:
             report.write(cfg.run.memory_report)
     torch.distributed.barrier()
-    ps.destroy_model_parallel()
-    torch.distributed.destroy_process_group()
     return report
+
+
+def _resave(cfg: TrainConfig, hook: OnStep, start: int) -> None:
+    """Nothing left to train: save the loaded state again under this plan -- unless --save holds
+    that iteration already (the --load directory itself), which is kept as it is."""
+    save = cfg.checkpoint.save
+    if save and os.path.isdir(iteration_dir(save, start)):
+        if is_logging_rank():
+            print(f"nothing to train: iteration {start} is already saved in {save}", flush=True)
+        return
+    hook(start, final=True)
+
+
+def check_outputs(cfg: TrainConfig) -> None:
+    """The files rank 0 writes at the end (--memory-report, --moe-routing-stats) can be written,
+    checked before training (CaptureError on every rank alike)."""
+    for flag, path in (
+        ("--memory-report", cfg.run.memory_report),
+        ("--moe-routing-stats", cfg.run.moe_routing_stats),
+    ):
+        if path:
+            writable(flag, path)

@@ -1,10 +1,15 @@
-"""Extract what capture-megatron needs from a Megatron-LM checkout at tag core_v0.16.1.
+"""Extract what capture-megatron needs from a Megatron-LM checkout at tag core_v0.16.1 (or, with
+--tag core_v0.19.0, the 0.19 series' files, run in an environment holding megatron-core 0.19.x).
 
     git clone https://github.com/NVIDIA/Megatron-LM && git -C Megatron-LM checkout core_v0.16.1
     pip install six regex          # Megatron-LM's training package needs them to import
     python tests/data/extract_megatron_lm.py Megatron-LM
+    git -C Megatron-LM checkout core_v0.19.0   # with megatron-core 0.19.2 (make setup312)
+    .venv312/bin/python tests/data/extract_megatron_lm.py Megatron-LM --tag core_v0.19.0
 
-Writes
+core_v0.19.0 is the 0.19 series' tag (megatron-core 0.19.2's megatron/core equals it in every file
+that builds, trains or checkpoints a GPT). Writes, for core_v0.16.1 (other tags: the same files
+with the series in their names, megatron_args-0.19.json and megatron_lm_functional_tests-0.19.json)
 - capture_megatron/flags/megatron_args.json: every argument pretrain_gpt.py accepts, read from
   Megatron-LM's own parser (megatron/training/arguments.py add_megatron_arguments, the flags its
   ArgumentGroupFactory generates from config dataclasses included): spellings, kind, nargs, type,
@@ -149,7 +154,7 @@ def _measured(golden: dict[str, Any]) -> dict[str, int] | None:
     }
 
 
-def cases(checkout: pathlib.Path) -> list[dict[str, Any]]:
+def cases(checkout: pathlib.Path, tag: str = TAG) -> list[dict[str, Any]]:
     """Every functional test case with an H100 memory measurement."""
     out = []
     for model in MODELS:
@@ -168,7 +173,7 @@ def cases(checkout: pathlib.Path) -> list[dict[str, Any]]:
                 {
                     "name": case_dir.name,
                     "model": model,
-                    "source": f"NVIDIA/Megatron-LM@{TAG}:{case_dir.relative_to(checkout)}",
+                    "source": f"NVIDIA/Megatron-LM@{tag}:{case_dir.relative_to(checkout)}",
                     "world_size": sizes.get(case_dir.name),
                     "env_vars": config.get("ENV_VARS", {}),
                     "argv": command_line(config["MODEL_ARGS"]),
@@ -181,28 +186,41 @@ def cases(checkout: pathlib.Path) -> list[dict[str, Any]]:
     return out
 
 
+def suffix(tag: str) -> str:
+    """The file-name suffix of a tag's series: '' for core_v0.16.1, '-0.19' for core_v0.19.0."""
+    if tag == TAG:
+        return ""
+    major, minor = tag.removeprefix("core_v").split(".")[:2]
+    return f"-{major}.{minor}"
+
+
 def main() -> None:
     """Write both files from the checkout given on the command line."""
-    checkout = pathlib.Path(sys.argv[1]).resolve()
-    head = _git(checkout, "describe", "--tags", "--exact-match").strip()
-    if head != TAG:
-        sys.exit(f"{checkout} is at {head!r}; check out {TAG}")
+    ap = argparse.ArgumentParser(description="extract flags and golden values from Megatron-LM")
+    ap.add_argument("checkout", help="a Megatron-LM checkout at --tag")
+    ap.add_argument("--tag", default=TAG, help=f"its tag (default {TAG})")
+    ns = ap.parse_args()
+    checkout, tag, tail = pathlib.Path(ns.checkout).resolve(), ns.tag, suffix(ns.tag)
+    if (checkout / ".git").exists():
+        head = _git(checkout, "describe", "--tags", "--exact-match").strip()
+        if head != tag:
+            sys.exit(f"{checkout} is at {head!r}; check out {tag}")
     table = argument_table(megatron_parser(checkout))
-    (ROOT / "capture_megatron/flags/megatron_args.json").write_text(
+    (ROOT / f"capture_megatron/flags/megatron_args{tail}.json").write_text(
         json.dumps(
             {
-                "source": f"NVIDIA/Megatron-LM@{TAG}:megatron/training/arguments.py",
+                "source": f"NVIDIA/Megatron-LM@{tag}:megatron/training/arguments.py",
                 "arguments": table,
             },
             indent=0,
         )
         + "\n"
     )
-    found = cases(checkout)
-    (ROOT / "tests/data/megatron_lm_functional_tests.json").write_text(
+    found = cases(checkout, tag)
+    (ROOT / f"tests/data/megatron_lm_functional_tests{tail}.json").write_text(
         json.dumps(
             {
-                "source": f"NVIDIA/Megatron-LM@{TAG}",
+                "source": f"NVIDIA/Megatron-LM@{tag}",
                 "license": "see Megatron-LM's LICENSE",
                 "cases": found,
             },

@@ -1,12 +1,17 @@
 """Nothing saved is lost or trusted blindly (issue 29, items 1, 4, 9, 10).
 
-- A save never skips an ``iter_N/`` an earlier run left: after a rollback with a new learning rate
-  and after a kill between the rename and the tracker write, the new checkpoint replaces the old
-  one and the tracker names it.
+- A save never replaces an ``iter_N/`` it did not write (issue 56): a rollback into the directory
+  that holds later checkpoints is refused (saved elsewhere, it keeps its new learning rate), and
+  after a kill between the rename and the tracker write the rerun takes that complete checkpoint.
 - Every file is checksummed; flipped bytes or a truncated shard, ``.metadata`` or ``common.pt`` in
   the newest checkpoint make the resume fall back to the previous complete one, in one paragraph.
 - A full disk during a save is "no space left on the device", and names the checkpoint that
   survived.
+- The --save directory is the user's (issue 56, problems 2 and 3): a second run into a directory
+  another live run is saving into is refused by its ranks and changes nothing there, and once that
+  run is gone its lock is stale; a --load whose tracker is gone resumes from the newest complete
+  checkpoint instead of training from scratch over it, and a --load that finds nothing says so
+  (Megatron-LM's `--load D --save D` first run of a requeued job, which the module's first run is).
 
 Single-process runs (pretrain_gpt's launcher-less gloo group of one) keep these fast.
 """
@@ -26,6 +31,8 @@ import pytest
 import torch
 from harness import cli, train_single
 
+from capture_megatron.cli.train import main as train_cli
+from capture_megatron.errors import CaptureError
 from capture_megatron.train.checkpoint import verify as ckpt_verify
 from capture_megatron.train.checkpoint.save_load import PAUSE_ENV, TRACKER, iteration_dir
 from capture_megatron.train.checkpoint.verify import MANIFEST, quick_problems
@@ -45,36 +52,47 @@ def _manifest(ckpt: Path, it: int) -> dict:
 
 
 @pytest.fixture(scope="module")
-def saved(tmp_path_factory) -> Path:
-    """Four iterations, checkpoints at 2 and 4 (tracker: 4)."""
+def first(tmp_path_factory) -> tuple[Path, str]:
+    """Four iterations, checkpoints at 2 and 4 (tracker: 4), saved by the first run of a
+    requeued job: --load D --save D with D not there yet; (D, what the run printed)."""
     work = tmp_path_factory.mktemp("integrity")
     ckpt = work / "ckpt"
-    run = train_single([*FOUR, "--save", str(ckpt)], str(work), "first")
+    run = train_single([*FOUR, "--load", str(ckpt), "--save", str(ckpt)], str(work), "first")
     assert run.returncode == 0, run.output[-3000:]
     assert (ckpt / TRACKER).read_text().strip() == "4"
-    return ckpt
+    return ckpt, run.output
 
 
-def test_rollback_with_a_new_lr_replaces_the_old_checkpoint(saved, tmp_path):
+@pytest.fixture(scope="module")
+def saved(first) -> Path:
+    """The first run's checkpoints (copy them before changing anything)."""
+    return first[0]
+
+
+def test_a_rollback_never_replaces_later_checkpoints(saved, tmp_path):
     ckpt = tmp_path / "ckpt"
     shutil.copytree(saved, ckpt)
     old = _manifest(ckpt, 4)
     (ckpt / TRACKER).write_text("2")  # roll back to iteration 2
-    args = [*FOUR, "--lr", "1e-2", "--override-opt_param-scheduler"]
-    run = train_single([*args, "--load", str(ckpt), "--save", str(ckpt)], str(tmp_path), "b")
+    args = [*FOUR, "--lr", "1e-2", "--override-opt_param-scheduler", "--load", str(ckpt)]
+    with pytest.raises(CaptureError, match=r"already holds complete checkpoints after it \(iter"):
+        train_cli(["--nproc", "1", *args, "--save", str(ckpt)])  # before torchrun starts
+    assert _manifest(ckpt, 4) == old and (ckpt / TRACKER).read_text() == "2"
+    # the rollback saved elsewhere: its checkpoints are its own
+    other = tmp_path / "rolled-back"
+    run = train_single([*args, "--save", str(other)], str(tmp_path), "b")
     assert run.returncode == 0, run.output[-3000:]
     assert [it.iteration for it in run.report.iterations] == [3, 4]
     # the new peak on the old schedule's shape (linear decay over 4 iterations, 2 done); loading
     # the optimizer's param groups used to bring the checkpoint's 1e-3 back without a word
     assert [it.lr for it in run.report.iterations] == pytest.approx([5e-3, 2.5e-3])
-    assert (ckpt / TRACKER).read_text().strip() == "4"
-    assert not list(ckpt.glob("*.replaced")) and not list(ckpt.glob("*.partial"))
-    new = _manifest(ckpt, 4)
+    assert (other / TRACKER).read_text().strip() == "4"
+    new = _manifest(other, 4)
     shards = [n for n in old if n.endswith(".distcp")]
     assert shards and any(new[n]["sha256"] != old[n]["sha256"] for n in shards)
-    common = torch.load(Path(iteration_dir(str(ckpt), 4), "common.pt"), weights_only=True)
+    common = torch.load(Path(iteration_dir(str(other), 4), "common.pt"), weights_only=True)
     assert common["opt_param_scheduler"]["max_lr"] == pytest.approx(1e-2)
-    assert quick_problems(iteration_dir(str(ckpt), 4)) == []
+    assert quick_problems(iteration_dir(str(other), 4)) == [] and _manifest(ckpt, 4) == old
 
 
 def test_kill_between_rename_and_tracker_then_rerun(tmp_path):
@@ -99,11 +117,15 @@ def test_kill_between_rename_and_tracker_then_rerun(tmp_path):
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
     assert published.is_dir() and (ckpt / TRACKER).read_text().strip() == "2"
-    # the rerun resumes from the tracker's iteration 2 and must publish its iteration 4
+    written = _manifest(ckpt, 4)
+    # the rerun takes the complete iteration 4 (the publish is finished), never saves over it
     run = train_single([*args, "--load", str(ckpt)], str(tmp_path), "rerun")
-    assert [it.iteration for it in run.report.iterations] == [3, 4], run.output[-3000:]
-    assert (ckpt / TRACKER).read_text().strip() == "4"
-    assert not list(ckpt.glob("*.replaced"))
+    assert run.returncode == 0 and run.report is not None, run.output[-3000:]
+    assert run.report.iterations == () and "finished publishing iteration 4" in run.output
+    assert "resumed from checkpoint iteration 4" in run.output
+    assert "nothing to train: iteration 4 is already saved" in run.output
+    assert (ckpt / TRACKER).read_text().strip() == "4" and _manifest(ckpt, 4) == written
+    assert not list(ckpt.glob("*.replaced")) and not list(ckpt.glob("*.partial"))
 
 
 def _flip(path: Path) -> None:
@@ -214,3 +236,70 @@ def test_a_checkpoint_that_would_run_code_is_refused(saved, tmp_path, target):
     ranks = train_single(args, str(tmp_path), "direct")  # the ranks check on their own too
     assert ranks.returncode == 2 and "could run code" in ranks.output, ranks.output[-3000:]
     assert not marker.exists()
+
+
+def _manifests(root: Path) -> dict[str, str]:
+    return {p.parent.name: p.read_text() for p in sorted(root.glob(f"iter_*/{MANIFEST}"))}
+
+
+def test_a_load_that_finds_nothing_says_so(first):
+    ckpt, output = first
+    assert f"--load {ckpt}: no checkpoint there: starting from iteration 0" in output
+
+
+def test_a_load_without_its_tracker_resumes_from_the_newest_checkpoint(first, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(first[0], ckpt)
+    (ckpt / TRACKER).unlink()
+    before = _manifests(ckpt)
+    args = [*TINY, "--train-iters", "4", "--load", str(ckpt), "--save", str(ckpt)]
+    run = train_single(args, str(tmp_path), "resumed")
+    assert run.returncode == 0 and run.report is not None, run.output[-3000:]
+    assert f"has no {TRACKER} but holds complete checkpoints (iterations 2, 4)" in run.output
+    assert run.report.iterations == () and "resumed from checkpoint iteration 4" in run.output
+    assert _manifests(ckpt) == before  # not one file rewritten
+
+
+def _start_saving(args: list[str], workdir: Path) -> subprocess.Popen:
+    """A run that saves iteration 2, then stays in the middle of its iteration 4 save."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", **{PAUSE_ENV: "90@4"})
+    return subprocess.Popen(
+        [sys.executable, "-m", "capture_megatron.pretrain_gpt", *args],
+        env=env,
+        cwd=str(workdir),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+
+def test_a_second_run_into_a_directory_in_use_is_refused(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    first = _start_saving([*FOUR, "--save", str(ckpt)], tmp_path)
+    partial = Path(iteration_dir(str(ckpt), 4) + ".partial")
+    try:
+        deadline = time.time() + 240
+        while not (partial.is_dir() and any(partial.iterdir())) and time.time() < deadline:
+            assert first.poll() is None, "the first run ended before its second save"
+            time.sleep(0.2)
+        time.sleep(1)
+        state = _manifests(ckpt), sorted(p.name for p in partial.iterdir())
+        other = [*TINY, "--train-iters", "2", "--lr", "5e-3", "--seed", "8", "--save", str(ckpt)]
+        # the ranks' own check (a job started without `capture-megatron train`, whose check
+        # before torchrun is tests/unit/test_save_lock.py's)
+        second = train_single(other, str(tmp_path), "second")
+        assert second.returncode == 2 and "Traceback" not in second.output, second.output[-3000:]
+        assert f"--save {ckpt} is in use by another training run: PID {first.pid} on " in (
+            second.output
+        )
+        assert (_manifests(ckpt), sorted(p.name for p in partial.iterdir())) == state
+        assert (ckpt / TRACKER).read_text().strip() == "2"
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait()
+    # the first run is gone: its lock is stale (the next run takes it over, removes the
+    # incomplete save and resumes: tests/dist/test_checkpoint.py's kill during a save)
+    from capture_megatron.train.checkpoint.lock import check_free
+
+    check_free(str(ckpt))
+    assert (ckpt / TRACKER).read_text().strip() == "2" and _manifests(ckpt) == state[0]

@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from capture_megatron.train.checkpoint.save_load import TRACKER
+from capture_megatron.train.checkpoint.save_load import TRACKER, latest_iteration
 
 TINY = [
     *("--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4"),
@@ -101,6 +101,43 @@ def test_sigkill_to_torchrun_leaves_no_rank(tmp_path):
     output = _finish(proc, job, ckpt)
     assert proc.returncode == 128 + signal.SIGKILL, output[-3000:]
     assert "torchrun was killed by SIGKILL; every rank was stopped with it" in output
+
+
+def test_sigkill_to_the_launcher_ends_the_job_and_frees_save(tmp_path):
+    """Issue 56, problem 4: SIGKILL of `capture-megatron train` (kill -9, a scheduler's hard
+    kill) left torchrun and every rank training into --save. Now nothing is left, --save is not
+    written any more, and its lock is free for the next run (which resumes: the stale lock and
+    the resume are test_checkpoint_integrity.py's)."""
+    proc, ckpt = _start(tmp_path)
+    job = psutil.Process(proc.pid).children(recursive=True)  # torchrun, its ranks, their helpers
+    proc.kill()
+    proc.wait()
+    try:
+        deadline = time.time() + STOPPED_WITHIN
+        while time.time() < deadline and [p for p in job if _alive(p)]:
+            time.sleep(0.2)
+        assert not [p.pid for p in job if _alive(p)], "the job outlived its launcher"
+        output, _ = proc.communicate(timeout=STOPPED_WITHIN)  # the job held its stdout
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # torchrun's session is the launcher's
+    last = int((ckpt / TRACKER).read_text())
+    assert f"capture-megatron train (pid {proc.pid}), which started this job, ended" in output
+    assert f"The last complete checkpoint is iteration {last} in {ckpt}" in output
+    assert "Traceback" not in output, output[-3000:]
+    before = sorted(os.listdir(ckpt)), (ckpt / TRACKER).read_text()
+    time.sleep(2)
+    assert (sorted(os.listdir(ckpt)), (ckpt / TRACKER).read_text()) == before
+    from capture_megatron.train.checkpoint.lock import check_free
+
+    check_free(str(ckpt))  # the next run may take --save
+    assert latest_iteration(str(ckpt)) == last
+
+
+def _alive(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def _cmdline(process: psutil.Process) -> str:

@@ -49,3 +49,29 @@ def test_cuda_profile_records_and_fit(tmp_path):
     middle = next(r for r in records if (r.kind, r.layers) == ("middle", 2))
     assert middle.saved_bytes > 0 and middle.forward_peak > 0 and middle.backward_peak > 0
     assert fit(records).device == "cuda"
+
+
+def _profile(device: str, out) -> list:
+    done = subprocess.run(
+        [sys.executable, "-m", "capture_megatron.cli", "profile", *MODEL, "--device", device]
+        + ["--no-design", "--no-timelines", "--no-progress", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return read_records(str(out))
+
+
+def test_fake_cuda_probes_equal_the_gpus(tmp_path):
+    """Issue 52: the GPU kernel set on fake CUDA tensors (here in a CUDA build of torch, whose own
+    device guard serves them) measures what the GPU's probes measure, probe by probe, to within
+    one allocator block (1 MiB: the caching allocator hands out a cached block whole when the
+    rest would be 1 MiB or less)."""
+    cuda = {(r.kind, r.layers): r for r in _profile("cuda", tmp_path / "cuda.jsonl")}
+    fake = {(r.kind, r.layers): r for r in _profile("fake-cuda", tmp_path / "fake.jsonl")}
+    assert fake.keys() == cuda.keys()
+    for key, real in cuda.items():
+        for field in ("saved_bytes", "forward_peak", "backward_peak"):
+            diff = getattr(fake[key], field) - getattr(real, field)
+            assert abs(diff) <= 1 << 20, (key, field, diff)

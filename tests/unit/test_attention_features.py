@@ -12,6 +12,7 @@ import pytest
 
 from capture_megatron.cli.plan import build_parser
 from capture_megatron.config import ModelShape, ParallelPlan
+from capture_megatron.config import versions as mcore
 from capture_megatron.config.hf import parameter_count
 from capture_megatron.errors import CaptureError
 from capture_megatron.features.mla import LatentAttention, attention_parameters
@@ -119,6 +120,10 @@ SHAPES = {
 @pytest.mark.parametrize("name", sorted(SHAPES))
 def test_built_parameters_equal_the_static_count(name, tp):
     shape = _shape(SHAPES[name])
+    if name == "mla-no-q-lora-latent-norm" and mcore.current() >= mcore.V0_19:
+        with pytest.raises(CaptureError, match="fuses a query norm into linear_q_proj"):
+            _built(shape, tp)  # megatron-core 0.19 builds another model: refused, not modelled
+        return
     attention, every = _built(shape, tp)
     assert attention == attention_parameters(shape, tp)
     if tp == 1:  # the whole model, at the vocabulary as built

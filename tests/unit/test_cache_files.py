@@ -1,7 +1,8 @@
 """Damaged or unusable files are one paragraph naming the file, never a traceback (issue 29, items
 6 and 7): calibration.jsonl (truncated, non-UTF-8, a measured 0 or negative peak), records and plan
 files that are not UTF-8, a cache directory that cannot be written (refused before profiling, so
-no measurement is thrown away), and a damaged cache entry (profiled again, with a note)."""
+no measurement is thrown away), and a damaged cache entry (set aside as <file>.damaged, named in a
+note, and profiled again)."""
 
 from __future__ import annotations
 
@@ -81,7 +82,12 @@ def test_a_damaged_cache_entry_is_profiled_again(tmp_path, capsys):
     entry = tmp_path / "cpu-0123.jsonl"
     entry.write_bytes(b'{"capture_megatron_records": 1, "ver')
     assert _cached(str(entry)) == []
-    assert "the cached records are unusable" in capsys.readouterr().out
+    note = capsys.readouterr().out
+    assert (
+        f"the cache file {entry} is unusable" in note
+        and "set aside as cpu-0123.jsonl.damaged" in note
+    )
+    assert not entry.exists() and (tmp_path / "cpu-0123.jsonl.damaged").exists()
 
 
 def test_design_records_cache_failures_are_notes(tmp_path, monkeypatch, capsys):
@@ -98,4 +104,5 @@ def test_design_records_cache_failures_are_notes(tmp_path, monkeypatch, capsys):
     with open(damaged, "wb") as f:
         f.write(b"\xff\xfe truncated")
     assert load_design("nokey") is None
-    assert "cached design records unusable" in capsys.readouterr().out
+    assert f"the cache file {damaged} is unusable" in capsys.readouterr().out
+    assert os.path.exists(damaged + ".damaged")

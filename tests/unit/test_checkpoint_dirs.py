@@ -18,7 +18,7 @@ from capture_megatron.train.checkpoint.directory import (
     REPLACED,
     TRACKER,
     recover,
-    refuse_replacing_later,
+    refuse_replacing,
     resume_point,
 )
 
@@ -106,11 +106,10 @@ def test_a_ckpt_step_resume_never_saves_over_later_checkpoints(tmp_path):
     for it in (2, 4, 6):
         _checkpoint(tmp_path, it)
     root = str(tmp_path)
-    with pytest.raises(CaptureError, match=r"later checkpoints \(iterations 4, 6\)"):
-        refuse_replacing_later(root, root + "/.", 2)
-    refuse_replacing_later(root, root, 6)  # nothing after it
-    refuse_replacing_later(str(tmp_path / "other"), root, 2)  # saved elsewhere
-    refuse_replacing_later(root, root, None)  # the newest is resumed: Megatron-LM's own rule
+    with pytest.raises(CaptureError, match=r"after it \(iterations 4, 6\)"):
+        refuse_replacing(root, root + "/.", 2)
+    refuse_replacing(root, root, 6)  # nothing after it
+    refuse_replacing(str(tmp_path / "other"), root, 2)  # saved elsewhere
     with pytest.raises(CaptureError, match="no --load directory"):
         CheckpointOptions(ckpt_step=2).require_trainable()
     CheckpointOptions(load=root, ckpt_step=0).require_trainable()
@@ -126,18 +125,18 @@ def test_tracker_problems_are_one_paragraph(tmp_path):
         resume_point(str(tmp_path))
 
 
-def test_interrupted_replacement_is_finished(tmp_path):
+def test_a_replacement_an_earlier_version_left_is_put_back_never_deleted(tmp_path):
     # killed after iter_4 was set aside and before the new one was renamed into place
     old = _checkpoint(tmp_path, 4)
     os.rename(old, str(old) + REPLACED)
     (tmp_path / TRACKER).write_text("4")
     assert resume_point(str(tmp_path), _by_hash) == (4, "")
     assert old.is_dir() and not Path(str(old) + REPLACED).exists()
-    # killed after the new one was renamed into place: the old copy goes
+    # killed after the new one was renamed into place: the old copy is kept, not deleted
     stale = _checkpoint(tmp_path / "elsewhere", 4)
     os.rename(stale, str(old) + REPLACED)
     recover(str(tmp_path))
-    assert old.is_dir() and not Path(str(old) + REPLACED).exists()
+    assert old.is_dir() and Path(str(old) + REPLACED).is_dir()
 
 
 def test_save_failure_texts():

@@ -1,8 +1,8 @@
 """examples/ (issue 30): every script a user starts from runs to the end with the installed
 `capture-megatron` command and prints what it promises. The two that train (torchrun, gloo) are
-`dist`; the two that profile a GPU model on the fake CUDA device are `slow`; the checks of the
-scripts themselves (listed in examples/README.md, strict bash, the pasted Megatron-LM line
-verbatim) are fast."""
+`dist`; the two that profile a GPU model on the fake CUDA device are `slow`, and so is the Python
+API example (issue 54); the checks of the scripts themselves (listed in examples/README.md,
+strict bash, the pasted Megatron-LM line verbatim) are fast."""
 
 from __future__ import annotations
 
@@ -110,7 +110,9 @@ def test_plan_llama3_70b_slurm(tmp_path):
 
 
 @pytest.mark.slow
-def test_predict_pasted_line(tmp_path):
+@pytest.mark.xdist_group("forecasts")
+def test_predict_pasted_line(tmp_path, forecast_cache, monkeypatch):
+    monkeypatch.setenv("CAPTURE_MEGATRON_CACHE", forecast_cache)  # the API example's line too
     output = run_example("predict_pasted_line.sh", tmp_path, timeout=1800)
     prediction = json.loads((tmp_path / "prediction.json").read_text())
     section = prediction["plan"]
@@ -120,3 +122,29 @@ def test_predict_pasted_line(tmp_path):
     assert section["layers_per_stage"] == [12, 12]  # Megatron's own split of the line's 24
     assert "the run the flags describe is predicted as given" in output
     assert "prediction.json: TP 2 PP 2 DP 2" in output
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("forecasts")
+def test_python_api(tmp_path, forecast_cache, monkeypatch, capsys):
+    """examples/python_api.py, run in this process as a user's script would (issue 54): predict
+    and plan through capture_megatron.predict / plan, from flags and from typed objects; what
+    it prints is what the command line prints for the same line."""
+    monkeypatch.setenv("CAPTURE_MEGATRON_CACHE", forecast_cache)
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    import python_api
+
+    python_api.main(str(tmp_path))
+    out = capsys.readouterr().out
+    assert "pipeline rank 0: peak" in out and "pipeline rank 1: peak" in out
+    plan = json.loads((tmp_path / "llama2-7b-plan.json").read_text())
+    assert plan["fits"] and f"layout {plan['plan']['layout']}" in out
+    assert "run it with: " + " ".join(plan["megatron_args"]) in out
+    assert re.search(r"layout E\S*\|\S*\|\S*\|\S*L: peaks", out), out
+    from capture_megatron.cli import main
+
+    assert main(["predict", *python_api.GPT3_EXAMPLE, "--gpus", "8", "--no-progress"]) == 0
+    cli = capsys.readouterr().out
+    rows = cli[cli.index("chosen plan, per pipeline rank") :].splitlines()[2:4]
+    shown = [ln.split("peak ")[1] for ln in out.splitlines() if "pipeline rank" in ln]
+    assert shown == [f"{float(row.split()[-2]):.2f} GiB" for row in rows], (shown, rows)

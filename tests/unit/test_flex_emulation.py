@@ -10,6 +10,14 @@ import dataclasses
 import pytest
 import torch
 
+from capture_megatron.config import versions
+
+pytestmark = pytest.mark.skipif(
+    versions.current() != versions.V0_16,
+    reason="the GPU kernel set emulates HybridEP as megatron-core 0.16 calls it; on 0.19 flex "
+    "probes are refused (test_flex_is_refused_on_megatron_core_0_19)",
+)
+
 T, H, E, EP = 100, 64, 8, 4  # tokens on this rank, hidden, experts, expert-parallel group
 L = E // EP
 

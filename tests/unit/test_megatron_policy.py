@@ -1,4 +1,5 @@
-"""Every flag of Megatron-LM's pretrain_gpt.py (core_v0.16.1) is known: declared by one of
+"""Every flag of Megatron-LM's pretrain_gpt.py (the installed megatron-core's series: core_v0.16.1
+or core_v0.19.0; both tables are classified) is known: declared by one of
 capture-megatron's option classes, or ignored (it cannot change memory), or refused by name when it
 changes memory in a way not modelled -- and `plan` / `predict` parse each of them."""
 
@@ -28,10 +29,11 @@ def _declared_by_us() -> set[str]:
     return set(p._option_string_actions)
 
 
-def test_every_megatron_flag_is_classified_once():
+@pytest.mark.parametrize("series", sorted(megatron_lm.TABLES), ids=str)
+def test_every_megatron_flag_is_classified_once(series):
     ours = _declared_by_us()
     missing, twice = [], []
-    for arg in megatron_lm.arguments():
+    for arg in megatron_lm.arguments(series):
         name = arg.flags[0]
         kinds = [
             bool(ours & set(arg.flags)),
@@ -46,7 +48,7 @@ def test_every_megatron_flag_is_classified_once():
 
 
 def test_policy_names_only_megatron_flags():
-    known = megatron_lm.flag_names()
+    known = megatron_lm.all_flag_names()  # of any series: 0.16-only flags stay classified
     named = policy.IGNORED | set(policy.UNMODELLED) | set(policy.IGNORED_REASONS)
     named |= set(policy.RULES)
     assert sorted(f for f in named if f not in known) == []
@@ -99,18 +101,21 @@ def test_flags_that_change_nothing_in_megatron_core_are_ignored():
     # megatron-core 0.16.1: --use-flash-attn is read by the legacy models only,
     # --enable-experimental swaps kernels only with --moe-permute-fusion (ruled on by its own
     # entry), decode-only CUDA graphs are inference only, nothing reads moe_extended_tp,
-    # symmetric registration needs --use-nccl-ub, the FSDP knobs need Megatron-FSDP
-    given = ["--use-flash-attn", "--enable-experimental", "--moe-extended-tp"]
+    # symmetric registration only chooses how NCCL registers the same buffers
+    given = ["--use-flash-attn", "--enable-experimental"]
+    # --moe-extended-tp: Megatron-LM core_v0.16.1's only (the installed series' table decides)
+    given += ["--moe-extended-tp"] if "--moe-extended-tp" in megatron_lm.flag_names() else []
     given += ["--decode-only-cuda-graphs", "--disable-symmetric-registration"]
-    given += ["--data-parallel-sharding-strategy", "optim_grads", "--fsdp-double-buffer"]
     names = [g for g in given if g.startswith("--")]
     assert _check(given) == tuple(sorted(names))
     for name in names:
         assert policy.ignored(name) and policy.IGNORED_REASONS[name]
-    # Megatron-FSDP itself stays refused, and its knobs are not named beside it
-    with pytest.raises(CaptureError) as err:
-        _check(["--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params"])
-    assert "--use-megatron-fsdp" in str(err.value) and "sharding" not in str(err.value)
+    # Megatron-FSDP's knobs are modelled (features.fsdp) and, without --use-megatron-fsdp,
+    # listed as ignored: megatron-core's DDP reads none of them
+    knobs = ["--data-parallel-sharding-strategy", "optim_grads", "--fsdp-double-buffer"]
+    knobs += ["--use-nccl-ub", "--use-flash-attn"]  # one Megatron-LM-only flag to run the check
+    assert _check(knobs) == tuple(sorted(k for k in knobs if k.startswith("--")))
+    assert _check([*knobs, "--use-megatron-fsdp"]) == ("--use-flash-attn",)
 
 
 ROPE = ["--position-embedding-type", "rope"]

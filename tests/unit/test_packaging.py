@@ -26,6 +26,7 @@ PACKAGE_DATA = (
     "flags/megatron_args.json",
     "steptime/constants.json",
     "forecast/moe_routing.json",
+    "flags/megatron_args-0.19.json",
     "train/templates/sbatch_torchrun.sh",
     "train/templates/sbatch_tasks.sh",
 )

@@ -1,6 +1,8 @@
 """The patch registry (capture_megatron/emulate/patches.py): every target of every patch exists in
-the installed torch and megatron-core (where a megatron-core upgrade starts), revert() puts every
-original back, docs/ARCHITECTURE.md lists every patch, and tests/conftest.py's `unpatched` fixture
+the installed torch and megatron-core (where a megatron-core upgrade starts; each CI leg checks its
+own megatron-core, 0.16.1 and 0.19.2), every patch applied is written for the installed
+megatron-core series, revert() puts every original back, docs/ARCHITECTURE.md lists every patch
+with its series, and tests/conftest.py's `unpatched` fixture
 leaves torch unpatched after a test that trained megatron-core's schedule on CPU."""
 
 import json
@@ -14,6 +16,9 @@ import textwrap
 import pytest
 import torch
 
+from capture_megatron.config import versions as mcore
+from capture_megatron.emulate.patches import MEGATRON_CORE_VERSIONS, Patch, series_range
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "ARCHITECTURE.md"
 
@@ -23,6 +28,7 @@ SCRIPT = textwrap.dedent(
     import torch
     from capture_megatron.train.checkpoint import megatron_fixes as ckpt_fixes
     from capture_megatron.train.checkpoint import trust as ckpt_safe
+    from capture_megatron.train import data_cache
     from capture_megatron.emulate import cpu_compat
     from capture_megatron.emulate import patches
 
@@ -58,6 +64,7 @@ SCRIPT = textwrap.dedent(
             ckpt_fixes.apply()
             ckpt_fixes.writers_die_with_rank()
             ckpt_safe.install()
+            data_cache.install()
         originals = patches.originals()
         moded = torch._C._is_torch_function_mode_enabled()
         for p in patches.applied():
@@ -140,11 +147,54 @@ def test_revert_restores_every_original_and_exits_the_modes(rows):
     assert all(r["reverted"] for r in rows), [r["target"] for r in rows if not r["reverted"]]
 
 
-def test_architecture_doc_lists_every_patch(rows):
-    """docs/ARCHITECTURE.md's "Patch registry" table has a row for every patch, and no other."""
+def _doc_rows() -> dict[str, str]:
+    """docs/ARCHITECTURE.md's "Patch registry" table: target -> its megatron-core series."""
     section = DOC.read_text().split("## Patch registry", 1)[1].split("\n## ", 1)[0]
-    listed = set(re.findall(r"^\| `([^`]+)` \|", section, re.M))
-    assert listed == {r["target"] for r in rows}
+    return dict(re.findall(r"^\| `([^`]+)` \|.*\| ([0-9.-]+) \|$", section, re.M))
+
+
+def test_architecture_doc_lists_every_patch_of_the_installed_megatron_core(rows):
+    """docs/ARCHITECTURE.md's "Patch registry" table has a row for every patch applied, with the
+    patch's own megatron-core series, and every row whose series include the installed
+    megatron-core is applied (a row of another series only: a patch that version needs)."""
+    listed = _doc_rows()
+    installed = mcore.current()
+    applied = {r["target"]: r["versions"] for r in rows}
+    assert {t: listed.get(t) for t in applied} == applied
+    serving = {t for t, v in listed.items() if Patch("a.b", "x", versions=v).serves(installed)}
+    assert serving == set(applied)
+
+
+def test_every_applied_patch_serves_the_installed_megatron_core(rows):
+    """A patch applied on the installed megatron-core names its series (patch() refuses one
+    that does not); the registry covers exactly the supported series."""
+    installed = mcore.current()
+    assert all(Patch(r["target"], r["why"], versions=r["versions"]).serves(installed) for r in rows)
+    first, last = series_range(MEGATRON_CORE_VERSIONS)
+    assert (first, last) == (mcore.V0_16, mcore.V0_19)
+
+
+def test_a_patch_outside_its_versions_is_refused(monkeypatch):
+    """patch() raises for a patch written for a series other than the installed one, and leaves
+    the target untouched; a malformed versions string is a ValueError."""
+    import types
+
+    from capture_megatron.emulate import patches
+
+    installed = mcore.current()
+    other = "0.16" if installed != mcore.V0_16 else "0.19"
+    owner = types.ModuleType("a_module")
+    owner.value = 1
+    with pytest.raises(RuntimeError, match="written for megatron-core"):
+        patches.patch(owner, "value", 2, "a test", versions=other)
+    assert owner.value == 1 and patches.applied() == []
+    patches.patch(owner, "value", 3, "a test", versions=str(installed))
+    assert owner.value == 3
+    patches.revert()
+    assert owner.value == 1
+    for bad in ("0.19-0.16", "0.16.1", "sixteen"):
+        with pytest.raises(ValueError):
+            Patch("a.b", "x", versions=bad)
 
 
 TORCH_SNAPSHOT = {

@@ -51,7 +51,7 @@ UNMODELLED = {
         "--attention-backend unfused is not modelled",
     ),
     "fp4": ("--fp4-format e2m1", "--fp4-format e2m1"),
-    "fsdp": ("--use-megatron-fsdp", "--use-megatron-fsdp"),
+    "fsdp2": ("--use-torch-fsdp2", "--use-torch-fsdp2"),
 }
 MISFITS = {
     # name: (command, extra flags, what the one paragraph names)

@@ -5,6 +5,7 @@ bench/ship_design.py would leave every design profile to run on the spot (minute
 from __future__ import annotations
 
 from importlib import resources
+from importlib.metadata import version
 
 import pytest
 
@@ -20,6 +21,15 @@ SHIPPED_NAMES = {
 }
 
 
+SHIPPED_FOR = ("2.13.0+cpu", "0.16.1")
+"""The torch and megatron-core the design records are shipped for (bench/ship_design.py: the
+default CI leg's); on any other (the second leg's 0.19.2) they are profiled and cached instead."""
+
+
+@pytest.mark.skipif(
+    (version("torch"), version("megatron-core")) != SHIPPED_FOR,
+    reason="design records are shipped for torch 2.13.0+cpu and megatron-core 0.16.1 only",
+)
 @pytest.mark.parametrize("name", ["gpt3-1.3b", "llama2-7b"])
 @pytest.mark.parametrize("recompute", ["none", "selective", "full"])
 @pytest.mark.parametrize("sp, tp", [(False, 2), (True, 4)])

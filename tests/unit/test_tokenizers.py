@@ -87,7 +87,9 @@ def test_byte_tokenizer_round_trip_and_specials():
 
 
 def test_tokenizers_are_megatron_tokenizers(bpe_dir, sp_model):
-    from megatron.core.datasets.megatron_tokenizer import MegatronLegacyTokenizer
+    """megatron-core 0.16's MegatronLegacyTokenizer is their base; 0.17 removed it, and
+    capture_megatron.data.identified keeps its contract (the same unique identifiers)."""
+    from capture_megatron.data.tokenizer_base import MegatronLegacyTokenizer
 
     for tok in (
         ByteTokenizer(),

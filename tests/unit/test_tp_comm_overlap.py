@@ -76,6 +76,9 @@ def test_predict_adds_the_userbuffers_to_what_a_gpu_needs(tmp_path):
         (["--device", "cpu", "--tensor-model-parallel-size", "2", "--sequence-parallel"],
          "only the GPU kernel set models"),
         (["--tensor-model-parallel-size", "1"], "needs --sequence-parallel with"),
+        # Megatron-LM stops here too: the refusal names the change (issue 51)
+        (["--tensor-model-parallel-size", "1"], "leave out --tp-comm-overlap, or give "
+         "--tensor-model-parallel-size > 1 with --sequence-parallel"),
         (["--tensor-model-parallel-size", "2"], "needs --sequence-parallel with"),
         (["--tensor-model-parallel-size", "2", "--sequence-parallel", "--tp-comm-overlap-cfg",
           "ub.yaml"], "--tp-comm-overlap-cfg ub.yaml"),

@@ -99,12 +99,12 @@ class GroupedLinear(torch.nn.Module):
     def __init__(
         self, num_gemms: int, input_size: int, output_size: int, *, config, init_method,
         bias: bool, skip_bias_add: bool, is_expert: bool, tp_comm_buffer_name=None,
-        pg_collection=None,
+        pg_collection=None, name=None,
     ):  # fmt: skip
         from megatron.core.process_groups_config import ProcessGroupCollection
 
         super().__init__()
-        del skip_bias_add, tp_comm_buffer_name
+        del skip_bias_add, tp_comm_buffer_name, name  # name: megatron-core 0.19's module names
         if bias:
             raise RuntimeError("the GPU kernel set's grouped GEMM emulates experts without biases")
         if pg_collection is None:

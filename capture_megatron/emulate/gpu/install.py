@@ -16,6 +16,10 @@
   .cross_entropy);
 - megatron.core.transformer.moe.moe_utils' fused_permute ... fused_moe_aux_loss: TE's fused MoE
   permutation and router kernels (capture_megatron.emulate.gpu.permute, .router);
+- torch.ops.aten.embedding_dense_backward: torch's CUDA embedding backward with its work tensors
+  (capture_megatron.emulate.gpu.embedding);
+- torch.ops.aten._fused_rms_norm: torch's fused RMSNorm CUDA kernel, which a CPU build of torch
+  lacks (capture_megatron.emulate.gpu.rms_norm);
 - megatron.core.transformer.moe.fused_a2a.HybridEPBuffer and the token dispatcher's
   hybrid_ep_dispatch / hybrid_ep_combine: DeepEP's HybridEP (capture_megatron.emulate.gpu.flex);
 - fused_a2a.Buffer, fused_dispatch / fused_combine and _DeepepManager's value-sized steps:
@@ -38,9 +42,11 @@ def install() -> None:
         compiled,
         cross_entropy,
         deepep,
+        embedding,
         flex,
         linear,
         permute,
+        rms_norm,
         router,
     )
     from capture_megatron.emulate.gpu.rope import fused_apply_rotary_pos_emb, install_mla_rope
@@ -54,9 +60,11 @@ def install() -> None:
     patches.patch(rope_utils, "fused_apply_rotary_pos_emb", fused_apply_rotary_pos_emb, why)
     compiled.install()
     cross_entropy.install()
+    embedding.install()
     flex.install()
     deepep.install()
     linear.install()
     permute.install()
+    rms_norm.install()
     router.install()
     install_mla_rope()

@@ -25,6 +25,7 @@ import types
 
 import torch
 
+from capture_megatron.config import versions
 from capture_megatron.emulate import patches
 from capture_megatron.emulate.gpu.common import is_fake
 from capture_megatron.emulate.gpu.fp8 import Fp8Setting, keep_weight_state, saved_in_fp8
@@ -127,15 +128,22 @@ def _function(userbuffers: bool = False):
 
 def te_linear(input, weight, bias, gradient_accumulation_fusion, allreduce_dgrad,
               sequence_parallel, grad_output_buffer=None, wgrad_deferral_limit=None,
-              async_grad_allreduce=None, tp_group=None, userbuffers=False):  # fmt: skip
-    """megatron's linear_with_grad_accumulation_and_async_allreduce on TELinearFunction."""
+              async_grad_allreduce=None, tp_group=None, userbuffers=False,
+              gtp_remat_size=1):  # fmt: skip
+    """megatron's linear_with_grad_accumulation_and_async_allreduce on TELinearFunction
+    (megatron-core 0.19's gtp_remat_size: weights sharded over --tensor-parallel-num-weight-shards
+    ranks, refused by flags.policy; 1 here)."""
     from megatron.core.tensor_parallel.layers import get_tensor_model_parallel_group_if_none
 
     del async_grad_allreduce
+    if gtp_remat_size != 1:
+        raise RuntimeError("the GPU kernel set does not emulate GTP-sharded weights")
     tp_group = get_tensor_model_parallel_group_if_none(tp_group)
+    # megatron-core 0.17+'s autograd function takes gtp_remat_size last
+    extra = () if versions.current() == versions.V0_16 else (gtp_remat_size,)
     return _function(userbuffers).apply(
         input, weight, bias, gradient_accumulation_fusion, allreduce_dgrad, sequence_parallel,
-        grad_output_buffer, wgrad_deferral_limit, tp_group,
+        grad_output_buffer, wgrad_deferral_limit, tp_group, *extra,
     )  # fmt: skip
 
 

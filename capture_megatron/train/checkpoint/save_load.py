@@ -1,59 +1,70 @@
 """Atomic, reshardable checkpoints with megatron.core.dist_checkpointing (torch_dist format).
 
 Layout of --save DIR (Megatron-LM's): ``iter_0000003/`` per checkpoint and
-``latest_checkpointed_iteration.txt`` naming the newest complete one. A save writes into
-``iter_0000003.partial/``; only when every rank has finished does rank 0 rename it and then replace
-the tracker file atomically (write + fsync + os.replace). A run killed during a save therefore
-leaves the previous checkpoint as the loadable one (a stale .partial directory is removed by the
-next save). A save never skips: an ``iter_N/`` an earlier run left (a rollback, a run killed between
-the rename and the tracker write) is set aside as ``iter_N.replaced``, the new one renamed into
-place, the tracker pointed at it, and only then the old one removed (train.checkpoint.directory
-finishes a replacement a kill interrupted). Before publishing, the ranks hash every file into the
-checkpoint's checksum file; a load verifies them and falls back to the previous sound checkpoint
-(train.checkpoint.verify), and reads nothing that could run code (train.checkpoint.trust). A save
-that fails (a full disk) is one paragraph naming the last complete checkpoint, which stays
-untouched.
+``latest_checkpointed_iteration.txt`` naming the newest complete one. The run's rank 0 holds the
+directory's lock (train.checkpoint.lock, train.checkpoint.claim). A save writes into
+``iter_0000003.partial/``; only when every rank has finished does rank 0 rename it into place --
+never over an existing directory: a run that would replace checkpoints it did not write is refused
+before it starts (train.checkpoint.directory.refuse_replacing) -- and then replace the tracker
+file atomically (write + fsync + os.replace). A run killed during a save therefore leaves the
+previous checkpoint as the loadable one (its .partial directory is removed by the next run that
+takes the lock), and one killed between the rename and the tracker's update leaves a complete
+checkpoint that the next resume takes (directory.PUBLISHING). Before publishing, the ranks hash
+every file into the checkpoint's checksum file; a load verifies them and falls back to the previous
+sound checkpoint (train.checkpoint.verify), and reads nothing that could run code
+(train.checkpoint.trust). A save that fails is one paragraph naming its cause (no space,
+permission, another writer) and the last complete checkpoint, which stays untouched.
 
 Model weights and optimizer state are saved fully reshardable (the distributed optimizer with
 'fully_reshardable'), so a checkpoint loads under another TP / PP / VPP / layout / DP, within the
-rules of train.resume (same padded vocabulary; Megatron-LM's rule for the LR schedule), which
-preflight checks before launch and load_checkpoint again on every rank."""
+rules of train.resume (same padded vocabulary; Megatron-LM's rule for the LR schedule; the
+optimizer and precision settings), which claim.preflight checks before launch and load_checkpoint
+again on every rank."""
 
 from __future__ import annotations
 
-import glob
 import os
 import shutil
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.distributed.checkpoint.api import CheckpointException
 
-from capture_megatron.config import ModelShape, ParallelPlan, TrainConfig
+from capture_megatron.config import ParallelPlan, TrainConfig
 from capture_megatron.errors import CaptureError
-from capture_megatron.megatron.schedule import Schedule, schedule
+from capture_megatron.megatron.schedule import Schedule
 from capture_megatron.train.checkpoint import megatron_fixes as ckpt_fixes
 from capture_megatron.train.checkpoint import trust as ckpt_safe
 from capture_megatron.train.checkpoint import verify as ckpt_verify
 from capture_megatron.train.checkpoint.directory import (
-    REPLACED,
+    PUBLISHING,
     TRACKER,
+    fsync_dir,
     iteration_dir,
     latest_iteration,
-    quick_check,
-    recover,
-    refuse_replacing_later,
-    resume_point,
+    write_tracker,
 )
 from capture_megatron.train.checkpoint.rechain import plain_values, rechained_common
+from capture_megatron.train.dist_env import lost_a_peer
 from capture_megatron.train.resume import SavedRun, check_resume, loads_optimizer
+from capture_megatron.train.resume_settings import saved_settings
 
 if TYPE_CHECKING:
     from megatron.core.dist_checkpointing.mapping import ShardedObject
     from megatron.core.optimizer import MegatronOptimizer
 
     from capture_megatron.train.trainer import Trainer
+
+__all__ = [
+    "PAUSE_ENV",
+    "TRACKER",
+    "iteration_dir",
+    "latest_iteration",
+    "load_checkpoint",
+    "save_checkpoint",
+]
 
 PAUSE_ENV = "CAPTURE_MEGATRON_TEST_SAVE_PAUSE"
 """Test hook: 'SECONDS', 'SECONDS@ITERATION' or 'SECONDS@ITERATION:published' to sleep after the
@@ -142,33 +153,22 @@ def _pause(iteration: int, stage: str) -> None:
         time.sleep(float(seconds))
 
 
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _publish(root: str, partial: str, final: str, iteration: int) -> None:
-    """Rank 0: rename the finished checkpoint into place (an existing one of the same iteration,
-    from an earlier run, is set aside as iter_N.replaced first and removed last), then atomically
-    point the tracker at it."""
-    old = final + REPLACED
-    if os.path.isdir(final):
-        shutil.rmtree(old, ignore_errors=True)
-        os.rename(final, old)
-    os.rename(partial, final)
-    _fsync_dir(root)
-    _pause(iteration, "published")
-    tmp = os.path.join(root, TRACKER + ".tmp")
-    with open(tmp, "w") as f:
+    """Rank 0: rename the finished checkpoint into place -- never over an existing directory
+    (SaveError: another program wrote it meanwhile) -- then atomically point the tracker at it;
+    PUBLISHING names the iteration in between."""
+    if os.path.exists(final):
+        raise ckpt_verify.SaveError(ckpt_verify.race_text(root, iteration, True))
+    note = os.path.join(root, PUBLISHING)
+    with open(note, "w") as f:
         f.write(str(iteration))
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, os.path.join(root, TRACKER))
-    _fsync_dir(root)
-    shutil.rmtree(old, ignore_errors=True)
+    os.rename(partial, final)
+    fsync_dir(root)
+    _pause(iteration, "published")
+    write_tracker(root, iteration)
+    os.remove(note)
 
 
 def _write_checksums(partial: str) -> None:
@@ -182,65 +182,79 @@ def _write_checksums(partial: str) -> None:
         ckpt_verify.write_manifest(partial, {k: v for part in gathered for k, v in part.items()})
 
 
-def _prepare(root: str, partial: str) -> None:
-    """Rank 0, before a save: the directory, a clean .partial, interrupted replacements
-    finished."""
+def _prepare(root: str, partial: str, iteration: int) -> None:
+    """Rank 0, before a save: the directory and this save's .partial (claim.tidy removed those
+    of runs that are gone; one there now was made by another program: a race)."""
     os.makedirs(root, exist_ok=True)
-    recover(root)
-    for stale in glob.glob(os.path.join(root, "iter_*.partial")):
-        shutil.rmtree(stale, ignore_errors=True)
-    os.makedirs(partial)
+    try:
+        os.makedirs(partial)
+    except FileExistsError:
+        raise ckpt_verify.SaveError(ckpt_verify.race_text(root, iteration, False)) from None
+
+
+def _on_rank0(step: Callable[[], None], root: str, iteration: int, partial: str) -> None:
+    """Run one step of a save on rank 0; when it fails every rank raises its paragraph
+    (collective: no rank waits at a barrier for a rank 0 that gave up)."""
+    text = [""]
+    if torch.distributed.get_rank() == 0:
+        try:
+            step()
+        except ckpt_verify.SaveError as err:
+            text = [str(err)]
+        except Exception as err:
+            text = [str(_save_failed(root, iteration, partial, err, True))]
+    torch.distributed.broadcast_object_list(text, src=0)
+    if text[0]:  # printed once, by rank 0
+        raise (ckpt_verify.SaveError if torch.distributed.get_rank() == 0 else CaptureError)(
+            text[0]
+        )
 
 
 def save_checkpoint(
-    root: str,
-    iteration: int,
-    trainer: Trainer,
-    shape: ModelShape,
-    plan: ParallelPlan,
-    consumed_samples: int,
+    root: str, iteration: int, trainer: Trainer, cfg: TrainConfig, consumed: int
 ) -> str:
-    """Save an atomic checkpoint of iteration `iteration` (replacing one of the same iteration
-    left by an earlier run); returns its directory. A failed save (a full disk) is one
-    CaptureError naming the last complete checkpoint, which it leaves in place."""
+    """Save an atomic checkpoint of iteration `iteration` (never over an existing one); returns
+    its directory. A failed save is one CaptureError naming its cause and the last complete
+    checkpoint, which it leaves in place."""
     from megatron.core import dist_checkpointing
 
     final, partial = iteration_dir(root, iteration), iteration_dir(root, iteration) + ".partial"
-    rank0 = torch.distributed.get_rank() == 0
+    _on_rank0(lambda: _prepare(root, partial, iteration), root, iteration, partial)
+    shape, plan = cfg.shape, cfg.plan
     try:
-        if rank0:
-            _prepare(root, partial)
-        torch.distributed.barrier()
         state = _sharded_state(trainer, plan, with_optim=True, with_rng=True, loading=False)
         ckpt_fixes.writers_die_with_rank()
         state.update(
             iteration=iteration,
-            consumed_samples=consumed_samples,
+            consumed_samples=consumed,
             checkpoint_version=3.0,
             shape=shape.to_json(),
             plan=plan.to_json(),
             vocab_size=shape.vocab_size,
             padded_vocab_size=shape.padded_vocab(plan.tp),
+            **saved_settings(cfg),
         )
         dist_checkpointing.save(state, partial, content_metadata=_content_metadata(plan))
         _pause(iteration, "written")
         torch.distributed.barrier()
         _write_checksums(partial)
         torch.distributed.barrier()
-        if rank0:
-            _publish(root, partial, final, iteration)
     except CaptureError:
         raise
     except (Exception, CheckpointException) as err:
-        raise _save_failed(root, iteration, partial, err, rank0) from None
-    torch.distributed.barrier()
+        raise _save_failed(
+            root, iteration, partial, err, torch.distributed.get_rank() == 0
+        ) from None
+    _on_rank0(lambda: _publish(root, partial, final, iteration), root, iteration, partial)
     return final
 
 
 def _save_failed(
     root: str, iteration: int, partial: str, err: BaseException, rank0: bool
 ) -> ckpt_verify.SaveError:
-    """The CaptureError of a failed save; rank 0 removes the incomplete directory."""
+    """The CaptureError of a failed save; rank 0 removes the incomplete directory. A save that
+    failed because another rank's process ended says so (`lost_peer`: the rank waits for torchrun
+    to name the one that died, entry.main)."""
     free = shutil.disk_usage(root).free if os.path.isdir(root) else None
     if rank0:
         shutil.rmtree(partial, ignore_errors=True)
@@ -248,6 +262,10 @@ def _save_failed(
         last = latest_iteration(root)
     except CaptureError:
         last = None
+    if lost_a_peer(err):
+        lost = ckpt_verify.SaveError(ckpt_verify.interrupted_text(root, iteration, last))
+        lost.lost_peer = True
+        return lost
     return ckpt_verify.SaveError(ckpt_verify.save_error_text(root, iteration, err, free, last))
 
 
@@ -257,29 +275,22 @@ def _content_metadata(plan: ParallelPlan) -> dict:
     return meta
 
 
-def load_checkpoint(cfg: TrainConfig, trainer: Trainer) -> tuple[int, int]:
-    """Resume from the newest complete checkpoint in --load (or --ckpt-step's); returns
-    (iteration, consumed_samples). What the resume may change is checked first
-    (train.resume)."""
+def load_checkpoint(cfg: TrainConfig, trainer: Trainer, iteration: int) -> tuple[int, int]:
+    """Load checkpoint `iteration` of --load (start_point's); returns (iteration,
+    consumed_samples). What the resume may change is checked first (train.resume)."""
     from megatron.core import dist_checkpointing
     from megatron.core.utils import unwrap_model
 
     from capture_megatron.train.dist_env import is_logging_rank
 
     opts, plan = cfg.checkpoint, cfg.plan
-    refuse_replacing_later(opts.save, opts.load, opts.ckpt_step)
-    iteration, note = resume_point(opts.load, _rank_check, opts.ckpt_step)
-    if iteration is None:
-        if opts.exit_on_missing_checkpoint:
-            raise CaptureError(f"--load {opts.load}: no checkpoint found ({TRACKER} missing)")
-        return 0, 0
-    if note and is_logging_rank():
-        print(f"warning: {note}", flush=True)
     path = iteration_dir(opts.load, iteration)
     common = ckpt_safe.load_common(path)
     saved = SavedRun.from_common(path, common)
     current = Schedule.from_state(trainer.scheduler.state_dict())
-    check_resume(saved, common, cfg, current)
+    for note in check_resume(saved, common, cfg, current):
+        if is_logging_rank():
+            print(f"note: {note}", flush=True)
     with_optim = loads_optimizer(opts)
     with_rng = not (opts.no_load_rng or opts.finetune) and _rng_shards(saved.plan) == _rng_shards(
         plan
@@ -303,6 +314,7 @@ def load_checkpoint(cfg: TrainConfig, trainer: Trainer) -> tuple[int, int]:
         fresh = _group_lrs(trainer.optimizer)
         trainer.optimizer.load_state_dict(loaded["optimizer"])
         ckpt_fixes.untie_adam_steps(trainer.optimizer)
+        _set_adam(trainer.optimizer, cfg)
         if opts.override_opt_param_scheduler:
             _set_group_lrs(trainer.optimizer, fresh)
         trainer.scheduler.load_state_dict(loaded["opt_param_scheduler"])
@@ -335,18 +347,15 @@ def _set_group_lrs(
                 group[key] = value
 
 
-def _rank_check(directory: str) -> list[str]:
-    """Every rank's check of one checkpoint (collective): the launcher's, then the SHA-256 of
-    this rank's share of the files; the problems all ranks found, the same list on each."""
-    problems = quick_check(directory)
-    files = ckpt_verify.read_manifest(directory)
-    if not problems and files:
-        rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
-        mine = ckpt_verify.share(sorted(files), rank, world)
-        problems = ckpt_verify.hash_problems(directory, mine, files)
-    gathered: list = [None] * torch.distributed.get_world_size()
-    torch.distributed.all_gather_object(gathered, problems)
-    return sorted({p for part in gathered for p in part})
+def _set_adam(optimizer: MegatronOptimizer, cfg: TrainConfig) -> None:
+    """This run's Adam betas and epsilon in the loaded param groups (the load restored the
+    checkpoint's; train.resume_settings names a change)."""
+    betas, eps = (cfg.optim.adam_beta1, cfg.optim.adam_beta2), cfg.optim.adam_eps
+    for group in optimizer.param_groups:
+        if "betas" in group:
+            group["betas"] = betas
+        if "eps" in group:
+            group["eps"] = eps
 
 
 def _allocate_distributed_optimizer_state(optimizer: MegatronOptimizer) -> None:
@@ -371,20 +380,3 @@ def _restore_rng(state: dict) -> None:
     if state.get("cuda") is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
     get_cuda_rng_tracker().set_states(state["tracker"])
-
-
-def preflight(cfg: TrainConfig) -> None:
-    """Before launching: check the checkpoint a resume starts from (the newest under --load, or
-    --ckpt-step's) against `cfg` (nothing to check without --load or when it holds no checkpoint
-    yet)."""
-    if not cfg.checkpoint.load:
-        return
-    opts = cfg.checkpoint
-    refuse_replacing_later(opts.save, opts.load, opts.ckpt_step)
-    iteration, _ = resume_point(opts.load, step=opts.ckpt_step)  # the ranks print any fall-back
-    if iteration is None:
-        return
-    path = iteration_dir(cfg.checkpoint.load, iteration)
-    common = ckpt_safe.load_common(path)
-    current = schedule(cfg.optim, cfg.run.train_iters, cfg.plan.global_batch_size)
-    check_resume(SavedRun.from_common(path, common), common, cfg, current)

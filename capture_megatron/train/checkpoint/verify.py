@@ -177,6 +177,22 @@ class SaveError(CaptureError):
     """A checkpoint save failed on this rank (printed by whichever rank raises it)."""
 
     every_rank = True
+    lost_peer = False
+    """True when it failed because another rank's process ended."""
+
+
+def interrupted_text(root: str, iteration: int, last: int | None) -> str:
+    """A save interrupted because another rank's process ended (torchrun names which)."""
+    kept = (
+        f"the last complete checkpoint, iteration {last} in {root}, is untouched"
+        if last is not None
+        else f"no complete checkpoint is under {root} yet"
+    )
+    return (
+        f"saving checkpoint iteration {iteration} to {root} was interrupted: another rank's "
+        f"process ended (torchrun names it). The incomplete iter_{iteration:07d}.partial was "
+        f"removed; {kept}."
+    )
 
 
 def _causes(err: BaseException) -> Iterator[BaseException]:
@@ -198,31 +214,77 @@ def _causes(err: BaseException) -> Iterator[BaseException]:
 def disk_full(err: BaseException, free: int | None) -> bool:
     """Whether a save failed for want of space: ENOSPC / EDQUOT anywhere in the error, or a
     failed write (torch's zip writer reports a short write as 'unexpected pos') with almost no
-    space left."""
+    space left and no other cause named."""
     for e in _causes(err):
         if getattr(e, "errno", None) in (errno.ENOSPC, errno.EDQUOT):
             return True
         if "No space left" in str(e) or "Disk quota exceeded" in str(e):
             return True
-    return free is not None and free < FULL_BELOW
+    return cause(err)[0] == "" and free is not None and free < FULL_BELOW
+
+
+PERMISSION = (errno.EACCES, errno.EPERM, errno.EROFS)
+"""Errnos of a write the filesystem does not allow."""
+RACE = (errno.EEXIST, errno.ENOENT, errno.ENOTEMPTY)
+"""Errnos of a file another process created or removed meanwhile."""
+
+
+def cause(err: BaseException) -> tuple[str, BaseException]:
+    """('permission' | 'race' | '', the exception that says so): a write the filesystem refused,
+    a file another process created or removed meanwhile, or neither (then the innermost error
+    megatron-core's wrappers hold)."""
+    found = list(_causes(err))
+    for e in found:
+        number = getattr(e, "errno", None)
+        if number in PERMISSION or isinstance(e, PermissionError):
+            return "permission", e
+        if number in RACE or isinstance(e, (FileExistsError, FileNotFoundError)):
+            return "race", e
+    return "", found[-1]
+
+
+def race_text(root: str, iteration: int, kept: bool) -> str:
+    """A save that found another program's files where only this run writes."""
+    name = f"iter_{iteration:07d}"
+    return (
+        f"saving checkpoint iteration {iteration} to {root} failed: another process wrote "
+        f"{name}{'' if kept else '.partial'} there while this run held the directory's lock "
+        "(a program that does not take capture-megatron's lock, such as another trainer, saves "
+        f"into {root}). Nothing of it was touched"
+        + (f"; this run's own save stays in {name}.partial." if kept else ".")
+        + " Give every run its own --save directory."
+    )
 
 
 def save_error_text(
     root: str, iteration: int, err: BaseException, free: int | None, last: int | None
 ) -> str:
-    """One paragraph: what failed, why, what survives."""
+    """One paragraph: what failed, why (no space, permission, another writer, or the error as
+    it was), what survives and what to do."""
+    kind, said = cause(err)
+    words = f"{type(said).__name__}: {(str(said).strip().splitlines() or [''])[-1][:300]}"
     if disk_full(err, free):
         why = "no space left on the device" + (
             f" ({free / 2**20:.1f} MiB free)" if free is not None else ""
         )
+        fix = "free space"
+    elif kind == "permission":
+        why = f"permission denied ({words})"
+        fix = f"make {root} writable by this user (or give --save another directory)"
+    elif kind == "race":
+        why = (
+            f"a file of the save was created or removed by another process meanwhile ({words}): "
+            f"another program writes into {root}"
+        )
+        fix = "give every run its own --save directory"
     else:
-        first = (str(err).strip().splitlines() or [""])[-1][:300]
-        why = f"{type(err).__name__}: {first}"
+        why = words
+        fix = "fix the cause"
     survived = (
-        f"The last complete checkpoint, iteration {last} in {root}, is untouched: free space and "
+        f"The last complete checkpoint, iteration {last} in {root}, is untouched: {fix} and "
         f"resume from it with --load {root}."
         if last is not None
-        else f"No complete checkpoint is under {root} yet."
+        else f"No complete checkpoint is under {root} yet: {fix} and start again."
     )
     return (
         f"saving checkpoint iteration {iteration} to {root} failed: {why}. The incomplete "
