@@ -228,8 +228,7 @@ def chunk_cost(
         pre, runs, post, shape.dtype, dp, plan.distributed_optimizer, shared, expert, plan.ddp,
         bucket, fp8,
     )  # fmt: skip
-    alone, gathered, parts = 0.0, (0.0, 0.0), (pre, runs, post, expert)
-    foreach = 0.0
+    alone, gathered, parts, foreach = 0.0, (0.0, 0.0), (pre, runs, post, expert), 0.0
     state = _routing_state(layers, z, kinds[-1], moe, shape.mtp_num_layers) if kinds else 0.0
     if plan.ddp.fsdp.enabled:  # Megatron-FSDP (Adam): capture_megatron.forecast.fsdp
         passes = fsdp.Passes(fwd, bwd, saved)
@@ -245,8 +244,7 @@ def chunk_cost(
         step, alone = _fused_adam_step(plan.ddp, st.largest, layers.torch_adam)
     elif layers.torch_adam:
         step = max(step + ADAM_TEMP * st.largest, 0.0)
-    elif layers.foreach_adam and not plan.ddp.optimizer_cpu_offload:
-        # one optimizer steps every chunk of the rank together: a temporary per updated element
+    elif layers.foreach_adam and not plan.ddp.optimizer_cpu_offload:  # a temp per element
         foreach = FOREACH_ADAM_BYTES * st.owned
     state += sum(moe.count(m) * float(c.lbuf1 or 0.0) for m, c in zip(sorted(set(moe)), kinds))
     return ChunkCost(

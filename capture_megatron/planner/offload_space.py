@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 from dataclasses import replace
 
-from capture_megatron.config import ModelShape, ParallelPlan
+from capture_megatron.config import ModelShape, ParallelFlags, ParallelPlan
 from capture_megatron.config.ddp import DdpOptions
 from capture_megatron.config.kernels import Kernels
 from capture_megatron.errors import CaptureError
@@ -17,6 +17,19 @@ from capture_megatron.rules.megatron import dtype_problems, fp8_offload_problem
 
 OFFLOAD_FRACTIONS = (0.0, 0.25, 0.5, 0.75, 1.0)
 """The optimizer offload fractions the planner searches (issue 31: 0, 1/4, 1/2, 3/4, 1)."""
+
+
+def fixed_optimizer(flags: ParallelFlags, ddp: DdpOptions) -> dict[str, tuple[bool, ...]]:
+    """The distributed optimizer when the command line fixes it: given, or needed by the
+    precision-aware optimizer and several optimizer instances (megatron-core's rule), or left out
+    by an optimizer other than Adam (megatron-core's distributed optimizer is Adam's) and under
+    Megatron-FSDP (which shards as its strategy says, whichever optimizer wraps it)."""
+    needs = ddp.use_precision_aware_optimizer or ddp.num_distributed_optimizer_instances > 1
+    if flags.use_distributed_optimizer or needs:
+        return {"distributed_optimizer": (True,)}
+    if ddp.optimizer.optimizer != "adam" or ddp.fsdp.enabled:  # Megatron-FSDP shards by itself
+        return {"distributed_optimizer": (False,)}
+    return {}
 
 
 def fixed_offload(ddp: DdpOptions) -> tuple[float, ...]:

@@ -19,7 +19,12 @@ from capture_megatron.flags.resolve import (
     refuse_both_vpp,
     refuse_dropped_recompute,
 )
-from capture_megatron.planner.offload_space import activation_ddp, fixed_offload, offload_ddp
+from capture_megatron.planner.offload_space import (
+    activation_ddp,
+    fixed_offload,
+    fixed_optimizer,
+    offload_ddp,
+)
 from capture_megatron.rules.megatron import mtp_problems
 from capture_megatron.rules.modelled import tp_overlap_problem
 
@@ -127,24 +132,11 @@ def space_from(flags: ParallelFlags, ddp: DdpOptions = DEFAULT_DDP) -> Space:
     if flags.sequence_parallel:
         fixed["sequence_parallel"] = (True,)
     fixed.update(_fixed_sizes(flags))
-    fixed.update(_fixed_optimizer(flags, ddp))
+    fixed.update(fixed_optimizer(flags, ddp))
     offload = fixed_offload(ddp)
     return replace(
         Space(), cp_comm_type=flags.cp_comm_type or "", ddp=ddp, optimizer_offload=offload, **fixed
     )
-
-
-def _fixed_optimizer(flags: ParallelFlags, ddp: DdpOptions) -> dict[str, tuple[bool, ...]]:
-    """The distributed optimizer when the command line fixes it: given, or needed by the
-    precision-aware optimizer and several optimizer instances (megatron-core's rule), or left out
-    by an optimizer other than Adam (megatron-core's distributed optimizer is Adam's) and under
-    Megatron-FSDP (which shards as its strategy says, whichever optimizer wraps it)."""
-    needs = ddp.use_precision_aware_optimizer or ddp.num_distributed_optimizer_instances > 1
-    if flags.use_distributed_optimizer or needs:
-        return {"distributed_optimizer": (True,)}
-    if ddp.optimizer.optimizer != "adam" or ddp.fsdp.enabled:  # Megatron-FSDP shards by itself
-        return {"distributed_optimizer": (False,)}
-    return {}
 
 
 def _fixed_sizes(flags: ParallelFlags) -> dict[str, Any]:

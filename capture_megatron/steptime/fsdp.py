@@ -28,10 +28,10 @@ STRATEGIES = ("no_shard", "optim", "optim_grads", "optim_grads_params")
 def strategy(plan: ParallelPlan) -> str:
     """The plan's Megatron-FSDP sharding strategy ('' without Megatron-FSDP; Megatron-LM's default
     no_shard when none is given)."""
-    ddp = plan.ddp
-    if not getattr(ddp, "use_megatron_fsdp", False):
+    fsdp = plan.ddp.fsdp
+    if not fsdp.use_megatron_fsdp:
         return ""
-    chosen = str(getattr(ddp, "data_parallel_sharding_strategy", "") or "no_shard")
+    chosen = fsdp.data_parallel_sharding_strategy or "no_shard"
     return chosen if chosen in STRATEGIES else "no_shard"
 
 

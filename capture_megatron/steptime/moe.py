@@ -326,7 +326,7 @@ def exposed(
     combines with (merged_layer); its exposure is split evenly between forward and backward."""
     d, c = moe.dispatch, moe.combine
     if ep_overlap(shape, plan):
-        delay = s.run.delay_wgrad_compute or bool(getattr(plan.ddp, "delay_wgrad_compute", False))
+        delay = s.run.delay_wgrad_compute or plan.ddp.delay_wgrad_compute
         mlp = (moe.experts + moe.shared, 2 * (moe.experts + moe.shared))
         compute = sum(attention) + sum(mlp)
         left = max(0.0, merged_layer(attention, mlp, moe, delay) - compute)
