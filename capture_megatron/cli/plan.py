@@ -16,6 +16,7 @@ import argparse
 from capture_megatron.api import Request, forecast, read_request
 from capture_megatron.api.args import plan_parser
 from capture_megatron.api.request import cluster_of
+from capture_megatron.cli.compare import add_compare_flag, add_to_json, compare, print_comparison
 from capture_megatron.cli.outputs import prepare_outputs
 from capture_megatron.config import Cluster, ModelShape
 from capture_megatron.config.hf_count import parameter_count
@@ -42,6 +43,7 @@ ESSENTIAL = (
     "--objective",
     "--json",
     "--png",
+    "--compare-with",
 )
 """The flags --help lists first."""
 EXAMPLES = """more examples:
@@ -56,8 +58,9 @@ searched. docs/MEGATRON_FLAGS.md lists how every pretrain_gpt.py flag is read.""
 
 
 def build_parser(prog: str = "capture-megatron plan") -> flags.FlagParser:
-    """The plan command's parser: a whole Megatron-LM command line plus the cluster."""
-    return plan_parser(
+    """The plan command's parser: a whole Megatron-LM command line plus the cluster, and
+    --compare-with."""
+    p = plan_parser(
         prog,
         usage=USAGE,
         description=flags.summary(__doc__),
@@ -66,6 +69,8 @@ def build_parser(prog: str = "capture-megatron plan") -> flags.FlagParser:
         essential=ESSENTIAL,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    add_compare_flag(p)
+    return p
 
 
 def print_hf_model(path: str, shape: ModelShape) -> None:
@@ -115,5 +120,12 @@ def run_plan(ns: argparse.Namespace, gpus: int | None = None) -> PlanResult:
 
 def main(argv: list[str]) -> int:
     """Entry point."""
-    run_plan(flags.parse_flags(build_parser(), argv))
+    ns = flags.parse_flags(build_parser(), argv)
+    cluster = cluster_of(ns)
+    result = plan_and_report(ns, cluster, ns.progress)
+    if ns.compare_with:
+        comparison = compare(ns, cluster, result)
+        print_comparison(comparison)
+        if ns.json:
+            add_to_json(ns.json, comparison)
     return 0
