@@ -24,8 +24,8 @@ import time
 
 from tqdm import tqdm
 
+import capture_megatron
 from capture_megatron import __version__
-from capture_megatron.cli import predict as predict_cli
 from capture_megatron.megatron import quiet
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -63,14 +63,12 @@ def measured_runs(path: str) -> list[tuple[str, list[str], int]]:
     ]
 
 
-def forecast(flags: list[str], scratch: str) -> tuple[int, str, float]:
+def forecast(flags: list[str]) -> tuple[int, str, float]:
     """(worst-rank peak, kernel set, seconds) of `predict --device fake-cuda` for the flags."""
     start = time.perf_counter()
-    argv = [*flags, "--gpus", "1", "--device", "fake-cuda", "--no-progress", "--json", scratch]
+    argv = [*flags, "--gpus", "1", "--device", "fake-cuda", "--no-progress"]
     with contextlib.redirect_stdout(io.StringIO()):
-        predict_cli.main(argv)
-    with open(scratch) as f:
-        got = json.load(f)
+        got = json.loads(capture_megatron.predict(argv).to_json())
     seconds = time.perf_counter() - start
     return got["predicted_peak_bytes"][0], got["memory_model"]["kernels"], seconds
 
@@ -107,9 +105,8 @@ def main() -> None:
         if not runs:
             continue
         rows = []
-        scratch = os.path.join(os.path.dirname(path), ".forecast.json")
         for name, flags, peak in tqdm(runs, desc=os.path.basename(os.path.dirname(path))):
-            got, kernels, seconds = forecast(flags, scratch)
+            got, kernels, seconds = forecast(flags)
             rows.append(
                 {
                     "name": name,
@@ -119,7 +116,6 @@ def main() -> None:
                     "seconds": round(seconds, 1),
                 }
             )
-        os.remove(scratch)
         out = {
             "what": "predict --device fake-cuda (no GPU) of each run trained in "
             + os.path.basename(path),

@@ -18,5 +18,5 @@ capture_megatron.emulate.gpu.
 - delay_wgrad: --delay-wgrad-compute's queued weight-gradient inputs (with the EP overlap);
 - cuda_graphs: CUDA graphs (--cuda-graph-impl, --cuda-graph-scope): rules and static buffers.
 
-docs/ARCHITECTURE.md ("How to add a feature") has a worked example.
+docs/ARCHITECTURE.md ("How to add a Megatron feature") has a worked example.
 """

@@ -92,7 +92,18 @@ class Fsdp(JsonMixin):
     """Register the FSDP buffers with NCCL by hand (fewer registration calls; the same bytes)."""
 
     def __post_init__(self) -> None:
-        p = []
+        p = [
+            f"{flag} {value!r} is not one of {', '.join(allowed)}"
+            for flag, value, allowed in (
+                (
+                    "--data-parallel-sharding-strategy",
+                    self.data_parallel_sharding_strategy,
+                    STRATEGIES,
+                ),
+                ("--outer-dp-sharding-strategy", self.outer_dp_sharding_strategy, OUTER_STRATEGIES),
+            )
+            if value not in allowed
+        ]
         size = self.suggested_communication_unit_size
         if size is not None and size < 1:
             p.append(f"--suggested-communication-unit-size {size} must be at least 1")

@@ -4,7 +4,7 @@ torch.
 Flag names, meanings and defaults follow megatron/training/arguments.py (core_v0.16.1). Every flag
 is declared once, on the dataclass field it sets (capture_megatron.fields): `add_fields`
 builds an argparse group from a dataclass, `from_namespace` reads the parsed values back into it,
-and config.fields.to_flags writes an object out as flags. On strict parsers (training), a flag that
+and fields.to_flags writes an object out as flags. On strict parsers (training), a flag that
 Megatron-LM knows but capture-megatron does not implement is an error that names it -- never
 silently ignored; so is a flag neither knows (with the closest spelling as a suggestion).
 """
@@ -245,7 +245,7 @@ def given(cls: type, ns: argparse.Namespace) -> dict[str, Any]:
 def from_namespace(cls: type[T], ns: argparse.Namespace, **extra: Any) -> T:
     """An instance of dataclass `cls` from parsed flags (fields not given keep their defaults);
     a CaptureError naming every flag whose number is not finite, negative, not an integer, or 0
-    where Megatron needs at least 1 (config.fields.value_problems)."""
+    where Megatron needs at least 1 (fields.value_problems)."""
     obj = cls(**given(cls, ns), **extra)
     require(value_problems(obj), "flags")
     return obj

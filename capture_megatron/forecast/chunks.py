@@ -236,16 +236,12 @@ def chunk_cost(
         st, fwd, bwd, state = f.static, f.forward, f.backward, state + f.buffers
     elif plan.ddp.optimizer.optimizer != "adam":  # SGD, Muon: capture_megatron.forecast.optimizers
         rows = (shape.dtype, plan.tp, shape.padded_vocab(plan.tp) // plan.tp * shape.hidden_size)
-        temp = ADAM_TEMP if layers.torch_adam else 0
+        temp = optimizers.ADAM_TEMP if layers.torch_adam else 0
         st, step, gathered = optimizers.chunk_state(
             plan.ddp.optimizer, st, step, parts, rows, dp, temp
         )
-    elif plan.ddp.use_precision_aware_optimizer:
-        step, alone = _fused_adam_step(plan.ddp, st.largest, layers.torch_adam)
-    elif layers.torch_adam:
-        step = max(step + ADAM_TEMP * st.largest, 0.0)
-    elif layers.foreach_adam and not plan.ddp.optimizer_cpu_offload:  # a temp per element
-        foreach = FOREACH_ADAM_BYTES * st.owned
+    else:  # Adam: the precision-aware optimizer's, torch's single-tensor or foreach step
+        step, alone, foreach = optimizers.adam_step(plan.ddp, st, step, layers)
     state += sum(moe.count(m) * float(c.lbuf1 or 0.0) for m, c in zip(sorted(set(moe)), kinds))
     return ChunkCost(
         kind, k, inp + saved, inp, fwd, bwd, step, st.params + round(fp8_state), st.grads,
@@ -281,18 +277,6 @@ def _routing_state(
     return (moe.count(True) - 1) * one + float(own.state1 or 0.0)
 
 
-def _fused_adam_step(ddp: DdpOptions, largest: int, cpu: bool) -> tuple[float, float]:
-    """(step peak beside the copies, step peak without them) of the precision-aware optimizer:
-    Transformer Engine's FusedAdam keeps no temporaries besides its fp32 state copies
-    (StaticBytes.copies), except that writing a bf16 state back makes a bf16 copy of one
-    parameter's state (`_apply_scale`: `unscaled_state.bfloat16()`); on the CPU kernel set
-    megatron's local multi-tensor fallback scales a clipped gradient into a fresh fp32 copy
-    (`utils.local_multi_tensor_scale`: `src * scale`) before the step, where TE / apex scale in
-    place. The probes' measured step (torch's Adam) does not apply."""
-    bf16 = "bf16" in (ddp.exp_avg_dtype, ddp.exp_avg_sq_dtype)
-    return (2.0 * largest if bf16 else 0.0), (4.0 * largest if cpu else 0.0)
-
-
 def _step_buffers(
     layers: Layers, z: Sizes, dtype: str, kind: str, moe: tuple[bool, ...]
 ) -> tuple[float, float]:
@@ -312,15 +296,6 @@ def _step_buffers(
     return step, max(sc.chunk(kind).buffers1 for sc in consts)
 
 
-ADAM_TEMP = 12
-"""Bytes per element of the largest parameter slice a rank updates that torch's Adam (the CPU
-kernel set's optimizer: megatron-core falls back to torch.optim.AdamW without TE or apex) holds at
-its step's peak: its single-tensor loop builds each denominator as `exp_avg_sq.sqrt() /
-bias_correction2_sqrt` (two fp32 temporaries) while the previous parameter's denominator is still
-bound (one more): 4 n_prev + 8 n, at most 12 x the largest slice -- exactly that when the two
-largest follow one another, as a layer's fc1 and fc2 do (measured: the probes' step timelines)."""
-
-
 def _net_step(layers: Layers, sc: ShapeConstants, kind: str, k: int, per_element: int) -> float:
     """A probe's measured step peak (k: 0 or 1 layer) less what depends on the run's gradient
     buffers and sharding: the gradient copies it holds and Adam's temporaries for its largest
@@ -331,7 +306,7 @@ def _net_step(layers: Layers, sc: ShapeConstants, kind: str, k: int, per_element
     c = sc.chunk(kind)
     measured = c.step1 if k else c.step_ends
     numels = (*c.end_numels, *(sc.layer_numels if k else ()))
-    adam = ADAM_TEMP * max(numels, default=0) if layers.torch_adam else 0
+    adam = optimizers.ADAM_TEMP * max(numels, default=0) if layers.torch_adam else 0
     if layers.foreach_adam:  # the probe's own foreach temporaries (chunk_cost adds the rank's)
         adam = FOREACH_ADAM_BYTES * sum(numels)
     return measured - per_element * sum(numels) - adam

@@ -32,7 +32,7 @@ class Layers:
     torch_adam: bool = True
     """Whether the probes' optimizer is torch's Adam with megatron's local multi-tensor fallbacks
     (the CPU device: no TE or apex), whose step temporaries depend on the largest parameter slice
-    (predict.chunks.ADAM_TEMP)."""
+    (forecast.optimizers.ADAM_TEMP)."""
     foreach_adam: bool = False
     """Whether the GPU run trains with torch's AdamW (the kernel set's --adam-impl torch: no TE
     or apex), whose foreach step holds an fp32 temporary per updated element

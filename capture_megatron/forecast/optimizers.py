@@ -11,7 +11,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from capture_megatron.config import DdpOptions
+from capture_megatron.config.kernels import FOREACH_ADAM_BYTES
 from capture_megatron.features.optimizers import Optimizer, layer_wise_share
+from capture_megatron.forecast.layers import Layers
 from capture_megatron.forecast.static import LayerRun, StaticBytes
 
 
@@ -164,3 +167,41 @@ def chunk_state(
     dtype, tp, embedding = shape
     params = chunk_params(*parts, embedding)
     return chunk_optimizer(opt, st, step, params, dtype, dp, tp, adam_temp)
+
+
+ADAM_TEMP = 12
+"""Bytes per element of the largest parameter slice a rank updates that torch's Adam (the CPU
+kernel set's optimizer: megatron-core falls back to torch.optim.AdamW without TE or apex) holds at
+its step's peak: its single-tensor loop builds each denominator as `exp_avg_sq.sqrt() /
+bias_correction2_sqrt` (two fp32 temporaries) while the previous parameter's denominator is still
+bound (one more): 4 n_prev + 8 n, at most 12 x the largest slice -- exactly that when the two
+largest follow one another, as a layer's fc1 and fc2 do (measured: the probes' step timelines)."""
+
+
+def fused_adam_step(ddp: DdpOptions, largest: int, cpu: bool) -> tuple[float, float]:
+    """(step peak beside the copies, step peak without them) of the precision-aware optimizer:
+    Transformer Engine's FusedAdam keeps no temporaries besides its fp32 state copies
+    (StaticBytes.copies), except that writing a bf16 state back makes a bf16 copy of one
+    parameter's state (`_apply_scale`: `unscaled_state.bfloat16()`); on the CPU kernel set
+    megatron's local multi-tensor fallback scales a clipped gradient into a fresh fp32 copy
+    (`utils.local_multi_tensor_scale`: `src * scale`) before the step, where TE / apex scale in
+    place. The probes' measured step (torch's Adam) does not apply."""
+    bf16 = "bf16" in (ddp.exp_avg_dtype, ddp.exp_avg_sq_dtype)
+    return (2.0 * largest if bf16 else 0.0), (4.0 * largest if cpu else 0.0)
+
+
+def adam_step(
+    ddp: DdpOptions, st: StaticBytes, step: float, layers: Layers
+) -> tuple[float, float, float]:
+    """(the step's peak, the fused step's peak without the copies, the rank's foreach temporaries)
+    of Adam on a chunk: TE's precision-aware FusedAdam (fused_adam_step), torch's single-tensor
+    AdamW on the CPU kernel set (ADAM_TEMP per element of the largest slice) or torch's foreach
+    AdamW on a GPU without TE or apex (one temporary per updated element: one optimizer steps every
+    chunk of the rank together), else the measured step."""
+    if ddp.use_precision_aware_optimizer:
+        return (*fused_adam_step(ddp, st.largest, layers.torch_adam), 0.0)
+    if layers.torch_adam:
+        return max(step + ADAM_TEMP * st.largest, 0.0), 0.0, 0.0
+    if layers.foreach_adam and not ddp.optimizer_cpu_offload:
+        return step, 0.0, FOREACH_ADAM_BYTES * st.owned
+    return step, 0.0, 0.0

@@ -1,7 +1,7 @@
 """Offload in the search space (pure Python): the optimizer offload fractions and the
 fine-grained activation offloading module sets the planner tries, and a candidate's settings
-with each (issue 31; the forecast: predict.offload and the optimizer's host bytes; the cost:
-plan.costparts and plan.offload_cost)."""
+with each (issue 31; the forecast: forecast.offload and the optimizer's host bytes; the cost:
+steptime.parts and steptime.offload)."""
 
 from __future__ import annotations
 

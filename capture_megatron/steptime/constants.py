@@ -1,6 +1,6 @@
 """The step-time model's constants: fitted by bench/step_time.py to published H100 step times
 (the development set, bench/data/step_times_h100_dev.json) and shipped as package data
-(step_time_constants.json, with their provenance). Pure Python."""
+(constants.json, with their provenance). Pure Python."""
 
 from __future__ import annotations
 

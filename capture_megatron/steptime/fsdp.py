@@ -12,17 +12,14 @@ collectives are prefetched (the next layer's gather runs during this layer's com
 reduce-scatter after it), so a layer exposes what its own compute does not cover. Dense
 parameters go over the DP x CP group, routed experts over the expert-data-parallel group.
 
-The option fields are read where the plan's DdpOptions carries them (use_megatron_fsdp,
-data_parallel_sharding_strategy); without them the plan is not Megatron-FSDP.
+The settings are the plan's DdpOptions.fsdp (capture_megatron.features.fsdp, which checks the
+strategy is one of Megatron's).
 """
 
 from __future__ import annotations
 
 from capture_megatron.config import ModelShape, ParallelPlan, dtype_bytes
 from capture_megatron.steptime.kernels import Setting, ring
-
-STRATEGIES = ("no_shard", "optim", "optim_grads", "optim_grads_params")
-"""Megatron's --data-parallel-sharding-strategy choices."""
 
 
 def strategy(plan: ParallelPlan) -> str:
@@ -31,8 +28,7 @@ def strategy(plan: ParallelPlan) -> str:
     fsdp = plan.ddp.fsdp
     if not fsdp.use_megatron_fsdp:
         return ""
-    chosen = fsdp.data_parallel_sharding_strategy or "no_shard"
-    return chosen if chosen in STRATEGIES else "no_shard"
+    return fsdp.data_parallel_sharding_strategy
 
 
 def per_layer(
