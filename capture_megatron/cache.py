@@ -24,7 +24,7 @@ from importlib.metadata import version
 
 from capture_megatron.config import ModelShape
 from capture_megatron.errors import CaptureError
-from capture_megatron.version import __version__
+from capture_megatron.version import PROBE_REVISION, __version__
 
 
 def cache_dir() -> str:
@@ -73,6 +73,7 @@ def records_path(shape: ModelShape, device: str, kernels: str = "cpu") -> str:
     """The records file of a model shape profiled on `device` for a kernel set with the installed
     versions."""
     soft = f"{__version__}|{version('torch')}|{version('megatron-core')}"
+    soft += f"|r{PROBE_REVISION}" if PROBE_REVISION > 1 else ""
     key = f"{device}|{kernels}|{shape.to_json()}|{soft}"
     digest = hashlib.sha1(key.encode()).hexdigest()[:16]
     return os.path.join(cache_dir(), f"{device}-{digest}.jsonl")

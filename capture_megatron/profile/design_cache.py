@@ -24,7 +24,7 @@ from capture_megatron.cache import cache_dir, set_aside
 from capture_megatron.errors import CaptureError
 from capture_megatron.records import ProfileRecord, Variant, read_records, write_records
 from capture_megatron.serial import to_plain
-from capture_megatron.version import __version__
+from capture_megatron.version import PROBE_REVISION, __version__
 
 SHIPPED = "design"
 """Folder of capture_megatron.profile holding the shipped design records."""
@@ -43,7 +43,8 @@ def design_key(
 
 
 def _cached(name: str) -> str:
-    return os.path.join(cache_dir(), "design", name + ".jsonl")
+    # the folder names the probe revision: what an earlier build of this version cached is not read
+    return os.path.join(cache_dir(), f"design-r{PROBE_REVISION}", name + ".jsonl")
 
 
 def load_design(name: str) -> list[ProfileRecord] | None:

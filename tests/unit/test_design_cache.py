@@ -12,6 +12,7 @@ import pytest
 from capture_megatron.config import ModelShape
 from capture_megatron.profile import ProfileOptions, design, profile, session
 from capture_megatron.records import ProbeShape
+from capture_megatron.version import PROBE_REVISION
 
 pytestmark = pytest.mark.slow
 
@@ -25,7 +26,7 @@ def test_second_model_reuses_the_variants_design(tmp_path, monkeypatch):
     monkeypatch.setattr(design, "design_shapes", lambda tps: two)
     options = ProfileOptions(device="fake-cpu", progress=False)
     first = profile(A, options)
-    assert os.listdir(tmp_path / "design")
+    assert os.listdir(tmp_path / f"design-r{PROBE_REVISION}")
     ran: list[int] = []
     real = session.run_probes
 
