@@ -90,7 +90,8 @@ def test_simultaneous_processes_without_process_group(tmp_path, fresh_prefix):
     assert len(first) == ITERS * GBS // MBS
     assert all(torch.equal(a, b) for a, b in zip(first, second))
     assert all(torch.equal(a, b) for a, b in zip(first, _single(fresh_prefix)))
-    assert len(_cache_files(fresh_prefix)) == 4  # description + document/sample/shuffle indices
+    # description + document/sample/shuffle indices, each index with its checksum (data_cache)
+    assert len(_cache_files(fresh_prefix)) == 4 + 3
     assert os.path.isfile(os.path.join(fresh_prefix, "cache", ".capture-megatron-build.lock"))
 
 
@@ -100,4 +101,4 @@ def test_two_ranks_with_gloo_build_rank_zero_first(tmp_path, fresh_prefix):
     assert len(rank0) == len(rank1) == len(single) // 2
     for step, (a, b) in enumerate(zip(rank0, rank1)):  # DP rank r holds slice r of each mbs*dp step
         assert torch.equal(torch.cat([a, b]), torch.cat(single[2 * step : 2 * step + 2]))
-    assert len(_cache_files(fresh_prefix)) == 4
+    assert len(_cache_files(fresh_prefix)) == 4 + 3  # with the indices' checksums

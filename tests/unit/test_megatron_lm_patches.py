@@ -114,6 +114,8 @@ def test_megatron_lm_command_runs_the_balanced_plan(tmp_path):
             "--plan-device",
             "fake",
             "--no-progress",
+            "--objective",  # the memory-balanced split (throughput may find the even one fastest)
+            "min-peak",
             *user,
         ],
         capture_output=True,
@@ -130,8 +132,8 @@ def test_megatron_lm_command_runs_the_balanced_plan(tmp_path):
     for flag in ("--pipeline-model-parallel-size", "--recompute-method", "--recompute-num-layers"):
         assert args.count(flag) == 1, flag
     layout = args[args.index("--pipeline-model-parallel-layout") + 1].strip("'")
-    # PP 4 as given, times the virtual stages the planner chose (the default objective,
-    # throughput, may interleave); the balanced split, not Megatron's even one
+    # PP 4 as given, times the virtual stages the planner chose; the memory-balanced split
+    # (min-peak), not Megatron's even one
     stages = layout.count("|") + 1
     assert stages in (4, 8) and layout.count("t") == 24, layout
     assert layout not in ("Etttttt|tttttt|tttttt|ttttttL", "Ettt|ttt|ttt|ttt|ttt|ttt|ttt|tttL")
