@@ -72,6 +72,32 @@ def strip(words: list[str]) -> list[str]:
     return out
 
 
+SIZES = {
+    "--tensor-model-parallel-size": "tp",
+    "--pipeline-model-parallel-size": "pp",
+    "--num-virtual-stages-per-pipeline-rank": "vpp",
+    "--expert-model-parallel-size": "ep",
+    "--expert-tensor-parallel-size": "etp",
+    "--context-parallel-size": "cp",
+    "--micro-batch-size": "mbs",
+    "--global-batch-size": "gbs",
+    "--recompute-granularity": "recompute",
+    "--moe-token-dispatcher-type": "dispatcher",
+}
+"""The sizes of NVIDIA's line the report shows."""
+
+
+def sizes(words: list[str]) -> dict[str, str]:
+    """What NVIDIA's line sets of SIZES (and its recompute modules)."""
+    out = {key: words[i + 1] for i, w in enumerate(words[:-1]) if (key := SIZES.get(w))}
+    if "--recompute-modules" in words:
+        rest = words[words.index("--recompute-modules") + 1 :]
+        out["modules"] = " ".join(
+            rest[: next((i for i, w in enumerate(rest) if w[:2] == "--"), None)]
+        )
+    return out
+
+
 def run_case(name: str, path: str, gpus: int, device: str, tmp: str) -> dict:
     """Plan the model of NVIDIA's line on its GPUs, compared with the line."""
     line = os.path.join(ROOT, "tests", "data", path)
@@ -87,7 +113,13 @@ def run_case(name: str, path: str, gpus: int, device: str, tmp: str) -> dict:
     seconds = time.perf_counter() - start
     if done.returncode:
         reason = (done.stdout + done.stderr).strip().splitlines()[-1:] or ["(no output)"]
-        return {"model": name, "gpus": gpus, "nvidia": path, "refused": reason[0]}
+        return {
+            "model": name,
+            "gpus": gpus,
+            "nvidia": path,
+            "refused": reason[0],
+            "seconds": seconds,
+        }
     with open(out) as f:
         data = json.load(f)
     side = [x for x in done.stdout.splitlines() if x.startswith("  ") and " s " in x]
@@ -95,6 +127,7 @@ def run_case(name: str, path: str, gpus: int, device: str, tmp: str) -> dict:
         "model": name,
         "gpus": gpus,
         "nvidia": path,
+        "nvidia_sizes": sizes(words),
         "plan": data["plan"],
         "megatron_args": data["megatron_args"],
         "peak_gib": max(data["predicted_peak_bytes"]) / 2**30,

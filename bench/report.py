@@ -12,7 +12,7 @@ import platform
 from report_gpu import gpu_sections
 from report_inputs import hf_planned_section, inputs_section, published_fit_section
 from report_launch import rank_start_section
-from report_moe import moe_sections
+from report_moe import moe_sections, moe_vs_nvidia_section
 from report_offload import offload_sections
 from report_planner import planner_sections
 from report_step_time import step_time_sections
@@ -334,6 +334,7 @@ def main() -> None:
     text += published_fit_section(ROOT)
     text += hf_planned_section(ROOT)
     text += moe_sections(ROOT)
+    text += moe_vs_nvidia_section(ROOT)
     text += step_time_sections(ROOT)
     text += planner_sections(ROOT)
     text += "\n## Predicted worst-rank peak at CAPTURE's sizes\n\n" + "\n".join(at) + "\n"

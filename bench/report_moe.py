@@ -197,3 +197,53 @@ def moe_sections(root: str) -> str:
             "objective min-peak, selective recompute)\n\n" + "\n".join(moe_plan_table(data)) + "\n"
         )
     return text
+
+
+def moe_vs_nvidia_section(root: str) -> str:
+    """The planner's MoE plans beside NVIDIA's recipes (bench/moe_vs_nvidia.py; '' before it)."""
+    data = read_result(root, "moe_vs_nvidia")
+    if data is None:
+        return ""
+    out = [
+        "\n## MoE plans beside NVIDIA's configurations (bench/moe_vs_nvidia.py; issue 51)\n",
+        "Each model planned (default objective: the fastest plan that fits 80 GB H100s) from "
+        "Megatron-Bridge v0.3.1's H100 BF16 recipe line without its parallel sizes, micro-batch, "
+        "recompute and split, at the recipe's GPUs and global batch, with `--compare-with` the "
+        "recipe's own line: both estimated by the same step-time model (docs/STEP_TIME.md). Where "
+        "the plan claims more than 15% over NVIDIA's configuration, where each step's time goes "
+        "is shown below the table. These are estimates, not measurements: NVIDIA's measured "
+        "DeepSeek-V3 steps are the step-time model's development rows (docs/STEP_TIME.md).\n",
+        "| model | GPUs | NVIDIA's configuration | its est. tokens/s/GPU | the plan | its est. "
+        "tokens/s/GPU | plan vs NVIDIA | plan peak GiB | planned in |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    blocks = []
+    for r in data["rows"]:
+        if "refused" in r:
+            out.append(
+                f"| {r['model']} | {r['gpus']} | `{r['nvidia']}` | refused: {r['refused']} "
+                f"| | | | | {r['seconds']:.0f} s |"
+            )
+            continue
+        n, p, c = r["nvidia_sizes"], r["plan"], r["compared_with"]
+        theirs = (
+            f"TP{n.get('tp', 1)} PP{n.get('pp', 1)} VPP{n.get('vpp', 1)} EP{n.get('ep', 1)} "
+            f"CP{n.get('cp', 1)} mbs {n.get('mbs', 1)}, {n.get('recompute', 'no')} recompute"
+            + (f" ({n['modules']})" if n.get("modules") else "")
+            + f", {n.get('dispatcher', 'allgather')}"
+        )
+        rc = p["recompute"]["granularity"] or "no"
+        ours = (
+            f"TP{p['tp']} PP{p['pp']} VPP{p['vpp']} EP{p['ep']} CP{p['cp']} mbs "
+            f"{p['micro_batch_size']}, {rc} recompute"
+        )
+        gain = c["plan_tokens_per_s_per_gpu"] / c["given_tokens_per_s_per_gpu"] - 1
+        out.append(
+            f"| {r['model']} | {r['gpus']} | {theirs} | {c['given_tokens_per_s_per_gpu']:,.0f} | "
+            f"{ours} | {c['plan_tokens_per_s_per_gpu']:,.0f} | {gain:+.1%} | "
+            f"{r['peak_gib']:.1f} | {r['seconds']:.0f} s |"
+        )
+        if r.get("side_by_side"):
+            blocks += [f"\n{r['model']} on {r['gpus']} GPUs, the plan beside NVIDIA's:\n", "```"]
+            blocks += [line[2:] for line in r["side_by_side"]] + ["```"]
+    return "\n".join(out + blocks) + "\n"

@@ -41,7 +41,7 @@ def add_compare_flag(p: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="a file holding another configuration's Megatron-LM command line for the same model "
         "(e.g. NVIDIA's published one): its estimated step is printed beside the plan's, part by "
-        f"part when the plan claims more than {OUTPACES:.0%} more tokens/s per GPU",
+        f"part when the plan claims more than {OUTPACES:.0%}% more tokens/s per GPU",
     )
 
 

@@ -14,6 +14,17 @@ from capture_megatron.emulate import cpu_compat, patches
 TARGET = "megatron.core.transformer.moe.moe_utils.te_general_gemm"
 
 
+def _needed() -> bool:
+    """megatron-core lacks the name without TE (0.16; 0.19 binds it to None itself)."""
+    from megatron.core.transformer.moe import moe_utils
+
+    return not hasattr(moe_utils, "te_general_gemm")
+
+
+NEEDED = _needed()
+"""Whether the installed megatron-core needs the patch (read before any test patches)."""
+
+
 def _gating():
     """The router's gating GEMM (moe_utils.router_gating_linear), forward and backward."""
     from megatron.core.transformer.moe import moe_utils
@@ -25,11 +36,10 @@ def _gating():
     return out, x.grad
 
 
+@pytest.mark.skipif(not NEEDED, reason="this megatron-core binds te_general_gemm without TE")
 def test_without_te_the_router_fails_unpatched():
     """The failure the patch fixes (no TE on this machine), on plain tensors: no device at all."""
-    from megatron.core.transformer.moe import moe_utils
-
-    assert not hasattr(moe_utils, "te_general_gemm") and not patches.applied()
+    assert not patches.applied()
     with pytest.raises(NameError, match="te_general_gemm"):
         _gating()
 
@@ -40,17 +50,15 @@ def test_applied_where_cuda_is_usable_and_nothing_else(monkeypatch):
     computes x w^T."""
     monkeypatch.setattr(cpu_compat, "needed", lambda: False)
     cpu_compat.apply("cpu")
-    assert [p.target for p in patches.applied()] == [TARGET]
+    assert [p.target for p in patches.applied()] == ([TARGET] if NEEDED else [])
     assert patches.device() is None and not torch._C._is_torch_function_mode_enabled()
     out, grad = _gating()
     assert out.shape == (6, 4) and grad.shape == (6, 8)
     patches.revert()
-    from megatron.core.transformer.moe import moe_utils
-
-    assert not hasattr(moe_utils, "te_general_gemm")
+    assert _needed() == NEEDED  # reverted: the module as megatron-core left it
 
 
 @pytest.mark.parametrize("device", ["cpu", "meta"])
 def test_applied_on_the_host_devices(device):
     cpu_compat.apply(device)
-    assert TARGET in [p.target for p in patches.applied()]
+    assert (TARGET in [p.target for p in patches.applied()]) == NEEDED
