@@ -43,7 +43,6 @@ ESSENTIAL = (
     "--objective",
     "--json",
     "--png",
-    "--compare-with",
 )
 """The flags --help lists first."""
 EXAMPLES = """more examples:
