@@ -39,9 +39,7 @@ def add_compare_flag(p: argparse.ArgumentParser) -> None:
         FLAG,
         default="",
         metavar="FILE",
-        help="a file holding another configuration's Megatron-LM command line for the same model "
-        "(e.g. NVIDIA's published one): its estimated step is printed beside the plan's, part by "
-        f"part when the plan claims more than {OUTPACES:.0%}% more tokens/s per GPU",
+        help="a file with the same model's Megatron-LM line to compare the plan's step with",
     )
 
 
