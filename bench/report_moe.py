@@ -232,7 +232,9 @@ def moe_vs_nvidia_section(root: str) -> str:
             + (f" ({n['modules']})" if n.get("modules") else "")
             + f", {n.get('dispatcher', 'allgather')}"
         )
-        rc = p["recompute"]["granularity"] or "no"
+        rc = {"": "no", "none": "no"}.get(
+            p["recompute"]["granularity"], p["recompute"]["granularity"]
+        )
         ours = (
             f"TP{p['tp']} PP{p['pp']} VPP{p['vpp']} EP{p['ep']} CP{p['cp']} mbs "
             f"{p['micro_batch_size']}, {rc} recompute"
