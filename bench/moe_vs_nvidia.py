@@ -122,7 +122,9 @@ def run_case(name: str, path: str, gpus: int, device: str, tmp: str) -> dict:
         }
     with open(out) as f:
         data = json.load(f)
-    side = [x for x in done.stdout.splitlines() if x.startswith("  ") and " s " in x]
+    lines = done.stdout.splitlines()
+    start = next((i for i, x in enumerate(lines) if "side by side" in x), len(lines))
+    side = [x for x in lines[start + 1 :] if x.startswith("  ")]
     return {
         "model": name,
         "gpus": gpus,
