@@ -194,10 +194,12 @@ def _versus(ctx: Context, e: Evaluated) -> str:
 
 
 def plain_dp(shape: ModelShape, space: Space, p: ParallelPlan) -> ParallelPlan | None:
-    """Plain data parallelism on the plan's GPUs and batch (None when the space or the batch rules
-    it out, or the plan is it)."""
+    """Plain data parallelism on the plan's GPUs and batch (None when the space, the batch or the
+    flex dispatcher rules it out, or the plan is it)."""
     if (p.tp, p.pp) == (1, 1) or len(space.tp) == 1 or len(space.pp) == 1 or 1 not in space.tp:
         return None
+    if shape.moe.enabled and shape.moe.moe_token_dispatcher_type == "flex":
+        return None  # EP 1: megatron-core's flex dispatcher asserts expert TP x EP > 1
     n, gbs = p.world_size, p.global_batch_size
     mbs = p.micro_batch_size if gbs % (p.micro_batch_size * n) == 0 else 1
     distopt = n > 1 and True in space.distributed_optimizer

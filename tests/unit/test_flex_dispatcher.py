@@ -186,3 +186,24 @@ def test_flex_predicts_and_needs_its_buffers(tmp_path):
     assert abs(outside["alltoall"]) <= 2
     assert abs(outside["hybridep"] - hybridep_buffer_bytes(64, 64, 2, 2, 8)) <= 2
     assert abs(outside["deepep"] - deepep_buffer_bytes(64, 2)) <= 2
+
+
+def test_the_reasoning_compares_no_plain_data_parallel_plan_with_flex():
+    """The reasoning's plain data-parallel alternative (EP 1) is not predicted for the flex
+    dispatcher, which megatron-core refuses at EP 1: a DeepSeek-V3 plan profiled for 32 minutes
+    and then stopped on that alternative's probes."""
+    from dataclasses import replace
+
+    from capture_megatron.config import ModelShape, ParallelPlan
+    from capture_megatron.planner.explain import plain_dp
+    from capture_megatron.planner.space import Space
+
+    base = ModelShape(
+        num_layers=4, hidden_size=256, num_attention_heads=8, seq_length=128, vocab_size=1024
+    )
+    plan = ParallelPlan(
+        tp=2, pp=2, dp=2, ep=2, micro_batch_size=1, global_batch_size=16, layers_per_stage=(2, 2)
+    )
+    for dispatcher, plain in (("alltoall", True), ("flex", False)):
+        moe = Experts(num_experts=8, moe_token_dispatcher_type=dispatcher)
+        assert (plain_dp(replace(base, moe=moe), Space(), plan) is not None) == plain
