@@ -67,6 +67,6 @@ def test_a_cold_plan_prints_only_its_own_lines(tmp_path):
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert re.search(r"profiling \d+ probes on cpu", done.stdout)  # cold: the probes ran here
-    assert "(memory model: cpu, kernels cpu)" in done.stdout
+    assert "(memory model: cpu, kernels cpu, megatron-core " in done.stdout
     assert done.stderr == "", done.stderr[-3000:]
     assert not [w for w in WARNED if w in done.stdout], done.stdout
