@@ -43,25 +43,8 @@ def tensors_in(tree: object) -> list[torch.Tensor]:
     return found
 
 
-_TRACKERS: list[LiveTensorTracker] = []
-"""The trackers entered, innermost last: each hears of storages resized in place."""
-_RESIZE: list[Callable[..., Any]] = []
-"""torch.UntypedStorage.resize_ as it was before the first tracker entered."""
-
-
-def _resize_heard(storage: torch.UntypedStorage, size: int) -> Any:
-    """torch.UntypedStorage.resize_, then every tracker re-counts the storage: megatron-core's
-    CheckpointWithoutOutput frees its discarded outputs with `untyped_storage().resize_(0)` and
-    restores them the same way, a storage method no dispatch mode sees."""
-    out = _RESIZE[0](storage, size)
-    for tracker in _TRACKERS:
-        tracker.resized(storage)
-    return out
-
-
 class LiveTensorTracker(TorchDispatchMode):
-    """Current and peak bytes of the storages created while the mode is active (storages resized
-    in place by `untyped_storage().resize_` re-counted at their new size)."""
+    """Current and peak bytes of the storages created while the mode is active."""
 
     def __init__(self, device: str | None = None):
         super().__init__()
@@ -79,27 +62,6 @@ class LiveTensorTracker(TorchDispatchMode):
         """Allocation/release log while started (start_events), else None: ('+op' or '-op', bytes,
         origin), origin being for a release the log index i of its storage's allocation, -2 - i when
         that was in the previous log, -1 otherwise."""
-
-    def __enter__(self) -> LiveTensorTracker:
-        if not _TRACKERS:
-            _RESIZE[:] = [torch.UntypedStorage.resize_]
-            torch.UntypedStorage.resize_ = _resize_heard  # type: ignore[method-assign, assignment]  # restored on the last exit
-        _TRACKERS.append(self)
-        return super().__enter__()
-
-    def __exit__(self, *exc: object) -> None:
-        super().__exit__(*exc)
-        if self in _TRACKERS:
-            _TRACKERS.remove(self)
-        if not _TRACKERS and _RESIZE:
-            torch.UntypedStorage.resize_ = _RESIZE.pop()  # type: ignore[method-assign]  # the original
-
-    def resized(self, storage: torch.UntypedStorage) -> None:
-        """Re-count a tracked storage resized in place (its bytes released or grown)."""
-        if storage._cdata in self._sizes:
-            self._op = "resize_"
-            self._register(storage)
-            self.peak_bytes = max(self.peak_bytes, self.current_bytes)
 
     def _register(self, storage: torch.UntypedStorage) -> None:
         key = storage._cdata
