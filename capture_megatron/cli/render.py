@@ -53,7 +53,7 @@ def print_plan(result: PlanResult) -> None:
             f"  {p.tp:3d} {p.pp:3d} {p.dp:4d}{f' {p.cp:3d} {p.ep:3d}' if wide else ''} "
             f"{p.vpp:3d} {p.micro_batch_size:3d} "
             f"{p.recompute.granularity:>9} {'y' if p.sequence_parallel else 'n':>3} "
-            f"{'y' if p.distributed_optimizer else 'n':>3}{_offload(p) if off else ''}"
+            f"{_optimizer(p):>3}{_offload(p) if off else ''}"
             f"{_activations(p) if act else ''} {e.peak / unit:9.2f} "
             f"{e.needed / unit:9.2f} {_fits(e.fits, cluster.gpu_memory_bytes):>4} "
             f"{_step(result, e.step_seconds):>7}  {p.layout}"
@@ -71,6 +71,18 @@ def print_plan(result: PlanResult) -> None:
         print(f"note: {note}")
     if result.ignored_flags:
         print("ignored (cannot change memory): " + " ".join(result.ignored_flags))
+
+
+ZERO = {"no_shard": "Z0", "optim": "Z1", "optim_grads": "Z2", "optim_grads_params": "Z3"}
+"""The DO column's names of Megatron-FSDP's sharding strategies (ZeRO stages)."""
+
+
+def _optimizer(plan: ParallelPlan) -> str:
+    """The DO column: y / n for Megatron's distributed optimizer, or Megatron-FSDP's ZeRO stage
+    (--use-megatron-fsdp; Z3: --data-parallel-sharding-strategy optim_grads_params)."""
+    if plan.ddp.fsdp.enabled:
+        return ZERO[plan.ddp.fsdp.strategy]
+    return "y" if plan.distributed_optimizer else "n"
 
 
 def _offload(plan: ParallelPlan) -> str:
@@ -124,7 +136,9 @@ def legend(result: PlanResult) -> list[str]:
         need = need.replace("need = peak", "need = the peak at the MoE planning factor", 1)
     return [
         f"peak: {peak}; {need}; fits: {fits}",
-        f"{step}; SP sequence parallel, DO distributed optimizer, CP context-parallel and EP "
+        f"{step}; SP sequence parallel, DO distributed optimizer (Z0-Z3: Megatron-FSDP "
+        "instead, --use-megatron-fsdp, with --data-parallel-sharding-strategy no_shard, optim, "
+        "optim_grads or optim_grads_params), CP context-parallel and EP "
         "expert-parallel sizes (shown for MoE or CP plans), OFF the optimizer's fraction "
         "offloaded (--optimizer-cpu-offload; shown when a plan offloads), ACT the activations "
         "offloaded (--offload-modules: attn core_attn attn_proj, layer also attn_norm "

@@ -45,11 +45,12 @@ def run_args(
 
 def plan_args(plan: ParallelPlan) -> list[str]:
     """Every parallel, batch and recompute setting of the plan in Megatron's flag names (written
-    from the fields' flags: `parallel_flags`), then its gradient-buffer, offload and optimizer
-    options."""
+    from the fields' flags: `parallel_flags`), then its gradient-buffer, offload, optimizer and
+    Megatron-FSDP options (with the checkpoint format Megatron-LM requires of Megatron-FSDP)."""
     offload = to_flags(plan.ddp.activation_offload)  # fine-grained activation offloading
     ddp = to_flags(plan.ddp) + offload + to_flags(plan.ddp.optimizer) + to_flags(plan.ddp.fsdp)
-    return to_flags(parallel_flags(plan)) + ddp + to_flags(plan.ddp.cuda_graphs)
+    ckpt = ["--ckpt-format", "fsdp_dtensor"] if plan.ddp.fsdp.enabled else []  # Megatron-LM's
+    return to_flags(parallel_flags(plan)) + ddp + ckpt + to_flags(plan.ddp.cuda_graphs)
 
 
 def parallel_flags(plan: ParallelPlan) -> ParallelFlags:

@@ -1,7 +1,9 @@
 """Offload in the search space (pure Python): the optimizer offload fractions and the
 fine-grained activation offloading module sets the planner tries, and a candidate's settings
 with each (issue 31; the forecast: forecast.offload and the optimizer's host bytes; the cost:
-steptime.parts and steptime.offload)."""
+steptime.parts and steptime.offload); and Megatron-FSDP's ZeRO-3, the other way to move bytes
+off a GPU that the throughput search tries on candidates that do not fit (issue 51; the
+forecast: forecast.fsdp; the cost: steptime.fsdp)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from capture_megatron.config.ddp import DdpOptions
 from capture_megatron.config.kernels import Kernels
 from capture_megatron.errors import CaptureError
 from capture_megatron.features.activation_offload import OFFLOAD_SETS, ActivationOffload
+from capture_megatron.features.fsdp import Fsdp
 from capture_megatron.rules.megatron import dtype_problems, fp8_offload_problem
 
 OFFLOAD_FRACTIONS = (0.0, 0.25, 0.5, 0.75, 1.0)
@@ -117,3 +120,59 @@ def activation_rank(ddp: DdpOptions) -> int:
     if not groups:
         return 0
     return OFFLOAD_SETS.index(groups) + 1 if groups in OFFLOAD_SETS else 1
+
+
+ZERO3 = Fsdp(use_megatron_fsdp=True, data_parallel_sharding_strategy="optim_grads_params")
+"""The Megatron-FSDP settings the planner tries: ZeRO-3 (weights, gradients and optimizer state
+sharded, each layer's weights gathered per micro-batch), Megatron-FSDP's other buffers at their
+defaults."""
+
+
+def searched_fsdp(ddp: DdpOptions, objective: str, gpu: bool, kernels: Kernels) -> tuple[bool, ...]:
+    """Whether the search tries Megatron-FSDP twins (Space.fsdp) when the command line left it
+    open: on GPUs for min-gpus and throughput, with Adam, where Megatron-LM runs ZeRO-3 with the
+    settings given (not with --fp8-param-gather, optimizer offload or the precision-aware
+    optimizer, several optimizer instances or fine-grained activation offloading, none of which
+    capture-megatron forecasts under it); never for min-peak and on CPU processes (Megatron-FSDP
+    runs on CUDA only)."""
+    if not gpu or objective == "min-peak" or ddp.fsdp.enabled:
+        return (False,)
+    settings = (
+        ddp.use_precision_aware_optimizer,
+        ddp.optimizer_cpu_offload,
+        ddp.num_distributed_optimizer_instances > 1,
+        bool(ddp.activation_offload.groups),
+        kernels.fp8_param_gather,
+        ddp.optimizer.optimizer != "adam",
+    )
+    return (False,) if any(settings) else (False, True)
+
+
+@functools.lru_cache(maxsize=1024)
+def fsdp_ddp(ddp: DdpOptions) -> DdpOptions:
+    """The settings of a candidate's Megatron-FSDP twin (ZERO3)."""
+    return replace(ddp, fsdp=ZERO3)
+
+
+def fsdp_twin(plan: ParallelPlan) -> ParallelPlan | None:
+    """`plan` under Megatron-FSDP's ZeRO-3 (fsdp_ddp), with the distributed optimizer as
+    Megatron-LM's FSDP recipes give it; None where it shards nothing (one data x context-parallel
+    rank), the plan offloads its optimizer or activations, or megatron-core refuses it with the
+    plan's settings."""
+    moved = offloaded(plan) or plan.ddp.activation_offload.groups  # not forecast together
+    if plan.dp * plan.cp == 1 or plan.ddp.fsdp.enabled or moved:
+        return None
+    ddp = fsdp_ddp(plan.ddp)
+    refused = ddp.fsdp.megatron_problems(
+        False,
+        ddp.use_precision_aware_optimizer,
+        ddp.optimizer_cpu_offload,
+        ddp.num_distributed_optimizer_instances,
+        plan.ep > 1,
+    )
+    if refused:
+        return None
+    try:
+        return replace(plan, distributed_optimizer=True, ddp=ddp)
+    except CaptureError:  # what megatron-core refuses of these settings with the plan's sizes
+        return None

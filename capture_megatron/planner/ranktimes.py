@@ -101,9 +101,13 @@ def lower_bound(parts: BoundParts, m: int, vpp: int, bottleneck: float) -> float
 def _per_param(shape: ModelShape, plan: ParallelPlan, fp8_params: bool, shards: int) -> float:
     """Bytes a parameter takes at least: itself (1 byte as an FP8 parameter), its gradient
     buffer's element and its rank's share over `shards` ranks of the optimizer state kept on
-    the device (master weights and moments: the Layout the forecast uses, predict.static)."""
+    the device (master weights and moments: the Layout the forecast uses, predict.static);
+    under Megatron-FSDP each of them over `shards` where its strategy shards it."""
     layout = layout_of(shape.dtype, plan.ddp, 1, True, param_bytes=1 if fp8_params else 0)
     state = layout.state * device_share(plan)
+    if plan.ddp.fsdp.enabled:  # Megatron-FSDP shards what its strategy says over all of them
+        weights, optimizer, grads = (shards if s else 1 for s in plan.ddp.fsdp.sharded())
+        return layout.param / weights + layout.grad / grads + state / optimizer
     shards = plan.ddp.shard_ranks(shards) if plan.distributed_optimizer else 1
     return layout.param + layout.grad + state / shards
 

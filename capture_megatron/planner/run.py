@@ -31,7 +31,11 @@ from capture_megatron.planner.explain import (
 )
 from capture_megatron.planner.fewest import ClusterSearch
 from capture_megatron.planner.margins import CONTEXT_GIB, RESERVE_FRACTION, Margins
-from capture_megatron.planner.offload_space import activation_sets, searched_offload
+from capture_megatron.planner.offload_space import (
+    activation_sets,
+    searched_fsdp,
+    searched_offload,
+)
 from capture_megatron.planner.result import ModelOrigin, PlanResult
 from capture_megatron.planner.routing import (
     at_forecast,
@@ -182,9 +186,9 @@ def searched_options(
     --ddp-num-buckets was given; --overlap-param-gather, which applies with the distributed
     optimizer: they hide data-parallel communication behind the backward / forward), and context
     parallelism searched only where the kernels run it (context_problem, latent_problem), and
-    the optimizer offload fractions and activation offload sets the command line left open
-    (plan.offload_space; activation offload where the kernel set of the memory model,
-    `model_kernels` when it is given, runs it)."""
+    the optimizer offload fractions, activation offload sets and Megatron-FSDP twins the command
+    line left open (plan.offload_space; activation offload where the kernel set of the memory
+    model, `model_kernels` when it is given, runs it)."""
     space, cost = options.space, options.cost
     gpu = cluster.device != "cpu"
     if gpu and not space.ddp.optimizer.muon:  # Megatron-LM asserts Muon without them
@@ -204,6 +208,9 @@ def searched_options(
     if not space.optimizer_offload:
         offload = searched_offload(space.ddp, options.objective, gpu, shape.dtype, options.kernels)
         space = dataclasses.replace(space, optimizer_offload=offload)
+    if not space.fsdp:
+        fsdp = searched_fsdp(space.ddp, options.objective, gpu, options.kernels)
+        space = dataclasses.replace(space, fsdp=fsdp)
     if not space.activation_offload:
         runs = model_kernels or kind
         sets = activation_sets(shape, space.ddp, options.objective, runs, options.kernels)
@@ -250,8 +257,8 @@ def plan(
     ranked, considered = search_.best(options.objective, options.top)
     if not ranked:  # every candidate's static bytes alone exceed the memory
         raise search_.no_fit(search_.run(cluster, "min-peak", 1)[0][0])
-    if not ranked[0].fits:
-        raise search_.no_fit(ranked[0])
+    if not ranked[0].fits:  # the error names the least any ranked plan needs
+        raise search_.no_fit(min(ranked, key=lambda e: e.needed))
     explained = plans_explained(shape, options.space, ranked[0].plan)
     model = supply.complete([e.plan for e in ranked] + explained)
     return _result(model, shape, cluster, options, ranked, considered, memory)

@@ -33,6 +33,7 @@ from capture_megatron.planner.margins import Margins
 from capture_megatron.planner.offload_space import (
     activation_ddp,
     activation_rank,
+    fsdp_twin,
     offload_ddp,
     offloaded,
 )
@@ -100,11 +101,14 @@ def search(
             moved = []
         sets = [s for s in space.activation_offload if s]
         if not moved and not sets:
-            return run(list(candidates(shape, cluster, gbs, space)))
-        bare = replace(space, activation_offload=((),))
-        bare = replace(bare, optimizer_offload=(0.0,)) if moved else bare
-        plain = list(candidates(shape, cluster, gbs, bare))
-        return _with_offload(run, supply, cluster, plain, (moved, sets), hw, top)
+            plain = list(candidates(shape, cluster, gbs, space))
+            result = run(plain)
+        else:
+            bare = replace(space, activation_offload=((),))
+            bare = replace(bare, optimizer_offload=(0.0,)) if moved else bare
+            plain = list(candidates(shape, cluster, gbs, bare))
+            result = _with_offload(run, supply, cluster, plain, (moved, sets), hw, top)
+        return _with_fsdp(run, shape, plain, result, hw, top) if True in space.fsdp else result
     plans = undominated(list(candidates(shape, cluster, gbs, space)))
     m = supply.complete(plans)
     if len(space.activation_offload) > 1 and not measured(m):  # the same pairs without it
@@ -159,6 +163,39 @@ def _with_offload(
         key=throughput_key,
     )
     return SearchResult(distinct(both)[:top], sum(r.considered for r in (first, *found)))
+
+
+FSDP_MARGIN = 0.05
+"""How much faster than the fastest plan without it a Megatron-FSDP plan must be estimated to be
+taken: no measured Megatron-FSDP step calibrates its per-layer gathers and reduce-scatters
+(bench/data's development rows all run Megatron's DDP), so the search keeps the distributed
+optimizer, which they measure, unless ZeRO-3 is ahead by more than the dense rows' median error
+(3.2%, docs/STEP_TIME.md) rounded up."""
+
+
+def _with_fsdp(
+    run: Callable[[list[ParallelPlan], float], SearchResult],
+    shape: ModelShape,
+    plain: list[ParallelPlan],
+    result: SearchResult,
+    hw: CostModel,
+    top: int,
+) -> SearchResult:
+    """throughput with Megatron-FSDP's ZeRO-3 tried: the ZeRO-3 twins (offload_space.fsdp_twin)
+    of the candidates without offload whose step bound is below FSDP_MARGIN under `result`'s
+    fastest plan, searched like the others (their sharded weights, gradients and optimizer
+    state leave room for larger micro-batches, less recompute or fewer stages); those that fit
+    and beat that mark merged into the ranking (all that fit where nothing fits without it)."""
+    top_step = result.ranked[0].step_seconds if result.ranked and result.ranked[0].fits else None
+    mark = math.inf if top_step is None else top_step * (1 - FSDP_MARGIN)
+    twins = [t for t in map(fsdp_twin, plain) if t is not None]
+    twins = [t for t in twins if step_bound(shape, t, hw) < mark]
+    if not twins:
+        return result
+    found = run(twins, mark)
+    wins = [e for e in found.ranked if e.fits and e.step_seconds < mark]
+    both = sorted([*result.ranked, *wins], key=throughput_key)
+    return SearchResult(distinct(both)[:top], result.considered + found.considered, result.unfit)
 
 
 def offloading_twins(

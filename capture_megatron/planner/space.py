@@ -90,6 +90,10 @@ class Space:
     GPU kernel set with Transformer Engine, unless the command line turned it on or
     --no-activation-offload is given), else as given."""
 
+    fsdp: tuple[bool, ...] = ()
+    """Whether throughput tries each candidate's Megatron-FSDP ZeRO-3 twin (search._with_fsdp);
+    empty: the planner's choice (offload_space.searched_fsdp)."""
+
     @property
     def keeps_recompute(self) -> bool:
         """Whether full recompute's method and counts were given (and are kept as given)."""

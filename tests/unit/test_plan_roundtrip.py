@@ -15,6 +15,8 @@ from synthetic_memory import synthetic_source
 
 from capture_megatron.config import GIB, Cluster, Kernels, ModelShape, ParallelFlags
 from capture_megatron.config.ddp import ActivationOffload, DdpOptions
+from capture_megatron.errors import CaptureError
+from capture_megatron.features.fsdp import Fsdp
 from capture_megatron.fields import flagged_fields
 from capture_megatron.flags.resolve import parallel_plan
 from capture_megatron.planner import PlanOptions, plan, space_from
@@ -27,10 +29,11 @@ alike)."""
 
 DECLARED = {
     spec.name
-    for cls in (ParallelFlags, DdpOptions, ActivationOffload)
+    for cls in (ParallelFlags, DdpOptions, ActivationOffload, Fsdp)
     for _, spec in flagged_fields(cls)
-}
-"""Every flag the fields of the plan's types declare (plan_args writes no other)."""
+} | {"--ckpt-format"}
+"""Every flag the fields of the plan's types declare (plan_args writes no other), and the
+checkpoint format Megatron-LM requires of Megatron-FSDP."""
 
 
 def _shape(rng: random.Random) -> ModelShape:
@@ -101,6 +104,12 @@ def test_flags_parse_back_to_the_plan(seed):
     assert written <= DECLARED, written - DECLARED
     # ... and the whole command line, parsed as the trainer parses it, gives the plan back
     argv = [*model_args(shape), *result.megatron_args(), "--mock-data"]
+    if best.ddp.fsdp.enabled:  # a GPU plan for Megatron-LM, which the CPU trainer refuses ...
+        with pytest.raises(CaptureError, match="--use-megatron-fsdp"):
+            parse_config(argv, best.world_size)
+        zero3 = ("--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params")
+        argv = [a for a in argv if a not in (*zero3, "--ckpt-format", "fsdp_dtensor")]
+        best = dataclasses.replace(best, ddp=dataclasses.replace(best.ddp, fsdp=Fsdp()))
     cfg = parse_config(argv, best.world_size)
     assert cfg.shape == shape
     assert cfg.plan == best

@@ -83,9 +83,9 @@ def _known_fastest(plan: ParallelPlan, cap: float) -> tuple[float, float]:
 
 CASES = [
     (4, 1, "none", 20.0),
-    (4, 1, "full", 3.0),
+    pytest.param(4, 1, "full", 3.0, marks=pytest.mark.slow),  # 15-40 s each: the full suite's
     (2, 2, "none", 20.0),
-    (2, 2, "full", 3.4),
+    pytest.param(2, 2, "full", 3.4, marks=pytest.mark.slow),
     (2, 1, "selective", 5.0),
 ]
 
