@@ -88,7 +88,18 @@ def experts_of(cfg: dict[str, Any], kind: str) -> Experts:
         moe_router_load_balancing_type="seq_aux_loss"
         if deepseek and cfg.get("seq_aux")
         else "aux_loss",
+        # DeepSeek's group-limited routing (n_group, topk_group; "greedy" routing has none)
+        moe_router_num_groups=_groups(cfg, "n_group") if deepseek else 0,
+        moe_router_group_topk=_groups(cfg, "topk_group") if deepseek else 0,
     )
+
+
+def _groups(cfg: dict[str, Any], key: str) -> int:
+    """DeepSeek's n_group / topk_group where its topk_method limits groups (V3's noaux_tc, V2's
+    group_limited_greedy), else 0."""
+    if cfg.get("topk_method", "greedy") == "greedy" or (cfg.get("n_group") or 1) <= 1:
+        return 0
+    return int(cfg.get(key) or 0)
 
 
 def _score_function(cfg: dict[str, Any], kind: str) -> str:

@@ -77,6 +77,13 @@ class Experts(JsonMixin):
     """Softmax or sigmoid routing scores."""
     moe_router_pre_softmax: bool = flag("--moe-router-pre-softmax", False)
     """Softmax before the top-k selection."""
+    moe_router_num_groups: int = flag("--moe-router-num-groups", 0, omit_default=True)
+    """Groups the experts are split into for group-limited routing (DeepSeek-V3's n_group: one
+    group per node in its training; 0: none). No memory: megatron-core masks the scores of the
+    groups not chosen in place; the step-time model's flex dispatch reads it (steptime.moe)."""
+    moe_router_group_topk: int = flag("--moe-router-group-topk", 0, omit_default=True)
+    """The groups a token's top-k experts may come from (DeepSeek-V3's topk_group; read with
+    --moe-router-num-groups)."""
     moe_router_dtype: str = flag("--moe-router-dtype", "", choices=("", "fp32", "fp64"))
     """Precision of the routing computation (empty: the model's)."""
     moe_router_force_load_balancing: bool = flag("--moe-router-force-load-balancing", False)
@@ -131,7 +138,7 @@ class Experts(JsonMixin):
 
     def _router_problems(self) -> list[str]:
         """Router settings megatron-core refuses while building or running the model."""
-        p = []
+        p = self._group_problems()
         if self.moe_router_load_balancing_type == "sinkhorn" and self.moe_aux_loss_coeff:
             p.append(
                 f"--moe-aux-loss-coeff {self.moe_aux_loss_coeff} with "
@@ -150,6 +157,22 @@ class Experts(JsonMixin):
                 "(megatron-core refuses it: a softmax over one selected expert has zero gradient)"
             )
         return p
+
+    def _group_problems(self) -> list[str]:
+        """Group-limited routing megatron-core 0.16.1 refuses (router's group_limited_topk:
+        experts split evenly into the groups, top-k within the chosen groups)."""
+        groups, limit = self.moe_router_num_groups, self.moe_router_group_topk
+        if not self.num_experts or (not groups and not limit):
+            return []
+        name = f"--moe-router-num-groups {groups} --moe-router-group-topk {limit}"
+        if groups < 1 or not 1 <= limit <= groups:
+            return [f"{name}: give both, with 1 <= the group top-k <= the groups"]
+        if self.num_experts % groups or self.moe_router_topk > limit * self.num_experts // groups:
+            return [
+                f"{name}: the {self.num_experts} experts must split evenly into the groups, and "
+                f"the chosen groups hold at least --moe-router-topk {self.moe_router_topk} of them"
+            ]
+        return []
 
     @property
     def enabled(self) -> bool:

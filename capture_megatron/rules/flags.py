@@ -94,7 +94,7 @@ IGNORED = (
     --use-one-sent-docs --use-persistent-ckpt-worker --use-pytorch-profiler
     --use-ring-exchange-p2p --use-sharp --use-tp-pp-dp-mapping --vocab-file
     --warmup
-    --moe-router-num-groups --moe-router-group-topk --moe-router-topk-scaling-factor
+    --moe-router-topk-scaling-factor
     --moe-router-bias-update-rate --moe-token-drop-policy --moe-per-layer-logging
     --moe-router-enable-expert-bias
     --cache-mla-latents --mtp-loss-scaling-factor

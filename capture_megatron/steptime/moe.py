@@ -130,15 +130,14 @@ def ep_local(s: Setting, plan: ParallelPlan, domain: int = 0) -> int:
 
 def _remote_domains(shape: ModelShape, domains: int) -> float:
     """Expected NVLink domains other than its own a token's top-k experts sit in, experts spread
-    evenly over `domains` (at most the group limit with group-limited routing, read when the
-    model's options carry it)."""
+    evenly over `domains` (with group-limited routing and at least a group per domain, at most
+    the domains the chosen groups sit in)."""
     moe = shape.moe
     e, k = moe.num_experts, moe.moe_router_topk
     per = e // domains
     untouched = math.comb(e - per, k) / math.comb(e, k) if e - per >= k else 0.0
     distinct = domains * (1 - untouched)
-    groups = int(getattr(moe, "moe_router_num_groups", 0) or 0)
-    limit = int(getattr(moe, "moe_router_group_topk", 0) or 0)
+    groups, limit = moe.moe_router_num_groups, moe.moe_router_group_topk
     if groups >= domains and limit:
         distinct = min(distinct, limit * domains / groups)
     return distinct * (domains - 1) / domains

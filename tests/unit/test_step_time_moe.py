@@ -210,3 +210,29 @@ def test_the_breakdown_adds_up_and_prints_side_by_side():
     assert any(line.startswith("exposed EP communication") for line in lines)
     assert lines[-1].startswith("step")
     assert outpaces(b, a) == (b.tokens_per_s_per_gpu > 1.15 * a.tokens_per_s_per_gpu)
+
+
+def test_group_limited_routing_sends_deepep_to_fewer_nodes():
+    """DeepSeek-V3's config.json limits each token's 8 experts to 4 of 8 groups (n_group,
+    topk_group: read into --moe-router-num-groups / --moe-router-group-topk); over EP 64 (8
+    nodes, a group per node) DeepEP then sends a token to at most 4 nodes instead of the ~5.3 its
+    experts would span unlimited, and the all-to-all, which sends every copy, is unchanged."""
+    assert (DSV3.moe.moe_router_num_groups, DSV3.moe.moe_router_group_topk) == (8, 4)
+    flex = dict(moe_token_dispatcher_type="flex", moe_grouped_gemm=True)
+    limited = mo.block(S, _moe(**flex), _plan()).dispatch
+    free = mo.block(S, _moe(**flex, moe_router_num_groups=0, moe_router_group_topk=0), _plan())
+    assert limited < 0.85 * free.dispatch
+    plain = _moe(moe_router_num_groups=0, moe_router_group_topk=0)
+    assert mo.block(S, ALLTOALL, _plan()).dispatch == mo.block(S, plain.replace(
+        moe=dataclasses.replace(plain.moe, moe_token_dispatcher_type="alltoall",
+                                moe_grouped_gemm=True)), _plan()).dispatch  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "groups,limit", [(8, 0), (0, 4), (8, 9), (7, 4), (256, 1)]
+)  # (256, 1): one group of one expert cannot hold the top-8
+def test_group_limits_megatron_refuses_are_refused(groups, limit):
+    from capture_megatron.errors import CaptureError
+
+    with pytest.raises(CaptureError, match="--moe-router-num-groups"):
+        _moe(moe_router_num_groups=groups, moe_router_group_topk=limit)
