@@ -87,7 +87,9 @@ def test_defaults_given_explicitly_are_accepted():
     )
     with pytest.raises(CaptureError, match="--moe-use-upcycling"):
         _check(["--moe-use-upcycling"])
-    assert _check(["--moe-router-topk-scaling-factor", "2.5"]) == ("--moe-router-topk-scaling-factor",)
+    assert _check(["--moe-router-topk-scaling-factor", "2.5"]) == (
+        "--moe-router-topk-scaling-factor",
+    )
 
 
 def test_a_typo_gets_the_closest_megatron_flag():
