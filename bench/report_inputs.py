@@ -144,4 +144,34 @@ def published_fit_section(root: str) -> str:
             f"{r['needed_gib']:.1f} | {'yes' if r['fits'] else 'no'} | {r['phase']} | "
             f"{flight} | {r['note']} |"
         )
-    return "\n".join(out) + "\n"
+    return "\n".join(out) + "\n" + _published_differences(data["cases"])
+
+
+CARD_GIB = 81559 * 2**20 / 2**30
+"""An 80 GB H100's memory as the driver reports it (81,559 MiB), in GiB."""
+
+
+def _published_differences(cases: list[dict]) -> str:
+    """For each published run forecast not to fit: the difference that makes it not fit (issue
+    51, must-show 4)."""
+    lines = []
+    for r in cases:
+        if "refused" in r or r["fits"]:
+            continue
+        margin = r["needed_gib"] - r["peak_gib"]
+        if r["peak_gib"] <= CARD_GIB:
+            lines.append(
+                f"- {r['name']}: its forecast peak, {r['peak_gib']:.1f} GiB, is within the card's "
+                f"{CARD_GIB:.1f} GiB; what does not fit is the {margin:.1f} GiB of margins the "
+                "planner keeps above a peak (the CUDA context and NCCL, and the allocator's "
+                "reserve, measured on a dense Megatron run). The published run ran, so the "
+                f"forecast and the margins together are at least {r['needed_gib'] - CARD_GIB:.1f} "
+                "GiB high for it."
+            )
+        else:
+            lines.append(
+                f"- {r['name']}: its forecast peak, {r['peak_gib']:.1f} GiB, is above the card's "
+                f"{CARD_GIB:.1f} GiB: the difference from the published run is named in its row "
+                f"({r['note']}), and the row beside it shows the run as published."
+            )
+    return ("\nWhy the ones that do not fit do not:\n\n" + "\n".join(lines) + "\n") if lines else ""
