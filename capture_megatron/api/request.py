@@ -40,8 +40,7 @@ from capture_megatron.flags.args import model_shape, overridden, shape_overrides
 from capture_megatron.flags.resolve import parallel_plan, split_notes
 from capture_megatron.planner import PlanOptions, space_from
 from capture_megatron.planner.space import overlap_space, virtual_stage_problem
-from capture_megatron.rules.megatron import module_problems
-from capture_megatron.rules.modelled import activation_offload_problem
+from capture_megatron.rules.megatron import activation_offload_problem, module_problems
 from capture_megatron.steptime.constants import fitted
 from capture_megatron.steptime.hardware import Hardware, HardwareFlags, ok
 from capture_megatron.steptime.model import CostModel

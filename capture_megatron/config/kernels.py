@@ -144,6 +144,25 @@ class Kernels(JsonMixin):
         """Whether the run trains in FP8 (--fp8-format given)."""
         return bool(self.fp8_format)
 
+    @property
+    def low_precision(self) -> bool:
+        """Whether the linear layers' GEMMs compute in a 1-byte format (FP8), so that what they
+        keep of their inputs, and what TE all-gathers for them, is quantized (the features' view
+        of the precision: capture_megatron.features.fp8 has what each recipe keeps)."""
+        return self.fp8
+
+    @property
+    def low_precision_params(self) -> bool:
+        """Whether the linear layers' weights are 1-byte parameters in DDP's buffers (FP8 with
+        --fp8-param-gather)."""
+        return self.fp8 and self.fp8_param_gather
+
+    @property
+    def gemm_input_bytes(self) -> int:
+        """Bytes per element of the linear layers' GEMM inputs as TE communicates them: 1 in a
+        1-byte format, else 2 (bf16 / fp16)."""
+        return 1 if self.low_precision else 2
+
     def workspace_bytes(self) -> int:
         """GPU memory every training process allocates once and keeps, which no probe sees:
         torch's cuBLAS workspace for each (handle, stream) pair — the forward runs on the main
@@ -202,7 +221,7 @@ class Kernels(JsonMixin):
         (capture_megatron.features.tp_overlap.userbuffer_bytes_per_token); 0 without it."""
         if not self.tp_comm_overlap:
             return 0
-        return userbuffer_bytes_per_token(hidden_size, self.fp8)
+        return userbuffer_bytes_per_token(hidden_size, self.gemm_input_bytes)
 
 
 NEGATED = (

@@ -33,14 +33,15 @@ def hybridep_buffer_bytes(
     hidden: int, tokens_per_rank: int, tp_ep: int, local_experts: int, nvlink_domain: int
 ) -> int:
     """Bytes of HybridEP's communication buffers on each GPU, outside the caching allocator, for
-    bf16 / fp16 tokens (megatron-core never dispatches FP8: init_hybrid_ep_buffer asserts
-    fp8_dispatch off), with DeepEP eb9cee7's defaults (use_shared_buffer: the dispatch output
-    shares the combine input). M = max(tokens, 512) x group is the worst case: every token of the
-    group routed to one rank.
+    bf16 / fp16 tokens (megatron-core never dispatches quantized tokens: init_hybrid_ep_buffer
+    asserts its quantized dispatch off), with DeepEP eb9cee7's defaults (use_shared_buffer: the
+    dispatch output shares the combine input). M = max(tokens, 512) x group is the worst case: every
+    token of the group routed to one rank.
 
     - NVLink domain (hybrid_ep.cu allocate_buffer_for_combine / _for_dispatch): the expert
       token buffer [M, hidden] uint16, probabilities [M, local experts x ranks per domain]
-      float32, FP8 scaling factors [M, hidden / 128] float32 (allocated whatever the dtype);
+      float32, the quantized dispatch's scaling factors [M, hidden / 128] float32 (allocated
+      whatever the dtype);
     - across nodes (internode.cu allocate_dispatch_rdma_buffers / allocate_combine_rdma_buffers,
       nodes N > 1), per max tokens T: the attention-side input [T, hidden] uint16, [T, experts]
       and [T, hidden / 128] float32; dispatch's inter-node group [T x (N - 1), hidden] uint16,

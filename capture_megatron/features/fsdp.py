@@ -157,7 +157,6 @@ class Fsdp(JsonMixin):
 
     def megatron_problems(
         self,
-        dtype_fp8_params: bool,
         precision_aware: bool,
         optimizer_offload: bool,
         instances: int,
@@ -169,11 +168,6 @@ class Fsdp(JsonMixin):
             return []
         name = "--use-megatron-fsdp"
         p = []
-        if dtype_fp8_params:
-            p.append(
-                f"{name} with --fp8-param-gather: Megatron-FSDP's FP8 weight buffers (uint8, "
-                "their transpose caches) are not modelled yet; leave out --fp8-param-gather"
-            )
         if precision_aware or optimizer_offload:
             what = "--optimizer-cpu-offload" if optimizer_offload else ""
             what = what or "--use-precision-aware-optimizer"

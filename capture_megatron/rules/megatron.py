@@ -5,12 +5,12 @@ check_plan_fits_model gathers every rule between a ModelShape and a ParallelPlan
 search skips the plans it refuses; predict and train refuse them with the reasons); the others are
 the rules of single features: expert and context parallelism, multi-token prediction (MTP's
 placement, and the checkpoint megatron-core cannot write), the EP all-to-all overlap
-(--overlap-moe-expert-parallel-comm: megatron-core's TransformerConfig __post_init__; PP > 1
-needing virtual stages is DdpOptions.plan_problems), selective recompute modules, the flex token
-dispatcher (DeepEP / HybridEP), optimizer offloading with FP8 parameters, the precision-aware
-optimizer's gradient dtype, and fine-grained and layer-level activation offloading
-(--fine-grained-activation-offloading, --cpu-offloading-num-layers; --offload-modules and
---min-offloaded-tensor-size are read only with the first, so alone they change nothing).
+(--overlap-moe-expert-parallel-comm: megatron-core's TransformerConfig __post_init__; PP > 1 needing
+virtual stages is DdpOptions.plan_problems), selective recompute modules, the flex token dispatcher
+(DeepEP / HybridEP), the precision-aware optimizer's gradient dtype, and fine-grained and
+layer-level activation offloading (--fine-grained-activation-offloading,
+--cpu-offloading-num-layers; --offload-modules and --min-offloaded-tensor-size are read only with
+the first, so alone they change nothing).
 """
 
 from __future__ import annotations
@@ -19,12 +19,9 @@ from capture_megatron.config.ddp import DdpOptions
 from capture_megatron.config.model import ModelShape, tp_head_problems
 from capture_megatron.config.parallel import ParallelPlan
 from capture_megatron.errors import require
-from capture_megatron.features.activation_offload import OFFLOAD_MODULES
+from capture_megatron.features.activation_offload import ActivationOffload
 from capture_megatron.features.dispatch import deepep_problems
 from capture_megatron.features.moe import Experts
-from capture_megatron.features.optimizer_offload import OffloadSettings
-
-_ARGS = "Megatron-LM core_v0.16.1 megatron/training/arguments.py"
 
 
 def check_plan_fits_model(shape: ModelShape, plan: ParallelPlan) -> None:
@@ -68,7 +65,7 @@ def optimizer_problems(shape: ModelShape, plan: ParallelPlan) -> list[str]:
     )
     instances = ddp.num_distributed_optimizer_instances
     fsdp = ddp.fsdp.megatron_problems(
-        False, ddp.use_precision_aware_optimizer, ddp.optimizer_cpu_offload, instances, plan.ep > 1
+        ddp.use_precision_aware_optimizer, ddp.optimizer_cpu_offload, instances, plan.ep > 1
     )
     return p + fsdp
 
@@ -289,74 +286,6 @@ def flex_problems(
     return p
 
 
-def fp8_offload_problem(ddp: OffloadSettings, fp8_param_gather: bool, fp8_recipe: str) -> str:
-    """Megatron-LM's rule for --optimizer-cpu-offload with FP8 parameters ('' when it runs)."""
-    if not (ddp.optimizer_cpu_offload and fp8_param_gather) or fp8_recipe == "delayed":
-        return ""
-    return (
-        f"--optimizer-cpu-offload with --fp8-param-gather and --fp8-recipe {fp8_recipe}: "
-        f"{_ARGS}:1195-1198 stops ('When `--fp8-param-gather` is enabled, the optimizer cpu "
-        "offload must be used in conjunction with `--fp8-recipe delayed`')"
-    )
-
-
-def megatron_stops(modules: tuple[str, ...], transformer_impl: str, cpu_layers: int) -> list[str]:
-    """Why Megatron-LM core_v0.16.1 stops at --fine-grained-activation-offloading with these
-    --offload-modules, --transformer-impl and --cpu-offloading-num-layers (empty: it runs)."""
-    why = []
-    if transformer_impl != "transformer_engine":
-        why.append(
-            "'Fine-grained activation offloading is only supported with transformer_engine "
-            "implementation' (arguments.py; it hooks Transformer Engine's cpu_offload)"
-        )
-    if cpu_layers > 0:
-        why.append(
-            "'fine_grained_activation_offloading cannot be enabled with cpu_offloading' "
-            "(--cpu-offloading-num-layers turns cpu_offloading on)"
-        )
-    if not modules:
-        why.append("TransformerConfig asserts --offload-modules names at least one module")
-    unknown = sorted(set(modules) - set(OFFLOAD_MODULES))
-    if unknown:
-        why.append(
-            f"'Invalid choices for offload_modules: {unknown}' (allowed: "
-            + ", ".join(OFFLOAD_MODULES)
-            + ")"
-        )
-    if "attn_proj" in modules and "core_attn" not in modules:
-        why.append(
-            "'attn_proj cannot be set to offload_modules alone without core_attn' (its input is "
-            "core_attn's output, which core_attn's backward needs)"
-        )
-    return why
-
-
-_TC = "megatron-core 0.16.1 transformer/transformer_config.py"
-
-
-def layer_offload_stops(layers: int, num_layers: int, pp: int, recompute: str | None) -> list[str]:
-    """Why Megatron-LM core_v0.16.1 stops at --cpu-offloading-num-layers `layers` (> 0; it sets
-    cpu_offloading, arguments.py:1236-1237) on a line of `num_layers` layers (0: not given), `pp`
-    pipeline stages and --recompute-granularity `recompute` (empty: it runs; with
-    --fine-grained-activation-offloading, megatron_stops says why)."""
-    why = []
-    if num_layers and not 0 <= layers < num_layers:
-        why.append(
-            f"'CPU offloading can be done only for layers less than {num_layers}' ({_TC}:1137-1142)"
-        )
-    if pp > 1:
-        why.append(
-            "'Currently there is no support for Pipeline parallelism with CPU offloading' "
-            f"(PP {pp}; {_TC}:1144-1147)"
-        )
-    if recompute not in (None, "none"):
-        why.append(
-            "'CPU offloading does not work when activation recomputation is enabled' "
-            f"(--recompute-granularity {recompute}; {_TC}:1149-1152)"
-        )
-    return why
-
-
 def dtype_problems(ddp: DdpOptions, dtype: str) -> list[str]:
     """What megatron-core refuses in these gradient and optimizer settings when training in
     `dtype`."""
@@ -368,3 +297,55 @@ def dtype_problems(ddp: DdpOptions, dtype: str) -> list[str]:
             "add --accumulate-allreduce-grads-in-fp32"
         )
     return p
+
+
+def activation_offload_problem(offload: ActivationOffload, kernel_set: str) -> str:
+    """Why the kernel set (config.kernels.kernel_set) cannot run these fine-grained activation
+    offloading settings ('' when it can): megatron-core hooks Transformer Engine's cpu_offload and
+    needs CUDA streams."""
+    if not offload.fine_grained_activation_offloading or kernel_set.startswith(
+        "gpu:transformer_engine"
+    ):
+        return ""
+    if kernel_set == "cpu":
+        return (
+            "--fine-grained-activation-offloading needs Transformer Engine, CUDA streams and "
+            "pinned host memory (Megatron-LM requires --transformer-impl "
+            "transformer_engine), which the CPU kernel set cannot run: predict it with the "
+            "GPU kernel set (--device fake)"
+        )
+    return (
+        "Megatron-LM stops: 'Fine-grained activation offloading is only supported with "
+        "transformer_engine implementation' (arguments.py; it hooks Transformer Engine's "
+        "cpu_offload): give --transformer-impl transformer_engine"
+    )
+
+
+def delay_wgrad_problem(ddp: DdpOptions, transformer_impl: str) -> str:
+    """Megatron-LM's rule for --delay-wgrad-compute: Transformer Engine's layers ('' when met)."""
+    if not ddp.delay_wgrad_compute or transformer_impl == "transformer_engine":
+        return ""
+    return (
+        "Megatron-LM stops: 'Delaying wgrad compute is only supported with "
+        "transformer_engine implementation' (arguments.py; --delay-wgrad-compute defers "
+        "Transformer Engine's weight gradients): give --transformer-impl transformer_engine"
+    )
+
+
+TP_OVERLAP_FIX = "leave out --tp-comm-overlap"
+"""The change tp_overlap_stops names first for a line Megatron-LM itself stops at (TP 1 or no
+sequence parallelism): without the flag the line runs (bench/inputs.py applies it)."""
+
+
+def tp_overlap_stops(tp: int, sp: bool) -> str:
+    """Megatron-LM's rule for --tp-comm-overlap at TP `tp` with sequence parallelism `sp` (tp 0:
+    not known yet; '' when it runs)."""
+    if tp != 1 and sp:
+        return ""
+    return (
+        "--tp-comm-overlap needs --sequence-parallel with --tensor-model-parallel-size > 1 "
+        "(Megatron-LM asserts it: 'Tensor parallel communication/GEMM overlap can happen "
+        "only when sequence parallelism is enabled', and turns sequence parallelism off at "
+        f"TP 1), so Megatron-LM would not run this line either: {TP_OVERLAP_FIX}, or give "
+        "--tensor-model-parallel-size > 1 with --sequence-parallel"
+    )
