@@ -29,7 +29,10 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from capture_megatron.features.activation_offload import OFFLOAD_MODULES
+from capture_megatron.config.ddp import DdpOptions
+from capture_megatron.features.activation_offload import OFFLOAD_MODULES, ActivationOffload
+from capture_megatron.features.fsdp import Fsdp
+from capture_megatron.features.optimizers import Optimizer
 
 _TABLE = json.loads(resources.files("capture_megatron.rules").joinpath("flags.json").read_text())
 """flags.json: the flag policy's table."""
@@ -189,3 +192,87 @@ def layer_offload_stops(layers: int, num_layers: int, pp: int, recompute: str | 
             f"(--recompute-granularity {recompute}; {_TC}:1149-1152)"
         )
     return why
+
+
+def activation_offload_problem(offload: ActivationOffload, kernel_set: str) -> str:
+    """Why the kernel set (config.kernels.kernel_set) cannot run these fine-grained activation
+    offloading settings ('' when it can): megatron-core hooks Transformer Engine's cpu_offload and
+    needs CUDA streams."""
+    if not offload.fine_grained_activation_offloading or kernel_set.startswith(
+        "gpu:transformer_engine"
+    ):
+        return ""
+    if kernel_set == "cpu":
+        return (
+            "--fine-grained-activation-offloading needs Transformer Engine, CUDA streams and "
+            "pinned host memory (Megatron-LM requires --transformer-impl "
+            "transformer_engine), which the CPU kernel set cannot run: predict it with the "
+            "GPU kernel set (--device fake)"
+        )
+    return (
+        "Megatron-LM stops: 'Fine-grained activation offloading is only supported with "
+        "transformer_engine implementation' (arguments.py; it hooks Transformer Engine's "
+        "cpu_offload): give --transformer-impl transformer_engine"
+    )
+
+
+def delay_wgrad_problem(ddp: DdpOptions, transformer_impl: str) -> str:
+    """Megatron-LM's rule for --delay-wgrad-compute: Transformer Engine's layers ('' when met)."""
+    if not ddp.delay_wgrad_compute or transformer_impl == "transformer_engine":
+        return ""
+    return (
+        "Megatron-LM stops: 'Delaying wgrad compute is only supported with "
+        "transformer_engine implementation' (arguments.py; --delay-wgrad-compute defers "
+        "Transformer Engine's weight gradients): give --transformer-impl transformer_engine"
+    )
+
+
+TP_OVERLAP_FIX = "leave out --tp-comm-overlap"
+"""The change tp_overlap_stops names first for a line Megatron-LM itself stops at (TP 1 or no
+sequence parallelism): without the flag the line runs (bench/inputs.py applies it)."""
+
+
+def tp_overlap_stops(tp: int, sp: bool) -> str:
+    """Megatron-LM's rule for --tp-comm-overlap at TP `tp` with sequence parallelism `sp` (tp 0:
+    not known yet; '' when it runs)."""
+    if tp != 1 and sp:
+        return ""
+    return (
+        "--tp-comm-overlap needs --sequence-parallel with --tensor-model-parallel-size > 1 "
+        "(Megatron-LM asserts it: 'Tensor parallel communication/GEMM overlap can happen "
+        "only when sequence parallelism is enabled', and turns sequence parallelism off at "
+        f"TP 1), so Megatron-LM would not run this line either: {TP_OVERLAP_FIX}, or give "
+        "--tensor-model-parallel-size > 1 with --sequence-parallel"
+    )
+
+
+def fsdp_run_problems(fsdp: Fsdp, ckpt_format: str, weight_hash_interval: bool) -> list[str]:
+    """What Megatron-LM (core_v0.16.1 arguments.py) asserts of Megatron-FSDP among the run's
+    settings that are not the plan's: --ckpt-format fsdp_dtensor, and no
+    --check-weight-hash-across-dp-replicas-interval with optim_grads_params."""
+    if not fsdp.enabled:
+        return []
+    p = []
+    if ckpt_format != "fsdp_dtensor":
+        p.append(
+            f"--use-megatron-fsdp with --ckpt-format {ckpt_format}: Megatron-LM asserts 'Megatron "
+            "FSDP only supports fsdp_dtensor checkpoint format'; give --ckpt-format fsdp_dtensor"
+        )
+    if weight_hash_interval and fsdp.strategy == "optim_grads_params":
+        p.append(
+            "--check-weight-hash-across-dp-replicas-interval with --data-parallel-sharding-"
+            "strategy optim_grads_params: Megatron-LM asserts it is not supported; leave it out"
+        )
+    return p
+
+
+def muon_run_problems(opt: Optimizer, overlap_param_gather: bool, ckpt_format: str) -> list[str]:
+    """What Megatron-LM asserts of Muon among the run's settings that are not the plan's:
+    --overlap-param-gather, and a checkpoint format other than torch or torch_dist."""
+    if not opt.muon:
+        return []
+    lm = f"--optimizer {opt.optimizer}: Megatron-LM asserts Muon"
+    p = [f"{lm} without --overlap-param-gather; leave it out"] if overlap_param_gather else []
+    if ckpt_format not in ("torch", "torch_dist"):
+        p.append(f"{lm} with --ckpt-format torch or torch_dist, not {ckpt_format}")
+    return p

@@ -19,9 +19,10 @@ from capture_megatron.config.ddp import DdpOptions
 from capture_megatron.config.model import ModelShape, tp_head_problems
 from capture_megatron.config.parallel import ParallelPlan
 from capture_megatron.errors import require
-from capture_megatron.features.activation_offload import ActivationOffload
-from capture_megatron.features.dispatch import deepep_problems
+from capture_megatron.features.dispatch import DEEPEP_GROUPS
+from capture_megatron.features.fsdp import Fsdp
 from capture_megatron.features.moe import Experts
+from capture_megatron.features.optimizers import Optimizer
 
 
 def check_plan_fits_model(shape: ModelShape, plan: ParallelPlan) -> None:
@@ -55,19 +56,12 @@ def check_plan_fits_model(shape: ModelShape, plan: ParallelPlan) -> None:
 def optimizer_problems(shape: ModelShape, plan: ParallelPlan) -> list[str]:
     """What megatron-core and Megatron-LM refuse of the plan's optimizer and Megatron-FSDP
     (features.optimizers, features.fsdp) with its other settings."""
-    ddp = plan.ddp
-    p = ddp.optimizer.megatron_problems(
-        shape.dtype,
-        plan.distributed_optimizer,
-        ddp.overlap_grad_reduce,
-        ddp.fsdp.enabled,
-        ddp.use_precision_aware_optimizer,
-    )
+    ddp, aware = plan.ddp, plan.ddp.use_precision_aware_optimizer
+    p = optimizer_settings_problems(ddp.optimizer, shape.dtype, plan.distributed_optimizer,
+                                    ddp.overlap_grad_reduce, ddp.fsdp.enabled, aware)  # fmt: skip
     instances = ddp.num_distributed_optimizer_instances
-    fsdp = ddp.fsdp.megatron_problems(
-        ddp.use_precision_aware_optimizer, ddp.optimizer_cpu_offload, instances, plan.ep > 1
-    )
-    return p + fsdp
+    moved = ddp.optimizer_cpu_offload
+    return p + fsdp_problems(ddp.fsdp, aware, moved, instances, plan.ep > 1)
 
 
 def expert_problems(shape: ModelShape, plan: ParallelPlan) -> list[str]:
@@ -299,53 +293,99 @@ def dtype_problems(ddp: DdpOptions, dtype: str) -> list[str]:
     return p
 
 
-def activation_offload_problem(offload: ActivationOffload, kernel_set: str) -> str:
-    """Why the kernel set (config.kernels.kernel_set) cannot run these fine-grained activation
-    offloading settings ('' when it can): megatron-core hooks Transformer Engine's cpu_offload and
-    needs CUDA streams."""
-    if not offload.fine_grained_activation_offloading or kernel_set.startswith(
-        "gpu:transformer_engine"
-    ):
-        return ""
-    if kernel_set == "cpu":
-        return (
-            "--fine-grained-activation-offloading needs Transformer Engine, CUDA streams and "
-            "pinned host memory (Megatron-LM requires --transformer-impl "
-            "transformer_engine), which the CPU kernel set cannot run: predict it with the "
-            "GPU kernel set (--device fake)"
+def fsdp_problems(
+    fsdp: Fsdp,
+    precision_aware: bool,
+    optimizer_offload: bool,
+    instances: int,
+    moe: bool,
+) -> list[str]:
+    """What megatron-core refuses, or this model does not cover, of Megatron-FSDP with these
+    settings (empty: nothing)."""
+    if not fsdp.enabled:
+        return []
+    name = "--use-megatron-fsdp"
+    p = []
+    if precision_aware or optimizer_offload:
+        what = "--optimizer-cpu-offload" if optimizer_offload else ""
+        what = what or "--use-precision-aware-optimizer"
+        p.append(f"{name} with {what} is not modelled yet")
+    if instances > 1 and moe:
+        p.append(
+            f"{name} with --num-distributed-optimizer-instances {instances} and routed "
+            "experts: megatron-core 0.16.1's hybrid sharding builds no expert-data-parallel "
+            "mesh (FullyShardedDataParallel._init_dist_index), and MegatronFSDP raises "
+            "'Megatron Expert Parallelism is enabled, but no expt_dp_group is provided'"
         )
-    return (
-        "Megatron-LM stops: 'Fine-grained activation offloading is only supported with "
-        "transformer_engine implementation' (arguments.py; it hooks Transformer Engine's "
-        "cpu_offload): give --transformer-impl transformer_engine"
-    )
+    return p
 
 
-def delay_wgrad_problem(ddp: DdpOptions, transformer_impl: str) -> str:
-    """Megatron-LM's rule for --delay-wgrad-compute: Transformer Engine's layers ('' when met)."""
-    if not ddp.delay_wgrad_compute or transformer_impl == "transformer_engine":
-        return ""
-    return (
-        "Megatron-LM stops: 'Delaying wgrad compute is only supported with "
-        "transformer_engine implementation' (arguments.py; --delay-wgrad-compute defers "
-        "Transformer Engine's weight gradients): give --transformer-impl transformer_engine"
-    )
+def optimizer_settings_problems(
+    opt: Optimizer,
+    dtype: str,
+    distributed_optimizer: bool,
+    overlap_grad_reduce: bool,
+    fsdp: bool,
+    precision_aware: bool,
+) -> list[str]:
+    """What megatron-core or Megatron-LM (core_v0.16.1) refuse of this optimizer with these
+    settings (empty: nothing)."""
+    name = f"--optimizer {opt.optimizer}"
+    p = []
+    if opt.optimizer == "sgd" and distributed_optimizer:
+        p.append(
+            f"{name} with --use-distributed-optimizer: megatron-core's DistributedOptimizer "
+            "asserts 'Only Adam and HybridDeviceOptimizer currently supported'; leave out "
+            "--use-distributed-optimizer"
+        )
+    if opt.optimizer == "sgd" and (fsdp or precision_aware):
+        p.append(
+            f"{name} with "
+            + ("--use-megatron-fsdp" if fsdp else "--use-precision-aware-optimizer")
+            + " is not modelled (megatron-core runs them with Adam)"
+        )
+    if not opt.muon:
+        return p
+    lm = f"{name}: Megatron-LM asserts Muon"
+    if distributed_optimizer:
+        p.append(f"{lm} without --use-distributed-optimizer ('muon with dist optimizer is "
+                 "not supported'); leave it out")  # fmt: skip
+    if overlap_grad_reduce:
+        p.append(f"{lm} without --overlap-grad-reduce; leave it out")
+    if fsdp:
+        p.append(f"{lm} without --use-megatron-fsdp; leave it out")
+    if dtype == "fp16":
+        p.append(f"{name} with --fp16: megatron-core raises 'muon with fp16 is not supported'")
+    return p
 
 
-TP_OVERLAP_FIX = "leave out --tp-comm-overlap"
-"""The change tp_overlap_stops names first for a line Megatron-LM itself stops at (TP 1 or no
-sequence parallelism): without the flag the line runs (bench/inputs.py applies it)."""
-
-
-def tp_overlap_stops(tp: int, sp: bool) -> str:
-    """Megatron-LM's rule for --tp-comm-overlap at TP `tp` with sequence parallelism `sp` (tp 0:
-    not known yet; '' when it runs)."""
-    if tp != 1 and sp:
-        return ""
-    return (
-        "--tp-comm-overlap needs --sequence-parallel with --tensor-model-parallel-size > 1 "
-        "(Megatron-LM asserts it: 'Tensor parallel communication/GEMM overlap can happen "
-        "only when sequence parallelism is enabled', and turns sequence parallelism off at "
-        f"TP 1), so Megatron-LM would not run this line either: {TP_OVERLAP_FIX}, or give "
-        "--tensor-model-parallel-size > 1 with --sequence-parallel"
-    )
+def deepep_problems(group: int, dtype: str, num_sms: int, padded: bool = False) -> list[str]:
+    """What DeepEP eb9cee7 and megatron-core 0.16.1 refuse of a flex run on DeepEP (one sentence
+    each, with the change that runs): its group sizes, bfloat16 tokens, an even SM count, padded
+    expert inputs (`padded`)."""
+    p = []
+    if padded:
+        p.append(
+            "megatron-core 0.16.1 refuses DeepEP with padded expert inputs (TransformerConfig: "
+            "'Flex token dispatcher with deepep backend does not support "
+            "moe_pad_expert_input_to_capacity'): leave out --moe-pad-expert-input-to-capacity, "
+            "or give --moe-flex-dispatcher-backend hybridep"
+        )
+    if group >= 2 and group not in DEEPEP_GROUPS:
+        p.append(
+            f"DeepEP runs expert TP x EP groups of {', '.join(map(str, DEEPEP_GROUPS))} GPUs "
+            f"only, not {group} (Buffer.get_dispatch_config asserts 'Unsupported number of EP "
+            "ranks', its kernels 'Unsupported ranks'): change --expert-model-parallel-size, or "
+            "give --moe-flex-dispatcher-backend hybridep"
+        )
+    if dtype != "bf16":
+        p.append(
+            "DeepEP combines bfloat16 tokens only (its combine kernels assert CUDA_R_16BF): give "
+            "--bf16, or --moe-token-dispatcher-type alltoall"
+        )
+    if num_sms % 2 or num_sms < 2:
+        p.append(
+            f"--moe-deepep-num-sms {num_sms}: DeepEP's kernels use two SMs per channel "
+            "(they assert an even count): give an even number"
+        )
+    return p

@@ -24,12 +24,12 @@ from capture_megatron.errors import CaptureError
 from capture_megatron.features.fp8 import MODELLED_RECIPES
 from capture_megatron.features.optimizer_offload import OffloadSettings
 from capture_megatron.records import Variant
-from capture_megatron.rules.megatron import (
+from capture_megatron.rules.flags import (
     activation_offload_problem,
     delay_wgrad_problem,
-    flex_problems,
     tp_overlap_stops,
 )
+from capture_megatron.rules.megatron import flex_problems, fsdp_problems
 
 
 def check_plans(
@@ -372,7 +372,7 @@ def fsdp_problem(ddp: DdpOptions, kernel_set: str, fp8_param_gather: bool) -> st
             "NCCL device meshes), which the CPU kernel set does not describe; predict it with the "
             "GPU kernel set (--device fake-cuda, the default without a GPU, or --device cuda)"
         )
-    problems = ddp.fsdp.megatron_problems(False, False, 1, False)
+    problems = fsdp_problems(ddp.fsdp, False, False, 1, False)
     if fp8_param_gather:
         problems.insert(0, (
             "--use-megatron-fsdp with --fp8-param-gather: Megatron-FSDP's FP8 weight buffers "

@@ -69,13 +69,17 @@ def test_fp8_parameters_get_a_one_byte_buffer_of_their_own():
     """--fp8-param-gather: DDP groups buffers by (param dtype, grad dtype): the FP8 weights in a
     1-byte param buffer; their gradients stay fp32 and Adam keeps fp32 state for them."""
     layer, mask = (64, 4096, 64, 8192), (False, True, False, True)
-    got = layer_static((), ((layer, (False,) * 4, 3),), (), "bf16", (1, 1), False, low_precision=(mask,))
+    got = layer_static(
+        (), ((layer, (False,) * 4, 3),), (), "bf16", (1, 1), False, low_precision=(mask,)
+    )
     n8, n16 = 3 * (4096 + 8192), 3 * 128
     assert got.params == n8 + 2 * n16
     assert got.grads == 4 * (n8 + n16)
     assert got.optimizer == 12 * (n8 + n16) + 4 * 12
     plain = runs_static((), ((layer, 3),), (), "bf16", 4, True)
-    dist = layer_static((), ((layer, (False,) * 4, 3),), (), "bf16", (4, 1), True, low_precision=(mask,))
+    dist = layer_static(
+        (), ((layer, (False,) * 4, 3),), (), "bf16", (4, 1), True, low_precision=(mask,)
+    )
     assert dist.params < plain.params and dist.grads >= plain.grads
 
 
