@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass
 
 from capture_megatron.errors import CaptureError, require
+from capture_megatron.features.fp8 import FP8_FORMATS, FP8_RECIPES, key_parts
 from capture_megatron.features.tp_overlap import userbuffer_bytes_per_token
 from capture_megatron.fields import flag
 from capture_megatron.serial import JsonMixin
@@ -20,11 +21,6 @@ IMPLEMENTATIONS = ("local", "transformer_engine", "auto")
 importable on CUDA, else the local spec)."""
 ATTENTION_BACKENDS = ("flash", "fused", "unfused", "local", "auto")
 """--attention-backend choices; auto lets Transformer Engine pick (flash, else cuDNN fused)."""
-
-FP8_FORMATS = ("", "e4m3", "hybrid")
-"""--fp8-format choices ('': no FP8, Megatron-LM's default None)."""
-FP8_RECIPES = ("delayed", "tensorwise", "mxfp8", "blockwise", "custom")
-"""--fp8-recipe choices (Megatron-LM core_v0.16.1; what each keeps: features.fp8)."""
 
 ADAM_IMPLS = ("auto", "fused", "torch")
 """--adam-impl choices (capture-megatron): which Adam megatron-core trains with on a GPU."""
@@ -202,11 +198,7 @@ class Kernels(JsonMixin):
         if self.cublas_workspace_config:
             parts.append("cublas" + self.cublas_workspace_config)
         if self.fp8:
-            parts.append(f"fp8-{self.fp8_recipe}")
-            if self.fp8_param_gather:
-                parts.append("fp8-params")
-            if self.fp8_recipe == "delayed" and self.fp8_amax_history_len != 1:
-                parts.append(f"amax{self.fp8_amax_history_len}")
+            parts += key_parts(self.fp8_recipe, self.fp8_param_gather, self.fp8_amax_history_len)
         if self.tp_comm_overlap:
             parts.append("tp-comm-overlap")
         if self.adam_impl == "torch":

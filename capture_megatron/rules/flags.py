@@ -20,6 +20,11 @@ Routing details that choose which experts get tokens but not how many a forecast
 layer --, the drop policy, logging) are IGNORED.
 Every argument is in exactly one of: our option classes, IGNORED, UNMODELLED
 (tests/unit/test_megatron_policy.py checks the table is complete).
+
+The rules of the command line itself follow the policy: what Megatron-LM's arguments.py asserts
+across its flags (fine-grained and layer-level activation offloading, --delay-wgrad-compute,
+--tp-comm-overlap), and of the run's settings that are not the plan's (Megatron-FSDP's and
+Muon's checkpoint formats and overlaps, read by capture_megatron.api.request).
 """
 
 from __future__ import annotations
