@@ -44,7 +44,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from capture_megatron.rules.modelled import TP_OVERLAP_FIX
+from capture_megatron.rules.flags import TP_OVERLAP_FIX
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(ROOT, "tests", "data")

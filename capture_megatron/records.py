@@ -27,8 +27,9 @@ from capture_megatron.features.recompute import check_variant_modules, variant_m
 from capture_megatron.serial import JsonMixin, from_plain, to_plain
 from capture_megatron.version import __version__
 
-RECORD_FORMAT = 2
-"""Version of the records file layout (the header line says it)."""
+RECORD_FORMAT = 3
+"""Version of the records file layout (the header line says it; 3: the low-precision fields
+named generically, issue 54)."""
 
 
 @dataclass(frozen=True)
@@ -305,14 +306,14 @@ class ProfileRecord(JsonMixin):
     """Bytes of the chunk's transformer layers' registered module buffers after the probe (not
     parameters; capture_megatron.profile.held.layer_buffer_bytes): multi-latent attention's YaRN
     cos/sin tables, built with the model and kept for good; 0 for standard attention."""
-    fp8_state_bytes: int = 0
-    """Bytes the chunk's Transformer Engine layers keep for good under FP8 (--fp8-format): FP8
-    copies of their weights (or, with --fp8-param-gather, the weights' column-wise copies) and
-    their scaling state (capture_megatron.profile.held.fp8_state_bytes); 0 without FP8. Allocated
-    at each layer's first forward, so in none of the measured windows."""
-    param_fp8: tuple[bool, ...] = ()
-    """Per parameter of param_numels, whether it is an FP8 parameter (--fp8-param-gather: in DDP's
-    1-byte param buffer); empty: none is."""
+    low_precision_state_bytes: int = 0
+    """Bytes the chunk's linear layers keep for good because they compute in a low precision: the
+    quantized copies of their weights (or of low-precision parameters, their other usage) and their
+    scaling state (capture_megatron.profile.held.low_precision_state_bytes); 0 in the activation
+    dtype. Allocated at each layer's first forward, so in none of the measured windows."""
+    param_low_precision: tuple[bool, ...] = ()
+    """Per parameter of param_numels, whether it is a low-precision parameter (1 byte, in a DDP
+    buffer of its own dtype); empty: none is."""
     offload_tensors: tuple[OffloadTensor, ...] | None = None
     """The one-layer middle probe's storages megatron-core's fine-grained offloading groups would
     move (capture_megatron.profile.offload); None: not measured (other probes, older records)."""

@@ -31,8 +31,7 @@ from capture_megatron.config.training import (
 )
 from capture_megatron.errors import CaptureError, require
 from capture_megatron.features.fsdp import Fsdp
-from capture_megatron.features.fsdp import run_problems as fsdp_run_problems
-from capture_megatron.features.optimizers import Optimizer, muon_run_problems
+from capture_megatron.features.optimizers import Optimizer
 from capture_megatron.features.recompute import Recompute
 from capture_megatron.flags import megatron_lm
 from capture_megatron.flags import parser as flags
@@ -40,8 +39,12 @@ from capture_megatron.flags.args import model_shape, overridden, shape_overrides
 from capture_megatron.flags.resolve import parallel_plan, split_notes
 from capture_megatron.planner import PlanOptions, space_from
 from capture_megatron.planner.space import overlap_space, virtual_stage_problem
+from capture_megatron.rules.flags import (
+    activation_offload_problem,
+    fsdp_run_problems,
+    muon_run_problems,
+)
 from capture_megatron.rules.megatron import module_problems
-from capture_megatron.rules.modelled import activation_offload_problem
 from capture_megatron.steptime.constants import fitted
 from capture_megatron.steptime.hardware import Hardware, HardwareFlags, ok
 from capture_megatron.steptime.model import CostModel

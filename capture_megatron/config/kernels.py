@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass
 
 from capture_megatron.errors import CaptureError, require
+from capture_megatron.features.fp8 import FP8_FORMATS, FP8_RECIPES, key_parts
 from capture_megatron.features.tp_overlap import userbuffer_bytes_per_token
 from capture_megatron.fields import flag
 from capture_megatron.serial import JsonMixin
@@ -20,11 +21,6 @@ IMPLEMENTATIONS = ("local", "transformer_engine", "auto")
 importable on CUDA, else the local spec)."""
 ATTENTION_BACKENDS = ("flash", "fused", "unfused", "local", "auto")
 """--attention-backend choices; auto lets Transformer Engine pick (flash, else cuDNN fused)."""
-
-FP8_FORMATS = ("", "e4m3", "hybrid")
-"""--fp8-format choices ('': no FP8, Megatron-LM's default None)."""
-FP8_RECIPES = ("delayed", "tensorwise", "mxfp8", "blockwise", "custom")
-"""--fp8-recipe choices (Megatron-LM core_v0.16.1; what each keeps: features.fp8)."""
 
 ADAM_IMPLS = ("auto", "fused", "torch")
 """--adam-impl choices (capture-megatron): which Adam megatron-core trains with on a GPU."""
@@ -144,6 +140,25 @@ class Kernels(JsonMixin):
         """Whether the run trains in FP8 (--fp8-format given)."""
         return bool(self.fp8_format)
 
+    @property
+    def low_precision(self) -> bool:
+        """Whether the linear layers' GEMMs compute in a 1-byte format (FP8), so that what they
+        keep of their inputs, and what TE all-gathers for them, is quantized (the features' view
+        of the precision: capture_megatron.features.fp8 has what each recipe keeps)."""
+        return self.fp8
+
+    @property
+    def low_precision_params(self) -> bool:
+        """Whether the linear layers' weights are 1-byte parameters in DDP's buffers (FP8 with
+        --fp8-param-gather)."""
+        return self.fp8 and self.fp8_param_gather
+
+    @property
+    def gemm_input_bytes(self) -> int:
+        """Bytes per element of the linear layers' GEMM inputs as TE communicates them: 1 in a
+        1-byte format, else 2 (bf16 / fp16)."""
+        return 1 if self.low_precision else 2
+
     def workspace_bytes(self) -> int:
         """GPU memory every training process allocates once and keeps, which no probe sees:
         torch's cuBLAS workspace for each (handle, stream) pair — the forward runs on the main
@@ -183,11 +198,7 @@ class Kernels(JsonMixin):
         if self.cublas_workspace_config:
             parts.append("cublas" + self.cublas_workspace_config)
         if self.fp8:
-            parts.append(f"fp8-{self.fp8_recipe}")
-            if self.fp8_param_gather:
-                parts.append("fp8-params")
-            if self.fp8_recipe == "delayed" and self.fp8_amax_history_len != 1:
-                parts.append(f"amax{self.fp8_amax_history_len}")
+            parts += key_parts(self.fp8_recipe, self.fp8_param_gather, self.fp8_amax_history_len)
         if self.tp_comm_overlap:
             parts.append("tp-comm-overlap")
         if self.adam_impl == "torch":
@@ -202,7 +213,7 @@ class Kernels(JsonMixin):
         (capture_megatron.features.tp_overlap.userbuffer_bytes_per_token); 0 without it."""
         if not self.tp_comm_overlap:
             return 0
-        return userbuffer_bytes_per_token(hidden_size, self.fp8)
+        return userbuffer_bytes_per_token(hidden_size, self.gemm_input_bytes)
 
 
 NEGATED = (

@@ -268,13 +268,6 @@ class TrainConfig:
     """Layer implementation and fused kernels (training: TE when importable on CUDA, else local)."""
 
     def __post_init__(self) -> None:
-        if self.kernels.fp8:
-            raise CaptureError(
-                f"--fp8-format {self.kernels.fp8_format}: capture-megatron's training does not run "
-                "FP8 (Transformer Engine's FP8 GEMMs need a GPU with TE, and its build does not "
-                "set up FP8 parameters); `predict` and `plan` forecast FP8 runs on the GPU kernel "
-                "set: train them with Megatron-LM"
-            )
         if self.run.moe_routing_stats and not self.shape.moe.enabled:
             raise CaptureError("--moe-routing-stats needs a model with experts (--num-experts)")
         if self.run.moe_routing_stats and self.plan.recompute.granularity == "full":

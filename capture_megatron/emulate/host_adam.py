@@ -18,9 +18,9 @@ not import. TE does not install without CUDA, so ``HostFusedAdam`` re-implements
 - the update of TE's ``multi_tensor_adam`` kernels (``common/multi_tensor/adam.cu``: AdamW or
   L2 mode, bias correction, the remainder kernel's rounding) on fp32 temporaries one parameter at
   a time (TE's kernel has none).
-fp8 states (TE's Float8Tensor: uint8 data and fp32 scalars) are torch.float8_e4m3fn tensors with
-TE's scale (amax / 448): the same 1 byte per element. Installed in place of megatron's Adam only for
-the precision-aware optimizer on a machine without TE (``install``).
+1-byte states (uint8, TE's Float8Tensor: E4M3 data and fp32 scalars) are torch.float8_e4m3fn tensors
+with TE's scale (amax / 448): the same 1 byte per element. Installed in place of megatron's Adam
+only for the precision-aware optimizer on a machine without TE (``install``).
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ import contextlib
 
 import torch
 
-FP8_MAX = 448.0
-"""The E4M3 range TE's FusedAdam scales fp8 states to."""
+from capture_megatron.emulate.gpu.common import E4M3_MAX
+
 FP16_RANGE = torch.finfo(torch.float16).max / 2.0
 """The range TE's FusedAdam scales fp16 states to."""
 
@@ -62,10 +62,10 @@ class HostFusedAdam(torch.optim.Optimizer):
         self.adam_w_mode = adam_w_mode
         self.master_weights = master_weights
         self.use_decoupled_grad = use_decoupled_grad
-        fp8 = torch.float8_e4m3fn
+        e4m3 = torch.float8_e4m3fn
         self.dtypes = {
-            "exp_avg": fp8 if exp_avg_dtype == torch.uint8 else exp_avg_dtype,
-            "exp_avg_sq": fp8 if exp_avg_sq_dtype == torch.uint8 else exp_avg_sq_dtype,
+            "exp_avg": e4m3 if exp_avg_dtype == torch.uint8 else exp_avg_dtype,
+            "exp_avg_sq": e4m3 if exp_avg_sq_dtype == torch.uint8 else exp_avg_sq_dtype,
             "master_param": master_weight_dtype,
         }
         self.store_param_remainders = (
@@ -131,7 +131,7 @@ class HostFusedAdam(torch.optim.Optimizer):
         if state.dtype == torch.bfloat16:
             state.copy_(unscaled.bfloat16())
             return
-        top = FP8_MAX if state.dtype == torch.float8_e4m3fn else FP16_RANGE
+        top = E4M3_MAX if state.dtype == torch.float8_e4m3fn else FP16_RANGE
         lo, hi = torch.aminmax(unscaled)
         scale = self._scales[p][name]
         torch.div(torch.maximum(-lo, hi).float().view(1), top, out=scale)

@@ -20,8 +20,8 @@ So a layer's backward holds at its peak, beyond what a standard backward holds, 
 two nodes' queued tensors. The forecast adds that to every layer backward of a plan with the
 flag (capture_megatron.forecast.wgrad): an upper bound, as a node's own peak (the
 attention core's backward, the experts' activation backward) does not always fall where all of
-its queued tensors are alive. 16-bit tensors (the overlap needs bf16 or fp16; under FP8 TE queues
-the quantized inputs, which this counts at 2 bytes too).
+its queued tensors are alive. 16-bit tensors (the overlap needs bf16 or fp16; in a 1-byte format TE
+queues the quantized inputs, which this counts at 2 bytes too).
 """
 
 from __future__ import annotations

@@ -33,14 +33,15 @@ def hybridep_buffer_bytes(
     hidden: int, tokens_per_rank: int, tp_ep: int, local_experts: int, nvlink_domain: int
 ) -> int:
     """Bytes of HybridEP's communication buffers on each GPU, outside the caching allocator, for
-    bf16 / fp16 tokens (megatron-core never dispatches FP8: init_hybrid_ep_buffer asserts
-    fp8_dispatch off), with DeepEP eb9cee7's defaults (use_shared_buffer: the dispatch output
-    shares the combine input). M = max(tokens, 512) x group is the worst case: every token of the
-    group routed to one rank.
+    bf16 / fp16 tokens (megatron-core never dispatches quantized tokens: init_hybrid_ep_buffer
+    asserts its quantized dispatch off), with DeepEP eb9cee7's defaults (use_shared_buffer: the
+    dispatch output shares the combine input). M = max(tokens, 512) x group is the worst case: every
+    token of the group routed to one rank.
 
     - NVLink domain (hybrid_ep.cu allocate_buffer_for_combine / _for_dispatch): the expert
       token buffer [M, hidden] uint16, probabilities [M, local experts x ranks per domain]
-      float32, FP8 scaling factors [M, hidden / 128] float32 (allocated whatever the dtype);
+      float32, the quantized dispatch's scaling factors [M, hidden / 128] float32 (allocated
+      whatever the dtype);
     - across nodes (internode.cu allocate_dispatch_rdma_buffers / allocate_combine_rdma_buffers,
       nodes N > 1), per max tokens T: the attention-side input [T, hidden] uint16, [T, experts]
       and [T, hidden / 128] float32; dispatch's inter-node group [T x (N - 1), hidden] uint16,
@@ -229,35 +230,3 @@ def _distinct_share(experts: int, topk: int, local: int) -> float:
         return 1.0
     miss = math.comb(experts - local, topk) / math.comb(experts, topk) if experts > local else 0
     return min(1.0, (1 - miss) / pairs)
-
-
-def deepep_problems(group: int, dtype: str, num_sms: int, padded: bool = False) -> list[str]:
-    """What DeepEP eb9cee7 and megatron-core 0.16.1 refuse of a flex run on DeepEP (one sentence
-    each, with the change that runs): its group sizes, bfloat16 tokens, an even SM count, padded
-    expert inputs (`padded`)."""
-    p = []
-    if padded:
-        p.append(
-            "megatron-core 0.16.1 refuses DeepEP with padded expert inputs (TransformerConfig: "
-            "'Flex token dispatcher with deepep backend does not support "
-            "moe_pad_expert_input_to_capacity'): leave out --moe-pad-expert-input-to-capacity, "
-            "or give --moe-flex-dispatcher-backend hybridep"
-        )
-    if group >= 2 and group not in DEEPEP_GROUPS:
-        p.append(
-            f"DeepEP runs expert TP x EP groups of {', '.join(map(str, DEEPEP_GROUPS))} GPUs "
-            f"only, not {group} (Buffer.get_dispatch_config asserts 'Unsupported number of EP "
-            "ranks', its kernels 'Unsupported ranks'): change --expert-model-parallel-size, or "
-            "give --moe-flex-dispatcher-backend hybridep"
-        )
-    if dtype != "bf16":
-        p.append(
-            "DeepEP combines bfloat16 tokens only (its combine kernels assert CUDA_R_16BF): give "
-            "--bf16, or --moe-token-dispatcher-type alltoall"
-        )
-    if num_sms % 2 or num_sms < 2:
-        p.append(
-            f"--moe-deepep-num-sms {num_sms}: DeepEP's kernels use two SMs per channel "
-            "(they assert an even count): give an even number"
-        )
-    return p

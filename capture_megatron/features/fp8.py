@@ -1,6 +1,9 @@
 """FP8 training on the GPU kernel set: what Transformer Engine keeps for Megatron-LM's --fp8-*
-flags (the flags are fields of capture_megatron.config.kernels.Kernels, with their choices), tensor
-by tensor. Pure Python.
+flags, tensor by tensor, their choices and the kernel set's name for them (the flags are fields
+of capture_megatron.config.kernels.Kernels, whose JSON names they keep; the other stages read
+Kernels' generic properties: low_precision, low_precision_params, gemm_input_bytes). Its rules
+are in capture_megatron.rules.modelled; its GPU kernel set emulation in
+capture_megatron.emulate.gpu.fp8. Pure Python.
 
 Sources: Transformer Engine 5671fd36 (the revision megatron-core 0.16.1 pins;
 `transformer_engine/pytorch/`), on Hopper (sm90), whose FP8 GEMMs take only the TN layout
@@ -20,11 +23,10 @@ dgrad, an input in wgrad) is kept as a transpose. docs/MEMORY_MODEL.md has the t
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    pass
-
+FP8_FORMATS = ("", "e4m3", "hybrid")
+"""--fp8-format choices ('': no FP8, Megatron-LM's default None)."""
+FP8_RECIPES = ("delayed", "tensorwise", "mxfp8", "blockwise", "custom")
+"""--fp8-recipe choices (Megatron-LM core_v0.16.1)."""
 MODELLED_RECIPES = ("delayed", "tensorwise", "mxfp8", "blockwise")
 """Recipes whose tensors are modelled (custom takes a user's quantizer factory)."""
 FLOAT8_RECIPES = ("delayed", "tensorwise")
@@ -33,6 +35,15 @@ BLOCK = 128
 """The blockwise recipe's block length."""
 MX_BLOCK = 32
 """MXFP8's scaling block (MXFP8_BLOCK_SCALING_SIZE)."""
+
+
+def key_parts(recipe: str, param_gather: bool, amax_history_len: int) -> list[str]:
+    """The parts an FP8 run adds to its kernel set's name (config.kernels.Kernels.key): the
+    recipe, FP8 parameters, a delayed recipe's amax history when not 1."""
+    parts = [f"fp8-{recipe}"] + (["fp8-params"] if param_gather else [])
+    if recipe == "delayed" and amax_history_len != 1:
+        parts.append(f"amax{amax_history_len}")
+    return parts
 
 
 def _up(n: int, m: int) -> int:

@@ -155,58 +155,6 @@ class Fsdp(JsonMixin):
             return max(COMMUNICATION_UNIT, 2 * average_unit)
         return max(COMMUNICATION_UNIT, bucket_size or COMMUNICATION_UNIT)
 
-    def megatron_problems(
-        self,
-        dtype_fp8_params: bool,
-        precision_aware: bool,
-        optimizer_offload: bool,
-        instances: int,
-        moe: bool,
-    ) -> list[str]:
-        """What megatron-core refuses, or this model does not cover, of Megatron-FSDP with these
-        settings (empty: nothing)."""
-        if not self.enabled:
-            return []
-        name = "--use-megatron-fsdp"
-        p = []
-        if dtype_fp8_params:
-            p.append(
-                f"{name} with --fp8-param-gather: Megatron-FSDP's FP8 weight buffers (uint8, "
-                "their transpose caches) are not modelled yet; leave out --fp8-param-gather"
-            )
-        if precision_aware or optimizer_offload:
-            what = "--optimizer-cpu-offload" if optimizer_offload else ""
-            what = what or "--use-precision-aware-optimizer"
-            p.append(f"{name} with {what} is not modelled yet")
-        if instances > 1 and moe:
-            p.append(
-                f"{name} with --num-distributed-optimizer-instances {instances} and routed "
-                "experts: megatron-core 0.16.1's hybrid sharding builds no expert-data-parallel "
-                "mesh (FullyShardedDataParallel._init_dist_index), and MegatronFSDP raises "
-                "'Megatron Expert Parallelism is enabled, but no expt_dp_group is provided'"
-            )
-        return p
-
 
 DEFAULT_FSDP = Fsdp()
 """Megatron-LM's default: no Megatron-FSDP."""
-
-
-def run_problems(fsdp: Fsdp, ckpt_format: str, weight_hash_interval: bool) -> list[str]:
-    """What Megatron-LM (core_v0.16.1 arguments.py) asserts of Megatron-FSDP among the run's
-    settings that are not the plan's: --ckpt-format fsdp_dtensor, and no
-    --check-weight-hash-across-dp-replicas-interval with optim_grads_params."""
-    if not fsdp.enabled:
-        return []
-    p = []
-    if ckpt_format != "fsdp_dtensor":
-        p.append(
-            f"--use-megatron-fsdp with --ckpt-format {ckpt_format}: Megatron-LM asserts 'Megatron "
-            "FSDP only supports fsdp_dtensor checkpoint format'; give --ckpt-format fsdp_dtensor"
-        )
-    if weight_hash_interval and fsdp.strategy == "optim_grads_params":
-        p.append(
-            "--check-weight-hash-across-dp-replicas-interval with --data-parallel-sharding-"
-            "strategy optim_grads_params: Megatron-LM asserts it is not supported; leave it out"
-        )
-    return p

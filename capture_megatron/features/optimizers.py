@@ -124,59 +124,9 @@ class Optimizer(JsonMixin):
         gathered = 8 * n if self.muon_tp_mode == "duplicated" and tp > 1 else 0  # shards + cat
         return per * n + gathered + (4 * largest if self.muon_use_nesterov else 0)
 
-    def megatron_problems(
-        self,
-        dtype: str,
-        distributed_optimizer: bool,
-        overlap_grad_reduce: bool,
-        fsdp: bool,
-        precision_aware: bool,
-    ) -> list[str]:
-        """What megatron-core or Megatron-LM (core_v0.16.1) refuse of this optimizer with these
-        settings (empty: nothing)."""
-        name = f"--optimizer {self.optimizer}"
-        p = []
-        if self.optimizer == "sgd" and distributed_optimizer:
-            p.append(
-                f"{name} with --use-distributed-optimizer: megatron-core's DistributedOptimizer "
-                "asserts 'Only Adam and HybridDeviceOptimizer currently supported'; leave out "
-                "--use-distributed-optimizer"
-            )
-        if self.optimizer == "sgd" and (fsdp or precision_aware):
-            p.append(
-                f"{name} with "
-                + ("--use-megatron-fsdp" if fsdp else "--use-precision-aware-optimizer")
-                + " is not modelled (megatron-core runs them with Adam)"
-            )
-        if not self.muon:
-            return p
-        lm = f"{name}: Megatron-LM asserts Muon"
-        if distributed_optimizer:
-            p.append(f"{lm} without --use-distributed-optimizer ('muon with dist optimizer is "
-                     "not supported'); leave it out")  # fmt: skip
-        if overlap_grad_reduce:
-            p.append(f"{lm} without --overlap-grad-reduce; leave it out")
-        if fsdp:
-            p.append(f"{lm} without --use-megatron-fsdp; leave it out")
-        if dtype == "fp16":
-            p.append(f"{name} with --fp16: megatron-core raises 'muon with fp16 is not supported'")
-        return p
-
 
 DEFAULT_OPTIMIZER = Optimizer()
 """Megatron-LM's default: Adam."""
-
-
-def muon_run_problems(opt: Optimizer, overlap_param_gather: bool, ckpt_format: str) -> list[str]:
-    """What Megatron-LM asserts of Muon among the run's settings that are not the plan's:
-    --overlap-param-gather, and a checkpoint format other than torch or torch_dist."""
-    if not opt.muon:
-        return []
-    lm = f"--optimizer {opt.optimizer}: Megatron-LM asserts Muon"
-    p = [f"{lm} without --overlap-param-gather; leave it out"] if overlap_param_gather else []
-    if ckpt_format not in ("torch", "torch_dist"):
-        p.append(f"{lm} with --ckpt-format torch or torch_dist, not {ckpt_format}")
-    return p
 
 
 def layer_wise_share(numels: list[int], ranks: int) -> list[int]:

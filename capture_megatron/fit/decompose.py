@@ -84,7 +84,7 @@ def _kind_constants(
         ret1=one.retained_bytes,
         grad1=one.retained_grad_bytes,
         state1=one.routing_state_bytes,
-        fp8state1=one.fp8_state_bytes,
+        lpstate1=one.low_precision_state_bytes,
         lbuf1=one.layer_buffer_bytes,
     )
     two_kept = probes.get((kind, 2, 0))
@@ -159,7 +159,7 @@ def shape_constants(probes: dict[ProbeKey, ProfileRecord], full: bool) -> ShapeC
         buffers=sum(b.nbytes for b in one.buffers),
         layer_saved_rc_next=rc2,
         layer_expert=one.param_expert,
-        layer_fp8=one.param_fp8,
+        layer_low_precision=one.param_low_precision,
         layer_offload=one.offload_tensors,
     )
 
@@ -176,7 +176,7 @@ def _chunk_model(kind: str, anchors: list[ShapeConstants]) -> ChunkModel:
             if f.name.startswith("step")
             else ("buffer" if f.name.startswith("buffers") else "activation")
         )
-        term_set = "parameter" if f.name.startswith("fp8") else term_set
+        term_set = "parameter" if f.name.startswith("lpstate") else term_set
         fields.append((f.name, regress(term_set, zs, [getattr(r, f.name) for r in rows])))
     n_ends = len(rows[0].end_numels)
     ends = tuple(regress("parameter", zs, [r.end_numels[i] for r in rows]) for i in range(n_ends))
@@ -231,7 +231,7 @@ def fit_variant(records: list[ProfileRecord]) -> VariantModel:
         workspace_bytes=max(r.workspace_bytes for r in records),
         windows=fit_windows(zs, list(table.values())),
         layer_expert=anchors[0].layer_expert,
-        layer_fp8=anchors[0].layer_fp8,
+        layer_low_precision=anchors[0].layer_low_precision,
     )
 
 

@@ -85,9 +85,10 @@ class KindConstants(JsonMixin):
     """Of retrc, the chunk's input gradient."""
     gradmix: float | None = None
     """Of retmix, the chunk's input gradient."""
-    fp8state1: float | None = None
-    """Bytes one layer's Transformer Engine modules keep for good under FP8 (weight copies and
-    scaling state, ProfileRecord.fp8_state_bytes of the one-layer probe; 0 without FP8)."""
+    lpstate1: float | None = None
+    """Bytes one layer's linear layers keep for good for their low-precision compute (quantized
+    weight copies and scaling state, ProfileRecord.low_precision_state_bytes of the one-layer
+    probe; 0 in the activation dtype)."""
     bwdrc2: float | None = None
     """Backward peak with two fully recomputed layers (middle chunks; others with MoE layers): a
     further recomputed MoE layer adds the gradient it retains."""
@@ -166,8 +167,8 @@ class ShapeConstants(JsonMixin):
     first recomputed layer of a chunk may keep less (its input is the chunk's input): R."""
     layer_expert: tuple[bool, ...] = ()
     """Per entry of layer_numels, whether it is a routed expert's parameter (empty: none is)."""
-    layer_fp8: tuple[bool, ...] = ()
-    """Per entry of layer_numels, whether it is an FP8 parameter (empty: none is)."""
+    layer_low_precision: tuple[bool, ...] = ()
+    """Per entry of layer_numels, whether it is a low-precision parameter (empty: none is)."""
     layer_offload: tuple[OffloadTensor, ...] | None = None
     """What one layer's fine-grained offloading groups save (ProfileRecord.offload_tensors of the
     one-layer middle probe); None where not measured (regressed shapes, older records)."""
@@ -298,8 +299,8 @@ class VariantModel(JsonMixin):
     present they give the saved bytes and peaks instead of the regressions."""
     layer_expert: tuple[bool, ...] = ()
     """Per entry of layer_numels, whether it is a routed expert's parameter (empty: none is)."""
-    layer_fp8: tuple[bool, ...] = ()
-    """Per entry of layer_numels, whether it is an FP8 parameter (empty: none is)."""
+    layer_low_precision: tuple[bool, ...] = ()
+    """Per entry of layer_numels, whether it is a low-precision parameter (empty: none is)."""
 
     def constants(self, z: Sizes) -> ShapeConstants:
         """Exact constants when `z` was probed, else the replayed timelines' / regressions'
@@ -318,7 +319,7 @@ class VariantModel(JsonMixin):
             buffers=self.buffers.predict(z),
             layer_saved_rc_next=rc2,
             layer_expert=self.layer_expert,
-            layer_fp8=self.layer_fp8,
+            layer_low_precision=self.layer_low_precision,
         )
         return settled(_replayed(regressed, self.windows) if self.windows else regressed)
 

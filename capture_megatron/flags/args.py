@@ -23,6 +23,7 @@ from capture_megatron.features.mla import LatentAttention
 from capture_megatron.features.moe import Experts
 from capture_megatron.flags.parser import ddp_options, from_namespace, given
 from capture_megatron.flags.resolve import parallel_plan
+from capture_megatron.rules.modelled import trainer_kernels_problem
 
 REQUIRED = ("num_layers", "hidden_size", "num_attention_heads", "seq_length")
 """ModelShape fields a command line must give (the vocabulary may come from the tokenizer)."""
@@ -109,13 +110,11 @@ def train_config(ns: argparse.Namespace, world_size: int, vocab_size: int | None
             "checkpoints are Adam's); `plan` and `predict` forecast its state and step "
             "(capture_megatron.features.optimizers), and Megatron-LM runs it with the plan's flags"
         )
-    return TrainConfig(
-        shape=shape,
-        plan=parallel_plan(from_namespace(ParallelFlags, ns), shape, world_size, ddp),
-        optim=from_namespace(OptimOptions, ns),
-        data=data_options(ns),
-        checkpoint=from_namespace(CheckpointOptions, ns),
-        run=from_namespace(RunOptions, ns),
-        build=from_namespace(BuildOptions, ns),
-        kernels=from_namespace(Kernels, ns),
-    )
+    plan = parallel_plan(from_namespace(ParallelFlags, ns), shape, world_size, ddp)
+    optim, data = from_namespace(OptimOptions, ns), data_options(ns)
+    checkpoint, run = from_namespace(CheckpointOptions, ns), from_namespace(RunOptions, ns)
+    build, kernels = from_namespace(BuildOptions, ns), from_namespace(Kernels, ns)
+    problem = trainer_kernels_problem(kernels)
+    if problem:
+        raise CaptureError(problem)
+    return TrainConfig(shape, plan, optim, data, checkpoint, run, build, kernels)

@@ -35,8 +35,8 @@ class ChunkCost:
     step: float
     """Optimizer-step peak above the live bytes before it."""
     params: int
-    """Parameter bytes, with what Transformer Engine's FP8 layers keep for their weights (FP8
-    copies, or FP8 parameters' column-wise copies, and scaling state; KindConstants.fp8state1)."""
+    """Parameter bytes, with what low-precision linear layers keep for their weights (quantized
+    copies, or low-precision parameters' other usage, and scaling state; KindConstants.lpstate1)."""
     grads: int
     """Gradient-buffer bytes."""
     optimizer: int
@@ -172,21 +172,22 @@ def _runs(
     layers: Layers, z: Sizes, moe: tuple[bool, ...]
 ) -> tuple[tuple[LayerRun, ...], tuple[tuple[bool, ...], ...], float]:
     """The chunk's layers as runs of one variant: (parameter numels, expert mask, count); per run
-    its FP8-parameter mask; and the bytes the layers' TE modules keep for good under FP8."""
+    its low-precision-parameter mask; and the bytes the layers keep for good for their
+    low-precision compute."""
     runs: list[tuple[bool, int]] = []
     for m in moe:
         if runs and runs[-1][0] == m:
             runs[-1] = (m, runs[-1][1] + 1)
         else:
             runs.append((m, 1))
-    out, fp8, fp8_state = [], [], 0.0
+    out, low, low_state = [], [], 0.0
     for m, count in runs:
         sc = layers.model(m).constants(z)
         none = (False,) * len(sc.layer_numels)
         out.append((sc.layer_numels, sc.layer_expert or none, count))
-        fp8.append(sc.layer_fp8 or none)
-        fp8_state += count * float(sc.chunk("middle").fp8state1 or 0.0)
-    return tuple(out), tuple(fp8), fp8_state
+        low.append(sc.layer_low_precision or none)
+        low_state += count * float(sc.chunk("middle").lpstate1 or 0.0)
+    return tuple(out), tuple(low), low_state
 
 
 def chunk_cost(
@@ -218,7 +219,7 @@ def chunk_cost(
     kinds = [layers.model(m).constants(z).chunk(kind) for m in sorted(set(moe))]
     step, buffers = _step_buffers(layers, z, shape.dtype, kind, moe)
     pre, post = _ends(ends, kind, shape.mtp_num_layers > 0)
-    runs, fp8, fp8_state = _runs(layers, z, moe)
+    runs, low, low_state = _runs(layers, z, moe)
     count = len(pre) + sum(c * len(numels) for numels, _, c in runs) + len(post)
     shared = _shared_end(kind, shape, plan, count)
     dp = (plan.dp * plan.cp, plan.expert_dp)
@@ -226,7 +227,7 @@ def chunk_cost(
     expert = ends.chunk(kind).end_expert[len(pre) :]  # an MTP layer's experts
     st = layer_static(
         pre, runs, post, shape.dtype, dp, plan.distributed_optimizer, shared, expert, plan.ddp,
-        bucket, fp8,
+        bucket, low,
     )  # fmt: skip
     alone, gathered, parts, foreach = 0.0, (0.0, 0.0), (pre, runs, post, expert), 0.0
     state = _routing_state(layers, z, kinds[-1], moe, shape.mtp_num_layers) if kinds else 0.0
@@ -244,7 +245,7 @@ def chunk_cost(
         step, alone, foreach = optimizers.adam_step(plan.ddp, st, step, layers)
     state += sum(moe.count(m) * float(c.lbuf1 or 0.0) for m, c in zip(sorted(set(moe)), kinds))
     return ChunkCost(
-        kind, k, inp + saved, inp, fwd, bwd, step, st.params + round(fp8_state), st.grads,
+        kind, k, inp + saved, inp, fwd, bwd, step, st.params + round(low_state), st.grads,
         st.optimizer, buffers, redone, ret, ret_grad, state, st.copies + foreach, alone, st.host,
         offload.kept_bytes(own, moved), sum(per_layer), gathered,
     )  # fmt: skip

@@ -99,7 +99,7 @@ def layout_of(
     param_bytes: int = 0,
 ) -> Layout:
     """The Layout of a buffer of `dtype` parameters over `dp` data (x context) parallel ranks
-    (`param_bytes`: bytes per parameter element when not the dtype's, e.g. 1 for FP8
+    (`param_bytes`: bytes per parameter element when not the dtype's, e.g. 1 for low-precision
     parameters)."""
     pbytes = dtype_bytes(dtype)
     gbytes = dtype_bytes(ddp.grad_dtype(dtype))
@@ -306,8 +306,8 @@ def runs_static(
     """chunk_static of the parameters pre + each run's layer repeated + post, in that order
     (shared: 'pre' for pre[0], 'post' for post[-1]), exact and, without a bucket size, in time
     independent of the runs' lengths; `param_bytes`: bytes per parameter element when not the
-    dtype's (1: FP8 parameters, whose gradients and master weights are those of the dtype's
-    parameters)."""
+    dtype's (1: low-precision parameters, whose gradients and master weights are those of the
+    dtype's parameters)."""
     runs = tuple((layer, k) for layer, k in runs if k and layer)
     numels = len(pre) + sum(k * len(layer) for layer, k in runs) + len(post)
     if numels == 0:
@@ -354,17 +354,17 @@ def layer_static(
     post_expert: tuple[bool, ...] = (),
     ddp: DdpOptions = DEFAULT_DDP,
     bucket_size: int | None = None,
-    fp8: tuple[tuple[bool, ...], ...] = (),
+    low_precision: tuple[tuple[bool, ...], ...] = (),
 ) -> StaticBytes:
     """runs_static of a chunk whose layers may hold routed experts (dense and MoE layers in any
     order): DDP keeps the parameters a run's mask marks in a buffer of their own, sharded over the
     expert-data-parallel ranks, the rest over the data-parallel (x context-parallel) ranks. `dp`:
     (data-parallel ranks, expert-data-parallel ranks); `post_expert`: per entry of `post`, whether
-    it is a routed expert's (an MTP layer's experts; empty: none is). `fp8`: per run, which of its
-    parameters are FP8 (--fp8-param-gather; empty: none); megatron-core groups DDP's buffers by
-    (parameter dtype, gradient dtype), so they get 1-byte buffers of their own (an MTP layer's
-    weights are counted in bf16)."""
-    lows = fp8 or tuple((False,) * len(layer) for layer, _, _ in runs)
+    it is a routed expert's (an MTP layer's experts; empty: none is). `low_precision`: per run,
+    which of its parameters are 1-byte low-precision ones (empty: none); megatron-core groups DDP's
+    buffers by (parameter dtype, gradient dtype), so they get 1-byte buffers of their own (an MTP
+    layer's weights are counted in bf16)."""
+    lows = low_precision or tuple((False,) * len(layer) for layer, _, _ in runs)
     mask = post_expert or (False,) * len(post)
     opt, parts = distributed_optimizer, []
     for expert, low in ((False, False), (True, False), (False, True), (True, True)):

@@ -17,13 +17,13 @@ from capture_megatron.config import Kernels
 from capture_megatron.megatron import versioned
 
 
-def fp8_setting(kernels: Kernels):
-    """The FP8 recipe TE's linear layers run (None without --fp8-format)."""
-    from capture_megatron.emulate.gpu.fp8 import Fp8Setting
+def linear_precision(kernels: Kernels):
+    """The Precision TE's linear layers compute in under `kernels` (capture_megatron.emulate.gpu
+    .common; None: the activation dtype): FP8's (capture_megatron.emulate.gpu.fp8) with
+    --fp8-format."""
+    from capture_megatron.emulate.gpu import fp8
 
-    if not kernels.fp8:
-        return None
-    return Fp8Setting(kernels.fp8_recipe, kernels.fp8_param_gather, kernels.fp8_amax_history_len)
+    return fp8.setting(kernels)
 
 
 def gpu_layer_spec(spec, kernels: Kernels, local_norm, grouped: bool | None = None):
@@ -39,10 +39,10 @@ def gpu_layer_spec(spec, kernels: Kernels, local_norm, grouped: bool | None = No
     attn, mlp = layer.self_attention, layer.mlp
     attn_parts = dataclasses.replace(attn.submodules, core_attention=core_attention(kernels))
     if te:
-        fp8, ub = fp8_setting(kernels), kernels.tp_comm_overlap
-        attn_parts = _te_projections(attn_parts, fp8, ub)
+        precision, ub = linear_precision(kernels), kernels.tp_comm_overlap
+        attn_parts = _te_projections(attn_parts, precision, ub)
         moe = hasattr(versioned.submodules_of(mlp), "experts")
-        mlp = moe_spec(mlp, fp8, grouped) if moe else _te_mlp(mlp, fp8, ub)
+        mlp = moe_spec(mlp, precision, grouped) if moe else _te_mlp(mlp, precision, ub)
     attn = dataclasses.replace(attn, submodules=attn_parts)
     layer = dataclasses.replace(
         layer,
@@ -54,26 +54,26 @@ def gpu_layer_spec(spec, kernels: Kernels, local_norm, grouped: bool | None = No
     return dataclasses.replace(spec, submodules=layer)
 
 
-def _te_projections(parts, fp8=None, userbuffers: bool = False):
+def _te_projections(parts, precision=None, userbuffers: bool = False):
     """Self-attention submodules with TE's projections: linear_qkv as TE's LayerNormLinear (its
     gathers into userbuffers with --tp-comm-overlap), linear_proj as TE's row-parallel Linear;
     for multi-latent attention (TE spec: get_gpt_layer_with_transformer_engine_spec) the down-
     projections as TE's duplicated Linear (megatron's TELinear, the whole weight on every TP
     rank) and the up-projections (or the direct query projection) column-parallel, gathering
     as TE's do; their latent norms (--qk-layernorm) become TE norms with the other norms. Every
-    one keeps what TE's FP8 layers keep under `fp8` (None: bf16)."""
+    one keeps what TE's layers keep in `precision` (None: bf16)."""
     from capture_megatron.emulate.gpu.linear import (
         duplicated_linear,
         te_column_linear,
         te_row_linear,
     )
 
-    proj = te_row_linear(fp8)
+    proj = te_row_linear(precision)
     if not hasattr(parts, "linear_kv_down_proj"):
         return dataclasses.replace(
-            parts, linear_qkv=te_column_linear(fp8, userbuffers), linear_proj=proj
+            parts, linear_qkv=te_column_linear(precision, userbuffers), linear_proj=proj
         )
-    column, down = te_column_linear(fp8), duplicated_linear(fp8)
+    column, down = te_column_linear(precision), duplicated_linear(precision)
     return dataclasses.replace(
         parts,
         linear_q_proj=column,
@@ -85,35 +85,36 @@ def _te_projections(parts, fp8=None, userbuffers: bool = False):
     )
 
 
-def _te_mlp(mlp, fp8=None, userbuffers: bool = False):
+def _te_mlp(mlp, precision=None, userbuffers: bool = False):
     """An MLP spec whose linear_fc1 gathers as TE's does (into userbuffers with
-    --tp-comm-overlap), both linear layers keeping what TE's keep under `fp8` (None: bf16)."""
+    --tp-comm-overlap), both linear layers keeping what TE's keep in `precision`
+    (None: bf16)."""
     from capture_megatron.emulate.gpu.linear import te_column_linear, te_row_linear
 
-    fc1 = te_column_linear(fp8, userbuffers)
+    fc1 = te_column_linear(precision, userbuffers)
     parts = versioned.submodules_of(mlp)
-    parts = dataclasses.replace(parts, linear_fc1=fc1, linear_fc2=te_row_linear(fp8))
+    parts = dataclasses.replace(parts, linear_fc1=fc1, linear_fc2=te_row_linear(precision))
     return versioned.with_submodules(mlp, parts)
 
 
-def moe_spec(mlp, fp8=None, grouped: bool | None = None):
+def moe_spec(mlp, precision=None, grouped: bool | None = None):
     """megatron's local MoE spec as TE's: the shared experts' linear_fc1 gathers as TE's does;
     grouped experts (versioned.grouped_experts: 0.16's local GroupedMLP, 0.19's `grouped`)
     become megatron's TEGroupedMLP on the
     kernel set's GroupedLinear (capture_megatron.emulate.gpu.grouped). Sequential experts keep
     megatron's linear layers in bf16 (the dispatcher does their communication, so TE's Linear
-    keeps the same) and TE's FP8 layers' under `fp8`; so do the grouped and shared experts."""
+    keeps the same) and TE's layers' in `precision`; so do the grouped and shared experts."""
     from capture_megatron.emulate.gpu.grouped import grouped_classes
 
     parts = versioned.submodules_of(mlp)
     experts = parts.experts
     if versioned.grouped_experts(experts, grouped):
-        experts = versioned.grouped_experts_spec(*grouped_classes(fp8))
-    elif fp8 is not None:
-        experts = _te_mlp(experts, fp8)
+        experts = versioned.grouped_experts_spec(*grouped_classes(precision))
+    elif precision is not None:
+        experts = _te_mlp(experts, precision)
     shared = parts.shared_experts
     if shared is not None:
-        shared = _te_mlp(shared, fp8)
+        shared = _te_mlp(shared, precision)
     return versioned.with_submodules(
         mlp, dataclasses.replace(parts, experts=experts, shared_experts=shared)
     )

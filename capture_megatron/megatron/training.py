@@ -240,6 +240,13 @@ def precision_aware(config: OptimizerConfig, opts: DdpOptions) -> Iterator[None]
     yield
 
 
+def states_in_own_dtypes(config: OptimizerConfig) -> bool:
+    """Whether megatron-core keeps the precision-aware optimizer's main parameters and states in
+    their own dtypes, set through the optimizer (its OptimizerConfig's derived
+    use_precision_aware_optimizer_no_fp8_or_ds_fp8, which precision_aware sets without TE)."""
+    return bool(config.use_precision_aware_optimizer_no_fp8_or_ds_fp8)
+
+
 def set_schedule_hooks(
     model: list[DistributedDataParallel], optimizer: MegatronOptimizer, run: RunOptions
 ) -> TransformerConfig:

@@ -220,11 +220,11 @@ class _Visit:
 
 
 def _floor_fits(
-    shape: ModelShape, plan: ParallelPlan, margins: Margins, cap: float, fp8: tuple[bool, bool]
+    shape: ModelShape, plan: ParallelPlan, margins: Margins, cap: float, low: tuple[bool, bool]
 ) -> bool:
     """Whether the plan's memory floor (ranktimes.memory_floor) plus margins is within `cap`;
-    `fp8`: (FP8 compute, --fp8-param-gather)."""
-    floor = memory_floor(shape, plan, fp8_params=fp8[1], fp8=fp8[0])
+    `low`: (Kernels.low_precision, Kernels.low_precision_params)."""
+    floor = memory_floor(shape, plan, low_params=low[1], low=low[0])
     return margins.plan_needed(floor, shape, plan) <= cap
 
 
@@ -339,19 +339,20 @@ def fastest(
     top: int,
     keep_recompute: bool,
     floor: int = 0,
-    fp8: tuple[bool, bool] = (False, False),
+    low: tuple[bool, bool] = (False, False),
     beaten: float = math.inf,
 ) -> SearchResult:
     """The branch and bound (module docstring): the fastest fitting plan, proven, then the
-    fastest of the others evaluated on the way (up to `top` in all; `fp8`: FP8 compute and
-    --fp8-param-gather, for the memory floor). With `beaten` (a step known from another
-    search) only candidates that may be faster are split: the fastest of them, if any is."""
+    fastest of the others evaluated on the way (up to `top` in all; `low`: the kernels'
+    low-precision compute and parameters, for the memory floor). With `beaten` (a step known from
+    another search) only candidates that may be faster are split: the fastest of them, if any
+    is."""
     if "full" in {p.recompute.granularity for p in plans} and not keep_recompute and not floor:
         # full recompute's counts include 0 (no recompute); not with activation offload
         plans = [p for p in plans if p.recompute.granularity != "none" or activation_rank(p.ddp)]
     cap = cluster.gpu_memory_bytes
     visit = _Visit(plans, lambda p: step_bound(shape, p, hw),
-                   lambda p: _floor_fits(shape, p, margins, cap, fp8), beaten)  # fmt: skip
+                   lambda p: _floor_fits(shape, p, margins, cap, low), beaten)  # fmt: skip
     problem = _Problem(supply, shape, cluster, margins, hw, keep_recompute, floor)
     _BranchAndBound(problem, visit).search()
     done = visit.done.values()

@@ -35,9 +35,9 @@ class ClusterSearch:
     """The allocator / CUDA context margins."""
     hw: CostModel
     """The step-time model."""
-    fp8: tuple[bool, bool] = (False, False)
-    """(FP8 compute: activations of 1 byte; --fp8-param-gather: parameters of 1 byte), for the
-    search's memory floor."""
+    low_precision: tuple[bool, bool] = (False, False)
+    """(Kernels.low_precision: activations of 1 byte; Kernels.low_precision_params: parameters of
+    1 byte), for the search's memory floor."""
 
     def run(self, cluster: Cluster, objective: str, top: int) -> tuple[tuple[Evaluated, ...], int]:
         """(ranked plans, candidates considered) on `cluster`."""
@@ -51,7 +51,7 @@ class ClusterSearch:
             self.margins,
             self.hw,
             top=top,
-            fp8=self.fp8,
+            low_precision=self.low_precision,
         )
         return found.ranked, found.considered
 

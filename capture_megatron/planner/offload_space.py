@@ -16,7 +16,8 @@ from capture_megatron.config.kernels import Kernels
 from capture_megatron.errors import CaptureError
 from capture_megatron.features.activation_offload import OFFLOAD_SETS, ActivationOffload
 from capture_megatron.features.fsdp import Fsdp
-from capture_megatron.rules.megatron import dtype_problems, fp8_offload_problem
+from capture_megatron.rules.megatron import dtype_problems, fsdp_problems
+from capture_megatron.rules.modelled import kernels_offload_problem
 
 OFFLOAD_FRACTIONS = (0.0, 0.25, 0.5, 0.75, 1.0)
 """The optimizer offload fractions the planner searches (issue 31: 0, 1/4, 1/2, 3/4, 1)."""
@@ -49,19 +50,18 @@ def searched_offload(
     ddp: DdpOptions, objective: str, gpu: bool, dtype: str, kernels: Kernels
 ) -> tuple[float, ...]:
     """The optimizer offload fractions searched when the command line fixed none: on GPUs
-    OFFLOAD_FRACTIONS for min-gpus and throughput (which takes offload only where it is faster
-    than every plan without it: plan.search), where Megatron-LM runs it with the settings given
-    (the precision-aware optimizer's dtypes fp32, gradients not fp16, --fp8-param-gather only
-    with the delayed recipe); no offload for min-peak and on CPU processes (whose
-    device memory is the host's)."""
+    OFFLOAD_FRACTIONS for min-gpus and throughput (which takes offload only where it is faster than
+    every plan without it: plan.search), where Megatron-LM runs it with the settings given (the
+    precision-aware optimizer's dtypes fp32, gradients not fp16, low-precision parameters only with
+    a recipe Megatron-LM offloads: rules.modelled.kernels_offload_problem); no offload for min-peak
+    and on CPU processes (whose device memory is the host's)."""
     if not gpu or objective == "min-peak":
         return (0.0,)
     try:
         moved = offload_ddp(ddp, 1.0)
     except CaptureError:
         return (0.0,)
-    fp8 = kernels.fp8 and kernels.fp8_param_gather
-    refused = dtype_problems(moved, dtype) or fp8_offload_problem(moved, fp8, kernels.fp8_recipe)
+    refused = dtype_problems(moved, dtype) or kernels_offload_problem(moved, kernels)
     return (0.0,) if refused else OFFLOAD_FRACTIONS
 
 
@@ -86,12 +86,12 @@ def activation_sets(
     """The fine-grained activation offloading module sets searched when the command line turned
     none on: on the GPU kernel set with Transformer Engine (megatron-core hooks TE's cpu_offload)
     for min-gpus and throughput, no offload and OFFLOAD_SETS (the MoE set only for a model with
-    experts); none for min-peak, on CPU processes and with FP8 compute (whose offloaded tensors
-    the forecast has not been checked against)."""
+    experts); none for min-peak, on CPU processes and with low-precision compute (whose offloaded
+    tensors the forecast has not been checked against)."""
     given = ddp.activation_offload.fine_grained_activation_offloading
     if given or objective == "min-peak" or not kind.startswith("gpu:transformer_engine"):
         return ((),)
-    if kernels.fp8:
+    if kernels.low_precision:
         return ((),)
     sets = OFFLOAD_SETS if shape.moe.enabled else OFFLOAD_SETS[:-1]
     return ((), *sets)
@@ -131,7 +131,7 @@ defaults."""
 def searched_fsdp(ddp: DdpOptions, objective: str, gpu: bool, kernels: Kernels) -> tuple[bool, ...]:
     """Whether the search tries Megatron-FSDP twins (Space.fsdp) when the command line left it
     open: on GPUs for min-gpus and throughput, with Adam, where Megatron-LM runs ZeRO-3 with the
-    settings given (not with --fp8-param-gather, optimizer offload or the precision-aware
+    settings given (not with 1-byte parameters, optimizer offload or the precision-aware
     optimizer, several optimizer instances or fine-grained activation offloading, none of which
     capture-megatron forecasts under it); never for min-peak and on CPU processes (Megatron-FSDP
     runs on CUDA only)."""
@@ -142,7 +142,7 @@ def searched_fsdp(ddp: DdpOptions, objective: str, gpu: bool, kernels: Kernels) 
         ddp.optimizer_cpu_offload,
         ddp.num_distributed_optimizer_instances > 1,
         bool(ddp.activation_offload.groups),
-        kernels.fp8_param_gather,
+        kernels.low_precision_params,
         ddp.optimizer.optimizer != "adam",
     )
     return (False,) if any(settings) else (False, True)
@@ -163,8 +163,8 @@ def fsdp_twin(plan: ParallelPlan) -> ParallelPlan | None:
     if plan.dp * plan.cp == 1 or plan.ddp.fsdp.enabled or moved:
         return None
     ddp = fsdp_ddp(plan.ddp)
-    refused = ddp.fsdp.megatron_problems(
-        False,
+    refused = fsdp_problems(
+        ddp.fsdp,
         ddp.use_precision_aware_optimizer,
         ddp.optimizer_cpu_offload,
         ddp.num_distributed_optimizer_instances,

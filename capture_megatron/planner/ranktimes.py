@@ -98,12 +98,12 @@ def lower_bound(parts: BoundParts, m: int, vpp: int, bottleneck: float) -> float
     return parts.least(m, vpp, bottleneck) * ROUNDING
 
 
-def _per_param(shape: ModelShape, plan: ParallelPlan, fp8_params: bool, shards: int) -> float:
-    """Bytes a parameter takes at least: itself (1 byte as an FP8 parameter), its gradient
+def _per_param(shape: ModelShape, plan: ParallelPlan, low_params: bool, shards: int) -> float:
+    """Bytes a parameter takes at least: itself (1 byte as a low-precision parameter), its gradient
     buffer's element and its rank's share over `shards` ranks of the optimizer state kept on
     the device (master weights and moments: the Layout the forecast uses, predict.static);
     under Megatron-FSDP each of them over `shards` where its strategy shards it."""
-    layout = layout_of(shape.dtype, plan.ddp, 1, True, param_bytes=1 if fp8_params else 0)
+    layout = layout_of(shape.dtype, plan.ddp, 1, True, param_bytes=1 if low_params else 0)
     state = layout.state * device_share(plan)
     if plan.ddp.fsdp.enabled:  # Megatron-FSDP shards what its strategy says over all of them
         weights, optimizer, grads = (shards if s else 1 for s in plan.ddp.fsdp.sharded())
@@ -112,31 +112,31 @@ def _per_param(shape: ModelShape, plan: ParallelPlan, fp8_params: bool, shards: 
     return layout.param + layout.grad + state / shards
 
 
-def _layer_bytes(shape: ModelShape, plan: ParallelPlan, fp8_params: bool) -> tuple[float, float]:
+def _layer_bytes(shape: ModelShape, plan: ParallelPlan, low_params: bool) -> tuple[float, float]:
     """(a dense layer's, an MoE layer's) parameters, gradients and optimizer share on one rank
     (_per_param; routed experts' moments shard over the expert-data-parallel ranks, the rest
     over DP x CP; biases left out: a floor)."""
     bare = replace(shape, add_bias_linear=False)
-    dense = _per_param(shape, plan, fp8_params, plan.dp * plan.cp)
+    dense = _per_param(shape, plan, low_params, plan.dp * plan.cp)
     dense_layer = cp.layer_params(bare, plan.tp) * dense
     if not shape.moe.enabled:
         return dense_layer, dense_layer
     routed = cp.routed_params(bare, plan.tp, plan.ep)
     rest = cp.layer_params(bare, plan.tp, True, plan.ep) - routed
-    expert = _per_param(shape, plan, fp8_params, plan.expert_dp)
+    expert = _per_param(shape, plan, low_params, plan.expert_dp)
     return dense_layer, rest * dense + routed * expert
 
 
-def _kept(shape: ModelShape, plan: ParallelPlan, fp8: bool) -> tuple[float, float]:
+def _kept(shape: ModelShape, plan: ParallelPlan, low: bool) -> tuple[float, float]:
     """(bytes each layer keeps at least for every micro-batch in flight, bytes the rank's running
     MoE layer adds for one micro-batch). Kept: its input (1 / TP of it with sequence
     parallelism, 1 / CP of the sequence), which even full recompute keeps. An MoE layer saves
-    the tokens routed to its first expert projection for the weight gradient (1 byte each
-    under FP8) and that projection's output for the activation's backward (which recompute of
-    the activation keeps as its input); the worst expert-parallel rank receives at least the
-    mean, its own tokens times top-k (1 / TP of them: the expert TP taken as TP). So for every
-    micro-batch when its experts are not recomputed, else while its
-    forward is recomputed for the backward. Uniform recompute of g layers at a time keeps one
+    the tokens routed to its first expert projection for the weight gradient (1 byte each in a low
+    precision) and that projection's output for the activation's backward (which recompute of the
+    activation keeps as its input); the worst expert-parallel rank receives at least the mean, its
+    own tokens times top-k (1 / TP of them: the expert TP taken as TP). So for every micro-batch
+    when its experts are not recomputed, else while its forward is recomputed for the backward.
+    Uniform recompute of g layers at a time keeps one
     input per g layers; fine-grained activation offloading keeps none."""
     if plan.ddp.activation_offload.fine_grained_activation_offloading:
         return 0.0, 0.0
@@ -146,7 +146,7 @@ def _kept(shape: ModelShape, plan: ParallelPlan, fp8: bool) -> tuple[float, floa
     routed = 0.0
     if m.enabled and not m.moe_expert_capacity_factor:
         up = (2 if shape.gated else 1) * shape.moe_ffn  # the first projection's output
-        per_token = shape.hidden_size * (1 if fp8 else pbytes) + up * pbytes
+        per_token = shape.hidden_size * (1 if low else pbytes) + up * pbytes
         routed = tokens / plan.tp * m.moe_router_topk * per_token
     if rc.granularity == "full":
         if rc.method == "uniform" and rc.num_layers:
@@ -165,21 +165,22 @@ def _logits(shape: ModelShape, plan: ParallelPlan) -> float:
 
 
 def memory_floor(
-    shape: ModelShape, plan: ParallelPlan, fp8_params: bool = False, fp8: bool = False
+    shape: ModelShape, plan: ParallelPlan, low_params: bool = False, low: bool = False
 ) -> float:
     """Bytes the most loaded rank of any layout of the plan's sizes holds at least: _layer_bytes
     per layer, plus _kept for every layer and every micro-batch in flight at the rank's first
     backward (min(PP - rank, m) under 1F1B; interleaved, each chunk's first micro-batch) and
     once for its running layer, the embedding and output layer on the end ranks, one
     micro-batch's logits on the last. The least worst rank over every placement of the layers
-    (dense layers beside MoE ones left out), by bisection. `fp8`: FP8 compute; `fp8_params`:
-    --fp8-param-gather."""
-    dense, moe = _layer_bytes(shape, plan, fp8_params)
-    kept, running = _kept(shape, plan, fp8)
+    (dense layers beside MoE ones left out), by bisection. `low`: the linear layers compute in a
+    1-byte precision (Kernels.low_precision); `low_params`: their weights are 1-byte parameters
+    (Kernels.low_precision_params)."""
+    dense, moe = _layer_bytes(shape, plan, low_params)
+    kept, running = _kept(shape, plan, low)
     pattern = shape.moe_layers if shape.moe.enabled else (False,) * shape.num_layers
     n, layer = (sum(pattern), moe) if any(pattern) else (shape.num_layers, dense)
     running = running if any(pattern) else 0.0
-    per_param = _per_param(shape, plan, fp8_params, plan.dp * plan.cp)
+    per_param = _per_param(shape, plan, low_params, plan.dp * plan.cp)
     ends, per_layer = [], []
     for r in range(plan.pp):
         last = r == plan.pp - 1

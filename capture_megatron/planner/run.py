@@ -252,8 +252,8 @@ def plan(
     first = next(candidates(shape, cluster, gbs, options.space))
     supply.want(plans_explained(shape, options.space, first))  # plain DP, for the reasoning
     k = options.kernels
-    fp8 = (k.fp8, k.fp8 and k.fp8_param_gather)
-    search_ = ClusterSearch(supply, shape, cluster, gbs, options.space, margins, hw, fp8)
+    low = (k.low_precision, k.low_precision_params)
+    search_ = ClusterSearch(supply, shape, cluster, gbs, options.space, margins, hw, low)
     ranked, considered = search_.best(options.objective, options.top)
     if not ranked:  # every candidate's static bytes alone exceed the memory
         raise search_.no_fit(search_.run(cluster, "min-peak", 1)[0][0])

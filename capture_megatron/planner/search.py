@@ -74,7 +74,7 @@ def search(
     margins: Margins,
     hw: CostModel = CostModel(),
     top: int = 10,
-    fp8: tuple[bool, bool] = (False, False),
+    low_precision: tuple[bool, bool] = (False, False),
 ) -> SearchResult:
     """Balance and predict the candidates; rank by the objective (fitting plans first).
 
@@ -84,17 +84,17 @@ def search(
     each by the min-max memory partition. throughput is the branch and bound of
     capture_megatron.planner.fastest. `model` may be a Supply that profiles the pairs of the plans
     visited on demand (capture_megatron.planner.supply); min-peak asks for the pairs of every
-    non-dominated candidate at once. `fp8`: FP8 compute and --fp8-param-gather (the memory
-    floor's activation and parameter bytes)."""
+    non-dominated candidate at once. `low_precision`: (Kernels.low_precision,
+    Kernels.low_precision_params), the memory floor's activation and parameter bytes."""
     if objective not in OBJECTIVES:
         raise CaptureError(f"--objective {objective!r} is not one of {', '.join(OBJECTIVES)}")
     supply = model if isinstance(model, Supply) else Supply(shape, model)
     keep = space.keeps_recompute
     if objective == "throughput":
-        floor = 1 if space.recompute == ("full",) else 0
+        floor, low = 1 if space.recompute == ("full",) else 0, low_precision
 
         def run(some: list[ParallelPlan], beaten: float = math.inf) -> SearchResult:
-            return fastest(supply, shape, cluster, some, margins, hw, top, keep, floor, fp8, beaten)
+            return fastest(supply, shape, cluster, some, margins, hw, top, keep, floor, low, beaten)
 
         moved = [f for f in space.optimizer_offload if f > 0.0]
         if len(space.optimizer_offload) < 2 or True not in space.distributed_optimizer:

@@ -98,30 +98,32 @@ def buffers_held(gpu: bool) -> tuple[BufferBytes, ...]:
     return tuple(sorted(found, key=lambda b: (b.name, b.dtype, b.nbytes)))
 
 
-def fp8_state_bytes(model: torch.nn.Module) -> int:
-    """Bytes the model's Transformer Engine layers keep for good under FP8 (their weights' FP8
-    copies and scaling state: capture_megatron.emulate.gpu.fp8.keep_weight_state), storages
-    counted once; 0 without FP8."""
-    from capture_megatron.emulate.gpu.fp8 import STATE
+def low_precision_state_bytes(model: torch.nn.Module) -> int:
+    """Bytes the model's linear layers keep for good for their low-precision compute (their
+    weights' quantized copies and scaling state, which the GPU kernel set's Precision keeps under
+    capture_megatron.emulate.gpu.common.HELD), storages counted once; 0 in the activation
+    dtype."""
+    from capture_megatron.emulate.gpu.common import HELD
 
-    return _storages_bytes([t for m in model.modules() for t in getattr(m, STATE, ())], set())
+    return _storages_bytes([t for m in model.modules() for t in getattr(m, HELD, ())], set())
 
 
-def fp8_param_mask(model: torch.nn.Module, kernels: Kernels | None) -> tuple[bool, ...]:
-    """Per parameter (model.parameters() order), whether it is an FP8 parameter: with `kernels`
-    (capture_megatron.config.Kernels, None for the CPU set) training in FP8 with
-    --fp8-param-gather, the weight of a layer that runs in FP8; empty otherwise."""
-    from capture_megatron.emulate.gpu.fp8 import STATE
+def low_precision_param_mask(model: torch.nn.Module, kernels: Kernels | None) -> tuple[bool, ...]:
+    """Per parameter (model.parameters() order), whether it is a low-precision parameter: with
+    `kernels` (capture_megatron.config.Kernels, None for the CPU set) keeping the linear layers'
+    weights as low-precision parameters (Kernels.low_precision_params), the weight of a layer
+    that computes in that precision; empty otherwise."""
+    from capture_megatron.emulate.gpu.common import HELD
 
-    if kernels is None or not (kernels.fp8 and kernels.fp8_param_gather):
+    if kernels is None or not kernels.low_precision_params:
         return ()
-    fp8 = {id(w) for m in model.modules() if hasattr(m, STATE) for w in _weights(m)}
-    return tuple(id(p) in fp8 for p in model.parameters())
+    low = {id(w) for m in model.modules() if hasattr(m, HELD) for w in _weights(m)}
+    return tuple(id(p) in low for p in model.parameters())
 
 
 def _weights(module: torch.nn.Module) -> list[torch.nn.Parameter]:
     """A TE layer's own weights: `weight`, or a grouped linear's `weight0` ... `weight{n-1}`
-    (one per expert; biases are never FP8)."""
+    (one per expert; biases are never quantized)."""
     return [
         p
         for name, p in module.named_parameters(recurse=False)

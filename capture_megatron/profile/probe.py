@@ -163,8 +163,8 @@ def measure(
         retained_grad_bytes=got.retained_grad_bytes,
         routing_state_bytes=held.routing_state_bytes(chunk.model, torch.device(chunk.device).type),
         layer_buffer_bytes=held.layer_buffer_bytes(chunk.model, torch.device(chunk.device).type),
-        fp8_state_bytes=held.fp8_state_bytes(chunk.model),
-        param_fp8=held.fp8_param_mask(chunk.model, setup.kernels),
+        low_precision_state_bytes=held.low_precision_state_bytes(chunk.model),
+        param_low_precision=held.low_precision_param_mask(chunk.model, setup.kernels),
     )
     if probe.kind == "middle" and probe.layers == 1 and not probe.recompute_layers:
         record = dataclasses.replace(record, offload_tensors=_offloaded(chunk))

@@ -3,9 +3,14 @@ place, run once per request (capture_megatron.api runs check_request before anyt
 profiled; the planner runs the plan's own rules on the plans it chooses).
 
 - flags: what capture-megatron does with each of Megatron-LM's flags (ignored: cannot change
-  memory; refused: changes it in a way not modelled);
-- megatron: what Megatron-LM and megatron-core refuse of a model, a plan and the run's options;
+  memory; refused: changes it in a way not modelled; the table is data, flags.json), and what
+  Megatron-LM's arguments.py asserts across a command line's flags;
+- megatron: what Megatron-LM and megatron-core refuse of a model, a plan and the run's options
+  (the features' rules among them: Megatron-FSDP, the optimizers, DeepEP);
 - modelled: what each kernel set, device and memory model describes.
+
+Rules that validate one option object's own values run in its constructor (config/, features/,
+below the rule book), as Megatron-LM's argparse choices and asserts on one flag do.
 
 Pure Python (no torch).
 """

@@ -5,12 +5,12 @@ check_plan_fits_model gathers every rule between a ModelShape and a ParallelPlan
 search skips the plans it refuses; predict and train refuse them with the reasons); the others are
 the rules of single features: expert and context parallelism, multi-token prediction (MTP's
 placement, and the checkpoint megatron-core cannot write), the EP all-to-all overlap
-(--overlap-moe-expert-parallel-comm: megatron-core's TransformerConfig __post_init__; PP > 1
-needing virtual stages is DdpOptions.plan_problems), selective recompute modules, the flex token
-dispatcher (DeepEP / HybridEP), optimizer offloading with FP8 parameters, the precision-aware
-optimizer's gradient dtype, and fine-grained and layer-level activation offloading
-(--fine-grained-activation-offloading, --cpu-offloading-num-layers; --offload-modules and
---min-offloaded-tensor-size are read only with the first, so alone they change nothing).
+(--overlap-moe-expert-parallel-comm: megatron-core's TransformerConfig __post_init__; PP > 1 needing
+virtual stages is DdpOptions.plan_problems), selective recompute modules, the flex token dispatcher
+(DeepEP / HybridEP), the precision-aware optimizer's gradient dtype, and fine-grained and
+layer-level activation offloading (--fine-grained-activation-offloading,
+--cpu-offloading-num-layers; --offload-modules and --min-offloaded-tensor-size are read only with
+the first, so alone they change nothing).
 """
 
 from __future__ import annotations
@@ -19,12 +19,10 @@ from capture_megatron.config.ddp import DdpOptions
 from capture_megatron.config.model import ModelShape, tp_head_problems
 from capture_megatron.config.parallel import ParallelPlan
 from capture_megatron.errors import require
-from capture_megatron.features.activation_offload import OFFLOAD_MODULES
-from capture_megatron.features.dispatch import deepep_problems
+from capture_megatron.features.dispatch import DEEPEP_GROUPS
+from capture_megatron.features.fsdp import Fsdp
 from capture_megatron.features.moe import Experts
-from capture_megatron.features.optimizer_offload import OffloadSettings
-
-_ARGS = "Megatron-LM core_v0.16.1 megatron/training/arguments.py"
+from capture_megatron.features.optimizers import Optimizer
 
 
 def check_plan_fits_model(shape: ModelShape, plan: ParallelPlan) -> None:
@@ -58,19 +56,12 @@ def check_plan_fits_model(shape: ModelShape, plan: ParallelPlan) -> None:
 def optimizer_problems(shape: ModelShape, plan: ParallelPlan) -> list[str]:
     """What megatron-core and Megatron-LM refuse of the plan's optimizer and Megatron-FSDP
     (features.optimizers, features.fsdp) with its other settings."""
-    ddp = plan.ddp
-    p = ddp.optimizer.megatron_problems(
-        shape.dtype,
-        plan.distributed_optimizer,
-        ddp.overlap_grad_reduce,
-        ddp.fsdp.enabled,
-        ddp.use_precision_aware_optimizer,
-    )
+    ddp, aware = plan.ddp, plan.ddp.use_precision_aware_optimizer
+    p = optimizer_settings_problems(ddp.optimizer, shape.dtype, plan.distributed_optimizer,
+                                    ddp.overlap_grad_reduce, ddp.fsdp.enabled, aware)  # fmt: skip
     instances = ddp.num_distributed_optimizer_instances
-    fsdp = ddp.fsdp.megatron_problems(
-        False, ddp.use_precision_aware_optimizer, ddp.optimizer_cpu_offload, instances, plan.ep > 1
-    )
-    return p + fsdp
+    moved = ddp.optimizer_cpu_offload
+    return p + fsdp_problems(ddp.fsdp, aware, moved, instances, plan.ep > 1)
 
 
 def expert_problems(shape: ModelShape, plan: ParallelPlan) -> list[str]:
@@ -289,74 +280,6 @@ def flex_problems(
     return p
 
 
-def fp8_offload_problem(ddp: OffloadSettings, fp8_param_gather: bool, fp8_recipe: str) -> str:
-    """Megatron-LM's rule for --optimizer-cpu-offload with FP8 parameters ('' when it runs)."""
-    if not (ddp.optimizer_cpu_offload and fp8_param_gather) or fp8_recipe == "delayed":
-        return ""
-    return (
-        f"--optimizer-cpu-offload with --fp8-param-gather and --fp8-recipe {fp8_recipe}: "
-        f"{_ARGS}:1195-1198 stops ('When `--fp8-param-gather` is enabled, the optimizer cpu "
-        "offload must be used in conjunction with `--fp8-recipe delayed`')"
-    )
-
-
-def megatron_stops(modules: tuple[str, ...], transformer_impl: str, cpu_layers: int) -> list[str]:
-    """Why Megatron-LM core_v0.16.1 stops at --fine-grained-activation-offloading with these
-    --offload-modules, --transformer-impl and --cpu-offloading-num-layers (empty: it runs)."""
-    why = []
-    if transformer_impl != "transformer_engine":
-        why.append(
-            "'Fine-grained activation offloading is only supported with transformer_engine "
-            "implementation' (arguments.py; it hooks Transformer Engine's cpu_offload)"
-        )
-    if cpu_layers > 0:
-        why.append(
-            "'fine_grained_activation_offloading cannot be enabled with cpu_offloading' "
-            "(--cpu-offloading-num-layers turns cpu_offloading on)"
-        )
-    if not modules:
-        why.append("TransformerConfig asserts --offload-modules names at least one module")
-    unknown = sorted(set(modules) - set(OFFLOAD_MODULES))
-    if unknown:
-        why.append(
-            f"'Invalid choices for offload_modules: {unknown}' (allowed: "
-            + ", ".join(OFFLOAD_MODULES)
-            + ")"
-        )
-    if "attn_proj" in modules and "core_attn" not in modules:
-        why.append(
-            "'attn_proj cannot be set to offload_modules alone without core_attn' (its input is "
-            "core_attn's output, which core_attn's backward needs)"
-        )
-    return why
-
-
-_TC = "megatron-core 0.16.1 transformer/transformer_config.py"
-
-
-def layer_offload_stops(layers: int, num_layers: int, pp: int, recompute: str | None) -> list[str]:
-    """Why Megatron-LM core_v0.16.1 stops at --cpu-offloading-num-layers `layers` (> 0; it sets
-    cpu_offloading, arguments.py:1236-1237) on a line of `num_layers` layers (0: not given), `pp`
-    pipeline stages and --recompute-granularity `recompute` (empty: it runs; with
-    --fine-grained-activation-offloading, megatron_stops says why)."""
-    why = []
-    if num_layers and not 0 <= layers < num_layers:
-        why.append(
-            f"'CPU offloading can be done only for layers less than {num_layers}' ({_TC}:1137-1142)"
-        )
-    if pp > 1:
-        why.append(
-            "'Currently there is no support for Pipeline parallelism with CPU offloading' "
-            f"(PP {pp}; {_TC}:1144-1147)"
-        )
-    if recompute not in (None, "none"):
-        why.append(
-            "'CPU offloading does not work when activation recomputation is enabled' "
-            f"(--recompute-granularity {recompute}; {_TC}:1149-1152)"
-        )
-    return why
-
-
 def dtype_problems(ddp: DdpOptions, dtype: str) -> list[str]:
     """What megatron-core refuses in these gradient and optimizer settings when training in
     `dtype`."""
@@ -366,5 +289,103 @@ def dtype_problems(ddp: DdpOptions, dtype: str) -> list[str]:
             "--use-precision-aware-optimizer with fp16 gradient buffers: megatron-core's "
             "gradient clipping takes only fp32 or bf16 gradients from it (clip_grads.py); "
             "add --accumulate-allreduce-grads-in-fp32"
+        )
+    return p
+
+
+def fsdp_problems(
+    fsdp: Fsdp,
+    precision_aware: bool,
+    optimizer_offload: bool,
+    instances: int,
+    moe: bool,
+) -> list[str]:
+    """What megatron-core refuses, or this model does not cover, of Megatron-FSDP with these
+    settings (empty: nothing)."""
+    if not fsdp.enabled:
+        return []
+    name = "--use-megatron-fsdp"
+    p = []
+    if precision_aware or optimizer_offload:
+        what = "--optimizer-cpu-offload" if optimizer_offload else ""
+        what = what or "--use-precision-aware-optimizer"
+        p.append(f"{name} with {what} is not modelled yet")
+    if instances > 1 and moe:
+        p.append(
+            f"{name} with --num-distributed-optimizer-instances {instances} and routed "
+            "experts: megatron-core 0.16.1's hybrid sharding builds no expert-data-parallel "
+            "mesh (FullyShardedDataParallel._init_dist_index), and MegatronFSDP raises "
+            "'Megatron Expert Parallelism is enabled, but no expt_dp_group is provided'"
+        )
+    return p
+
+
+def optimizer_settings_problems(
+    opt: Optimizer,
+    dtype: str,
+    distributed_optimizer: bool,
+    overlap_grad_reduce: bool,
+    fsdp: bool,
+    precision_aware: bool,
+) -> list[str]:
+    """What megatron-core or Megatron-LM (core_v0.16.1) refuse of this optimizer with these
+    settings (empty: nothing)."""
+    name = f"--optimizer {opt.optimizer}"
+    p = []
+    if opt.optimizer == "sgd" and distributed_optimizer:
+        p.append(
+            f"{name} with --use-distributed-optimizer: megatron-core's DistributedOptimizer "
+            "asserts 'Only Adam and HybridDeviceOptimizer currently supported'; leave out "
+            "--use-distributed-optimizer"
+        )
+    if opt.optimizer == "sgd" and (fsdp or precision_aware):
+        p.append(
+            f"{name} with "
+            + ("--use-megatron-fsdp" if fsdp else "--use-precision-aware-optimizer")
+            + " is not modelled (megatron-core runs them with Adam)"
+        )
+    if not opt.muon:
+        return p
+    lm = f"{name}: Megatron-LM asserts Muon"
+    if distributed_optimizer:
+        p.append(f"{lm} without --use-distributed-optimizer ('muon with dist optimizer is "
+                 "not supported'); leave it out")  # fmt: skip
+    if overlap_grad_reduce:
+        p.append(f"{lm} without --overlap-grad-reduce; leave it out")
+    if fsdp:
+        p.append(f"{lm} without --use-megatron-fsdp; leave it out")
+    if dtype == "fp16":
+        p.append(f"{name} with --fp16: megatron-core raises 'muon with fp16 is not supported'")
+    return p
+
+
+def deepep_problems(group: int, dtype: str, num_sms: int, padded: bool = False) -> list[str]:
+    """What DeepEP eb9cee7 and megatron-core 0.16.1 refuse of a flex run on DeepEP (one sentence
+    each, with the change that runs): its group sizes, bfloat16 tokens, an even SM count, padded
+    expert inputs (`padded`)."""
+    p = []
+    if padded:
+        p.append(
+            "megatron-core 0.16.1 refuses DeepEP with padded expert inputs (TransformerConfig: "
+            "'Flex token dispatcher with deepep backend does not support "
+            "moe_pad_expert_input_to_capacity'): leave out --moe-pad-expert-input-to-capacity, "
+            "or give --moe-flex-dispatcher-backend hybridep"
+        )
+    if group >= 2 and group not in DEEPEP_GROUPS:
+        p.append(
+            f"DeepEP runs expert TP x EP groups of {', '.join(map(str, DEEPEP_GROUPS))} GPUs "
+            f"only, not {group} (Buffer.get_dispatch_config asserts 'Unsupported number of EP "
+            "ranks', its kernels 'Unsupported ranks'): change --expert-model-parallel-size, or "
+            "give --moe-flex-dispatcher-backend hybridep"
+        )
+    if dtype != "bf16":
+        p.append(
+            "DeepEP combines bfloat16 tokens only (its combine kernels assert CUDA_R_16BF): give "
+            "--bf16, or --moe-token-dispatcher-type alltoall"
+        )
+    if num_sms % 2 or num_sms < 2:
+        p.append(
+            f"--moe-deepep-num-sms {num_sms}: DeepEP's kernels use two SMs per channel "
+            "(they assert an even count): give an even number"
         )
     return p

@@ -21,10 +21,15 @@ from capture_megatron.config.context import ALL_GATHER
 from capture_megatron.config.ddp import DdpOptions
 from capture_megatron.config.kernels import TE_FUSED_BACKENDS, Kernels, kernel_set
 from capture_megatron.errors import CaptureError
-from capture_megatron.features.activation_offload import ActivationOffload
 from capture_megatron.features.fp8 import MODELLED_RECIPES
+from capture_megatron.features.optimizer_offload import OffloadSettings
 from capture_megatron.records import Variant
-from capture_megatron.rules.megatron import flex_problems, fp8_offload_problem
+from capture_megatron.rules.flags import (
+    activation_offload_problem,
+    delay_wgrad_problem,
+    tp_overlap_stops,
+)
+from capture_megatron.rules.megatron import flex_problems, fsdp_problems
 
 
 def check_plans(
@@ -64,13 +69,8 @@ def check_request(
     the planner checks), and --optimizer-cpu-offload with FP8 parameters and
     --delay-wgrad-compute without Transformer Engine as Megatron-LM does.
     `cps`: the context-parallel sizes searched (or given); `fixed`: the plan, when given."""
-    offload = fp8_offload_problem(ddp, kernels.fp8_param_gather, kernels.fp8_recipe)
-    if ddp.delay_wgrad_compute and kernels.transformer_impl != "transformer_engine":
-        offload = offload or (
-            "Megatron-LM stops: 'Delaying wgrad compute is only supported with "
-            "transformer_engine implementation' (arguments.py; --delay-wgrad-compute defers "
-            "Transformer Engine's weight gradients): give --transformer-impl transformer_engine"
-        )
+    offload = kernels_offload_problem(ddp, kernels)
+    offload = offload or delay_wgrad_problem(ddp, kernels.transformer_impl)
     offload = offload or fsdp_problem(ddp, kernel_set, kernels.fp8_param_gather)
     if offload:
         raise CaptureError(offload + ".")
@@ -203,20 +203,7 @@ def tp_overlap_problem(kernel_set: str, kernels: Kernels, tp: int = 0, sp: bool 
             "changes each buffer's method, size and precision, not modelled; leave it out to "
             "forecast Transformer Engine's defaults"
         )
-    if tp == 1 or not sp:
-        return (
-            "--tp-comm-overlap needs --sequence-parallel with --tensor-model-parallel-size > 1 "
-            "(Megatron-LM asserts it: 'Tensor parallel communication/GEMM overlap can happen "
-            "only when sequence parallelism is enabled', and turns sequence parallelism off at "
-            f"TP 1), so Megatron-LM would not run this line either: {TP_OVERLAP_FIX}, or give "
-            "--tensor-model-parallel-size > 1 with --sequence-parallel"
-        )
-    return ""
-
-
-TP_OVERLAP_FIX = "leave out --tp-comm-overlap"
-"""The change tp_overlap_problem names first for a line Megatron-LM itself stops at (TP 1 or no
-sequence parallelism): without the flag the line runs (bench/inputs.py applies it)."""
+    return tp_overlap_stops(tp, sp)
 
 
 RING = ("", "p2p")
@@ -251,6 +238,18 @@ def context_problem(cps: tuple[int, ...], comm_type: str, kernel_set: str, kerne
         f"--cp-comm-type {comm_type} is not modelled: the GPU memory model emulates Transformer "
         "Engine's ring context-parallel attention (p2p, Megatron-LM's default) only; give "
         "--cp-comm-type p2p or leave the flag out"
+    )
+
+
+def trainer_kernels_problem(kernels: Kernels) -> str:
+    """Why capture-megatron's own training cannot run `kernels` ('' when it can): FP8."""
+    if not kernels.fp8:
+        return ""
+    return (
+        f"--fp8-format {kernels.fp8_format}: capture-megatron's training does not run FP8 "
+        "(Transformer Engine's FP8 GEMMs need a GPU with TE, and its build does not set up FP8 "
+        "parameters); `predict` and `plan` forecast FP8 runs on the GPU kernel set: train them "
+        "with Megatron-LM"
     )
 
 
@@ -324,28 +323,6 @@ def _overlap_device_problem(device: str, kernels: Kernels) -> str:
     return tp_overlap_problem(kernel_set(device, kernels), kernels)
 
 
-def activation_offload_problem(offload: ActivationOffload, kernel_set: str) -> str:
-    """Why the kernel set (config.kernels.kernel_set) cannot run these fine-grained activation
-    offloading settings ('' when it can): megatron-core hooks Transformer Engine's cpu_offload and
-    needs CUDA streams."""
-    if not offload.fine_grained_activation_offloading or kernel_set.startswith(
-        "gpu:transformer_engine"
-    ):
-        return ""
-    if kernel_set == "cpu":
-        return (
-            "--fine-grained-activation-offloading needs Transformer Engine, CUDA streams and "
-            "pinned host memory (Megatron-LM requires --transformer-impl "
-            "transformer_engine), which the CPU kernel set cannot run: predict it with the "
-            "GPU kernel set (--device fake)"
-        )
-    return (
-        "Megatron-LM stops: 'Fine-grained activation offloading is only supported with "
-        "transformer_engine implementation' (arguments.py; it hooks Transformer Engine's "
-        "cpu_offload): give --transformer-impl transformer_engine"
-    )
-
-
 def ddp_kernel_problem(ddp: DdpOptions, kernel_set: str, accumulation_fusion: bool) -> str:
     """Why the kernel set cannot run these gradient and optimizer settings ('' when it can): the
     combined 1F1B schedule of --overlap-moe-expert-parallel-comm needs CUDA streams; deferring
@@ -395,5 +372,23 @@ def fsdp_problem(ddp: DdpOptions, kernel_set: str, fp8_param_gather: bool) -> st
             "NCCL device meshes), which the CPU kernel set does not describe; predict it with the "
             "GPU kernel set (--device fake-cuda, the default without a GPU, or --device cuda)"
         )
-    problems = ddp.fsdp.megatron_problems(fp8_param_gather, False, False, 1, False)
+    problems = fsdp_problems(ddp.fsdp, False, False, 1, False)
+    if fp8_param_gather:
+        problems.insert(0, (
+            "--use-megatron-fsdp with --fp8-param-gather: Megatron-FSDP's FP8 weight buffers "
+            "(uint8, their transpose caches) are not modelled yet; leave out --fp8-param-gather"
+        ))  # fmt: skip
     return "; ".join(problems)
+
+
+def kernels_offload_problem(ddp: OffloadSettings, kernels: Kernels) -> str:
+    """Megatron-LM's rule for --optimizer-cpu-offload with FP8 parameters ('' when it runs)."""
+    recipe = kernels.fp8_recipe
+    if not (ddp.optimizer_cpu_offload and kernels.fp8_param_gather) or recipe == "delayed":
+        return ""
+    return (
+        f"--optimizer-cpu-offload with --fp8-param-gather and --fp8-recipe {recipe}: "
+        "Megatron-LM core_v0.16.1 megatron/training/arguments.py:1195-1198 stops ('When "
+        "`--fp8-param-gather` is enabled, the optimizer cpu offload must be used in conjunction "
+        "with `--fp8-recipe delayed`')"
+    )

@@ -13,7 +13,7 @@ from capture_megatron.errors import CaptureError
 from capture_megatron.flags import megatron_lm
 from capture_megatron.flags import parser as flags
 from capture_megatron.rules import flags as policy
-from capture_megatron.rules.modelled import activation_offload_problem
+from capture_megatron.rules.flags import activation_offload_problem
 
 OURS = {name for name in predict_parser()._option_string_actions} - megatron_lm.flag_names()
 

@@ -18,8 +18,8 @@ from capture_megatron.records import Probe, ProbeShape, Variant
 
 def test_userbuffers_are_twelve_full_buffers_fp8_for_the_all_gathers():
     assert len(UB_LAYERS) == len(set(UB_LAYERS)) == 12
-    assert userbuffer_bytes_per_token(4096, fp8=False) == 12 * 4096 * 2
-    assert userbuffer_bytes_per_token(4096, fp8=True) == 8 * 4096 + 4 * 4096 * 2
+    assert userbuffer_bytes_per_token(4096, gathered_bytes=2) == 12 * 4096 * 2
+    assert userbuffer_bytes_per_token(4096, gathered_bytes=1) == 8 * 4096 + 4 * 4096 * 2
     assert Kernels().userbuffer_bytes_per_token(4096) == 0
     assert Kernels(tp_comm_overlap=True).key().endswith("/tp-comm-overlap")
 

@@ -1,8 +1,9 @@
 """HybridEP, the flex dispatcher's --moe-flex-dispatcher-backend hybridep, on the fake-cuda device.
 
 megatron-core 0.16.1's fused_a2a.py builds `HybridEPBuffer(group=, hidden_dim=,
-max_num_of_tokens_per_rank=, num_local_experts=, use_fp8=, num_sms_dispatch_api=,
-num_sms_combine_api=)` once (init_hybrid_ep_buffer) and calls its `dispatch_with_permute` /
+max_num_of_tokens_per_rank=, num_local_experts=, num_sms_dispatch_api=, num_sms_combine_api=)`
+and its quantized-dispatch switch (asserted off) once (init_hybrid_ep_buffer) and calls its
+`dispatch_with_permute` /
 `combine_with_unpermute` from HybridEPDispatch / HybridEPCombine. This module is that class, after
 deepseek-ai/DeepEP's hybrid-ep branch at eb9cee7de5a24193bf09500668d3a619d3d3f3fb (the commit
 Megatron-LM core_v0.16.1's docker/Dockerfile.ci.dev installs): deep_ep/hybrid_ep_buffer.py and
@@ -19,9 +20,9 @@ and permute_launcher, hybrid_ep.cu combine_with_unpermute):
   [tokens x group, experts] (torch.distributed.all_gather_into_tensor: custom all-gather is off
   by default) and two int32 workspaces [ceil(rows / 256), local experts], [ceil(rows / 65536),
   local experts]; it returns the permuted tokens [num_permuted_tokens, hidden] in the input's
-  dtype, their probabilities float32 [num_permuted_tokens] (with probabilities), no FP8 scaling
-  factors (megatron-core never dispatches FP8), tokens per expert int64 [local experts] and the
-  handle;
+  dtype, their probabilities float32 [num_permuted_tokens] (with probabilities), no scaling
+  factors (megatron-core never dispatches quantized tokens), tokens per expert int64 [local
+  experts] and the handle;
 - with a handle (the backward of combine) it reuses the handle's maps and returns only the
   permuted tokens (tokens per expert undefined: None);
 - combine_with_unpermute returns the combined tokens [tokens, hidden] in the input's dtype and,
@@ -65,10 +66,9 @@ class HybridEPBuffer:
         hidden_dim: int,
         max_num_of_tokens_per_rank: int,
         num_local_experts: int,
-        use_fp8: bool = False,
         num_sms_dispatch_api: int | None = None,
         num_sms_combine_api: int | None = None,
-        **_: object,
+        **switches: object,
     ):
         self.group = group
         """The expert TP x EP process group."""
@@ -88,8 +88,9 @@ class HybridEPBuffer:
         does)."""
         self.num_local_experts = num_local_experts
         """Experts per rank."""
-        if use_fp8:
-            raise ValueError("megatron-core 0.16.1 never dispatches FP8 through HybridEP")
+        if any(switches.values()):  # megatron-core 0.16.1 passes its quantized dispatch, off
+            on = sorted(name for name, value in switches.items() if value)
+            raise ValueError(f"the GPU kernel set does not emulate HybridEP with {on} on")
 
     def _metadata(self, tokens: int, experts: int, device, non_blocking: bool):
         """metadata_preprocessing's outputs (and its transient all-gathered routing map)."""

@@ -13,8 +13,10 @@ the byte counts and their sources; docs/MEMORY_MODEL.md the tables):
    'weight', row-wise and column-wise), or with --fp8-param-gather the weight's column-wise copy
    and scales (`module/base.py:1346-1456`), and its recipe's scaling state (amax history and
    scales with delayed scaling, `module/base.py:707-742`). `keep_weight_state` allocates them at
-   the layer's first forward, as TE does; the probe reads them from the live modules
-   (capture_megatron.profile.held.fp8_state_bytes).
+   the layer's first forward, as TE does, under the module's `common.HELD` list, where the probe
+   reads them (capture_megatron.profile.held.low_precision_state_bytes).
+`Fp8Setting` is the GPU kernel set's Precision (capture_megatron.emulate.gpu.common) for FP8:
+megatron/gpu_spec.py builds the layer specs' linear layers with `setting(kernels)`.
 On real tensors the copies hold real FP8 values (scaled to e4m3's range) and backward computes
 with them; on fake tensors they only allocate.
 """
@@ -22,22 +24,23 @@ with them; on fake tensors they only allocate.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-from capture_megatron.emulate.gpu.common import is_fake
+from capture_megatron.emulate.gpu.common import E4M3_MAX, HELD, Precision, is_fake
 from capture_megatron.features.fp8 import saved_input_bytes, scaling_state_bytes, weight_cache_bytes
 
-E4M3_MAX = 448.0
-"""The largest finite float8_e4m3fn value."""
-STATE = "fp8_state"
-"""The attribute under which a module keeps its FP8 weight copies and scaling state."""
+if TYPE_CHECKING:
+    from capture_megatron.config import Kernels
 
 
 @dataclass(frozen=True)
-class Fp8Setting:
-    """The FP8 recipe a layer runs (from capture_megatron.config.Kernels)."""
+class Fp8Setting(Precision):
+    """The FP8 recipe a layer runs (from capture_megatron.config.Kernels): the Precision whose
+    layers keep TE's FP8 copies (module docstring)."""
 
     recipe: str
     """delayed, tensorwise, mxfp8 or blockwise."""
@@ -45,6 +48,24 @@ class Fp8Setting:
     """--fp8-param-gather: the weights are FP8 parameters."""
     amax_history_len: int
     """--fp8-amax-history-len (delayed scaling)."""
+
+    def keep_weights(self, module: torch.nn.Module, weights: list[torch.Tensor]) -> None:
+        """keep_weight_state under this recipe."""
+        keep_weight_state(module, weights, self)
+
+    @contextlib.contextmanager
+    def saving(self, inputs: list[torch.Tensor], gathered: bool) -> Iterator[None]:
+        """saved_in_fp8 under this recipe."""
+        with saved_in_fp8(inputs, self, gathered):
+            yield
+
+
+def setting(kernels: Kernels | None) -> Fp8Setting | None:
+    """The FP8 recipe TE's linear layers run under `kernels` (None without --fp8-format, or for
+    the CPU kernel set)."""
+    if kernels is None or not kernels.fp8:
+        return None
+    return Fp8Setting(kernels.fp8_recipe, kernels.fp8_param_gather, kernels.fp8_amax_history_len)
 
 
 class Fp8Saved:
@@ -105,7 +126,7 @@ def state_bytes(setting: Fp8Setting, weights: list[tuple[int, int]]) -> tuple[in
 
 def keep_weight_state(module: torch.nn.Module, weights: list[torch.Tensor], setting) -> None:
     """Allocate, once per module, what TE keeps for its weights under FP8 (module docstring)."""
-    if setting is None or hasattr(module, STATE):
+    if setting is None or hasattr(module, HELD):
         return
     shapes = [(w.shape[0], w.shape[1]) for w in weights]
     copies, scaling = state_bytes(setting, shapes)
@@ -113,4 +134,4 @@ def keep_weight_state(module: torch.nn.Module, weights: list[torch.Tensor], sett
     kept = [torch.empty(copies, dtype=torch.uint8, device=device)]
     if scaling:
         kept.append(torch.empty(scaling // 4, dtype=torch.float32, device=device))
-    setattr(module, STATE, kept)  # a plain list: no buffer, never in a state dict
+    setattr(module, HELD, kept)  # a plain list: no buffer, never in a state dict

@@ -3,8 +3,9 @@
 megatron-core's TEGroupedMLP runs each rank's local experts as two TE GroupedLinear layers
 (TEColumnParallelGroupedLinear, TERowParallelGroupedLinear in megatron/core/extensions/
 transformer_engine.py), one weight per expert (``weight0`` ... ``weight{n-1}``). What TE 2.8's
-_GroupedLinear (transformer_engine/pytorch/module/grouped_linear.py) allocates and keeps in bf16 /
-fp16 without fp8, which GroupedLinearFunction below reproduces:
+_GroupedLinear (transformer_engine/pytorch/module/grouped_linear.py) allocates and keeps computing
+in bf16 / fp16, which GroupedLinearFunction below reproduces (a low-precision recipe adds what
+its Precision keeps, capture_megatron.emulate.gpu.common):
 
 - forward: the input split into per-expert views (torch.split, no copy), one output of
   [tokens, out_features]; kept for backward: the input views and the weights;
@@ -28,15 +29,15 @@ from __future__ import annotations
 
 import torch
 
-from capture_megatron.emulate.gpu.common import is_fake
-from capture_megatron.emulate.gpu.fp8 import keep_weight_state, saved_in_fp8
+from capture_megatron.emulate.gpu.common import FULL, Precision, is_fake
 
 STREAMS = 4
 """TE's compute streams (transformer_engine/common/util/multi_stream.cpp), one workspace each."""
 
 
 class GroupedLinearFunction(torch.autograd.Function):
-    """TE 2.8's _GroupedLinear without fp8 and biases: per-expert GEMMs over split views."""
+    """TE 2.8's _GroupedLinear in bf16 / fp16, without biases: per-expert GEMMs over split
+    views."""
 
     @staticmethod
     def forward(ctx, inp, m_splits, fuse_wgrad, *weights):
@@ -91,10 +92,10 @@ class GroupedLinear(torch.nn.Module):
 
     parallel_mode = ""
     """column or row (set by the two subclasses)."""
-    fp8 = None
-    """The FP8 recipe (capture_megatron.emulate.gpu.fp8.Fp8Setting; set by grouped_classes):
-    each expert's input split is saved as TE's quantized copy and each weight keeps its FP8
-    workspace; None: bf16."""
+    precision: Precision = FULL
+    """How the experts compute (set by grouped_classes): under a low-precision recipe each
+    expert's input split is saved as TE's quantized copy and each weight keeps its quantized
+    workspace."""
 
     def __init__(
         self, num_gemms: int, input_size: int, output_size: int, *, config, init_method,
@@ -129,8 +130,8 @@ class GroupedLinear(torch.nn.Module):
         """(output, None), as megatron's TEGroupedLinear returns it without biases."""
         weights = [getattr(self, f"weight{i}") for i in range(self.num_gemms)]
         fuse = self.config.gradient_accumulation_fusion
-        keep_weight_state(self, weights, self.fp8)
-        with saved_in_fp8([x], self.fp8, False):
+        self.precision.keep_weights(self, weights)
+        with self.precision.saving([x], False):
             return GroupedLinearFunction.apply(x, list(m_splits), fuse, *weights), None
 
 
@@ -146,12 +147,13 @@ class RowGroupedLinear(GroupedLinear):
     parallel_mode = "row"
 
 
-def grouped_classes(fp8) -> tuple[type, type]:
-    """(column, row) GroupedLinear classes running the FP8 recipe `fp8` (None: bf16)."""
-    if fp8 is None:
+def grouped_classes(precision: Precision | None = None) -> tuple[type, type]:
+    """(column, row) GroupedLinear classes computing in `precision` (None: the activation
+    dtype)."""
+    if precision is None:
         return ColumnGroupedLinear, RowGroupedLinear
-    column = type("ColumnGroupedLinear", (ColumnGroupedLinear,), {"fp8": fp8})
-    return column, type("RowGroupedLinear", (RowGroupedLinear,), {"fp8": fp8})
+    column = type("ColumnGroupedLinear", (ColumnGroupedLinear,), {"precision": precision})
+    return column, type("RowGroupedLinear", (RowGroupedLinear,), {"precision": precision})
 
 
 def workspace_bytes() -> int:

@@ -27,8 +27,7 @@ import torch
 
 from capture_megatron.config import versions
 from capture_megatron.emulate import patches
-from capture_megatron.emulate.gpu.common import is_fake
-from capture_megatron.emulate.gpu.fp8 import Fp8Setting, keep_weight_state, saved_in_fp8
+from capture_megatron.emulate.gpu.common import FULL, Precision, is_fake
 
 DUMMY_WGRADS: dict[tuple[tuple[int, ...], torch.dtype], torch.Tensor] = {}
 """TE's get_dummy_wgrad cache: one buffer per (shape, dtype), kept for the process's life."""
@@ -147,11 +146,13 @@ def te_linear(input, weight, bias, gradient_accumulation_fusion, allreduce_dgrad
     )  # fmt: skip
 
 
-def te_column_linear(fp8: Fp8Setting | None = None, userbuffers: bool = False):
+def te_column_linear(precision: Precision | None = None, userbuffers: bool = False):
     """megatron's ColumnParallelLinear with TE's gathers (linear_qkv and linear_fc1 of TE; with
-    `userbuffers`, --tp-comm-overlap's), and with `fp8` what TE's FP8 layers keep
-    (capture_megatron.emulate.gpu.fp8)."""
+    `userbuffers`, --tp-comm-overlap's), keeping what TE's layers keep in `precision` (None: the
+    activation dtype)."""
     from megatron.core.tensor_parallel.layers import ColumnParallelLinear
+
+    precise = precision or FULL
 
     class TEColumnParallelLinear(ColumnParallelLinear):
         """ColumnParallelLinear whose sequence-parallel gathers are transient, as in TE; TE's
@@ -159,30 +160,31 @@ def te_column_linear(fp8: Fp8Setting | None = None, userbuffers: bool = False):
         a strided view such as MLA's key/value latent split from its rotary key)."""
 
         def _forward_impl(self, input, weight, *args, **kwargs):
-            keep_weight_state(self, [weight], fp8)
+            precise.keep_weights(self, [weight])
             gathered = bool(kwargs.get("sequence_parallel"))
             input = input.contiguous()
-            with saved_in_fp8([input], fp8, gathered):
+            with precise.saving([input], gathered):
                 # megatron-core passes fewer positional arguments than reach `userbuffers`
                 return te_linear(input, weight, *args, **kwargs, userbuffers=userbuffers)  # type: ignore[misc]
 
     return TEColumnParallelLinear
 
 
-def te_row_linear(fp8: Fp8Setting | None = None):
-    """megatron's RowParallelLinear (TE's linear_proj and linear_fc2 keep the same in bf16), with
-    `fp8` what TE's FP8 layers keep (capture_megatron.emulate.gpu.fp8)."""
+def te_row_linear(precision: Precision | None = None):
+    """megatron's RowParallelLinear (TE's linear_proj and linear_fc2 keep the same in bf16),
+    keeping what TE's layers keep in `precision` (None: the activation dtype)."""
     from megatron.core.tensor_parallel.layers import RowParallelLinear
 
-    if fp8 is None:
+    if precision is None:
         return RowParallelLinear
+    precise = precision
 
     class TERowParallelLinear(RowParallelLinear):
-        """RowParallelLinear keeping an FP8 input copy and weight state under FP8."""
+        """RowParallelLinear keeping the precision's input copy and weight state."""
 
         def _forward_impl(self, input, weight, *args, **kwargs):
-            keep_weight_state(self, [weight], fp8)
-            with saved_in_fp8([input], fp8, False):
+            precise.keep_weights(self, [weight])
+            with precise.saving([input], False):
                 return super()._forward_impl(input, weight, *args, **kwargs)
 
     return TERowParallelLinear
@@ -212,8 +214,9 @@ class DuplicatedLinear(torch.nn.Module):
         self.weight.allreduce = True  # type: ignore[attr-defined]  # megatron-core's marker
         self.weight.sequence_parallel = config.sequence_parallel  # type: ignore[attr-defined]  # megatron-core's marker
 
-    fp8: Fp8Setting | None = None
-    """The FP8 recipe (duplicated_linear sets it): TE's FP8 input copy and weight state."""
+    precision: Precision = FULL
+    """How it computes (duplicated_linear sets it): a low-precision recipe's input copy and
+    weight state."""
 
     def forward(self, x: torch.Tensor):
         """(x W^T, None)."""
@@ -223,8 +226,8 @@ class DuplicatedLinear(torch.nn.Module):
 
         fused = self.config.gradient_accumulation_fusion
         x = x.contiguous()
-        keep_weight_state(self, [self.weight], self.fp8)
-        with saved_in_fp8([x], self.fp8, False):
+        self.precision.keep_weights(self, [self.weight])
+        with self.precision.saving([x], False):
             out = linear_with_grad_accumulation_and_async_allreduce(
                 x, self.weight, None, fused, False, False
             )
@@ -232,8 +235,8 @@ class DuplicatedLinear(torch.nn.Module):
 
 
 class AnyDuplicatedLinear:
-    """Equal to DuplicatedLinear and its FP8 classes (duplicated_linear): what MLA's spec check
-    (`linear_q_down_proj in [TELinear]`) compares the down projections with."""
+    """Equal to DuplicatedLinear and its low-precision classes (duplicated_linear): what MLA's
+    spec check (`linear_q_down_proj in [TELinear]`) compares the down projections with."""
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, type) and issubclass(other, DuplicatedLinear)
@@ -241,11 +244,11 @@ class AnyDuplicatedLinear:
     __hash__ = object.__hash__
 
 
-def duplicated_linear(fp8: Fp8Setting | None = None) -> type:
-    """DuplicatedLinear running the FP8 recipe `fp8` (None: bf16)."""
-    if fp8 is None:
+def duplicated_linear(precision: Precision | None = None) -> type:
+    """DuplicatedLinear computing in `precision` (None: the activation dtype)."""
+    if precision is None:
         return DuplicatedLinear
-    return type("DuplicatedLinear", (DuplicatedLinear,), {"fp8": fp8})
+    return type("DuplicatedLinear", (DuplicatedLinear,), {"precision": precision})
 
 
 def install() -> None:
@@ -263,7 +266,7 @@ def install() -> None:
     patches.patch(layers, "get_dummy_wgrad", dummy_wgrad, why, adds=True)
     from megatron.core.transformer import multi_latent_attention
 
-    # its spec check: a duplicated linear; TE's fp8 input-saving switch does not apply
+    # its spec check: a duplicated linear; TE's low-precision input-saving switch does not apply
     why = "fake-cuda kernel set: TE's duplicated Linear where MLA looks for TELinear"
     patches.patch(multi_latent_attention, "TELinear", AnyDuplicatedLinear(), why)
     patches.patch(multi_latent_attention, "HAVE_TE", False, why)

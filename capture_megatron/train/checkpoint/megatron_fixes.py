@@ -112,8 +112,10 @@ def apply() -> None:
     if not dopt.HAVE_APEX_OR_TE:
         original_set = cls._set_main_param_and_optimizer_states
 
+        from capture_megatron.megatron.training import states_in_own_dtypes
+
         def set_states(self, model_param, tensors):
-            if self.config.use_precision_aware_optimizer_no_fp8_or_ds_fp8:
+            if states_in_own_dtypes(self.config):
                 return original_set(self, model_param, tensors)
             return _set_main_param_and_optimizer_states(self, model_param, tensors)
 
