@@ -239,9 +239,13 @@ def plan_options(
     space = space_from(fixed, ddp)
     ckpt = getattr(ns, "ckpt_format", "torch_dist")
     hashes = megatron_lm.given(ns).get("--check-weight-hash-across-dp-replicas-interval")
-    if ckpt not in ("torch_dist", "fsdp_dtensor") or hashes is not None:
-        # what Megatron-LM asserts of Megatron-FSDP (features.fsdp): no ZeRO-3 twins; a plan
-        # that takes one names --ckpt-format fsdp_dtensor in place of the default torch_dist
+    if (
+        ckpt not in ("torch_dist", "fsdp_dtensor")
+        or hashes is not None
+        or fixed.use_distributed_optimizer
+    ):  # what Megatron-LM asserts of Megatron-FSDP (features.fsdp), or the distributed optimizer
+        # asked for: no ZeRO-3 twins; a plan that takes one names --ckpt-format fsdp_dtensor in
+        # place of the default torch_dist
         space = dataclasses.replace(space, fsdp=(False,))
     problem = "" if whole else virtual_stage_problem(shape, cluster.gpus, space)
     if problem:  # (a whole plan's split is resolved, and refused, as train resolves it)

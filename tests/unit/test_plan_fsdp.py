@@ -93,7 +93,10 @@ def test_the_command_line_writes_the_flags_megatron_lm_needs():
     assert table[header + 1].split()[column] == "Z3"  # the DO column names the ZeRO stage
 
 
-@pytest.mark.parametrize("extra", [("--ckpt-format", "torch"), ("--objective", "min-peak")])
+@pytest.mark.parametrize(
+    "extra",
+    [("--ckpt-format", "torch"), ("--objective", "min-peak"), ("--use-distributed-optimizer",)],
+)  # a checkpoint format Megatron-FSDP refuses, min-peak, the distributed optimizer asked for
 def test_what_rules_it_out_leaves_the_distributed_optimizer(extra):
     out = _cli(*extra)
     assert out["code"] == 0
