@@ -126,6 +126,7 @@ def plan_times(name: str, gpus: int, repeats: int, argv: list[str] | None = None
         "probes": probes,
         "records": records,
         "cold_runs_s": cold,
+        "warm_runs_s": warm,
     }
 
 

@@ -6,7 +6,6 @@ lower bound). Pure Python."""
 from __future__ import annotations
 
 import functools
-
 from dataclasses import replace
 
 from capture_megatron.config import ModelShape, ParallelPlan, dtype_bytes
