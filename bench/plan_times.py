@@ -6,13 +6,20 @@ types it, in a fresh process (imports included), default objective, fake-CUDA me
 medians of --repeats runs are reported (this machine is shared: medians, one run each in turn).
 
     python bench/plan_times.py [--repeats 3] [--out bench/results/plan_times.json]
-        [--cases llama2-70b:64,gpt3-175b:1024]
+        [--cases llama2-70b:64,gpt3-175b:1024] [--issue53 llama3-70b,qwen3-30b-a3b,...]
+        [--warm-cache DIR]
 
 "probes" counts the probes a cold plan ran, "records" the records it kept (a record can serve
 several probes: capture_megatron.profile.design.built_as).
 
 --cases reruns only those presets (no profile times) and replaces their rows in --out, naming
 the commit they were measured at ("rerun"); the other rows stay as they were.
+
+--issue53 times issue 53's models (ISSUE53: Llama 3 70B on 64 GPUs, Qwen3-30B-A3B on 16,
+Qwen3-235B-A22B on 256, DeepSeek-V3 on 1024; seq 4096, global batch 1024, 80 GiB, the HF configs
+of tests/data/hf_configs) and replaces their rows of "issue53" in --out, with the commit and the
+load average. --warm-cache DIR times only warm runs on that cache (a cache profiled before,
+e.g. by an earlier cold run; it is not changed by a warm plan of a model it holds).
 """
 
 from __future__ import annotations
@@ -44,6 +51,20 @@ CASES = (
     ("gpt3-175b", 1024),
 )
 """(preset, GPUs of 80 GiB) planned."""
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HF = os.path.join(ROOT, "tests", "data", "hf_configs")
+ISSUE53_RUN = ("--seq-length", "4096", "--global-batch-size", "1024", "--gpu-memory-gib", "80")
+ISSUE53 = {
+    "llama3-70b": (("--preset", "llama3-70b"), 64),
+    "qwen3-30b-a3b": (("--hf-config", os.path.join(HF, "Qwen3-30B-A3B.json")), 16),
+    "qwen3-235b-a22b": (
+        ("--hf-config", os.path.join(HF, "Qwen3-235B-A22B-Instruct-2507.json")),
+        256,
+    ),
+    "deepseek-v3": (("--hf-config", os.path.join(HF, "DeepSeek-V3.json")), 1024),
+}
+"""Issue 53's models: (model flags, GPUs of 80 GiB), each at ISSUE53_RUN."""
 
 
 def _fresh_cache() -> str:
@@ -81,9 +102,9 @@ def _lines(path: str) -> int:
         return sum(1 for _ in f)
 
 
-def plan_times(name: str, gpus: int, repeats: int) -> dict:
-    """Median cold and warm wall times of one preset's default plan."""
-    argv = ["plan", "--preset", name, "--gpus", str(gpus), "--gpu-memory-gib", "80"]
+def plan_times(name: str, gpus: int, repeats: int, argv: list[str] | None = None) -> dict:
+    """Median cold and warm wall times of one preset's default plan (or of `argv`)."""
+    argv = argv or ["plan", "--preset", name, "--gpus", str(gpus), "--gpu-memory-gib", "80"]
     cold, warm, probes, records = [], [], 0, 0
     for _ in range(repeats):
         cache = _fresh_cache()
@@ -105,6 +126,7 @@ def plan_times(name: str, gpus: int, repeats: int) -> dict:
         "probes": probes,
         "records": records,
         "cold_runs_s": cold,
+        "warm_runs_s": warm,
     }
 
 
@@ -141,13 +163,48 @@ def rerun(ns: argparse.Namespace) -> None:
         json.dump(out, f, indent=1)
 
 
+def _issue53_argv(name: str) -> tuple[list[str], int]:
+    flags, gpus = ISSUE53[name]
+    return ["plan", *flags, *ISSUE53_RUN, "--gpus", str(gpus)], gpus
+
+
+def issue53(ns: argparse.Namespace) -> None:
+    """Time issue 53's --issue53 models (cold and warm, or warm only on --warm-cache) and replace
+    their rows of "issue53" in --out."""
+    load_start = os.getloadavg()[1]
+    with open(ns.out) as f:
+        out = json.load(f)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    rows = {r["model"]: r for r in out.get("issue53", [])}
+    for name in ns.issue53.split(","):
+        argv, gpus = _issue53_argv(name)
+        if ns.warm_cache:
+            warm = [_timed([*argv, "--no-progress"], ns.warm_cache) for _ in range(ns.repeats)]
+            row = {**rows.get(name, {}), "warm_s": statistics.median(warm), "warm_runs_s": warm}
+        else:
+            row = plan_times(name, gpus, ns.repeats, argv)
+            row.pop("preset")
+        row |= {"model": name, "gpus": gpus, "commit": commit.stdout.strip()}
+        row["load_average_5min"] = [load_start, os.getloadavg()[1]]
+        rows[name] = row
+        print(json.dumps(row), flush=True)
+    out["issue53"] = [rows[n] for n in ISSUE53 if n in rows]
+    with open(ns.out, "w") as f:
+        json.dump(out, f, indent=1)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default="bench/results/plan_times.json")
     ap.add_argument("--cases", default="", help="preset:gpus,... to rerun (rows replaced)")
+    ap.add_argument("--issue53", default="", help=f"models of {', '.join(ISSUE53)} to time")
+    ap.add_argument("--warm-cache", default="", help="--issue53: warm runs only, on this cache")
     ns = ap.parse_args()
     load_start = os.getloadavg()[1]
+    if ns.issue53:
+        issue53(ns)
+        return
     if ns.cases:
         rerun(ns)
         return

@@ -300,6 +300,38 @@ def plan_times_table(data: dict) -> list[str]:
             "the profiling workers kept between rounds brought it to 363 s, measuring each "
             "chunk once to 322 s)."
         )
+    return out + issue53_table(data)
+
+
+def issue53_table(data: dict) -> list[str]:
+    """Issue 53's four models (bench/plan_times.py --issue53) and where a plan's time went."""
+    rows, notes = data.get("issue53", []), data.get("issue53_notes", [])
+    if not rows and not notes:
+        return []
+    out = [
+        "",
+        "### Issue 53's models (`bench/plan_times.py --issue53`: seq 4096, global batch 1024, "
+        "80 GiB)",
+        "",
+        "Target: cold at most 60 s, warm at most 5 s, on this 2-core machine, idle. Each row's "
+        "runs and the 5-minute load average at its start and end (the machine was shared).",
+        "",
+        "| model | GPUs | cold plan | warm plan | probes | runs (cold; warm) | load | commit |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        cold = f"{r['cold_s']:.1f} s" if "cold_s" in r else "-"
+        runs = ", ".join(f"{s:.0f}" for s in r.get("cold_runs_s", [])) or "-"
+        runs += "; " + (", ".join(f"{s:.1f}" for s in r.get("warm_runs_s", [])) or "-")
+        load = " -> ".join(f"{x:.1f}" for x in r.get("load_average_5min", []))
+        out.append(
+            f"| {r['model']} | {r['gpus']} | {cold} | {r.get('warm_s', 0):.1f} s | "
+            f"{r.get('probes', '-')} | {runs} | {load} | {r.get('commit', '')} |"
+        )
+    if not rows:
+        out.append("| (not measured yet) | | | | | | | |")
+    for line in notes:
+        out += ["", line]
     return out
 
 

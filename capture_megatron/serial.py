@@ -18,6 +18,27 @@ OMIT_DEFAULT = "capture_megatron.omit_default"
 of everything made before it."""
 
 
+class CachedHash:
+    """A frozen dataclass hashed many times (the planner's candidates, as dictionary keys): its
+    hash computed once. The class sets `__hash__ = CachedHash.cached_hash` in its own body (a
+    dataclass keeps only a __hash__ of its body); the hash is left out of its pickled state (a
+    string's hash differs between processes)."""
+
+    def cached_hash(self) -> int:
+        """The hash of the compared fields' values, as the dataclass's own, once."""
+        found: int | None = self.__dict__.get("_cached_hash")
+        if found is None:
+            fields = dataclasses.fields(self)  # type: ignore[arg-type]
+            found = hash(tuple(getattr(self, f.name) for f in fields if f.compare))
+            object.__setattr__(self, "_cached_hash", found)
+        return found
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.pop("_cached_hash", None)
+        return state
+
+
 def to_plain(obj: Any) -> Any:
     """Turn a (nested) dataclass into JSON-ready lists, dicts and scalars (field order kept; a
     field marked omit_default is left out at its default, which from_plain restores)."""

@@ -16,7 +16,7 @@ from capture_megatron.features.fsdp import DEFAULT_FSDP, Fsdp
 from capture_megatron.features.optimizer_offload import offload_problems
 from capture_megatron.features.optimizers import DEFAULT_OPTIMIZER, Optimizer
 from capture_megatron.fields import flag
-from capture_megatron.serial import OMIT_DEFAULT, JsonMixin
+from capture_megatron.serial import OMIT_DEFAULT, CachedHash, JsonMixin
 
 MAIN_GRADS_DTYPES = ("fp32", "bf16")
 """Megatron-LM's --main-grads-dtype choices."""
@@ -29,10 +29,12 @@ STATE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
 
 
 @dataclass(frozen=True)
-class DdpOptions(JsonMixin):
+class DdpOptions(CachedHash, JsonMixin):
     """Gradient buffers and optimizer state: precision, buckets, distributed-optimizer instances;
     deferred output-layer weight gradients; the EP all-to-all overlap's combined schedule
     (Megatron flags)."""
+
+    __hash__ = CachedHash.cached_hash  # a key of the planner's memos (steptime.parts)
 
     overlap_grad_reduce: bool = flag("--overlap-grad-reduce", False)
     """Overlap DP gradient reduce-scatter/all-reduce with backward (the first pipeline stage's

@@ -20,15 +20,17 @@ from capture_megatron.features.recompute import (
     Recompute,
 )
 from capture_megatron.fields import flag, value_problems
-from capture_megatron.serial import JsonMixin
+from capture_megatron.serial import CachedHash, JsonMixin
 
 CP_COMM_TYPES = ("p2p", "a2a", "allgather", "a2a+p2p")
 """Megatron's --cp-comm-type choices."""
 
 
 @dataclass(frozen=True)
-class ParallelPlan(JsonMixin):
+class ParallelPlan(CachedHash, JsonMixin):
     """How a model is split: parallel sizes, batch, the pipeline partition and memory savers."""
+
+    __hash__ = CachedHash.cached_hash  # the planner keys its memos by candidates
 
     tp: int
     """Tensor-parallel size (--tensor-model-parallel-size)."""

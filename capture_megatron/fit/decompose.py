@@ -235,8 +235,14 @@ def fit_variant(records: list[ProfileRecord]) -> VariantModel:
     )
 
 
-def fit(records: list[ProfileRecord]) -> MemoryModel:
-    """Fit every variant present in `records` (which must come from one device/impl/version)."""
+VariantMemo = dict[object, tuple[tuple[ProfileRecord, ...], VariantModel]]
+"""A variant's records (the objects themselves) and their fit, kept by a caller that fits
+growing record lists (capture_megatron.profile.source: a search's profiling rounds)."""
+
+
+def fit(records: list[ProfileRecord], memo: VariantMemo | None = None) -> MemoryModel:
+    """Fit every variant present in `records` (which must come from one device/impl/version);
+    with `memo`, a variant whose records are the very objects fitted before keeps that fit."""
     if not records:
         raise CaptureError("no records to fit")
     origins = {(r.device, r.kernels, r.versions) for r in records}
@@ -252,5 +258,19 @@ def fit(records: list[ProfileRecord]) -> MemoryModel:
         device=device,
         kernels=impl,
         versions=versions,
-        variants=tuple(fit_variant(rs) for rs in by_variant.values()),
+        variants=tuple(_fit_kept(rs, memo) for rs in by_variant.values()),
     )
+
+
+def _fit_kept(records: list[ProfileRecord], memo: VariantMemo | None) -> VariantModel:
+    """fit_variant, or the fit `memo` keeps of these very record objects (fit_variant reads
+    nothing else)."""
+    if memo is None:
+        return fit_variant(records)
+    kept = memo.get(records[0].variant)
+    same = kept is not None and len(kept[0]) == len(records)
+    if kept is not None and same and all(a is b for a, b in zip(kept[0], records, strict=True)):
+        return kept[1]
+    fitted = fit_variant(records)
+    memo[records[0].variant] = (tuple(records), fitted)
+    return fitted

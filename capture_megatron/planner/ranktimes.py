@@ -5,6 +5,7 @@ lower bound). Pure Python."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 
 from capture_megatron.config import ModelShape, ParallelPlan, dtype_bytes
@@ -112,11 +113,17 @@ def _per_param(shape: ModelShape, plan: ParallelPlan, low_params: bool, shards: 
     return layout.param + layout.grad + state / shards
 
 
+@functools.lru_cache(maxsize=8)
+def _bare(shape: ModelShape) -> ModelShape:
+    """The model without biases (a floor's parameters), built once per model."""
+    return replace(shape, add_bias_linear=False)
+
+
 def _layer_bytes(shape: ModelShape, plan: ParallelPlan, low_params: bool) -> tuple[float, float]:
     """(a dense layer's, an MoE layer's) parameters, gradients and optimizer share on one rank
     (_per_param; routed experts' moments shard over the expert-data-parallel ranks, the rest
     over DP x CP; biases left out: a floor)."""
-    bare = replace(shape, add_bias_linear=False)
+    bare = _bare(shape)
     dense = _per_param(shape, plan, low_params, plan.dp * plan.cp)
     dense_layer = cp.layer_params(bare, plan.tp) * dense
     if not shape.moe.enabled:

@@ -69,8 +69,24 @@ def _shares(s: cp.Setting, shape: ModelShape, plan: ParallelPlan) -> tuple[float
     return max(b / (f + b) for f, b in pieces), max(f / (f + b) for f, b in pieces)
 
 
+_BOUNDS: dict[tuple, BoundParts] = {}
+"""bound_parts' answers by (shape, plan, model): the search asks for the same candidate's from
+its order, its refinements and its offloading twins."""
+
+
 def bound_parts(shape: ModelShape, plan: ParallelPlan, model: CostModel) -> BoundParts:
-    """The parts of the lower bound of a plan's sizes (BoundParts)."""
+    """The parts of the lower bound of a plan's sizes (BoundParts; memoised)."""
+    key = (shape, plan, model)
+    found = _BOUNDS.get(key)
+    if found is None:
+        if len(_BOUNDS) >= cp.MEMO_LIMIT:
+            _BOUNDS.clear()
+        found = _BOUNDS[key] = _bound_parts(shape, plan, model)
+    return found
+
+
+def _bound_parts(shape: ModelShape, plan: ParallelPlan, model: CostModel) -> BoundParts:
+    """bound_parts, computed."""
     s = model.setting
     kinds = [cp.layer_time(s, shape, plan)]
     if shape.moe.enabled:

@@ -19,6 +19,7 @@ from capture_megatron.config import Kernels, ModelShape
 from capture_megatron.config.kernels import kernel_set
 from capture_megatron.errors import CaptureError
 from capture_megatron.fit import MemoryModel, ModelSource, Needs, fit
+from capture_megatron.fit.decompose import VariantMemo
 from capture_megatron.profile.options import device_name
 from capture_megatron.records import (
     Probe,
@@ -73,6 +74,7 @@ def profiled_model(
     if not records:
         raise CaptureError("nothing to profile: no candidate plan fits the model's shape")
     st = os.stat(path)  # profiled just now: every pair asked for is in the records kept
+    _WRITTEN[path] = (st.st_mtime_ns, st.st_size, tuple(records))  # the next round's _read
     return _keep(path, (st.st_mtime_ns, st.st_size, _code_fingerprint()), records).model
 
 
@@ -131,8 +133,18 @@ class KeptFit(JsonMixin):
 def _read(path: str, mtime_ns: int, size: int) -> tuple[ProfileRecord, ...]:
     """The records of a file as it is (its modification time and size name the version): a
     search asks for one file's model several times, read once."""
-    del mtime_ns, size  # the cache key only
+    written = _WRITTEN.get(path)
+    if written is not None and written[:2] == (mtime_ns, size):
+        return written[2]  # what this process wrote there: the same objects (_keep's memo)
     return tuple(_cached(path))
+
+
+_WRITTEN: dict[str, tuple[int, int, tuple[ProfileRecord, ...]]] = {}
+"""The records this process last wrote to each records file, by the file's modification time
+and size then: a search's next profiling round starts from them instead of reading the file."""
+_FITS: dict[str, VariantMemo] = {}
+"""Per records file, the variants fitted so far (fit's memo): a profiling round refits only the
+variants it added records to."""
 
 
 @functools.lru_cache(maxsize=4)
@@ -153,7 +165,7 @@ def _fitted(path: str, mtime_ns: int, size: int) -> KeptFit:
 def _keep(path: str, key: tuple[int, int, str], records: list[ProfileRecord]) -> KeptFit:
     """The fit of a records file's `records`, written beside it (when the cache is writable)."""
     pairs = tuple(sorted({(r.variant, r.shape) for r in records}, key=str))
-    kept = KeptFit(key, pairs, fit(records))
+    kept = KeptFit(key, pairs, fit(records, _FITS.setdefault(path, {})))
     tmp = f"{path}.fit.json.{os.getpid()}.tmp"
     try:
         with open(tmp, "w") as f:

@@ -118,11 +118,39 @@ def _layer(s: Setting, shape: ModelShape, plan: ParallelPlan, moe: bool) -> Laye
     return LayerTime(fwd, parts.total - fwd, 0.0, parts)
 
 
+_LAYER_TIMES: dict[tuple, LayerTime] = {}
+"""layer_time's answers by _layer_key (the planner asks for the same layer of many candidates)."""
+MEMO_LIMIT = 100_000
+"""Entries a memo of this module keeps at most (then it starts again)."""
+
+
+def _layer_key(s: Setting, shape: ModelShape, plan: ParallelPlan, moe: bool) -> tuple:
+    """What a layer's time depends on: the plan's fields besides those no piece of it reads (PP,
+    VPP, the layout, the global batch, the micro-batch group, the per-stage recompute counts:
+    a layer's time is the same on every stage)."""
+    rc = plan.recompute
+    return (s, shape, moe, plan.tp, plan.dp, plan.micro_batch_size, plan.cp, plan.ep, plan.etp,
+            plan.cp_comm_type, rc.granularity, rc.method, rc.modules, plan.sequence_parallel,
+            plan.distributed_optimizer, plan.mtp_layers, plan.ddp)  # fmt: skip
+
+
 def layer_time(s: Setting, shape: ModelShape, plan: ParallelPlan, moe: bool = False) -> LayerTime:
     """One transformer layer's forward and backward on one GPU for one micro-batch: its kernels
     and the communication they leave exposed, the fine-grained activation offloading transfers
     its compute does not hide, Megatron-FSDP's per-layer collectives its compute does not hide,
-    the host launches its kernels do not hide, and the forward selective recompute runs again."""
+    the host launches its kernels do not hide, and the forward selective recompute runs again
+    (memoised: _layer_key)."""
+    key = _layer_key(s, shape, plan, moe)
+    found = _LAYER_TIMES.get(key)
+    if found is None:
+        if len(_LAYER_TIMES) >= MEMO_LIMIT:
+            _LAYER_TIMES.clear()
+        found = _LAYER_TIMES[key] = _layer_time(s, shape, plan, moe)
+    return found
+
+
+def _layer_time(s: Setting, shape: ModelShape, plan: ParallelPlan, moe: bool) -> LayerTime:
+    """layer_time, computed."""
     base = _layer(s, shape, plan, moe)
     fwd, bwd = base.forward, base.backward
     moved = offloaded_bytes(shape, plan, moe) / s.hw.host_bytes_per_s
@@ -239,8 +267,18 @@ def head(s: Setting, shape: ModelShape, plan: ParallelPlan) -> LayerTime:
 def head_time(s: Setting, shape: ModelShape, plan: ParallelPlan) -> tuple[float, float]:
     """(forward, backward) seconds of the last stage's work after its transformer layers
     (`head`)."""
-    h = head(s, shape, plan)
-    return h.forward, h.backward
+    key = _layer_key(s, shape, plan, False) + ("head",)
+    found = _HEAD_TIMES.get(key)
+    if found is None:
+        if len(_HEAD_TIMES) >= MEMO_LIMIT:
+            _HEAD_TIMES.clear()
+        h = head(s, shape, plan)
+        found = _HEAD_TIMES[key] = (h.forward, h.backward)
+    return found
+
+
+_HEAD_TIMES: dict[tuple, tuple[float, float]] = {}
+"""head_time's answers by _layer_key (the head is one stage's, whichever it is)."""
 
 
 def expert_params(shape: ModelShape, plan: ParallelPlan) -> float:

@@ -94,12 +94,14 @@ def test_a_warm_plan_reads_the_kept_fit(source, monkeypatch):
     (records,) = glob.glob(os.path.join(cache, "fake-cuda-*.jsonl"))
     assert os.path.exists(f"{records}.fit.json")
 
-    def refit(_records):
+    def refit(_records, _memo=None):
         raise AssertionError("fitted again")
 
     monkeypatch.setattr(src, "fit", refit)
     src._fitted.cache_clear()
     src._read.cache_clear()
+    src._WRITTEN.clear()
+    src._FITS.clear()
     again = plan(SHAPE, CLUSTER, PlanOptions(space=SPACE, global_batch_size=8), source)
     assert again.best == first.best
     stat = os.stat(records)
