@@ -57,11 +57,12 @@ def profiled_model(
     in `needs`."""
     path = records_path(shape, device, kernel_set(device, kernels))
     stat = os.stat(path) if os.path.exists(path) else None
-    if stat is not None:
+    # a file of another records format (or damaged) is set aside by _read: nothing to fit then
+    records = list(_read(path, stat.st_mtime_ns, stat.st_size)) if stat else []
+    if records and stat is not None:
         kept = _fitted(path, stat.st_mtime_ns, stat.st_size)
         if needs <= set(kept.pairs):
             return kept.model
-    records = list(_read(path, stat.st_mtime_ns, stat.st_size)) if stat else []
     have = {(r.variant, r.shape) for r in records}
     missing = sorted(((v, s) for v, s in needs if (v, s) not in have), key=str)
     if missing:

@@ -80,3 +80,23 @@ def test_a_cached_chunk_is_not_profiled_again(tmp_path, monkeypatch, capsys):
     base = len(probes_for(none, [SIZE]))
     assert f"profiling {base} probes" in first
     assert f"profiling {len(probes_for(full, [SIZE])) - base} probes" in second
+
+
+@pytest.mark.slow
+def test_a_records_file_of_an_older_format_is_profiled_again(tmp_path, monkeypatch, capsys):
+    """An upgrade that changes the records format (RECORD_FORMAT) finds the user's old cache file:
+    it is set aside with a note and the pairs profiled again, not fitted empty."""
+    from capture_megatron.cache import records_path
+    from capture_megatron.config import Kernels
+    from capture_megatron.config.kernels import kernel_set
+    from capture_megatron.profile.source import profiled_model
+
+    monkeypatch.setenv("CAPTURE_MEGATRON_CACHE", str(tmp_path))
+    none, _ = _variants()
+    path = records_path(SHAPE, "cpu", kernel_set("cpu", Kernels()))
+    with open(path, "w") as f:
+        f.write('{"capture_megatron_records": 2, "version": "0.6.0"}\n')
+    model = profiled_model(SHAPE, "cpu", Kernels(), {(none, SIZE)}, progress=False)
+    out = capsys.readouterr().out
+    assert "is unusable" in out and f"profiling {len(probes_for(none, [SIZE]))} probes" in out
+    assert model is not None and (tmp_path / (path.split("/")[-1] + ".damaged")).exists()
