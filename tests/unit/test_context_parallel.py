@@ -121,6 +121,7 @@ except CaptureError as err:
 """
 
 
+@pytest.mark.slow  # profiles on fake CUDA: 6-14 s, the full suite runs it
 def test_fake_gpu_kernel_set_runs_cp_with_te_attention_only():
     """On the fake-cuda device TE's flash / fused attention of the GPU kernel set runs CP itself
     (the spec is left as it is); the local spec's attention refuses it, as on a GPU."""

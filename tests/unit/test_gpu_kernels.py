@@ -133,6 +133,7 @@ def test_te_layout_keeps_mha_views_and_copies_what_te_copies():
     assert got[1].data_ptr() != k.data_ptr() and got[2].data_ptr() != v.data_ptr()
 
 
+@pytest.mark.slow  # compiles with Inductor: 5-35 s, the full suite runs it
 def test_compiled_cross_entropy_gradient_holds_inductors_fp32_buffer():
     from megatron.core.fusions import fused_cross_entropy as fce
 

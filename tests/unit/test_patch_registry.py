@@ -227,6 +227,7 @@ def test_torch_is_unpatched_at_test_start():
     assert torch.cuda.current_device.__module__ == "torch.cuda"
 
 
+@pytest.mark.slow  # trains on CPU in a subprocess: 10-20 s, the full suite runs it
 def test_torch_unpatched_after_a_cpu_training_test(tmp_path):
     """Run megatron-core's pipeline schedule on CPU (test_schedule, in-process: cpu_compat.apply),
     then the check above, in one pytest process: the fixture reverted the first test's patches."""

@@ -179,9 +179,8 @@ def test_more_offload_is_lighter_but_not_than_full_recompute():
 
 
 @pytest.mark.parametrize(
-    "gib",
-    [2.5, pytest.param(3.0, marks=pytest.mark.slow), pytest.param(4.0, marks=pytest.mark.slow)],
-)  # the exhaustive check costs 20-45 s a cap: one in the fast loop, all in the full suite
+    "gib", [pytest.param(g, marks=pytest.mark.slow) for g in (2.5, 3.0, 4.0)]
+)  # the exhaustive check costs 10-45 s a cap: the full suite runs it
 def test_the_search_finds_the_fastest_of_every_offloading_candidate(gib):
     """Throughput's bounds and pruning (a plan whose twin offloading more activations does not fit
     on the device is not split) lose nothing: the plan found is as fast as the fastest of every
