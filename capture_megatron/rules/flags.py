@@ -16,15 +16,17 @@ rules that depend on the rest of a command line. Pure Python.
 - UNMODELLED: changes memory in a way the model does not cover yet; refused, with the reason, when
   given with a value other than Megatron-LM's default.
 Routing details that choose which experts get tokens but not how many a forecast allows for
-(group-limited routing, top-k scaling, the expert-bias update rate -- its bias is E floats per
-layer --, the drop policy, logging) are IGNORED.
+(top-k scaling, the expert-bias update rate -- its bias is E floats per layer --, the drop
+policy, logging) are IGNORED; group-limited routing is the model's (features.moe: it decides how
+many nodes DeepEP sends a token to).
 Every argument is in exactly one of: our option classes, IGNORED, UNMODELLED
 (tests/unit/test_megatron_policy.py checks the table is complete).
 
 The rules of the command line itself follow the policy: what Megatron-LM's arguments.py asserts
 across its flags (fine-grained and layer-level activation offloading, --delay-wgrad-compute,
---tp-comm-overlap), and of the run's settings that are not the plan's (Megatron-FSDP's and
-Muon's checkpoint formats and overlaps, read by capture_megatron.api.request).
+--tp-comm-overlap; CUDA graphs against the model and plan, cuda_graph_model_problems, which
+rules.megatron.cuda_graph_problems runs), and of the run's settings that are not the plan's
+(Megatron-FSDP's and Muon's checkpoint formats and overlaps, read by capture_megatron.api.request).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from typing import Any
 
 from capture_megatron.config.ddp import DdpOptions
 from capture_megatron.features.activation_offload import OFFLOAD_MODULES, ActivationOffload
+from capture_megatron.features.cuda_graphs import CudaGraphs
 from capture_megatron.features.fsdp import Fsdp
 from capture_megatron.features.optimizers import Optimizer
 
@@ -281,3 +284,93 @@ def muon_run_problems(opt: Optimizer, overlap_param_gather: bool, ckpt_format: s
     if ckpt_format not in ("torch", "torch_dist"):
         p.append(f"{lm} with --ckpt-format torch or torch_dist, not {ckpt_format}")
     return p
+
+
+def cuda_graph_model_problems(
+    g: CudaGraphs,
+    moe: tuple[bool, bool, int],
+    routing: tuple[float, bool],
+    alltoall: bool,
+    recompute: tuple[str, tuple[str, ...]],
+    dropout: tuple[float, float],
+    overlap: bool,
+) -> list[str]:
+    """What Megatron-LM and megatron-core 0.16.1 refuse of these graphs on a model and plan
+    (rules.megatron.cuda_graph_problems): `moe` (has MoE layers, all layers
+    are, EP), `routing` (capacity factor, padded), `alltoall` dispatcher, `recompute`
+    (granularity, selective modules), `dropout` (attention, hidden), the EP `overlap`."""
+    scope, p = g.scopes, []
+    if g.impl == "local" and moe[2] > 1 and not g.moe_pad_experts_for_cuda_graph_inference:
+        p.append(
+            "Megatron-LM stops: '--moe-pad-experts-for-cuda-graph-inference must be set when "
+            "using CUDA graphs with expert parallelism' (--cuda-graph-impl local): give it"
+        )
+    if scope & {"moe", "moe_router"} and not moe[0]:
+        p.append("--cuda-graph-scope moe / moe_router needs MoE layers (megatron-core asserts it)")
+    if "mlp" in scope and moe[1]:
+        p.append(
+            "--cuda-graph-scope mlp graphs dense layers, and every layer is an MoE layer "
+            "(megatron-core asserts it): give moe_router or moe"
+        )
+    drop_pad = bool(routing[0]) and routing[1]
+    if "moe" in scope and not drop_pad:
+        p.append(
+            "--cuda-graph-scope moe needs drop-and-pad routing (--moe-expert-capacity-factor "
+            "with --moe-pad-expert-input-to-capacity; megatron-core asserts it): give "
+            "moe_router"
+        )
+    if "moe_preprocess" in scope and not drop_pad and alltoall and routing[0]:
+        p.append(
+            "--cuda-graph-scope moe_preprocess with a capacity factor on the alltoall "
+            "dispatcher: megatron-core refuses it (its preprocess copies counts to the host); "
+            "leave it out"
+        )
+    return (
+        p + _graph_recompute_problems(g, *recompute, *dropout) + _graph_overlap_problems(g, overlap)
+    )
+
+
+def _graph_recompute_problems(
+    g: CudaGraphs, granularity: str, modules: tuple[str, ...], attention: float, hidden: float
+) -> list[str]:
+    """megatron-core's rules for recomputation inside graphed scopes."""
+    scope, p = g.scopes, []
+    whole = not scope or "full_iteration" in scope
+    if granularity == "full" and scope != {"full_iteration"}:
+        p.append(
+            "full recompute with CUDA graphs needs --cuda-graph-scope full_iteration "
+            "(megatron-core asserts it): use selective recompute, or no graphs"
+        )
+    if g.impl == "transformer_engine" and "moe" in modules and "moe_router" in scope:
+        p.append(
+            "--recompute-modules moe with --cuda-graph-scope moe_router on --cuda-graph-impl "
+            "transformer_engine: megatron-core refuses it; leave one of them out"
+        )
+    if attention and (whole or "attn" in scope) and "core_attn" in modules:
+        p.append(
+            "attention dropout with the attention core recomputed inside a CUDA graph "
+            "(megatron-core refuses it): give --attention-dropout 0 or leave core_attn out"
+        )
+    mlp = ((whole or "mlp" in scope) and "mlp" in modules) or (
+        (whole or "moe" in scope) and "moe" in modules
+    )
+    if hidden and mlp:
+        p.append(
+            "hidden dropout with an MLP / MoE recomputed inside a CUDA graph (megatron-core "
+            "refuses it): give --hidden-dropout 0 or leave mlp / moe out of "
+            "--recompute-modules"
+        )
+    return p
+
+
+def _graph_overlap_problems(g: CudaGraphs, overlap: bool) -> list[str]:
+    """--overlap-moe-expert-parallel-comm with CUDA graphs (megatron-core's rule)."""
+    bad = g.impl != "transformer_engine" or not g.scopes or g.scopes & {"moe", "mlp"}
+    if overlap and bad:
+        return [
+            "CUDA graphs with --overlap-moe-expert-parallel-comm need --cuda-graph-impl "
+            "transformer_engine and a scope without moe or mlp (megatron-core asserts 'CUDA "
+            "graph scope on moe and mlp is not supported with "
+            "overlap_moe_expert_parallel_comm')"
+        ]
+    return []

@@ -23,6 +23,7 @@ from capture_megatron.features.dispatch import DEEPEP_GROUPS
 from capture_megatron.features.fsdp import Fsdp
 from capture_megatron.features.moe import Experts
 from capture_megatron.features.optimizers import Optimizer
+from capture_megatron.rules.flags import cuda_graph_model_problems
 
 
 def check_plan_fits_model(shape: ModelShape, plan: ParallelPlan) -> None:
@@ -204,12 +205,13 @@ def _megatron_rules(shape: ModelShape, plan: ParallelPlan) -> list[str]:
 def cuda_graph_problems(shape: ModelShape, plan: ParallelPlan) -> list[str]:
     """What Megatron-LM and megatron-core 0.16.1 refuse of `plan`'s CUDA graphs on `shape`
     (arguments.py; TransformerConfig.__post_init__), one sentence each with the change: the
-    rules of features.cuda_graphs.CudaGraphs.model_problems."""
+    rules of rules.flags.cuda_graph_model_problems."""
     g, moe, rc = plan.ddp.cuda_graphs, shape.moe, plan.recompute
     if not g.enabled:
         return []
     layers = moe.pattern(shape.num_layers)
-    return g.model_problems(
+    return cuda_graph_model_problems(
+        g,
         moe=(moe.enabled, bool(layers) and all(layers), plan.ep),
         routing=(moe.moe_expert_capacity_factor, moe.moe_pad_expert_input_to_capacity),
         alltoall=moe.moe_token_dispatcher_type == "alltoall",

@@ -31,8 +31,6 @@ NOT_IN_THE_RULE_BOOK = {
     "planner's candidates' own check, below the rule book",
     "config.ddp.plan_problems": "ParallelPlan's constructor checks its DdpOptions with its sizes",
     "features.optimizer_offload.offload_problems": "DdpOptions' constructor",
-    "features.cuda_graphs.model_problems": "CUDA graphs against the model and plan, called by "
-    "rules/megatron.py cuda_graph_problems (the rule book's modules are at their line budget)",
     "planner.space.virtual_stage_problem": "the searched space's virtual stages (a planner Space)",
     "forecast.layers.micro_batch_problem": "whether a fitted memory model covers a micro-batch",
     "fields.value_problems": "every dataclass field's value (positive, finite)",
