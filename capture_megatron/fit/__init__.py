@@ -17,6 +17,7 @@ from capture_megatron.fit.model import (
     MemoryModel,
     ModelSource,
     Needs,
+    RecordedSource,
     ShapeConstants,
     VariantModel,
 )
@@ -27,6 +28,7 @@ __all__ = [
     "MemoryModel",
     "ModelSource",
     "Needs",
+    "RecordedSource",
     "ShapeConstants",
     "Sizes",
     "VariantModel",

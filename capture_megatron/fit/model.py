@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from capture_megatron.errors import CaptureError
 from capture_megatron.features.activation_offload import OffloadTensor
@@ -343,3 +343,15 @@ Needs = frozenset[tuple[Variant, ProbeShape]]
 ModelSource = Callable[[Needs], MemoryModel]
 """Gives a memory model holding (at least) the needed pairs (capture_megatron.profile.memory_source
 profiles them on demand)."""
+
+
+@runtime_checkable
+class RecordedSource(Protocol):
+    """A ModelSource that also says, without profiling, whether it holds some pairs already (its
+    cache: capture_megatron.profile.memory_source)."""
+
+    def __call__(self, needs: Needs) -> MemoryModel:
+        """A memory model holding (at least) `needs` (profiled where missing)."""
+
+    def recorded(self, needs: Needs) -> bool:
+        """Whether every pair of `needs` is recorded already (asking for them profiles nothing)."""

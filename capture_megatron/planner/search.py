@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from functools import partial
 
 from capture_megatron.config import Cluster, ModelShape, ParallelPlan
 from capture_megatron.config.hf_count import parameter_count
@@ -37,9 +38,10 @@ from capture_megatron.planner.offload_space import (
     offload_ddp,
     offloaded,
 )
+from capture_megatron.planner.sidebyside import side_by_side
 from capture_megatron.planner.space import Space, candidates
 from capture_megatron.planner.stepbound import step_bound
-from capture_megatron.planner.supply import Supply
+from capture_megatron.planner.supply import Supply, Unrecorded
 from capture_megatron.steptime.model import CostModel
 
 __all__ = [
@@ -100,15 +102,13 @@ def search(
         if len(space.optimizer_offload) < 2 or True not in space.distributed_optimizer:
             moved = []
         sets = [s for s in space.activation_offload if s]
-        if not moved and not sets:
-            plain = list(candidates(shape, cluster, gbs, space))
-            result = run(plain)
-        else:
-            bare = replace(space, activation_offload=((),))
-            bare = replace(bare, optimizer_offload=(0.0,)) if moved else bare
-            plain = list(candidates(shape, cluster, gbs, bare))
-            result = _with_offload(run, supply, cluster, plain, (moved, sets), hw, top)
-        return _with_fsdp(run, shape, plain, result, hw, top) if True in space.fsdp else result
+        bare = replace(space, activation_offload=((),)) if moved or sets else space
+        bare = replace(bare, optimizer_offload=(0.0,)) if moved else bare
+        plain = list(candidates(shape, cluster, gbs, bare))
+        first = run(plain)
+        groups, best = _offload_groups(supply, cluster, plain, first, (moved, sets), hw)
+        fsdp = True in space.fsdp
+        return _twins_searched(run, supply, hw, plain, first, (groups, best), fsdp, top)
     plans = undominated(list(candidates(shape, cluster, gbs, space)))
     m = supply.complete(plans)
     if len(space.activation_offload) > 1 and not measured(m):  # the same pairs without it
@@ -121,26 +121,26 @@ def search(
     return SearchResult(ranked[:top], len(results))
 
 
-def _with_offload(
-    run: Callable[[list[ParallelPlan], float], SearchResult],
+def _offload_groups(
     supply: Supply,
     cluster: Cluster,
     plain: list[ParallelPlan],
+    first: SearchResult,
     offloads: tuple[list[float], list[tuple[str, ...]]],
     hw: CostModel,
-    top: int,
-) -> SearchResult:
+) -> tuple[list[list[ParallelPlan]], float]:
     """throughput with offload searched (`offloads`: the optimizer fractions above 0 and the
-    activation offload module sets): the fastest plan without offload first, then the offloading
-    twins (offloading_twins) of the candidates found not to fit without it whose step bound is
-    below that plan (none when it is at least as fast as every bound: offload only adds step
-    time, so it wins where it saves recompute or stages), each of those searches splitting only
-    the twins that may beat that plan; the rankings merged. No activation offload where the
-    memory model does not say what it moves (predict.offload.measured)."""
-    first, shape = run(plain, math.inf), supply.shape
+    activation offload module sets): after the fastest plan without offload (`first`), the
+    offloading twins (offloading_twins) of the candidates found not to fit without it whose step
+    bound is below that plan (none when it is at least as fast as every bound: offload only adds
+    step time, so it wins where it saves recompute or stages), in the groups searched apart (all
+    in one where no node's host memory can bind, else each fraction apart: more offload is then
+    not lighter), with that plan's step, which each search's splits must beat. No activation
+    offload where the memory model does not say what it moves (predict.offload.measured)."""
     best = first.ranked[0].step_seconds if first.ranked and first.ranked[0].fits else math.inf
     order = {p: i for i, p in enumerate(plain)}  # the candidates' order, not the set's
     fractions, sets = offloads
+    shape = supply.shape
     if sets and first.unfit:  # one pair (profiled already where one is) says whether the
         # source's records measure what activation offloading moves
         unfit = sorted(first.unfit, key=lambda p: (not supply.holds([p]), order[p]))
@@ -151,18 +151,72 @@ def _with_offload(
         for t in offloading_twins(p, fractions, sets, lambda t: step_bound(shape, t, hw) < best)
     ]
     if not moved:
-        return first
+        return [], best
     bound = all(_host_bound(shape, p, cluster) <= hw.hardware.host_memory_bytes for p in moved)
     if bound and not sets:
-        found = [run(moved, best)]  # a fraction's twin all offloaded needs no more memory
-    else:  # the host memory may bind: more offload is then not lighter; each fraction apart
-        groups = [[p for p in moved if offloaded(p) == f] for f in (0.0, *fractions)]
-        found = [run(group, best) for group in groups if group]
-    both = sorted(
-        [e for r in (first, *found) for e in r.ranked],
-        key=throughput_key,
-    )
+        return [moved], best  # a fraction's twin all offloaded needs no more memory
+    groups = [[p for p in moved if offloaded(p) == f] for f in (0.0, *fractions)]
+    return [group for group in groups if group], best
+
+
+def _with_offload(first: SearchResult, found: list[SearchResult], top: int) -> SearchResult:
+    """The offloading twins' searches (`found`) merged into the ranking without offload."""
+    if not found:
+        return first
+    both = sorted([e for r in (first, *found) for e in r.ranked], key=throughput_key)
     return SearchResult(distinct(both)[:top], sum(r.considered for r in (first, *found)))
+
+
+def _twins_searched(
+    run: Callable[[list[ParallelPlan], float], SearchResult],
+    supply: Supply,
+    hw: CostModel,
+    plain: list[ParallelPlan],
+    first: SearchResult,
+    offload: tuple[list[list[ParallelPlan]], float],
+    fsdp: bool,
+    top: int,
+) -> SearchResult:
+    """The offloading twins' searches (`offload`: their groups and the step they must beat) and,
+    with `fsdp`, the ZeRO-3 twins' (_fsdp_twins), merged into `first`'s ranking. Where the memory
+    model holds what they need without profiling, they run side by side (planner.sidebyside; a
+    search that needs profiling is run again here, profiling), the ZeRO-3 search with `first`'s
+    mark, searched again with the offloading searches' own where they beat `first`: the results
+    of running them one after the other."""
+    groups, best = offload
+    shape = supply.shape
+    twins = _fsdp_twins(shape, plain, first, hw) if fsdp else ([], math.inf)
+    zero3 = [twins] if twins[0] else []  # first: the most candidates, the longest search
+    jobs = [*zero3, *((g, best) for g in groups)]
+    if len(jobs) > 1:
+        work = sum(len(plans) for plans, _ in jobs)
+        tried = side_by_side(
+            [partial(_recorded, supply, run, *job) for job in jobs], work, supply.go_offline
+        )
+        found = [f if f is not None else run(*job) for f, job in zip(tried, jobs, strict=True)]
+        result = _with_offload(first, found[len(zero3) :], top)
+        if fsdp and _fsdp_twins(shape, plain, result, hw)[1] == twins[1]:
+            return _with_fsdp(result, found[: len(zero3)], twins[1], top)
+    else:
+        result = _with_offload(first, [run(g, best) for g in groups], top)
+    if not fsdp:
+        return result
+    again = _fsdp_twins(shape, plain, result, hw)
+    return _with_fsdp(result, [run(*again)] if again[0] else [], again[1], top)
+
+
+def _recorded(
+    supply: Supply,
+    run: Callable[[list[ParallelPlan], float], SearchResult],
+    plans: list[ParallelPlan],
+    beaten: float,
+) -> SearchResult | None:
+    """run(plans, beaten) where it profiles nothing (in a fork, side_by_side: an offline Supply),
+    else None (its parent searches them, profiling)."""
+    try:
+        return run(plans, beaten)
+    except Unrecorded:
+        return None
 
 
 FSDP_MARGIN = 0.05
@@ -173,29 +227,30 @@ optimizer, which they measure, unless ZeRO-3 is ahead by more than the dense row
 (3.2%, docs/STEP_TIME.md) rounded up."""
 
 
-def _with_fsdp(
-    run: Callable[[list[ParallelPlan], float], SearchResult],
-    shape: ModelShape,
-    plain: list[ParallelPlan],
-    result: SearchResult,
-    hw: CostModel,
-    top: int,
-) -> SearchResult:
-    """throughput with Megatron-FSDP's ZeRO-3 tried: the ZeRO-3 twins (offload_space.fsdp_twin)
-    of the candidates without offload whose step bound is below FSDP_MARGIN under `result`'s
-    fastest plan, searched like the others (their sharded weights, gradients and optimizer
-    state leave room for larger micro-batches, less recompute or fewer stages); those that fit
-    and beat that mark merged into the ranking (all that fit where nothing fits without it)."""
+def _fsdp_twins(
+    shape: ModelShape, plain: list[ParallelPlan], result: SearchResult, hw: CostModel
+) -> tuple[list[ParallelPlan], float]:
+    """Megatron-FSDP's ZeRO-3 tried: (the ZeRO-3 twins (offload_space.fsdp_twin) of the candidates
+    without offload whose step bound is below the mark, the mark: FSDP_MARGIN under `result`'s
+    fastest plan). Their sharded weights, gradients and optimizer state leave room for larger
+    micro-batches, less recompute or fewer stages."""
     top_step = result.ranked[0].step_seconds if result.ranked and result.ranked[0].fits else None
     mark = math.inf if top_step is None else top_step * (1 - FSDP_MARGIN)
     twins = [t for t in map(fsdp_twin, plain) if t is not None]
-    twins = [t for t in twins if step_bound(shape, t, hw) < mark]
-    if not twins:
+    return [t for t in twins if step_bound(shape, t, hw) < mark], mark
+
+
+def _with_fsdp(
+    result: SearchResult, found: list[SearchResult], mark: float, top: int
+) -> SearchResult:
+    """The ZeRO-3 twins' search (`found`: none or one, split against `mark`) merged into
+    `result`: its plans that fit and beat the mark (all that fit where nothing fits without
+    it)."""
+    if not found:
         return result
-    found = run(twins, mark)
-    wins = [e for e in found.ranked if e.fits and e.step_seconds < mark]
+    wins = [e for e in found[0].ranked if e.fits and e.step_seconds < mark]
     both = sorted([*result.ranked, *wins], key=throughput_key)
-    return SearchResult(distinct(both)[:top], result.considered + found.considered, result.unfit)
+    return SearchResult(distinct(both)[:top], result.considered + found[0].considered, result.unfit)
 
 
 def offloading_twins(

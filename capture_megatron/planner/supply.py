@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from capture_megatron.config import ModelShape, ParallelPlan
-from capture_megatron.fit import MemoryModel, ModelSource, Needs
+from capture_megatron.fit import MemoryModel, ModelSource, Needs, RecordedSource
 from capture_megatron.forecast import variants_of
 from capture_megatron.records import ProbeShape, Variant
 
@@ -41,6 +41,10 @@ def needs_of(shape: ModelShape, plans: Iterable[ParallelPlan]) -> Needs:
     return frozenset(p for plan in plans for p in pairs_of(shape, plan))
 
 
+class Unrecorded(Exception):
+    """An offline Supply (Supply.offline) was asked for pairs its source has not recorded."""
+
+
 class Supply:
     """A memory model that grows on demand: ready (every pair there) or from a ModelSource."""
 
@@ -59,6 +63,9 @@ class Supply:
         """Rounds of profiling so far."""
         self.wanted: set[Pair] = set()
         """Pairs to profile with the next round (asked for ahead, without a round of their own)."""
+        self.offline = False
+        """Profile nothing: a round that would raises Unrecorded (a forked search's Supply:
+        planner.sidebyside; its parent profiles what it lacks)."""
 
     def want(self, plans: Iterable[ParallelPlan]) -> None:
         """Profile these plans' pairs with the next round that runs anyway."""
@@ -86,6 +93,18 @@ class Supply:
         """Whether the model predicts `plans` without profiling."""
         return self.source is None or all(p in self.have for p in self._pairs(plans))
 
+    def go_offline(self) -> None:
+        """Profile nothing from now on (Supply.offline)."""
+        self.offline = True
+
+    def recorded(self, plans: Iterable[ParallelPlan]) -> bool:
+        """Whether the model predicts `plans` without profiling, from what this Supply holds or
+        what its source has recorded already (RecordedSource: a cache)."""
+        if self.holds(plans):
+            return True
+        source = self.source
+        return isinstance(source, RecordedSource) and source.recorded(self._pairs(plans))
+
     def complete(self, plans: Iterable[ParallelPlan]) -> MemoryModel:
         """A model that predicts every one of `plans` (all their pairs at once)."""
         return self.model_for(plans)  # no upcoming plans: exactly the missing pairs, one round
@@ -95,6 +114,10 @@ class Supply:
 
     def _grow(self, new: set[Pair]) -> MemoryModel:
         assert self.source is not None
+        if self.offline:
+            source, needs = self.source, frozenset(self.have | new | self.wanted)
+            if not (isinstance(source, RecordedSource) and source.recorded(needs)):
+                raise Unrecorded()
         self.have |= new | self.wanted
         self.wanted = set()
         self.model = self.source(frozenset(self.have))

@@ -18,7 +18,7 @@ from capture_megatron.cache import check_writable, records_path, set_aside
 from capture_megatron.config import Kernels, ModelShape
 from capture_megatron.config.kernels import kernel_set
 from capture_megatron.errors import CaptureError
-from capture_megatron.fit import MemoryModel, ModelSource, Needs, fit
+from capture_megatron.fit import MemoryModel, Needs, RecordedSource, fit
 from capture_megatron.fit.decompose import VariantMemo
 from capture_megatron.profile.options import device_name
 from capture_megatron.records import (
@@ -203,14 +203,35 @@ def _cached(path: str) -> list[ProfileRecord]:
         return []
 
 
+@dataclass(frozen=True)
+class _Source:
+    """memory_source's ModelSource (a RecordedSource)."""
+
+    shape: ModelShape
+    """The model profiled."""
+    device: str
+    """Where (resolved: default_device)."""
+    kernels: Kernels
+    """With which kernels."""
+    progress: bool
+    """Whether profiling shows a progress bar."""
+
+    def __call__(self, needs: Needs) -> MemoryModel:
+        """profiled_model of `needs`."""
+        return profiled_model(self.shape, self.device, self.kernels, needs, self.progress)
+
+    def recorded(self, needs: Needs) -> bool:
+        """Whether the records file holds every pair of `needs` already."""
+        path = records_path(self.shape, self.device, kernel_set(self.device, self.kernels))
+        if not os.path.exists(path):
+            return not needs
+        st = os.stat(path)
+        return needs <= set(_fitted(path, st.st_mtime_ns, st.st_size).pairs)
+
+
 def memory_source(
     shape: ModelShape, device: str = "", progress: bool = True, kernels: Kernels = Kernels()
-) -> ModelSource:
+) -> RecordedSource:
     """The ModelSource for plan(): profile `shape` with `kernels` on `device` (default_device) on
     demand, cached."""
-    resolved = default_device(device)
-
-    def source(needs: Needs) -> MemoryModel:
-        return profiled_model(shape, resolved, kernels, needs, progress)
-
-    return source
+    return _Source(shape, default_device(device), kernels, progress)
