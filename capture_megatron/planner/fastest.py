@@ -28,6 +28,7 @@ from capture_megatron.config import Cluster, DdpOptions, ModelShape, ParallelPla
 from capture_megatron.features.activation_offload import OFFLOAD_SETS
 from capture_megatron.fit import MemoryModel
 from capture_megatron.forecast import mixed_layers
+from capture_megatron.forecast.layers import ChunkMemos
 from capture_megatron.planner.balance import (
     Evaluated,
     balanced,
@@ -97,19 +98,21 @@ def fit_plan(
     hw: CostModel,
     keep_recompute: bool,
     floor: int = 0,
+    memos: ChunkMemos | None = None,
 ) -> Fitted:
     """A candidate split for time (timed_split; full recompute's counts chosen unless kept), or,
     for dense and MoE layers mixed or uniform recompute given, by the min-max memory partition
     (recompute trimmed to the fewest layers that fit), and predicted; when no split fits, its
     even split with every layer recomputed (which does not fit either). `model_for(plans)`: a
     memory model that predicts those plans (the variant without recompute is asked for only when
-    the chosen counts are all 0)."""
+    the chosen counts are all 0); `memos`: chunk costs shared with the search's other plans
+    (timed.ChunkMemos)."""
     rc = plan.recompute
     choose = rc.granularity == "full" and not keep_recompute
     uniform = rc.granularity == "full" and rc.method == "uniform"
     cap, model = cluster.gpu_memory_bytes, model_for([plan])
     if not mixed_layers(shape) and not uniform and not shape.mtp_num_layers:
-        found = timed_split(model, shape, plan, cap, margins, hw, choose, floor)
+        found = timed_split(model, shape, plan, cap, margins, hw, choose, floor, memos)
         if found is None:  # no split fits: the even one with every layer recomputed says so
             every = balanced(model, shape, plan, keep_recompute, even=True)
             return Fitted(evaluate_plan(model, shape, every, cluster, margins, hw), float("inf"))
@@ -117,7 +120,7 @@ def fit_plan(
         if e.fits or not choose or found.plan.recompute.granularity == "full":
             return Fitted(replace(e, bound=found.bound), found.bottleneck)
         # no recompute fits by the full variant's forecast but not by its own: keep one layer
-        again = fit_plan(model_for, shape, plan, cluster, margins, hw, keep_recompute, 1)
+        again = fit_plan(model_for, shape, plan, cluster, margins, hw, keep_recompute, 1, memos)
         return Fitted(again.evaluated, found.bottleneck)
     if choose and not floor:
         model = model_for([plan, replace(plan, recompute=Recompute())])
@@ -239,6 +242,8 @@ class _Problem:
     hw: CostModel
     keep_recompute: bool
     floor: int
+    memos: ChunkMemos
+    """Chunk costs shared by the candidates split (timed.ChunkMemos)."""
 
 
 class _BranchAndBound:
@@ -259,7 +264,7 @@ class _BranchAndBound:
                 return p.supply.model_for(plans, visit.upcoming(i))
 
             fitted = fit_plan(model_for, p.shape, plan, p.cluster, p.margins, p.hw,
-                              p.keep_recompute, p.floor)  # fmt: skip
+                              p.keep_recompute, p.floor, p.memos)  # fmt: skip
             visit.add(plan, fitted)
         return visit.done[plan]
 
@@ -353,7 +358,7 @@ def fastest(
     cap = cluster.gpu_memory_bytes
     visit = _Visit(plans, lambda p: step_bound(shape, p, hw),
                    lambda p: _floor_fits(shape, p, margins, cap, low), beaten)  # fmt: skip
-    problem = _Problem(supply, shape, cluster, margins, hw, keep_recompute, floor)
+    problem = _Problem(supply, shape, cluster, margins, hw, keep_recompute, floor, {})
     _BranchAndBound(problem, visit).search()
     done = visit.done.values()
     ranked = distinct(sorted(done, key=throughput_key))

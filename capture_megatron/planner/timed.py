@@ -37,6 +37,7 @@ from dataclasses import dataclass, replace
 from capture_megatron.config import ModelShape, ParallelPlan, Recompute
 from capture_megatron.fit import MemoryModel
 from capture_megatron.forecast import layers_for, rank_memory
+from capture_megatron.forecast.layers import ChunkMemos, chunk_memo
 from capture_megatron.planner.margins import Margins
 from capture_megatron.planner.partition import TIE
 from capture_megatron.planner.ranktimes import RankTimes, chunk_splits, lower_bound
@@ -92,6 +93,7 @@ class _Ranks(RankTimes):
         hw: CostModel,
         choose: bool,
         floor: int = 0,
+        memos: ChunkMemos | None = None,
     ) -> None:
         super().__init__(shape, plan, hw)
         self.cap, self.margins = cap, margins
@@ -100,7 +102,7 @@ class _Ranks(RankTimes):
         self.floor = floor
         """The fewest layers a chosen count recomputes (1: full recompute was asked for)."""
         self.layers = layers_for(model, shape, plan)
-        self.cache: dict = {}
+        self.cache = chunk_memo(memos, self.layers, plan)
         self.peaks: dict[tuple, float] = {}
         self.plans: dict[tuple[int, int], ParallelPlan] = {}
         self.chunk_memo: dict[tuple[int, int, bool], tuple[float, float]] = {}
@@ -344,14 +346,16 @@ def timed_split(
     hw: CostModel,
     choose: bool,
     floor: int = 0,
+    memos: ChunkMemos | None = None,
 ) -> TimedSplit | None:
     """The fastest split of the plan's sizes that fits `cap` (module docstring; `choose`: full
     recompute's per-stage counts are chosen, the fewest that fit; else the plan's recompute is
-    kept; `floor`: the fewest layers a chosen count recomputes); None when no split fits. Layers
-    of one kind only (not dense and MoE mixed)."""
+    kept; `floor`: the fewest layers a chosen count recomputes; `memos`: chunk costs shared with
+    the search's other plans); None when no split fits. Layers of one kind only (not dense and
+    MoE mixed)."""
     if choose:
         plan = replace(plan, recompute=Recompute("full", "block", (0,) * plan.pp))
-    ranks = _Ranks(model, shape, plan, cap, margins, hw, choose, floor)
+    ranks = _Ranks(model, shape, plan, cap, margins, hw, choose, floor, memos)
     n = shape.num_layers
     least = _least_bottleneck(ranks, n)
     if least is None:
