@@ -54,11 +54,13 @@ def side_by_side(
     jobs: Sequence[Callable[[], T]], work: int, on_fork: Callable[[], None] = lambda: None
 ) -> list[T]:
     """The jobs' results, in order: in forked processes (each running `on_fork` once, first)
-    where this machine has more than one CPU, fork exists, there are two jobs or more and `work`
-    (their candidates) is at least MIN_WORK; else one after the other here."""
+    where this machine has more than one CPU, fork exists (and this process may have children:
+    not a daemon), there are two jobs or more and `work` (their candidates) is at least
+    MIN_WORK; else one after the other here."""
     global _JOBS
     workers = min(len(jobs), _cpus())
     forks = "fork" in multiprocessing.get_all_start_methods()
+    forks = forks and not multiprocessing.current_process().daemon  # a daemon has no children
     if workers < 2 or not forks or work < MIN_WORK:
         return [job() for job in jobs]
     _JOBS = jobs
