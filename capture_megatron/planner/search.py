@@ -195,7 +195,7 @@ def _twins_searched(
         )
         found = [f if f is not None else run(*job) for f, job in zip(tried, jobs, strict=True)]
         result = _with_offload(first, found[len(zero3) :], top)
-        if fsdp and _fsdp_twins(shape, plain, result, hw)[1] == twins[1]:
+        if fsdp and _fsdp_mark(result) == twins[1]:
             return _with_fsdp(result, found[: len(zero3)], twins[1], top)
     else:
         result = _with_offload(first, [run(g, best) for g in groups], top)
@@ -234,10 +234,16 @@ def _fsdp_twins(
     without offload whose step bound is below the mark, the mark: FSDP_MARGIN under `result`'s
     fastest plan). Their sharded weights, gradients and optimizer state leave room for larger
     micro-batches, less recompute or fewer stages."""
-    top_step = result.ranked[0].step_seconds if result.ranked and result.ranked[0].fits else None
-    mark = math.inf if top_step is None else top_step * (1 - FSDP_MARGIN)
+    mark = _fsdp_mark(result)
     twins = [t for t in map(fsdp_twin, plain) if t is not None]
     return [t for t in twins if step_bound(shape, t, hw) < mark], mark
+
+
+def _fsdp_mark(result: SearchResult) -> float:
+    """The step a ZeRO-3 plan must beat: FSDP_MARGIN under `result`'s fastest fitting plan (inf
+    where none fits)."""
+    top_step = result.ranked[0].step_seconds if result.ranked and result.ranked[0].fits else None
+    return math.inf if top_step is None else top_step * (1 - FSDP_MARGIN)
 
 
 def _with_fsdp(
