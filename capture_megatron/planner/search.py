@@ -201,7 +201,7 @@ def _twins_searched(
         result = _with_offload(first, [run(g, best) for g in groups], top)
     if not fsdp:
         return result
-    again = _fsdp_twins(shape, plain, result, hw)
+    again = twins if _fsdp_mark(result) == twins[1] else _fsdp_twins(shape, plain, result, hw)
     return _with_fsdp(result, [run(*again)] if again[0] else [], again[1], top)
 
 
