@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import warnings
 from collections.abc import Callable, Sequence
 from typing import TypeVar, cast
@@ -42,6 +43,10 @@ _ON_FORK: list[Callable[[], None]] = []
 
 
 def _forked() -> None:
+    # the parent's handlers are not the child's: the pool ends its children with SIGTERM when
+    # the jobs are done (the CLI's handler would raise there), and a Ctrl-C is the parent's
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     for hook in _ON_FORK:
         hook()
 

@@ -107,3 +107,20 @@ def test_a_search_that_would_profile_in_a_fork_comes_back_empty():
         raise AssertionError("profiled offline")
 
     assert _recorded(supply, run, [p], 1.0) is None
+
+
+def test_the_parents_signal_handlers_stay_out_of_the_forks(monkeypatch, capfd):
+    """The pool ends its forks with SIGTERM once their jobs are done; a handler the parent
+    installed (the CLI's raises) must not run there: no traceback on the user's terminal."""
+    import signal
+
+    def stop(signum, frame):
+        raise RuntimeError(f"stopped by {signum}")
+
+    monkeypatch.setenv("CAPTURE_MEGATRON_WORKERS", "2")
+    saved = signal.signal(signal.SIGTERM, stop)
+    try:
+        assert sidebyside.side_by_side([lambda: 1, lambda: 2], sidebyside.MIN_WORK) == [1, 2]
+    finally:
+        signal.signal(signal.SIGTERM, saved)
+    assert "Traceback" not in capfd.readouterr().err
