@@ -169,7 +169,7 @@ def layers_for(model: MemoryModel, shape: ModelShape, plan: ParallelPlan) -> Lay
 
 ChunkMemos = dict[tuple, tuple[object, object, dict]]
 """Chunk costs (forecast.chunks.cached_chunk's memo) shared by the plans of one search whose
-chunks cost the same, by chunk_signature: (the fitted models keyed by identity, kept alive
+chunks cost the same, by chunk_memo's key: (the fitted models keyed by identity, kept alive
 here, the memo)."""
 
 _SIGNED = tuple(

@@ -5,8 +5,9 @@ activation offloading twins, fraction by fraction, and Megatron-FSDP's ZeRO-3 tw
 depend on each other once the fastest plan without them is known, and each splits hundreds of
 candidates (planner.timed: tens of seconds for a 70B model). side_by_side runs them in forked
 processes, one per CPU this process may use ($CAPTURE_MEGATRON_WORKERS overrides, as for the
-profiling workers), where the memory model holds every pair they need (a fork that profiled
-would write the records file beside its siblings; the caller checks, Supply.holds). The
+profiling workers). A fork profiles nothing (it would write the records file beside its
+siblings): the caller's `on_fork` takes its Supply offline, and a search that needs profiling
+comes back empty, to be run again by the parent (planner.search._recorded). The
 children inherit the searches (closures: nothing is pickled on the way in) and send back only
 their SearchResults, so the results are those of running the searches one after the other, in
 the same order.

@@ -97,14 +97,6 @@ class Supply:
         """Profile nothing from now on (Supply.offline)."""
         self.offline = True
 
-    def recorded(self, plans: Iterable[ParallelPlan]) -> bool:
-        """Whether the model predicts `plans` without profiling, from what this Supply holds or
-        what its source has recorded already (RecordedSource: a cache)."""
-        if self.holds(plans):
-            return True
-        source = self.source
-        return isinstance(source, RecordedSource) and source.recorded(self._pairs(plans))
-
     def complete(self, plans: Iterable[ParallelPlan]) -> MemoryModel:
         """A model that predicts every one of `plans` (all their pairs at once)."""
         return self.model_for(plans)  # no upcoming plans: exactly the missing pairs, one round
