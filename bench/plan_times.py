@@ -7,7 +7,7 @@ medians of --repeats runs are reported (this machine is shared: medians, one run
 
     python bench/plan_times.py [--repeats 3] [--out bench/results/plan_times.json]
         [--cases llama2-70b:64,gpt3-175b:1024] [--issue53 llama3-70b,qwen3-30b-a3b,...]
-        [--warm-cache DIR]
+        [--warm-cache DIR] [--from-nothing]
 
 "probes" counts the probes a cold plan ran, "records" the records it kept (a record can serve
 several probes: capture_megatron.profile.design.built_as).
@@ -18,8 +18,11 @@ the commit they were measured at ("rerun"); the other rows stay as they were.
 --issue53 times issue 53's models (ISSUE53: Llama 3 70B on 64 GPUs, Qwen3-30B-A3B on 16,
 Qwen3-235B-A22B on 256, DeepSeek-V3 on 1024; seq 4096, global batch 1024, 80 GiB, the HF configs
 of tests/data/hf_configs) and replaces their rows of "issue53" in --out, with the commit and the
-load average. --warm-cache DIR times only warm runs on that cache (a cache profiled before,
-e.g. by an earlier cold run; it is not changed by a warm plan of a model it holds).
+load average. Their cold runs start from the anchor records the package ships for them
+(capture_megatron.profile.shipped), as a user's do; with --from-nothing only cold runs are timed,
+with the shipped records left unread (everything profiled), kept beside the others in the row.
+--warm-cache DIR times only warm runs on that cache (a cache profiled before, e.g. by an earlier
+cold run; it is not changed by a warm plan of a model it holds).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from speed import LLAMA2_70B  # bench/speed.py: the same Llama-2-70B command lin
 
 from capture_megatron.cache import cache_dir
 from capture_megatron.emulate.fake_cuda import shim_path
+from capture_megatron.profile.shipped import SWITCH
 
 CASES = (
     ("gpt3-1.3b", 8),
@@ -67,6 +71,10 @@ ISSUE53 = {
 """Issue 53's models: (model flags, GPUs of 80 GiB), each at ISSUE53_RUN."""
 
 
+FROM_NOTHING = False
+"""Whether plans leave the shipped records unread (--from-nothing)."""
+
+
 def _fresh_cache() -> str:
     shim_path()  # compiled once into the user's cache for this torch, then copied into each
     tmp = tempfile.mkdtemp(prefix="capture-bench-")
@@ -79,6 +87,8 @@ def _fresh_cache() -> str:
 def _run(argv: list[str], cache: str) -> tuple[float, str]:
     """(wall seconds, standard output) of one capture-megatron command with its own cache."""
     env = {**os.environ, "CAPTURE_MEGATRON_CACHE": cache}
+    if FROM_NOTHING:  # the records shipped with the package left unread: everything profiled
+        env[SWITCH] = "0"
     t0 = time.perf_counter()
     done = subprocess.run(
         [sys.executable, "-m", "capture_megatron.cli", *argv], capture_output=True, env=env
@@ -181,8 +191,12 @@ def issue53(ns: argparse.Namespace) -> None:
         if ns.warm_cache:
             warm = [_timed([*argv, "--no-progress"], ns.warm_cache) for _ in range(ns.repeats)]
             row = {**rows.get(name, {}), "warm_s": statistics.median(warm), "warm_runs_s": warm}
+        elif FROM_NOTHING:  # the cold runs only, kept beside those with the shipped records
+            got = plan_times(name, gpus, ns.repeats, argv)
+            row = {**rows.get(name, {}), "cold_from_nothing_s": got["cold_s"]}
+            row |= {"cold_from_nothing_runs_s": got["cold_runs_s"], "probes": got["probes"]}
         else:
-            row = plan_times(name, gpus, ns.repeats, argv)
+            row = {**rows.get(name, {}), **plan_times(name, gpus, ns.repeats, argv)}
             row.pop("preset")
         row |= {"model": name, "gpus": gpus, "commit": commit.stdout.strip()}
         row["load_average_5min"] = [load_start, os.getloadavg()[1]]
@@ -200,7 +214,14 @@ def main() -> None:
     ap.add_argument("--cases", default="", help="preset:gpus,... to rerun (rows replaced)")
     ap.add_argument("--issue53", default="", help=f"models of {', '.join(ISSUE53)} to time")
     ap.add_argument("--warm-cache", default="", help="--issue53: warm runs only, on this cache")
+    ap.add_argument(
+        "--from-nothing",
+        action="store_true",
+        help="--issue53: cold runs without the shipped anchor records (CAPTURE_MEGATRON_SHIPPED=0)",
+    )
     ns = ap.parse_args()
+    global FROM_NOTHING
+    FROM_NOTHING = ns.from_nothing
     load_start = os.getloadavg()[1]
     if ns.issue53:
         issue53(ns)

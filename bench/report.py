@@ -313,25 +313,59 @@ def issue53_table(data: dict) -> list[str]:
         "### Issue 53's models (`bench/plan_times.py --issue53`: seq 4096, global batch 1024, "
         "80 GiB)",
         "",
-        "Target: cold at most 60 s, warm at most 5 s, on this 2-core machine, idle. Each row's "
-        "runs and the 5-minute load average at its start and end (the machine was shared).",
+        "Target: cold at most 60 s, warm at most 5 s, on this 2-core machine, idle. Cold: an "
+        "empty user cache, with the anchor records the package ships for these plans "
+        "(capture_megatron/profile/anchors, written by bench/ship_anchors.py); from nothing: "
+        "the same with them left unread (CAPTURE_MEGATRON_SHIPPED=0, --from-nothing), every "
+        "probe run; probes: that run's. Each row's runs and the 5-minute load average at its "
+        "start and end (the machine was shared).",
         "",
-        "| model | GPUs | cold plan | warm plan | probes | runs (cold; warm) | load | commit |",
-        "|---|---|---|---|---|---|---|---|",
+        "| model | GPUs | cold plan | from nothing | warm plan | probes "
+        "| runs (cold; from nothing; warm) | load | commit |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        cold = f"{r['cold_s']:.1f} s" if "cold_s" in r else "-"
-        runs = ", ".join(f"{s:.0f}" for s in r.get("cold_runs_s", [])) or "-"
-        runs += "; " + (", ".join(f"{s:.1f}" for s in r.get("warm_runs_s", [])) or "-")
+        cold, nothing = (
+            f"{r[k]:.1f} s" if k in r else "-" for k in ("cold_s", "cold_from_nothing_s")
+        )
+        runs = "; ".join(
+            ", ".join(f"{s:.{digits}f}" for s in r.get(key, [])) or "-"
+            for key, digits in (
+                ("cold_runs_s", 0),
+                ("cold_from_nothing_runs_s", 0),
+                ("warm_runs_s", 1),
+            )
+        )
         load = " -> ".join(f"{x:.1f}" for x in r.get("load_average_5min", []))
+        warm = f"{r['warm_s']:.1f} s" if "warm_s" in r else "-"
         out.append(
-            f"| {r['model']} | {r['gpus']} | {cold} | {r.get('warm_s', 0):.1f} s | "
+            f"| {r['model']} | {r['gpus']} | {cold} | {nothing} | {warm} | "
             f"{r.get('probes', '-')} | {runs} | {load} | {r.get('commit', '')} |"
         )
     if not rows:
-        out.append("| (not measured yet) | | | | | | | |")
-    for line in notes:
-        out += ["", line]
+        out.append("| (not measured yet) | | | | | | | | |")
+    return out + shipped_table() + [line for note in notes for line in ("", note)]
+
+
+def shipped_table() -> list[str]:
+    """The anchor records shipped for issue 53's plans (bench/ship_anchors.py)."""
+    path = os.path.join(ROOT, "bench/results/ship_anchors.json")
+    if not os.path.exists(path):
+        return []
+    out = [
+        "",
+        "The shipped anchor records (`bench/ship_anchors.py`: each plan run cold from nothing "
+        "once, in a fresh cache; the records file it wrote, gzipped, is what the package ships):",
+        "",
+        "| plan | records | shipped | cold from nothing (one run) | load at its end | commit |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in json.loads(_read(path))["plans"]:
+        out.append(
+            f"| {r['plan']} | {r['records']} | {r['gzip_bytes'] / 1024:.0f} KiB | "
+            f"{r['cold_from_nothing_s']:.0f} s | {r['load_average_5min_end']:.1f} | "
+            f"{r['commit']} |"
+        )
     return out
 
 

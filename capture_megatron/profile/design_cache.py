@@ -12,16 +12,14 @@ matches exactly; otherwise the probes run as before and are cached.
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import json
 import os
-import tempfile
-from importlib import resources
 from importlib.metadata import version
 
 from capture_megatron.cache import cache_dir, set_aside
 from capture_megatron.errors import CaptureError
+from capture_megatron.profile.shipped import read_shipped
 from capture_megatron.records import ProfileRecord, Variant, read_records, write_records
 from capture_megatron.serial import to_plain
 from capture_megatron.version import PROBE_REVISION, __version__
@@ -55,14 +53,8 @@ def load_design(name: str) -> list[ProfileRecord] | None:
             return read_records(path)
         except CaptureError as err:  # a damaged cache entry: set aside and measured again
             print(f"note: {set_aside(path, err)}")
-    shipped = resources.files("capture_megatron.profile").joinpath(SHIPPED, name + ".jsonl.gz")
-    if not shipped.is_file():
-        return None
-    with tempfile.TemporaryDirectory(prefix="capture-megatron-") as tmp:
-        plain = os.path.join(tmp, "records.jsonl")
-        with open(plain, "wb") as f:
-            f.write(gzip.decompress(shipped.read_bytes()))
-        return read_records(plain)
+    shipped = read_shipped(SHIPPED, name)
+    return None if shipped is None else list(shipped)
 
 
 def store_design(name: str, records: list[ProfileRecord]) -> None:

@@ -21,6 +21,7 @@ from capture_megatron.errors import CaptureError
 from capture_megatron.fit import MemoryModel, Needs, RecordedSource, fit
 from capture_megatron.fit.decompose import VariantMemo
 from capture_megatron.profile.options import device_name
+from capture_megatron.profile.shipped import shipped_anchors
 from capture_megatron.records import (
     Probe,
     ProbeShape,
@@ -54,7 +55,7 @@ def profiled_model(
     shape: ModelShape, device: str, kernels: Kernels, needs: Needs, progress: bool = True
 ) -> MemoryModel:
     """A memory model of `kernels` on `device` holding anchors for every (variant, probe shape)
-    in `needs`."""
+    in `needs`: the cache's, then the package's (profile.shipped), then profiled."""
     path = records_path(shape, device, kernel_set(device, kernels))
     stat = os.stat(path) if os.path.exists(path) else None
     # a file of another records format (or damaged) is set aside by _read: nothing to fit then
@@ -63,11 +64,14 @@ def profiled_model(
         kept = _fitted(path, stat.st_mtime_ns, stat.st_size)
         if needs <= set(kept.pairs):
             return kept.model
-    have = {(r.variant, r.shape) for r in records}
+    have = {_pair(r) for r in records}
+    shipped = [] if needs <= have else [r for r in shipped_anchors(path) if _pair(r) not in have]
+    records += shipped
+    have |= {_pair(r) for r in shipped}
     missing = sorted(((v, s) for v, s in needs if (v, s) not in have), key=str)
-    if missing:
+    if missing or shipped:
         check_writable(os.path.dirname(path))
-        records += _profiled(missing, records, device, kernels, progress, path)
+        records += _profiled(missing, records, device, kernels, progress, path) if missing else []
         os.makedirs(os.path.dirname(path), exist_ok=True)
         tmp = f"{path}.{os.getpid()}.tmp"  # concurrent planners of one model never share a tmp
         write_records(records, tmp)
@@ -106,6 +110,11 @@ def _profiled(
     for record in run_probes(todo, device, kernels, progress=progress) if todo else []:
         known.setdefault(built_as(_probe(record)), record)
     return [dataclasses.replace(known[built_as(p)], variant=p.variant) for p in probes]
+
+
+def _pair(record: ProfileRecord) -> tuple[Variant, ProbeShape]:
+    """The (variant, probe shape) pair a record measures."""
+    return record.variant, record.shape
 
 
 def _probe(record: ProfileRecord) -> Probe:
