@@ -195,8 +195,10 @@ def issue53(ns: argparse.Namespace) -> None:
             got = plan_times(name, gpus, ns.repeats, argv)
             row = {**rows.get(name, {}), "cold_from_nothing_s": got["cold_s"]}
             row |= {"cold_from_nothing_runs_s": got["cold_runs_s"], "probes": got["probes"]}
-        else:
-            row = {**rows.get(name, {}), **plan_times(name, gpus, ns.repeats, argv)}
+        else:  # "probes" stays the run's from nothing; these runs' own are cold_probes
+            got = plan_times(name, gpus, ns.repeats, argv)
+            got["cold_probes"] = got.pop("probes")
+            row = {**rows.get(name, {}), **got}
             row.pop("preset")
         row |= {"model": name, "gpus": gpus, "commit": commit.stdout.strip()}
         row["load_average_5min"] = [load_start, os.getloadavg()[1]]

@@ -357,14 +357,15 @@ def shipped_table() -> list[str]:
         "The shipped anchor records (`bench/ship_anchors.py`: each plan run cold from nothing "
         "once, in a fresh cache; the records file it wrote, gzipped, is what the package ships):",
         "",
-        "| plan | records | shipped | cold from nothing (one run) | load at its end | commit |",
-        "|---|---|---|---|---|---|",
+        "| plan | records | shipped | cold from nothing (one run) | load at its end | commit | "
+        "conditions |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in json.loads(_read(path))["plans"]:
         out.append(
             f"| {r['plan']} | {r['records']} | {r['gzip_bytes'] / 1024:.0f} KiB | "
             f"{r['cold_from_nothing_s']:.0f} s | {r['load_average_5min_end']:.1f} | "
-            f"{r['commit']} |"
+            f"{r['commit']} | {r.get('note', '')} |"
         )
     return out
 
