@@ -5,10 +5,10 @@ variants (capture_megatron.profile.design_cache) and the anchors of the models p
 An anchors file is a records file of the user's cache (capture_megatron.cache.records_path: the
 device, the kernel set, the model shape and the software versions, hashed) as a cold plan wrote
 it, under the same name: it is read only where that name -- versions included -- matches
-exactly, and where the user's cache lacks a pair a plan needs: the shipped pairs the cache
-lacks are then added to it. The records are
-the same measurements the plan would make (bench/ship_anchors.py writes them from cold plans,
-and lists each file's model in ANCHORS/index.json), so the plan is the same, only sooner.
+exactly and the user's cache lacks a pair a plan needs; the shipped pairs the cache lacks are
+then added to it. The records are the same measurements the plan would make
+(bench/ship_anchors.py writes them from cold plans, and lists each file's plans in
+ANCHORS/index.json), so the plan is the same, only sooner.
 """
 
 from __future__ import annotations

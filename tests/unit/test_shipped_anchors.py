@@ -13,7 +13,7 @@ from importlib.metadata import version
 
 import pytest
 
-from capture_megatron.api.request import cluster_of, read_request
+from capture_megatron.api.request import Request, cluster_of, read_request
 from capture_megatron.cache import records_path
 from capture_megatron.cli.plan import build_parser
 from capture_megatron.config.kernels import kernel_set
@@ -35,7 +35,7 @@ needs_pinned = pytest.mark.skipif(
 PLANS = [(file, argv) for file, entry in sorted(INDEX.items()) for argv in entry["plans"].values()]
 
 
-def _records_file(argv: list[str]) -> tuple[str, object]:
+def _records_file(argv: list[str]) -> tuple[str, Request]:
     """(the records file a fake-CUDA plan of `argv` reads, its Request)."""
     argv = [os.path.join(ROOT, a) if a.endswith(".json") else a for a in argv]
     ns = build_parser().parse_args(argv)
