@@ -304,7 +304,18 @@ class VariantModel(JsonMixin):
 
     def constants(self, z: Sizes) -> ShapeConstants:
         """Exact constants when `z` was probed, else the replayed timelines' / regressions'
-        prediction."""
+        prediction (worked out once per shape: a search asks for the same few shapes at every
+        chunk it costs)."""
+        memo: dict[Sizes, ShapeConstants] | None = self.__dict__.get("_constants")
+        if memo is None:
+            memo = {}
+            object.__setattr__(self, "_constants", memo)  # not a field: not compared or written
+        found = memo.get(z)
+        if found is None:
+            found = memo[z] = self._constants_at(z)
+        return found
+
+    def _constants_at(self, z: Sizes) -> ShapeConstants:
         for anchor in self.anchors:
             if anchor.sizes == z:
                 return settled(anchor)

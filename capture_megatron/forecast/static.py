@@ -343,6 +343,7 @@ LayerRun = tuple[tuple[int, ...], tuple[bool, ...], int]
 layers follow one another)."""
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def layer_static(
     pre: tuple[int, ...],
     runs: tuple[LayerRun, ...],
@@ -363,7 +364,8 @@ def layer_static(
     it is a routed expert's (an MTP layer's experts; empty: none is). `low_precision`: per run,
     which of its parameters are 1-byte low-precision ones (empty: none); megatron-core groups DDP's
     buffers by (parameter dtype, gradient dtype), so they get 1-byte buffers of their own (an MTP
-    layer's weights are counted in bf16)."""
+    layer's weights are counted in bf16). Memoised: a search costs the same chunk at every
+    recompute count, which does not change its static bytes."""
     lows = low_precision or tuple((False,) * len(layer) for layer, _, _ in runs)
     mask = post_expert or (False,) * len(post)
     opt, parts = distributed_optimizer, []

@@ -42,7 +42,7 @@ from capture_megatron.planner.partition import TIE
 from capture_megatron.planner.ranktimes import least_step, lower_bound, memory_floor
 from capture_megatron.planner.stepbound import bound_parts, step_bound
 from capture_megatron.planner.supply import Supply
-from capture_megatron.planner.timed import timed_split
+from capture_megatron.planner.timed import Beaten, timed_split
 from capture_megatron.steptime.model import CostModel, overhead_per_pass
 
 
@@ -82,11 +82,13 @@ def _all_offloaded(p: ParallelPlan) -> DdpOptions | None:
 class Fitted:
     """A candidate split and predicted (fit_plan)."""
 
-    evaluated: Evaluated
-    """The plan with its layout and recompute, predicted."""
+    evaluated: Evaluated | None
+    """The plan with its layout and recompute, predicted (None: no split that fits beats the step
+    it had to, timed.Beaten; whether one fits is not known)."""
     bottleneck: float
     """The least slowest-rank per-micro-batch time of any split of its sizes that fits
-    (timed.TimedSplit.bottleneck; inf when none fits, 0 when the layout was not chosen for time)."""
+    (timed.TimedSplit.bottleneck; inf when none fits, 0 when the layout was not chosen for time;
+    a lower bound on it when `evaluated` is None)."""
 
 
 def fit_plan(
@@ -99,6 +101,7 @@ def fit_plan(
     keep_recompute: bool,
     floor: int = 0,
     memos: ChunkMemos | None = None,
+    beat: float = math.inf,
 ) -> Fitted:
     """A candidate split for time (timed_split; full recompute's counts chosen unless kept), or,
     for dense and MoE layers mixed or uniform recompute given, by the min-max memory partition
@@ -106,13 +109,16 @@ def fit_plan(
     even split with every layer recomputed (which does not fit either). `model_for(plans)`: a
     memory model that predicts those plans (the variant without recompute is asked for only when
     the chosen counts are all 0); `memos`: chunk costs shared with the search's other plans
-    (timed.ChunkMemos)."""
+    (timed.ChunkMemos); `beat`: a split for time is searched only as far as it may be faster
+    than this step (Fitted.evaluated None where it cannot)."""
     rc = plan.recompute
     choose = rc.granularity == "full" and not keep_recompute
     uniform = rc.granularity == "full" and rc.method == "uniform"
     cap, model = cluster.gpu_memory_bytes, model_for([plan])
     if not mixed_layers(shape) and not uniform and not shape.mtp_num_layers:
-        found = timed_split(model, shape, plan, cap, margins, hw, choose, floor, memos)
+        found = timed_split(model, shape, plan, cap, margins, hw, choose, floor, memos, beat)
+        if isinstance(found, Beaten):
+            return Fitted(None, found.bottleneck)
         if found is None:  # no split fits: the even one with every layer recomputed says so
             every = balanced(model, shape, plan, keep_recompute, even=True)
             return Fitted(evaluate_plan(model, shape, every, cluster, margins, hw), float("inf"))
@@ -120,7 +126,8 @@ def fit_plan(
         if e.fits or not choose or found.plan.recompute.granularity == "full":
             return Fitted(replace(e, bound=found.bound), found.bottleneck)
         # no recompute fits by the full variant's forecast but not by its own: keep one layer
-        again = fit_plan(model_for, shape, plan, cluster, margins, hw, keep_recompute, 1, memos)
+        kept = keep_recompute
+        again = fit_plan(model_for, shape, plan, cluster, margins, hw, kept, 1, memos, beat)
         return Fitted(again.evaluated, found.bottleneck)
     if choose and not floor:
         model = model_for([plan, replace(plan, recompute=Recompute())])
@@ -149,8 +156,11 @@ class _Visit:
         self.bounds = {p: bound(p) for p in plans}
         self.order = sorted(plans, key=self.bounds.__getitem__)
         self.done: dict[ParallelPlan, Evaluated] = {}
+        self.passed: set[ParallelPlan] = set()
+        """The plans whose split was left once no split of theirs could be faster than the
+        fastest step known (a search given `beaten` only: a slower plan is not wanted)."""
         self.least: dict[ParallelPlan, float] = {}
-        """Fitted.bottleneck of the plans split."""
+        """Fitted.bottleneck of the plans split (or passed)."""
         self.fitting: set[ParallelPlan] = set()
         """The fitting splits found."""
         self.steps: list[float] = []
@@ -209,10 +219,19 @@ class _Visit:
         """The candidates found not to fit."""
         return frozenset(p for p, ok in self.viable.items() if not ok)
 
+    def cutoff(self) -> float:
+        """The step a split must beat to be searched to its end: the fastest known where a
+        step was given from elsewhere (the plans slower than it are not wanted), else inf."""
+        return self.fastest_known() if self.beaten < math.inf else math.inf
+
     def add(self, plan: ParallelPlan, fitted: Fitted) -> None:
         """Record a candidate's split (its fastest step among the fitting ones, once per split)."""
-        e = fitted.evaluated
-        self.done[plan], self.least[plan] = e, fitted.bottleneck
+        e, self.least[plan] = fitted.evaluated, fitted.bottleneck
+        if e is None:
+            self.passed.add(plan)
+            return
+        self.done[plan] = e
+        self.passed.discard(plan)
         if e.fits and e.plan not in self.fitting:
             self.fitting.add(e.plan)
             bisect.insort(self.steps, e.step_seconds)
@@ -252,10 +271,11 @@ class _BranchAndBound:
     def __init__(self, problem: _Problem, visit: _Visit) -> None:
         self.p, self.visit = problem, visit
 
-    def run(self, plan: ParallelPlan, i: int) -> Evaluated:
-        """The plan split and predicted (fit_plan), once."""
+    def run(self, plan: ParallelPlan, i: int, beat: float = math.inf) -> Evaluated | None:
+        """The plan split and predicted (fit_plan), once; None where no split of it can beat
+        `beat` (it is not wanted, fitting or not: searched again, in full, when asked without)."""
         p, visit = self.p, self.visit
-        if plan not in visit.done:
+        if plan not in visit.done and (plan not in visit.passed or beat == math.inf):
             if plan.recompute.granularity == "full" and not p.keep_recompute:
                 # its counts may all come out 0: that variant's pairs go with the next round
                 p.supply.want([replace(plan, recompute=Recompute())])
@@ -264,26 +284,35 @@ class _BranchAndBound:
                 return p.supply.model_for(plans, visit.upcoming(i))
 
             fitted = fit_plan(model_for, p.shape, plan, p.cluster, p.margins, p.hw,
-                              p.keep_recompute, p.floor, p.memos)  # fmt: skip
+                              p.keep_recompute, p.floor, p.memos, beat)  # fmt: skip
             visit.add(plan, fitted)
-        return visit.done[plan]
+        return visit.done.get(plan)
 
-    def fits(self, plan: ParallelPlan, i: int) -> bool:
+    def fits(self, plan: ParallelPlan, i: int, visited: bool = False) -> bool:
         """Whether the plan's floor of bytes can fit, every lighter twin that costs no profiling
-        (recursively) fits, and then the plan itself."""
+        (recursively) fits, and then the plan itself; `visited` (the candidate the search is at,
+        not a twin asked for): its split is searched only as far as it may beat the search's
+        cutoff (_Visit.cutoff; where it cannot, True and nothing is known)."""
         visit = self.visit
         if plan not in visit.viable:
             ok = visit.floor_fits(plan) and all(self.fits(t, i) for t in self.twins(plan))
             more = visit.more_offloaded(plan)
             ok = ok and (more is None or self.on_device(more, i))
-            visit.viable[plan] = ok and self.run(plan, i).fits
+            e = self.run(plan, i, visit.cutoff() if visited else math.inf) if ok else None
+            if ok and e is None:
+                return True
+            visit.viable[plan] = ok and e is not None and e.fits
         return visit.viable[plan]
 
     def on_device(self, plan: ParallelPlan, i: int) -> bool:
         """Whether the plan's device memory fits (its host memory aside: a twin offloading more
         activations needs more of it, so its overflow says nothing of the plan's)."""
         cap = self.p.cluster.gpu_memory_bytes
-        return self.visit.floor_fits(plan) and self.run(plan, i).needed <= cap
+        if not self.visit.floor_fits(plan):
+            return False
+        e = self.run(plan, i)
+        assert e is not None
+        return e.needed <= cap
 
     def known(self, plan: ParallelPlan) -> bool:
         """Whether the plan is known or predicted without profiling (worth asking first)."""
@@ -331,7 +360,7 @@ class _BranchAndBound:
             if stage == 1 and plan.vpp > 1 and twin_bound is not None:
                 heapq.heappush(queue, (max(bound, twin_bound), 2, i))
             else:
-                self.fits(plan, i)  # (twin_bound None: not viable, as its twin does not fit)
+                self.fits(plan, i, True)  # (twin_bound None: not viable: its twin does not fit)
 
 
 def fastest(
@@ -350,8 +379,9 @@ def fastest(
     """The branch and bound (module docstring): the fastest fitting plan, proven, then the
     fastest of the others evaluated on the way (up to `top` in all; `low`: the kernels'
     low-precision compute and parameters, for the memory floor). With `beaten` (a step known from
-    another search) only candidates that may be faster are split: the fastest of them, if any
-    is."""
+    another search) only candidates that may be faster are split, each only as far as it may beat
+    the fastest step known (timed.Beaten; its lighter twins, which say whether it can fit, in
+    full): the fastest of them, if any is."""
     if "full" in {p.recompute.granularity for p in plans} and not keep_recompute and not floor:
         # full recompute's counts include 0 (no recompute); not with activation offload
         plans = [p for p in plans if p.recompute.granularity != "none" or activation_rank(p.ddp)]

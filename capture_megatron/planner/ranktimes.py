@@ -6,6 +6,7 @@ lower bound). Pure Python."""
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import replace
 
 from capture_megatron.config import ModelShape, ParallelPlan, dtype_bytes
@@ -97,6 +98,21 @@ def lower_bound(parts: BoundParts, m: int, vpp: int, bottleneck: float) -> float
     """The least step of any split whose slowest rank takes `bottleneck` or more (module
     docstring of capture_megatron.planner.timed; BoundParts.least)."""
     return parts.least(m, vpp, bottleneck) * ROUNDING
+
+
+def beyond(parts: BoundParts, m: int, vpp: int, beat: float, low: float) -> float:
+    """The least slowest-rank time (within a millionth) from which lower_bound reaches `beat`:
+    no split whose slowest rank takes longer beats that step (inf: no step to beat; `low`: a
+    time below it, the search's start)."""
+    if beat == math.inf or lower_bound(parts, m, vpp, low) >= beat:
+        return math.inf if beat == math.inf else low
+    hi = 2 * low
+    while lower_bound(parts, m, vpp, hi) < beat:
+        low, hi = hi, 2 * hi
+    while hi - low > 1e-6 * hi:
+        mid = (low + hi) / 2
+        low, hi = (low, mid) if lower_bound(parts, m, vpp, mid) >= beat else (mid, hi)
+    return hi
 
 
 def _per_param(shape: ModelShape, plan: ParallelPlan, low_params: bool, shards: int) -> float:

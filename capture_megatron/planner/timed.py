@@ -22,7 +22,9 @@ the DP collectives not overlapped, the mean rank's optimizer step; exposed(B): t
 collectives less B, the longest window a rank's micro-batch can give them; every split of
 bottleneck >= B costs at least the least of this over B' >= B, since the fill and drain wait at
 least each other rank's time / v; stepbound.BoundParts). The
-bound is returned with the split: the split is proven within `bound` of the fastest.
+bound is returned with the split: the split is proven within `bound` of the fastest. Given a step
+to beat, the capacities at the bottleneck where the bound reaches it (ranktimes.beyond) come first:
+where they do not hold the layers, no split that fits can win, and the plan is left (Beaten).
 
 Chunk splits searched: every split with one or two chunks per rank; with more, the near-even ones
 (chunks differing by at most one layer, the extra layers on the first or on the last chunks), so
@@ -32,6 +34,7 @@ the bound then covers those splits only. Dense and MoE layers mixed are handled 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from capture_megatron.config import ModelShape, ParallelPlan, Recompute
@@ -40,7 +43,7 @@ from capture_megatron.forecast import layers_for, rank_memory
 from capture_megatron.forecast.layers import ChunkMemos, chunk_memo
 from capture_megatron.planner.margins import Margins
 from capture_megatron.planner.partition import TIE
-from capture_megatron.planner.ranktimes import RankTimes, chunk_splits, lower_bound
+from capture_megatron.planner.ranktimes import RankTimes, beyond, chunk_splits, lower_bound
 from capture_megatron.planner.stepbound import bound_parts
 from capture_megatron.steptime import parts as cp
 from capture_megatron.steptime.model import CostModel, chunk_seconds, step_seconds
@@ -63,6 +66,14 @@ class RankChoice:
     """Layers of each of its chunks."""
     recompute: int
     """Full-recompute count n of the rank (0 without recompute)."""
+
+
+@dataclass(frozen=True)
+class Beaten:
+    """No split of a plan's sizes that fits is estimated faster than the step it had to beat."""
+
+    bottleneck: float
+    """A lower bound on the slowest-rank per-micro-batch time of any split that fits."""
 
 
 @dataclass(frozen=True)
@@ -277,11 +288,18 @@ class _Ranks(RankTimes):
         return lo
 
 
-def _least_bottleneck(ranks: _Ranks, n: int) -> tuple[float, list[int]] | None:
+def _least_bottleneck(
+    ranks: _Ranks, n: int, cut: float = math.inf
+) -> tuple[float, list[int]] | float | None:
     """(B*, each rank's capacity at B*): the least slowest-rank time of a split of n layers that
     fits, found upward from the least one without memory (each step raises the limit to the next
-    rank time that lets some rank hold one more layer); None when no split fits."""
+    rank time that lets some rank hold one more layer); None when no split fits; `cut` when B*
+    is above it (the ranks' capacities at `cut` do not hold the layers; searched no further)."""
     pp = ranks.plan.pp
+    if cut < math.inf:
+        caps = [ranks.capacity(r, cut) for r in range(pp)]
+        if min(caps) < 0 or sum(caps) < n:
+            return cut
     limit = ranks.least_bottleneck()[1] * (1 + TIE)
     caps = [ranks.capacity(r, limit) for r in range(pp)]
     while min(caps) < 0 or sum(caps) < n:
@@ -347,22 +365,24 @@ def timed_split(
     choose: bool,
     floor: int = 0,
     memos: ChunkMemos | None = None,
-) -> TimedSplit | None:
+    beat: float = math.inf,
+) -> TimedSplit | Beaten | None:
     """The fastest split of the plan's sizes that fits `cap` (module docstring; `choose`: full
     recompute's per-stage counts are chosen, the fewest that fit; else the plan's recompute is
     kept; `floor`: the fewest layers a chosen count recomputes; `memos`: chunk costs shared with
-    the search's other plans); None when no split fits. Layers of one kind only (not dense and
-    MoE mixed)."""
+    the search's other plans); None when no split fits; Beaten once the bound proves that no
+    split that fits is faster than `beat` seconds (searched no further). Layers of one kind only
+    (not dense and MoE mixed)."""
     if choose:
         plan = replace(plan, recompute=Recompute("full", "block", (0,) * plan.pp))
     ranks = _Ranks(model, shape, plan, cap, margins, hw, choose, floor, memos)
     n = shape.num_layers
-    least = _least_bottleneck(ranks, n)
-    if least is None:
-        return None
-    bottleneck, caps = least
     parts = bound_parts(shape, plan, hw)
     m, pp, vpp = plan.num_microbatches, plan.pp, plan.vpp
+    least = _least_bottleneck(ranks, n, beyond(parts, m, vpp, beat, ranks.least_bottleneck()[1]))
+    if least is None or isinstance(least, float):
+        return None if least is None else Beaten(least)
+    bottleneck, caps = least
     per_layer = cp.layer_params(shape, plan.tp)
     extra = [cp.end_params(shape, plan.tp, r == 0, r == pp - 1) for r in range(pp)]
     best: tuple[float, float, ParallelPlan] | None = None
@@ -372,7 +392,7 @@ def timed_split(
         if best is None or found[:2] < best[:2]:
             best = found
         more = min(ranks.time(r, caps[r] + 1) for r in range(pp))
-        if more == float("inf") or lower_bound(parts, m, vpp, more) >= best[0]:
+        if more == float("inf") or lower_bound(parts, m, vpp, more) >= min(best[0], beat):
             break
         caps = [ranks.capacity(r, more * (1 + TIE), c) for r, c in enumerate(caps)]
     assert best is not None

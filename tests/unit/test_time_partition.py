@@ -21,7 +21,7 @@ from capture_megatron.planner.margins import Margins
 from capture_megatron.planner.ranktimes import RankTimes, least_step, memory_floor
 from capture_megatron.planner.space import Space, candidates
 from capture_megatron.planner.supply import Supply, needs_of
-from capture_megatron.planner.timed import timed_split
+from capture_megatron.planner.timed import Beaten, TimedSplit, timed_split
 from capture_megatron.steptime.constants import fitted
 from capture_megatron.steptime.model import CostModel, step_seconds
 from capture_megatron.steptime.settings import StepSettings
@@ -201,3 +201,30 @@ def test_branch_and_bound_finds_the_fastest_candidate(tp, pp, gbs, cap_gib):
     fitting = [e.step_seconds for e in every if e.fits]
     assert fitting and found.considered < len(plans)
     assert found.ranked[0].fits and found.ranked[0].step_seconds == pytest.approx(min(fitting))
+
+
+@pytest.mark.parametrize(
+    "pp,vpp,recompute,cap_gib",
+    [(4, 1, "none", 20.0), (2, 2, "none", 20.0), (4, 1, "full", 3.0), (2, 2, "full", 3.4)],
+)
+def test_a_step_to_beat_leaves_only_the_splits_that_cannot(pp, vpp, recompute, cap_gib):
+    """A twin search wants only splits faster than a step it knows: timed_split given it leaves a
+    plan (Beaten) only where the full search's fastest split is no faster, and otherwise finds the
+    same split."""
+    plan, cap = _plan(pp, vpp, recompute), cap_gib * GIB
+    full = timed_split(_model(plan), SMALL, plan, cap, MARGINS, HW, recompute == "full")
+    assert isinstance(full, TimedSplit)
+    left = 0
+    for beat in (1.01 * full.seconds, full.seconds, 0.99 * full.seconds, 0.9 * full.bound):
+        cut = timed_split(_model(plan), SMALL, plan, cap, MARGINS, HW, recompute == "full", 0,
+                          None, beat)  # fmt: skip
+        if isinstance(cut, Beaten):
+            left += 1
+            assert full.seconds >= beat
+            assert cut.bottleneck <= full.bottleneck
+        else:
+            assert cut is not None
+            if full.seconds < beat:
+                assert (cut.plan, cut.seconds) == (full.plan, full.seconds)
+    if recompute == "full":  # memory binds: the bottleneck is above the least without memory
+        assert left >= 1, "some step to beat leaves the plan"
