@@ -23,10 +23,11 @@ Megatron-core 0.16.1's rules, which the profiler's measured param/grad/optimizer
 
 from __future__ import annotations
 
-import bisect
 import functools
 import math
 from dataclasses import dataclass
+
+import numpy as np
 
 from capture_megatron.config import DdpOptions, dtype_bytes
 from capture_megatron.config.ddp import DEFAULT_DDP, STATE_BYTES
@@ -156,17 +157,21 @@ def buffer_layout(
 
 
 def _owned(ranges: list[tuple[int, int]], buckets: list[tuple[int, int]], dp: int) -> list[int]:
-    """Elements of each parameter that DP rank 0 owns (its 1/dp slice of every bucket)."""
+    """Elements of each parameter that DP rank 0 owns (its 1/dp slice of every bucket): the
+    slices' elements below a parameter's end less those below its start (the slices are disjoint:
+    one per bucket), for all parameters at once (an MoE chunk has thousands)."""
     shards = sorted((b_lo, b_lo + (b_hi - b_lo) // dp) for b_lo, b_hi in buckets)
-    starts = [lo for lo, _ in shards]
-    owned = []
-    for lo, hi in ranges:  # a parameter overlaps the shards from the one starting at or before lo
-        total, j = 0, max(bisect.bisect_right(starts, lo) - 1, 0)
-        while j < len(shards) and shards[j][0] < hi:
-            total += max(0, min(hi, shards[j][1]) - max(lo, shards[j][0]))
-            j += 1
-        owned.append(total)
-    return owned
+    starts = np.array([lo for lo, _ in shards], dtype=np.int64)
+    sizes = np.array([hi - lo for lo, hi in shards], dtype=np.int64)
+    below = np.concatenate(([0], np.cumsum(sizes)))  # elements of the slices before slice j
+
+    def covered(x: np.ndarray) -> np.ndarray:  # slice elements below each x
+        j = np.searchsorted(starts, x, side="right") - 1  # the last slice starting at or before x
+        at = np.maximum(j, 0)
+        return np.where(j >= 0, below[at] + np.clip(x - starts[at], 0, sizes[at]), 0)
+
+    bounds = np.array(ranges, dtype=np.int64).reshape(-1, 2)
+    return [int(n) for n in covered(bounds[:, 1]) - covered(bounds[:, 0])]
 
 
 def _bytes(layout: Layout, total: int, elements: int, tensors: int, largest: int) -> StaticBytes:

@@ -6,6 +6,7 @@ import random
 import pytest
 
 from capture_megatron.config import DdpOptions
+from capture_megatron.config.ddp import DEFAULT_DDP
 from capture_megatron.forecast.static import chunk_static, runs_static
 
 BF16_GRADS = DdpOptions(grad_reduce_in_bf16=True)
@@ -49,3 +50,31 @@ def test_bf16_gradients_halve_the_buffer_and_the_step_copies_the_shard():
         assert bf16.optimizer == fp32.optimizer and fp32.copies == 0
     copies = chunk_static(numels, "bf16", 4, True, None, BF16_GRADS).copies
     assert copies == pytest.approx(sum(numels), rel=0.01)  # 4 bytes x a quarter of the elements
+
+
+def _owned_one_by_one(ranges, buckets, dp):
+    """The elements of each parameter inside DP rank 0's slices, slice by slice."""
+    shards = [(lo, lo + (hi - lo) // dp) for lo, hi in buckets]
+    return [
+        sum(max(0, min(hi, s_hi) - max(lo, s_lo)) for s_lo, s_hi in shards) for lo, hi in ranges
+    ]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_owned_elements_match_the_slice_by_slice_count(seed):
+    """static._owned counts every parameter's owned elements at once: the same as adding its
+    overlap with each slice, on random layouts (parameters spanning several buckets, buckets
+    smaller than a parameter, shared embeddings, data-parallel sizes that do not divide)."""
+    from capture_megatron.forecast.static import _owned, buffer_layout, layout_of
+
+    rng = random.Random(seed)
+    numels = [
+        rng.choice([1, 7, 64, 1000, 4096 * rng.randint(1, 50)]) for _ in range(rng.randint(1, 60))
+    ]
+    dp = rng.choice([1, 2, 3, 8, 64])
+    bucket = rng.choice([None, 100, 5000, 40000])
+    layout = layout_of("bf16", DEFAULT_DDP, dp, True, bucket)
+    ranges, buckets = buffer_layout(numels, layout, rng.choice([None, 0, len(numels) - 1]))
+    assert _owned(ranges, buckets, layout.shards) == _owned_one_by_one(
+        ranges, buckets, layout.shards
+    )
