@@ -209,6 +209,27 @@ def _checked_fields(cls: Any) -> tuple[tuple[dataclasses.Field, Flag | None, Any
     return tuple(row for row in fields if row[2] is not None)
 
 
+_NESTED: dict[tuple[int, bool], tuple[Any, tuple[str, ...]]] = {}
+"""value_problems of nested frozen dataclasses by identity (a search's plans share one DdpOptions
+object through every dataclasses.replace; equal values of another type, 2.0 for 2, are other
+objects, so they are checked on their own)."""
+
+
+def _nested_problems(value: Any, every_field: bool) -> tuple[str, ...]:
+    """value_problems of a nested dataclass, once per frozen object."""
+    if not type(value).__dataclass_params__.frozen:
+        return tuple(value_problems(value, every_field=every_field))
+    key = (id(value), every_field)
+    found = _NESTED.get(key)
+    if found is not None and found[0] is value:
+        return found[1]
+    if len(_NESTED) >= 4096:
+        _NESTED.clear()
+    problems = tuple(value_problems(value, every_field=every_field))
+    _NESTED[key] = (value, problems)  # the entry keeps the object alive: its id is not reused
+    return problems
+
+
 def value_problems(
     obj: Any, positive: tuple[str, ...] = (), every_field: bool = False
 ) -> list[str]:
@@ -218,14 +239,14 @@ def value_problems(
     above 0 (floats). Flag fields are named by their flag; `every_field` checks the fields no
     flag sets too (objects read from JSON). None (not given) is accepted; nested dataclasses are
     checked too. Type problems stop the rest of a class's checks (its arithmetic would fail)."""
-    problems = []
+    problems: list[str] = []
     cls: Any = type(obj)
     for field, spec, kind in _checked_fields(cls):
         value = getattr(obj, field.name)
         if value is None:
             continue
         if dataclasses.is_dataclass(kind):
-            problems += value_problems(value, every_field=every_field)
+            problems += _nested_problems(value, every_field)
             continue
         if spec is None and not every_field:
             continue

@@ -100,6 +100,19 @@ def test_plan_file_sizes_must_be_integers(tmp_path, model_file):
         )
 
 
+def test_a_nested_float_is_refused_after_its_equal_int_was_taken(tmp_path, model_file):
+    """Nested settings are checked once per object (fields._nested_problems): a plan file's
+    wgrad_deferral_limit 0.0 equals the 0 of a plan read before it, and is still refused."""
+    out = tmp_path / "plan.json"
+    assert plan_cli.main([*BASE, "--memory-model", model_file, "--json", str(out)]) == 0
+    read_plan(str(out))
+    data = json.loads(out.read_text())
+    data["plan"]["ddp"]["wgrad_deferral_limit"] = 0.0
+    out.write_text(json.dumps(data))
+    with pytest.raises(CaptureError, match="--wgrad-deferral-limit 0.0 must be an integer"):
+        read_plan(str(out))
+
+
 @pytest.mark.parametrize("fmt", ["torch", "fsdp_dtensor"])
 def test_checkpoint_formats_are_predicted_and_refused_for_training(model_file, tmp_path, fmt):
     """--ckpt-format does not change training memory: predict takes Megatron-LM's functional
