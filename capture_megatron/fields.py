@@ -19,7 +19,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any
 
-from capture_megatron.serial import OMIT_DEFAULT, type_hints
+from capture_megatron.serial import OMIT_DEFAULT, ByIdentity, type_hints
 
 FLAG = "capture_megatron.flag"
 """The metadata key under which a field keeps its Flag."""
@@ -209,7 +209,7 @@ def _checked_fields(cls: Any) -> tuple[tuple[dataclasses.Field, Flag | None, Any
     return tuple(row for row in fields if row[2] is not None)
 
 
-_NESTED: dict[tuple[int, bool], tuple[Any, tuple[str, ...]]] = {}
+_NESTED: ByIdentity[tuple[str, ...]] = ByIdentity()
 """value_problems of nested frozen dataclasses by identity (a search's plans share one DdpOptions
 object through every dataclasses.replace; equal values of another type, 2.0 for 2, are other
 objects, so they are checked on their own)."""
@@ -217,17 +217,12 @@ objects, so they are checked on their own)."""
 
 def _nested_problems(value: Any, every_field: bool) -> tuple[str, ...]:
     """value_problems of a nested dataclass, once per frozen object."""
-    if not type(value).__dataclass_params__.frozen:
+
+    def work() -> tuple[str, ...]:
         return tuple(value_problems(value, every_field=every_field))
-    key = (id(value), every_field)
-    found = _NESTED.get(key)
-    if found is not None and found[0] is value:
-        return found[1]
-    if len(_NESTED) >= 4096:
-        _NESTED.clear()
-    problems = tuple(value_problems(value, every_field=every_field))
-    _NESTED[key] = (value, problems)  # the entry keeps the object alive: its id is not reused
-    return problems
+
+    frozen = type(value).__dataclass_params__.frozen
+    return _NESTED.get(value, every_field, work) if frozen else work()
 
 
 def value_problems(

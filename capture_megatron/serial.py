@@ -7,11 +7,13 @@ import json
 import os
 import types
 import typing
-from typing import Any, TypeVar
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
 
 from capture_megatron.errors import CaptureError
 
 T = TypeVar("T")
+V = TypeVar("V")
 OMIT_DEFAULT = "capture_megatron.omit_default"
 """Metadata key of a field that to_plain leaves out at its default (capture_megatron.config
 .fields.flag(omit_default=True)), so that adding the field kept the JSON, hence the record keys,
@@ -37,6 +39,31 @@ class CachedHash:
         state = dict(self.__dict__)
         state.pop("_cached_hash", None)
         return state
+
+
+class ByIdentity(Generic[V]):
+    """Values worked out from objects, kept by the objects' identity: for objects passed around
+    unchanged and costly to hash or compare (a schedule's long tuple, a plan's nested settings,
+    which an equal value of another type, 2.0 for 2, must not share). An entry keeps its object
+    alive, so its id is not reused; `size` entries at most (then all are dropped)."""
+
+    def __init__(self, size: int = 4096) -> None:
+        self.size = size
+        """Entries kept at most."""
+        self.kept: dict[tuple[int, Any], tuple[Any, V]] = {}
+        """(id, extra key): (the object, its value)."""
+
+    def get(self, obj: Any, extra: Any, work: Callable[[], V]) -> V:
+        """The value of (obj, extra): kept, or work() and kept."""
+        key = (id(obj), extra)
+        found = self.kept.get(key)
+        if found is not None and found[0] is obj:
+            return found[1]
+        if len(self.kept) >= self.size:
+            self.kept.clear()
+        value = work()
+        self.kept[key] = (obj, value)
+        return value
 
 
 def to_plain(obj: Any) -> Any:

@@ -19,6 +19,7 @@ from typing import NamedTuple
 import numpy as np
 
 from capture_megatron.forecast.chunks import ChunkCost
+from capture_megatron.serial import ByIdentity
 
 
 class Moment(NamedTuple):
@@ -68,23 +69,15 @@ KINDS = {"F": 0, "B": 1, "D": 2}
 """MomentArrays.kind of each kind of moment."""
 
 
-_BY_IDENTITY: dict[tuple[int, int], tuple[tuple[Moment, ...], MomentArrays]] = {}
+_BY_IDENTITY: ByIdentity[MomentArrays] = ByIdentity()
 """moment_arrays by the moments tuple's identity (hashing a long tuple on every call is what a
-value-keyed cache costs; the entry keeps the tuple alive, so its id is not reused)."""
+value-keyed cache costs)."""
 
 
 def moment_arrays(moments: tuple[Moment, ...], vpp: int) -> MomentArrays:
     """The arrays of a schedule's moments (ranks.schedule_states' tuple, which is cached too, so
     the same schedule is the same object)."""
-    key = (id(moments), vpp)
-    found = _BY_IDENTITY.get(key)
-    if found is not None and found[0] is moments:
-        return found[1]
-    if len(_BY_IDENTITY) >= 4096:
-        _BY_IDENTITY.clear()
-    arrays = _moment_arrays(moments, vpp)
-    _BY_IDENTITY[key] = (moments, arrays)
-    return arrays
+    return _BY_IDENTITY.get(moments, vpp, lambda: _moment_arrays(moments, vpp))
 
 
 @functools.lru_cache(maxsize=4096)
