@@ -126,8 +126,8 @@ def fit_plan(
         if e.fits or not choose or found.plan.recompute.granularity == "full":
             return Fitted(replace(e, bound=found.bound), found.bottleneck)
         # no recompute fits by the full variant's forecast but not by its own: keep one layer
-        kept = keep_recompute
-        again = fit_plan(model_for, shape, plan, cluster, margins, hw, kept, 1, memos, beat)
+        again = fit_plan(model_for, shape, plan, cluster, margins, hw, keep_recompute, 1,
+                         memos, beat)  # fmt: skip
         return Fitted(again.evaluated, found.bottleneck)
     if choose and not floor:
         model = model_for([plan, replace(plan, recompute=Recompute())])

@@ -104,9 +104,11 @@ def beyond(parts: BoundParts, m: int, vpp: int, beat: float, low: float) -> floa
     """The least slowest-rank time (within a millionth) from which lower_bound reaches `beat`:
     no split whose slowest rank takes longer beats that step (inf: no step to beat; `low`: a
     time below it, the search's start)."""
-    if beat == math.inf or lower_bound(parts, m, vpp, low) >= beat:
-        return math.inf if beat == math.inf else low
-    hi = 2 * low
+    if beat == math.inf:
+        return math.inf
+    if lower_bound(parts, m, vpp, low) >= beat:
+        return low
+    hi = 2 * low or 1.0  # (a start of 0 would never double)
     while lower_bound(parts, m, vpp, hi) < beat:
         low, hi = hi, 2 * hi
     while hi - low > 1e-6 * hi:
