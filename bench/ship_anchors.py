@@ -8,10 +8,12 @@ versions, hashed: capture_megatron.cache.records_path -- matches the user's reco
 and must be written again when any of those change (tests/unit/test_shipped_anchors.py fails
 then). Plans of one model share its file: their records are merged.
 
-    python bench/ship_anchors.py [--only llama3-70b,...] [--index]
+    python bench/ship_anchors.py [--only llama3-70b,...] [--index] [--cache DIR]
 
 --only ships those plans again (the others' files stay); --index rewrites index.json alone. The
 index is derived from the files shipped, so plans may be shipped by processes side by side.
+--cache plans in DIR (made if missing) and keeps it: a run stopped part of the way resumes from
+the records it wrote (the time then covers the last run only).
 """
 
 from __future__ import annotations
@@ -58,9 +60,12 @@ def records_file(argv: list[str]) -> str:
     return os.path.basename(records_path(request.shape, "fake-cuda", kernels))
 
 
-def ship(name: str, argv: list[str]) -> None:
-    """Plan `argv` cold and ship the records file it wrote (merged into one shipped already)."""
-    cache = _fresh_cache()
+def ship(name: str, argv: list[str], kept: str = "") -> None:
+    """Plan `argv` cold and ship the records file it wrote (merged into one shipped already);
+    `kept`: the cache to plan in and keep (else a fresh one, removed)."""
+    cache = kept or _fresh_cache()
+    if kept and not os.path.isdir(kept):
+        shutil.move(_fresh_cache(), kept)  # with the compiled shim, as a fresh one
     try:
         env = {**os.environ, "CAPTURE_MEGATRON_CACHE": cache, SWITCH: "0"}
         t0 = time.perf_counter()
@@ -85,7 +90,8 @@ def ship(name: str, argv: list[str]) -> None:
         )
         _record(name, len(records), len(data), seconds)
     finally:
-        shutil.rmtree(cache, ignore_errors=True)
+        if not kept:
+            shutil.rmtree(cache, ignore_errors=True)
 
 
 def _record(name: str, records: int, nbytes: int, seconds: float) -> None:
@@ -122,13 +128,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--only", default="", help="names of SHIPPED to (re)ship, comma-separated")
     ap.add_argument("--index", action="store_true", help="write index.json only")
+    ap.add_argument("--cache", default="", help="plan in this cache and keep it (resumable)")
     ns = ap.parse_args()
     os.makedirs(OUT, exist_ok=True)
     if not ns.only and not ns.index:  # every file written again: none of another version's left
         for old in glob.glob(os.path.join(OUT, "*.jsonl.gz")):
             os.remove(old)
     for name in [] if ns.index else ns.only.split(",") if ns.only else SHIPPED:
-        ship(name, SHIPPED[name])
+        ship(name, SHIPPED[name], os.path.abspath(ns.cache) if ns.cache else "")
         write_index()  # from the files shipped: plans shipped side by side list each other's
     write_index()
 

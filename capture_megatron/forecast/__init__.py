@@ -20,7 +20,7 @@ from capture_megatron.forecast.layers import (
     variant_of,
     variants_of,
 )
-from capture_megatron.forecast.ranks import StageMemory, predict, rank_memory
+from capture_megatron.forecast.ranks import StageMemory, predict, rank_memory, rank_peak
 
 __all__ = [
     "Layers",
@@ -31,6 +31,7 @@ __all__ = [
     "mixed_layers",
     "predict",
     "rank_memory",
+    "rank_peak",
     "sizes_for",
     "variant_of",
     "variants_of",

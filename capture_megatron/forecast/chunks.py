@@ -6,6 +6,7 @@ layers is composed layer by layer (capture_megatron.forecast.mixed)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from capture_megatron.config import DdpOptions, ModelShape, ParallelPlan
 from capture_megatron.config.kernels import FOREACH_ADAM_BYTES
@@ -79,6 +80,22 @@ class ChunkCost:
     gathered: tuple[float, float] = (0.0, 0.0)
     """--optimizer dist_muon: what its all-gather after the step allocates for this chunk's
     (dense, expert) parameters; a rank's gathers add up (forecast.optimizers)."""
+
+    @cached_property
+    def moment_terms(self) -> tuple[float, ...]:
+        """(inflight, retained, input_bytes, forward, backward, retained_grad): what a schedule
+        moment reads of the chunk (forecast.moments.moment_totals), once per chunk cost."""
+        return (self.inflight, self.retained, self.input_bytes, self.forward, self.backward,
+                self.retained_grad)  # fmt: skip
+
+    @cached_property
+    def rank_terms(self) -> tuple[float, ...]:
+        """(params, grads, optimizer, routing_state, buffers, gathered dense, gathered expert,
+        step, step_copies, step_alone, retained, offload_kept, host): what a rank sums or takes
+        the largest of over its chunks (forecast.ranks), once per chunk cost."""
+        return (self.params, self.grads, self.optimizer, self.routing_state, self.buffers,
+                *self.gathered, self.step, self.step_copies, self.step_alone, self.retained,
+                self.offload_kept, self.host)  # fmt: skip
 
 
 def chunk_kind(plan: ParallelPlan, pp_rank: int, vp: int) -> str:
@@ -329,26 +346,6 @@ def _bucket_size(
         return None
     params = sum(pre) + sum(k * sum(numels) for numels, _, k in runs) + sum(post)
     return plan.ddp.bucket_size(plan.dp * plan.cp, params)
-
-
-def cached_chunk(
-    layers: Layers,
-    shape: ModelShape,
-    plan: ParallelPlan,
-    pp_rank: int,
-    vp: int,
-    moe: tuple[bool, ...],
-    cache: dict | None,
-) -> ChunkCost:
-    """chunk_cost, memoised in `cache` by what it depends on for a fixed plan: kind, layers,
-    recomputed."""
-    if cache is None:
-        return chunk_cost(layers, shape, plan, pp_rank, vp, moe)
-    n = plan.recompute.layers_on(pp_rank) if plan.recompute.granularity == "full" else 0
-    key = (chunk_kind(plan, pp_rank, vp), moe, min(n, len(moe)))
-    if key not in cache:
-        cache[key] = chunk_cost(layers, shape, plan, pp_rank, vp, moe)
-    return cache[key]
 
 
 def _ends(sc: ShapeConstants, kind: str, mtp: bool) -> tuple[tuple[int, ...], tuple[int, ...]]:

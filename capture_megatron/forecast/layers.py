@@ -7,7 +7,7 @@ chunk's layers are composed in their order (capture_megatron.forecast.mixed)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 from capture_megatron.config import ModelShape, ParallelPlan
 from capture_megatron.errors import CaptureError
@@ -53,6 +53,16 @@ class Layers:
         if self.dense is not None and not moe:
             return self.dense
         return self.main
+
+    def chunks(
+        self, starts: tuple[int, ...] | None, counts: tuple[int, ...]
+    ) -> list[tuple[bool, ...]]:
+        """Layers.chunk of each of a rank's chunks (`starts` None: layers of one kind)."""
+        if not self.mixed:
+            moe = self.main.variant.moe is not None
+            return [(moe,) * k for k in counts]
+        at = starts or (None,) * len(counts)
+        return [self.chunk(a, k) for a, k in zip(at, counts)]
 
     def chunk(self, start: int | None, k: int) -> tuple[bool, ...]:
         """Per layer of a chunk of `k` layers from layer `start`, whether it is an MoE layer."""
@@ -165,30 +175,3 @@ def layers_for(model: MemoryModel, shape: ModelShape, plan: ParallelPlan) -> Lay
         torch_adam=cpu,
         foreach_adam=foreach,
     )
-
-
-ChunkMemos = dict[tuple, tuple[object, object, dict]]
-"""Chunk costs (forecast.chunks.cached_chunk's memo) shared by the plans of one search whose
-chunks cost the same, by chunk_memo's key: (the fitted models keyed by identity, kept alive
-here, the memo)."""
-
-_SIGNED = tuple(
-    f.name for f in fields(ParallelPlan) if f.name not in ("vpp", "layers_per_stage", "recompute")
-)
-"""The plan fields a chunk's cost may read besides its own layers (cached_chunk's key: its kind,
-layers and recomputed layers): all but the interleaving, the split and the recompute counts."""
-
-
-def chunk_memo(memos: ChunkMemos | None, layers: Layers, plan: ParallelPlan) -> dict:
-    """The chunk-cost memo `plan` shares with the plans of `memos` whose chunks cost the same
-    (those differing in interleaving, split or recompute counts only), a new one without memos."""
-    if memos is None:
-        return {}
-    rc = plan.recompute
-    flags = (layers.step_measured, layers.torch_adam, layers.foreach_adam, layers.pattern)
-    signed = tuple(getattr(plan, name) for name in _SIGNED)
-    key = (id(layers.main), id(layers.dense), flags, signed, rc.granularity, rc.method, rc.modules)
-    kept = memos.get(key)
-    if kept is None or kept[0] is not layers.main or kept[1] is not layers.dense:
-        kept = memos[key] = (layers.main, layers.dense, {})
-    return kept[2]

@@ -1,8 +1,9 @@
-"""A rank's schedule moments as arrays, so that its peak over them is a few vector operations.
+"""A rank's schedule moments: the distinct ones that can be its peak (schedule_states), and as
+arrays, so that its peak over them is a few vector operations.
 
 The planner asks for tens of thousands of rank peaks per search (every layer count, chunk split and
 recompute count of every candidate's ranks), each a maximum over the same schedule's moments
-(capture_megatron.forecast.ranks.schedule_states) with other chunk costs. Per schedule, the moments
+(schedule_states) with other chunk costs. Per schedule, the moments
 are turned once into a matrix of micro-batches alive per chunk, a mask of the other chunks that
 retain what their last backward left, and the indices of the running and held chunks; the memory
 at every moment is then two matrix-vector products and a few gathers (ranks._moment gives the same
@@ -19,6 +20,7 @@ from typing import NamedTuple
 import numpy as np
 
 from capture_megatron.forecast.chunks import ChunkCost
+from capture_megatron.forecast.schedule import ScheduleSpec, events
 from capture_megatron.serial import ByIdentity
 
 
@@ -75,7 +77,7 @@ value-keyed cache costs)."""
 
 
 def moment_arrays(moments: tuple[Moment, ...], vpp: int) -> MomentArrays:
-    """The arrays of a schedule's moments (ranks.schedule_states' tuple, which is cached too, so
+    """The arrays of a schedule's moments (schedule_states' tuple, which is cached too, so
     the same schedule is the same object)."""
     return _BY_IDENTITY.get(moments, vpp, lambda: _moment_arrays(moments, vpp))
 
@@ -105,16 +107,92 @@ def moment_totals(
     """(activations held, transient of the running pass) at every moment, above the static bytes
     (ranks._moment, and the deferred weight gradients' pairs: `pair` bytes for each of at most
     `limit` completed backward passes)."""
-    inflight = np.array([c.inflight for c in chunks])
-    retained = np.array([c.retained for c in chunks])
-    inputs = np.array([c.input_bytes for c in chunks])
-    forward = np.array([c.forward for c in chunks])
-    backward = np.array([c.backward for c in chunks])
-    kept = np.minimum(np.array([c.retained_grad for c in chunks]), inputs)
+    terms = [c.moment_terms for c in chunks]
+    inflight, retained, inputs, forward, backward, grads = np.array(list(zip(*terms)))
+    kept = np.minimum(grads, inputs)
     acts = arrays.live @ inflight + arrays.others_retaining @ retained
     if pair:
         acts = acts + np.minimum(arrays.done, limit) * pair
-    running = np.stack((inputs + forward, backward, np.zeros(len(chunks))))
+    running = np.zeros((3, len(chunks)))  # by kind: F, B, D
+    running[0], running[1] = inputs + forward, backward
     transient = running[arrays.kind, arrays.chunk]
     held = inputs[arrays.held] - np.where(arrays.counted, kept[arrays.held], 0.0)
     return acts, transient + np.where(arrays.holding, held, 0.0)
+
+
+@functools.lru_cache(maxsize=4096)
+def schedule_states(
+    pp: int,
+    num_microbatches: int,
+    vpp: int,
+    pp_rank: int,
+    group: int = 0,
+    defer: bool = False,
+    overlap: bool = False,
+) -> tuple[Moment, ...]:
+    """The distinct Moments of a rank's schedule that can be its peak, in first-seen order
+    (`defer`: --defer-embedding-wgrad-compute, whose buffers grow with the last stage's backward
+    passes; `overlap`: --overlap-moe-expert-parallel-comm, whose merged (forward, backward) steps
+    are one Moment of kind "M" before both, its chunk the forward's + vpp x the backward's)."""
+    live, held, after, done = [0] * vpp, -1, [True] * vpp, 0
+    counting = defer and pp_rank == pp - 1
+    seen: dict[Moment, None] = {}
+    spec = ScheduleSpec(
+        pp=pp,
+        num_microbatches=num_microbatches,
+        vpp=vpp,
+        microbatch_group_size=group,
+        overlap=overlap,
+    )
+    order = events(spec, pp_rank)
+    for i, ev in enumerate(order):
+        if i and order[i - 1].merged:  # the backward of a merged step: recorded with its forward
+            pass
+        elif ev.merged:
+            pair = ev.chunk + vpp * order[i + 1].chunk
+            seen.setdefault(Moment("M", pair, tuple(live), held, tuple(after), done), None)
+        else:
+            seen.setdefault(Moment(ev.kind, ev.chunk, tuple(live), held, tuple(after), done), None)
+        live[ev.chunk] += 1 if ev.kind == "F" else -1
+        after[ev.chunk] = ev.kind == "B"
+        if ev.kind == "B":
+            held = ev.chunk
+            done += int(counting and ev.chunk == vpp - 1)
+    if counting:
+        seen.setdefault(Moment("D", vpp - 1, tuple(live), held, tuple(after), done), None)
+    # a moment is dropped when the same (kind, chunk, held, retaining) moment has at least as
+    # many micro-batches alive in every chunk: its memory is never higher, so it cannot be the
+    # rank's peak
+    groups: dict[tuple, list[tuple[int, ...]]] = {}
+    for state in seen:
+        groups.setdefault(_key(state), []).append(state.live)
+    keep: set[tuple[tuple, tuple[int, ...]]] = set()
+    for key, lives in groups.items():
+        front = [
+            alive
+            for alive in lives
+            if not any(o != alive and all(a >= b for a, b in zip(o, alive)) for o in lives)
+        ]
+        keep.update((key, alive) for alive in (_upper_hull(front) if vpp == 2 else front))
+    return tuple(s for s in seen if (_key(s), s.live) in keep)
+
+
+def _key(state: Moment) -> tuple:
+    """What two moments must share for one to dominate the other by micro-batches alive."""
+    return state.kind, state.chunk, state.held, state.after, state.done
+
+
+def _upper_hull(front: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
+    """Vertices of the upper hull of a 2-chunk Pareto front: the only points where a sum
+    w0 * live0 + w1 * live1 with weights >= 0 (the activations held) can be largest."""
+    hull: list[tuple[int, ...]] = []
+    for p in sorted(set(front)):
+        while (
+            len(hull) >= 2
+            and (hull[-1][0] - hull[-2][0]) * (p[1] - hull[-2][1])
+            - (hull[-1][1] - hull[-2][1]) * (p[0] - hull[-2][0])
+            >= 0
+        ):
+            hull.pop()
+        hull.append(p)
+    return hull

@@ -81,13 +81,19 @@ class Kept:
         return self.nbytes if kind == "F" and live[self.chunk] > 0 else 0.0
 
 
+NONE_KEPT = Kept()
+"""Kept without offloading."""
+
+
 def rank_kept(kept: Sequence[float]) -> Kept:
     """Kept of a rank from its chunks' kept bytes (ChunkCost.offload_kept, in forward order):
     the last chunk that has groups is the first in backward order."""
+    if not any(kept):
+        return NONE_KEPT
     for chunk in reversed(range(len(kept))):
         if kept[chunk]:
             return Kept(kept[chunk], chunk)
-    return Kept()
+    return NONE_KEPT
 
 
 def chunk_adjusted(costs: Costs, per_layer: Sequence[float]) -> Costs:

@@ -9,19 +9,25 @@ maximum over all of them (iterations after the first, when optimizer state exist
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
 from capture_megatron.config import ModelShape, ParallelPlan, dtype_bytes
 from capture_megatron.fit import MemoryModel
 from capture_megatron.forecast import offload, overlap
-from capture_megatron.forecast.chunks import ChunkCost, cached_chunk
+from capture_megatron.forecast.chunkmemo import cached_chunk, rank_chunks
+from capture_megatron.forecast.chunks import ChunkCost
 from capture_megatron.forecast.cuda_graphs import graph_buffers
 from capture_megatron.forecast.layers import Layers, layers_for
-from capture_megatron.forecast.moments import KINDS, Moment, moment_arrays, moment_totals
-from capture_megatron.forecast.schedule import ScheduleSpec, events
+from capture_megatron.forecast.moments import (
+    KINDS,
+    Moment,
+    moment_arrays,
+    moment_totals,
+    schedule_states,
+)
 from capture_megatron.serial import OMIT_DEFAULT, JsonMixin
 
 
@@ -72,84 +78,6 @@ class StageMemory(JsonMixin):
 
 PHASES = {"F": "forward", "B": "backward", "D": "drain", "M": "forward+backward"}
 """StageMemory.phase of each kind of schedule moment."""
-
-
-@functools.lru_cache(maxsize=4096)
-def schedule_states(
-    pp: int,
-    num_microbatches: int,
-    vpp: int,
-    pp_rank: int,
-    group: int = 0,
-    defer: bool = False,
-    overlap: bool = False,
-) -> tuple[Moment, ...]:
-    """The distinct Moments of a rank's schedule that can be its peak, in first-seen order
-    (`defer`: --defer-embedding-wgrad-compute, whose buffers grow with the last stage's backward
-    passes; `overlap`: --overlap-moe-expert-parallel-comm, whose merged (forward, backward) steps
-    are one Moment of kind "M" before both, its chunk the forward's + vpp x the backward's)."""
-    live, held, after, done = [0] * vpp, -1, [True] * vpp, 0
-    counting = defer and pp_rank == pp - 1
-    seen: dict[Moment, None] = {}
-    spec = ScheduleSpec(
-        pp=pp,
-        num_microbatches=num_microbatches,
-        vpp=vpp,
-        microbatch_group_size=group,
-        overlap=overlap,
-    )
-    order = events(spec, pp_rank)
-    for i, ev in enumerate(order):
-        if i and order[i - 1].merged:  # the backward of a merged step: recorded with its forward
-            pass
-        elif ev.merged:
-            pair = ev.chunk + vpp * order[i + 1].chunk
-            seen.setdefault(Moment("M", pair, tuple(live), held, tuple(after), done), None)
-        else:
-            seen.setdefault(Moment(ev.kind, ev.chunk, tuple(live), held, tuple(after), done), None)
-        live[ev.chunk] += 1 if ev.kind == "F" else -1
-        after[ev.chunk] = ev.kind == "B"
-        if ev.kind == "B":
-            held = ev.chunk
-            done += int(counting and ev.chunk == vpp - 1)
-    if counting:
-        seen.setdefault(Moment("D", vpp - 1, tuple(live), held, tuple(after), done), None)
-    # a moment is dropped when the same (kind, chunk, held, retaining) moment has at least as
-    # many micro-batches alive in every chunk: its memory is never higher, so it cannot be the
-    # rank's peak
-    groups: dict[tuple, list[tuple[int, ...]]] = {}
-    for state in seen:
-        groups.setdefault(_key(state), []).append(state.live)
-    keep: set[tuple[tuple, tuple[int, ...]]] = set()
-    for key, lives in groups.items():
-        front = [
-            alive
-            for alive in lives
-            if not any(o != alive and all(a >= b for a, b in zip(o, alive)) for o in lives)
-        ]
-        keep.update((key, alive) for alive in (_upper_hull(front) if vpp == 2 else front))
-    return tuple(s for s in seen if (_key(s), s.live) in keep)
-
-
-def _key(state: Moment) -> tuple:
-    """What two moments must share for one to dominate the other by micro-batches alive."""
-    return state.kind, state.chunk, state.held, state.after, state.done
-
-
-def _upper_hull(front: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
-    """Vertices of the upper hull of a 2-chunk Pareto front: the only points where a sum
-    w0 * live0 + w1 * live1 with weights >= 0 (the activations held) can be largest."""
-    hull: list[tuple[int, ...]] = []
-    for p in sorted(set(front)):
-        while (
-            len(hull) >= 2
-            and (hull[-1][0] - hull[-2][0]) * (p[1] - hull[-2][1])
-            - (hull[-1][1] - hull[-2][1]) * (p[0] - hull[-2][0])
-            >= 0
-        ):
-            hull.pop()
-        hull.append(p)
-    return hull
 
 
 def _running(c: ChunkCost, kind: str) -> float:
@@ -230,19 +158,34 @@ def _all_at_once(
 ) -> Peak:
     """The peak over `moments` (of kinds F, B and D) if above `best` (predict.moments' arrays;
     its breakdown from the peak moment's own sums); `kept`: offloading's kept groups."""
-    arrays = moment_arrays(moments, len(chunks))
-    acts, transient = moment_totals(arrays, chunks, pair, limit)
-    keeping = (arrays.kind == 0) & (arrays.live[:, kept.chunk] > 0)  # as offload.Kept.at
-    acts = acts + np.where(keeping, kept.nbytes, 0.0)
-    totals = static + acts + transient
-    top = int(np.argmax(totals))  # the first moment at the highest total, as one moment at a time
-    if totals[top] <= best[0]:
+    total, top = _highest(chunks, moments, static, pair, limit, kept)
+    if total <= best[0]:
         return best
     kind, chunk, live, held, after, done = moments[top]
     acts_at, transient_at = _moment(chunks, kind, chunk, live, held, after)
     acts_at += min(done, limit) * pair + kept.at(kind, live)
     running = _running(chunks[chunk], kind)  # moved from transient to activations
-    return float(totals[top]), acts_at + running, transient_at - running, PHASES[kind], live
+    return total, acts_at + running, transient_at - running, PHASES[kind], live
+
+
+def _highest(
+    chunks: list[ChunkCost],
+    moments: tuple[Moment, ...],
+    static: float,
+    pair: float,
+    limit: int,
+    kept: offload.Kept,
+) -> tuple[float, int]:
+    """(the highest total over `moments` of kinds F, B and D, the first moment at it, as one
+    moment at a time would find it): _all_at_once's peak without its breakdown."""
+    arrays = moment_arrays(moments, len(chunks))
+    acts, transient = moment_totals(arrays, chunks, pair, limit)
+    if kept.nbytes:
+        keeping = (arrays.kind == 0) & (arrays.live[:, kept.chunk] > 0)  # as offload.Kept.at
+        acts = acts + np.where(keeping, kept.nbytes, 0.0)
+    totals = static + acts + transient
+    top = int(totals.argmax())
+    return float(totals[top]), top
 
 
 def _one_by_one(
@@ -301,20 +244,77 @@ def deferral(shape: ModelShape, plan: ParallelPlan, pp_rank: int) -> tuple[float
     return float((rows * shape.hidden_size + logits) * act), gathers
 
 
-def _static(
-    layers: Layers, chunks: list[ChunkCost], shape: ModelShape, plan: ParallelPlan, pp_rank: int
-) -> tuple[float, float, float, float, float]:
-    """(params, grads, optimizer, other, the optimizer step's peak) of a rank's chunks (dist_muon's
-    all-gathers follow every chunk's step)."""
-    params = sum(c.params for c in chunks)
-    grads = sum(c.grads for c in chunks)
-    opt = sum(c.optimizer for c in chunks)
-    routing = sum(c.routing_state for c in chunks)
+class _Sums(NamedTuple):
+    """What a rank's chunks add up to besides the schedule's moments (rank_memory)."""
+
+    params: float
+    grads: float
+    optimizer: float
+    other: float
+    """Global buffers, workspaces, routing state, deferred-wgrad gathers and CUDA graphs'."""
+    step: float
+    """The optimizer step's peak above the static bytes."""
+    retained: float
+    """What every chunk keeps from its last backward (at the step)."""
+    kept: offload.Kept
+    host: float
+
+
+def _sums(
+    layers: Layers,
+    chunks: list[ChunkCost],
+    shape: ModelShape,
+    plan: ParallelPlan,
+    pp_rank: int,
+    moe: list[tuple[bool, ...]],
+) -> _Sums:
+    """A rank's static bytes and step peak from its chunks (dist_muon's all-gathers follow every
+    chunk's step; `moe`: its chunks' layers, for the CUDA graphs' static inputs)."""
+    params, grads, opt, routing, buffers, dense, expert, steps, copies, alone, kept, moved, host = (
+        zip(*(c.rank_terms for c in chunks))
+    )
     gathers = deferral(shape, plan, pp_rank)[1]
-    other = max(c.buffers for c in chunks) + layers.workspace_bytes + routing + gathers
-    layer_wise = max(sum(c.gathered[0] for c in chunks), sum(c.gathered[1] for c in chunks))
-    step = max(max(c.step for c in chunks), layer_wise) + sum(c.step_copies for c in chunks)
-    return params, grads, opt, other, max(step, max(c.step_alone for c in chunks))
+    other = max(buffers) + layers.workspace_bytes + sum(routing) + gathers
+    other += graph_buffers(shape, plan, pp_rank, moe)
+    step = max(max(max(steps), max(sum(dense), sum(expert))) + sum(copies), max(alone))
+    keep = offload.rank_kept(moved)  # fine-grained offloading
+    return _Sums(sum(params), sum(grads), sum(opt), other, step, sum(kept), keep, sum(host))
+
+
+def _rank_peak(
+    layers: Layers,
+    shape: ModelShape,
+    plan: ParallelPlan,
+    pp_rank: int,
+    counts: tuple[int, ...] | None,
+    cache: dict | None,
+    starts: tuple[int, ...] | None,
+    breakdown: bool,
+) -> tuple[Peak, _Sums, list[ChunkCost], tuple[Moment, ...]]:
+    """(the rank's peak, its sums, chunks and schedule moments) for rank_memory; without
+    `breakdown` the peak's total alone is right (rank_peak)."""
+    if counts is None:
+        counts, starts = plan.chunks_of(pp_rank), plan.chunk_starts(pp_rank)
+    moe = layers.chunks(starts, counts)
+    if cache is None:
+        chunks = [cached_chunk(layers, shape, plan, pp_rank, v, m, None) for v, m in enumerate(moe)]
+    else:
+        chunks = rank_chunks(layers, shape, plan, pp_rank, moe, cache)
+    sums = _sums(layers, chunks, shape, plan, pp_rank, moe)
+    static = sums.params + sums.grads + sums.optimizer + sums.other
+    pair = deferral(shape, plan, pp_rank)[0]
+    best = (static + sums.retained + sums.step, sums.retained, sums.step, "step", (0,) * plan.vpp)
+    limit = plan.ddp.deferred(plan.num_microbatches)
+    moments = plan_states(plan, pp_rank, pair > 0)
+    if plan.ddp.overlap_moe_expert_parallel_comm:
+        terms = overlap.merged(layers, shape, plan, tuple(c.kind for c in chunks))
+        best = _one_by_one(chunks, terms, moments, static, pair, limit, best, sums.kept)
+    elif breakdown:
+        best = _all_at_once(chunks, moments, static, pair, limit, best, sums.kept)
+    else:
+        total = _highest(chunks, moments, static, pair, limit, sums.kept)[0]
+        best = (total, 0.0, 0.0, "", ()) if total > best[0] else best
+    return best, sums, chunks, moments
 
 
 def rank_memory(
@@ -331,40 +331,37 @@ def rank_memory(
     mixed).
 
     `cache` (a dict the caller keeps for one plan) memoises chunk costs across calls."""
-    if counts is None:
-        counts, starts = plan.chunks_of(pp_rank), plan.chunk_starts(pp_rank)
-    at = starts or (None,) * plan.vpp
-    moe = [layers.chunk(at[v], counts[v]) for v in range(plan.vpp)]
-    chunks = [cached_chunk(layers, shape, plan, pp_rank, v, moe[v], cache) for v in range(plan.vpp)]
-    params, grads, opt, other, step = _static(layers, chunks, shape, plan, pp_rank)
-    other += graph_buffers(shape, plan, pp_rank, moe)  # CUDA graphs' static inputs
-    static = params + grads + opt + other
-    pair = deferral(shape, plan, pp_rank)[0]
-    kept = sum(c.retained for c in chunks)  # every chunk's last pass before the step: a backward
-    best = (static + kept + step, kept, step, "step", (0,) * plan.vpp)
-    limit = plan.ddp.deferred(plan.num_microbatches)
-    moments = plan_states(plan, pp_rank, pair > 0)
-    keep = offload.rank_kept([c.offload_kept for c in chunks])  # fine-grained offloading
-    if plan.ddp.overlap_moe_expert_parallel_comm:
-        terms = overlap.merged(layers, shape, plan, tuple(c.kind for c in chunks))
-        best = _one_by_one(chunks, terms, moments, static, pair, limit, best, keep)
-    else:
-        best = _all_at_once(chunks, moments, static, pair, limit, best, keep)
+    best, sums, chunks, moments = _rank_peak(
+        layers, shape, plan, pp_rank, counts, cache, starts, True
+    )
     peak, activations, transient, phase, inflight = best
     return StageMemory(
         pp_rank=pp_rank,
         peak=peak,
-        params=params,
-        grads=grads,
-        optimizer=opt,
+        params=sums.params,
+        grads=sums.grads,
+        optimizer=sums.optimizer,
         activations=activations,
         transient=transient,
-        other=other,
+        other=sums.other,
         phase=phase,
         inflight=inflight,
-        host=sum(c.host for c in chunks),
+        host=sums.host,
         activation_host=offloaded_host(chunks, moments, plan.ddp.overlap_moe_expert_parallel_comm),
     )
+
+
+def rank_peak(
+    layers: Layers,
+    shape: ModelShape,
+    plan: ParallelPlan,
+    pp_rank: int,
+    counts: tuple[int, ...],
+    cache: dict | None = None,
+) -> float:
+    """rank_memory(...).peak without its breakdown (what a split search asks of a rank), for
+    layers of one kind (`counts`: its chunks' layers)."""
+    return _rank_peak(layers, shape, plan, pp_rank, counts, cache, None, False)[0][0]
 
 
 def offloaded_host(

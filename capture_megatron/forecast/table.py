@@ -12,7 +12,8 @@ import numpy as np
 
 from capture_megatron.config import ModelShape, ParallelPlan
 from capture_megatron.forecast import overlap
-from capture_megatron.forecast.chunks import cached_chunk, chunk_kind
+from capture_megatron.forecast.chunkmemo import cached_chunk
+from capture_megatron.forecast.chunks import chunk_kind
 from capture_megatron.forecast.cuda_graphs import graph_buffer_table
 from capture_megatron.forecast.layers import Layers
 from capture_megatron.forecast.ranks import deferral, plan_states

@@ -28,7 +28,7 @@ from capture_megatron.config import Cluster, DdpOptions, ModelShape, ParallelPla
 from capture_megatron.features.activation_offload import OFFLOAD_SETS
 from capture_megatron.fit import MemoryModel
 from capture_megatron.forecast import mixed_layers
-from capture_megatron.forecast.layers import ChunkMemos
+from capture_megatron.forecast.chunkmemo import ChunkMemos
 from capture_megatron.planner.balance import (
     Evaluated,
     balanced,

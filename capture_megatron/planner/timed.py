@@ -36,11 +36,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from operator import attrgetter
 
 from capture_megatron.config import ModelShape, ParallelPlan, Recompute
 from capture_megatron.fit import MemoryModel
-from capture_megatron.forecast import layers_for, rank_memory
-from capture_megatron.forecast.layers import ChunkMemos, chunk_memo
+from capture_megatron.forecast import layers_for, rank_peak
+from capture_megatron.forecast.chunkmemo import ChunkMemos, chunk_memo
 from capture_megatron.planner.margins import Margins
 from capture_megatron.planner.partition import TIE
 from capture_megatron.planner.ranktimes import RankTimes, beyond, chunk_splits, lower_bound
@@ -66,6 +67,12 @@ class RankChoice:
     """Layers of each of its chunks."""
     recompute: int
     """Full-recompute count n of the rank (0 without recompute)."""
+
+
+_FASTEST = attrgetter("time", "widest", "peak")
+"""How a rank's best way to hold its layers is ranked (_Ranks.best)."""
+_NARROWEST = attrgetter("widest", "time", "peak")
+"""How a rank that is not the slowest ranks its ways within the time limit (_Ranks.narrowest)."""
 
 
 @dataclass(frozen=True)
@@ -134,13 +141,10 @@ class _Ranks(RankTimes):
 
     def fits(self, rank: int, chunks: tuple[int, ...], n: int) -> float | None:
         """The rank's peak holding `chunks` recomputing n, or None when it does not fit."""
-        key = (rank, chunks, n)
-        if key not in self.peaks:
-            plan = self._with(rank, n)
-            self.peaks[key] = rank_memory(
-                self.layers, self.shape, plan, rank, chunks, self.cache
-            ).peak
-        peak = self.peaks[key]
+        peak = self.peaks.get((rank, chunks, n))
+        if peak is None:
+            at = (self.layers, self.shape, self._with(rank, n), rank, chunks, self.cache)
+            peak = self.peaks[rank, chunks, n] = rank_peak(*at)
         return peak if self.margins.plan_needed(peak, self.shape, self.plan) <= self.cap else None
 
     def seconds(self, rank: int, chunks: tuple[int, ...], n: int) -> tuple[float, float]:
@@ -227,11 +231,7 @@ class _Ranks(RankTimes):
                 continue
             time, widest = self.seconds(rank, chunks, fewest[0])
             option = RankChoice(time, widest, fewest[1], chunks, fewest[0])
-            if found is None or (option.time, option.widest, option.peak) < (
-                found.time,
-                found.widest,
-                found.peak,
-            ):
+            if found is None or _FASTEST(option) < _FASTEST(found):
                 found = option
         self.best_of[key] = found
         return found
@@ -252,11 +252,7 @@ class _Ranks(RankTimes):
                 continue
             time, widest = self.seconds(rank, chunks, fewest[0])
             option = RankChoice(time, widest, fewest[1], chunks, fewest[0])
-            if time <= limit and (widest, time, option.peak) < (
-                found.widest,
-                found.time,
-                found.peak,
-            ):
+            if time <= limit and _NARROWEST(option) < _NARROWEST(found):
                 found = option
         return found
 
@@ -279,7 +275,11 @@ class _Ranks(RankTimes):
             lo, step = lo + step, 2 * step
         if start:
             hi = min(lo + step, top + 1)
-        while lo < hi - 1:  # time(lo) <= limit < time(hi) (or hi beyond the bound)
+        return self._bisect(rank, limit, lo, hi)
+
+    def _bisect(self, rank: int, limit: float, lo: int, hi: int) -> int:
+        """The most layers within `limit` between lo (within it) and hi (beyond it or the bound)."""
+        while lo < hi - 1:
             mid = (lo + hi) // 2
             if self.time(rank, mid) <= limit:
                 lo = mid

@@ -238,7 +238,8 @@ def test_host_bytes_by_arrays_equal_the_moment_by_moment_count(pp, m, vpp):
     equals its moment-by-moment count, on every rank of 1F1B and interleaved schedules."""
     from types import SimpleNamespace
 
-    from capture_megatron.forecast.ranks import offloaded_host, schedule_states
+    from capture_megatron.forecast.moments import schedule_states
+    from capture_megatron.forecast.ranks import offloaded_host
 
     chunks = [SimpleNamespace(offloaded=float(3 + 5 * v)) for v in range(vpp)]
     for rank in range(pp):

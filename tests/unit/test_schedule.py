@@ -156,7 +156,7 @@ def test_pruned_moments_keep_every_possible_peak():
     output chunk's completed backward passes (and end with the drain)."""
     import random
 
-    from capture_megatron.forecast.ranks import schedule_states
+    from capture_megatron.forecast.moments import schedule_states
 
     rng = random.Random(0)
     for _ in range(200):

@@ -13,8 +13,9 @@ from dataclasses import replace
 import pytest
 from synthetic_memory import SMALL, synthetic_source
 
-from capture_megatron.config import GIB, Cluster, ParallelPlan, Recompute
+from capture_megatron.config import GIB, Cluster, DdpOptions, ParallelPlan, Recompute
 from capture_megatron.forecast import layers_for, rank_memory
+from capture_megatron.forecast.ranks import rank_peak
 from capture_megatron.planner.balance import balanced, evaluate_plan
 from capture_megatron.planner.fastest import fastest, fit_plan
 from capture_megatron.planner.margins import Margins
@@ -149,6 +150,27 @@ def test_memory_floor_is_below_every_split(pp, mbs):
         trial = replace(plan, layers_per_stage=split, recompute=Recompute("full", "block", split))
         least = min(least, max(rank_memory(layers, SMALL, trial, r).peak for r in range(pp)))
     assert 0 < memory_floor(SMALL, plan) <= least
+
+
+@pytest.mark.parametrize(
+    "pp,vpp,ddp",
+    [(1, 1, DdpOptions()), (2, 1, DdpOptions()), (4, 2, DdpOptions()),
+     (4, 3, DdpOptions(defer_embedding_wgrad_compute=True, wgrad_deferral_limit=2)),
+     (2, 2, DdpOptions(use_precision_aware_optimizer=True, exp_avg_dtype="bf16"))],
+)  # fmt: skip
+def test_rank_peak_is_rank_memorys_peak(pp, vpp, ddp):
+    """The split search's rank_peak (the chunk costs memoised, no breakdown) gives, bit for bit,
+    the peak rank_memory gives without a memo, for every rank, chunk layers and recomputed
+    count, the memo filled along the way."""
+    plan = replace(_plan(pp, vpp, "full"), ddp=ddp)
+    layers = layers_for(_model(plan), SMALL, plan)
+    cache: dict = {}
+    for rank, n in itertools.product(range(pp), range(4)):
+        counts = tuple(n if r == rank else 0 for r in range(pp))
+        trial = replace(plan, recompute=Recompute("full", "block", counts))
+        for chunks in itertools.product(range(5), repeat=vpp):
+            slow = rank_memory(layers, SMALL, trial, rank, chunks).peak
+            assert rank_peak(layers, SMALL, trial, rank, chunks, cache) == slow, (rank, chunks, n)
 
 
 @pytest.mark.parametrize("pp,vpp", [(1, 1), (2, 1), (4, 1), (4, 2)])
