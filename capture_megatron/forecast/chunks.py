@@ -83,10 +83,12 @@ class ChunkCost:
 
     @cached_property
     def moment_terms(self) -> tuple[float, ...]:
-        """(inflight, retained, input_bytes, forward, backward, retained_grad): what a schedule
-        moment reads of the chunk (forecast.moments.moment_totals), once per chunk cost."""
-        return (self.inflight, self.retained, self.input_bytes, self.forward, self.backward,
-                self.retained_grad)  # fmt: skip
+        """(inflight, retained, the forward's peak with its input, backward, input_bytes, the
+        retained part of the input gradient): what a schedule moment adds of the chunk
+        (forecast.moments.MomentArrays.weights), once per chunk cost."""
+        inp = self.input_bytes
+        return (self.inflight, self.retained, inp + self.forward, self.backward, inp,
+                min(self.retained_grad, inp))  # fmt: skip
 
     @cached_property
     def rank_terms(self) -> tuple[float, ...]:

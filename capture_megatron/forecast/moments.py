@@ -65,6 +65,10 @@ class MomentArrays:
     """Whether that gradient is already counted as retained (then only the rest is added)."""
     done: np.ndarray
     """Backward passes of the output layer's chunk completed (deferred weight gradients)."""
+    weights: np.ndarray
+    """moments x (chunks x 6): what each chunk's ChunkCost.moment_terms add to a moment's bytes
+    above the static ones (micro-batches alive x inflight, retaining x retained, the running
+    forward's or backward's peak, the held input gradient less what is counted as retained)."""
 
 
 KINDS = {"F": 0, "B": 1, "D": 2}
@@ -98,26 +102,24 @@ def _moment_arrays(moments: tuple[Moment, ...], vpp: int) -> MomentArrays:
     at = np.where(held >= 0, held, 0)
     counted = (after[rows, at] & (at != chunk)) | ((at == chunk) & (kind == KINDS["F"]))
     done = np.array([m.done for m in moments], dtype=np.float64).reshape(n)
-    return MomentArrays(kind, chunk, live, others.astype(np.float64), at, holding, counted, done)
+    weights = np.zeros((n, vpp, 6))  # by ChunkCost.moment_terms
+    weights[:, :, 0], weights[:, :, 1] = live, others
+    weights[rows, chunk, 2] = kind == KINDS["F"]
+    weights[rows, chunk, 3] = kind == KINDS["B"]
+    weights[rows, at, 4] += holding
+    weights[rows, at, 5] -= holding & counted
+    flat = weights.reshape(n, -1)
+    return MomentArrays(kind, chunk, live, others.astype(float), at, holding, counted, done, flat)
 
 
 def moment_totals(
     arrays: MomentArrays, chunks: Sequence[ChunkCost], pair: float, limit: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """(activations held, transient of the running pass) at every moment, above the static bytes
-    (ranks._moment, and the deferred weight gradients' pairs: `pair` bytes for each of at most
-    `limit` completed backward passes)."""
-    terms = [c.moment_terms for c in chunks]
-    inflight, retained, inputs, forward, backward, grads = np.array(list(zip(*terms)))
-    kept = np.minimum(grads, inputs)
-    acts = arrays.live @ inflight + arrays.others_retaining @ retained
-    if pair:
-        acts = acts + np.minimum(arrays.done, limit) * pair
-    running = np.zeros((3, len(chunks)))  # by kind: F, B, D
-    running[0], running[1] = inputs + forward, backward
-    transient = running[arrays.kind, arrays.chunk]
-    held = inputs[arrays.held] - np.where(arrays.counted, kept[arrays.held], 0.0)
-    return acts, transient + np.where(arrays.holding, held, 0.0)
+) -> np.ndarray:
+    """The bytes held at every moment above the static ones: activations and the running pass's
+    transient (ranks._moment), and the deferred weight gradients' pairs (`pair` bytes for each of
+    at most `limit` completed backward passes)."""
+    totals = arrays.weights @ np.array([c.moment_terms for c in chunks]).ravel()
+    return totals + np.minimum(arrays.done, limit) * pair if pair else totals
 
 
 @functools.lru_cache(maxsize=4096)

@@ -179,11 +179,10 @@ def _highest(
     """(the highest total over `moments` of kinds F, B and D, the first moment at it, as one
     moment at a time would find it): _all_at_once's peak without its breakdown."""
     arrays = moment_arrays(moments, len(chunks))
-    acts, transient = moment_totals(arrays, chunks, pair, limit)
+    totals = static + moment_totals(arrays, chunks, pair, limit)
     if kept.nbytes:
         keeping = (arrays.kind == 0) & (arrays.live[:, kept.chunk] > 0)  # as offload.Kept.at
-        acts = acts + np.where(keeping, kept.nbytes, 0.0)
-    totals = static + acts + transient
+        totals = totals + np.where(keeping, kept.nbytes, 0.0)
     top = int(totals.argmax())
     return float(totals[top]), top
 
