@@ -14,7 +14,7 @@ from capture_megatron.forecast.static import layout_of
 from capture_megatron.planner.partition import TIE
 from capture_megatron.planner.stepbound import BoundParts, bound_parts
 from capture_megatron.steptime import parts as cp
-from capture_megatron.steptime.model import ROUNDING, CostModel, overhead_per_pass
+from capture_megatron.steptime.model import ROUNDING, CostModel, chunk_seconds, overhead_per_pass
 from capture_megatron.steptime.offload import device_share
 
 EXACT_CHUNKS = 2
@@ -55,6 +55,35 @@ class RankTimes:
             + (self.layer.recomputed_forward if selective else 0.0)
         )
         """A layer's forward and backward (selective recompute's modules again)."""
+        self.chunk_memo: dict[tuple[int, int, bool], tuple[float, float]] = {}
+        """(forward, backward) seconds of a chunk by (layers, recomputed layers, holds the head)."""
+        self.times: dict[tuple[tuple[int, ...], int, bool], tuple[float, float]] = {}
+        """seconds by (chunks, recomputed layers, the last rank)."""
+
+    def seconds(self, rank: int, chunks: tuple[int, ...], n: int) -> tuple[float, float]:
+        """(the rank's time, its slowest chunk's) holding `chunks`, recomputing n per chunk."""
+        plan, last = self.plan, self.plan.pp * self.plan.vpp - 1
+        known = self.times.get((chunks, n, rank == plan.pp - 1))  # the last rank: the output
+        if known is not None:
+            return known
+        selective = plan.recompute.granularity == "selective"
+        uniform = plan.recompute.method == "uniform"
+        fwds, bwds = [], []
+        for v, k in enumerate(chunks):
+            redo = (k if n else 0) if uniform else min(n, k)
+            holds_head = v * plan.pp + rank == last
+            key = (k, redo, holds_head)
+            if key not in self.chunk_memo:  # identical layers: a few distinct chunks
+                head = self.head if holds_head else None
+                layers = [self.layer] * k
+                self.chunk_memo[key] = chunk_seconds(layers, redo, selective, head, self.overhead)
+            f, b = self.chunk_memo[key]
+            fwds.append(f)
+            bwds.append(b)
+        found = self.times[chunks, n, rank == plan.pp - 1] = (
+            sum(fwds) + sum(bwds), max(f + b for f, b in zip(fwds, bwds))
+        )  # fmt: skip
+        return found
 
     def fixed(self, rank: int) -> float:
         """The rank's time beside its layers: the chunks' overhead, the output layer and loss."""

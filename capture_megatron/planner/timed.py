@@ -47,7 +47,7 @@ from capture_megatron.planner.partition import TIE
 from capture_megatron.planner.ranktimes import RankTimes, beyond, chunk_splits, lower_bound
 from capture_megatron.planner.stepbound import bound_parts
 from capture_megatron.steptime import parts as cp
-from capture_megatron.steptime.model import CostModel, chunk_seconds, step_seconds
+from capture_megatron.steptime.model import CostModel, step_seconds
 
 MORE_BOTTLENECKS = 12
 """Bottlenecks above the least one tried at most (the bound covers the ones not tried)."""
@@ -123,8 +123,6 @@ class _Ranks(RankTimes):
         self.cache = chunk_memo(memos, self.layers, plan)
         self.peaks: dict[tuple, float] = {}
         self.plans: dict[tuple[int, int], ParallelPlan] = {}
-        self.chunk_memo: dict[tuple[int, int, bool], tuple[float, float]] = {}
-        """(forward, backward) seconds of a chunk by (layers, recomputed layers, holds the head)."""
         self.best_of: dict[tuple[int, int], RankChoice | None] = {}
         self.fewest_of: dict[int, dict[tuple[int, ...], int | None]] = {}
         """Per rank, the fewest recomputed layers per chunk of each chunk split (None: none fit)."""
@@ -146,25 +144,6 @@ class _Ranks(RankTimes):
             at = (self.layers, self.shape, self._with(rank, n), rank, chunks, self.cache)
             peak = self.peaks[rank, chunks, n] = rank_peak(*at)
         return peak if self.margins.plan_needed(peak, self.shape, self.plan) <= self.cap else None
-
-    def seconds(self, rank: int, chunks: tuple[int, ...], n: int) -> tuple[float, float]:
-        """(the rank's time, its slowest chunk's) holding `chunks`, recomputing n per chunk."""
-        plan, last = self.plan, self.plan.pp * self.plan.vpp - 1
-        selective = plan.recompute.granularity == "selective"
-        uniform = plan.recompute.method == "uniform"
-        fwds, bwds = [], []
-        for v, k in enumerate(chunks):
-            redo = (k if n else 0) if uniform else min(n, k)
-            holds_head = v * plan.pp + rank == last
-            key = (k, redo, holds_head)
-            if key not in self.chunk_memo:  # identical layers: a few distinct chunks
-                head = self.head if holds_head else None
-                layers = [self.layer] * k
-                self.chunk_memo[key] = chunk_seconds(layers, redo, selective, head, self.overhead)
-            f, b = self.chunk_memo[key]
-            fwds.append(f)
-            bwds.append(b)
-        return sum(fwds) + sum(bwds), max(f + b for f, b in zip(fwds, bwds))
 
     def _fewest(self, rank: int, chunks: tuple[int, ...]) -> tuple[int, float] | None:
         """(n, peak): the fewest recomputed layers per chunk with which `chunks` fit (the plan's
