@@ -355,12 +355,12 @@ def rank_peak(
     shape: ModelShape,
     plan: ParallelPlan,
     pp_rank: int,
-    counts: tuple[int, ...],
+    counts: tuple[int, ...] | None = None,
     cache: dict | None = None,
+    starts: tuple[int, ...] | None = None,
 ) -> float:
-    """rank_memory(...).peak without its breakdown (what a split search asks of a rank), for
-    layers of one kind (`counts`: its chunks' layers)."""
-    return _rank_peak(layers, shape, plan, pp_rank, counts, cache, None, False)[0][0]
+    """rank_memory(...).peak without its breakdown (what a split search asks of a rank)."""
+    return _rank_peak(layers, shape, plan, pp_rank, counts, cache, starts, False)[0][0]
 
 
 def offloaded_host(

@@ -12,7 +12,7 @@ import numpy as np
 
 from capture_megatron.config import GIB, Cluster, ModelShape, ParallelPlan, Recompute
 from capture_megatron.fit import MemoryModel
-from capture_megatron.forecast import StageMemory, layers_for, mixed_layers, rank_memory
+from capture_megatron.forecast import StageMemory, layers_for, mixed_layers, rank_memory, rank_peak
 from capture_megatron.forecast.table import peak_table
 from capture_megatron.planner.contiguous import contiguous_partition, descend
 from capture_megatron.planner.margins import Margins
@@ -73,7 +73,7 @@ def located_peak_fn(
     @functools.cache
     def peak(rank: int, counts: tuple[int, ...], starts: tuple[int, ...]) -> float:
         at = starts if layers.mixed else None
-        return rank_memory(layers, shape, plan, rank, counts, chunk_cache, at).peak
+        return rank_peak(layers, shape, plan, rank, counts, chunk_cache, at)
 
     return peak
 
@@ -206,7 +206,7 @@ def trim_recompute(
                     "full", "block", tuple(counts[:r] + [counts[r] - 1] + counts[r + 1 :])
                 ),
             )
-            if margins.plan_needed(rank_memory(layers, shape, trial, r).peak, shape, trial) > cap:
+            if margins.plan_needed(rank_peak(layers, shape, trial, r), shape, trial) > cap:
                 break
             counts[r] -= 1
     if not any(counts):
