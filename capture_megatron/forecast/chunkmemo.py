@@ -8,7 +8,7 @@ from dataclasses import fields
 from functools import lru_cache
 
 from capture_megatron.config import ModelShape, ParallelPlan
-from capture_megatron.forecast.chunks import ChunkCost, chunk_cost
+from capture_megatron.forecast.chunks import ChunkCost, chunk_cost, kind_of
 from capture_megatron.forecast.layers import Layers
 
 ChunkMemos = dict[tuple, tuple[object, object, dict]]
@@ -79,10 +79,4 @@ def rank_chunks(
 @lru_cache(maxsize=4096)
 def _chunk_kinds(pp: int, vpp: int, pp_rank: int) -> tuple[str, ...]:
     """chunk_kind of each of a rank's chunks."""
-    if pp == 1:
-        return ("only",) * vpp
-    return tuple(
-        "first" if pp_rank == 0 and v == 0 else "last" if pp_rank == pp - 1 and v == vpp - 1
-        else "middle"
-        for v in range(vpp)
-    )  # fmt: skip
+    return tuple(kind_of(pp, vpp, pp_rank, v) for v in range(vpp))

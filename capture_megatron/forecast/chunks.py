@@ -102,11 +102,16 @@ class ChunkCost:
 
 def chunk_kind(plan: ParallelPlan, pp_rank: int, vp: int) -> str:
     """Which ends a chunk holds."""
-    if plan.pp == 1:
+    return kind_of(plan.pp, plan.vpp, pp_rank, vp)
+
+
+def kind_of(pp: int, vpp: int, pp_rank: int, vp: int) -> str:
+    """chunk_kind by the pipeline's sizes."""
+    if pp == 1:
         return "only"
     if pp_rank == 0 and vp == 0:
         return "first"
-    if pp_rank == plan.pp - 1 and vp == plan.vpp - 1:
+    if pp_rank == pp - 1 and vp == vpp - 1:
         return "last"
     return "middle"
 
