@@ -65,15 +65,27 @@ def located_peak_fn(
     model: MemoryModel, shape: ModelShape, plan: ParallelPlan, recompute_all: bool
 ) -> LocatedPeak:
     """peak(pp_rank, chunk_counts, chunk_starts) of the plan's sizes (full recompute of every
-    layer if asked), memoised; the starts matter only when dense and MoE layers are mixed."""
+    layer if asked), memoised; the starts matter only when dense and MoE layers are mixed, and
+    then only through which of its layers each chunk holds are MoE (Layers.chunks: what
+    rank_peak reads of them), so chunks alike where they start apart are forecast once."""
     layers = layers_for(model, shape, plan)
     plan = _every_layer(shape, plan) if recompute_all else plan
     chunk_cache: dict = {}
+    if not layers.mixed:
+
+        @functools.cache
+        def alike(rank: int, counts: tuple[int, ...], starts: tuple[int, ...]) -> float:
+            return rank_peak(layers, shape, plan, rank, counts, chunk_cache)
+
+        return alike
+    by_kinds: dict[tuple, float] = {}
 
     @functools.cache
     def peak(rank: int, counts: tuple[int, ...], starts: tuple[int, ...]) -> float:
-        at = starts if layers.mixed else None
-        return rank_peak(layers, shape, plan, rank, counts, chunk_cache, at)
+        key = (rank, *layers.chunks(starts, counts))
+        if key not in by_kinds:
+            by_kinds[key] = rank_peak(layers, shape, plan, rank, counts, chunk_cache, starts)
+        return by_kinds[key]
 
     return peak
 

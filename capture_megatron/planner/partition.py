@@ -85,6 +85,24 @@ def evaluate_located(
     return Partition(split, max(peaks), peaks)
 
 
+@functools.lru_cache(maxsize=4096)
+def _splits(total: int, vpp: int) -> tuple[tuple[int, ...], ...]:
+    """The splits of `total` layers over vpp chunks that _Ranks weighs: every one while there are
+    at most MOST_SPLITS, else the near-even spreads (the chunks differ by at most one layer, the
+    extra layers on the first or on the last chunks); the most even first."""
+    if vpp == 1:
+        return ((total,),)
+    if math.comb(total + vpp - 1, vpp - 1) > MOST_SPLITS:
+        q, extra = divmod(total, vpp)
+        first = tuple(q + (v < extra) for v in range(vpp))
+        return tuple(dict.fromkeys((first, first[::-1])))
+    splits = []
+    for cut in itertools.combinations(range(total + vpp - 1), vpp - 1):
+        bounds = (-1,) + cut + (total + vpp - 1,)
+        splits.append(tuple(bounds[i + 1] - bounds[i] - 1 for i in range(vpp)))
+    return tuple(sorted(splits, key=max))
+
+
 class _Ranks:
     """Memoised best split of t layers over one rank's chunks, per rank."""
 
@@ -92,30 +110,30 @@ class _Ranks:
         self.pp, self.vpp, self.rank_peak, self.limit = pp, vpp, rank_peak, limit
         self.best = functools.lru_cache(maxsize=None)(self._best)
         self.seen: dict[int, list[tuple[float, int]]] = {}
+        self.tried: dict[tuple[int, int], tuple[int, float]] = {}
+        """Per (rank, total): how many of its splits (_splits' order) `within` has forecast, and
+        the lowest of their peaks."""
 
     def _best(self, rank: int, total: int) -> tuple[float, tuple[int, ...]]:
         """(cost, split) minimising the rank's peak for `total` layers (ties: most even split)."""
-        if self.vpp == 1:
-            return self.rank_peak(rank, (total,)), (total,)
-        options = []
-        if math.comb(total + self.vpp - 1, self.vpp - 1) > MOST_SPLITS:  # near-even spreads only
-            q, extra = divmod(total, self.vpp)
-            first = tuple(q + (v < extra) for v in range(self.vpp))
-            for split in dict.fromkeys((first, first[::-1])):
-                options.append((self.rank_peak(rank, split), max(split), split))
-            cost, _, split = min(options)
-            return cost, split
-        for cut in itertools.combinations(range(total + self.vpp - 1), self.vpp - 1):
-            bounds = (-1,) + cut + (total + self.vpp - 1,)
-            split = tuple(bounds[i + 1] - bounds[i] - 1 for i in range(self.vpp))
-            options.append((self.rank_peak(rank, split), max(split), split))
+        options = [(self.rank_peak(rank, s), max(s), s) for s in _splits(total, self.vpp)]
         cost, _, split = min(options)
         return cost, split
+
+    def within(self, rank: int, total: int, cap: float) -> bool:
+        """Whether best(rank, total) is within `cap`: some split of the total is, so its splits
+        are forecast only until one is (the most even first), resumed where the last call left."""
+        splits = _splits(total, self.vpp)
+        done, low = self.tried.get((rank, total), (0, math.inf))
+        while low > cap and done < len(splits):
+            low, done = min(low, self.rank_peak(rank, splits[done])), done + 1
+        self.tried[rank, total] = done, low
+        return low <= cap
 
     def capacity(self, rank: int, cap: float) -> int:
         """Most layers the rank holds under `cap` (-1 when even 0 layers exceed it). Capacity is
         monotone in the cap, so earlier answers for smaller/larger caps bracket the search."""
-        if self.best(rank, 0)[0] > cap:
+        if not self.within(rank, 0, cap):
             return -1
         seen = self.seen.setdefault(rank, [])
         i = bisect.bisect_left(seen, (cap, -1))
@@ -123,7 +141,7 @@ class _Ranks:
         hi = seen[i][1] if i < len(seen) else self.limit
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if self.best(rank, mid)[0] <= cap:
+            if self.within(rank, mid, cap):
                 lo = mid
             else:
                 hi = mid - 1

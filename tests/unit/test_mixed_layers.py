@@ -10,14 +10,15 @@ import random
 import pytest
 from synthetic_memory import SMALL, synthetic_source
 
-from capture_megatron.config import GIB, Cluster
+from capture_megatron.config import GIB, Cluster, ParallelPlan
 from capture_megatron.features.moe import Experts
 from capture_megatron.fit import ShapeConstants
 from capture_megatron.fit.model import KindConstants, Sizes
-from capture_megatron.forecast import layers_for, mixed, predict
+from capture_megatron.forecast import layers_for, mixed, predict, rank_peak
 from capture_megatron.forecast.chunks import _activations, _uniform
 from capture_megatron.forecast.static import chunk_static, layer_static
-from capture_megatron.planner import PlanOptions, Space, plan
+from capture_megatron.planner import PlanOptions, Space, balance, plan
+from capture_megatron.planner.balance import located_peak_fn
 from capture_megatron.planner.contiguous import contiguous_partition
 from capture_megatron.planner.search import split_score_fn
 from capture_megatron.planner.supply import needs_of
@@ -243,3 +244,28 @@ def test_interleaved_mixed_plans_are_no_worse_than_megatrons_splits(recompute):
             moved = list(split)
             moved[i], moved[j] = moved[i] - 1, moved[j] + 1
             assert score(tuple(moved)).peak >= best.peak - 1
+
+
+def test_located_peaks_of_chunks_alike_are_one_forecast(monkeypatch):
+    """A rank's located peak (the min-max splits of dense and MoE layers) is rank_peak's for every
+    placement, and placements whose chunks hold the same dense/MoE pattern share one forecast."""
+    plan = ParallelPlan(tp=2, pp=2, dp=2, ep=2, vpp=2, micro_batch_size=1, global_batch_size=8,
+                        layers_per_stage=(3, 2, 3, 2),
+                        sequence_parallel=True, distributed_optimizer=True)  # fmt: skip
+    model = synthetic_source(needs_of(MIXED, [plan]))
+    layers = layers_for(model, MIXED, plan)
+    forecasts = []
+
+    def counted(*args: object) -> float:
+        forecasts.append(args[3:])
+        return rank_peak(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(balance, "rank_peak", counted)
+    peak = located_peak_fn(model, MIXED, plan, False)
+    for starts in itertools.product(range(8), repeat=2):
+        for rank in range(2):
+            got = peak(rank, (2, 2), starts)
+            assert got == rank_peak(layers, MIXED, plan, rank, (2, 2), None, starts)
+    patterns = {(r, layers.chunk(a, 2), layers.chunk(b, 2)) for r in range(2)
+                for a, b in itertools.product(range(8), repeat=2)}  # fmt: skip
+    assert len(forecasts) == len(patterns) < 2 * 64
