@@ -15,7 +15,9 @@ rank_peak calls per bisection step (60 steps) with vpp = 1; with vpp = 2 each to
 the chunks by enumerating its splits (memoised), and so with more chunks while a total has at most
 MOST_SPLITS splits; beyond, it is spread near-evenly (the chunks differ by at most one layer, the
 extra ones on the first or the last chunks, whichever peaks lower): exact over those spreads, not
-over every split."""
+over every split. A capacity asks only whether a total's best split is within the cap, so its
+splits are forecast until one is, the most even first (_Ranks.within); the best split itself is
+weighed in full only for the totals assigned."""
 
 from __future__ import annotations
 
