@@ -70,6 +70,20 @@ def graph_buffer_table(
     return _bytes(shape, plan, pp_rank, grid).reshape((limit + 1,) * vpp)
 
 
+def graph_buffer_rows(
+    shape: ModelShape, plan: ParallelPlan, pp_rank: int, splits: np.ndarray
+) -> np.ndarray | float:
+    """graph_buffers for each row of `splits` (chunk counts, one column per chunk; layers of one
+    variant, the model's)."""
+    graphs = plan.ddp.cuda_graphs
+    if not graphs.enabled:
+        return 0.0
+    one = int(graphs.graphs_layer(shape.moe.enabled))
+    per_chunk = splits.T.astype(np.int64) * one
+    per_chunk[-1] += _mtp_layers(shape, plan, pp_rank)
+    return _bytes(shape, plan, pp_rank, per_chunk)
+
+
 def _mtp_layers(shape: ModelShape, plan: ParallelPlan, pp_rank: int) -> int:
     """The last stage's captured MTP layers (their inner layers are of the model's last layer's
     kind), on its last chunk."""

@@ -13,12 +13,14 @@ import numpy as np
 from capture_megatron.config import GIB, Cluster, ModelShape, ParallelPlan, Recompute
 from capture_megatron.fit import MemoryModel
 from capture_megatron.forecast import StageMemory, layers_for, mixed_layers, rank_memory, rank_peak
+from capture_megatron.forecast.rows import peak_rows, rows_apply
 from capture_megatron.forecast.table import peak_table
 from capture_megatron.planner.contiguous import contiguous_partition, descend
 from capture_megatron.planner.margins import Margins
 from capture_megatron.planner.partition import (
     LocatedPeak,
     RankPeak,
+    RankRows,
     RankTable,
     Score,
     evaluate_located,
@@ -62,7 +64,11 @@ def _every_layer(shape: ModelShape, plan: ParallelPlan) -> ParallelPlan:
 
 
 def located_peak_fn(
-    model: MemoryModel, shape: ModelShape, plan: ParallelPlan, recompute_all: bool
+    model: MemoryModel,
+    shape: ModelShape,
+    plan: ParallelPlan,
+    recompute_all: bool,
+    cache: dict | None = None,
 ) -> LocatedPeak:
     """peak(pp_rank, chunk_counts, chunk_starts) of the plan's sizes (full recompute of every
     layer if asked), memoised; the starts matter only when dense and MoE layers are mixed, and
@@ -70,7 +76,7 @@ def located_peak_fn(
     rank_peak reads of them), so chunks alike where they start apart are forecast once."""
     layers = layers_for(model, shape, plan)
     plan = _every_layer(shape, plan) if recompute_all else plan
-    chunk_cache: dict = {}
+    chunk_cache: dict = {} if cache is None else cache
     if not layers.mixed:
 
         @functools.cache
@@ -91,11 +97,15 @@ def located_peak_fn(
 
 
 def rank_peak_fn(
-    model: MemoryModel, shape: ModelShape, plan: ParallelPlan, recompute_all: bool
+    model: MemoryModel,
+    shape: ModelShape,
+    plan: ParallelPlan,
+    recompute_all: bool,
+    cache: dict | None = None,
 ) -> RankPeak:
     """rank_peak(pp_rank, chunk_counts) for the partitioner of identical layers (full recompute
     of every layer if asked)."""
-    peak = located_peak_fn(model, shape, plan, recompute_all)
+    peak = located_peak_fn(model, shape, plan, recompute_all, cache)
     return lambda rank, counts: peak(rank, counts, ())
 
 
@@ -108,18 +118,43 @@ def split_score_fn(
 
 
 def rank_table_fn(
-    model: MemoryModel, shape: ModelShape, plan: ParallelPlan, recompute_all: bool
+    model: MemoryModel,
+    shape: ModelShape,
+    plan: ParallelPlan,
+    recompute_all: bool,
+    cache: dict | None = None,
 ) -> RankTable:
     """table(pp_rank, limit): rank_peak_fn's values for every chunk count up to `limit`, in bulk
     (capture_megatron.forecast.table)."""
     layers = layers_for(model, shape, plan)
     plan = _every_layer(shape, plan) if recompute_all else plan
-    chunk_cache: dict = {}
+    chunk_cache: dict = {} if cache is None else cache
 
     def table(rank: int, limit: int) -> np.ndarray:
         return peak_table(layers, shape, plan, rank, limit, chunk_cache)
 
     return table
+
+
+def rank_rows_fn(
+    model: MemoryModel,
+    shape: ModelShape,
+    plan: ParallelPlan,
+    recompute_all: bool,
+    cache: dict | None = None,
+) -> RankRows | None:
+    """rows(pp_rank, splits): rank_peak_fn's values for each row of chunk counts, in bulk, to
+    within rounding (capture_megatron.forecast.rows; None where they do not cover the plan)."""
+    if not all(rows_apply(plan, shape, r) for r in range(plan.pp)):
+        return None
+    layers = layers_for(model, shape, plan)
+    plan = _every_layer(shape, plan) if recompute_all else plan
+    chunk_cache: dict = {} if cache is None else cache
+
+    def rows(rank: int, splits: np.ndarray) -> np.ndarray | None:
+        return peak_rows(layers, shape, plan, rank, splits, chunk_cache)
+
+    return rows
 
 
 def _split(
@@ -145,13 +180,15 @@ def _split(
         starts = (_split(model, heavy, plan, full, unit), even)
         found = [descend(s, score, unit) for s in starts]
         return min(found, key=lambda p: p.peak).layers_per_stage
+    memo: dict = {}  # chunk costs, shared by the peaks one at a time, in tables and in rows
     return min_max_partition(
         shape.num_layers,
         plan.pp,
         plan.vpp,
-        rank_peak_fn(model, shape, plan, full),
+        rank_peak_fn(model, shape, plan, full, memo),
         unit,
-        rank_table_fn(model, shape, plan, full),
+        rank_table_fn(model, shape, plan, full, memo),
+        rank_rows_fn(model, shape, plan, full, memo),
     ).layers_per_stage
 
 

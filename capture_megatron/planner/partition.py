@@ -16,8 +16,10 @@ the chunks by enumerating its splits (memoised), and so with more chunks while a
 MOST_SPLITS splits; beyond, it is spread near-evenly (the chunks differ by at most one layer, the
 extra ones on the first or the last chunks, whichever peaks lower): exact over those spreads, not
 over every split. A capacity asks only whether a total's best split is within the cap, so its
-splits are forecast until one is, the most even first (_Ranks.within); the best split itself is
-weighed in full only for the totals assigned."""
+splits are forecast until one is, the most even first (_Ranks.within). Given `rows` (beyond
+TABLE_CHUNKS chunks), a rank's splits of every total are forecast at once in bulk
+(capture_megatron.forecast.rows), and rank_peak is asked only where the rows' rounding could tip
+a comparison (NEAR): the answers are rank_peak's."""
 
 from __future__ import annotations
 
@@ -42,7 +44,14 @@ Score = Callable[[tuple[int, ...]], "Partition"]
 RankTable = Callable[[int, int], np.ndarray]
 """table(pp_rank, limit) -> the rank's peak for every chunk count 0..limit (one axis per chunk),
 equal to rank_peak's values (capture_megatron.forecast.table); used up to TABLE_CHUNKS chunks."""
+RankRows = Callable[[int, np.ndarray], "np.ndarray | None"]
+"""rows(pp_rank, splits) -> the rank's peak for each row of chunk counts, rank_peak's values to
+within rounding (capture_megatron.forecast.rows), or None where they do not cover the rank; used
+beyond TABLE_CHUNKS chunks."""
 TIE = 1e-9
+NEAR = 1e-12
+"""How close to a cap (relative) a row's peak must be for _Ranks.within to ask rank_peak itself:
+the rows sum in another order, so they may differ from rank_peak's by a few units of rounding."""
 TABLE_CHUNKS = 2
 """Tables are used up to this many chunks per rank ((limit + 1) ** vpp entries)."""
 MOST_SPLITS = 200
@@ -108,8 +117,18 @@ def _splits(total: int, vpp: int) -> tuple[tuple[int, ...], ...]:
 class _Ranks:
     """Memoised best split of t layers over one rank's chunks, per rank."""
 
-    def __init__(self, pp: int, vpp: int, rank_peak: RankPeak, limit: int):
+    def __init__(
+        self, pp: int, vpp: int, rank_peak: RankPeak, limit: int, rows: RankRows | None = None
+    ):
         self.pp, self.vpp, self.rank_peak, self.limit = pp, vpp, rank_peak, limit
+        self.rows = rows
+        self.curves: dict[int, np.ndarray | None] = {}
+        """Per rank, from `rows`: the lowest peak of each total's splits (0..limit)."""
+        self.rowed: dict[int, list[np.ndarray]] = {}
+        """Per rank, from `rows`: the peaks of each total's splits (_splits' order)."""
+        self.rising: set[int] = set()
+        """The ranks whose curve never falls as the total grows: a capacity is then where the
+        cap cuts it (what the bisection over totals finds)."""
         self.best = functools.lru_cache(maxsize=None)(self._best)
         self.seen: dict[int, list[tuple[float, int]]] = {}
         self.tried: dict[tuple[int, int], tuple[int, float]] = {}
@@ -118,13 +137,23 @@ class _Ranks:
 
     def _best(self, rank: int, total: int) -> tuple[float, tuple[int, ...]]:
         """(cost, split) minimising the rank's peak for `total` layers (ties: most even split)."""
-        options = [(self.rank_peak(rank, s), max(s), s) for s in _splits(total, self.vpp)]
+        splits = _splits(total, self.vpp)
+        if self._rows_curve(rank) is not None:  # rank_peak only for the splits the rows put within
+            peaks = self.rowed[rank][total]  # rounding of the lowest (the best is among them)
+            low = peaks.min()
+            splits = tuple(s for s, p in zip(splits, peaks) if p - low <= NEAR * max(low, 1.0))
+        options = [(self.rank_peak(rank, s), max(s), s) for s in splits]
         cost, _, split = min(options)
         return cost, split
 
     def within(self, rank: int, total: int, cap: float) -> bool:
         """Whether best(rank, total) is within `cap`: some split of the total is, so its splits
         are forecast only until one is (the most even first), resumed where the last call left."""
+        curve = self._rows_curve(rank)
+        if curve is not None:
+            near = curve[total]
+            if abs(near - cap) > NEAR * max(abs(cap), 1.0):  # rounding cannot tip it
+                return bool(near <= cap)
         splits = _splits(total, self.vpp)
         done, low = self.tried.get((rank, total), (0, math.inf))
         while low > cap and done < len(splits):
@@ -132,9 +161,30 @@ class _Ranks:
         self.tried[rank, total] = done, low
         return low <= cap
 
+    def _rows_curve(self, rank: int) -> np.ndarray | None:
+        """The lowest peak of every total's splits on `rank`, from one call of `rows` (None:
+        no rows)."""
+        if rank not in self.curves and self.rows is not None:
+            each = [_splits(t, self.vpp) for t in range(self.limit + 1)]
+            peaks = self.rows(rank, np.array([s for splits in each for s in splits], np.int64))
+            starts = np.cumsum([0] + [len(splits) for splits in each[:-1]])
+            curve = None if peaks is None else np.minimum.reduceat(peaks, starts)
+            self.curves[rank] = curve
+            if peaks is not None:
+                self.rowed[rank] = np.split(peaks, starts[1:])
+            if curve is not None and bool(np.all(np.diff(curve) >= 0)):
+                self.rising.add(rank)
+        return self.curves.get(rank)
+
     def capacity(self, rank: int, cap: float) -> int:
         """Most layers the rank holds under `cap` (-1 when even 0 layers exceed it). Capacity is
         monotone in the cap, so earlier answers for smaller/larger caps bracket the search."""
+        curve = self._rows_curve(rank)
+        if curve is not None and rank in self.rising:  # the curve's answer, unless rounding
+            i = int(np.searchsorted(curve, cap, side="right"))  # could tip it
+            near = [curve[j] for j in (i - 1, i) if 0 <= j < len(curve)]
+            if all(abs(x - cap) > NEAR * max(abs(cap), 1.0) for x in near):
+                return i - 1
         if not self.within(rank, 0, cap):
             return -1
         seen = self.seen.setdefault(rank, [])
@@ -267,10 +317,12 @@ def min_max_partition(
     rank_peak: RankPeak,
     unit: int = 1,
     table: RankTable | None = None,
+    rows: RankRows | None = None,
 ) -> Partition:
     """The split of `num_layers` minimising the largest rank peak (see the module docstring), every
     chunk holding a multiple of `unit` layers (uniform recompute of `unit` layers at a time);
-    `table`, when given, supplies the same peaks in bulk (faster, identical result)."""
+    `table`, when given, supplies the same peaks in bulk (faster, identical result), and `rows`
+    those of more chunks (for the capacities; identical result)."""
     require(
         [
             f"{name} {val} must be >= 1"
@@ -293,7 +345,7 @@ def min_max_partition(
     ranks = (
         _TableRanks(pp, vpp, rank_peak, num_layers, table)
         if table is not None and vpp <= TABLE_CHUNKS
-        else _Ranks(pp, vpp, rank_peak, num_layers)
+        else _Ranks(pp, vpp, rank_peak, num_layers, rows)
     )
     cap = _bisect_cap(ranks, num_layers)
     caps = [ranks.capacity(r, cap * (1 + TIE)) for r in range(pp)]

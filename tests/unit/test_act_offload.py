@@ -9,6 +9,7 @@ import importlib.util
 import itertools
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from capture_megatron.config import DdpOptions, ModelShape, ParallelPlan
@@ -85,6 +86,7 @@ def test_offloaded_layers_leave_the_device_but_the_kept_groups(fitted):
     from capture_megatron.forecast.chunks import chunk_cost
     from capture_megatron.forecast.offload import group_bytes, kept_bytes, layer_bytes
     from capture_megatron.forecast.ranks import rank_memory
+    from capture_megatron.forecast.rows import peak_rows
     from capture_megatron.forecast.table import peak_table
     from capture_megatron.records import ProbeShape
 
@@ -108,9 +110,13 @@ def test_offloaded_layers_leave_the_device_but_the_kept_groups(fitted):
         layers = layers_for(model, SHAPE, plan)
         for rank in (0, 1):
             table = peak_table(layers, SHAPE, plan, rank, 3)
-            for counts in itertools.product(range(4), repeat=plan.vpp):
+            splits = np.array(list(itertools.product(range(4), repeat=plan.vpp)))
+            rows = peak_rows(layers, SHAPE, plan, rank, splits)
+            assert rows is not None
+            for counts, row in zip(map(tuple, splits), rows):
                 got = rank_memory(layers, SHAPE, plan, rank, counts).peak
                 assert table[counts] == got, (plan.vpp, rank, counts)
+                assert row == pytest.approx(got, rel=1e-12), (plan.vpp, rank, counts)
 
 
 def test_the_kept_groups_count_once_a_micro_batch_of_their_chunk_is_alive():

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 from synthetic_memory import SMALL, synthetic_source
 
@@ -17,6 +18,7 @@ from capture_megatron.features.cuda_graphs import CudaGraphs, static_input_bytes
 from capture_megatron.features.moe import Experts
 from capture_megatron.forecast import Layers, rank_memory, variant_of
 from capture_megatron.forecast.cuda_graphs import graph_buffers
+from capture_megatron.forecast.rows import peak_rows
 from capture_megatron.forecast.schedule import ScheduleSpec, peak_inflight
 from capture_megatron.forecast.table import peak_table
 from capture_megatron.records import ProbeShape
@@ -150,5 +152,9 @@ def test_pipelines_keep_the_forwards_in_flight(pp, vpp):
         assert after.other - before.other == got > 0
         assert after.peak - before.peak == pytest.approx(got)
         table = peak_table(layers, SMALL, plan, rank, 4)
-        for counts in ((1,) * vpp, (4,) * vpp, (2, 3)[:vpp]):
+        splits = [(1,) * vpp, (4,) * vpp, (2, 3)[:vpp]]
+        rows = peak_rows(layers, SMALL, plan, rank, np.array(splits))
+        assert rows is not None
+        for counts, row in zip(splits, rows):
             assert table[counts] == rank_memory(layers, SMALL, plan, rank, counts=counts).peak
+            assert row == pytest.approx(table[counts], rel=1e-12)

@@ -5,10 +5,17 @@ from __future__ import annotations
 import itertools
 import random
 
+import numpy as np
 import pytest
+from synthetic_memory import SMALL, synthetic_source
 
+from capture_megatron.config import DdpOptions, ParallelPlan, Recompute
 from capture_megatron.errors import CaptureError
+from capture_megatron.forecast import layers_for, rank_peak
+from capture_megatron.forecast.rows import peak_rows
+from capture_megatron.planner.balance import rank_peak_fn, rank_rows_fn
 from capture_megatron.planner.partition import _Ranks, _splits, evaluate, min_max_partition
+from capture_megatron.planner.supply import needs_of
 
 
 def _random_cost(rng: random.Random, pp: int, vpp: int):
@@ -106,3 +113,27 @@ def test_within_answers_as_the_best_split_from_fewer_forecasts():
         assert len(set(forecasts)) == len(forecasts) <= every
         spared += every - len(forecasts)
     assert spared > 0
+
+
+@pytest.mark.parametrize("recompute", [0, 2])
+def test_rows_are_rank_peaks_and_the_split_is_the_same(recompute):
+    """forecast.rows.peak_rows (the splits of a rank of many chunks in bulk) gives rank_peak's
+    values to within rounding, and the min-max split with them is the split without them."""
+    plan = ParallelPlan(tp=1, pp=2, dp=1, vpp=3, micro_batch_size=1, global_batch_size=8,
+                        layers_per_stage=(2,) * 6, ddp=DdpOptions(),
+                        recompute=Recompute("full", "block", (recompute,) * 2) if recompute
+                        else Recompute())  # fmt: skip
+    model = synthetic_source(needs_of(SMALL, [plan]))
+    layers = layers_for(model, SMALL, plan)
+    splits = np.array(list(itertools.product(range(5), repeat=3)))
+    for rank in range(2):
+        rows = peak_rows(layers, SMALL, plan, rank, splits)
+        assert rows is not None
+        for counts, row in zip(map(tuple, splits), rows):
+            exact = rank_peak(layers, SMALL, plan, rank, counts)
+            assert row == pytest.approx(exact, rel=1e-12, abs=0)
+    full = bool(recompute)
+    with_rows = min_max_partition(SMALL.num_layers, 2, 3, rank_peak_fn(model, SMALL, plan, full),
+                                  rows=rank_rows_fn(model, SMALL, plan, full))  # fmt: skip
+    without = min_max_partition(SMALL.num_layers, 2, 3, rank_peak_fn(model, SMALL, plan, full))
+    assert with_rows == without
