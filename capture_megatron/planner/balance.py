@@ -13,6 +13,7 @@ import numpy as np
 from capture_megatron.config import GIB, Cluster, ModelShape, ParallelPlan, Recompute
 from capture_megatron.fit import MemoryModel
 from capture_megatron.forecast import StageMemory, layers_for, mixed_layers, rank_memory, rank_peak
+from capture_megatron.forecast.chunkmemo import ChunkMemos, chunk_memo
 from capture_megatron.forecast.rows import peak_rows, rows_apply
 from capture_megatron.forecast.table import peak_table
 from capture_megatron.planner.contiguous import contiguous_partition, descend
@@ -68,7 +69,7 @@ def located_peak_fn(
     shape: ModelShape,
     plan: ParallelPlan,
     recompute_all: bool,
-    cache: dict | None = None,
+    memos: ChunkMemos | None = None,
 ) -> LocatedPeak:
     """peak(pp_rank, chunk_counts, chunk_starts) of the plan's sizes (full recompute of every
     layer if asked), memoised; the starts matter only when dense and MoE layers are mixed, and
@@ -76,7 +77,7 @@ def located_peak_fn(
     rank_peak reads of them), so chunks alike where they start apart are forecast once."""
     layers = layers_for(model, shape, plan)
     plan = _every_layer(shape, plan) if recompute_all else plan
-    chunk_cache: dict = {} if cache is None else cache
+    chunk_cache = chunk_memo(memos, layers, plan)
     if not layers.mixed:
 
         @functools.cache
@@ -101,19 +102,23 @@ def rank_peak_fn(
     shape: ModelShape,
     plan: ParallelPlan,
     recompute_all: bool,
-    cache: dict | None = None,
+    memos: ChunkMemos | None = None,
 ) -> RankPeak:
     """rank_peak(pp_rank, chunk_counts) for the partitioner of identical layers (full recompute
-    of every layer if asked)."""
-    peak = located_peak_fn(model, shape, plan, recompute_all, cache)
+    of every layer if asked; `memos`: chunk costs shared with other plans, forecast.chunkmemo)."""
+    peak = located_peak_fn(model, shape, plan, recompute_all, memos)
     return lambda rank, counts: peak(rank, counts, ())
 
 
 def split_score_fn(
-    model: MemoryModel, shape: ModelShape, plan: ParallelPlan, recompute_all: bool
+    model: MemoryModel,
+    shape: ModelShape,
+    plan: ParallelPlan,
+    recompute_all: bool,
+    memos: ChunkMemos | None = None,
 ) -> Score:
     """score(layers_per_stage) -> the split's Partition at the plan's sizes (as rank_peak_fn)."""
-    peak = located_peak_fn(model, shape, plan, recompute_all)
+    peak = located_peak_fn(model, shape, plan, recompute_all, memos)
     return lambda split: evaluate_located(split, plan.pp, plan.vpp, peak)
 
 
@@ -122,13 +127,13 @@ def rank_table_fn(
     shape: ModelShape,
     plan: ParallelPlan,
     recompute_all: bool,
-    cache: dict | None = None,
+    memos: ChunkMemos | None = None,
 ) -> RankTable:
     """table(pp_rank, limit): rank_peak_fn's values for every chunk count up to `limit`, in bulk
     (capture_megatron.forecast.table)."""
     layers = layers_for(model, shape, plan)
     plan = _every_layer(shape, plan) if recompute_all else plan
-    chunk_cache: dict = {} if cache is None else cache
+    chunk_cache = chunk_memo(memos, layers, plan)
 
     def table(rank: int, limit: int) -> np.ndarray:
         return peak_table(layers, shape, plan, rank, limit, chunk_cache)
@@ -141,7 +146,7 @@ def rank_rows_fn(
     shape: ModelShape,
     plan: ParallelPlan,
     recompute_all: bool,
-    cache: dict | None = None,
+    memos: ChunkMemos | None = None,
 ) -> RankRows | None:
     """rows(pp_rank, splits): rank_peak_fn's values for each row of chunk counts, in bulk, to
     within rounding (capture_megatron.forecast.rows; None where they do not cover the plan)."""
@@ -149,7 +154,7 @@ def rank_rows_fn(
         return None
     layers = layers_for(model, shape, plan)
     plan = _every_layer(shape, plan) if recompute_all else plan
-    chunk_cache: dict = {} if cache is None else cache
+    chunk_cache = chunk_memo(memos, layers, plan)
 
     def rows(rank: int, splits: np.ndarray) -> np.ndarray | None:
         return peak_rows(layers, shape, plan, rank, splits, chunk_cache)
@@ -158,15 +163,21 @@ def rank_rows_fn(
 
 
 def _split(
-    model: MemoryModel, shape: ModelShape, plan: ParallelPlan, full: bool, unit: int
+    model: MemoryModel,
+    shape: ModelShape,
+    plan: ParallelPlan,
+    full: bool,
+    unit: int,
+    memos: ChunkMemos | None = None,
 ) -> tuple[int, ...]:
     """The min-max split of the plan's layers: exact for identical layers (any VPP) and for dense
     and MoE layers mixed with one chunk per rank; mixed with interleaving, the better of two local
     searches (contiguous.descend), from the exact split of layers all weighing what an MoE layer
-    weighs and from the even split (not proven optimal)."""
-    mixed = mixed_layers(shape)
+    weighs and from the even split (not proven optimal). `memos`: chunk costs shared with the
+    search's other plans (forecast.chunkmemo)."""
+    mixed, memos = mixed_layers(shape), {} if memos is None else memos
     if mixed and plan.vpp == 1:
-        peak = located_peak_fn(model, shape, plan, full)
+        peak = located_peak_fn(model, shape, plan, full, memos)
 
         def range_peak(rank: int, start: int, k: int) -> float:
             return peak(rank, (k,), (start,))
@@ -174,21 +185,20 @@ def _split(
         return contiguous_partition(shape.num_layers, plan.pp, range_peak, unit).layers_per_stage
     if mixed:  # from the split of layers all weighing an MoE layer's, and from the even split
         heavy = replace(shape, moe=replace(shape.moe, moe_layer_freq="1"))
-        score = split_score_fn(model, shape, plan, full)
+        score = split_score_fn(model, shape, plan, full, memos)
         stages, n = plan.pp * plan.vpp, shape.num_layers // unit
         even = tuple(unit * (n // stages + (i >= stages - n % stages)) for i in range(stages))
-        starts = (_split(model, heavy, plan, full, unit), even)
+        starts = (_split(model, heavy, plan, full, unit, memos), even)
         found = [descend(s, score, unit) for s in starts]
         return min(found, key=lambda p: p.peak).layers_per_stage
-    memo: dict = {}  # chunk costs, shared by the peaks one at a time, in tables and in rows
-    return min_max_partition(
+    return min_max_partition(  # chunk costs shared by the peaks one by one, tables and rows
         shape.num_layers,
         plan.pp,
         plan.vpp,
-        rank_peak_fn(model, shape, plan, full, memo),
+        rank_peak_fn(model, shape, plan, full, memos),
         unit,
-        rank_table_fn(model, shape, plan, full, memo),
-        rank_rows_fn(model, shape, plan, full, memo),
+        rank_table_fn(model, shape, plan, full, memos),
+        rank_rows_fn(model, shape, plan, full, memos),
     ).layers_per_stage
 
 
@@ -212,16 +222,18 @@ def balanced(
     plan: ParallelPlan,
     keep_recompute: bool = False,
     even: bool = False,
+    memos: ChunkMemos | None = None,
 ) -> ParallelPlan:
     """The plan with its layers re-split by the min-max partition (_split; `even`: the candidate's
     even split kept; full recompute: every layer of each chunk recomputed, block method, for the
-    trimming that follows; unless `keep_recompute`: the plan's own recompute is kept as given)."""
+    trimming that follows; unless `keep_recompute`: the plan's own recompute is kept as given;
+    `memos`: chunk costs shared with the search's other plans)."""
     full = plan.recompute.granularity == "full" and not keep_recompute
     rc = plan.recompute
     uniform = keep_recompute and rc.granularity == "full" and rc.method == "uniform"
     unit = max(rc.num_layers) if uniform else 1
     if not even:
-        split = _split(model, shape, plan, full, max(unit, 1))
+        split = _split(model, shape, plan, full, max(unit, 1), memos)
         plan = replace(plan, layers_per_stage=mtp_last_layer(shape, split, max(unit, 1)))
     if full:
         plan = replace(

@@ -131,7 +131,7 @@ def fit_plan(
         return Fitted(again.evaluated, found.bottleneck)
     if choose and not floor:
         model = model_for([plan, replace(plan, recompute=Recompute())])
-    fitted = balanced(model, shape, plan, keep_recompute)
+    fitted = balanced(model, shape, plan, keep_recompute, memos=memos)
     if not keep_recompute:
         fitted = trim_recompute(model, shape, fitted, cap, margins, floor)
     return Fitted(evaluate_plan(model, shape, fitted, cluster, margins, hw), 0.0)

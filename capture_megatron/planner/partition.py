@@ -88,7 +88,7 @@ def evaluate_located(
 ) -> Partition:
     """Score a given split whose layers differ by where they sit."""
     split = tuple(layers_per_stage)
-    starts = [sum(split[:i]) for i in range(len(split))]
+    starts = [0, *itertools.accumulate(split)]  # each stage's first layer
     peaks = tuple(
         peak(r, _chunks(split, pp, vpp, r), tuple(starts[v * pp + r] for v in range(vpp)))
         for r in range(pp)
