@@ -5,6 +5,7 @@ layers' top-k and shared experts and router, and the multi-token prediction laye
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 
 from capture_megatron.config import ModelShape
@@ -42,6 +43,7 @@ def layer_forward_flops(shape: ModelShape, b: int) -> float:
     return qkv + proj + mlp + core
 
 
+@functools.lru_cache(maxsize=256)
 def model_flops(shape: ModelShape, sequences: int) -> float:
     """Model FLOPs of forward + backward over `sequences` (3 x the forward; output layer
     included; each multi-token prediction layer: a transformer layer of the last kind, its

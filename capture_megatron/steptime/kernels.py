@@ -10,7 +10,9 @@ weight gradients).
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, fields
+from operator import attrgetter
 
 from capture_megatron.config import ModelShape, ParallelPlan
 from capture_megatron.steptime.constants import Constants
@@ -61,14 +63,18 @@ class Parts:
     @property
     def total(self) -> float:
         """Every part together."""
-        return sum(getattr(self, f.name) for f in fields(self))
+        return sum(_VALUES(self))
 
     def __add__(self, other: Parts) -> Parts:
-        return Parts(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
+        return Parts(*map(operator.add, _VALUES(self), _VALUES(other)))
 
     def scaled(self, factor: float) -> Parts:
         """Every part times `factor`."""
-        return Parts(*(getattr(self, f.name) * factor for f in fields(self)))
+        return Parts(*(x * factor for x in _VALUES(self)))
+
+
+_VALUES = attrgetter(*(f.name for f in fields(Parts)))
+"""A Parts' values in field order (a step's time adds up millions of them)."""
 
 
 @dataclass(frozen=True)

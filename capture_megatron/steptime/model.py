@@ -179,9 +179,12 @@ def overhead_per_pass(model: CostModel) -> float:
     return 0.0 if launch.full_iteration(s) else s.k.chunk_overhead
 
 
-def chunk_times(shape: ModelShape, plan: ParallelPlan, model: CostModel) -> tuple[ChunkTime, ...]:
+def chunk_times(
+    shape: ModelShape, plan: ParallelPlan, model: CostModel, broken_down: bool = True
+) -> tuple[ChunkTime, ...]:
     """Per-micro-batch forward / backward seconds of every (pipeline rank, chunk) of the plan
-    (layer by layer: dense and MoE layers as the model places them)."""
+    (layer by layer: dense and MoE layers as the model places them), with their parts unless not
+    `broken_down` (the seconds alone: what the planner ranks plans by)."""
     s = model.setting
     dense, moe = cp.layer_time(s, shape, plan), None
     if shape.moe.enabled:
@@ -202,6 +205,9 @@ def chunk_times(shape: ModelShape, plan: ParallelPlan, model: CostModel) -> tupl
             redo = _recomputed(plan, r, k)
             ends = (head.forward, head.backward) if at_end else None
             fwd, bwd = chunk_seconds(kinds, redo, selective, ends, overhead)
+            if not broken_down:
+                out.append(ChunkTime(r, v, k, fwd, bwd))
+                continue
             parts = chunk_parts(kinds, redo, selective, at_end, overhead)
             out.append(ChunkTime(r, v, k, fwd, bwd, parts))
     return tuple(out)
@@ -332,10 +338,13 @@ def _tied_embedding(shape: ModelShape, plan: ParallelPlan, model: CostModel) -> 
     return cp.ring(s, nbytes, 2, bw, passes=2)
 
 
-def step_time(shape: ModelShape, plan: ParallelPlan, model: CostModel | None = None) -> StepTime:
-    """The estimated optimizer step of `plan`, broken down (see the module docstring)."""
+def step_time(
+    shape: ModelShape, plan: ParallelPlan, model: CostModel | None = None, broken_down: bool = True
+) -> StepTime:
+    """The estimated optimizer step of `plan`, broken down (see the module docstring; its chunks
+    without their parts unless `broken_down`)."""
     model = model or CostModel()
-    chunks = chunk_times(shape, plan, model)
+    chunks = chunk_times(shape, plan, model, broken_down)
     fwd = [sum(c.forward for c in chunks if c.pp_rank == r) for r in range(plan.pp)]
     bwd = [sum(c.backward for c in chunks if c.pp_rank == r) for r in range(plan.pp)]
     params = [_rank_params(shape, plan, r) for r in range(plan.pp)]
@@ -365,7 +374,7 @@ def step_time(shape: ModelShape, plan: ParallelPlan, model: CostModel | None = N
 def step_seconds(shape: ModelShape, plan: ParallelPlan, model: CostModel | None = None) -> float:
     """Estimated seconds per optimizer step (step_time; its lower bound over every layout and
     recompute setting of the plan's sizes: capture_megatron.planner.stepbound.step_bound)."""
-    return step_time(shape, plan, model or CostModel()).seconds
+    return step_time(shape, plan, model or CostModel(), broken_down=False).seconds
 
 
 ROUNDING = 1 - 1e-12
