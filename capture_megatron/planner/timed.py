@@ -275,10 +275,8 @@ def _least_bottleneck(
     rank time that lets some rank hold one more layer); None when no split fits; `cut` when B*
     is above it (the ranks' capacities at `cut` do not hold the layers; searched no further)."""
     pp = ranks.plan.pp
-    if cut < math.inf:
-        caps = [ranks.capacity(r, cut) for r in range(pp)]
-        if min(caps) < 0 or sum(caps) < n:
-            return cut
+    if cut < math.inf and not _hold(ranks, n, cut):
+        return cut
     limit = ranks.least_bottleneck()[1] * (1 + TIE)
     caps = [ranks.capacity(r, limit) for r in range(pp)]
     while min(caps) < 0 or sum(caps) < n:
@@ -288,6 +286,22 @@ def _least_bottleneck(
         limit = min(more) * (1 + TIE)
         caps = [ranks.capacity(r, limit, max(c, 0)) for r, c in enumerate(caps)]
     return max(ranks.time(r, c) for r, c in enumerate(caps) if c >= 0), caps
+
+
+def _hold(ranks: _Ranks, n: int, limit: float) -> bool:
+    """Whether the ranks' capacities at `limit` hold n layers, each rank's asked only while the
+    others' most without memory (RankTimes.held, no fewer than their capacities) may still make
+    up the rest."""
+    upper = [ranks.held(r, limit) for r in range(ranks.plan.pp)]
+    total = sum(upper)
+    for r, most in enumerate(upper):
+        if total < n:
+            return False
+        cap = ranks.capacity(r, limit)
+        if cap < 0:
+            return False
+        total += cap - most
+    return total >= n
 
 
 def _spread(caps: list[int], n: int, extra: list[float], per_layer: float) -> list[int]:
