@@ -22,7 +22,7 @@ from capture_megatron.planner.margins import Margins
 from capture_megatron.planner.ranktimes import RankTimes, least_step, memory_floor
 from capture_megatron.planner.space import Space, candidates
 from capture_megatron.planner.supply import Supply, needs_of
-from capture_megatron.planner.timed import Beaten, TimedSplit, timed_split
+from capture_megatron.planner.timed import Beaten, TimedSplit, _hold, _Ranks, timed_split
 from capture_megatron.steptime.constants import fitted
 from capture_megatron.steptime.model import CostModel, step_seconds
 from capture_megatron.steptime.settings import StepSettings
@@ -250,3 +250,21 @@ def test_a_step_to_beat_leaves_only_the_splits_that_cannot(pp, vpp, recompute, c
                 assert (cut.plan, cut.seconds) == (full.plan, full.seconds)
     if recompute == "full":  # memory binds: the bottleneck is above the least without memory
         assert left >= 1, "some step to beat leaves the plan"
+
+
+@pytest.mark.parametrize("pp,vpp,recompute,cap_gib", [(4, 1, "none", 20.0), (4, 1, "full", 3.0)])
+def test_hold_answers_as_every_ranks_capacity(pp, vpp, recompute, cap_gib):
+    """timed._hold (a twin's cut) says whether the ranks' capacities at a limit hold the layers,
+    as all of them asked do, at limits from below the least bottleneck without memory up."""
+    plan, choose = _plan(pp, vpp, recompute), recompute == "full"
+    if choose:
+        plan = replace(plan, recompute=Recompute("full", "block", (0,) * pp))
+    ranks = _Ranks(_model(plan), SMALL, plan, cap_gib * GIB, MARGINS, HW, choose)
+    least = ranks.least_bottleneck()[1]
+    answers = set()
+    for scale in (0.9, 1.0, 1.1, 1.3, 1.6, 2.0, 3.0):
+        caps = [ranks.capacity(r, least * scale) for r in range(pp)]
+        every = min(caps) >= 0 and sum(caps) >= SMALL.num_layers
+        assert _hold(ranks, SMALL.num_layers, least * scale) == every, scale
+        answers.add(every)
+    assert answers == {True, False}
