@@ -252,12 +252,15 @@ def trim_recompute(
     cap: float,
     margins: Margins,
     floor: int = 0,
+    memos: ChunkMemos | None = None,
 ) -> ParallelPlan:
     """Lower each stage's full-recompute count to the fewest layers that keep it under `cap` (at
-    least `floor`: 1 keeps full recompute that was given, 0 may drop it)."""
+    least `floor`: 1 keeps full recompute that was given, 0 may drop it; `memos`: chunk costs
+    shared with the search's other plans)."""
     if plan.recompute.granularity != "full":
         return plan
     layers = layers_for(model, shape, plan)
+    cache = chunk_memo({} if memos is None else memos, layers, plan)  # the counts' trials share it
     counts = list(plan.recompute.num_layers)
     for r in range(plan.pp):
         while counts[r] > min(floor, max(plan.chunks_of(r))):
@@ -267,7 +270,10 @@ def trim_recompute(
                     "full", "block", tuple(counts[:r] + [counts[r] - 1] + counts[r + 1 :])
                 ),
             )
-            if margins.plan_needed(rank_peak(layers, shape, trial, r), shape, trial) > cap:
+            if (
+                margins.plan_needed(rank_peak(layers, shape, trial, r, None, cache), shape, trial)
+                > cap
+            ):
                 break
             counts[r] -= 1
     if not any(counts):

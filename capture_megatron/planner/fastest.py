@@ -133,7 +133,7 @@ def fit_plan(
         model = model_for([plan, replace(plan, recompute=Recompute())])
     fitted = balanced(model, shape, plan, keep_recompute, memos=memos)
     if not keep_recompute:
-        fitted = trim_recompute(model, shape, fitted, cap, margins, floor)
+        fitted = trim_recompute(model, shape, fitted, cap, margins, floor, memos)
     return Fitted(evaluate_plan(model, shape, fitted, cluster, margins, hw), 0.0)
 
 
