@@ -185,11 +185,11 @@ def _split(
         return contiguous_partition(shape.num_layers, plan.pp, range_peak, unit).layers_per_stage
     if mixed:  # from the split of layers all weighing an MoE layer's, and from the even split
         heavy = replace(shape, moe=replace(shape.moe, moe_layer_freq="1"))
-        score = split_score_fn(model, shape, plan, full, memos)
+        located = located_peak_fn(model, shape, plan, full, memos)
         stages, n = plan.pp * plan.vpp, shape.num_layers // unit
         even = tuple(unit * (n // stages + (i >= stages - n % stages)) for i in range(stages))
         starts = (_split(model, heavy, plan, full, unit, memos), even)
-        found = [descend(s, score, unit) for s in starts]
+        found = [descend(s, plan.pp, plan.vpp, located, unit) for s in starts]
         return min(found, key=lambda p: p.peak).layers_per_stage
     return min_max_partition(  # chunk costs shared by the peaks one by one, tables and rows
         shape.num_layers,

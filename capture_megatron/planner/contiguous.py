@@ -22,7 +22,7 @@ import itertools
 from collections.abc import Callable
 
 from capture_megatron.errors import require
-from capture_megatron.planner.partition import TIE, Partition, Score
+from capture_megatron.planner.partition import TIE, LocatedPeak, Partition, evaluate_located
 
 RangePeak = Callable[[int, int, int], float]
 """range_peak(pp_rank, start, count) -> predicted peak bytes."""
@@ -95,11 +95,15 @@ def contiguous_partition(
     return Partition(tuple(counts), max(peaks), peaks)
 
 
-def descend(split: tuple[int, ...], score: Score, unit: int = 1) -> Partition:
-    """A local search from `split`: move `unit` layers between neighbouring virtual stages while
-    that lowers the peaks (the largest first, then the next largest, ...); for interleaved stages,
-    where the exact method above does not apply. Ends at a split no single move improves."""
-    best = score(split)
+def descend(
+    split: tuple[int, ...], pp: int, vpp: int, peak: LocatedPeak, unit: int = 1
+) -> Partition:
+    """A local search from `split` over pp x vpp virtual stages (`peak`: a rank's peak by its
+    chunks' counts and starts): move `unit` layers between neighbouring virtual stages while that
+    lowers the peaks (the largest first, then the next largest, ...); for interleaved stages,
+    where the exact method above does not apply. Ends at a split no single move improves. A move
+    changes two stages' counts and the second's start, so only their ranks are forecast again."""
+    best = evaluate_located(split, pp, vpp, peak)
 
     def rank(p: Partition) -> tuple[float, ...]:
         return tuple(sorted(p.rank_peaks, reverse=True))
@@ -113,7 +117,24 @@ def descend(split: tuple[int, ...], score: Score, unit: int = 1) -> Partition:
                 continue
             layers[i + src] -= unit
             layers[i + dst] += unit
-            trial = score(tuple(layers))
+            trial = _moved(tuple(layers), best, (i % pp, (i + 1) % pp), pp, vpp, peak)
             if rank(trial) < rank(best):
                 best, improved = trial, True
     return best
+
+
+def _moved(
+    split: tuple[int, ...],
+    before: Partition,
+    ranks: tuple[int, int],
+    pp: int,
+    vpp: int,
+    peak: LocatedPeak,
+) -> Partition:
+    """evaluate_located of `split`, which differs from `before`'s only on `ranks`' stages: the
+    other ranks' peaks are `before`'s."""
+    peaks, first = list(before.rank_peaks), [0, *itertools.accumulate(split)]
+    for r in set(ranks):
+        counts = tuple(split[v * pp + r] for v in range(vpp))
+        peaks[r] = peak(r, counts, tuple(first[v * pp + r] for v in range(vpp)))
+    return Partition(split, max(peaks), tuple(peaks))
