@@ -14,7 +14,14 @@ from capture_megatron.errors import CaptureError
 from capture_megatron.forecast import layers_for, rank_peak
 from capture_megatron.forecast.rows import peak_rows
 from capture_megatron.planner.balance import rank_peak_fn, rank_rows_fn
-from capture_megatron.planner.partition import _Ranks, _splits, evaluate, min_max_partition
+from capture_megatron.planner.contiguous import _moved
+from capture_megatron.planner.partition import (
+    _Ranks,
+    _splits,
+    evaluate,
+    evaluate_located,
+    min_max_partition,
+)
 from capture_megatron.planner.supply import needs_of
 
 
@@ -137,3 +144,34 @@ def test_rows_are_rank_peaks_and_the_split_is_the_same(recompute):
                                   rows=rank_rows_fn(model, SMALL, plan, full))  # fmt: skip
     without = min_max_partition(SMALL.num_layers, 2, 3, rank_peak_fn(model, SMALL, plan, full))
     assert with_rows == without
+
+
+def test_a_move_re_forecasts_two_ranks_and_scores_as_a_whole_split():
+    """contiguous._moved (descend's trial of one move) is evaluate_located of the moved split,
+    forecasting only the two ranks whose stages the move changed."""
+    rng = random.Random(5)
+    for _ in range(200):
+        pp, vpp = rng.randint(2, 4), rng.randint(2, 3)
+        weight = [rng.uniform(1, 3) for _ in range(40)]  # layers differ by where they sit
+
+        def peak(r: int, counts: tuple[int, ...], starts: tuple[int, ...], w=weight) -> float:
+            return r + sum(
+                sum(w[a : a + k]) * (v + 1) for v, (a, k) in enumerate(zip(starts, counts))
+            )
+
+        split = tuple(rng.randint(0, 3) for _ in range(pp * vpp))
+        before = evaluate_located(split, pp, vpp, peak)
+        i = rng.randrange(pp * vpp - 1)
+        if not split[i]:
+            continue
+        moved = list(split)
+        moved[i], moved[i + 1] = moved[i] - 1, moved[i + 1] + 1
+        asked: list[int] = []
+
+        def counted(r: int, c: tuple[int, ...], s: tuple[int, ...], asked=asked, f=peak) -> float:
+            asked.append(r)
+            return f(r, c, s)
+
+        got = _moved(tuple(moved), before, (i % pp, (i + 1) % pp), pp, vpp, counted)
+        assert got == evaluate_located(tuple(moved), pp, vpp, peak)
+        assert sorted(set(asked)) == sorted({i % pp, (i + 1) % pp}) and len(asked) <= 2
