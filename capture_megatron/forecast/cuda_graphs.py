@@ -61,13 +61,9 @@ def graph_buffer_table(
 ) -> np.ndarray | float:
     """graph_buffers for every chunk count 0..limit (plan.vpp dimensions; layers of one
     variant, the model's)."""
-    graphs = plan.ddp.cuda_graphs
-    if not graphs.enabled:
-        return 0.0
-    vpp, one = plan.vpp, int(graphs.graphs_layer(shape.moe.enabled))
-    grid = np.indices((limit + 1,) * vpp).reshape(vpp, -1) * one
-    grid[-1] += _mtp_layers(shape, plan, pp_rank)
-    return _bytes(shape, plan, pp_rank, grid).reshape((limit + 1,) * vpp)
+    grid = (limit + 1,) * plan.vpp
+    rows = graph_buffer_rows(shape, plan, pp_rank, np.indices(grid).reshape(plan.vpp, -1).T)
+    return rows if isinstance(rows, float) else rows.reshape(grid)
 
 
 def graph_buffer_rows(

@@ -14,7 +14,8 @@ from capture_megatron.config import GIB, Cluster, ModelShape, ParallelPlan, Reco
 from capture_megatron.fit import MemoryModel
 from capture_megatron.forecast import StageMemory, layers_for, mixed_layers, rank_memory, rank_peak
 from capture_megatron.forecast.chunkmemo import ChunkMemos, chunk_memo
-from capture_megatron.forecast.rows import peak_rows, rows_apply
+from capture_megatron.forecast.layers import Layers
+from capture_megatron.forecast.rows import peak_rows
 from capture_megatron.forecast.table import peak_table
 from capture_megatron.planner.contiguous import contiguous_partition, descend
 from capture_megatron.planner.margins import Margins
@@ -64,6 +65,20 @@ def _every_layer(shape: ModelShape, plan: ParallelPlan) -> ParallelPlan:
     return replace(plan, recompute=Recompute("full", "block", (shape.num_layers,) * plan.pp))
 
 
+def _prepared(
+    model: MemoryModel,
+    shape: ModelShape,
+    plan: ParallelPlan,
+    recompute_all: bool,
+    memos: ChunkMemos | None,
+) -> tuple[Layers, ParallelPlan, dict]:
+    """What the peak functions below forecast with: the plan's layers, the plan (full recompute
+    of every layer if asked) and its chunk-cost memo (shared through `memos`)."""
+    layers = layers_for(model, shape, plan)
+    plan = _every_layer(shape, plan) if recompute_all else plan
+    return layers, plan, chunk_memo(memos, layers, plan)
+
+
 def located_peak_fn(
     model: MemoryModel,
     shape: ModelShape,
@@ -75,9 +90,7 @@ def located_peak_fn(
     layer if asked), memoised; the starts matter only when dense and MoE layers are mixed, and
     then only through which of its layers each chunk holds are MoE (Layers.chunks: what
     rank_peak reads of them), so chunks alike where they start apart are forecast once."""
-    layers = layers_for(model, shape, plan)
-    plan = _every_layer(shape, plan) if recompute_all else plan
-    chunk_cache = chunk_memo(memos, layers, plan)
+    layers, plan, chunk_cache = _prepared(model, shape, plan, recompute_all, memos)
     if not layers.mixed:
 
         @functools.cache
@@ -131,9 +144,7 @@ def rank_table_fn(
 ) -> RankTable:
     """table(pp_rank, limit): rank_peak_fn's values for every chunk count up to `limit`, in bulk
     (capture_megatron.forecast.table)."""
-    layers = layers_for(model, shape, plan)
-    plan = _every_layer(shape, plan) if recompute_all else plan
-    chunk_cache = chunk_memo(memos, layers, plan)
+    layers, plan, chunk_cache = _prepared(model, shape, plan, recompute_all, memos)
 
     def table(rank: int, limit: int) -> np.ndarray:
         return peak_table(layers, shape, plan, rank, limit, chunk_cache)
@@ -147,14 +158,10 @@ def rank_rows_fn(
     plan: ParallelPlan,
     recompute_all: bool,
     memos: ChunkMemos | None = None,
-) -> RankRows | None:
+) -> RankRows:
     """rows(pp_rank, splits): rank_peak_fn's values for each row of chunk counts, in bulk, to
-    within rounding (capture_megatron.forecast.rows; None where they do not cover the plan)."""
-    if not all(rows_apply(plan, shape, r) for r in range(plan.pp)):
-        return None
-    layers = layers_for(model, shape, plan)
-    plan = _every_layer(shape, plan) if recompute_all else plan
-    chunk_cache = chunk_memo(memos, layers, plan)
+    within rounding (capture_megatron.forecast.rows; None for a rank they do not cover)."""
+    layers, plan, chunk_cache = _prepared(model, shape, plan, recompute_all, memos)
 
     def rows(rank: int, splits: np.ndarray) -> np.ndarray | None:
         return peak_rows(layers, shape, plan, rank, splits, chunk_cache)

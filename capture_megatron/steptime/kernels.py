@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass, fields
-from operator import attrgetter
 
 from capture_megatron.config import ModelShape, ParallelPlan
 from capture_megatron.steptime.constants import Constants
@@ -73,7 +72,7 @@ class Parts:
         return Parts(*(x * factor for x in _VALUES(self)))
 
 
-_VALUES = attrgetter(*(f.name for f in fields(Parts)))
+_VALUES = operator.attrgetter(*(f.name for f in fields(Parts)))
 """A Parts' values in field order (a step's time adds up millions of them)."""
 
 

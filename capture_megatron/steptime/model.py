@@ -205,10 +205,9 @@ def chunk_times(
             redo = _recomputed(plan, r, k)
             ends = (head.forward, head.backward) if at_end else None
             fwd, bwd = chunk_seconds(kinds, redo, selective, ends, overhead)
-            if not broken_down:
-                out.append(ChunkTime(r, v, k, fwd, bwd))
-                continue
-            parts = chunk_parts(kinds, redo, selective, at_end, overhead)
+            parts = (
+                chunk_parts(kinds, redo, selective, at_end, overhead) if broken_down else Parts()
+            )
             out.append(ChunkTime(r, v, k, fwd, bwd, parts))
     return tuple(out)
 
