@@ -1,7 +1,11 @@
 """Benchmark: how long a user waits for `capture-megatron plan` and `capture-megatron profile`.
 
 Cold: a fresh cache (nothing profiled; the compiled fake-CUDA shim, built once per machine in a few
-seconds, is copied in). Warm: the same command again on that cache. Each command runs as a user
+seconds, is copied in). Warm: the same command again on that cache, as a user runs it: the answer
+kept by the cold run is read back (capture_megatron.api.kept; "warm_read_back_same": its output, but
+for the line saying so, is the cold run's). Warm searched: the same command once more with
+CAPTURE_MEGATRON_KEEP_PLANS=0, every plan worked out again from the cached records (what a new
+question on known records costs, e.g. another GPU count or batch). Each command runs as a user
 types it, in a fresh process (imports included), default objective, fake-CUDA memory model; the
 medians of --repeats runs are reported (this machine is shared: medians, one run each in turn).
 
@@ -21,8 +25,8 @@ of tests/data/hf_configs) and replaces their rows of "issue53" in --out, with th
 load average. Their cold runs start from the anchor records the package ships for them
 (capture_megatron.profile.shipped), as a user's do; with --from-nothing only cold runs are timed,
 with the shipped records left unread (everything profiled), kept beside the others in the row.
---warm-cache DIR times only warm runs on that cache (a cache profiled before, e.g. by an earlier
-cold run; it is not changed by a warm plan of a model it holds).
+--warm-cache DIR times only warm searched runs on that cache (a cache profiled before, e.g. by an
+earlier cold run; it is not changed by a warm searched plan of a model it holds).
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ import time
 
 from speed import LLAMA2_70B  # bench/speed.py: the same Llama-2-70B command line
 
+from capture_megatron.api.kept import ENABLE
 from capture_megatron.cache import cache_dir
 from capture_megatron.emulate.fake_cuda import shim_path
 from capture_megatron.profile.shipped import SWITCH
@@ -84,9 +89,10 @@ def _fresh_cache() -> str:
     return tmp
 
 
-def _run(argv: list[str], cache: str) -> tuple[float, str]:
-    """(wall seconds, standard output) of one capture-megatron command with its own cache."""
-    env = {**os.environ, "CAPTURE_MEGATRON_CACHE": cache}
+def _run(argv: list[str], cache: str, keep: bool = True) -> tuple[float, str]:
+    """(wall seconds, standard output) of one capture-megatron command with its own cache
+    (`keep`: answers kept and read back, as for a user; else CAPTURE_MEGATRON_KEEP_PLANS=0)."""
+    env = {**os.environ, "CAPTURE_MEGATRON_CACHE": cache, ENABLE: "1" if keep else "0"}
     if FROM_NOTHING:  # the records shipped with the package left unread: everything profiled
         env[SWITCH] = "0"
     t0 = time.perf_counter()
@@ -98,8 +104,13 @@ def _run(argv: list[str], cache: str) -> tuple[float, str]:
     return time.perf_counter() - t0, done.stdout.decode()
 
 
-def _timed(argv: list[str], cache: str) -> float:
-    return _run(argv, cache)[0]
+def _timed(argv: list[str], cache: str, keep: bool = True) -> float:
+    return _run(argv, cache, keep)[0]
+
+
+def _answer(stdout: str) -> str:
+    """A plan's output without the line saying it was read back."""
+    return "\n".join(x for x in stdout.splitlines() if not x.startswith("  read back from "))
 
 
 def _probes_run(stdout: str) -> int:
@@ -115,13 +126,16 @@ def _lines(path: str) -> int:
 def plan_times(name: str, gpus: int, repeats: int, argv: list[str] | None = None) -> dict:
     """Median cold and warm wall times of one preset's default plan (or of `argv`)."""
     argv = argv or ["plan", "--preset", name, "--gpus", str(gpus), "--gpu-memory-gib", "80"]
-    cold, warm, probes, records = [], [], 0, 0
+    cold, warm, search, same, probes, records = [], [], [], True, 0, 0
     for _ in range(repeats):
         cache = _fresh_cache()
         try:
             seconds, stdout = _run([*argv, "--no-progress"], cache)
             cold.append(seconds)
-            warm.append(_timed([*argv, "--no-progress"], cache))
+            seconds, again = _run([*argv, "--no-progress"], cache)
+            warm.append(seconds)
+            search.append(_timed([*argv, "--no-progress"], cache, keep=False))
+            same = same and "  read back from " in again and _answer(again) == _answer(stdout)
             probes = _probes_run(stdout)
             records = sum(
                 _lines(p) - 1 for p in glob.glob(os.path.join(cache, "fake-cuda-*.jsonl"))
@@ -133,10 +147,13 @@ def plan_times(name: str, gpus: int, repeats: int, argv: list[str] | None = None
         "gpus": gpus,
         "cold_s": statistics.median(cold),
         "warm_s": statistics.median(warm),
+        "warm_searched_s": statistics.median(search),
+        "warm_read_back_same": same,
         "probes": probes,
         "records": records,
         "cold_runs_s": cold,
         "warm_runs_s": warm,
+        "warm_searched_runs_s": search,
     }
 
 
@@ -188,9 +205,11 @@ def issue53(ns: argparse.Namespace) -> None:
     rows = {r["model"]: r for r in out.get("issue53", [])}
     for name in ns.issue53.split(","):
         argv, gpus = _issue53_argv(name)
-        if ns.warm_cache:
-            warm = [_timed([*argv, "--no-progress"], ns.warm_cache) for _ in range(ns.repeats)]
-            row = {**rows.get(name, {}), "warm_s": statistics.median(warm), "warm_runs_s": warm}
+        if ns.warm_cache:  # worked out again each time (nothing read back)
+            argv = [*argv, "--no-progress"]
+            warm = [_timed(argv, ns.warm_cache, False) for _ in range(ns.repeats)]
+            row = {**rows.get(name, {}), "warm_searched_s": statistics.median(warm)}
+            row["warm_searched_runs_s"] = warm
         elif FROM_NOTHING:  # the cold runs only, kept beside those with the shipped records
             got = plan_times(name, gpus, ns.repeats, argv)
             row = {**rows.get(name, {}), "cold_from_nothing_s": got["cold_s"]}

@@ -317,12 +317,16 @@ def issue53_table(data: dict) -> list[str]:
         "empty user cache, with the anchor records the package ships for these plans "
         "(capture_megatron/profile/anchors, written by bench/ship_anchors.py); from nothing: "
         "the same with them left unread (CAPTURE_MEGATRON_SHIPPED=0, --from-nothing), every "
-        "probe run; probes: that run's. Each row's runs and the 5-minute load average at its "
-        "start and end (the machine was shared).",
+        "probe run; probes: that run's. Warm: the same command again, its answer read back "
+        "(kept by the cold run in the cache: capture_megatron.api.kept; the same output but "
+        "for the line saying so, checked: `same`); warm searched: once more with "
+        "CAPTURE_MEGATRON_KEEP_PLANS=0, the plan worked out again from the cached records "
+        "(what another question on the same model costs). Each row's runs and the 5-minute "
+        "load average at its start and end (the machine was shared).",
         "",
-        "| model | GPUs | cold plan | from nothing | warm plan | probes "
-        "| runs (cold; from nothing; warm) | load | commit |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| model | GPUs | cold plan | from nothing | warm plan | same | warm searched | probes "
+        "| runs (cold; from nothing; warm; warm searched) | load | commit |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         cold, nothing = (
@@ -334,16 +338,18 @@ def issue53_table(data: dict) -> list[str]:
                 ("cold_runs_s", 0),
                 ("cold_from_nothing_runs_s", 0),
                 ("warm_runs_s", 1),
+                ("warm_searched_runs_s", 1),
             )
         )
         load = " -> ".join(f"{x:.1f}" for x in r.get("load_average_5min", []))
-        warm = f"{r['warm_s']:.1f} s" if "warm_s" in r else "-"
+        warm, searched = (f"{r[k]:.1f} s" if k in r else "-" for k in ("warm_s", "warm_searched_s"))
+        same = {True: "yes", False: "**no**"}.get(r.get("warm_read_back_same"), "-")
         out.append(
-            f"| {r['model']} | {r['gpus']} | {cold} | {nothing} | {warm} | "
-            f"{r.get('probes', '-')} | {runs} | {load} | {r.get('commit', '')} |"
+            f"| {r['model']} | {r['gpus']} | {cold} | {nothing} | {warm} | {same} | {searched} "
+            f"| {r.get('probes', '-')} | {runs} | {load} | {r.get('commit', '')} |"
         )
     if not rows:
-        out.append("| (not measured yet) | | | | | | | | |")
+        out.append("| (not measured yet) | | | | | | | | | | |")
     return out + shipped_table() + [line for note in notes for line in ("", note)]
 
 

@@ -28,6 +28,7 @@ def pytest_configure(config: pytest.Config) -> None:
         sys.modules["torch"].set_num_threads(threads_per_worker())
 
 
+os.environ.setdefault("CAPTURE_MEGATRON_KEEP_PLANS", "0")  # tests plan; test_kept_plans reads back
 warnings.filterwarnings("ignore", message=".*Transformer Engine.*")
 warnings.filterwarnings("ignore", message=".*Apex is not installed.*")
 

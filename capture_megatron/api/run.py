@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+from capture_megatron.api import kept
 from capture_megatron.api.args import plan_parser, predict_parser
 from capture_megatron.api.request import Request, cluster_of, read_request
 from capture_megatron.config.kernels import kernel_set
@@ -129,22 +130,33 @@ def forecast(request: Request, memory: Memory | None = None, progress: bool = Fa
     check_request(
         shape, options.kernels, space.ddp, space.cp, space.cp_comm_type, options.fixed, kind
     )
-    memory = memory_of(request, progress) if memory is None else memory
-    if options.fixed and request.memory_model and isinstance(memory, MemoryModel):
-        problem = micro_batch_problem(memory, shape, options.fixed)
-        if problem:
-            raise CaptureError(f"--memory-model {request.memory_model}: {problem}.")
-    result = plan_stage(shape, cluster, options, memory)
+    keeping = memory is None and not request.memory_model and kept.enabled()
+    device = _device(request) if keeping else ""
+    found = kept.read_back(kept.key_of(request, device, kind)) if keeping else None
+    if found is None:
+        memory = memory_of(request, progress) if memory is None else memory
+        if options.fixed and request.memory_model and isinstance(memory, MemoryModel):
+            problem = micro_batch_problem(memory, shape, options.fixed)
+            if problem:
+                raise CaptureError(f"--memory-model {request.memory_model}: {problem}.")
+        found = plan_stage(shape, cluster, options, memory)
+        if keeping:  # the key as the records now are: those this answer was worked out from
+            kept.keep(kept.key_of(request, device, kind), found)
     return dataclasses.replace(
-        result, ignored_flags=request.ignored_flags, notes=_notes(request, result)
+        found, ignored_flags=request.ignored_flags, notes=_notes(request, found)
     )
+
+
+def _device(request: Request) -> str:
+    """The device the memory model profiled on the spot profiles on."""
+    from capture_megatron.profile import default_device
+
+    return default_device(request.device)
 
 
 def _kernel_set(request: Request) -> str:
     """The kernel set the memory model profiled on the spot will describe."""
-    from capture_megatron.profile import default_device
-
-    return kernel_set(default_device(request.device), request.options.kernels)
+    return kernel_set(_device(request), request.options.kernels)
 
 
 def memory_of(request: Request, progress: bool) -> Memory:

@@ -37,6 +37,11 @@ def print_plan(result: PlanResult) -> None:
         f"{result.origin.kernels}, megatron-core {result.megatron_core})"
     )
     print(f"  validated: {VALIDATION.get(result.origin.device, 'not validated')}")
+    if result.read_back:
+        print(
+            f"  read back from {result.read_back}: the same request, answered before from the "
+            "same records by the same code (CAPTURE_MEGATRON_KEEP_PLANS=0 works it out again)"
+        )
     wide = shape.moe.enabled or any(e.plan.cp > 1 for e in result.ranked)
     off = any(e.plan.ddp.optimizer_cpu_offload for e in result.ranked)
     act = any(e.plan.ddp.activation_offload.groups for e in result.ranked)

@@ -78,6 +78,9 @@ class PlanResult:
     recompute_modules: tuple[str, ...] = ()
     """--recompute-modules as given, handed back with every plan (megatron-core reads them for
     selective recompute only)."""
+    read_back: str = ""
+    """The cache file this answer was read back from (capture_megatron.api.kept: the same request
+    answered before from the same records by the same code); '' when it was worked out now."""
 
     @property
     def best(self) -> Evaluated:
