@@ -76,6 +76,8 @@ ISSUE53 = {
 """Issue 53's models: (model flags, GPUs of 80 GiB), each at ISSUE53_RUN."""
 
 
+READ_BACK = "  read back from "
+"""How the line saying a plan was read back starts (capture_megatron.cli.render.print_plan)."""
 FROM_NOTHING = False
 """Whether plans leave the shipped records unread (--from-nothing)."""
 
@@ -110,7 +112,7 @@ def _timed(argv: list[str], cache: str, keep: bool = True) -> float:
 
 def _answer(stdout: str) -> str:
     """A plan's output without the line saying it was read back."""
-    return "\n".join(x for x in stdout.splitlines() if not x.startswith("  read back from "))
+    return "\n".join(x for x in stdout.splitlines() if not x.startswith(READ_BACK))
 
 
 def _probes_run(stdout: str) -> int:
@@ -135,7 +137,7 @@ def plan_times(name: str, gpus: int, repeats: int, argv: list[str] | None = None
             seconds, again = _run([*argv, "--no-progress"], cache)
             warm.append(seconds)
             search.append(_timed([*argv, "--no-progress"], cache, keep=False))
-            same = same and "  read back from " in again and _answer(again) == _answer(stdout)
+            same = same and READ_BACK in again and _answer(again) == _answer(stdout)
             probes = _probes_run(stdout)
             records = sum(
                 _lines(p) - 1 for p in glob.glob(os.path.join(cache, "fake-cuda-*.jsonl"))

@@ -34,7 +34,6 @@ from capture_megatron.cache import cache_dir, set_aside
 from capture_megatron.planner import PlanResult
 from capture_megatron.profile.shipped import SWITCH
 from capture_megatron.serial import from_plain, to_plain
-from capture_megatron.version import __version__
 
 FOLDER = "plans"
 """The cache's folder of kept answers."""
@@ -86,7 +85,7 @@ def key_of(request: Request, device: str, kernels: str) -> str:
         "request": to_plain((request.shape, request.cluster, request.options)),
         "device": device,
         "kernels": kernels,
-        "software": [__version__, version("torch"), version("megatron-core")],
+        "software": [version("torch"), version("megatron-core")],
         "python": platform.python_version(),
         "code": code_digest(),
         "shipped": os.environ.get(SWITCH, ""),

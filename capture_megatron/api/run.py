@@ -126,12 +126,12 @@ def forecast(request: Request, memory: Memory | None = None, progress: bool = Fa
     # searched micro-batches: powers of two dividing the batch (planner.space.micro_batch_sizes)
     too_large(shape, cluster, gbs, max(options.space.micro_batch_size, default=gbs & -gbs))
     space = options.space
-    kind = "" if request.memory_model else _kernel_set(request)  # a model's set: planner checks
+    device = "" if request.memory_model else _device(request)  # a model's own: planner checks
+    kind = kernel_set(device, options.kernels) if device else ""
     check_request(
         shape, options.kernels, space.ddp, space.cp, space.cp_comm_type, options.fixed, kind
     )
     keeping = memory is None and not request.memory_model and kept.enabled()
-    device = _device(request) if keeping else ""
     found = kept.read_back(kept.key_of(request, device, kind)) if keeping else None
     if found is None:
         memory = memory_of(request, progress) if memory is None else memory
@@ -152,11 +152,6 @@ def _device(request: Request) -> str:
     from capture_megatron.profile import default_device
 
     return default_device(request.device)
-
-
-def _kernel_set(request: Request) -> str:
-    """The kernel set the memory model profiled on the spot will describe."""
-    return kernel_set(_device(request), request.options.kernels)
 
 
 def memory_of(request: Request, progress: bool) -> Memory:
