@@ -79,6 +79,7 @@ def collect(argv: list[str], out: str) -> None:
 
     quiet.install()
     from capture_megatron.emulate import cpu_compat
+    from capture_megatron.megatron.backend import Backend
     from capture_megatron.serial import to_plain
     from capture_megatron.train.dist_env import init_distributed, read_env
     from capture_megatron.train.entry import parse_config
@@ -91,8 +92,9 @@ def collect(argv: list[str], out: str) -> None:
     init_distributed(read_env(), "gloo")
     cpu_compat.apply("cpu")
     init_parallel_state(cfg.plan, cfg.run.seed)
-    trainer = build_trainer(cfg.shape, cfg.plan, cfg.optim, cfg.run, cfg.build, None)
-    iterators = train_iterators(cfg, 0)
+    backend = Backend()
+    trainer = build_trainer(cfg.shape, cfg.plan, cfg.optim, cfg.run, cfg.build, backend)
+    iterators = train_iterators(cfg, 0, backend)
     recorder = RoutingRecorder(trainer.model, cfg.plan.micro_batch_size)
     losses = []
     t0 = time.perf_counter()

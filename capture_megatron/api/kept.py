@@ -6,7 +6,8 @@ from and the code that predicts. After planning, the answer is written to
 $CAPTURE_MEGATRON_CACHE/plans/<key>.json, the key a SHA-256 of all of those:
 
 - the request: the model shape, the cluster and the plan options (calibration included), as JSON;
-- the memory model's device and kernel set, the installed torch, megatron-core and Python;
+- the memory model's device and kernel set, the installed torch, megatron-core and Python, and the
+  Transformer Engine the forecast assumes (config.versions.transformer_engine);
 - the code: every file of the installed capture_megatron package (its shipped records included);
 - the records: every file of the cache outside plans/ (name, size, modification time), so that a
   record profiled, re-profiled, set aside or deleted since, for any model, is a new key; and
@@ -31,6 +32,7 @@ from importlib.metadata import version
 
 from capture_megatron.api.request import Request
 from capture_megatron.cache import cache_dir, set_aside
+from capture_megatron.config import versions
 from capture_megatron.planner import PlanResult
 from capture_megatron.profile.shipped import SWITCH
 from capture_megatron.serial import from_plain, to_plain
@@ -85,7 +87,7 @@ def key_of(request: Request, device: str, kernels: str) -> str:
         "request": to_plain((request.shape, request.cluster, request.options)),
         "device": device,
         "kernels": kernels,
-        "software": [version("torch"), version("megatron-core")],
+        "software": [version("torch"), version("megatron-core"), versions.transformer_engine()],
         "python": platform.python_version(),
         "code": code_digest(),
         "shipped": os.environ.get(SWITCH, ""),

@@ -21,6 +21,7 @@ from capture_megatron.fit import MemoryModel, ModelSource, read_model
 from capture_megatron.fit.io import check_fitted
 from capture_megatron.flags import parser as flags
 from capture_megatron.forecast.cuda_graphs import graphs_note
+from capture_megatron.forecast.fsdp import moments_note
 from capture_megatron.forecast.layers import micro_batch_problem
 from capture_megatron.planner import PlanResult, model_notes
 from capture_megatron.planner import plan as plan_stage
@@ -168,7 +169,8 @@ def memory_of(request: Request, progress: bool) -> Memory:
 def _notes(request: Request, result: PlanResult) -> tuple[str, ...]:
     """What the output says besides the reasoning: how the model was read, what stock
     Megatron-LM cannot build of it, the routing forecast, a sequence parallelism turned off at
-    TP 1, the flex dispatcher's buffers, the CUDA graphs' static inputs, and what optimizer
+    TP 1, the flex dispatcher's buffers, the CUDA graphs' static inputs, Megatron-FSDP's whole Adam
+    moments under Transformer Engine 2.10 / 2.11, and what optimizer
     offloading saves and costs."""
     space = request.options.space
     sp_given = space.sequence_parallel == (True,)
@@ -180,6 +182,7 @@ def _notes(request: Request, result: PlanResult) -> tuple[str, ...]:
     routing = result.routing.notes() if result.routing else ()
     flex = result.margins.flex_note(result.shape, result.best.plan)
     graphs = graphs_note(result.shape, result.best.plan)
+    moments = moments_note(result.best.plan, result.on_gpu)
     offload = offload_note(result, space.ddp.optimizer_cpu_offload)
     per, best = space.layers_per_virtual_stage, result.best.plan
     vpp_note = (
@@ -189,5 +192,5 @@ def _notes(request: Request, result: PlanResult) -> tuple[str, ...]:
         if per and request.options.fixed is None
         else ""
     )
-    extra = tuple(n for n in (sp_note, vpp_note, flex, graphs, offload) if n)
+    extra = tuple(n for n in (sp_note, vpp_note, flex, graphs, moments, offload) if n)
     return (*request.model_notes, *model_notes(request.shape), *routing, *extra)

@@ -15,6 +15,8 @@ Installed versions are read from package metadata, without importing torch or me
 
 from __future__ import annotations
 
+import functools
+import os
 import re
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
@@ -101,3 +103,49 @@ def megatron_core() -> str:
 def current() -> Series:
     """The installed megatron-core's Series (CaptureError when missing or unsupported)."""
     return series_of(megatron_core())
+
+
+TE_ENV = "CAPTURE_MEGATRON_TE_VERSION"
+"""Environment variable naming the Transformer Engine release (major.minor) the GPUs train with,
+for a forecast made where it is not installed (fake CUDA): e.g. 2.12 for an NGC container that
+ships it with megatron-core 0.16.1."""
+TE_NEWEST_ADMITTED = {V0_16: (2, 11)}
+"""The newest Transformer Engine a megatron-core series' own requirement admits, where it pins one:
+megatron-core 0.16.1's `transformer-engine[core_cu13,pytorch]>=2.9.0a0,<2.12.0` (its dev extra)
+installs 2.11; 0.17 on leave it unpinned (2.12 or later)."""
+TE_FULL_SIZE_MOMENTS = ((2, 10), (2, 11))
+"""Transformer Engine releases whose FusedAdam makes each Adam moment `torch.empty(param.shape)`
+(TE PR #1762, reverted by #2535 in 2.12; transformer_engine/pytorch/optimizers/fused_adam.py
+_initialize_state): under Megatron-FSDP, whose optimizer parameters are DTensors of the
+parameter's global shape, the moments are whole tensors, gathered over TP and not sharded."""
+
+
+def transformer_engine() -> tuple[int, int]:
+    """(major, minor) of the Transformer Engine a GPU run trains with: CAPTURE_MEGATRON_TE_VERSION
+    when set, else the one installed, else the newest the installed megatron-core admits."""
+    given = os.environ.get(TE_ENV, "").strip()
+    if given:
+        try:
+            return parse(given)[:2]  # type: ignore[return-value]
+        except ValueError:
+            raise CaptureError(
+                f"{TE_ENV}={given!r} is not a Transformer Engine version: give major.minor, "
+                "e.g. 2.12"
+            ) from None
+    return _default_te()
+
+
+@functools.cache
+def _default_te() -> tuple[int, int]:
+    """The installed Transformer Engine's (major, minor), else TE_NEWEST_ADMITTED's."""
+    for name in ("transformer-engine", "transformer_engine"):
+        text = installed(name)
+        if text:
+            return parse(text)[:2]  # type: ignore[return-value]
+    return TE_NEWEST_ADMITTED.get(current(), (2, 12))
+
+
+def te_full_size_moments() -> bool:
+    """Whether the GPU run's FusedAdam keeps Megatron-FSDP's Adam moments whole
+    (TE_FULL_SIZE_MOMENTS)."""
+    return transformer_engine() in TE_FULL_SIZE_MOMENTS

@@ -29,7 +29,8 @@ def chunk_memo(memos: ChunkMemos | None, layers: Layers, plan: ParallelPlan) -> 
     if memos is None:
         return {}
     rc = plan.recompute
-    flags = (layers.step_measured, layers.torch_adam, layers.foreach_adam, layers.pattern)
+    adam = (layers.torch_adam, layers.foreach_adam, layers.full_moments)
+    flags = (layers.step_measured, adam, layers.pattern)
     signed = tuple(getattr(plan, name) for name in _SIGNED)
     key = (id(layers.main), id(layers.dense), flags, signed, rc.granularity, rc.method, rc.modules)
     kept = memos.get(key)

@@ -257,7 +257,8 @@ def chunk_cost(
     state = _routing_state(layers, z, kinds[-1], moe, shape.mtp_num_layers) if kinds else 0.0
     if plan.ddp.fsdp.enabled:  # Megatron-FSDP (Adam): capture_megatron.forecast.fsdp
         passes = fsdp.Passes(fwd, bwd, saved)
-        f = fsdp.chunk_state(plan.ddp, shape.dtype, parts, dp, kind, bucket, passes)
+        whole = (plan.tp, plan.expert_tp) if layers.full_moments else None
+        f = fsdp.chunk_state(plan.ddp, shape.dtype, parts, dp, kind, bucket, passes, whole)
         st, fwd, bwd, state = f.static, f.forward, f.backward, state + f.buffers
     elif plan.ddp.optimizer.optimizer != "adam":  # SGD, Muon: capture_megatron.forecast.optimizers
         rows = (shape.dtype, plan.tp, shape.padded_vocab(plan.tp) // plan.tp * shape.hidden_size)

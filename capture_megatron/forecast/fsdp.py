@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from capture_megatron.config import DdpOptions, dtype_bytes
+from capture_megatron.config import DdpOptions, ParallelPlan, dtype_bytes, versions
 from capture_megatron.features.fsdp import Fsdp
 from capture_megatron.forecast.static import LayerRun, StaticBytes
 
@@ -98,10 +98,14 @@ def fsdp_chunk(
     kind: str,
     bucket_size: int | None,
     passes: Passes,
+    whole_moments: tuple[int, int] | None = None,
 ) -> FsdpChunk:
     """Megatron-FSDP's bytes of a chunk laid out as `layout` over `dp` (data x context-parallel,
     expert-data-parallel) ranks; `kind`: which ends the chunk holds (first, middle, last, only);
-    `bucket_size`: DDP's (the non-unit buckets' split; the communication unit's default)."""
+    `bucket_size`: DDP's (the non-unit buckets' split; the communication unit's default);
+    `whole_moments`: (TP, expert TP) when Transformer Engine 2.10 / 2.11's FusedAdam keeps each
+    Adam moment whole (`torch.empty(param.shape)` of the DTensor's global shape: gathered over TP,
+    not sharded), else None."""
     pbytes, gbytes = dtype_bytes(dtype), dtype_bytes(ddp.grad_dtype(dtype))
     inner = max(dp[0] // ddp.num_distributed_optimizer_instances, 1)
     outer = dp[0] if fsdp.outer_dp_sharding_strategy == "optim" else inner
@@ -115,7 +119,7 @@ def fsdp_chunk(
     static = StaticBytes(
         params=kept * pbytes,
         grads=gkept * gbytes,
-        optimizer=owned * 12 + 4 * tensors,  # fp32 main weights, Adam's two moments, steps
+        optimizer=owned * 4 + _moments(groups, state, whole_moments) + 4 * tensors,
         copies=owned * 4 if gbytes != 4 else 0,  # update_main_grads: .to(float32)
         largest=max((n // o if state else n for n, _, o in groups), default=0),
     )
@@ -129,6 +133,19 @@ def fsdp_chunk(
     held = _gradients(fsdp, layout, double, kind, unit)
     forward, backward = _walk(passes, windows, held, pbytes, gbytes)
     return FsdpChunk(static, buffers + gathered, forward, backward)
+
+
+def _moments(groups: list[tuple[int, int, int]], state: bool, whole: tuple[int, int] | None) -> int:
+    """Bytes of Adam's two fp32 moments: per element of the main-weight shards (`groups`: (dense
+    or expert elements, weight ranks, state ranks), the dense ones first), or with `whole` (TP,
+    expert TP) per element of each parameter's global shape. Every parameter is counted as split
+    over TP: the replicated ones (norms, biases, the router) are whole already, an upper bound by
+    8 (TP - 1) bytes per such element."""
+    if whole is None:
+        return 8 * sum(n // o if state else n for n, _, o in groups)
+    half = len(groups) // 2
+    dense, expert = sum(n for n, _, _ in groups[:half]), sum(n for n, _, _ in groups[half:])
+    return 8 * (dense * whole[0] + expert * whole[1])
 
 
 def _double_buffered(layout: Layout) -> int | None:
@@ -227,9 +244,27 @@ def chunk_state(
     kind: str,
     bucket_size: int | None,
     passes: Passes,
+    whole_moments: tuple[int, int] | None = None,
 ) -> FsdpChunk:
     """fsdp_chunk of a chunk given as `parts` (the settings in `ddp.fsdp`)."""
     pre, runs, post, post_expert = parts
     inner = max(dp[0] // ddp.num_distributed_optimizer_instances, 1)
     layout = layout_of(pre, runs, post, post_expert, (inner, dp[1]))
-    return fsdp_chunk(ddp.fsdp, ddp, dtype, layout, dp, kind, bucket_size, passes)
+    return fsdp_chunk(ddp.fsdp, ddp, dtype, layout, dp, kind, bucket_size, passes, whole_moments)
+
+
+def moments_note(plan: ParallelPlan, on_gpu: bool) -> str:
+    """What a Megatron-FSDP plan says when the GPU run's Transformer Engine keeps the Adam moments
+    whole ('' otherwise)."""
+    if not (on_gpu and plan.ddp.fsdp.enabled and plan.ddp.optimizer.optimizer == "adam"):
+        return ""
+    te = versions.transformer_engine()
+    if te not in versions.TE_FULL_SIZE_MOMENTS:
+        return ""
+    return (
+        f"Megatron-FSDP with Transformer Engine {te[0]}.{te[1]} (without it installed: the newest "
+        f"the installed megatron-core admits; {versions.TE_ENV} names yours): its FusedAdam keeps "
+        f"both Adam moments of every parameter whole, gathered over TP {plan.tp} and not sharded "
+        "(8 bytes x TP per element of the rank's parameters, in the forecast); Transformer "
+        "Engine 2.12 shards them (TE PR #2535)"
+    )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from capture_megatron.config import ModelShape, ParallelPlan
+from capture_megatron.config import ModelShape, ParallelPlan, versions
 from capture_megatron.errors import CaptureError
 from capture_megatron.fit import MemoryModel, Sizes, VariantModel, shape_sizes
 from capture_megatron.forecast.support import experts_probe
@@ -37,6 +37,9 @@ class Layers:
     """Whether the GPU run trains with torch's AdamW (the kernel set's --adam-impl torch: no TE
     or apex), whose foreach step holds an fp32 temporary per updated element
     (config.kernels.FOREACH_ADAM_BYTES)."""
+    full_moments: bool = False
+    """Whether the GPU run's FusedAdam keeps Megatron-FSDP's Adam moments whole, gathered over
+    TP and not sharded (Transformer Engine 2.10 and 2.11: config.versions.te_full_size_moments)."""
 
     @property
     def mixed(self) -> bool:
@@ -165,13 +168,14 @@ def layers_for(model: MemoryModel, shape: ModelShape, plan: ParallelPlan) -> Lay
     found = [find_variant(model, v) for v in variants_of(shape, plan)]
     measured, cpu = not model.device.startswith("fake"), model.device == "cpu"
     foreach = not cpu and "/torch-adam" in model.kernels
-    if len(found) == 1:
-        return Layers(found[0], step_measured=measured, torch_adam=cpu, foreach_adam=foreach)
+    full = plan.ddp.fsdp.enabled and not cpu and not foreach and versions.te_full_size_moments()
+    pattern = shape.moe_layers if len(found) > 1 else ()
     return Layers(
         found[0],
-        found[1],
-        shape.moe_layers,
+        found[1] if len(found) > 1 else None,
+        pattern,
         step_measured=measured,
         torch_adam=cpu,
         foreach_adam=foreach,
+        full_moments=full,
     )

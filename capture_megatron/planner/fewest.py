@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from capture_megatron.config import GIB, Cluster, ModelShape, ParallelPlan
 from capture_megatron.errors import CaptureError
+from capture_megatron.forecast.fsdp import moments_note
 from capture_megatron.planner.balance import host_overflow
 from capture_megatron.planner.margins import Margins
 from capture_megatron.planner.offload_space import offloaded
@@ -102,10 +103,12 @@ class ClusterSearch:
             )
         else:
             where = f"none fits on up to {limit} GPUs either"
+        moments = moments_note(best.plan, cluster.device != "cpu")
         return CaptureError(
             f"no plan fits {cluster.gpu_memory_bytes / GIB:g} GiB on {cluster.gpus} GPUs (best "
             f"needs {best.needed / GIB:.1f} GiB per GPU"
             f"{host_overflow(best, cluster, self.hw.hardware.host_memory_bytes)}); {where}"
+            + (f". {moments[0].upper()}{moments[1:]}" if moments else "")
         )
 
 

@@ -11,7 +11,7 @@ import pytest
 from synthetic_memory import SMALL, SMALL_ARGS, full_model
 
 from capture_megatron.cli import plan as plan_cli
-from capture_megatron.config import DdpOptions, ParallelPlan
+from capture_megatron.config import DdpOptions, ParallelPlan, versions
 from capture_megatron.errors import CaptureError
 from capture_megatron.features.fsdp import Fsdp
 from capture_megatron.fit import write_model
@@ -23,10 +23,17 @@ from capture_megatron.rules.modelled import fsdp_problem
 DP = 8
 
 
-def _cost(strategy: str | None, **knobs) -> ChunkCost:
+@pytest.fixture(autouse=True)
+def _fixed_moments(monkeypatch):
+    """The sharding rules as megatron-core lays them out: a Transformer Engine whose FusedAdam
+    shards the moments (2.12; 2.10 and 2.11 keep them whole, tested apart below)."""
+    monkeypatch.setenv(versions.TE_ENV, "2.12")
+
+
+def _cost(strategy: str | None, tp: int = 1, **knobs) -> ChunkCost:
     fsdp = Fsdp(True, strategy, **knobs) if strategy else Fsdp()
     plan = ParallelPlan(
-        tp=1, pp=1, dp=DP, micro_batch_size=1, global_batch_size=8 * DP, layers_per_stage=(16,),
+        tp=tp, pp=1, dp=DP, micro_batch_size=1, global_batch_size=8 * DP, layers_per_stage=(16,),
         ddp=DdpOptions(fsdp=fsdp),
     )  # fmt: skip
     return chunk_cost(layers_for(full_model(SMALL), SMALL, plan), SMALL, plan, 0, 0)
@@ -50,6 +57,34 @@ def test_each_strategy_shards_what_megatron_core_shards():
     assert _near(grads.grads, ddp.grads / DP) and grads.params == optim.params
     assert _near(params.params, ddp.params / DP) and _near(params.grads, grads.grads)
     assert plain.step_copies == params.step_copies == 0  # fp32 gradients: no copies
+
+
+@pytest.mark.parametrize("te", ["2.10", "2.11"])
+def test_te_2_10_and_2_11_keep_the_adam_moments_whole(monkeypatch, te):
+    """Transformer Engine 2.10 and 2.11's FusedAdam makes each moment torch.empty(param.shape):
+    under Megatron-FSDP the DTensor's global shape, gathered over TP and not sharded -- 8 bytes
+    per element of every parameter x TP, where 2.12 keeps 8 per element of the rank's shard
+    (the fp32 main weights stay sharded)."""
+    sharded = _cost("optim_grads_params", tp=2)
+    monkeypatch.setenv(versions.TE_ENV, te)
+    whole = _cost("optim_grads_params", tp=2)
+    elements = sharded.params * DP // 2  # the rank's TP shard, before FSDP shards it
+    assert _near(sharded.optimizer, 12 * elements / DP)
+    assert _near(whole.optimizer, 4 * elements / DP + 8 * 2 * elements)
+    assert whole.params == sharded.params and whole.grads == sharded.grads
+
+
+def test_the_transformer_engine_assumed(monkeypatch):
+    """Without TE installed, the newest megatron-core's own requirement admits (0.16.1: 2.11);
+    CAPTURE_MEGATRON_TE_VERSION overrides it; a value that is no version is named."""
+    monkeypatch.delenv(versions.TE_ENV)
+    expected = versions.TE_NEWEST_ADMITTED.get(versions.current(), (2, 12))
+    assert versions.transformer_engine() == expected
+    monkeypatch.setenv(versions.TE_ENV, "2.11.0+cu13")
+    assert versions.transformer_engine() == (2, 11) and versions.te_full_size_moments()
+    monkeypatch.setenv(versions.TE_ENV, "latest")
+    with pytest.raises(CaptureError, match="CAPTURE_MEGATRON_TE_VERSION='latest'"):
+        versions.transformer_engine()
 
 
 LAYER = 12_000_000

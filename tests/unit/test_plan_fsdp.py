@@ -10,13 +10,19 @@ import pytest
 from cli_golden import Case, run
 from synthetic_memory import SMALL, SMALL_ARGS, synthetic_source
 
-from capture_megatron.config import GIB, Cluster
+from capture_megatron.config import GIB, Cluster, versions
 from capture_megatron.planner import PlanOptions, plan
 from capture_megatron.planner.offload_space import fsdp_twin
 from capture_megatron.planner.search import FSDP_MARGIN
 from capture_megatron.planner.space import Space
 
 ZERO3 = ("--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params")
+
+
+@pytest.fixture(autouse=True)
+def _sharded_moments(monkeypatch):
+    """A Transformer Engine whose FusedAdam shards Megatron-FSDP's moments (2.12)."""
+    monkeypatch.setenv(versions.TE_ENV, "2.12")
 
 
 def _plan(objective: str = "throughput", fsdp: tuple[bool, ...] = (), device: str = "cuda"):
@@ -115,3 +121,24 @@ def test_cpu_processes_and_given_settings_never_try_it():
     assert searched_fsdp(given, "throughput", True, Kernels()) == (False,)
     offload = DdpOptions(optimizer_cpu_offload=True, use_precision_aware_optimizer=True)
     assert searched_fsdp(offload, "throughput", True, Kernels()) == (False,)
+
+
+def test_te_2_11_keeps_zero3_out_and_a_zero3_line_says_why(monkeypatch):
+    """Under Transformer Engine 2.11 (megatron-core 0.16.1's newest) ZeRO-3's moments are whole:
+    the twin loses its edge, and a command line that asks for Megatron-FSDP is forecast with them
+    and says so in a note naming the variable that gives another TE."""
+    monkeypatch.setenv(versions.TE_ENV, "2.11")
+    assert not _plan().best.plan.ddp.fsdp.enabled
+    asked = (*ZERO3, "--ckpt-format", "fsdp_dtensor", "--gpu-memory-gib", "80")
+    out = _cli(*asked)
+    notes = " ".join(out["json"]["notes"])
+    assert out["code"] == 0 and "Transformer Engine 2.11" in notes and versions.TE_ENV in notes
+    monkeypatch.setenv(versions.TE_ENV, "2.12")
+    assert "Transformer Engine" not in " ".join(_cli(*asked)["json"]["notes"])
+
+
+def test_a_zero3_line_that_fits_nowhere_under_te_2_11_names_it(monkeypatch):
+    """When no plan fits, the refusal says that TE 2.11 keeps Megatron-FSDP's moments whole."""
+    monkeypatch.setenv(versions.TE_ENV, "2.11")
+    out = _cli(*ZERO3, "--ckpt-format", "fsdp_dtensor", "--gpu-memory-gib", "1")
+    assert out["code"] == 2 and "Megatron-FSDP with Transformer Engine 2.11" in out["stderr"]
