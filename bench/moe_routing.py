@@ -13,6 +13,14 @@ coefficient 0, what several of Megatron-LM's functional tests run).
     python bench/moe_routing.py [--runs NAME,...] [--steps 250] [--workdir runs/moe_routing]
                                 [--analyse-only]
 
+At initialisation (`--at-init`): the same runs at a learning rate of 1e-9, which leaves every
+router as it was initialised (what a run still early in a long learning-rate warm-up routes
+with), on byte tokens and, with `--gpt2-bpe DIR` (vocab.json and merges.txt: bench/gpt2_bpe.py),
+on GPT-2's BPE tokens of the same corpus; the analysis goes to bench/results/moe_routing_init.json
+and leaves the shipped statistics alone:
+
+    python bench/moe_routing.py --at-init --runs e8k2-none --steps 40 --gpt2-bpe DIR
+
 The analysis (bench/moe_routing_fit.py) turns the per-sequence counts into the statistics the
 forecast needs and checks the forecast's formula against the imbalance measured directly.
 """
@@ -58,18 +66,39 @@ RUNS = {
 balancing."""
 
 
-def corpus(workdir: str) -> str:
-    """The demo's corpus (all of it) as a Megatron indexed dataset, built once."""
+def bpe_flags(bpe: str) -> list[str]:
+    """The tokenizer flags of GPT-2's BPE files in folder `bpe` ([] for byte tokens)."""
+    if not bpe:
+        return []
+    files = [os.path.join(bpe, "vocab.json"), os.path.join(bpe, "merges.txt")]
+    return [
+        "--tokenizer-type",
+        "GPT2BPETokenizer",
+        "--vocab-file",
+        files[0],
+        "--merge-file",
+        files[1],
+    ]
+
+
+def corpus(workdir: str, bpe: str = "") -> str:
+    """The demo's corpus (all of it) as a Megatron indexed dataset, built once (byte tokens, or
+    GPT-2's BPE from folder `bpe`)."""
     from capture_megatron.data.corpus import stdlib_corpus
     from capture_megatron.data.preprocess import preprocess
     from capture_megatron.data.tokenizers import TokenizerOptions
 
-    prefix = os.path.join(workdir, "stdlib")
+    prefix = os.path.join(workdir, "stdlib-bpe" if bpe else "stdlib")
     if not os.path.exists(prefix + "_text_document.idx"):
         os.makedirs(workdir, exist_ok=True)
         jsonl = os.path.join(workdir, "stdlib.jsonl")
-        stdlib_corpus(jsonl, max_bytes=2_000_000)
-        preprocess(jsonl, prefix, TokenizerOptions(), append_eod=True)
+        if not os.path.exists(jsonl):
+            stdlib_corpus(jsonl, max_bytes=2_000_000)
+        opts = TokenizerOptions()
+        if bpe:
+            vocab, merges = bpe_flags(bpe)[3], bpe_flags(bpe)[5]
+            opts = TokenizerOptions("GPT2BPETokenizer", "", vocab, merges)
+        preprocess(jsonl, prefix, opts, append_eod=True)
     return prefix + "_text_document"
 
 
@@ -111,16 +140,22 @@ def collect(argv: list[str], out: str) -> None:
     write_routing_stats(out, recorder, {**header, "argv": argv})
 
 
-def run_all(names: list[str], steps: int, workdir: str) -> None:
-    """Each run in a fresh process (megatron's parallel state is per process)."""
-    data = corpus(workdir)
+def run_all(names: list[str], steps: int, workdir: str, lr: str = "", bpe: str = "") -> None:
+    """Each run in a fresh process (megatron's parallel state is per process); `lr`: a learning
+    rate in place of BASE's (and its minimum); `bpe`: GPT-2's BPE files instead of byte tokens."""
+    data = corpus(workdir, bpe)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # one thread: far faster on a shared machine
+    base = list(BASE)
+    if lr:
+        for key in ("--lr", "--min-lr"):
+            base[base.index(key) + 1] = lr
     for name in names:
         out = os.path.join(workdir, f"{name}.json.gz")
         if os.path.exists(out):
             print(f"{name}: kept {out}")
             continue
-        argv = [*BASE, *RUNS[name].split(), "--train-iters", str(steps), "--data-path", data]
+        argv = [*base, *RUNS[name].split(), *bpe_flags(bpe), "--train-iters", str(steps)]
+        argv += ["--data-path", data]
         print(f"{name}: {' '.join(RUNS[name].split())}", flush=True)
         cmd = [sys.executable, __file__, "--collect", out, "--", *argv]
         subprocess.run(cmd, check=True, env=env, cwd=workdir)
@@ -132,6 +167,23 @@ def read(path: str) -> dict:
         return json.load(f)
 
 
+def at_init(names: list[str], steps: int, workdir: str, bpe: str) -> None:
+    """The runs at learning rate 1e-9 on byte tokens (and on GPT-2's BPE with `bpe`), analysed
+    by moe_routing_fit.analyse_at_init."""
+    from moe_routing_fit import analyse_at_init
+
+    runs = {}
+    for tokens, folder in [("byte", ""), ("gpt2-bpe", bpe)][: 2 if bpe else 1]:
+        where = os.path.join(workdir, tokens)
+        run_all(names, steps, where, lr="1e-9", bpe=folder)
+        for n in names:
+            runs[f"{n} ({tokens})"] = {
+                **read(os.path.join(where, f"{n}.json.gz")),
+                "tokenizer": tokens,
+            }
+    analyse_at_init(runs, os.path.join(ROOT, "bench", "results", "moe_routing_init.json"))
+
+
 def main() -> None:
     """Collect the runs (those not yet on disk), then analyse them."""
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
@@ -139,12 +191,17 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=250)
     ap.add_argument("--workdir", default=os.path.join(ROOT, "runs", "moe_routing"))
     ap.add_argument("--analyse-only", action="store_true")
+    ap.add_argument("--at-init", action="store_true", help="routers left as initialised")
+    ap.add_argument("--gpt2-bpe", default="", help="with --at-init: GPT-2 BPE files' folder too")
     ap.add_argument("--collect", default="", help=argparse.SUPPRESS)
     ns, rest = ap.parse_known_args()
     if ns.collect:
         collect([a for a in rest if a != "--"], ns.collect)
         return
     names = ns.runs.split(",")
+    if ns.at_init:
+        at_init(names, ns.steps, ns.workdir + "_init", ns.gpt2_bpe)
+        return
     if not ns.analyse_only:
         run_all(names, ns.steps, ns.workdir)
     from moe_routing_fit import analyse

@@ -30,7 +30,7 @@ import numpy as np
 from capture_megatron.forecast.routing import QUANTILE, RunStatistics, max_deviate, measured_sigma
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SHIPPED = os.path.join(ROOT, "capture_megatron", "predict", "moe_routing.json")
+SHIPPED = os.path.join(ROOT, "capture_megatron", "forecast", "moe_routing.json")
 RESULTS = os.path.join(ROOT, "bench", "results", "moe_routing.json")
 PHASES = 5
 """Training phases per run (equal numbers of steps)."""
@@ -163,3 +163,30 @@ def analyse(runs: dict[str, dict], steps: int) -> None:
         )
     for s in shipped:
         print(f"{s['name']}: spread {s['spread']:.3f} overdispersion {s['overdispersion']:.2f}")
+
+
+def analyse_at_init(runs: dict[str, dict], out: str) -> None:
+    """Routing at initialisation (runs at a learning rate that leaves the router where it was
+    initialised): per run and tokenizer, the spread, the over-dispersion, per layer the spread,
+    and the formula's forecast factor for EP 8 of 8 experts at 4 sequences of 1,024 tokens a
+    rank (Megatron-LM's EP 8 functional tests); written to `out`, not to the shipped statistics."""
+    rows = []
+    for name, run in runs.items():
+        c = counts(run)
+        topk = run["shape"]["moe"]["moe_router_topk"]
+        experts = run["shape"]["moe"]["num_experts"]
+        s, rho = phase_statistics(c, topk)
+        layers = [phase_statistics(c[:, i : i + 1], topk)[0] for i in range(c.shape[1])]
+        stats = RunStatistics(name, experts, topk, "none", 0.0, s, rho)
+        sigma = measured_sigma(stats, experts, topk, 8, 8 * 4 * 1024.0) if experts >= 8 else 0.0
+        factor = 1 + sigma * max_deviate(8)[0]
+        rows.append(
+            {"run": name, "tokenizer": run.get("tokenizer", "byte"), "steps": int(c.shape[0]),
+             "spread": s, "overdispersion": rho, "layer_spread": layers, "ep8_forecast": factor}
+        )  # fmt: skip
+        print(
+            f"{name}: spread {s:.3f} (layers {' '.join(f'{x:.2f}' for x in layers)}), "
+            f"overdispersion {rho:.1f}, EP 8 forecast factor {factor:.2f}"
+        )
+    with open(out, "w") as f:
+        json.dump({"runs": rows}, f, indent=1)
