@@ -167,10 +167,17 @@ def read(path: str) -> dict:
         return json.load(f)
 
 
+EARLY = {"none": "e8k2-none", "aux": "e8k2-aux1e-2"}
+"""The runs --at-init also trains from step 1 at the bench's own schedule (lr 1e-3, warm-up 25)
+on GPT-2 BPE tokens, to see how soon their routers leave their initial routing."""
+
+
 def at_init(names: list[str], steps: int, workdir: str, bpe: str) -> None:
     """The runs at learning rate 1e-9 on byte tokens (and on GPT-2's BPE with `bpe`), analysed
     by moe_routing_fit.analyse_at_init."""
-    from moe_routing_fit import analyse_at_init
+    from moe_routing_fit import analyse_at_init, early_curve, ship_early, ship_initial
+
+    from capture_megatron.forecast.routing import statistics
 
     runs = {}
     for tokens, folder in [("byte", ""), ("gpt2-bpe", bpe)][: 2 if bpe else 1]:
@@ -181,7 +188,25 @@ def at_init(names: list[str], steps: int, workdir: str, bpe: str) -> None:
                 **read(os.path.join(where, f"{n}.json.gz")),
                 "tokenizer": tokens,
             }
-    analyse_at_init(runs, os.path.join(ROOT, "bench", "results", "moe_routing_init.json"))
+    out = os.path.join(ROOT, "bench", "results", "moe_routing_init.json")
+    analyse_at_init(runs, out)
+    if not bpe:
+        return
+    ship_initial({n: runs[f"{n} (gpt2-bpe)"] for n in names}, steps)  # what the forecast reads
+    early = os.path.join(workdir, "gpt2-bpe-early")  # the bench's own schedule, from step 1
+    run_all(list(EARLY.values()), steps, early, bpe=bpe)
+    curves = {k: early_curve(read(os.path.join(early, f"{n}.json.gz")), 1e-3, 25)
+              for k, n in EARLY.items()}  # fmt: skip
+    trained = {r.name: r for r in statistics()[0]}["e8k2-none"].spread
+    limit = ship_early(curves, trained)
+    print(
+        f"early steps (gpt2-bpe, lr 1e-3, warm-up 25): without balancing the spread reaches "
+        f"the trained routers' {trained:.2f} once the learning rate sums to {limit:.3g}"
+    )
+    with open(out) as f:
+        data = json.load(f)
+    with open(out, "w") as f:
+        json.dump({**data, "early": curves, "initial_lr_sum": limit}, f, indent=1)
 
 
 def main() -> None:

@@ -150,7 +150,9 @@ def analyse(runs: dict[str, dict], steps: int) -> None:
         f"(byte tokens), {tokens / 1e6:.1f}M tokens routed per layer in all; statistics of "
         f"steps {first}-{steps}, once the load balancing has evened out the first steps"
     )
-    data = {"source": source, "quantile": QUANTILE, "runs": shipped}
+    with open(SHIPPED) as f:  # the --at-init sections (initial, early) stay as they are
+        kept = {k: v for k, v in json.load(f).items() if k not in ("source", "quantile", "runs")}
+    data = {"source": source, "quantile": QUANTILE, "runs": shipped, **kept}
     with open(SHIPPED, "w") as f:
         json.dump(data, f, indent=1)
     with open(RESULTS, "w") as f:
@@ -190,3 +192,64 @@ def analyse_at_init(runs: dict[str, dict], out: str) -> None:
         )
     with open(out, "w") as f:
         json.dump({"runs": rows}, f, indent=1)
+
+
+def ship_initial(runs: dict[str, dict], steps: int) -> None:
+    """Write the runs' statistics (routers as initialised, GPT-2 BPE tokens) as the shipped
+    file's `initial` runs, keeping its trained ones."""
+    shipped = []
+    for name, run in runs.items():
+        c = counts(run)
+        moe = run["shape"]["moe"]
+        s, rho = phase_statistics(c, moe["moe_router_topk"])
+        stats = RunStatistics(
+            name, moe["num_experts"], moe["moe_router_topk"], "initial", 0.0, s, rho
+        )
+        shipped.append({**stats.__dict__, "argv": " ".join(run["argv"])})
+    with open(SHIPPED) as f:
+        data = json.load(f)
+    data["initial"] = shipped
+    data["initial_source"] = (
+        f"measured on the CPU by bench/moe_routing.py --at-init: {len(runs)} runs of the same "
+        f"4-layer GPT at learning rate 1e-9 (routers left as initialised), {steps} steps each on "
+        "the same Python docstrings as GPT-2 BPE tokens; statistics of every step"
+    )
+    with open(SHIPPED, "w") as f:
+        json.dump(data, f, indent=1)
+
+
+def early_curve(run: dict, lr: float, warmup: int) -> list[dict]:
+    """Per step of a run at the bench's own schedule (linear warm-up from 0 over `warmup`
+    iterations to `lr`): the learning rate summed when the step ran (forecast.routing.lr_sum of
+    the steps before it and its own) and the step's spread."""
+    from capture_megatron.forecast.routing import lr_sum
+
+    c = counts(run)
+    topk = run["shape"]["moe"]["moe_router_topk"]
+    return [
+        {"step": k + 1, "lr_sum": lr_sum(lr, warmup, k + 1),
+         "spread": phase_statistics(c[k : k + 1], topk)[0]}
+        for k in range(c.shape[0])
+    ]  # fmt: skip
+
+
+def ship_early(curves: dict[str, list[dict]], trained_none: float) -> float:
+    """Write the early curves (per regime: [lr_sum, spread / the first step's]) and the sum up to
+    which a run counts as early -- where the curve without balancing first reaches
+    `trained_none`, the trained routers' spread without balancing (interpolated; the curve's
+    last sum if it never does) -- into the shipped file; returns that sum."""
+    early = {k: [[r["lr_sum"], r["spread"] / rows[0]["spread"]] for r in rows]
+             for k, rows in curves.items()}  # fmt: skip
+    rows = curves["none"]
+    limit = rows[-1]["lr_sum"]
+    for a, b in zip(rows, rows[1:]):
+        if b["spread"] >= trained_none > a["spread"]:
+            share = (trained_none - a["spread"]) / (b["spread"] - a["spread"])
+            limit = a["lr_sum"] + share * (b["lr_sum"] - a["lr_sum"])
+            break
+    with open(SHIPPED) as f:
+        data = json.load(f)
+    data["early"], data["initial_lr_sum"] = early, limit
+    with open(SHIPPED, "w") as f:
+        json.dump(data, f, indent=1)
+    return limit

@@ -76,8 +76,10 @@ def add_plan_flags(p: argparse.ArgumentParser, training: bool = False) -> None:
 def add_megatron_line(p: argparse.ArgumentParser) -> None:
     """The rest of a Megatron-LM pretrain_gpt.py command line, with Megatron-LM's defaults: the
     training, data and checkpoint flags capture-megatron knows, then every other flag
-    (capture_megatron.flags.megatron_lm: ignored when it cannot change memory, else refused)."""
-    flags.add_training_flags(p)
+    (capture_megatron.flags.megatron_lm: ignored when it cannot change memory, else refused);
+    --train-iters stays unset unless given (a run of known length: its routers' learning rate,
+    capture_megatron.api.request.with_router_lr)."""
+    flags.add_training_flags(p, train_iters=None)
     flags.add_fields(
         p, DataOptions, "data (Megatron flags)", defaults={"tokenizer_type": "GPT2BPETokenizer"}
     )

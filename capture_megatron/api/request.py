@@ -37,6 +37,7 @@ from capture_megatron.flags import megatron_lm
 from capture_megatron.flags import parser as flags
 from capture_megatron.flags.args import model_shape, overridden, shape_overrides
 from capture_megatron.flags.resolve import parallel_plan, split_notes
+from capture_megatron.forecast.routing import lr_sum
 from capture_megatron.planner import PlanOptions, space_from
 from capture_megatron.planner.space import overlap_space, virtual_stage_problem
 from capture_megatron.rules.flags import (
@@ -265,6 +266,23 @@ def plan_options(
     )
 
 
+def with_router_lr(shape: ModelShape, ns: argparse.Namespace) -> ModelShape:
+    """`shape` with its experts' router_lr_sum when the command line gives --train-iters (a run
+    of known length; capture_megatron.forecast.routing): --lr over --train-iters with the
+    warm-up of --lr-warmup-iters, or --lr-warmup-fraction of --lr-decay-iters (else of
+    --train-iters), as Megatron-LM's scheduler takes them."""
+    run, optim = flags.given(RunOptions, ns), flags.given(OptimOptions, ns)
+    if not shape.moe.enabled or "train_iters" not in run:
+        return shape
+    iterations = run["train_iters"]
+    lr = optim.get("lr", OptimOptions.lr)
+    fraction = megatron_lm.given(ns).get("--lr-warmup-fraction")
+    decay = optim.get("lr_decay_iters") or iterations
+    warmup = fraction * decay if fraction is not None else optim.get("lr_warmup_iters", 0)
+    total = lr_sum(lr, warmup, iterations)
+    return dataclasses.replace(shape, moe=dataclasses.replace(shape.moe, router_lr_sum=total))
+
+
 TRAINING_OPTIONS = (OptimOptions, RunOptions, BuildOptions, CheckpointOptions)
 """Training settings a Megatron-LM command line carries besides what is planned."""
 
@@ -295,6 +313,7 @@ def read_request(
     require(muon + fsdp, "optimizer settings")
     ignored = megatron_lm.check(ns) if any(megatron_lm.given(ns)) else ()
     shape, notes = resolve_shape(ns)
+    shape = with_router_lr(shape, ns)
     if on_model is not None:
         on_model(shape)
     options = plan_options(ns, shape, cluster, ns.device, fixed_plan)

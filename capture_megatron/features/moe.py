@@ -9,12 +9,13 @@ without eval(). Pure Python: no torch import here.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import re
 from dataclasses import dataclass
 
 from capture_megatron.errors import CaptureError
 from capture_megatron.fields import flag
-from capture_megatron.serial import JsonMixin
+from capture_megatron.serial import OMIT_DEFAULT, JsonMixin
 
 DISPATCHERS = ("allgather", "alltoall", "flex")
 """Megatron's --moe-token-dispatcher-type choices."""
@@ -100,6 +101,11 @@ class Experts(JsonMixin):
     routing_case: str = "forecast"
     """Set by predict and plan, never by a flag: which dropless routing factor a prediction
     assumes (forecast, planning: the forecast plus its margin, or bound: the worst case)."""
+    router_lr_sum: float | None = dataclasses.field(default=None, metadata={OMIT_DEFAULT: True})
+    """Set by predict from a Megatron-LM command line that gives --train-iters, never by a flag:
+    the learning rate summed over the run's iterations (capture_megatron.forecast.routing
+    .lr_sum), which tells whether its routers still route as initialised; None: a run long
+    enough that they train (the trained routing statistics)."""
     routing_bound: bool = False
     """Set by the profiler, never by a flag: the capacity and padding are a forecast's bound on
     routing (capture_megatron.forecast.support.experts_probe), not the user's settings; a probe

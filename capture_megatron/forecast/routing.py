@@ -17,10 +17,20 @@ expert padded to `factor` x its balanced share (capture_megatron.forecast.suppor
   is the same with the 95th percentile in place of M: the forecast plus the measured spread.
 Both are rounded up to 0.05 (each value is a variant profiled apart) and capped at the worst case
 (experts / top-k: every token of an expert's ranks routed to it), which stays beside them.
+
+Which statistics: a router trains only as fast as its learning rate lets it. A run whose learning
+rate summed over its iterations (`lr_sum`, from a pasted command line's --train-iters and
+schedule: Experts.router_lr_sum) stays at most initial_lr_sum() routes much as its routers were
+initialised: its statistics are those measured with routers left as initialised on GPT-2 BPE
+tokens (the file's `initial` runs, `bench/moe_routing.py --at-init`), the nearest in experts and
+top-k, the spread grown as the bench's early steps measured it at the same sum (`drift`, the
+file's `early` curves, without balancing and with an aux loss). Any other run, and every plan
+(whose length is not given), takes the trained statistics above.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -77,7 +87,8 @@ class RunStatistics:
     topk: int
     """Experts per token."""
     balancing: str
-    """Megatron's --moe-router-load-balancing-type (none: aux loss with coefficient 0)."""
+    """Megatron's --moe-router-load-balancing-type (none: aux loss with coefficient 0; initial:
+    routers left as initialised, whatever their balancing)."""
     coeff: float
     """--moe-aux-loss-coeff."""
     spread: float
@@ -89,14 +100,72 @@ class RunStatistics:
 
 
 @functools.cache
-def statistics() -> tuple[tuple[RunStatistics, ...], str]:
-    """The shipped runs and their provenance."""
+def _shipped() -> dict:
     with open(STATISTICS) as f:
-        data = json.load(f)
-    runs = tuple(
-        RunStatistics(**{k: r[k] for k in RunStatistics.__dataclass_fields__}) for r in data["runs"]
-    )
-    return runs, data["source"]
+        return json.load(f)
+
+
+def _rows(rows: list[dict]) -> tuple[RunStatistics, ...]:
+    keys = RunStatistics.__dataclass_fields__
+    return tuple(RunStatistics(**{k: r[k] for k in keys}) for r in rows)
+
+
+def statistics() -> tuple[tuple[RunStatistics, ...], str]:
+    """The shipped runs of trained routers and their provenance."""
+    return _rows(_shipped()["runs"]), _shipped()["source"]
+
+
+def initial_statistics() -> tuple[RunStatistics, ...]:
+    """The shipped runs with routers left as initialised (empty when none are shipped)."""
+    return _rows(_shipped().get("initial", []))
+
+
+def lr_sum(lr: float, warmup: float, iterations: int) -> float:
+    """The learning rate summed over a run's iterations under Megatron's schedule: iteration i
+    (from 1) steps at lr x (i - 1) / warmup during the linear warm-up from 0 (the scheduler is
+    stepped after each iteration), then at most lr (any decay counted at the peak: an upper
+    bound)."""
+    if warmup <= 0:
+        return lr * iterations
+    ramp = min(iterations, int(warmup) + 1)
+    return lr * (ramp * (ramp - 1) / 2 / warmup + (iterations - ramp))
+
+
+def initial_lr_sum() -> float:
+    """The most a run's learning rate may sum to over its iterations for its routers to count as
+    early (the shipped file's `initial_lr_sum`: where the early steps' spread without balancing
+    reaches the trained routers' spread; 0 when none is shipped)."""
+    return float(_shipped().get("initial_lr_sum", 0.0))
+
+
+def drift(balancing: str, total: float) -> float:
+    """How far the spread has grown over the routers' initial spread once the learning rate has
+    summed to `total`: the shipped early steps of the regime (none, or aux for any balancing),
+    the largest so far, linearly interpolated between steps."""
+    curves = _shipped().get("early", {})
+    curve = curves.get("none" if balancing == "none" else "aux", [])
+    best, (at, rel) = 1.0, (0.0, 1.0)
+    for point, value in curve:
+        if point > total:
+            share = (total - at) / (point - at) if point > at else 0.0
+            return max(best, rel + (value - rel) * share)
+        best, at, rel = max(best, value), point, value
+    return best
+
+
+def _initial_run(moe: Experts) -> RunStatistics | None:
+    """The run with routers as initialised nearest in experts (log) and top-k, its spread grown
+    by `drift`, when the run's learning rate sums to at most initial_lr_sum(); else None."""
+    runs = initial_statistics()
+    total = moe.router_lr_sum
+    if total is None or total > initial_lr_sum() or not runs:
+        return None
+    near = min(
+        runs,
+        key=lambda r: (abs(math.log2(r.num_experts) - math.log2(moe.num_experts)),
+                       abs(r.topk - moe.moe_router_topk)),
+    )  # fmt: skip
+    return dataclasses.replace(near, spread=near.spread * drift(regime(moe), total))
 
 
 def regime(moe: Experts) -> str:
@@ -191,11 +260,19 @@ def routing_factor(shape: ModelShape, plan: ParallelPlan) -> RoutingFactor:
     if plan.ep == 1:
         why = "EP 1: a rank's experts receive every top-k choice of its tokens"
         return RoutingFactor(1.0, 1.0, bound, "balanced", why)
-    run = nearest_run(moe)
+    early = _initial_run(moe)
+    run = early or nearest_run(moe)
     tokens = group_tokens(shape, plan)
     sigma = measured_sigma(run, moe.num_experts, moe.moe_router_topk, plan.ep, tokens)
     mean, high = max_deviate(plan.ep)
     forecast = min(_round_up(1.0 + sigma * mean), bound)
     planning = min(max(_round_up(1.0 + sigma * high), forecast), bound)
     source = f"routing statistics measured on the CPU, run {run.name} (bench/moe_routing.py)"
+    if early is not None:
+        source = (
+            f"routing statistics measured on the CPU with routers as initialised, run {run.name} "
+            f"(bench/moe_routing.py --at-init): the run's learning rate sums to "
+            f"{moe.router_lr_sum:.3g} over its iterations, at most {initial_lr_sum():.3g}, so its "
+            "routers route much as initialised (spread grown as the early steps measured)"
+        )
     return RoutingFactor(forecast, planning, bound, "statistics", source)

@@ -37,6 +37,7 @@ def experts_probe(shape: ModelShape, plan: ParallelPlan) -> ExpertsProbe | None:
         moe_imbalance_factor=factor if deepep and dropless else 0.0,
         moe_router_force_load_balancing=False,
         routing_case="forecast",
+        router_lr_sum=None,
         moe_layer_freq="1",
         routing_bound=True,
     )
