@@ -19,6 +19,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from typing import NoReturn
 
 _PR_SET_PDEATHSIG = 1
@@ -88,24 +89,29 @@ def forks_die_with_this() -> None:
     )
 
 
-def finish() -> None:
+def finish(join_seconds: float | None = None) -> None:
     """What the interpreter does at exit before its teardown: the threads it would join are
-    joined, the exit handlers run (multiprocessing's, whose checkpoint-writer Manager shuts down;
-    logging's; temporary files'; kept profiling workers'), stdout and stderr are flushed."""
+    joined (for at most `join_seconds` in all when given), the exit handlers run
+    (multiprocessing's, whose checkpoint-writer Manager shuts down; logging's; temporary files';
+    kept profiling workers'), stdout and stderr are flushed."""
     import atexit
 
+    deadline = None if join_seconds is None else time.monotonic() + join_seconds
     for thread in threading.enumerate():
         if thread is not threading.current_thread() and not thread.daemon:
-            thread.join()
+            left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            thread.join(left)
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # a reader gone (`| head`), a closed stream
             stream.flush()
 
 
-def exit_now(code: int) -> NoReturn:
+def exit_now(code: int, join_seconds: float | None = None) -> NoReturn:
     """Exit with `code` as the interpreter would (finish), without its teardown: the process
     ends without freeing its objects one by one (a process that imported torch and megatron-core
-    holds ~300k: about 1 s of CPU on a 2-core machine)."""
-    finish()
+    holds ~300k: about 1 s of CPU on a 2-core machine). `join_seconds` bounds the wait for the
+    process's other threads (None: as long as they run, which a training rank's checkpoint
+    writers need)."""
+    finish(join_seconds)
     os._exit(code)

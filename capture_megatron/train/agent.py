@@ -37,6 +37,10 @@ LAUNCHER_ENV = "CAPTURE_MEGATRON_LAUNCHER"
 train.job)."""
 STOP_GRACE = 20.0
 """Seconds after the launcher's death before the watchdog SIGKILLs a torchrun still running."""
+AGENT_JOIN_SECONDS = 10.0
+"""How long the agent waits at exit for torchrun's threads: it holds no checkpoint (its ranks
+are other processes), and a signal can leave one of torchrun's threads waiting for good (seen
+once in CI: the paragraph printed, the agent still alive a minute later)."""
 CHATTER = (
     "Closing process",
     "Sending process",
@@ -163,4 +167,4 @@ def run(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    exit_now(run(sys.argv[1:]))
+    exit_now(run(sys.argv[1:]), AGENT_JOIN_SECONDS)
