@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from capture_megatron.config import versions
+
 BENCH = Path(__file__).parents[2] / "bench" / "conformance.py"
 NOT_MODELLED = (
     "--num-experts",
@@ -82,3 +84,26 @@ def test_values_reach_capture_megatron_as_megatron_lms_launcher_hands_them_on():
     launched = _conformance().launched
     assert launched(r"Et*3\\|\\(tt\\|\\)*6mL") == "Et*3|(tt|)*6mL"
     assert launched("([0]*3+[1]*12)") == "([0]*3+[1]*12)"
+
+
+ISSUE51_CASES = {
+    "gpt3_mcore_te_tp2_zp_z3_resume_fsdp_dtensor": 0.05,
+    "gpt3_mcore_te_tp2_zp_z3_resume_torch_dist_te_8experts2parallel_top2router": 0.10,
+    "gpt3_moe_mcore_te_ep8_resume_torch_dist_dist_optimizer": 0.10,
+}
+"""Issue 51's cases the forecast now answers within their bars (5% dense, 10% MoE) -> the bar:
+the two Megatron-FSDP cases (Transformer Engine 2.11's whole Adam moments, the TE their golden
+values were recorded with) and an EP 8 dropless case whose 100 iterations end early in a long
+warm-up (routers as initialised)."""
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("forecasts")  # with the other forecasts: tests/conftest.py
+@pytest.mark.skipif(versions.current() != versions.V0_16, reason="core_v0.16.1's golden values")
+def test_the_fsdp_and_early_routing_cases_are_within_the_bars(forecast_cache, monkeypatch):
+    monkeypatch.setenv("CAPTURE_MEGATRON_CACHE", forecast_cache)
+    monkeypatch.setenv(versions.TE_ENV, "2.11")  # the TE Megatron-LM recorded them with
+    bench = _conformance()
+    by_name = {c["name"]: c for c in bench.cases(("gpt", "moe")) if c["name"] in ISSUE51_CASES}
+    rows = {name: bench.predict_case(by_name[name], "fake-cuda") for name in ISSUE51_CASES}
+    assert all(abs(rows[n]["error"]) <= bar for n, bar in ISSUE51_CASES.items()), rows
