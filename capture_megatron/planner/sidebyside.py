@@ -44,8 +44,8 @@ _ON_FORK: list[Callable[[], None]] = []
 
 
 def _forked() -> None:
-    # the parent's handlers are not the child's: the pool ends its children with SIGTERM when
-    # the jobs are done (the CLI's handler would raise there), and a Ctrl-C is the parent's
+    # the parent's handlers are not the child's: the pool ends its children with SIGTERM when a
+    # job fails (the CLI's handler would raise there), and a Ctrl-C is the parent's
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     for hook in _ON_FORK:
@@ -75,8 +75,19 @@ def side_by_side(
         with warnings.catch_warnings():
             # a progress bar's monitor thread: the children run none of it, only their search
             warnings.filterwarnings("ignore", message=".*fork.*", category=DeprecationWarning)
-            with multiprocessing.get_context("fork").Pool(workers, _forked) as pool:
-                return cast(list[T], pool.map(_run, range(len(jobs)), chunksize=1))
+            pool = multiprocessing.get_context("fork").Pool(workers, _forked)
+        try:
+            results = pool.map(_run, range(len(jobs)), chunksize=1)
+        except BaseException:
+            pool.terminate()
+            pool.join()
+            raise
+        # the children end on the queue's sentinels, not on SIGTERM: one still starting holds
+        # the handler it inherited until `_forked` runs, and a SIGTERM it swallowed there left it
+        # waiting on the queue for good (seen once in CI: Pool.terminate joining it forever)
+        pool.close()
+        pool.join()
+        return cast(list[T], results)
     finally:
         _JOBS = ()
         _ON_FORK.clear()
