@@ -110,11 +110,13 @@ def _rows(rows: list[dict]) -> tuple[RunStatistics, ...]:
     return tuple(RunStatistics(**{k: r[k] for k in keys}) for r in rows)
 
 
+@functools.cache
 def statistics() -> tuple[tuple[RunStatistics, ...], str]:
     """The shipped runs of trained routers and their provenance."""
     return _rows(_shipped()["runs"]), _shipped()["source"]
 
 
+@functools.cache
 def initial_statistics() -> tuple[RunStatistics, ...]:
     """The shipped runs with routers left as initialised (empty when none are shipped)."""
     return _rows(_shipped().get("initial", []))
